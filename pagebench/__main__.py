@@ -1,0 +1,3 @@
+from pagebench.cli import main
+
+raise SystemExit(main())

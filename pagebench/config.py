@@ -1,0 +1,192 @@
+"""KV-cache geometry: how many bytes one token and one block of KV cache take.
+
+Built from a transformers config (a ``PretrainedConfig``, a dict, or a local ``config.json``)
+or from a built-in preset holding a model's published config values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+from pagebench.errors import ConfigError
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "float16": 2, "fp16": 2, "half": 2,
+    "bfloat16": 2, "bf16": 2,
+    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "int8": 1,
+}
+
+# Published config.json values of common decoder models (attention-relevant fields plus what
+# is needed to build a random-weight model of the same shape).
+PRESETS: dict[str, dict] = {
+    "qwen2.5-0.5b": dict(
+        model_type="qwen2", num_hidden_layers=24, hidden_size=896, intermediate_size=4864,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": dict(
+        model_type="qwen2", num_hidden_layers=28, hidden_size=3584, intermediate_size=18944,
+        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+    ),
+    "llama-3-8b": dict(
+        model_type="llama", num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "llama-3-70b": dict(
+        model_type="llama", num_hidden_layers=80, hidden_size=8192, intermediate_size=28672,
+        num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+        max_position_embeddings=8192, rope_theta=500000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+    "mistral-7b": dict(
+        model_type="mistral", num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
+        num_attention_heads=32, num_key_value_heads=8, vocab_size=32768,
+        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+    ),
+}
+ALIASES = {
+    "qwen2.5-0.5b-instruct": "qwen2.5-0.5b", "qwen/qwen2.5-0.5b": "qwen2.5-0.5b",
+    "qwen/qwen2.5-0.5b-instruct": "qwen2.5-0.5b", "qwen2.5-7b-instruct": "qwen2.5-7b",
+    "llama3-8b": "llama-3-8b", "meta-llama-3-8b": "llama-3-8b", "llama-3.1-8b": "llama-3-8b",
+    "llama3-70b": "llama-3-70b", "meta-llama-3-70b": "llama-3-70b",
+    "mistral-7b-v0.3": "mistral-7b",
+}
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element of a dtype given as a name ("bf16") or a torch dtype."""
+    name = str(dtype).removeprefix("torch.").lower()
+    if name not in DTYPE_BYTES:
+        raise ConfigError(f"dtype: unknown dtype {dtype!r}; known: {sorted(set(DTYPE_BYTES))}")
+    return DTYPE_BYTES[name]
+
+
+@dataclass(frozen=True, slots=True)
+class KVGeometry:
+    """Shape of one model's KV cache. ``bytes_per_token`` counts K and V over every layer."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    num_q_heads: int
+    dtype: str = "bfloat16"
+    name: str = "custom"
+
+    def __post_init__(self):
+        for field in ("num_layers", "num_kv_heads", "head_dim", "num_q_heads"):
+            value = getattr(self, field)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{field}: must be a positive integer, got {value!r}")
+        if self.num_q_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_q_heads: {self.num_q_heads} is not a multiple of num_kv_heads "
+                f"{self.num_kv_heads}")
+        dtype_bytes(self.dtype)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+
+    def bytes_per_block(self, block_size: int) -> int:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size: must be a positive integer, got {block_size!r}")
+        return self.bytes_per_token * block_size
+
+    def with_dtype(self, dtype) -> KVGeometry:
+        name = str(dtype).removeprefix("torch.")
+        return KVGeometry(self.num_layers, self.num_kv_heads, self.head_dim, self.num_q_heads,
+                          name, self.name)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"bytes_per_token": self.bytes_per_token}
+
+    @classmethod
+    def from_config(cls, config, dtype=None, name: str | None = None) -> KVGeometry:
+        """From a transformers ``PretrainedConfig``, a dict, or a path to ``config.json``."""
+        if isinstance(config, (str, os.PathLike)):
+            path = os.fspath(config)
+            if os.path.isdir(path):
+                path = os.path.join(path, "config.json")
+            try:
+                with open(path, encoding="utf-8") as f:
+                    config = json.load(f)
+            except (OSError, json.JSONDecodeError) as e:
+                raise ConfigError(f"config: cannot read {path}: {e}") from e
+            name = name or os.path.basename(os.path.dirname(os.path.abspath(path))) or "custom"
+        get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+        cfg = get("text_config") or config  # multimodal wrappers keep the decoder here
+        if cfg is not config:
+            get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+        try:
+            layers = int(get("num_hidden_layers"))
+            q_heads = int(get("num_attention_heads"))
+            kv_heads = int(get("num_key_value_heads") or q_heads)
+            head_dim = get("head_dim") or int(get("hidden_size")) // q_heads
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"config: missing or invalid attention fields ({e})") from e
+        if dtype is None:
+            dtype = get("torch_dtype") or get("dtype") or "bfloat16"
+        return cls(layers, kv_heads, int(head_dim), q_heads,
+                   str(dtype).removeprefix("torch."), name or get("model_type") or "custom")
+
+    @classmethod
+    def from_name(cls, name: str, dtype="bfloat16") -> KVGeometry:
+        """A preset by name (case-insensitive), or a path to a local config."""
+        key = ALIASES.get(name.lower(), name.lower())
+        if key in PRESETS:
+            return cls.from_config(PRESETS[key], dtype=dtype, name=key)
+        if os.path.exists(name):
+            return cls.from_config(name, dtype=dtype)
+        raise ConfigError(f"model: unknown model {name!r}; presets: {', '.join(PRESETS)} "
+                          "(or give a path to a config.json)")
+
+
+def preset_config(name: str, **overrides):
+    """A transformers config object for a preset, for building a random-weight model."""
+    from transformers import AutoConfig
+
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in PRESETS:
+        raise ConfigError(f"model: unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    values = dict(PRESETS[key]) | overrides
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def parse_bytes(text) -> int:
+    """'16GiB', '16 GB', '1.5e9', 12345 -> bytes. GiB/MiB are binary, GB/MB decimal."""
+    if isinstance(text, (int, float)):
+        value = text
+    else:
+        s = str(text).strip().replace(" ", "").replace("_", "")
+        units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+                 "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "b": 1}
+        mult = 1
+        for unit, factor in units.items():
+            if s.lower().endswith(unit):
+                s, mult = s[: -len(unit)], factor
+                break
+        try:
+            value = float(s) * mult
+        except ValueError:
+            raise ConfigError(f"bytes: cannot parse {text!r} (try 16GiB, 800MB or 1e9)") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"bytes: must be a finite non-negative size, got {text!r}")
+    return int(value)

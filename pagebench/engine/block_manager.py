@@ -1,0 +1,241 @@
+"""Per-sequence block tables over a shared block pool: allocate, append, fork, free.
+
+Copy-on-write: a sequence about to write into a block that others also reference takes a fresh
+block, records a (src, dst) copy for the KV cache to perform (``take_copies``), and repoints its
+table. Prefix caching: every full block is identified by a chained hash of (parent block's hash,
+this block's token ids); a new prompt reuses cached blocks for its longest block-aligned prefix,
+capped one token short of the prompt so that the last prompt token is always computed.
+"""
+
+from __future__ import annotations
+
+from pagebench.engine.block_pool import BlockPool
+from pagebench.errors import ConfigError, OutOfBlocksError, SequenceError
+
+ROOT_HASH = 0x9E3779B97F4A7C15  # parent hash of a sequence's first block
+
+
+def block_hash(parent_hash: int, token_ids: tuple) -> int:
+    return hash((parent_hash, token_ids))
+
+
+class _Seq:
+    __slots__ = ("blocks", "tokens", "num_cached_tokens", "hashes")
+
+    def __init__(self, blocks, tokens, num_cached_tokens, hashes):
+        self.blocks: list[int] = blocks
+        self.tokens: list[int] = tokens
+        self.num_cached_tokens: int = num_cached_tokens
+        self.hashes: list[int] = hashes  # chained hash of each full block, in order
+
+
+class BlockManager:
+    """Block tables for sequences over a pool of ``num_blocks`` blocks of ``block_size`` tokens.
+
+    ``deferred_caching=True`` (for engines) makes full blocks findable in the prefix cache only
+    when ``cache_full_blocks`` says their KV has been computed; by default they are findable as
+    soon as they are full.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
+                 *, deferred_caching: bool = False):
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size: must be a positive integer, got {block_size!r}")
+        self.pool = BlockPool(num_blocks)
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = bool(enable_prefix_caching)
+        self.deferred_caching = bool(deferred_caching)
+        self._seqs: dict[object, _Seq] = {}
+        self._copies: list[tuple[int, int]] = []
+
+    # ---- queries -------------------------------------------------------------------------
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self._seqs
+
+    @property
+    def seq_ids(self) -> list:
+        return list(self._seqs)
+
+    def _seq(self, seq_id) -> _Seq:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise SequenceError(f"seq_id: unknown sequence {seq_id!r}") from None
+
+    def block_table(self, seq_id) -> list[int]:
+        return list(self._seq(seq_id).blocks)
+
+    def token_ids(self, seq_id) -> list[int]:
+        return list(self._seq(seq_id).tokens)
+
+    def num_tokens(self, seq_id) -> int:
+        return len(self._seq(seq_id).tokens)
+
+    def num_cached_tokens(self, seq_id) -> int:
+        """Prompt tokens whose KV came from the prefix cache at ``allocate``."""
+        return self._seq(seq_id).num_cached_tokens
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.pool.num_free
+
+    def ref_count(self, block_id: int) -> int:
+        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+            raise ValueError(f"block_id: {block_id!r} outside 0..{self.num_blocks - 1}")
+        return self.pool.ref_cnt[block_id]
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Whether a new prompt of ``num_tokens`` fits without any prefix-cache hit."""
+        if not isinstance(num_tokens, int) or num_tokens < 1:
+            raise ValueError(f"num_tokens: must be a positive integer, got {num_tokens!r}")
+        return self.blocks_needed(num_tokens) <= self.pool.num_free
+
+    def can_append(self, seq_id, num_new_tokens: int = 1) -> bool:
+        """Whether ``num_new_tokens`` more tokens fit (counting a copy-on-write block)."""
+        return self._blocks_for_append(self._seq(seq_id), num_new_tokens) <= self.pool.num_free
+
+    @property
+    def usage(self) -> float:
+        """Blocks in use / all blocks."""
+        return self.num_used_blocks / self.num_blocks
+
+    @property
+    def token_utilisation(self) -> float:
+        """Token slots holding a token / slots of blocks in use (a shared block counts once)."""
+        filled: dict[int, int] = {}
+        bs = self.block_size
+        for seq in self._seqs.values():
+            n = len(seq.tokens)
+            for i, block in enumerate(seq.blocks):
+                filled[block] = max(filled.get(block, 0), min(bs, n - i * bs))
+        used = self.num_used_blocks
+        return sum(filled.values()) / (used * bs) if used else 0.0
+
+    def prefix_cache_entries(self) -> list[tuple[int, int, int, tuple]]:
+        """(hash, block id, parent hash, token ids) of every block findable in the cache."""
+        return [(h, b, *self.pool.block_key[b]) for h, b in self.pool.cached_items()]
+
+    # ---- operations ----------------------------------------------------------------------
+    def allocate(self, seq_id, token_ids) -> list[int]:
+        """Blocks for a new sequence's prompt; full blocks may come from the prefix cache."""
+        if seq_id in self._seqs:
+            raise SequenceError(f"seq_id: sequence {seq_id!r} already exists")
+        tokens = list(token_ids)
+        if not tokens:
+            raise ValueError(f"token_ids: sequence {seq_id!r} has an empty prompt")
+        bs, pool = self.block_size, self.pool
+        num_blocks = self.blocks_needed(len(tokens))
+        hashes: list[int] = []
+        hits: list[int] = []
+        if self.enable_prefix_caching:
+            parent = ROOT_HASH
+            for i in range(len(tokens) // bs):
+                key = (parent, tuple(tokens[i * bs:(i + 1) * bs]))
+                parent = block_hash(*key)
+                hashes.append(parent)
+                if len(hits) == i and (i + 1) * bs < len(tokens):  # last token: always compute
+                    block = pool.lookup(parent, key)
+                    if block is not None:
+                        hits.append(block)
+        revived = sum(1 for b in hits if pool.ref_cnt[b] == 0)
+        fresh = num_blocks - len(hits)
+        if fresh + revived > pool.num_free:
+            raise OutOfBlocksError(
+                f"allocate {seq_id!r}: {len(tokens)} tokens need {fresh + revived} free blocks "
+                f"({len(hits)} cached), {pool.num_free} of {self.num_blocks} are free")
+        for b in hits:
+            pool.incref(b)
+        seq = _Seq(hits + pool.take(fresh), tokens, len(hits) * bs, hashes)
+        self._seqs[seq_id] = seq
+        if self.enable_prefix_caching and not self.deferred_caching:
+            self._register(seq, 0, len(hashes))
+        return list(seq.blocks)
+
+    def _blocks_for_append(self, seq: _Seq, n: int) -> int:
+        if n < 1:
+            raise ValueError(f"num_new_tokens: must be >= 1, got {n}")
+        length, bs = len(seq.tokens), self.block_size
+        need = self.blocks_needed(length + n) - len(seq.blocks)
+        if length % bs and self.pool.ref_cnt[seq.blocks[-1]] > 1:
+            need += 1  # the shared, partly filled last block must be copied first
+        return need
+
+    def append_token(self, seq_id, token_id: int) -> int | None:
+        """Add one token; returns the block newly taken for it (fresh or copy), else None."""
+        try:
+            seq = self._seqs[seq_id]
+        except KeyError:
+            raise SequenceError(f"seq_id: unknown sequence {seq_id!r}") from None
+        tokens, blocks = seq.tokens, seq.blocks
+        bs = self.block_size
+        slot = len(tokens) % bs
+        new_block = None
+        if slot == 0:
+            new_block = self.pool.take(1)[0]
+            blocks.append(new_block)
+        elif self.pool.ref_cnt[blocks[-1]] > 1:  # copy-on-write
+            new_block = self.pool.take(1)[0]
+            src = blocks[-1]
+            self.pool.decref(src)
+            blocks[-1] = new_block
+            self._copies.append((src, new_block))
+        tokens.append(token_id)
+        if slot == bs - 1 and self.enable_prefix_caching:
+            start = len(tokens) - bs
+            parent = seq.hashes[-1] if seq.hashes else ROOT_HASH
+            seq.hashes.append(block_hash(parent, tuple(tokens[start:])))
+            if not self.deferred_caching:
+                self._register(seq, len(seq.hashes) - 1, len(seq.hashes))
+        return new_block
+
+    def cache_full_blocks(self, seq_id, num_computed_tokens: int | None = None) -> None:
+        """Make full blocks whose KV is computed (the first ``num_computed_tokens``) findable."""
+        seq = self._seq(seq_id)
+        if not self.enable_prefix_caching:
+            return
+        n = len(seq.tokens) if num_computed_tokens is None else num_computed_tokens
+        if not 0 <= n <= len(seq.tokens):
+            raise ValueError(f"num_computed_tokens: {n} outside 0..{len(seq.tokens)}")
+        self._register(seq, 0, n // self.block_size)
+
+    def _register(self, seq: _Seq, first: int, end: int) -> None:
+        bs = self.block_size
+        for i in range(first, end):
+            parent = seq.hashes[i - 1] if i else ROOT_HASH
+            key = (parent, tuple(seq.tokens[i * bs:(i + 1) * bs]))
+            self.pool.register(seq.blocks[i], seq.hashes[i], key)
+
+    def fork(self, parent_id, child_id) -> list[int]:
+        """The child shares every block of the parent (refcounts + 1); returns its table."""
+        parent = self._seq(parent_id)
+        if child_id in self._seqs:
+            raise SequenceError(f"child_id: sequence {child_id!r} already exists")
+        for b in parent.blocks:
+            self.pool.incref(b)
+        self._seqs[child_id] = _Seq(list(parent.blocks), list(parent.tokens),
+                                    parent.num_cached_tokens, list(parent.hashes))
+        return list(parent.blocks)
+
+    def free(self, seq_id) -> None:
+        """Drop the sequence; blocks no longer referenced return to the free queue.
+
+        Blocks are released tail first, so a cached prefix's tail is evicted before its head.
+        """
+        seq = self._seqs.pop(seq_id, None)
+        if seq is None:
+            raise SequenceError(f"seq_id: unknown sequence {seq_id!r}")
+        for b in reversed(seq.blocks):
+            self.pool.decref(b)
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """Pending copy-on-write (src, dst) block copies, cleared by this call."""
+        copies, self._copies = self._copies, []
+        return copies

@@ -1,0 +1,86 @@
+"""The physical block pool: refcounts, a free queue, and the prefix-cache hash map.
+
+Free blocks wait in two insertion-ordered queues: blocks holding no cached content are handed
+out first; blocks that still hold a cached, hashed prefix are handed out least recently freed
+first, and leave the prefix cache at that moment (eviction). Both queues are dicts, so taking a
+block out of the middle (a prefix-cache hit on a free block) is O(1).
+"""
+
+from __future__ import annotations
+
+from pagebench.errors import ConfigError, OutOfBlocksError
+
+
+class BlockPool:
+    __slots__ = ("num_blocks", "ref_cnt", "block_hash", "block_key", "_free_plain",
+                 "_free_cached", "_cache")
+
+    def __init__(self, num_blocks: int):
+        if not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ConfigError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
+        self.num_blocks = num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        # (parent_hash, token_ids) of each cached block: a hit must match it exactly,
+        # so a hash collision can never hand out another prefix's KV.
+        self.block_key: list[tuple | None] = [None] * num_blocks
+        self._free_plain: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self._free_cached: dict[int, None] = {}
+        self._cache: dict[int, int] = {}  # block hash -> block id
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_plain) + len(self._free_cached)
+
+    def take(self, n: int) -> list[int]:
+        """n fresh blocks with refcount 1; evicts least recently freed cached blocks if needed."""
+        if n > self.num_free:
+            raise OutOfBlocksError(f"need {n} free blocks, {self.num_free} of "
+                                   f"{self.num_blocks} are free")
+        out = []
+        for _ in range(n):
+            if self._free_plain:
+                block = next(iter(self._free_plain))
+                del self._free_plain[block]
+            else:
+                block = next(iter(self._free_cached))
+                del self._free_cached[block]
+                del self._cache[self.block_hash[block]]
+                self.block_hash[block] = self.block_key[block] = None
+            self.ref_cnt[block] = 1
+            out.append(block)
+        return out
+
+    def incref(self, block: int) -> None:
+        if self.ref_cnt[block] == 0:  # a cached block that was free comes back into use
+            del self._free_cached[block]
+        self.ref_cnt[block] += 1
+
+    def decref(self, block: int) -> None:
+        self.ref_cnt[block] -= 1
+        if self.ref_cnt[block] == 0:
+            if self.block_hash[block] is None:
+                self._free_plain[block] = None
+            else:
+                self._free_cached[block] = None
+
+    # prefix cache
+    def lookup(self, block_hash: int, key: tuple) -> int | None:
+        block = self._cache.get(block_hash)
+        if block is not None and self.block_key[block] == key:
+            return block
+        return None
+
+    def register(self, block: int, block_hash: int, key: tuple) -> None:
+        """Make a full, computed block findable. The first block cached under a hash wins."""
+        if self.block_hash[block] is None and block_hash not in self._cache:
+            self._cache[block_hash] = block
+            self.block_hash[block] = block_hash
+            self.block_key[block] = key
+
+    def is_free(self, block: int) -> bool:
+        return block in self._free_plain or block in self._free_cached
+
+    def cached_items(self) -> list[tuple[int, int]]:
+        """(hash, block id) of every block findable in the prefix cache."""
+        return list(self._cache.items())

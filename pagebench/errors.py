@@ -1,0 +1,20 @@
+"""The library's error types. A failed operation leaves every object it touched unchanged."""
+
+
+class PagebenchError(Exception):
+    """Base class of every error pagebench raises on purpose."""
+
+
+class ConfigError(PagebenchError, ValueError):
+    """A configuration value is missing, out of range or inconsistent."""
+
+
+class OutOfBlocksError(PagebenchError):
+    """The block pool has too few free blocks for the request."""
+
+
+class SequenceError(PagebenchError, KeyError):
+    """An unknown or duplicate sequence id."""
+
+    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
+        return str(self.args[0]) if self.args else ""

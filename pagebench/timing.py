@@ -1,0 +1,137 @@
+"""The one timing primitive, for CPU and CUDA, and the environment stamped on every result.
+
+CPU: ``time.perf_counter`` around each call, after warm-up; the median is reported.
+CUDA: CUDA events around each call after warm-up, L2 flushed before every repeat (so each call
+reads its K/V from HBM, as in a real decode step), optionally replayed from a CUDA graph (batch-1
+cases are launch-bound; a graph removes the Python launch gaps that a server would not have).
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+import statistics
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+L2_FLUSH_BYTES = 256 * 2**20  # well above any current GPU's L2 (H200: 60 MB)
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    median_us: float
+    q20_us: float
+    q80_us: float
+    min_us: float
+    repeats: int
+    method: str
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _summarise(samples_us: list[float], method: str) -> Timing:
+    samples = sorted(samples_us)
+    n = len(samples)
+    q = lambda p: samples[min(n - 1, max(0, round(p * (n - 1))))]  # noqa: E731
+    return Timing(statistics.median(samples), q(0.2), q(0.8), samples[0], n, method)
+
+
+def measure(fn: Callable[[], object], *, device="cpu", warmup: int = 3, repeat: int = 20,
+            min_time_s: float = 0.0, flush_l2: bool = True, cuda_graph: bool = False) -> Timing:
+    """Time ``fn()`` (no arguments) and return the median and quantiles in microseconds.
+
+    ``min_time_s`` keeps repeating (beyond ``repeat``) until that much time was measured.
+    """
+    if warmup < 0 or repeat < 1:
+        raise ValueError(f"warmup/repeat: need warmup >= 0 and repeat >= 1, got {warmup}/{repeat}")
+    if str(device).startswith("cuda"):
+        return _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph)
+    for _ in range(warmup):
+        fn()
+    samples: list[float] = []
+    total = 0.0
+    while len(samples) < repeat or total < min_time_s:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        samples.append(dt * 1e6)
+        total += dt
+    return _summarise(samples, "cpu perf_counter, median")
+
+
+def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timing:
+    import torch
+
+    for _ in range(max(warmup, 1)):
+        fn()
+    torch.cuda.synchronize()
+    call = fn
+    if cuda_graph:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            fn()
+        call = graph.replay
+        for _ in range(2):
+            call()
+    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    samples: list[float] = []
+    total_ms = 0.0
+    while len(samples) < repeat or total_ms < min_time_s * 1e3:
+        if flush is not None:
+            flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end)
+        samples.append(ms * 1e3)
+        total_ms += ms
+    method = "cuda events, median" + (", L2 flushed" if flush_l2 else "") + (
+        ", cuda graph" if cuda_graph else "")
+    return _summarise(samples, method)
+
+
+@functools.lru_cache(maxsize=None)
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5, cwd=__file__.rsplit("/", 2)[0])
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment(device="cpu") -> dict:
+    """Device, versions and commit: the columns every result row carries."""
+    import torch
+
+    import pagebench
+
+    env = {
+        "device": str(device),
+        "device_name": platform.processor() or platform.machine(),
+        "torch_version": torch.__version__,
+        "triton_version": None,
+        "pagebench_version": pagebench.__version__,
+        "python_version": platform.python_version(),
+        "commit": _git_commit(),
+    }
+    if str(device).startswith("cuda") and torch.cuda.is_available():
+        env["device_name"] = torch.cuda.get_device_name()
+    try:
+        import triton
+
+        env["triton_version"] = triton.__version__
+    except Exception:  # noqa: BLE001 -- triton missing or broken: record it as absent
+        pass
+    return env

@@ -1,0 +1,1 @@
+"""Workloads and memory simulators: static fragmentation, time-stepped simulation, capacity."""

@@ -1,0 +1,105 @@
+import pytest
+
+from pagebench.engine import BlockManager
+from pagebench.errors import ConfigError, OutOfBlocksError, SequenceError
+
+
+def test_allocate_takes_ceil_blocks_and_grows_only_when_full():
+    bm = BlockManager(10, 4)
+    assert len(bm.allocate("a", [1, 2, 3, 4, 5])) == 2
+    assert bm.num_free_blocks == 8
+    assert bm.append_token("a", 6) is None  # slots 6..8 of block 2 are free
+    bm.append_token("a", 7)
+    bm.append_token("a", 8)
+    assert bm.append_token("a", 9) is not None  # the 9th token opens a third block
+    assert len(bm.block_table("a")) == 3 and bm.num_tokens("a") == 9
+
+
+def test_fork_shares_and_copy_on_write_on_divergence():
+    bm = BlockManager(10, 4)
+    parent = bm.allocate("p", [1, 2, 3, 4, 5, 6])
+    assert bm.fork("p", "c") == parent
+    assert [bm.ref_count(b) for b in parent] == [2, 2]
+    dst = bm.append_token("c", 7)  # the shared, half-full last block is copied first
+    assert bm.take_copies() == [(parent[1], dst)]
+    assert bm.take_copies() == []
+    assert bm.block_table("c") == [parent[0], dst]
+    assert bm.ref_count(parent[1]) == 1 and bm.ref_count(parent[0]) == 2
+    assert bm.append_token("p", 9) is None  # parent owns its block alone again: no copy
+    assert bm.take_copies() == []
+
+
+def test_prefix_cache_hit_is_block_aligned_and_leaves_last_token():
+    bm = BlockManager(10, 4, enable_prefix_caching=True)
+    a = bm.allocate("a", list(range(10)))
+    b = bm.allocate("b", list(range(9)) + [99])
+    assert b[:2] == a[:2] and b[2] != a[2]
+    assert bm.num_cached_tokens("b") == 8
+    assert bm.ref_count(a[0]) == 2
+    # a prompt that is exactly the cached blocks still computes its last token
+    c = bm.allocate("c", list(range(8)))
+    assert bm.num_cached_tokens("c") == 4 and c[0] == a[0] and c[1] != a[1]
+
+
+def test_freed_cached_blocks_are_reused_and_evicted_least_recent_first():
+    bm = BlockManager(4, 2, enable_prefix_caching=True)
+    first = bm.allocate("a", [1, 2, 3, 4, 5])  # 3 blocks, 2 of them full and cached
+    bm.free("a")
+    assert bm.num_free_blocks == 4
+    again = bm.allocate("b", [1, 2, 3, 4, 9])
+    assert again[:2] == first[:2] and bm.num_cached_tokens("b") == 4
+    bm.free("b")
+    bm.allocate("c", [7, 7])  # never-cached blocks are handed out first
+    bm.allocate("d", [8, 8])
+    assert bm.ref_count(first[0]) == bm.ref_count(first[1]) == 0
+    bm.allocate("e", [9, 9])  # now eviction: the prefix's tail block goes first
+    bm.free("c")
+    bm.free("d")
+    f = bm.allocate("f", [1, 2, 3, 4, 6])
+    assert f[0] == first[0] and bm.num_cached_tokens("f") == 2
+
+
+def test_deferred_caching_waits_for_computed_tokens():
+    bm = BlockManager(8, 2, enable_prefix_caching=True, deferred_caching=True)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.allocate("b", [1, 2, 3, 4, 6])
+    assert bm.num_cached_tokens("b") == 0
+    bm.cache_full_blocks("a", 3)  # only the first block is computed
+    bm.allocate("c", [1, 2, 3, 4, 7])
+    assert bm.num_cached_tokens("c") == 2
+
+
+def test_usage_and_token_utilisation_count_shared_blocks_once():
+    bm = BlockManager(8, 4)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.fork("a", "b")
+    assert bm.usage == 2 / 8
+    assert bm.token_utilisation == 5 / 8
+
+
+def test_errors_leave_state_unchanged():
+    bm = BlockManager(2, 4)
+    bm.allocate("a", [1])
+    with pytest.raises(OutOfBlocksError, match="free blocks"):
+        bm.allocate("big", list(range(9)))
+    with pytest.raises(SequenceError, match="already exists"):
+        bm.allocate("a", [1])
+    with pytest.raises(SequenceError, match="unknown"):
+        bm.append_token("zz", 1)
+    with pytest.raises(SequenceError, match="unknown"):
+        bm.free("zz")
+    with pytest.raises(ValueError, match="empty prompt"):
+        bm.allocate("b", [])
+    assert bm.seq_ids == ["a"] and bm.num_free_blocks == 1
+    with pytest.raises(ConfigError):
+        BlockManager(0, 16)
+    with pytest.raises(ConfigError):
+        BlockManager(4, 0)
+
+
+def test_append_into_full_pool_raises_and_changes_nothing():
+    bm = BlockManager(1, 2)
+    bm.allocate("a", [1, 2])
+    with pytest.raises(OutOfBlocksError):
+        bm.append_token("a", 3)
+    assert bm.num_tokens("a") == 2 and bm.block_table("a") == [0]

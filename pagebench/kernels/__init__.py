@@ -1,0 +1,76 @@
+"""Paged KV-cache attention kernels behind one registry.
+
+Cache layout (vLLM / FlashInfer "NHD"): ``k_cache``, ``v_cache`` are
+``[num_blocks, block_size, num_kv_heads, head_dim]``; token ``p`` of sequence ``s`` lives in block
+``block_tables[s, p // block_size]`` at slot ``p % block_size``. ``block_tables`` is int32
+``[num_seqs, max_blocks_per_seq]``, ``seq_lens`` int32 ``[num_seqs]`` (each >= 1). GQA/MQA:
+``num_q_heads`` is any multiple of ``num_kv_heads``. Every entry point validates its arguments
+before launching anything and raises ``ValueError`` naming the offending argument.
+
+Backends (``available_backends()`` lists what runs here): ``torch`` (gather-then-attend, runs
+anywhere), ``triton`` (paged decode with split-KV; on a machine without CUDA it runs interpreted,
+``TRITON_INTERPRET=1`` is set here before Triton is imported), ``sdpa`` (contiguous baseline),
+``flex`` (FlexAttention with a page table, where the installed torch has it). Third-party kernels
+are added with ``register_backend``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run on CPU tensors, interpreted
+
+from pagebench.kernels import builtin as _builtin  # noqa: E402  registers the built-in backends
+from pagebench.kernels.cache_ops import copy_blocks, write_kv  # noqa: E402
+from pagebench.kernels.registry import (  # noqa: E402
+    Backend, available_backends, get_backend, register_backend, registered_backends, resolve,
+    unregister_backend)
+from pagebench.kernels.validate import check_contiguous, check_decode, check_prefill  # noqa: E402
+
+__all__ = [
+    "paged_decode", "paged_prefill", "contiguous_decode", "write_kv", "copy_blocks",
+    "available_backends", "register_backend", "unregister_backend", "registered_backends",
+    "get_backend", "Backend",
+]
+del _builtin
+
+
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, backend="auto"):
+    """One decode step of attention through a block table.
+
+    q ``[num_seqs, num_q_heads, head_dim]`` (the newest token of each sequence, whose K/V is
+    already in the cache); returns ``out`` shaped and typed like q. ``scale`` defaults to
+    ``head_dim ** -0.5``. ``backend``: a name from ``available_backends()`` or ``"auto"``
+    (Triton on CUDA when installed, else the PyTorch gather-then-attend backend).
+    """
+    scale = check_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    impl = resolve("decode", backend, q.device, q.dtype, k_cache.shape[1], q.shape[-1])
+    return impl.decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None,
+                  backend="auto"):
+    """Attention for the last ``query_lens[s]`` positions of each sequence (chunked prefill, or a
+    prompt that starts from a prefix-cache hit), causal over everything cached before them.
+
+    q is ``[total_query_tokens, num_q_heads, head_dim]``, the sequences' queries packed one after
+    another in sequence order (sequence 0's ``query_lens[0]`` tokens first). ``seq_lens[s]``
+    counts all of sequence s's tokens including the new ones, whose K/V must already be written
+    to the cache (``write_kv``). Returns ``out`` shaped and typed like q.
+    """
+    scale, _, _ = check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
+    impl = resolve("prefill", backend, q.device, q.dtype, k_cache.shape[1], q.shape[-1])
+    return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
+
+
+def contiguous_decode(q, k, v, seq_lens, scale=None, backend="auto"):
+    """Decode attention on a contiguous cache ``k``, ``v``: ``[num_seqs, max_len, num_kv_heads,
+    head_dim]`` (sequence s uses its first ``seq_lens[s]`` positions): the baseline that paging is
+    measured against. ``backend``: ``"sdpa"``, ``"triton"`` (the paged kernel through an identity
+    block table) or ``"auto"``."""
+    scale, all_full = check_contiguous(q, k, v, seq_lens, scale)
+    impl = resolve("contiguous", backend, q.device, q.dtype, None, q.shape[-1])
+    return impl.contiguous(q, k, v, None if all_full else seq_lens, scale)

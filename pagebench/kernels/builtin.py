@@ -1,0 +1,58 @@
+"""The built-in backends. Optional ones (Triton, FlexAttention) import lazily on first use."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_decode,
+                                         torch_paged_prefill)
+from pagebench.kernels.registry import register_backend
+
+
+def _has_triton() -> bool:
+    if importlib.util.find_spec("triton") is None:
+        return False
+    import os
+    # Without CUDA, Triton runs only interpreted (pagebench.kernels sets TRITON_INTERPRET=1).
+    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    from pagebench.kernels.triton_decode import triton_paged_decode
+    return triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def _triton_contiguous(q, k, v, seq_lens, scale):
+    from pagebench.kernels.contiguous import triton_contiguous_decode
+    return triton_contiguous_decode(q, k, v, seq_lens, scale)
+
+
+def _flex_available() -> bool:
+    from pagebench.kernels.flex import flex_available
+    return flex_available()
+
+
+def _flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    from pagebench.kernels.flex import flex_paged_decode
+    return flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+register_backend(
+    "torch", decode=torch_paged_decode, prefill=torch_paged_prefill, priority=10,
+    description="gather each sequence's K/V out of its blocks, then dense attention (SDPA)")
+register_backend(
+    "sdpa", contiguous=sdpa_contiguous_decode, priority=10,
+    description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")
+register_backend(
+    "triton", decode=_triton_decode, contiguous=_triton_contiguous, priority=20,
+    auto_devices=("cuda",), is_available=_has_triton,
+    head_dims="1..256 (padded to a power of two)", supports_head_dim=lambda d: 1 <= d <= 256,
+    description="Triton paged decode: GQA-packed programs, online softmax over KV tiles, "
+    "split-KV with a combine step (CPU: interpreted, for tests)")
+register_backend(
+    "flex", decode=_flex_decode, priority=0, is_available=_flex_available,
+    block_sizes="multiples of 16 (FlexAttention's KV block = page size)",
+    supports_block_size=lambda bs: bs >= 16 and bs % 16 == 0,
+    description="FlexAttention (torch.nn.attention.flex_attention) with a page-table block mask")

@@ -1,0 +1,133 @@
+"""PyTorch kernels: gather-then-attend paged attention (runs anywhere), SDPA on a contiguous
+cache, and the float64 reference every backend is tested against.
+
+Gather-then-attend is what a framework without a paged kernel does: copy each sequence's K/V
+out of its blocks into a contiguous tensor, then call dense attention. It is correct by
+construction and costs an extra write and read of all K/V -- the cost a real paged kernel avoids.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def attend_decode(q, k, v, valid, scale):
+    """Dense decode attention. q [S, Hq, D]; k, v [S, L, Hkv, D]; valid [S, L] bool or None.
+
+    The query heads sharing a KV head are laid out as that head's G "query positions", so
+    SDPA reads each K/V head once (no repeat) and needs no GQA support of its own.
+    """
+    num_seqs, q_heads, head_dim = q.shape
+    kv_heads = k.shape[2]
+    group = q_heads // kv_heads
+    qg = q.reshape(num_seqs, kv_heads, group, head_dim)  # [S, Hkv, G, D]
+    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [S, Hkv, L, D] (views)
+    mask = None if valid is None else valid[:, None, None, :]
+    out = F.scaled_dot_product_attention(qg, kt, vt, attn_mask=mask, scale=scale)
+    return out.reshape(num_seqs, q_heads, head_dim)
+
+
+def gather_kv(k_cache, v_cache, block_tables, seq_lens):
+    """Copy each sequence's K/V out of its blocks: ([S, L, Hkv, D] x2, valid [S, L]).
+
+    L is the table's capacity (max_blocks_per_seq * block_size), so no device sync is needed;
+    positions at or beyond a sequence's length are zeroed (poisoned or stale slots never leak).
+    """
+    block_size = k_cache.shape[1]
+    max_blocks = block_tables.shape[1]
+    device = k_cache.device
+    pos = torch.arange(max_blocks * block_size, device=device)
+    lens = seq_lens.to(torch.int64)
+    needed = (lens + block_size - 1) // block_size
+    used = torch.arange(max_blocks, device=device)[None, :] < needed[:, None]
+    table = torch.where(used, block_tables.to(torch.int64), 0)  # unused entries may be garbage
+    blocks = table[:, pos // block_size]  # [S, L]
+    slots = (pos % block_size).expand_as(blocks)
+    valid = pos[None, :] < lens[:, None]
+    invalid = ~valid[:, :, None, None]
+    k = k_cache[blocks, slots].masked_fill_(invalid, 0)
+    v = v_cache[blocks, slots].masked_fill_(invalid, 0)
+    return k, v, valid
+
+
+def torch_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens)
+    return attend_decode(q, k, v, valid, scale)
+
+
+def _seq_kv(k_cache, v_cache, table_row, length):
+    block_size = k_cache.shape[1]
+    pos = torch.arange(length, device=k_cache.device)
+    blocks = table_row.to(torch.int64)[pos // block_size]
+    return k_cache[blocks, pos % block_size], v_cache[blocks, pos % block_size]  # [n, Hkv, D]
+
+
+def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale):
+    """q packed in sequence order [sum(query_lens), Hq, D]; causal over the cached prefix."""
+    out = torch.empty_like(q)
+    q_heads, kv_heads = q.shape[1], k_cache.shape[2]
+    group = q_heads // kv_heads
+    start = 0
+    for s, (n, ql) in enumerate(zip(seq_lens.tolist(), query_lens.tolist())):
+        k, v = _seq_kv(k_cache, v_cache, block_tables[s], n)
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n, D]
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        qs = q[start:start + ql].transpose(0, 1)  # [Hq, ql, D]
+        q_pos = torch.arange(n - ql, n, device=q.device)
+        mask = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]  # [ql, n]
+        o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
+        out[start:start + ql] = o.transpose(0, 1)
+        start += ql
+    return out
+
+
+def sdpa_contiguous_decode(q, k, v, seq_lens, scale):
+    """Contiguous baseline; ``seq_lens=None`` means every sequence fills max_len (no mask)."""
+    valid = None
+    if seq_lens is not None:
+        valid = torch.arange(k.shape[1], device=k.device)[None, :] < seq_lens.to(torch.int64)[:, None]
+    return attend_decode(q, k, v, valid, scale)
+
+
+# ---- float64 reference (tests) -------------------------------------------------------------
+
+def _softmax_attend64(q, k, v, mask, scale):
+    """q [Hq, m, D], k/v [Hq, n, D], mask [m, n] bool, all float64."""
+    scores = torch.einsum("hmd,hnd->hmn", q, k) * scale
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.einsum("hmn,hnd->hmd", torch.softmax(scores, dim=-1), v)
+
+
+def reference_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
+    """Paged decode in float64 on the CPU, one sequence at a time from its logical K/V."""
+    prefill = reference_prefill(q, k_cache, v_cache, block_tables, seq_lens,
+                                torch.ones_like(seq_lens), scale)
+    return prefill
+
+
+def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None):
+    """float64 CPU result [sum(query_lens), Hq, D]; queries are the last query_lens positions."""
+    q64, kc, vc = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
+    tables = block_tables.detach().cpu()
+    head_dim = q.shape[-1]
+    scale = head_dim ** -0.5 if scale is None else float(scale)
+    group = q.shape[1] // k_cache.shape[2]
+    outs, start = [], 0
+    for s, (n, ql) in enumerate(zip(seq_lens.tolist(), query_lens.tolist())):
+        k, v = _seq_kv(kc, vc, tables[s], n)
+        k = k.repeat_interleave(group, dim=1).transpose(0, 1)
+        v = v.repeat_interleave(group, dim=1).transpose(0, 1)
+        qs = q64[start:start + ql].transpose(0, 1)
+        mask = torch.arange(n)[None, :] <= torch.arange(n - ql, n)[:, None]
+        outs.append(_softmax_attend64(qs, k, v, mask, scale).transpose(0, 1))
+        start += ql
+    return torch.cat(outs) if outs else q64.new_empty(q.shape)
+
+
+def reference_contiguous(q, k, v, seq_lens, scale=None):
+    """float64 CPU decode on a contiguous cache [S, max_len, Hkv, D]."""
+    num_seqs, max_len = k.shape[:2]
+    table = torch.arange(num_seqs, dtype=torch.int32)[:, None]
+    # a contiguous cache is a paged cache with one block of max_len per sequence
+    return reference_decode(q, k, v, table, seq_lens, scale)

@@ -1,0 +1,172 @@
+"""Backend registry: name -> kernels + capabilities. Third-party kernels plug in here.
+
+A backend supplies any of three operations, each a plain function taking already-validated
+tensors and a resolved float ``scale``:
+
+- ``decode(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out`` (paged decode)
+- ``prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale) -> out``
+- ``contiguous(q, k, v, seq_lens, scale) -> out`` (contiguous cache; ``seq_lens`` is None when
+  every sequence fills the cache's max_len)
+
+Once registered, a backend is used by ``backend="<name>"`` (and by ``"auto"`` by priority),
+checked by the property tests and timed by the sweep, with no other change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+OPERATIONS = ("decode", "prefill", "contiguous")
+
+
+def _always() -> bool:
+    return True
+
+
+def _always_true(_value) -> bool:
+    return True
+
+
+def _any_block_size(block_size: int) -> bool:
+    return block_size >= 1
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str
+    decode: Callable | None = None
+    prefill: Callable | None = None
+    contiguous: Callable | None = None
+    devices: tuple[str, ...] = ("cpu", "cuda")
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16)
+    head_dims: str = "any"  # human-readable; `supports_head_dim` decides
+    supports_head_dim: Callable[[int], bool] = _always_true
+    block_sizes: str = "any >= 1"  # human-readable; `supports_block_size` decides
+    supports_block_size: Callable[[int], bool] = _any_block_size
+    is_available: Callable[[], bool] = _always
+    priority: int = 0  # "auto" picks the highest-priority backend that supports the input
+    description: str = ""
+    # devices where "auto" may pick it (e.g. Triton runs on CPU only interpreted: tests, not speed)
+    auto_devices: tuple[str, ...] | None = None
+    meta: dict = field(default_factory=dict)
+
+    def operations(self) -> tuple[str, ...]:
+        return tuple(op for op in OPERATIONS if getattr(self, op) is not None)
+
+    def supports(self, op: str, device, dtype, block_size: int | None = None,
+                 head_dim: int | None = None) -> bool:
+        device_type = torch.device(device).type
+        return (getattr(self, op, None) is not None
+                and device_type in self.devices
+                and dtype in self.dtypes
+                and (head_dim is None or self.supports_head_dim(head_dim))
+                and (block_size is None or self.supports_block_size(block_size)))
+
+    def capabilities(self) -> dict:
+        return {
+            "operations": list(self.operations()),
+            "devices": list(self.devices),
+            "dtypes": [str(d).replace("torch.", "") for d in self.dtypes],
+            "block_sizes": self.block_sizes,
+            "head_dims": self.head_dims,
+            "priority": self.priority,
+            "description": self.description,
+        }
+
+
+_REGISTRY: dict[str, Backend] = {}
+
+
+def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
+                     devices=("cpu", "cuda"), dtypes=(torch.float32, torch.float16, torch.bfloat16),
+                     head_dims: str = "any", supports_head_dim: Callable[[int], bool] = _always_true,
+                     block_sizes: str = "any >= 1",
+                     supports_block_size: Callable[[int], bool] = _any_block_size,
+                     is_available: Callable[[], bool] = _always, priority: int = 0,
+                     description: str = "", auto_devices=None, replace: bool = False) -> Backend:
+    """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite."""
+    if not isinstance(name, str) or not name or name == "auto":
+        raise ValueError(f"name: must be a non-empty string other than 'auto', got {name!r}")
+    if name in _REGISTRY and not replace:
+        raise ValueError(f"name: backend {name!r} is already registered (pass replace=True)")
+    if decode is None and prefill is None and contiguous is None:
+        raise ValueError("decode: a backend needs at least one of decode, prefill, contiguous")
+    for op_name, fn in (("decode", decode), ("prefill", prefill), ("contiguous", contiguous)):
+        if fn is not None and not callable(fn):
+            raise ValueError(f"{op_name}: expected a callable, got {type(fn).__name__}")
+    unknown = [d for d in devices if d not in ("cpu", "cuda")]
+    if unknown or not devices:
+        raise ValueError(f"devices: expected a non-empty subset of ('cpu', 'cuda'), got {devices!r}")
+    backend = Backend(name, decode, prefill, contiguous, tuple(devices), tuple(dtypes),
+                      str(head_dims), supports_head_dim, block_sizes, supports_block_size,
+                      is_available, priority, description,
+                      None if auto_devices is None else tuple(auto_devices))
+    _REGISTRY[name] = backend
+    return backend
+
+
+def unregister_backend(name: str) -> None:
+    if name not in _REGISTRY:
+        raise ValueError(f"name: no backend {name!r} registered")
+    del _REGISTRY[name]
+
+
+def _available(b: Backend) -> bool:
+    try:
+        return bool(b.is_available())
+    except Exception:  # noqa: BLE001 -- a broken optional dependency means "not available"
+        return False
+
+
+def registered_backends() -> dict[str, Backend]:
+    return dict(_REGISTRY)
+
+
+def get_backend(name: str) -> Backend:
+    backend = _REGISTRY.get(name)
+    if backend is None:
+        raise ValueError(f"backend: unknown backend {name!r} (registered: {sorted(_REGISTRY)})")
+    if not _available(backend):
+        raise ValueError(f"backend: {name!r} is registered but not available on this machine")
+    return backend
+
+
+def available_backends() -> dict[str, dict]:
+    """Backends that run on this machine, with their capabilities (devices, dtypes, block sizes)."""
+    has_cuda = torch.cuda.is_available()
+    out = {}
+    for name, b in sorted(_REGISTRY.items(), key=lambda kv: -kv[1].priority):
+        if not _available(b):
+            continue
+        caps = b.capabilities()
+        caps["devices"] = [d for d in b.devices if d == "cpu" or has_cuda]
+        if caps["devices"]:
+            out[name] = caps
+    return out
+
+
+def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None) -> Backend:
+    """The backend to run ``op``: the one named, checked against the input, or the best for it."""
+    if not isinstance(backend, str):
+        raise ValueError(f"backend: expected a backend name or 'auto', got {backend!r}")
+    device_type = torch.device(device).type
+    if backend != "auto":
+        b = get_backend(backend)
+        if getattr(b, op) is None:
+            raise ValueError(f"backend: {backend!r} has no {op} kernel (it has {list(b.operations())})")
+        if not b.supports(op, device, dtype, block_size, head_dim):
+            raise ValueError(
+                f"backend: {backend!r} does not support this input ({device_type}, "
+                f"{str(dtype).replace('torch.', '')}, block_size={block_size}, head_dim={head_dim}); "
+                f"it supports {b.capabilities()}")
+        return b
+    candidates = [b for b in _REGISTRY.values()
+                  if (b.auto_devices is None or device_type in b.auto_devices)
+                  and _available(b) and b.supports(op, device, dtype, block_size, head_dim)]
+    if not candidates:
+        raise ValueError(f"backend: no registered backend runs {op} for {device_type}, "
+                         f"{dtype}, block_size={block_size}, head_dim={head_dim}")
+    return max(candidates, key=lambda b: b.priority)

@@ -1,0 +1,239 @@
+"""Input checks shared by every backend: run before anything is launched.
+
+Each failed check raises ``ValueError`` whose message starts with the offending argument's name.
+Shape, dtype and device checks cost nothing; the value checks (sequence lengths, the block
+indices a sequence will read) read a few scalars back from the device once per call, and are
+skipped while a CUDA graph is being captured (a capture cannot synchronise).
+"""
+
+from __future__ import annotations
+
+import torch
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def _fail(name: str, message: str):
+    raise ValueError(f"{name}: {message}")
+
+
+def _tensor(name: str, x, ndim: int, dtypes=None):
+    if not isinstance(x, torch.Tensor):
+        _fail(name, f"expected a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != ndim:
+        _fail(name, f"expected {ndim} dimensions, got shape {tuple(x.shape)}")
+    if dtypes is not None and x.dtype not in dtypes:
+        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        _fail(name, f"dtype {str(x.dtype).replace('torch.', '')} not supported (use one of {names})")
+
+
+def _same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor):
+    for name, x in others.items():
+        if x.device != ref.device:
+            _fail(name, f"is on {x.device} but {ref_name} is on {ref.device}")
+
+
+def _capturing(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
+def check_scale(scale, head_dim: int) -> float:
+    if scale is None:
+        return head_dim ** -0.5
+    try:
+        value = float(scale)
+    except (TypeError, ValueError):
+        _fail("scale", f"expected a number or None, got {scale!r}")
+    if not value > 0 or value == float("inf"):
+        _fail("scale", f"must be a finite positive number, got {scale!r}")
+    return value
+
+
+def check_cache(q, k_cache, v_cache) -> tuple[int, int, int, int, int]:
+    """q's last two dims against a paged cache; returns (num_blocks, block_size, kv_heads, q_heads, head_dim)."""
+    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
+    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    if v_cache.shape != k_cache.shape:
+        _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    if num_blocks < 1 or block_size < 1 or kv_heads < 1 or head_dim < 1:
+        _fail("k_cache", f"every dimension must be >= 1, got shape {tuple(k_cache.shape)}")
+    q_heads, q_dim = q.shape[-2], q.shape[-1]
+    if q_dim != head_dim:
+        _fail("q", f"head_dim {q_dim} differs from the cache's head_dim {head_dim}")
+    if q_heads < 1 or q_heads % kv_heads:
+        _fail("q", f"num_q_heads {q_heads} is not a positive multiple of num_kv_heads {kv_heads}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.dtype != q.dtype:
+            _fail(name, f"dtype {x.dtype} differs from q's dtype {q.dtype}")
+        if x.stride(-1) != 1:
+            _fail(name, "the last dimension (head_dim) must be contiguous")
+    return num_blocks, block_size, kv_heads, q_heads, head_dim
+
+
+def check_tables(block_tables, seq_lens, num_seqs: int, num_blocks: int, block_size: int,
+                 device: torch.device) -> None:
+    _tensor("block_tables", block_tables, 2, INDEX_DTYPES)
+    _tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
+    if block_tables.shape[0] != num_seqs:
+        _fail("block_tables", f"has {block_tables.shape[0]} rows but there are {num_seqs} sequences")
+    if seq_lens.shape[0] != num_seqs:
+        _fail("seq_lens", f"has {seq_lens.shape[0]} entries but there are {num_seqs} sequences")
+    if block_tables.device != device:
+        _fail("block_tables", f"is on {block_tables.device} but q is on {device}")
+    if seq_lens.device != device:
+        _fail("seq_lens", f"is on {seq_lens.device} but q is on {device}")
+    if num_seqs == 0 or _capturing(device):
+        return
+    max_blocks = block_tables.shape[1]
+    # One device->host read for all value checks.
+    lens = seq_lens.to(torch.int64)
+    needed = (lens + block_size - 1) // block_size  # blocks each sequence reads
+    used = torch.arange(max_blocks, device=device)[None, :] < needed[:, None]
+    table = block_tables.to(torch.int64)
+    big = torch.iinfo(torch.int64).max
+    stats = torch.stack([
+        lens.min(), lens.max(),
+        torch.where(used, table, big).min() if max_blocks else lens.new_tensor(0),
+        torch.where(used, table, -1).max() if max_blocks else lens.new_tensor(-1),
+    ]).tolist()
+    min_len, max_len, min_block, max_block = stats
+    if min_len < 1:
+        _fail("seq_lens", f"every sequence length must be >= 1, got {min_len}")
+    if max_len > max_blocks * block_size:
+        _fail("seq_lens", f"length {max_len} exceeds what block_tables maps "
+              f"({max_blocks} blocks x block_size {block_size} = {max_blocks * block_size} tokens)")
+    if min_block < 0 or max_block >= num_blocks:
+        bad = min_block if min_block < 0 else max_block
+        _fail("block_tables", f"block index {bad} outside the cache's {num_blocks} blocks "
+              f"(valid: 0..{num_blocks - 1})")
+
+
+def check_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """Validate paged-decode arguments; returns the resolved scale."""
+    _tensor("q", q, 3, FLOAT_DTYPES)
+    _, block_size, _, _, head_dim = check_cache(q, k_cache, v_cache)
+    _same_device("q", q, k_cache=k_cache, v_cache=v_cache)
+    check_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], block_size, q.device)
+    return check_scale(scale, head_dim)
+
+
+def check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale):
+    """Validate paged-prefill arguments; returns (scale, seq_lens list, query_lens list)."""
+    _tensor("q", q, 3, FLOAT_DTYPES)
+    _, block_size, _, _, head_dim = check_cache(q, k_cache, v_cache)
+    _same_device("q", q, k_cache=k_cache, v_cache=v_cache)
+    _tensor("query_lens", query_lens, 1, INDEX_DTYPES)
+    num_seqs = query_lens.shape[0]
+    if query_lens.device != q.device:
+        _fail("query_lens", f"is on {query_lens.device} but q is on {q.device}")
+    check_tables(block_tables, seq_lens, num_seqs, k_cache.shape[0], block_size, q.device)
+    qlens, slens = query_lens.tolist(), seq_lens.tolist()
+    for s, (ql, sl) in enumerate(zip(qlens, slens)):
+        if ql < 1 or ql > sl:
+            _fail("query_lens", f"sequence {s}: query length {ql} must be in 1..seq_len ({sl})")
+    if sum(qlens) != q.shape[0]:
+        _fail("q", f"has {q.shape[0]} query tokens but query_lens sums to {sum(qlens)}")
+    return check_scale(scale, head_dim), slens, qlens
+
+
+def check_contiguous(q, k, v, seq_lens, scale):
+    """Validate contiguous-decode arguments; returns (scale, all_full) where all_full says
+    every sequence uses the whole max_len (so no mask is needed)."""
+    _tensor("q", q, 3, FLOAT_DTYPES)
+    _tensor("k", k, 4, FLOAT_DTYPES)
+    _tensor("v", v, 4, FLOAT_DTYPES)
+    if v.shape != k.shape:
+        _fail("v", f"shape {tuple(v.shape)} differs from k {tuple(k.shape)}")
+    num_seqs, max_len, kv_heads, head_dim = k.shape
+    if num_seqs != q.shape[0]:
+        _fail("k", f"has {num_seqs} sequences but q has {q.shape[0]}")
+    if q.shape[-1] != head_dim:
+        _fail("q", f"head_dim {q.shape[-1]} differs from k's head_dim {head_dim}")
+    if kv_heads < 1 or q.shape[1] % kv_heads:
+        _fail("q", f"num_q_heads {q.shape[1]} is not a positive multiple of num_kv_heads {kv_heads}")
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype != q.dtype:
+            _fail(name, f"dtype {x.dtype} differs from q's dtype {q.dtype}")
+        if x.stride(-1) != 1:
+            _fail(name, "the last dimension (head_dim) must be contiguous")
+    _same_device("q", q, k=k, v=v)
+    _tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
+    if seq_lens.shape[0] != num_seqs:
+        _fail("seq_lens", f"has {seq_lens.shape[0]} entries but there are {num_seqs} sequences")
+    if seq_lens.device != q.device:
+        _fail("seq_lens", f"is on {seq_lens.device} but q is on {q.device}")
+    all_full = False
+    if num_seqs and not _capturing(q.device):
+        lo, hi = torch.stack([seq_lens.min(), seq_lens.max()]).tolist()
+        if lo < 1:
+            _fail("seq_lens", f"every sequence length must be >= 1, got {lo}")
+        if hi > max_len:
+            _fail("seq_lens", f"length {hi} exceeds the cache's max_len {max_len}")
+        all_full = lo == max_len
+    return check_scale(scale, head_dim), all_full
+
+
+def check_write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
+    _tensor("k", k, 3, FLOAT_DTYPES)
+    _tensor("v", v, 3, FLOAT_DTYPES)
+    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
+    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    _tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
+    if v_cache.shape != k_cache.shape:
+        _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    for name, x in (("k", k), ("v", v)):
+        if tuple(x.shape[1:]) != (kv_heads, head_dim):
+            _fail(name, f"shape {tuple(x.shape)} does not match [num_tokens, {kv_heads}, {head_dim}]")
+        if x.shape[0] != slot_mapping.shape[0]:
+            _fail(name, f"has {x.shape[0]} tokens but slot_mapping has {slot_mapping.shape[0]}")
+        if x.dtype != k_cache.dtype:
+            _fail(name, f"dtype {x.dtype} differs from the cache's dtype {k_cache.dtype}")
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not x.is_contiguous():
+            _fail(name, "must be contiguous")
+    _same_device("k_cache", k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping)
+    if slot_mapping.numel() == 0 or _capturing(k_cache.device):
+        return
+    slots = slot_mapping.to(torch.int64)
+    valid = slots[slots >= 0]
+    lo, hi = int(slots.min()), int(slots.max())
+    if lo < -1 or hi >= num_blocks * block_size:
+        bad = lo if lo < -1 else hi
+        _fail("slot_mapping", f"slot {bad} outside the cache's {num_blocks * block_size} slots "
+              f"(valid: 0..{num_blocks * block_size - 1}, or -1 to skip a token)")
+    if valid.numel() != torch.unique(valid).numel():
+        _fail("slot_mapping", "the same slot appears twice in one write")
+
+
+def check_copy_blocks(k_cache, v_cache, pairs) -> torch.Tensor:
+    """Returns pairs as an int64 tensor [n, 2] of (src, dst) on the cache's device."""
+    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
+    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    if v_cache.shape != k_cache.shape:
+        _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    _same_device("k_cache", k_cache, v_cache=v_cache)
+    try:
+        if isinstance(pairs, torch.Tensor):
+            table = pairs.detach().to("cpu", torch.int64)
+        else:
+            table = torch.tensor([tuple(p) for p in pairs], dtype=torch.int64)
+    except (TypeError, ValueError, RuntimeError) as e:
+        _fail("pairs", f"expected (src, dst) integer pairs: {e}")
+    if table.numel() == 0:
+        return table.reshape(0, 2).to(k_cache.device)
+    if table.dim() != 2 or table.shape[1] != 2:
+        _fail("pairs", f"expected (src, dst) pairs, got shape {tuple(table.shape)}")
+    num_blocks = k_cache.shape[0]
+    lo, hi = int(table.min()), int(table.max())
+    if lo < 0 or hi >= num_blocks:
+        bad = lo if lo < 0 else hi
+        _fail("pairs", f"block {bad} outside the cache's {num_blocks} blocks")
+    dst = table[:, 1]
+    if dst.numel() != torch.unique(dst).numel():
+        _fail("pairs", "the same destination block appears twice")
+    if bool(torch.isin(dst, table[:, 0]).any()):
+        _fail("pairs", "a block is both a source and a destination")
+    return table.to(k_cache.device)

@@ -144,8 +144,11 @@ class KVGeometry:
                    str(dtype).removeprefix("torch."), name or get("model_type") or "custom")
 
     @classmethod
-    def from_name(cls, name: str, dtype="bfloat16") -> KVGeometry:
-        """A preset by name (case-insensitive), or a path to a local config."""
+    def from_name(cls, name: str, dtype=None) -> KVGeometry:
+        """A preset by name (case-insensitive), or a path to a local config.
+
+        ``dtype=None`` takes the config's own dtype (presets: bfloat16).
+        """
         key = ALIASES.get(name.lower(), name.lower())
         if key in PRESETS:
             return cls.from_config(PRESETS[key], dtype=dtype, name=key)

@@ -1,0 +1,242 @@
+"""LLMEngine: generate with a transformers model through pagebench's paged KV cache."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import time
+
+import torch
+
+from pagebench.config import KVGeometry, parse_bytes
+from pagebench.engine.block_manager import BlockManager
+from pagebench.engine.model_runner import ModelRunner
+from pagebench.engine.sampling import (CompletionOutput, RequestOutput, SamplingParams,
+                                       make_generator, sample)
+from pagebench.engine.scheduler import Scheduler, Sequence
+from pagebench.errors import ConfigError, PagebenchError
+
+DEFAULT_CPU_KV_MEMORY = 256 * 2**20
+DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
+
+
+def load_model(model, dtype=None, device=None):
+    """A transformers causal LM, or a local path loaded with AutoModelForCausalLM."""
+    if isinstance(model, (str, os.PathLike)):
+        from transformers import AutoModelForCausalLM
+
+        if not os.path.isdir(model):
+            raise ConfigError(f"model: {model!r} is not a local model directory")
+        model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto")
+        if device is not None:
+            model = model.to(device)
+    if not hasattr(model, "config") or not hasattr(model, "get_output_embeddings"):
+        raise ConfigError(f"model: expected a transformers causal LM, got {type(model).__name__}")
+    return model.eval()
+
+
+class LLMEngine:
+    """Continuous batching with a paged KV cache, preemption, copy-on-write, prefix caching.
+
+    ``num_blocks=None`` sizes the pool from ``kv_cache_memory`` (bytes or a string such as
+    "2GiB"); without it, 80% of the free GPU memory, or 256 MiB on the CPU.
+    """
+
+    def __init__(self, model, block_size: int = 16, num_blocks: int | None = None,
+                 kernel: str = "auto", enable_prefix_caching: bool = False,
+                 max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
+                 kv_cache_memory=None, max_model_len: int | None = None,
+                 check_kernel_inputs: bool = False):
+        self.model = load_model(model)
+        config = self.model.config
+        param = next(self.model.parameters())
+        self.geometry = KVGeometry.from_config(config, dtype=param.dtype)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ConfigError(f"block_size: must be a positive integer, got {block_size!r}")
+        if num_blocks is None:
+            num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
+        elif isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ConfigError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
+        self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None) \
+            or 2**31 - 1
+        self.vocab_size = config.vocab_size
+        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos is None:
+            eos = getattr(config, "eos_token_id", None)
+        self.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
+        self.block_size = block_size
+        self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching,
+                                          deferred_caching=True)
+        self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, kernel, check_kernel_inputs)
+        self.stats: dict = {}
+        self._ids = itertools.count()
+
+    @property
+    def num_blocks(self) -> int:
+        return self.block_manager.num_blocks
+
+    def _blocks_from_memory(self, kv_cache_memory, block_size: int, device) -> int:
+        if kv_cache_memory is None:
+            if device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(device)
+                kv_cache_memory = int(free * DEFAULT_GPU_KV_FRACTION)
+            else:
+                kv_cache_memory = DEFAULT_CPU_KV_MEMORY
+        budget = parse_bytes(kv_cache_memory)
+        num_blocks = budget // self.geometry.bytes_per_block(block_size)
+        if num_blocks < 1:
+            raise ConfigError(f"kv_cache_memory: {budget} bytes hold no block of {block_size} "
+                              f"tokens ({self.geometry.bytes_per_block(block_size)} bytes each)")
+        return num_blocks
+
+    # ---- validation ----------------------------------------------------------------------
+    def _check(self, prompts, params: SamplingParams) -> list[list[int]]:
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+        if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
+            raise ConfigError("prompts: expected a list of token-id lists")
+        if params.n > self.scheduler.max_num_seqs:
+            raise ConfigError(f"n: {params.n} completions exceed max_num_seqs "
+                              f"{self.scheduler.max_num_seqs}")
+        out = []
+        for i, prompt in enumerate(prompts):
+            if isinstance(prompt, torch.Tensor):
+                prompt = prompt.tolist()
+            if isinstance(prompt, (str, bytes)):
+                raise ConfigError(f"prompts[{i}]: expected token ids, got a string")
+            prompt = list(prompt)
+            if not prompt:
+                raise ConfigError(f"prompts[{i}]: empty prompt")
+            if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
+                raise ConfigError(f"prompts[{i}]: token ids must be integers in "
+                                  f"0..{self.vocab_size - 1}")
+            total = len(prompt) + params.max_tokens
+            if total > self.max_model_len:
+                raise ConfigError(f"prompts[{i}]: {len(prompt)} prompt tokens + max_tokens "
+                                  f"{params.max_tokens} exceed the model's maximum of "
+                                  f"{self.max_model_len} positions")
+            need = self.block_manager.blocks_needed(total - 1)  # the last token is never cached
+            if need > self.num_blocks:
+                raise ConfigError(f"num_blocks: prompts[{i}] needs {need} blocks of "
+                                  f"{self.block_size} tokens alone, the pool has "
+                                  f"{self.num_blocks}")
+            out.append(prompt)
+        return out
+
+    # ---- generation ----------------------------------------------------------------------
+    def generate(self, prompts, sampling_params: SamplingParams | None = None,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+        """Complete every prompt (token-id lists); outputs in prompt order."""
+        params = sampling_params or SamplingParams()
+        prompts = self._check(prompts, params)
+        if use_tqdm is None:
+            use_tqdm = sys.stderr.isatty()
+        sched, bm = self.scheduler, self.block_manager
+        sched.num_preemptions = sched.num_cached_prompt_tokens = 0
+        device = self.runner.device
+        outputs, pending = [], {}  # pending: request id -> sequences not yet forked
+        for rid, prompt in enumerate(prompts):
+            gens = [make_generator(params.seed, i, device) if not params.greedy else None
+                    for i in range(params.n)]
+            seqs = [Sequence(next(self._ids), rid, i, prompt, params, gens[i])
+                    for i in range(params.n)]
+            sched.add(seqs[0])
+            pending[rid] = seqs[1:]
+            outputs.append(RequestOutput(rid, list(prompt),
+                                         [CompletionOutput(i) for i in range(params.n)]))
+        steps, computed_prompt, generated = [], 0, 0
+        bs = self.block_size
+        bar = _progress(len(prompts) * params.n, use_tqdm)
+        t0 = time.perf_counter()
+        try:
+            while sched.has_work:
+                batch = sched.schedule()
+                if not batch.seqs:
+                    raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
+                self.runner.copy_blocks(bm.take_copies())
+                logits, rows = self.runner.execute(batch.seqs, batch.num_new)
+                for seq, n in zip(batch.seqs, batch.num_new):
+                    computed_prompt += max(0, min(seq.num_computed + n, seq.prompt_len)
+                                           - seq.num_computed)
+                    seq.num_computed += n
+                    if bm.enable_prefix_caching and \
+                            (seq.num_computed - n) // bs < seq.num_computed // bs:
+                        bm.cache_full_blocks(seq.seq_id, seq.num_computed)  # now findable
+                steps.append(dict(step=len(steps), batch_size=len(batch.seqs),
+                                  num_batched_tokens=batch.num_tokens,
+                                  blocks_used=bm.num_used_blocks,
+                                  num_preempted=batch.num_preempted,
+                                  token_utilisation=bm.token_utilisation))
+                sampled_seqs = [batch.seqs[r] for r in rows]
+                if sampled_seqs:
+                    generated += self._sample_and_advance(sampled_seqs, logits, pending,
+                                                          outputs, bar)
+        except BaseException:
+            sched.abort_all()
+            bm.take_copies()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        elapsed = time.perf_counter() - t0
+        self.stats = self._summarise(prompts, steps, computed_prompt, generated, elapsed)
+        return outputs
+
+    def _sample_and_advance(self, seqs, logits, pending, outputs, bar) -> int:
+        # fork siblings of requests whose prompt just finished: they share this row's logits
+        rows, all_seqs = [], []
+        for row, seq in enumerate(seqs):
+            for s in [seq] + (pending.pop(seq.request_id, []) if not seq.forked else []):
+                if s is not seq:
+                    self.scheduler.fork(seq, s)
+                rows.append(row)
+                all_seqs.append(s)
+            seq.forked = True
+        if len(rows) != len(seqs):
+            logits = logits[torch.tensor(rows, device=logits.device)]
+        tokens = sample(logits, [s.params for s in all_seqs], [s.generator for s in all_seqs])
+        for seq, token in zip(all_seqs, tokens):
+            seq.token_ids.append(token)
+            params = seq.params
+            if not params.ignore_eos and token in self.eos_token_ids:
+                seq.finish_reason = "stop"
+            elif seq.num_output >= params.max_tokens:
+                seq.finish_reason = "length"
+            if seq.finish_reason:
+                self.scheduler.finish(seq)
+                out = outputs[seq.request_id].outputs[seq.index]
+                out.token_ids, out.finish_reason = seq.output_ids, seq.finish_reason
+                if bar is not None:
+                    bar.update(1)
+        return len(all_seqs)
+
+    def _summarise(self, prompts, steps, computed_prompt, generated, elapsed) -> dict:
+        num_prompt = sum(len(p) for p in prompts)
+        blocks = [s["blocks_used"] for s in steps] or [0]
+        util = [s["token_utilisation"] for s in steps] or [0.0]
+        return dict(
+            peak_blocks=max(blocks),
+            mean_blocks=sum(blocks) / len(blocks),
+            token_utilisation=sum(util) / len(util),
+            num_preemptions=self.scheduler.num_preemptions,
+            prefix_cache_hit_rate=self.scheduler.num_cached_prompt_tokens / num_prompt
+            if num_prompt else 0.0,
+            num_prompt_tokens=num_prompt,
+            num_computed_prompt_tokens=computed_prompt,
+            num_generated_tokens=generated,
+            elapsed_s=elapsed,
+            tokens_per_s=generated / elapsed if elapsed > 0 else 0.0,
+            num_blocks=self.num_blocks,
+            block_size=self.block_size,
+            steps=steps,
+        )
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generate", unit="seq")

@@ -1,0 +1,216 @@
+"""Runs a transformers decoder (Llama / Qwen2 / Qwen3 / Mistral family) on the paged KV cache.
+
+No modelling code is forked: the model runs on one packed batch (``input_ids [1, T]`` with
+explicit ``position_ids``, ``use_cache=False``) under an attention implementation registered
+with transformers as ``"pagebench"``. Each attention layer hands it the new tokens' K/V after
+RoPE; the function writes them into that layer's paged cache (``write_kv``) and attends over
+the cache with ``paged_prefill`` / ``paged_decode``, using the step's metadata held here.
+transformers builds no mask for an attention implementation it has no mask function for.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from pagebench.errors import ConfigError
+
+ATTN_NAME = "pagebench"
+_active: ModelRunner | None = None  # the runner whose step is in flight
+
+
+def _paged_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+    # query [1, Hq, T, D], key/value [1, Hkv, T, D] (after RoPE, GQA not expanded)
+    if _active is None:
+        raise RuntimeError("the 'pagebench' attention runs only inside ModelRunner.execute")
+    out = _active.attend(module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
+                         value[0].transpose(0, 1), scaling)
+    return out.unsqueeze(0), None  # [1, T, Hq, D]
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _paged_attention)
+
+
+@dataclass(slots=True)
+class AttentionGroup:
+    """Sequences attended by one kernel call; ``rows`` picks their query tokens (None: all)."""
+    rows: torch.Tensor | None
+    block_tables: torch.Tensor  # [S, max_blocks] int32
+    seq_lens: torch.Tensor  # [S] int32, context length after this step
+    query_lens: torch.Tensor | None  # [S] int32 (prefill only)
+
+
+@dataclass(slots=True)
+class StepMetadata:
+    slot_mapping: torch.Tensor  # [T] int64: block * block_size + offset of each new token
+    decode: AttentionGroup | None  # sequences with one new token
+    prefill: AttentionGroup | None  # sequences with several (a prompt chunk)
+
+
+class ModelRunner:
+    """Owns the paged KV cache of a model and runs one scheduled step at a time.
+
+    ``check_inputs=True`` goes through the kernels' validated entry points (each checks
+    shapes and bounds, reading values back from the device); the default calls the resolved
+    backend directly, since the runner builds its metadata from the block manager's tables.
+    """
+
+    def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",
+                 check_inputs: bool = False):
+        from pagebench import kernels
+
+        self.kernels = kernels
+        self.model = model
+        config = model.config
+        if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
+            raise ConfigError("model: sliding-window attention is not supported by the engine")
+        self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+        self.lm_head = model.get_output_embeddings()
+        if self.decoder is None or self.lm_head is None:
+            raise ConfigError(f"model: {type(model).__name__} is not a decoder-only causal LM")
+        self.num_layers = config.num_hidden_layers
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or \
+            config.num_attention_heads
+        self.head_dim = getattr(config, "head_dim", None) or \
+            config.hidden_size // config.num_attention_heads
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.check_inputs = check_inputs
+        self.kernel = kernel
+        try:
+            args = (self.device, self.dtype, block_size, self.head_dim)
+            self.decode_backend = kernels.resolve("decode", kernel, *args)
+            has_prefill = kernel == "auto" or kernels.get_backend(kernel).prefill is not None
+            # a backend without a prefill kernel (decode-only) leaves prompts to the best other
+            self.prefill_backend = kernels.resolve("prefill", kernel if has_prefill else "auto",
+                                                   *args)
+        except ValueError as e:
+            raise ConfigError(f"kernel: {e}") from None
+        shape = (self.num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.meta: StepMetadata | None = None
+        _register()
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write: copy block src to dst in every layer (before the step that writes)."""
+        if pairs:
+            for layer in range(self.num_layers):
+                self.kernels.copy_blocks(self.kv[layer, 0], self.kv[layer, 1], pairs)
+
+    def attend(self, layer: int, q, k, v, scale):
+        # q [T, Hq, D], k/v [T, Hkv, D]
+        scale = self.head_dim ** -0.5 if scale is None else scale
+        meta, kern = self.meta, self.kernels
+        k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
+        if self.check_inputs:
+            kern.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+        else:
+            k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
+            v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
+        dec, pre = meta.decode, meta.prefill
+        out = None if dec is None or pre is None else torch.empty_like(q)
+        if dec is not None:
+            qd = q if dec.rows is None else q[dec.rows]
+            if self.check_inputs:
+                od = kern.paged_decode(qd, k_cache, v_cache, dec.block_tables, dec.seq_lens,
+                                       scale=scale, backend=self.decode_backend.name)
+            else:
+                od = self.decode_backend.decode(qd, k_cache, v_cache, dec.block_tables,
+                                                dec.seq_lens, scale)
+            if out is None:
+                return od
+            out[dec.rows] = od
+        qp = q if pre.rows is None else q[pre.rows]
+        if self.check_inputs:
+            op = kern.paged_prefill(qp, k_cache, v_cache, pre.block_tables, pre.seq_lens,
+                                    pre.query_lens, scale=scale,
+                                    backend=self.prefill_backend.name)
+        else:
+            op = self.prefill_backend.prefill(qp, k_cache, v_cache, pre.block_tables,
+                                              pre.seq_lens, pre.query_lens, scale)
+        if out is None:
+            return op
+        out[pre.rows] = op
+        return out
+
+    def prepare(self, seqs, num_new: list[int]):
+        """Packed input ids and positions, the step's metadata, and the rows to sample."""
+        bs = self.block_size
+        ids, starts, tables, sample_rows, sample_seqs = [], [], [], [], []
+        end_of_row = -1
+        for i, (seq, n) in enumerate(zip(seqs, num_new)):
+            start = seq.num_computed
+            ids.extend(seq.token_ids[start:start + n])
+            starts.append(start)
+            tables.append(seq.block_table)
+            end_of_row += n
+            if start + n == len(seq.token_ids):  # all known tokens computed: sample the next
+                sample_rows.append(end_of_row)
+                sample_seqs.append(i)
+        width = max(len(t) for t in tables)
+        # built on the host, one copy each to the device
+        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables],
+                                    dtype=torch.int32)
+        query_lens = torch.tensor(num_new, dtype=torch.int32)
+        start_t = torch.tensor(starts, dtype=torch.int64)
+        seq_lens = (start_t + query_lens).to(torch.int32)
+        num_seqs, num_tokens = len(seqs), len(ids)
+        if num_tokens == num_seqs:  # decode only
+            positions, seq_index = start_t, torch.arange(num_seqs)
+        else:
+            seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens)
+            first = torch.cumsum(query_lens, 0) - query_lens
+            positions = start_t[seq_index] + torch.arange(num_tokens) - first[seq_index]
+        slots = block_tables[seq_index, positions // bs].to(torch.int64) * bs + positions % bs
+        dev = self.device
+        is_dec = query_lens == 1
+        num_dec = int(is_dec.sum())
+
+        def group(mask, prefill: bool):
+            if num_dec in (0, num_seqs):
+                rows, sel = None, slice(None)
+            else:
+                rows = torch.nonzero(mask[seq_index]).flatten().to(dev)
+                sel = mask
+            return AttentionGroup(rows, block_tables[sel].to(dev), seq_lens[sel].to(dev),
+                                  query_lens[sel].to(dev) if prefill else None)
+
+        meta = StepMetadata(slots.to(dev), group(is_dec, False) if num_dec else None,
+                            group(~is_dec, True) if num_dec < num_seqs else None)
+        input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
+        return input_ids, positions.to(dev), meta, sample_rows, sample_seqs
+
+    @torch.inference_mode()
+    def execute(self, seqs, num_new: list[int]) -> tuple[torch.Tensor, list[int]]:
+        """Run one step; returns float32 logits [R, vocab] and the indices (into ``seqs``)
+        of the R sequences whose known tokens are now all computed."""
+        input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new)
+        with self._active(meta):
+            hidden = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
+                                  use_cache=False).last_hidden_state[0]
+        logits = self.lm_head(hidden[rows]).float() if rows else hidden.new_empty(0, 0)
+        return logits, sampled
+
+    @contextlib.contextmanager
+    def _active(self, meta: StepMetadata):
+        global _active
+        config = self.model.config
+        saved = config._attn_implementation
+        config._attn_implementation = ATTN_NAME
+        self.meta, _active = meta, self
+        try:
+            yield
+        finally:
+            config._attn_implementation = saved
+            self.meta, _active = None, None

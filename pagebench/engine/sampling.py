@@ -1,0 +1,92 @@
+"""Sampling parameters, request outputs, and the sampler.
+
+Seeding rule: completion ``i`` of a request whose ``seed`` is ``s`` draws its noise from its own
+``torch.Generator`` seeded with ``s + i``, one vector of ``vocab_size`` uniforms per sampled
+token. So completion ``i`` of an ``n = 4`` request equals the single completion of an ``n = 1``
+request with ``seed = s + i``, whatever else is in the batch. Sampling is the exponential race
+(``argmax(p / E)`` with ``E ~ Exp(1)``), which draws exactly from ``p``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from pagebench.errors import ConfigError
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    n: int = 1
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
+                or self.max_tokens < 1:
+            raise ConfigError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+            raise ConfigError(f"temperature: must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p!r}")
+        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
+            raise ConfigError(f"n: must be an integer >= 1, got {self.n!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed: must be an integer or None, got {self.seed!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "length" or "stop"
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: int
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+
+    @property
+    def finished(self) -> bool:
+        return all(o.finish_reason is not None for o in self.outputs)
+
+
+def make_generator(seed: int | None, index: int, device) -> torch.Generator | None:
+    """The generator of completion ``index`` (see the module's seeding rule)."""
+    gen = torch.Generator(device=device)
+    if seed is None:
+        gen.seed()
+    else:
+        gen.manual_seed((seed + index) % 2**63)
+    return gen
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams],
+           generators: list[torch.Generator | None]) -> list[int]:
+    """One token per row of ``logits`` [rows, vocab]; greedy rows take the argmax."""
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if rows:
+        index = torch.tensor(rows, device=logits.device)
+        temp = torch.tensor([params[i].temperature for i in rows], device=logits.device)
+        probs = torch.softmax(logits[index].float() / temp[:, None], dim=-1)
+        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
+        if (top_p < 1).any():
+            sorted_p, order = probs.sort(dim=-1, descending=True)
+            drop = (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # keeps at least the top
+            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+        noise = torch.stack([torch.rand(probs.shape[-1], generator=generators[i],
+                                        device=logits.device) for i in rows])
+        race = probs / (-torch.log1p(-noise)).clamp_min(1e-20)  # p / Exp(1)
+        tokens[index] = race.argmax(dim=-1)
+    return tokens.tolist()

@@ -1,0 +1,162 @@
+"""Continuous batching over a paged KV cache: token budget, chunked prefill, preemption.
+
+Every sequence holds its known tokens and how many of them have KV in the cache
+(``num_computed``). A step gives each scheduled sequence the next ``num_new`` uncomputed tokens:
+one for a decoding sequence, a chunk of its prompt (bounded by the token budget) for a
+prefilling one. When a decoding sequence needs a new block and the pool is dry, the most
+recently admitted running sequence is preempted by recompute: its blocks are freed and it
+goes back to the front of the waiting queue, to be prefilled again (prompt + output so far).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from pagebench.engine.block_manager import BlockManager
+from pagebench.engine.sampling import SamplingParams
+from pagebench.errors import ConfigError, OutOfBlocksError
+
+
+class Sequence:
+    """One completion of one request: its tokens, its cache progress, its sampling state."""
+
+    __slots__ = ("seq_id", "request_id", "index", "params", "generator", "token_ids",
+                 "prompt_len", "num_computed", "block_table", "finish_reason", "forked",
+                 "num_admissions")
+
+    def __init__(self, seq_id, request_id: int, index: int, prompt: list[int],
+                 params: SamplingParams, generator):
+        self.seq_id = seq_id
+        self.request_id = request_id
+        self.index = index  # completion index within the request
+        self.params = params
+        self.generator = generator
+        self.token_ids = list(prompt)
+        self.prompt_len = len(prompt)
+        self.num_computed = 0  # tokens whose KV is in the cache
+        self.block_table: list[int] = []
+        self.finish_reason: str | None = None
+        self.forked = params.n == 1  # n > 1: siblings are forked once the prompt is computed
+        self.num_admissions = 0
+
+    @property
+    def num_output(self) -> int:
+        return len(self.token_ids) - self.prompt_len
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.prompt_len:]
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_new: list[int]  # tokens computed this step, per sequence
+    num_preempted: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+
+class Scheduler:
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int,
+                 max_num_batched_tokens: int):
+        for name, value in (("max_num_seqs", max_num_seqs),
+                            ("max_num_batched_tokens", max_num_batched_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.num_cached_prompt_tokens = 0  # prefix-cache hits at first admission
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch([], [])
+        budget = self.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if self.bm.num_tokens(seq.seq_id) < len(seq.token_ids) and \
+                    not self._append_slot(seq, batch):
+                break  # seq itself was preempted; everything after it is gone too
+            self._take(batch, seq, budget)
+            budget -= batch.num_new[-1]
+            i += 1
+        if batch.num_preempted:
+            return batch  # the pool is dry: admit nothing new this step
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            width = 1 if seq.forked else seq.params.n  # an unforked request brings its siblings
+            if len(self.running) + width > self.max_num_seqs:
+                break
+            try:
+                self.bm.allocate(seq.seq_id, seq.token_ids)  # atomic: fails without a change
+            except OutOfBlocksError:
+                break
+            self.waiting.popleft()
+            seq.block_table = self.bm.block_table(seq.seq_id)
+            seq.num_computed = self.bm.num_cached_tokens(seq.seq_id)
+            if seq.num_admissions == 0:
+                self.num_cached_prompt_tokens += seq.num_computed
+            seq.num_admissions += 1
+            self.running.append(seq)
+            self._take(batch, seq, budget)
+            budget -= batch.num_new[-1]
+        return batch
+
+    @staticmethod
+    def _take(batch: ScheduledBatch, seq: Sequence, budget: int) -> None:
+        batch.seqs.append(seq)
+        batch.num_new.append(min(len(seq.token_ids) - seq.num_computed, budget))
+
+    def _append_slot(self, seq: Sequence, batch: ScheduledBatch) -> bool:
+        """A slot for seq's newest token, preempting from the back; False if seq was preempted."""
+        while not self.bm.can_append(seq.seq_id):
+            victim = self.running[-1]
+            self._preempt(victim)
+            batch.num_preempted += 1
+            if victim is seq:
+                return False
+        if self.bm.append_token(seq.seq_id, seq.token_ids[-1]) is not None:
+            seq.block_table = self.bm.block_table(seq.seq_id)  # new block or copy-on-write
+        return True
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free(seq.seq_id)
+        seq.num_computed = 0
+        seq.block_table = []
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.bm.free(seq.seq_id)
+
+    def fork(self, parent: Sequence, child: Sequence) -> None:
+        """``child`` shares ``parent``'s blocks (copy-on-write) and runs beside it."""
+        self.bm.fork(parent.seq_id, child.seq_id)
+        child.token_ids = list(parent.token_ids)
+        child.num_computed = parent.num_computed
+        child.block_table = list(parent.block_table)
+        child.forked = True
+        child.num_admissions = 1
+        self.running.append(child)
+
+    def abort_all(self) -> None:
+        for seq in self.running:
+            self.bm.free(seq.seq_id)
+        self.running.clear()
+        self.waiting.clear()

@@ -1,0 +1,536 @@
+"""Time-stepped KV-memory simulation: where the budget goes while requests come and go.
+
+Model
+-----
+Memory is a fixed budget of ``budget_tokens`` token slots. Time advances in decode steps.
+Request ``i`` (see :class:`~pagebench.sim.trace.Workload`) arrives at step ``arrival[i]`` with
+a prompt of ``P`` tokens, will generate ``O`` tokens, and runs ``n`` parallel samples. If it is
+admitted at step ``a`` each sample holds ``P + (t - a) + 1`` tokens at step ``t`` (the prompt
+and the first output token in the admission step, one more token per step after), reaches its
+final length ``L = P + O`` at step ``a + O - 1`` and frees its memory at the end of that step.
+
+Each step, in order: (1) arrivals join the back of the waiting queue; (2) running requests grow
+(paged: a request whose last block is full takes a new one; if the pool is dry the newest
+running request is preempted by recompute: its blocks are freed and it rejoins the *front* of
+the queue, to recompute its prompt and generated tokens when re-admitted); (3) waiting requests
+are admitted first-come first-served while memory allows, stopping at the first that does not
+fit (no admissions in a step that preempted, as in vLLM); (4) the memory breakdown of the step
+is recorded; (5) requests that produced their last token release their memory.
+
+Allocators
+----------
+- ``naive`` (reserve-max), ``pow2``, ``oracle``: contiguous. At admission each sample
+  reserves one run of ``reserved_slots(allocator, L)`` slots (``max_len``; the next power of two
+  of ``L``; exactly ``L``), placed first-fit in one address space of ``budget_tokens`` slots.
+  Runs are freed whole, so holes appear between live runs.
+- ``paged``: ``budget_tokens // block_size`` blocks; a sample holds
+  ``ceil(tokens / block_size)`` blocks, taken one at a time as it grows. With ``cow=True`` and
+  ``n > 1`` the samples share the prompt's full blocks (copy-on-write: the partly filled last
+  prompt block is copied for all but one sample, counted in ``cow_copies``).
+
+Memory breakdown (token slots; the five parts sum to ``budget_tokens`` at every step)
+-------------------------------------------------------------------------------------
+- ``token_state``: slots holding the KV of a token that exists now (with copy-on-write a
+  shared prompt token counts once).
+- ``reserved_unused``: contiguous only: slots a running request reserved and *will* fill
+  before it finishes (``L - tokens`` per sample). Paging reserves nothing ahead: always 0.
+- ``internal_frag``: slots allocated to a running request that it will *never* fill:
+  contiguous ``reservation - L`` per sample; paged the unfilled tail of each sample's last
+  block (at most ``block_size - 1`` per sample) plus the ``budget_tokens % block_size`` slots
+  that do not make a whole block.
+- ``external_frag``: free slots that cannot be used because they are split into holes too
+  small: at a step where the request at the head of the queue is refused although the total
+  free memory is at least its reservation, *all* free slots count as external fragmentation
+  (no hole is large enough for it). At any other step it is 0. Paged runs never have any,
+  because any free block serves any request.
+- ``free``: the remaining free slots.
+
+These are the four categories of the vLLM paper's Figure 2 (token states, reservation,
+internal and external fragmentation) plus free memory. ``stranded_free`` (contiguous only,
+reported as a mean fraction) is the free memory outside the largest hole at every step,
+whether or not a request is waiting: how much free memory a single new reservation could
+not reach.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pagebench.errors import ConfigError
+from pagebench.sim.address_space import FirstFitSpace
+from pagebench.sim.static import reserved_slots
+from pagebench.sim.trace import Workload
+
+CONTIGUOUS = ("naive", "pow2", "oracle")
+ALLOCATORS = CONTIGUOUS + ("paged",)
+CATEGORIES = ("token_state", "reserved_unused", "internal_frag", "external_frag", "free")
+TIMELINE_COLUMNS = ("step", "allocator", "block_size", "budget_tokens") + CATEGORIES + (
+    "concurrency", "running_seqs", "waiting")
+_KEY_MOD = (1 << 61) - 1
+# window record: (start, end, A, S, allocated, final, ext, free, conc, waiting, stranded, key)
+# tokens(t) = A + S * (t + 1) for every step t of the window [start, end].
+
+
+def _key(i: int, b: int) -> int:
+    """Fingerprint of request ``i`` holding ``b + t + 1`` tokens per sample at step ``t``."""
+    return (((i + 1) * 0x9E3779B97F4A7C15) ^ ((b + (1 << 40)) * 0xBF58476D1CE4E5B9)) % _KEY_MOD
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass
+class _RunStats:
+    first_admit: np.ndarray
+    refused: int = 0
+    refused_with_enough_free: int = 0
+    num_preemptions: int = 0
+    recomputed_tokens: int = 0
+    cow_copies: int = 0
+
+
+def _simulate_contiguous(w: Workload, budget: int, allocator: str, max_len: int,
+                         max_num_seqs: int | None):
+    length = w.length
+    reserve = reserved_slots(allocator, length, max_len)
+    if int((reserve * w.n).max()) > budget:
+        i = int((reserve * w.n).argmax())
+        raise ConfigError(f"budget_tokens: {budget} slots cannot hold request {i} under "
+                          f"{allocator} ({int(w.n[i])} x {int(reserve[i])} slots)")
+    arrival, prompt, output = w.arrival.tolist(), w.prompt_len.tolist(), w.output_len.tolist()
+    nseq, final_len, res = w.n.tolist(), length.tolist(), reserve.tolist()
+    count = len(arrival)
+    space = FirstFitSpace(budget)
+    stats = _RunStats(first_admit=np.full(count, -1, dtype=np.int64))
+    refused = bytearray(count)
+    refused_enough = bytearray(count)
+    waiting: deque[int] = deque()
+    finishing: list[tuple[int, int]] = []
+    addresses: dict[int, list[int]] = {}
+    records = []
+    A = S = allocated = final = conc = key = 0
+    nxt, s = 0, arrival[0]
+    while True:
+        while nxt < count and arrival[nxt] <= s:
+            waiting.append(nxt)
+            nxt += 1
+        blocked_with_enough_free = False
+        while waiting:
+            i = waiting[0]
+            n, r = nseq[i], res[i]
+            if max_num_seqs is not None and S + n > max_num_seqs:
+                break
+            got = []
+            for _ in range(n):
+                address = space.allocate(r)
+                if address is None:
+                    break
+                got.append(address)
+            if len(got) < n:
+                for address in got:
+                    space.release(address, r)
+                refused[i] = 1
+                if space.free >= n * r:
+                    refused_enough[i] = 1
+                    blocked_with_enough_free = True
+                break
+            waiting.popleft()
+            addresses[i] = got
+            stats.first_admit[i] = s
+            b = prompt[i] - s
+            heapq.heappush(finishing, (s + output[i] - 1, i, b))
+            A += n * b
+            S += n
+            allocated += n * r
+            final += n * final_len[i]
+            conc += 1
+            key = (key + _key(i, b)) % _KEY_MOD
+        if not finishing:
+            if waiting:  # cannot happen: an empty space fits any validated request
+                raise AssertionError("contiguous simulation stalled with an empty space")
+            if nxt >= count:
+                break
+        end = finishing[0][0] if finishing else arrival[nxt] - 1
+        if nxt < count:
+            end = min(end, arrival[nxt] - 1)
+        ext = space.free if blocked_with_enough_free else 0
+        stranded = space.free - space.largest_hole
+        records.append((s, end, A, S, allocated, final, ext, space.free - ext, conc,
+                        len(waiting), stranded, key))
+        while finishing and finishing[0][0] == end:
+            _, i, b = heapq.heappop(finishing)
+            n, r = nseq[i], res[i]
+            for address in addresses.pop(i):
+                space.release(address, r)
+            A -= n * b
+            S -= n
+            allocated -= n * r
+            final -= n * final_len[i]
+            conc -= 1
+            key = (key - _key(i, b)) % _KEY_MOD
+        if not finishing and not waiting and nxt >= count:
+            break
+        s = end + 1
+    stats.refused = sum(refused)
+    stats.refused_with_enough_free = sum(refused_enough)
+    return records, stats
+
+
+def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
+                    max_num_seqs: int | None):
+    bs = block_size
+    num_blocks, remainder = divmod(budget, bs)
+    length = w.length
+    shared = np.where(cow & (w.n > 1), w.prompt_len // bs, 0)  # shared prompt blocks
+    need_final = shared + w.n * (-(-(length - shared * bs) // bs))
+    if num_blocks < 1 or int(need_final.max()) > num_blocks:
+        i = int(need_final.argmax())
+        raise ConfigError(f"budget_tokens: {budget} slots ({num_blocks} blocks of {bs}) cannot "
+                          f"hold request {i} ({int(need_final[i])} blocks)")
+    arrival, nseq = w.arrival.tolist(), w.n.tolist()
+    prompt, remaining = w.prompt_len.tolist(), w.output_len.tolist()  # change on preemption
+    shared_blocks = shared.tolist()
+    count = len(arrival)
+    stats = _RunStats(first_admit=np.full(count, -1, dtype=np.int64))
+    refused = bytearray(count)
+    version = [0] * count
+    waiting: deque[int] = deque()
+    finishing: list[tuple[int, int, int]] = []
+    running: dict[int, tuple[int, int]] = {}  # i -> (admitted at, b); insertion order = age
+    phase_count = [0] * bs  # samples whose b % bs == phase: they take a block at t = -b mod bs
+    records = []
+    free, used = num_blocks, 0
+    A = S = conc = key = 0
+    nxt, s = 0, arrival[0]
+    while True:
+        while nxt < count and arrival[nxt] <= s:
+            waiting.append(nxt)
+            nxt += 1
+        preempted = False
+        if running:
+            due = (-s) % bs
+            need = phase_count[due]
+            while need > free:
+                i, (a, b) = running.popitem()  # newest
+                n, sh = nseq[i], shared_blocks[i]
+                held = sh + n * _ceil_div(b + s - sh * bs, bs)  # tokens at step s-1: b + s
+                free += held
+                used -= held
+                if b % bs == due:
+                    need -= n
+                phase_count[b % bs] -= n
+                A -= n * b - (n - 1) * sh * bs
+                S -= n
+                conc -= 1
+                key = (key - _key(i, b)) % _KEY_MOD
+                done = s - a
+                prompt[i] += done
+                remaining[i] -= done
+                version[i] += 1
+                waiting.appendleft(i)
+                stats.num_preemptions += 1
+                stats.recomputed_tokens += n * (b + s) - (n - 1) * sh * bs
+                preempted = True
+            free -= need
+            used += need
+        while waiting and not preempted:
+            i = waiting[0]
+            n, sh = nseq[i], shared_blocks[i]
+            if max_num_seqs is not None and S + n > max_num_seqs:
+                break
+            blocks = sh + n * _ceil_div(prompt[i] + 1 - sh * bs, bs)
+            if blocks > free:
+                refused[i] = 1
+                break
+            waiting.popleft()
+            free -= blocks
+            used += blocks
+            b = prompt[i] - s
+            running[i] = (s, b)
+            phase_count[b % bs] += n
+            A += n * b - (n - 1) * sh * bs
+            S += n
+            conc += 1
+            key = (key + _key(i, b)) % _KEY_MOD
+            heapq.heappush(finishing, (s + remaining[i] - 1, version[i], i))
+            if stats.first_admit[i] < 0:
+                stats.first_admit[i] = s
+                if sh and (prompt[i] % bs):
+                    stats.cow_copies += n - 1
+        records.append((s, s, A, S, used * bs + remainder, 0, 0, free * bs, conc,
+                        len(waiting), 0, key))
+        while finishing and finishing[0][0] <= s:
+            _, v, i = heapq.heappop(finishing)
+            if v != version[i]:
+                continue  # preempted since; its new finish step is in the heap too
+            a, b = running.pop(i)
+            n, sh = nseq[i], shared_blocks[i]
+            held = sh + n * _ceil_div(b + s + 1 - sh * bs, bs)
+            free += held
+            used -= held
+            phase_count[b % bs] -= n
+            A -= n * b - (n - 1) * sh * bs
+            S -= n
+            conc -= 1
+            key = (key - _key(i, b)) % _KEY_MOD
+        if running or waiting:
+            s += 1
+        elif nxt < count:
+            if arrival[nxt] > s + 1:  # idle gap: everything free
+                records.append((s + 1, arrival[nxt] - 1, 0, 0, remainder, 0, 0,
+                                num_blocks * bs, 0, 0, 0, 0))
+            s = arrival[nxt]
+        else:
+            break
+    if used or free != num_blocks:
+        raise AssertionError(f"paged simulation leaked blocks: used={used}, free={free}")
+    stats.refused = sum(refused)
+    return records, stats
+
+
+def _windows(records) -> dict[str, np.ndarray]:
+    names = ("start", "end", "A", "S", "allocated", "final", "ext", "free", "conc", "waiting",
+             "stranded", "key")
+    table = np.array(records, dtype=np.int64).reshape(-1, len(names))
+    return {name: table[:, j] for j, name in enumerate(names)}
+
+
+def _summarise(win, paged: bool, budget: int, w: Workload, stats: _RunStats) -> dict:
+    start, end = win["start"], win["end"]
+    width = (end - start + 1).astype(np.float64)
+    steps = float(width.sum())
+    # sum over t in [start, end] of (t + 1) = T(end + 1) - T(start), T(x) = x (x + 1) / 2
+    step_sum = ((end + 1.0) * (end + 2.0) - start * (start + 1.0)) / 2.0
+    tokens = width * win["A"] + win["S"] * step_sum
+    allocated = width * win["allocated"]
+    totals = {
+        "token_state": tokens,
+        "reserved_unused": np.zeros_like(tokens) if paged else width * win["final"] - tokens,
+        "internal_frag": allocated - tokens if paged else allocated - width * win["final"],
+        "external_frag": width * win["ext"],
+        "free": width * win["free"],
+    }
+    saturated = win["waiting"] > 0
+    sat_steps = float(width[saturated].sum())
+    row = {"num_steps": int(steps)}
+    names = {"token_state": "token_state_fraction", "reserved_unused": "reserved_unused_fraction",
+             "internal_frag": "internal_fragmentation_fraction",
+             "external_frag": "external_fragmentation_fraction", "free": "free_fraction"}
+    for cat, name in names.items():
+        row[name] = float(totals[cat].sum() / (steps * budget))
+    for cat, name in names.items():
+        row[name + "_saturated"] = (float(totals[cat][saturated].sum() / (sat_steps * budget))
+                                    if sat_steps else None)
+    held = totals["token_state"] + totals["reserved_unused"] + totals["internal_frag"]
+    row["allocated_utilisation"] = float(tokens.sum() / held.sum()) if held.sum() else None
+    row["stranded_free_fraction"] = float((width * win["stranded"]).sum() / (steps * budget))
+    peak_tokens = win["A"] + win["S"] * (end + 1)
+    row["peak_token_state_fraction"] = float(peak_tokens.max() / budget)
+    row["saturated_step_fraction"] = sat_steps / steps
+    row["mean_concurrency"] = float((width * win["conc"]).sum() / steps)
+    row["peak_concurrency"] = int(win["conc"].max())
+    row["mean_running_seqs"] = float((width * win["S"]).sum() / steps)
+    row["tokens_per_step"] = float((w.output_len * w.n).sum() / steps)
+    row["num_preemptions"] = stats.num_preemptions
+    row["recomputed_tokens"] = stats.recomputed_tokens
+    row["num_refused"] = stats.refused
+    row["refused_with_enough_free"] = stats.refused_with_enough_free
+    row["cow_copies"] = stats.cow_copies
+    row["mean_wait_steps"] = float((stats.first_admit - w.arrival).mean())
+    row["max_wait_steps"] = int((stats.first_admit - w.arrival).max())
+    return row
+
+
+def _timeline(win, paged: bool, every: int, with_key: bool) -> dict[str, np.ndarray]:
+    """Rows at steps ``t`` with ``t % every == 0`` (all steps for ``every == 1``)."""
+    start, end = win["start"], win["end"]
+    first = -(-start // every) * every
+    counts = np.maximum(0, (end - first) // every + 1)
+    idx = np.repeat(np.arange(start.size), counts)
+    offsets = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    step = first[idx] + offsets * every
+    tokens = win["A"][idx] + win["S"][idx] * (step + 1)
+    allocated = win["allocated"][idx]
+    final = win["final"][idx]
+    cols = {
+        "step": step,
+        "token_state": tokens,
+        "reserved_unused": np.zeros_like(tokens) if paged else final - tokens,
+        "internal_frag": allocated - tokens if paged else allocated - final,
+        "external_frag": win["ext"][idx],
+        "free": win["free"][idx],
+        "concurrency": win["conc"][idx],
+        "running_seqs": win["S"][idx],
+        "waiting": win["waiting"][idx],
+    }
+    if with_key:
+        cols["running_key"] = win["key"][idx]
+    return cols
+
+
+def _validate(w, budget, allocators, block_sizes, max_len, max_num_seqs):
+    if not isinstance(w, Workload):
+        raise ConfigError(f"workload: expected a Workload, got {type(w).__name__}")
+    if not isinstance(budget, (int, np.integer)) or budget < 1:
+        raise ConfigError(f"budget_tokens: must be a positive integer, got {budget!r}")
+    unknown = [a for a in allocators if a not in ALLOCATORS]
+    if unknown or not allocators:
+        raise ConfigError(f"allocators: unknown {unknown or allocators}; use {', '.join(ALLOCATORS)}")
+    if "paged" in allocators:
+        if not block_sizes or any(not isinstance(b, (int, np.integer)) or b < 1
+                                  for b in block_sizes):
+            raise ConfigError(f"block_sizes: need positive integers, got {block_sizes!r}")
+    if not isinstance(max_len, (int, np.integer)) or max_len < 2:
+        raise ConfigError(f"max_len: must be an integer >= 2, got {max_len!r}")
+    if int(w.length.max()) > max_len:
+        raise ConfigError(f"max_len: a request of {int(w.length.max())} tokens exceeds "
+                          f"max_len={max_len}")
+    if max_num_seqs is not None and (not isinstance(max_num_seqs, int)
+                                     or max_num_seqs < int(w.n.max())):
+        raise ConfigError(f"max_num_seqs: must be an integer >= the largest n "
+                          f"({int(w.n.max())}), got {max_num_seqs!r}")
+
+
+@dataclass
+class DynamicResult:
+    """Output of :func:`run_dynamic`.
+
+    ``summary``: one dict per allocator run (tidy rows; fractions are shares of the budget).
+    ``timeline``: tidy rows, one per recorded step and allocator run, with the columns of
+    ``TIMELINE_COLUMNS`` (breakdown in token slots; they sum to ``budget_tokens``).
+    """
+
+    budget_tokens: int
+    workload: dict
+    summary: list[dict]
+    timeline_columns: dict[str, np.ndarray] = field(repr=False)
+    timeline_every: int = 1
+
+    @property
+    def timeline(self) -> list[dict]:
+        cols = self.timeline_columns
+        keys = list(cols)
+        lists = [cols[k].tolist() for k in keys]
+        return [dict(zip(keys, values)) for values in zip(*lists)]
+
+    def summary_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.summary)
+
+    def timeline_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame(self.timeline_columns)
+
+    def to_dict(self) -> dict:
+        return {"budget_tokens": self.budget_tokens, "workload": self.workload,
+                "timeline_every": self.timeline_every, "results": self.summary}
+
+
+def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
+                       block_size: int | None = None, *, max_len: int = 4096, cow: bool = False,
+                       max_num_seqs: int | None = None, timeline_every: int = 1,
+                       with_running_key: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+    """One allocator on one workload: ``(summary row, timeline columns)``; see the module doc."""
+    _validate(workload, budget_tokens, (allocator,), (block_size,) if allocator == "paged"
+              else (), max_len, max_num_seqs)
+    if not isinstance(timeline_every, (int, np.integer)) or timeline_every < 1:
+        raise ConfigError(f"timeline_every: must be a positive integer, got {timeline_every!r}")
+    budget = int(budget_tokens)
+    paged = allocator == "paged"
+    if paged:
+        records, stats = _simulate_paged(workload, budget, int(block_size), cow, max_num_seqs)
+    else:
+        records, stats = _simulate_contiguous(workload, budget, allocator, max_len, max_num_seqs)
+    win = _windows(records)
+    row = {"allocator": allocator, "block_size": int(block_size) if paged else None,
+           "budget_tokens": budget, "num_requests": workload.num_requests,
+           "cow": bool(cow and paged)}
+    row |= _summarise(win, paged, budget, workload, stats)
+    cols = _timeline(win, paged, int(timeline_every), with_running_key)
+    return row, cols
+
+
+def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
+                block_sizes=(16,), *, max_len: int = 4096, cow: bool = False,
+                max_num_seqs: int | None = None, timeline_every: int | None = None,
+                max_timeline_rows: int = 2000, with_running_key: bool = False) -> DynamicResult:
+    """Simulate every allocator (``paged`` once per block size) on ``workload``.
+
+    ``timeline_every``: record every k-th step in the timeline (summaries always use every
+    step); ``None`` picks the smallest k that keeps each run within ``max_timeline_rows`` rows.
+    Returns a :class:`DynamicResult`.
+    """
+    allocators = tuple(allocators)
+    block_sizes = tuple(int(b) if isinstance(b, (int, np.integer)) else b for b in block_sizes)
+    _validate(workload, budget_tokens, allocators, block_sizes, max_len, max_num_seqs)
+    plans = [(a, None) for a in allocators if a != "paged"]
+    if "paged" in allocators:
+        plans += [("paged", b) for b in block_sizes]
+    if timeline_every is None:
+        every = 1
+        if max_timeline_rows is not None:
+            # a lower bound of any run's length: the work of the longest request, the arrivals
+            span = int(workload.arrival[-1] - workload.arrival[0]) + int(workload.output_len.max())
+            every = max(1, math.ceil(span / max_timeline_rows))
+    else:
+        every = timeline_every
+    rows, parts = [], []
+    for allocator, bs in plans:
+        row, cols = simulate_allocator(workload, budget_tokens, allocator, bs, max_len=max_len,
+                                       cow=cow, max_num_seqs=max_num_seqs, timeline_every=every,
+                                       with_running_key=with_running_key)
+        rows.append(row)
+        size = cols["step"].size
+        cols = {"step": cols["step"], "allocator": np.full(size, allocator, dtype=object),
+                "block_size": np.full(size, bs if bs else 0, dtype=np.int64),
+                "budget_tokens": np.full(size, int(budget_tokens), dtype=np.int64)} | {
+            k: v for k, v in cols.items() if k != "step"}
+        parts.append(cols)
+    timeline = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return DynamicResult(int(budget_tokens), workload.describe(), rows, timeline, every)
+
+
+def format_dynamic_table(result: DynamicResult) -> str:
+    """Human-readable summary of a :class:`DynamicResult` (fractions of the budget)."""
+    wl = result.workload
+    lines = [f"{wl['num_requests']:,} requests ({wl['source']}), mean length "
+             f"{wl['mean_length']:.0f} tokens; budget {result.budget_tokens:,} token slots", "",
+             "mean share of the budget over all steps:",
+             f"{'allocator':<18}{'tokens':>8}{'reserved':>10}{'internal':>10}{'external':>10}"
+             f"{'free':>7}{'util':>7}{'conc':>8}{'peak':>6}{'tok/step':>10}{'refused':>9}"
+             f"{'frag-ref':>9}{'preempt':>9}{'steps':>9}"]
+    for r in result.summary:
+        name = r["allocator"] + (f" (block={r['block_size']})" if r["block_size"] else "")
+        lines.append(
+            f"{name:<18}{r['token_state_fraction']:>8.1%}{r['reserved_unused_fraction']:>10.1%}"
+            f"{r['internal_fragmentation_fraction']:>10.1%}"
+            f"{r['external_fragmentation_fraction']:>10.1%}{r['free_fraction']:>7.1%}"
+            f"{r['allocated_utilisation'] or 0:>7.1%}{r['mean_concurrency']:>8.1f}"
+            f"{r['peak_concurrency']:>6}{r['tokens_per_step']:>10.1f}{r['num_refused']:>9,}"
+            f"{r['refused_with_enough_free']:>9,}{r['num_preemptions']:>9,}{r['num_steps']:>9,}")
+    lines += ["", "while requests wait (memory-bound steps):",
+              f"{'allocator':<18}{'tokens':>8}{'reserved':>10}{'internal':>10}{'external':>10}"
+              f"{'free':>7}{'share of steps':>16}"]
+    for r in result.summary:
+        name = r["allocator"] + (f" (block={r['block_size']})" if r["block_size"] else "")
+        if r["token_state_fraction_saturated"] is None:
+            lines.append(f"{name:<18}  (never saturated)")
+            continue
+        lines.append(
+            f"{name:<18}{r['token_state_fraction_saturated']:>8.1%}"
+            f"{r['reserved_unused_fraction_saturated']:>10.1%}"
+            f"{r['internal_fragmentation_fraction_saturated']:>10.1%}"
+            f"{r['external_fragmentation_fraction_saturated']:>10.1%}"
+            f"{r['free_fraction_saturated']:>7.1%}{r['saturated_step_fraction']:>16.1%}")
+    lines += ["", "tokens = token states, reserved = reserved for future tokens, internal/external "
+              "= fragmentation, util = tokens / allocated, frag-ref = requests refused while "
+              "enough total memory was free"]
+    return "\n".join(lines)

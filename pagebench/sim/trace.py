@@ -1,0 +1,182 @@
+"""Request workloads for the time-stepped simulator: Poisson arrivals or a trace file.
+
+A workload is a table of requests sorted by arrival step, each with a prompt length, an output
+length and a number of parallel samples ``n`` (all samples of a request share its prompt and,
+in this model, its output length). Time is measured in decode steps.
+
+Trace files (CSV with a header, or JSONL) need three columns, under any of these names:
+
+- arrival: ``arrival``, ``arrival_step``, ``arrival_time``, ``timestamp`` (steps, >= 0; floats
+  are floored),
+- prompt length: ``prompt_len``, ``prompt_tokens``, ``prompt_length``, ``input_len``,
+  ``input_tokens``,
+- output length: ``output_len``, ``output_tokens``, ``output_length``, ``completion_tokens``;
+
+and optionally ``n`` (parallel samples, default 1).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagebench.errors import ConfigError
+from pagebench.sim.workloads import sample_lengths
+
+ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time", "timestamp")
+PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "input_len", "input_tokens")
+OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "completion_tokens")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests sorted by ``arrival`` (int64 arrays of equal length).
+
+    ``length = prompt_len + output_len`` is each sample's final length in tokens.
+    """
+
+    arrival: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+    n: np.ndarray
+    source: str = "custom"
+
+    def __post_init__(self):
+        arrays = [np.asarray(getattr(self, f), dtype=np.int64)
+                  for f in ("arrival", "prompt_len", "output_len", "n")]
+        if arrays[0].ndim != 1 or arrays[0].size == 0:
+            raise ConfigError("workload: needs at least one request")
+        if any(a.shape != arrays[0].shape for a in arrays):
+            raise ConfigError("workload: arrival, prompt_len, output_len and n differ in length")
+        for name, a, low in zip(("arrival", "prompt_len", "output_len", "n"), arrays, (0, 1, 1, 1)):
+            if a.min() < low:
+                raise ConfigError(f"workload: every {name} must be >= {low}, got {int(a.min())}")
+        order = np.argsort(arrays[0], kind="stable")
+        for f, a in zip(("arrival", "prompt_len", "output_len", "n"), arrays):
+            object.__setattr__(self, f, a[order])
+
+    @property
+    def num_requests(self) -> int:
+        return int(self.arrival.size)
+
+    @property
+    def length(self) -> np.ndarray:
+        return self.prompt_len + self.output_len
+
+    def describe(self) -> dict:
+        length = self.length
+        return {"source": self.source, "num_requests": self.num_requests,
+                "mean_prompt_len": float(self.prompt_len.mean()),
+                "mean_output_len": float(self.output_len.mean()),
+                "mean_length": float(length.mean()), "max_length": int(length.max()),
+                "mean_n": float(self.n.mean()),
+                "last_arrival_step": int(self.arrival[-1])}
+
+
+def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5.5,0.9", *,
+                     prompt_fraction: float = 0.3, prompt_lengths: str | None = None,
+                     output_lengths: str | None = None, n: int = 1, seed: int = 0,
+                     max_len: int = 4096) -> Workload:
+    """``num_requests`` requests arriving as a Poisson process of ``rate`` requests per step.
+
+    Lengths: by default each request's final length is drawn from ``lengths`` (a
+    :func:`~pagebench.sim.workloads.sample_lengths` spec, clipped to ``max_len``) and split into
+    a prompt of ``round(prompt_fraction * length)`` tokens (at least 1) and the rest as output
+    (at least 1). Give both ``prompt_lengths`` and ``output_lengths`` to draw them separately
+    instead (their sum is clipped to ``max_len`` by shortening the output).
+    """
+    if not isinstance(num_requests, int) or num_requests < 1:
+        raise ConfigError(f"num_requests: must be a positive integer, got {num_requests!r}")
+    if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
+        raise ConfigError(f"rate: must be a positive number of requests per step, got {rate!r}")
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"n: must be a positive integer, got {n!r}")
+    if not isinstance(max_len, int) or max_len < 2:
+        raise ConfigError(f"max_len: must be an integer >= 2, got {max_len!r}")
+    if (prompt_lengths is None) != (output_lengths is None):
+        raise ConfigError("prompt_lengths/output_lengths: give both or neither")
+    if prompt_lengths is None:
+        if not 0.0 <= prompt_fraction < 1.0:
+            raise ConfigError(f"prompt_fraction: must lie in [0, 1), got {prompt_fraction!r}")
+        length = np.maximum(sample_lengths(lengths, num_requests, seed, max_len), 2)
+        prompt = np.clip(np.rint(length * prompt_fraction).astype(np.int64), 1, length - 1)
+        output = length - prompt
+        source = f"poisson(rate={rate:g}/step), {lengths}, prompt_fraction={prompt_fraction:g}"
+    else:
+        prompt = sample_lengths(prompt_lengths, num_requests, seed, max_len - 1)
+        output = sample_lengths(output_lengths, num_requests, seed + 1, max_len)
+        output = np.maximum(np.minimum(output, max_len - prompt), 1)
+        source = f"poisson(rate={rate:g}/step), prompt {prompt_lengths}, output {output_lengths}"
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)
+    arrival = np.floor(np.cumsum(gaps)).astype(np.int64)
+    return Workload(arrival, prompt, output, np.full(num_requests, n, dtype=np.int64),
+                    source=source + (f", n={n}" if n > 1 else ""))
+
+
+def _pick(columns, names, path, what, required=True):
+    for name in names:
+        if name in columns:
+            return name
+    if required:
+        raise ConfigError(f"trace: {path} has no {what} column (one of {', '.join(names)})")
+    return None
+
+
+def read_trace(path: str, max_len: int | None = None) -> Workload:
+    """A workload from a CSV (with header) or JSONL trace file; see the module docstring."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [ln for ln in f.read().splitlines() if ln.strip()]
+    except OSError as e:
+        raise ConfigError(f"trace: cannot read {path}: {e}") from e
+    if not lines:
+        raise ConfigError(f"trace: {path} is empty")
+    if lines[0].lstrip().startswith("{"):
+        rows = []
+        for lineno, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"trace: {path} line {lineno}: invalid JSON ({e})") from e
+            if not isinstance(row, dict):
+                raise ConfigError(f"trace: {path} line {lineno}: expected a JSON object")
+            rows.append(row)
+        columns = set().union(*rows)
+        first_line = 1
+    else:
+        reader = csv.DictReader(lines)
+        columns = set(reader.fieldnames or [])
+        rows = list(reader)
+        first_line = 2
+        if not rows:
+            raise ConfigError(f"trace: {path} has a header but no requests")
+    arrival_col = _pick(columns, ARRIVAL_COLUMNS, path, "arrival")
+    prompt_col = _pick(columns, PROMPT_COLUMNS, path, "prompt length")
+    output_col = _pick(columns, OUTPUT_COLUMNS, path, "output length")
+    n_col = _pick(columns, ("n",), path, "n", required=False)
+    values = {"arrival": [], "prompt_len": [], "output_len": [], "n": []}
+    for lineno, row in enumerate(rows, first_line):
+        for key, col in (("arrival", arrival_col), ("prompt_len", prompt_col),
+                         ("output_len", output_col), ("n", n_col)):
+            raw = row.get(col, 1) if col else 1
+            try:
+                number = float(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(f"trace: {path} line {lineno}: {col} is not a number: "
+                                  f"{raw!r}") from None
+            if not math.isfinite(number) or number < (0 if key == "arrival" else 1):
+                raise ConfigError(f"trace: {path} line {lineno}: {col} out of range: {raw!r}")
+            if key != "arrival" and number != int(number):
+                raise ConfigError(f"trace: {path} line {lineno}: {col} must be an integer: "
+                                  f"{raw!r}")
+            values[key].append(int(math.floor(number)))
+    workload = Workload(**{k: np.asarray(v, dtype=np.int64) for k, v in values.items()},
+                        source=f"trace {path}")
+    if max_len is not None and int(workload.length.max()) > max_len:
+        raise ConfigError(f"trace: {path} holds a request of {int(workload.length.max())} "
+                          f"tokens, above max_len={max_len}")
+    return workload

@@ -1,0 +1,1 @@
+"""asv suites for pagebench: one module per subsystem, shared helpers in ``common``."""

@@ -1,0 +1,166 @@
+"""Decode attention per step: paged backends against contiguous baselines.
+
+Two attention shapes: Llama-3-8B (32 query / 8 KV heads x 128) and Qwen2.5-0.5B (14 / 2 x 64).
+``Batch1*``: one sequence across context lengths and block sizes. ``Throughput*``: batch sizes at
+a fixed context, with tokens/s = batch / step time. Block tables are scattered (a random
+permutation of the pool), as in a long-running server.
+
+CPU classes (``time_*``, fp32, small sizes) run where there is no GPU; CUDA classes (``track_*``,
+bf16, real sizes) return the median of CUDA-event timings with the L2 flushed between calls,
+through ``pagebench.timing.measure``. A backend that this commit or machine lacks is skipped.
+Triton and FlexAttention are skipped on CPU: there Triton only runs interpreted and Flex is
+dominated by compilation, so their times would say nothing about the kernels.
+"""
+
+from __future__ import annotations
+
+from .common import SHAPES, cpu_median_us, gpu_median_us, require, require_cpu, require_gpu
+
+PAGED = ("torch", "triton", "flex")
+CONTIGUOUS = ("sdpa", "triton")
+BACKENDS = [f"{b}-paged" for b in PAGED] + [f"{b}-contiguous" for b in CONTIGUOUS]
+CPU_BACKENDS = ("torch-paged", "sdpa-contiguous")
+DEFAULT_BLOCK = 16
+
+CPU_CONTEXTS = [256, 1024, 4096]
+CPU_BLOCK_SIZES = [1, 16, 128]
+CPU_BATCHES = [1, 4, 16]
+CPU_THROUGHPUT_CONTEXT = 1024  # 4096 x 16 sequences in fp32 is too slow for 2 shared cores
+
+GPU_CONTEXTS = [1024, 4096, 16384, 65536]
+GPU_BLOCK_SIZES = [1, 8, 16, 32, 128]
+GPU_BATCHES = [1, 8, 32, 128, 256]
+GPU_THROUGHPUT_CONTEXT = 4096
+
+
+class DecodeCase:
+    """Inputs for one decode step and the call that runs it (built outside the timed body)."""
+
+    def __init__(self, shape: str, batch: int, context: int, block_size: int, backend: str,
+                 device: str):
+        import torch
+
+        kernels = require("pagebench.kernels", "paged_decode", "contiguous_decode",
+                          "available_backends")
+        name, _, layout = backend.rpartition("-")
+        backends = kernels.available_backends()
+        if name not in backends or device not in backends[name].get("devices", []):
+            raise NotImplementedError(f"backend {name!r} is not available on {device}")
+        if layout == "contiguous" and block_size != DEFAULT_BLOCK:
+            raise NotImplementedError("contiguous baselines have no block size")
+        hq, hkv, d = SHAPES[shape]
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        gen = torch.Generator(device="cpu").manual_seed(0)
+        q = torch.randn(batch, hq, d, dtype=dtype, device=device)
+        seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+        if layout == "paged":
+            per_seq = -(-context // block_size)
+            num_blocks = batch * per_seq
+            table = torch.randperm(num_blocks, generator=gen).view(batch, per_seq)
+            table = table.to(device=device, dtype=torch.int32)
+            k = torch.randn(num_blocks, block_size, hkv, d, dtype=dtype, device=device)
+            v = torch.randn_like(k)
+            decode = kernels.paged_decode
+            self.call = lambda: decode(q, k, v, table, seq_lens, backend=name)
+        else:
+            k = torch.randn(batch, context, hkv, d, dtype=dtype, device=device)
+            v = torch.randn_like(k)
+            contiguous = kernels.contiguous_decode
+            self.call = lambda: contiguous(q, k, v, seq_lens, backend=name)
+        try:
+            self.call()  # first call: compiles (Triton, Flex) and checks the backend takes it
+        except ValueError as e:  # the backend refuses this input (capabilities)
+            raise NotImplementedError(str(e)) from e
+        if device == "cuda":
+            torch.cuda.synchronize()
+        self.batch = batch
+
+
+# ---- CPU: wall clock, small sizes ---------------------------------------------------------
+class Batch1:
+    """Batch 1: per-step decode attention across context lengths and block sizes (CPU, fp32)."""
+
+    params = [list(SHAPES), CPU_CONTEXTS, CPU_BLOCK_SIZES, list(CPU_BACKENDS)]
+    param_names = ["shape", "context", "block_size", "backend"]
+
+    def setup(self, shape, context, block_size, backend):
+        require_cpu()
+        self.case = DecodeCase(shape, 1, context, block_size, backend, "cpu")
+
+    def time_decode_step(self, shape, context, block_size, backend):
+        self.case.call()
+
+
+class Throughput:
+    """Decode step across batch sizes at a fixed context (CPU, fp32): time and tokens/s."""
+
+    params = [list(SHAPES), CPU_BATCHES, list(CPU_BACKENDS)]
+    param_names = ["shape", "batch", "backend"]
+    context = CPU_THROUGHPUT_CONTEXT
+
+    def setup(self, shape, batch, backend):
+        require_cpu()
+        self.case = DecodeCase(shape, batch, self.context, DEFAULT_BLOCK, backend, "cpu")
+
+    def time_decode_step(self, shape, batch, backend):
+        self.case.call()
+
+    def track_tokens_per_s(self, shape, batch, backend):
+        return batch / (cpu_median_us(self.case.call) * 1e-6)
+
+    track_tokens_per_s.unit = "tokens/s"
+
+
+# ---- CUDA: event-timed medians, bf16, real sizes -------------------------------------------
+class Batch1Cuda:
+    """Batch 1 on a GPU, block size 16: decode step time (us) across context lengths."""
+
+    params = [list(SHAPES), GPU_CONTEXTS, BACKENDS]
+    param_names = ["shape", "context", "backend"]
+    timeout = 900
+
+    def setup(self, shape, context, backend):
+        require_gpu()
+        self.case = DecodeCase(shape, 1, context, DEFAULT_BLOCK, backend, "cuda")
+
+    def track_decode_us(self, shape, context, backend):
+        return gpu_median_us(self.case.call)
+
+    track_decode_us.unit = "us"
+
+
+class BlockSizeCuda:
+    """Batch 1 on a GPU, Llama-3-8B shape: what a small block costs each paged backend."""
+
+    params = [[4096, 65536], GPU_BLOCK_SIZES, [f"{b}-paged" for b in PAGED]]
+    param_names = ["context", "block_size", "backend"]
+    timeout = 900
+
+    def setup(self, context, block_size, backend):
+        require_gpu()
+        self.case = DecodeCase("llama-3-8b", 1, context, block_size, backend, "cuda")
+
+    def track_decode_us(self, context, block_size, backend):
+        return gpu_median_us(self.case.call)
+
+    track_decode_us.unit = "us"
+
+
+class ThroughputCuda:
+    """Batch sizes at 4,096 tokens on a GPU, block size 16: tokens/s = batch / step time
+    (the step time is batch / tokens_per_s; one tracked number per case keeps GPU runs short)."""
+
+    params = [list(SHAPES), GPU_BATCHES, BACKENDS]
+    param_names = ["shape", "batch", "backend"]
+    context = GPU_THROUGHPUT_CONTEXT
+    timeout = 900
+
+    def setup(self, shape, batch, backend):
+        require_gpu()
+        self.case = DecodeCase(shape, batch, self.context, DEFAULT_BLOCK, backend, "cuda")
+
+    def track_tokens_per_s(self, shape, batch, backend):
+        return batch / (gpu_median_us(self.case.call) * 1e-6)
+
+    track_tokens_per_s.unit = "tokens/s"
+

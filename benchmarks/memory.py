@@ -1,0 +1,100 @@
+"""Deterministic memory tracks: the numbers a change must not move by accident.
+
+Utilisation per allocator and block size on the article's reference workload (static count and
+time-stepped simulation), and the capacity planner's cacheable tokens and concurrency for a
+Qwen2.5-0.5B on a 16 GiB budget. These are ``track_*`` values, not timings: asv plots them over
+the history like any benchmark, and ``asv compare`` flags a change in them.
+"""
+
+from __future__ import annotations
+
+from .common import REFERENCE_MAX_LEN, reference_lengths, require
+
+ALLOCATORS = ["naive", "pow2", "oracle", "paged-1", "paged-8", "paged-16", "paged-32",
+              "paged-128"]
+
+
+def _split(allocator: str) -> tuple[str, int | None]:
+    name, _, bs = allocator.partition("-")
+    return name, int(bs) if bs else None
+
+
+class StaticUtilisation:
+    """Tokens stored / slots reserved (%) on lognormal(5.5, 0.9), 2,000 sequences, seed 0."""
+
+    params = [ALLOCATORS]
+    param_names = ["allocator"]
+
+    def setup_cache(self):
+        static = require("pagebench.sim.static", "static_fragmentation")
+        result = static.static_fragmentation(reference_lengths(), REFERENCE_MAX_LEN,
+                                             (1, 8, 16, 32, 128))
+        return {f"{r['allocator']}-{r['block_size']}" if r["block_size"] else r["allocator"]:
+                100.0 * r["utilisation"] for r in result["results"]}
+
+    def track_utilisation(self, utilisation, allocator):
+        return utilisation[allocator]
+
+    track_utilisation.unit = "%"
+
+
+class DynamicMemory:
+    """Time-stepped simulation on the reference workload: the share of the KV budget that holds
+    token states, and external fragmentation (%), per allocator."""
+
+    params = [ALLOCATORS]
+    param_names = ["allocator"]
+    timeout = 600
+
+    def setup_cache(self):
+        from .common import dynamic_results
+
+        return dynamic_results()
+
+    def setup(self, results, allocator):
+        if results is None:
+            raise NotImplementedError("pagebench.sim.dynamic is not in this commit")
+        if allocator not in results:
+            raise NotImplementedError(f"{allocator} is not simulated in this commit")
+
+    def track_token_state_pct(self, results, allocator):
+        return 100.0 * results[allocator]["token_state_fraction"]
+
+    track_token_state_pct.unit = "%"
+
+    def track_external_fragmentation_pct(self, results, allocator):
+        return 100.0 * results[allocator]["external_fragmentation_fraction"]
+
+    track_external_fragmentation_pct.unit = "%"
+
+
+class Capacity:
+    """Capacity planner, Qwen2.5-0.5B in bf16 on a 16 GiB card at 0.9 utilisation, max model
+    length 4,096, the reference length distribution."""
+
+    params = [[8, 16, 32, 128]]
+    param_names = ["block_size"]
+
+    def setup_cache(self):
+        from .common import capacity_plans
+
+        return capacity_plans(self.params[0])
+
+    def setup(self, plans, block_size):
+        if plans is None:
+            raise NotImplementedError("pagebench.sim.capacity is not in this commit")
+
+    def track_cacheable_tokens(self, plans, block_size):
+        return plans[block_size]["cacheable_tokens"]
+
+    track_cacheable_tokens.unit = "tokens"
+
+    def track_max_concurrency_paged(self, plans, block_size):
+        return plans[block_size]["max_concurrency_paged"]
+
+    track_max_concurrency_paged.unit = "sequences"
+
+    def track_max_concurrency_naive(self, plans, block_size):
+        return plans[block_size]["max_concurrency_naive"]
+
+    track_max_concurrency_naive.unit = "sequences"

@@ -1,0 +1,57 @@
+"""Simulator costs: the static fragmentation count (vectorised) and the time-stepped simulation."""
+
+from __future__ import annotations
+
+from .common import REFERENCE_LENGTHS, reference_lengths, require
+
+BLOCK_SIZES = (1, 8, 16, 32, 128)
+
+
+class Static:
+    """`static_fragmentation` over every allocator and 5 block sizes."""
+
+    params = [[10_000, 1_000_000]]
+    param_names = ["num_seqs"]
+    timeout = 300
+
+    def setup_cache(self):
+        # sampling 1,000,000 lognormal lengths is a Python loop: do it once per run, not per repeat
+        return {n: reference_lengths(n).tolist() for n in self.params[0]}
+
+    def setup(self, lengths, num_seqs):
+        import numpy as np
+
+        self.static = require("pagebench.sim.static", "static_fragmentation")
+        self.lengths = np.asarray(lengths[num_seqs], dtype=np.int64)
+
+    def time_static_fragmentation(self, lengths, num_seqs):
+        self.static.static_fragmentation(self.lengths, 4096, BLOCK_SIZES)
+
+
+class SampleLengths:
+    params = [[100_000]]
+    param_names = ["num_seqs"]
+
+    def setup(self, num_seqs):
+        self.workloads = require("pagebench.sim.workloads", "sample_lengths")
+
+    def time_sample_lognormal(self, num_seqs):
+        self.workloads.sample_lengths(REFERENCE_LENGTHS, num_seqs, seed=0, max_len=4096)
+
+
+class Dynamic:
+    """The time-stepped simulation: Poisson arrivals, every allocator over one budget."""
+
+    params = [[1_000, 10_000]]
+    param_names = ["num_requests"]
+    timeout = 600
+    number = 1
+    repeat = (1, 3, 30.0)
+
+    def setup(self, num_requests):
+        from .common import dynamic_runner
+
+        self.run = dynamic_runner(num_requests)
+
+    def time_dynamic(self, num_requests):
+        self.run()

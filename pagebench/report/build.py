@@ -1,0 +1,91 @@
+"""Build the report: collect data, judge the claims, lay out sections, write page and CSVs."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from pagebench.report import claims as claims_mod
+from pagebench.report import derive, render, sections
+from pagebench.report.collect import Results, collect, default_device
+
+DATA_DIR_SUFFIX = "_data"
+
+
+def derived_frames(results: Results, rec: dict | None, claims) -> dict:
+    """Tables computed from the raw frames, saved beside the report like the raw ones."""
+    kernels = results.get("kernels")
+    frames = {
+        "kernels_batch1_ratio": derive.batch1_ratio(kernels),
+        "kernels_throughput": derive.throughput(kernels),
+        "kernels_bandwidth": derive.bandwidth(kernels),
+        "kernels_block_cost": derive.kernel_cost_per_block(kernels),
+        "claims": claims_mod.claims_frame(claims),
+    }
+    if rec is not None:
+        frames["recommendation"] = rec["table"]
+    return frames
+
+
+def build_sections(results: Results, env: dict, options: dict):
+    claims = claims_mod.evaluate(results)
+    rec_section, rec = sections.recommendation(results)
+    page = [
+        rec_section,
+        sections.claims_section(claims),
+        sections.environment(results, env, options),
+        sections.memory(results),
+        sections.capacity(results),
+        sections.kernels(results),
+        sections.engine(results),
+        sections.benchmarks(results),
+    ]
+    return page, claims, rec
+
+
+def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
+    """Write ``out`` (HTML) and ``<out stem>_data/*.csv``; returns the page's path."""
+    out = Path(out)
+    data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
+    page, claims, rec = build_sections(results, env, options)
+    frames = dict(results.frames) | derived_frames(results, rec, claims)
+    hrefs = render.write_datasets(frames, data_dir, out.parent)
+    headline = ""
+    if rec is not None:
+        headline = (f"Recommended block size: {rec['block_size']}"
+                    + ("" if rec["kernel_measured"] else " (memory only: no kernel data)")
+                    + ". Claims: " + ", ".join(f"{sum(c.verdict == v for c in claims)} {v}"
+                                                for v in (claims_mod.HOLDS, claims_mod.FAILS,
+                                                          claims_mod.UNMEASURED)) + ".")
+    html = render.render_html(
+        title="pagebench: paged KV-cache report",
+        subtitle=f"device {env.get('device')} ({env.get('device_name')}), commit "
+                 f"{env.get('commit')}",
+        generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        sections=page, warnings=results.warnings, hrefs=hrefs, headline=headline)
+    render.atomic_write_text(out, html)
+    return out
+
+
+def build_report(out="reports/index.html", *, device: str | None = None, quick: bool = False,
+                 results_dirs=(), data_dir=None, progress: bool = True) -> tuple[Path, Results]:
+    """Run the quick sweeps (all but the simulators skipped with ``quick``), read committed data
+    and benchmark results, and write the report. Returns the page's path and the data."""
+    from pagebench.timing import environment
+
+    device = device or default_device()
+    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+        raise ValueError(f"device: expected cpu or cuda, got {device!r}")
+    if str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device: cuda requested but torch sees no CUDA device")
+    results = collect(device=device, quick=quick, run_sweeps=not quick, data_dir=data_dir,
+                      results_dirs=results_dirs, progress=progress)
+    options = {"quick": quick, "sweeps run here": "simulators only" if quick else
+               "simulators, CPU kernel sweep, engine comparisons",
+               "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}
+    options |= {f"time: {k}": f"{v:.1f} s" for k, v in results.timings_s.items()}
+    path = write_report(results, out, env=environment(device), options=options)
+    return path, results

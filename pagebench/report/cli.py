@@ -1,0 +1,36 @@
+"""`pagebench report`: one self-contained HTML page with a verdict on every article claim."""
+
+from __future__ import annotations
+
+import sys
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "report", help="build the HTML report (sweeps here + committed GPU data)",
+        description="Run the quick sweeps this machine affords, read committed data under "
+        "reports/data/ plus asv and pytest-benchmark results, and write one self-contained "
+        "HTML page with the tidy data (CSV) beside it.")
+    p.add_argument("--quick", action="store_true",
+                   help="run only the simulators (seconds); skip the CPU kernel and engine sweeps")
+    p.add_argument("--device", choices=["cpu", "cuda"], default=None,
+                   help="device for the sweeps run here (default: cuda if available, else cpu)")
+    p.add_argument("--results", action="append", default=[], metavar="DIR",
+                   help="extra directory of results (CSV/JSON, asv, pytest-benchmark); repeatable")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="committed data directory (default: reports/data in the repository)")
+    p.add_argument("--out", default="reports/index.html", help="output page (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
+    p.set_defaults(func=run_report)
+
+
+def run_report(args) -> int:
+    from pagebench.report.build import build_report
+
+    path, results = build_report(args.out, device=args.device, quick=args.quick,
+                                 results_dirs=args.results, data_dir=args.data_dir,
+                                 progress=not args.no_progress)
+    for w in results.warnings:
+        print(f"pagebench report: warning: {w}", file=sys.stderr)
+    print(f"wrote {path} ({len(results.frames)} datasets, {len(results.warnings)} warnings)")
+    return 0

@@ -1,0 +1,194 @@
+"""Derived tables: the curves the sections plot and the claims judge, computed from tidy data.
+
+Kernel rows name a ``backend`` (e.g. ``triton-paged``, ``sdpa-contiguous``) and usually a
+``layout`` (``paged`` / ``contiguous``); "paged" rows read K/V through a block table.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+PRIMARY_BLOCK_SIZE = 16
+
+
+def _num(series) -> pd.Series:
+    return pd.to_numeric(series, errors="coerce")
+
+
+def device_label(df: pd.DataFrame) -> pd.Series:
+    """'NVIDIA H200 (h200)' style label: the device name, and where the data came from."""
+    name = df["device_name"].astype(str) if "device_name" in df.columns else df["device"].astype(str)
+    machine = df["machine"].astype(str) if "machine" in df.columns else pd.Series("", index=df.index)
+    return name.where(machine == "", name + " [" + machine + "]")
+
+
+def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Kernel rows cleaned: numeric columns, ``paged`` flag, ``device_label``, ``shape``."""
+    if kernels is None or len(kernels) == 0:
+        return None
+    df = kernels.copy()
+    for col in ("batch", "context", "block_size", "time_us", "gbps", "copy_gbps", "kv_bytes"):
+        if col in df.columns:
+            df[col] = _num(df[col])
+    df = df.dropna(subset=["batch", "context", "time_us"])
+    df = df[df["time_us"] > 0]
+    if "layout" in df.columns:
+        df["paged"] = df["layout"].astype(str).str.lower().eq("paged")
+    else:
+        df["paged"] = df["backend"].astype(str).str.contains("paged")
+    df["device_label"] = device_label(df)
+    if "model_shape" in df.columns:
+        df["shape"] = df["model_shape"].astype(str)
+    elif {"num_q_heads", "num_kv_heads", "head_dim"} <= set(df.columns):
+        df["shape"] = (df["num_q_heads"].astype(str) + "/" + df["num_kv_heads"].astype(str) + "x"
+                       + df["head_dim"].astype(str))
+    else:
+        df["shape"] = "default"
+    if "status" in df.columns:  # rows recording a failed or skipped case
+        df = df[df["status"].astype(str).str.lower().isin(("ok", "nan", "", "none"))]
+    return df if len(df) else None
+
+
+def _best(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Fastest backend per key (over backends and CUDA-graph variants)."""
+    idx = df.groupby(keys, dropna=False)["time_us"].idxmin()
+    return df.loc[idx]
+
+
+def batch1_ratio(kernels: pd.DataFrame | None) -> pd.DataFrame:
+    """Batch 1: fastest paged time / fastest contiguous time, per device, shape, context, block."""
+    df = kernel_rows(kernels)
+    if df is None:
+        return pd.DataFrame()
+    df = df[df["batch"] == 1]
+    keys = ["device_label", "shape", "context"]
+    paged = _best(df[df["paged"]].dropna(subset=["block_size"]), keys + ["block_size"])
+    contig = _best(df[~df["paged"]], keys)
+    if len(paged) == 0 or len(contig) == 0:
+        return pd.DataFrame()
+    merged = paged[keys + ["block_size", "backend", "time_us"]].merge(
+        contig[keys + ["backend", "time_us"]], on=keys, suffixes=("_paged", "_contiguous"))
+    merged["ratio"] = merged["time_us_paged"] / merged["time_us_contiguous"]
+    merged["block_size"] = merged["block_size"].astype(int)
+    merged["context"] = merged["context"].astype(int)
+    return merged.rename(columns={"backend_paged": "paged_backend",
+                                  "backend_contiguous": "contiguous_backend"}) \
+        .sort_values(keys + ["block_size"]).reset_index(drop=True)
+
+
+def throughput_context(df: pd.DataFrame) -> int | None:
+    """The context length at which batch size was swept (the one with most batch sizes)."""
+    counts = df.groupby("context")["batch"].nunique()
+    return None if counts.empty or counts.max() < 2 else int(counts.idxmax())
+
+
+def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
+    """Decode throughput (sequences x steps per second) versus batch size, per backend and block.
+
+    tokens_per_s = batch / step time: each sequence decodes one token per step.
+    """
+    df = kernel_rows(kernels)
+    if df is None:
+        return pd.DataFrame()
+    out = []
+    for (label, shape), g in df.groupby(["device_label", "shape"]):
+        ctx = throughput_context(g)
+        if ctx is None:
+            continue
+        g = g[g["context"] == ctx].copy()
+        g["series"] = np.where(g["paged"], g["backend"].astype(str) + " bs="
+                               + g["block_size"].fillna(0).astype(int).astype(str),
+                               g["backend"].astype(str))
+        g = _best(g, ["series", "batch"])
+        g["tokens_per_s"] = g["batch"] / g["time_us"] * 1e6
+        out.append(g)
+    if not out:
+        return pd.DataFrame()
+    return pd.concat(out, ignore_index=True).sort_values(["device_label", "shape", "series",
+                                                          "batch"]).reset_index(drop=True)
+
+
+def bandwidth(kernels: pd.DataFrame | None) -> pd.DataFrame:
+    """Achieved GB/s (K/V bytes read / time) against the copy ceiling, block 16 and contiguous."""
+    df = kernel_rows(kernels)
+    if df is None or "gbps" not in df.columns:
+        return pd.DataFrame()
+    df = df.dropna(subset=["gbps"])
+    df = df[(~df["paged"]) | (df["block_size"] == PRIMARY_BLOCK_SIZE)]
+    rows = []
+    for (label, shape), g in df.groupby(["device_label", "shape"]):
+        ctx = throughput_context(g)
+        if ctx is None:
+            continue
+        g = _best(g[g["context"] == ctx], ["backend", "batch"])
+        rows.append(g)
+    if not rows:
+        return pd.DataFrame()
+    return pd.concat(rows, ignore_index=True)
+
+
+def block_size_kernel_cost(kernels: pd.DataFrame | None) -> pd.DataFrame:
+    """Fastest paged time per block size relative to the best block size, per device/shape/case.
+
+    Returns one row per (device_label, shape, batch, context, block_size) with ``relative_time``;
+    a block size's kernel cost is the median of its relative times over those cases.
+    """
+    df = kernel_rows(kernels)
+    if df is None:
+        return pd.DataFrame()
+    df = df[df["paged"]].dropna(subset=["block_size"])
+    keys = ["device_label", "shape", "batch", "context"]
+    best = _best(df, keys + ["block_size"])
+    best = best[keys + ["block_size", "backend", "time_us"]].copy()
+    best["relative_time"] = best["time_us"] / best.groupby(keys)["time_us"].transform("min")
+    counts = best.groupby(keys)["block_size"].transform("nunique")
+    return best[counts > 1].reset_index(drop=True)
+
+
+def kernel_cost_per_block(kernels) -> pd.DataFrame:
+    """Median relative paged kernel time per block size, per device (1.0 = the best block)."""
+    rel = block_size_kernel_cost(kernels)
+    if rel.empty:
+        return rel
+    out = rel.groupby(["device_label", "block_size"], as_index=False)["relative_time"].median()
+    out["block_size"] = out["block_size"].astype(int)
+    return out
+
+
+def recommend(static: pd.DataFrame | None, kernels: pd.DataFrame | None) -> dict | None:
+    """Block size maximising (KV utilisation / relative kernel time) on the measured curves.
+
+    Capacity grows with utilisation (sequences that fit) and speed with 1 / kernel time, so the
+    product of the two is the throughput one block size buys relative to the others. The kernel
+    curve is taken from a GPU if one measured it, else from whatever device did.
+    """
+    if static is None or len(static) == 0:
+        return None
+    paged = static[static["allocator"] == "paged"].dropna(subset=["block_size"])
+    util = {int(b): float(u) for b, u in zip(paged["block_size"], paged["utilisation"])}
+    if not util:
+        return None
+    cost = kernel_cost_per_block(kernels)
+    device = None
+    if not cost.empty:
+        gpu = cost[~cost["device_label"].str.lower().str.contains("cpu|x86|arm|aarch", regex=True)]
+        chosen = gpu if not gpu.empty else cost
+        device = str(chosen.groupby("device_label")["block_size"].nunique().idxmax())
+        chosen = chosen[chosen["device_label"] == device]
+        kcost = {int(b): float(t) for b, t in zip(chosen["block_size"], chosen["relative_time"])}
+    else:
+        kcost = {}
+    sizes = sorted(set(util) & set(kcost)) if kcost else sorted(util)
+    if not sizes:
+        return None
+    table = pd.DataFrame({"block_size": sizes,
+                          "utilisation": [util[b] for b in sizes],
+                          "relative_kernel_time": [kcost.get(b, 1.0) for b in sizes]})
+    table["score"] = table["utilisation"] / table["relative_kernel_time"]
+    best = table.loc[table["score"].idxmax()]
+    near = table[table["score"] >= 0.98 * best["score"]]["block_size"].tolist()
+    return {"block_size": int(best["block_size"]), "utilisation": float(best["utilisation"]),
+            "relative_kernel_time": float(best["relative_kernel_time"]),
+            "score": float(best["score"]), "within_2pct": [int(b) for b in near],
+            "kernel_device": device, "table": table, "kernel_measured": bool(kcost)}

@@ -1,0 +1,136 @@
+"""Render sections into one self-contained HTML page and write it, and its data, atomically.
+
+The page loads nothing: CSS inline, plots as PNG data URIs, no JavaScript. Every string is
+escaped by jinja2's autoescape. Files are written to a temporary file in the same directory and
+moved into place with ``os.replace``, so an interrupted run leaves the previous page intact.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import jinja2
+import pandas as pd
+
+TEMPLATE = r"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{ title }}</title>
+<style>
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 0; color: #1d1d1f; }
+main { max-width: 1180px; margin: 0 auto; padding: 16px 24px 48px; }
+header { background: #1f3b5a; color: #fff; padding: 18px 24px; }
+header h1 { margin: 0 0 4px; font-size: 22px; }
+header p { margin: 0; opacity: .85; }
+nav { margin: 12px 0; font-size: 13px; }
+nav a { margin-right: 14px; }
+h2 { border-bottom: 2px solid #1f3b5a; padding-bottom: 4px; margin-top: 36px; }
+table { border-collapse: collapse; margin: 8px 0 18px; font-size: 12.5px; }
+caption { text-align: left; font-weight: 600; padding: 4px 0; }
+th, td { border: 1px solid #d0d7de; padding: 3px 7px; vertical-align: top; }
+th { background: #f0f3f6; text-align: left; }
+td { font-variant-numeric: tabular-nums; }
+.scroll { overflow-x: auto; max-width: 100%; }
+figure { margin: 10px 0 18px; }
+figure img { max-width: 100%; border: 1px solid #e5e7eb; }
+figcaption { font-size: 12px; color: #555; }
+.nodata { background: #fff8e1; border-left: 4px solid #f0b400; padding: 6px 10px; margin: 8px 0; }
+.warnings { background: #fdecea; border-left: 4px solid #c62828; padding: 6px 14px; }
+.verdict { font-weight: 700; white-space: nowrap; }
+.verdict.holds { color: #1b5e20; background: #e8f5e9; }
+.verdict.fails { color: #b71c1c; background: #ffebee; }
+.verdict.unmeasured { color: #555; background: #f5f5f5; }
+.criterion { color: #555; font-size: 11.5px; max-width: 260px; }
+.datalink { font-size: 11.5px; }
+.recommendation { font-size: 16px; background: #e8f0fe; padding: 10px 14px; border-radius: 4px; }
+</style>
+</head>
+<body>
+<header>
+<h1>{{ title }}</h1>
+<p>Generated {{ generated }} · {{ subtitle }}</p>
+</header>
+<main>
+<nav>{% for s in sections %}<a href="#{{ s.id }}">{{ s.title }}</a>{% endfor %}
+{% if warnings %}<a href="#warnings">Warnings ({{ warnings|length }})</a>{% endif %}</nav>
+{% if headline %}<p class="recommendation" id="headline">{{ headline }}</p>{% endif %}
+{% for s in sections %}
+<section id="{{ s.id }}">
+<h2>{{ s.title }}</h2>
+{% for item in s.items %}
+{% if item.kind == "text" %}<p>{{ item.text }}</p>
+{% elif item.kind == "nodata" %}<p class="nodata">{{ item.text }}</p>
+{% elif item.kind == "plot" %}<figure><img src="{{ item.plot.data_uri }}" alt="{{ item.plot.alt }}"><figcaption>{{ item.plot.title }}</figcaption></figure>
+{% elif item.kind == "table" %}{% set t = item.table %}
+<div class="scroll"><table{% if s.id == "claims" %} id="claims-table"{% endif %}>
+<caption>{{ t.caption }}{% if t.data and t.data in hrefs %} · <a class="datalink" href="{{ hrefs[t.data] }}">CSV</a>{% endif %}</caption>
+<thead><tr>{% for c in t.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead>
+<tbody>
+{% for row in t.rows %}{% set rowloop = loop %}<tr>{% for cell in row %}{% set cls = t.classes[rowloop.index0][loop.index0] if t.classes else "" %}
+{% if cls == "links" %}<td class="datalink">{% for name in cell.split() %}{% if name in hrefs %}<a href="{{ hrefs[name] }}">{{ name }}</a>{% else %}{{ name }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}</td>
+{% else %}<td{% if cls %} class="{{ cls }}"{% endif %}>{{ cell }}</td>{% endif %}{% endfor %}</tr>
+{% endfor %}</tbody></table></div>
+{% endif %}
+{% endfor %}
+</section>
+{% endfor %}
+{% if warnings %}
+<section id="warnings"><h2>Warnings</h2>
+<div class="warnings"><ul>{% for w in warnings %}<li>{{ w }}</li>{% endfor %}</ul></div>
+</section>
+{% endif %}
+</main>
+</body>
+</html>
+"""
+
+
+def render_html(*, title: str, subtitle: str, generated: str, sections, warnings,
+                hrefs: dict, headline: str = "") -> str:
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(TEMPLATE).render(
+        title=title, subtitle=subtitle, generated=generated, sections=sections,
+        warnings=warnings, hrefs=hrefs, headline=headline)
+
+
+def atomic_write_text(path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_datasets(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -> dict:
+    """One CSV per dataset in ``data_dir``; returns dataset name -> href relative to ``base``."""
+    hrefs = {}
+    for name, frame in frames.items():
+        if frame is None or len(frame) == 0:
+            continue
+        path = data_dir / f"{name}.csv"
+        atomic_write_text(path, frame.to_csv(index=False))
+        hrefs[name] = os.path.relpath(path, base).replace(os.sep, "/")
+    return hrefs

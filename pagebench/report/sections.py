@@ -1,0 +1,402 @@
+"""The report's sections: each turns tidy frames into text, tables and plots, or says "no data".
+
+A section never raises for missing data; it shows a "no data" note naming what is missing. All
+strings here are plain text: the template escapes them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from pagebench.report import derive, plots
+from pagebench.report.claims import FAILS, HOLDS, Claim
+from pagebench.report.collect import Results
+
+
+@dataclass(slots=True)
+class Table:
+    caption: str
+    columns: list[str]
+    rows: list[list[str]]
+    data: str | None = None  # dataset name: the CSV beside the report
+    classes: list[list[str]] | None = None  # per-cell CSS class (claims verdicts)
+
+
+@dataclass(slots=True)
+class Item:
+    kind: str  # "text" | "table" | "plot" | "nodata"
+    text: str = ""
+    table: Table | None = None
+    plot: plots.Plot | None = None
+
+
+@dataclass(slots=True)
+class Section:
+    id: str
+    title: str
+    items: list[Item] = field(default_factory=list)
+
+    def text(self, text: str) -> None:
+        self.items.append(Item("text", text=text))
+
+    def nodata(self, what: str) -> None:
+        self.items.append(Item("nodata", text=f"No data: {what}"))
+
+    def table(self, table: Table | None) -> None:
+        if table is not None:
+            self.items.append(Item("table", table=table))
+
+    def plot(self, plot: plots.Plot | None, missing: str = "") -> None:
+        if plot is not None:
+            self.items.append(Item("plot", plot=plot))
+        elif missing:
+            self.nodata(missing)
+
+    @property
+    def plots(self) -> list[plots.Plot]:
+        return [i.plot for i in self.items if i.kind == "plot"]
+
+
+# ---- formatting --------------------------------------------------------------------------
+
+PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
+
+
+def fmt(value, column: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return ""
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int) or (hasattr(value, "is_integer") and not isinstance(value, float)
+                                  and str(value).lstrip("-").isdigit()):
+        return f"{int(value):,}"
+    if isinstance(value, float) or hasattr(value, "dtype"):
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            return str(value)
+        if any(key in column for key in PERCENT_COLUMNS) and 0 <= x <= 1.0000001:
+            return f"{100 * x:.1f}%"
+        if x.is_integer() and abs(x) < 1e15:
+            return f"{int(x):,}"
+        if abs(x) >= 100:
+            return f"{x:,.0f}"
+        return f"{x:.3g}"
+    return str(value)
+
+
+def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | None = None,
+               max_rows: int = 60) -> Table | None:
+    if df is None or len(df) == 0:
+        return None
+    cols = [c for c in (columns or df.columns) if c in df.columns]
+    shown = df[cols].head(max_rows)
+    rows = [[fmt(v, c) for c, v in zip(cols, rec)] for rec in shown.itertuples(index=False)]
+    if len(df) > max_rows:
+        caption += f" (first {max_rows} of {len(df)} rows; all in the CSV)"
+    return Table(caption, [str(c) for c in cols], rows, data)
+
+
+# ---- sections ----------------------------------------------------------------------------
+
+def environment(results: Results, env: dict, options: dict) -> Section:
+    s = Section("environment", "Environment")
+    s.text("Measured on this machine with the settings below; committed data (e.g. H200 runs) "
+           "keeps the device and versions it was measured with, shown per data source.")
+    rows = [[k, fmt(v)] for k, v in env.items()]
+    rows += [[k, fmt(v)] for k, v in options.items()]
+    s.table(Table("This run", ["field", "value"], rows))
+    srcs = []
+    for name, frame in sorted(results.frames.items()):
+        devices = ", ".join(dict.fromkeys(derive.device_label(frame))) \
+            if ("device_name" in frame.columns or "device" in frame.columns) else ""
+        versions = ""
+        if "torch_version" in frame.columns:
+            versions = "torch " + ", ".join(dict.fromkeys(frame["torch_version"].astype(str)))
+        if "triton_version" in frame.columns:
+            versions += "; triton " + ", ".join(dict.fromkeys(frame["triton_version"].astype(str)))
+        commits = ", ".join(dict.fromkeys(frame["commit"].astype(str))) \
+            if "commit" in frame.columns else ""
+        srcs.append([name, str(len(frame)), devices, versions, commits,
+                     "; ".join(dict.fromkeys(results.sources.get(name, [])))])
+    if srcs:
+        s.table(Table("Data sources (every dataset is a CSV beside this page)",
+                      ["dataset", "rows", "device", "versions", "commit", "from"], srcs))
+    methods = set()
+    for frame in results.frames.values():
+        if "method" in frame.columns:
+            methods.update(frame["method"].dropna().astype(str))
+        if "timing_method" in frame.columns:
+            methods.update(frame["timing_method"].dropna().astype(str))
+    s.text("Timing: one primitive (pagebench.timing.measure): CPU perf_counter after warm-up, "
+           "median; CUDA events after warm-up with L2 flushed between repeats, median, batch-1 "
+           "cases also replayed from a CUDA graph."
+           + (" Methods in the data: " + "; ".join(sorted(methods)) + "." if methods else ""))
+    return s
+
+
+def memory(results: Results) -> Section:
+    s = Section("memory", "Memory: how much reserved KV memory holds tokens")
+    static = results.get("memory_static")
+    if static is None:
+        s.nodata("static fragmentation simulation (see warnings)")
+    else:
+        r = static.iloc[0]
+        s.text(f"Workload {r['workload']}: {int(r['num_seqs']):,} sequences, seed "
+               f"{int(r['seed'])}, max_model_len {int(r['max_len']):,}, "
+               f"{int(r['tokens_stored']):,} tokens stored. Naive reserves max_model_len per "
+               "sequence, pow2 the next power of two, oracle exactly the final length (needs "
+               "to know it in advance), paged ceil(len / block) blocks.")
+        s.plot(plots.utilisation_bars(static))
+        s.table(make_table(static, "Utilisation per allocator", ["allocator", "block_size",
+                           "allocated_slots", "utilisation", "wasted_slots_per_seq"],
+                           "memory_static"))
+    sweep = results.get("memory_max_len")
+    if sweep is None:
+        s.nodata("max_model_len sweep")
+    else:
+        s.text("Raising max_model_len: naive reservation's utilisation falls in proportion, "
+               "paged does not move.")
+        s.plot(plots.max_len_lines(sweep))
+        wide = sweep.pivot_table(index="max_len", columns="label", values="utilisation",
+                                 sort=False).reset_index()
+        wide.columns = [str(c) if c == "max_len" else f"{c} utilisation" for c in wide.columns]
+        s.table(make_table(wide, "Utilisation versus max_model_len", data="memory_max_len"))
+    waste = results.get("block_waste")
+    if waste is not None:
+        s.table(make_table(waste, "Tail waste per sequence as the BlockManager allocates it "
+                           "(prompt then token by token)", ["block_size", "num_seqs",
+                           "max_waste_slots", "bound_slots", "mean_waste_slots"], "block_waste"))
+    summary = results.get("memory_dynamic_summary")
+    timeline = results.get("memory_dynamic_timeline")
+    if summary is None and timeline is None:
+        s.nodata("time-stepped simulation (pagebench.sim.dynamic)")
+    else:
+        s.text("Time-stepped simulation: requests arrive, grow one token per step and finish in "
+               "a fixed KV budget. Contiguous allocators place reservations first-fit, so holes "
+               "(external fragmentation) appear; paged allocation preempts when the pool runs "
+               "dry. Breakdown of the budget: token states, reserved-but-unused, internal and "
+               "external fragmentation.")
+        s.plot(plots.breakdown_areas(timeline), "memory breakdown timeline")
+        s.table(make_table(summary, "Time-stepped summary per allocator", data=
+                           "memory_dynamic_summary"))
+    return s
+
+
+def capacity(results: Results) -> Section:
+    s = Section("capacity", "Capacity: blocks, cacheable tokens, concurrency")
+    geo = results.get("kv_geometry")
+    s.table(make_table(geo, "KV geometry of the presets (bf16)", data="kv_geometry"))
+    art = results.get("capacity_article")
+    if art is not None:
+        s.table(make_table(art, "The article's arithmetic: 12.4 GB of cache, Qwen2.5-0.5B",
+                           data="capacity_article"))
+    cap = results.get("capacity")
+    if cap is None:
+        s.nodata("capacity planner (pagebench.sim.capacity)")
+    else:
+        if {"max_concurrency_naive", "max_concurrency_paged"} <= set(cap.columns):
+            label = cap.apply(lambda r: f"{r.get('model', '')} {r.get('gpu_memory', '')} "
+                              f"len {r.get('max_model_len', '')}", axis=1)
+            s.plot(plots.grouped_bars(cap.assign(case=label), "case",
+                                      ["max_concurrency_naive", "max_concurrency_paged"],
+                                      "Concurrent sequences: naive reservation versus paging",
+                                      "sequences", "bar chart of naive versus paged concurrency"))
+        s.table(make_table(cap, "Capacity planner cases (article workload lognormal(5.5, 0.9))",
+                           data="capacity"))
+    return s
+
+
+def kernels(results: Results) -> Section:
+    s = Section("kernels", "Kernels: what paging costs per step, and what batching buys")
+    raw = derive.kernel_rows(results.get("kernels"))
+    if raw is None:
+        s.nodata("kernel sweep (run without --quick on this machine, or commit "
+                 "reports/data/<gpu>/kernels.csv)")
+        return s
+    devices = raw.groupby("device_label").size()
+    s.text("Devices in this data: " + "; ".join(f"{d} ({n} rows)" for d, n in devices.items())
+           + ". GPU rows come from committed data; CPU rows from this machine (CPU timings "
+           "show the harness works, not GPU behaviour).")
+    ratio = derive.batch1_ratio(results.get("kernels"))
+    if ratio.empty:
+        s.nodata("batch-1 paged versus contiguous pairs")
+    else:
+        s.text("Batch 1: fastest paged backend / fastest contiguous backend, per block size and "
+               "context. Above 1 means paging costs time.")
+        s.plot(plots.lines(ratio.assign(panel=ratio["device_label"] + " " + ratio["shape"]),
+                           "block_size", "ratio", "context",
+                           "Batch-1 paged / contiguous time versus block size", "block size",
+                           "paged / contiguous time", "line chart of batch-1 time ratio",
+                           logx=True, hlines={"contiguous": 1.0}, panel="panel"))
+        s.table(make_table(ratio, "Batch-1 paged/contiguous ratio", data="kernels_batch1_ratio"))
+    tput = derive.throughput(results.get("kernels"))
+    if tput.empty:
+        s.nodata("throughput versus batch size")
+    else:
+        s.text("Throughput versus batch size (tokens/s = batch / step time) for each block size "
+               "and the contiguous baselines, at the context where batch was swept.")
+        s.plot(plots.lines(tput.assign(panel=tput["device_label"] + " " + tput["shape"] + " ctx "
+                                       + tput["context"].astype(int).astype(str)),
+                           "batch", "tokens_per_s", "series",
+                           "Decode throughput versus batch size", "batch size", "tokens/s",
+                           "line chart of throughput versus batch", logx=True, logy=True,
+                           panel="panel"))
+        s.table(make_table(tput, "Throughput versus batch", ["device_label", "shape", "context",
+                           "series", "batch", "time_us", "tokens_per_s"], "kernels_throughput"))
+    bw = derive.bandwidth(results.get("kernels"))
+    if bw.empty:
+        s.nodata("achieved bandwidth (needs gbps and copy_gbps columns)")
+    else:
+        for label, g in bw.groupby("device_label"):
+            ceiling = pd.to_numeric(g.get("copy_gbps"), errors="coerce").dropna() \
+                if "copy_gbps" in g.columns else pd.Series(dtype=float)
+            hl = {f"copy ceiling {ceiling.median():,.0f} GB/s": float(ceiling.median())} \
+                if len(ceiling) else None
+            s.plot(plots.lines(g.assign(panel=g["shape"]), "batch", "gbps", "backend",
+                               f"Achieved GB/s versus the copy ceiling: {label}", "batch size",
+                               "GB/s (K/V bytes / time)", "line chart of achieved bandwidth",
+                               logx=True, hlines=hl, panel="panel"))
+        s.table(make_table(bw, "Achieved bandwidth (block 16 paged and contiguous)",
+                           ["device_label", "shape", "backend", "block_size", "batch", "context",
+                            "time_us", "gbps", "copy_gbps"], "kernels_bandwidth"))
+    cost = derive.kernel_cost_per_block(results.get("kernels"))
+    if not cost.empty:
+        s.plot(plots.lines(cost, "block_size", "relative_time", "device_label",
+                           "Paged kernel time per block size (1.0 = best block size)",
+                           "block size", "relative time (median over cases)",
+                           "line chart of kernel cost per block size", logx=True))
+        s.table(make_table(cost, "Kernel cost per block size", data="kernels_block_cost"))
+    return s
+
+
+def engine(results: Results) -> Section:
+    s = Section("engine", "Engine: sharing, prefix caching, and the capacity cliff")
+    any_data = False
+    cow = results.get("engine_cow")
+    if cow is not None:
+        any_data = True
+        col = next((c for c in ("peak_blocks", "mean_blocks") if c in cow.columns), None)
+        s.text("Copy-on-write: one prompt, n = 1 versus n = 4 completions. The prompt's blocks "
+               "are shared; only divergent tokens take new blocks.")
+        if col and "n" in cow.columns:
+            g = cow.groupby(["machine", "n"], as_index=False)[col].mean()
+            g["case"] = g["machine"].astype(str) + " n=" + g["n"].astype(str)
+            s.plot(plots.grouped_bars(g, "case", [col], "KV blocks: n = 1 versus n = 4",
+                                      "blocks", "bar chart of blocks for n=1 and n=4"))
+        s.table(make_table(cow, "Copy-on-write comparison", data="engine_cow"))
+    else:
+        s.nodata("copy-on-write comparison (pagebench.engine.bench.cow_comparison)")
+    pre = results.get("engine_prefix")
+    if pre is not None:
+        any_data = True
+        s.text("Prefix caching: requests sharing a system prompt, caching on versus off.")
+        cols = [c for c in ("num_computed_prompt_tokens", "peak_blocks") if c in pre.columns]
+        if cols and "enable_prefix_caching" in pre.columns:
+            g = pre.groupby(["machine", "enable_prefix_caching"], as_index=False)[cols].mean()
+            g["case"] = g["machine"].astype(str) + " caching=" + g["enable_prefix_caching"].astype(str)
+            s.plot(plots.grouped_bars(g, "case", cols, "Prefix caching on versus off",
+                                      "count", "bar chart of prefix caching effect"))
+        s.table(make_table(pre, "Prefix caching comparison", data="engine_prefix"))
+    else:
+        s.nodata("prefix caching comparison (pagebench.engine.bench.prefix_cache_comparison)")
+    pool = results.get("engine_pool")
+    if pool is not None:
+        any_data = True
+        pcol = next((c for c in ("num_preemptions", "preemptions") if c in pool.columns), None)
+        tcol = next((c for c in ("tokens_per_s",) if c in pool.columns), None)
+        s.text("Pool size sweep: as the pool shrinks, preemptions start and throughput falls "
+               "— the capacity cliff.")
+        if pcol and tcol and "num_blocks" in pool.columns:
+            s.plot(plots.twin_lines(pool, "num_blocks", tcol, pcol,
+                                    "Throughput and preemptions versus pool size",
+                                    "pool size (blocks)", "line chart of the capacity cliff",
+                                    hue="machine"))
+        s.table(make_table(pool, "Pool size sweep", data="engine_pool"))
+    else:
+        s.nodata("pool size sweep (pagebench.engine.bench.pool_size_sweep)")
+    batch = results.get("engine_batch")
+    if batch is not None and "tokens_per_s" in batch.columns and "batch" in batch.columns:
+        any_data = True
+        hue = "block_size" if "block_size" in batch.columns else "machine"
+        panel = "machine" if "machine" in batch.columns else None
+        s.plot(plots.lines(batch, "batch", "tokens_per_s", hue,
+                           "Engine throughput versus batch size", "batch size (sequences)",
+                           "tokens/s", "line chart of engine throughput", logx=True,
+                           panel=panel))
+        s.table(make_table(batch, "Engine throughput versus batch", data="engine_batch"))
+    elif batch is None:
+        s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
+    other = results.get("engine")
+    if other is not None:
+        any_data = True
+        s.table(make_table(other, "Other engine results", data="engine"))
+    if not any_data:
+        s.text("No engine data: run `pagebench report` without --quick, or commit "
+               "reports/data/<machine>/engine_*.csv.")
+    return s
+
+
+def benchmarks(results: Results) -> Section:
+    s = Section("benchmarks", "Benchmark histories (asv, pytest-benchmark)")
+    asv = results.get("asv")
+    if asv is None:
+        s.nodata("asv results (run `asv run`; results are read from asv's results_dir)")
+    else:
+        latest = asv.sort_values("date").groupby(["machine", "benchmark", "params"],
+                                                 as_index=False).last()
+        s.text(f"asv: {asv['commit'].nunique()} commit(s) on {asv['machine'].nunique()} "
+               "machine(s); latest value per benchmark below, every commit in the CSV.")
+        s.table(make_table(latest, "asv, latest per benchmark", ["machine", "commit",
+                           "benchmark", "params", "value", "unit"], "asv", max_rows=80))
+    pyb = results.get("pytest_benchmark")
+    if pyb is None:
+        s.nodata("pytest-benchmark JSON (run `make bench`)")
+    else:
+        s.table(make_table(pyb, "pytest-benchmark", ["machine", "commit", "benchmark", "params",
+                           "median_us", "iqr_us", "rounds"], "pytest_benchmark"))
+    return s
+
+
+def recommendation(results: Results) -> tuple[Section, dict | None]:
+    s = Section("recommendation", "Recommendation")
+    rec = derive.recommend(results.get("memory_static"), results.get("kernels"))
+    if rec is None:
+        s.nodata("needs the static memory curve (and kernel data for the speed side)")
+        return s, None
+    if rec["kernel_measured"]:
+        s.text(f"Block size {rec['block_size']}: it holds {rec['utilisation']:.1%} of KV slots "
+               f"as tokens and its paged kernel runs at {rec['relative_kernel_time']:.2f}× the "
+               f"best block size's time on {rec['kernel_device']}, the best product of "
+               "capacity (utilisation) and speed (1 / kernel time) among the block sizes "
+               "measured. Within 2% of it: block sizes "
+               + ", ".join(map(str, rec["within_2pct"])) + ".")
+    else:
+        s.text(f"Memory alone favours block size {rec['block_size']} "
+               f"({rec['utilisation']:.1%}), but no kernel data was measured, so the cost of "
+               "small blocks in the attention kernel is unknown here: treat this as incomplete.")
+    s.table(make_table(rec["table"], "Score = utilisation / relative kernel time",
+                       data="recommendation"))
+    return s, rec
+
+
+VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
+
+
+def claims_section(claims: list[Claim]) -> Section:
+    s = Section("claims", "Claims of the article, measured")
+    n = {v: sum(c.verdict == v for c in claims) for v in (HOLDS, FAILS)}
+    s.text(f"{len(claims)} claims: {n[HOLDS]} hold, {n[FAILS]} do not hold, "
+           f"{len(claims) - n[HOLDS] - n[FAILS]} not measured here. Each verdict is computed "
+           "from the data linked in its row with the criterion shown.")
+    rows, classes = [], []
+    for c in claims:
+        rows.append([c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)])
+        classes.append(["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
+                        "criterion", "links"])
+    s.table(Table("Claims", ["claim", "measured", "device", "verdict", "criterion", "data"],
+                  rows, "claims", classes))
+    return s

@@ -1,8 +1,19 @@
-"""`pagebench simulate` (static fragmentation) and its options."""
+"""`pagebench simulate` (static and `--dynamic`) and `pagebench capacity`."""
 
 from __future__ import annotations
 
+import csv
 import json
+import sys
+
+STATIC_BLOCK_SIZES = [1, 8, 16, 32, 128]
+DYNAMIC_BLOCK_SIZES = [16]
+# dynamic-only options (dest -> flag); given without --dynamic they are an error
+DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "--rate",
+                "prompt_fraction": "--prompt-fraction", "prompt_lengths": "--prompt-lengths",
+                "output_lengths": "--output-lengths", "budget_tokens": "--budget-tokens",
+                "allocators": "--allocators", "n": "--n", "max_num_seqs": "--max-num-seqs",
+                "timeline_every": "--timeline-every", "timeline": "--timeline"}
 
 
 def int_list(text: str) -> list[int]:
@@ -15,25 +26,170 @@ def int_list(text: str) -> list[int]:
     return values
 
 
+def name_list(text: str) -> list[str]:
+    values = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not values:
+        raise ValueError(f"expected comma-separated names, got {text!r}")
+    return values
+
+
 def register(sub) -> None:
-    p = sub.add_parser("simulate", help="allocator utilisation on a length distribution",
-                       description="Compare KV-cache allocators (naive reserve-max, pow2, "
-                       "oracle, paged per block size) on a sequence-length distribution.")
+    register_simulate(sub)
+    register_capacity(sub)
+
+
+def register_simulate(sub) -> None:
+    p = sub.add_parser(
+        "simulate", help="allocator utilisation on a length distribution (static or over time)",
+        description="Compare KV-cache allocators (naive reserve-max, pow2, oracle, paged per "
+        "block size) on a sequence-length distribution. With --dynamic, simulate requests "
+        "arriving, growing a token per step and finishing within a fixed memory budget, and "
+        "break memory down into token states, reserved-but-unused, internal and external "
+        "fragmentation, and free.")
     p.add_argument("--lengths", default="lognormal:5.5,0.9",
-                   help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (default: %(default)s)")
-    p.add_argument("--num-seqs", type=int, default=2000)
+                   help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (with --dynamic: "
+                   "each request's final length)")
+    p.add_argument("--num-seqs", type=int, default=None,
+                   help="static: number of sequences (default 2000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-len", type=int, default=4096)
-    p.add_argument("--block-sizes", type=int_list, default=[1, 8, 16, 32, 128])
+    p.add_argument("--max-len", type=int, default=4096, help="max_model_len")
+    p.add_argument("--block-sizes", type=int_list, default=None,
+                   help=f"paged block sizes (default {','.join(map(str, STATIC_BLOCK_SIZES))}; "
+                   f"with --dynamic {','.join(map(str, DYNAMIC_BLOCK_SIZES))})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    d = p.add_argument_group("time-stepped simulation (--dynamic)")
+    d.add_argument("--dynamic", action="store_true", help="simulate over time")
+    d.add_argument("--trace", metavar="FILE", help="CSV/JSONL trace: arrival (steps), prompt "
+                   "length, output length, optional n (instead of Poisson arrivals)")
+    d.add_argument("--num-requests", type=int, default=None, help="Poisson: requests "
+                   "(default 20000)")
+    d.add_argument("--rate", type=float, default=None, help="Poisson: requests per step "
+                   "(default 20)")
+    d.add_argument("--prompt-fraction", type=float, default=None,
+                   help="share of each length that is prompt (default 0.3)")
+    d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately")
+    d.add_argument("--output-lengths", metavar="SPEC", help="draw output lengths separately")
+    d.add_argument("--budget-tokens", type=int, default=None,
+                   help="KV budget in token slots (default: the article's 12.4 GB of "
+                   "Qwen2.5-0.5B cache, 1,009,104 slots; see `pagebench capacity --article`)")
+    d.add_argument("--allocators", type=name_list, default=None,
+                   help="subset of naive,pow2,oracle,paged (default all)")
+    d.add_argument("--n", type=int, default=None, help="parallel samples per request "
+                   "(default 1)")
+    d.add_argument("--cow", action="store_true",
+                   help="paged: samples share prompt blocks (copy-on-write)")
+    d.add_argument("--max-num-seqs", type=int, default=None, help="cap on running sequences")
+    d.add_argument("--timeline-every", type=int, default=None,
+                   help="record every k-th step (default: at most 2000 rows per allocator)")
+    d.add_argument("--timeline", metavar="CSV", help="write the per-step breakdown here")
     p.set_defaults(func=run_simulate)
 
 
 def run_simulate(args) -> int:
+    if args.dynamic:
+        return run_dynamic_simulation(args)
+    given = [flag for dest, flag in DYNAMIC_ONLY.items() if getattr(args, dest) is not None]
+    given += ["--cow"] if args.cow else []
+    if given:
+        raise ValueError(f"{', '.join(given)}: only with --dynamic")
     from pagebench.sim.static import format_static_table, static_fragmentation
     from pagebench.sim.workloads import sample_lengths
 
-    lengths = sample_lengths(args.lengths, args.num_seqs, args.seed, args.max_len)
-    result = static_fragmentation(lengths, args.max_len, args.block_sizes)
+    num_seqs = 2000 if args.num_seqs is None else args.num_seqs
+    block_sizes = STATIC_BLOCK_SIZES if args.block_sizes is None else args.block_sizes
+    lengths = sample_lengths(args.lengths, num_seqs, args.seed, args.max_len)
+    result = static_fragmentation(lengths, args.max_len, block_sizes)
     print(json.dumps(result, indent=2) if args.json else format_static_table(result))
+    return 0
+
+
+def run_dynamic_simulation(args) -> int:
+    from pagebench.sim.capacity import article_budget_tokens
+    from pagebench.sim.dynamic import format_dynamic_table, run_dynamic
+    from pagebench.sim.trace import poisson_workload, read_trace
+
+    if args.num_seqs is not None:
+        raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
+    if args.trace:
+        clashes = [flag for dest, flag in DYNAMIC_ONLY.items()
+                   if dest in ("num_requests", "rate", "prompt_fraction", "prompt_lengths",
+                               "output_lengths", "n") and getattr(args, dest) is not None]
+        if clashes:
+            raise ValueError(f"{', '.join(clashes)}: not with --trace (the trace gives them)")
+        workload = read_trace(args.trace, args.max_len)
+    else:
+        workload = poisson_workload(
+            20000 if args.num_requests is None else args.num_requests,
+            20.0 if args.rate is None else args.rate, args.lengths,
+            prompt_fraction=0.3 if args.prompt_fraction is None else args.prompt_fraction,
+            prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
+            n=1 if args.n is None else args.n, seed=args.seed, max_len=args.max_len)
+    budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
+    result = run_dynamic(
+        workload, budget, allocators=args.allocators or ("naive", "pow2", "oracle", "paged"),
+        block_sizes=args.block_sizes or DYNAMIC_BLOCK_SIZES, max_len=args.max_len, cow=args.cow,
+        max_num_seqs=args.max_num_seqs, timeline_every=args.timeline_every)
+    if args.timeline:
+        write_timeline_csv(result, args.timeline)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else format_dynamic_table(result))
+    return 0
+
+
+def write_timeline_csv(result, path: str) -> None:
+    cols = result.timeline_columns
+    try:
+        with open(path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(cols)
+            writer.writerows(zip(*(c.tolist() for c in cols.values())))
+    except OSError as e:
+        raise ValueError(f"--timeline: cannot write {path}: {e}") from e
+    print(f"timeline: {len(cols['step']):,} rows -> {path}", file=sys.stderr)
+
+
+def register_capacity(sub) -> None:
+    p = sub.add_parser(
+        "capacity", help="KV blocks, cacheable tokens and concurrency for a model on a GPU",
+        description="Size the KV cache of a model on a GPU as vLLM does (memory x utilisation "
+        "- weights - overhead, cut into blocks) and compare how many sequences fit under naive "
+        "reservation, pow2, exact contiguous and paged allocation for a length distribution. "
+        "--article reproduces the article's arithmetic (16 GB card, 0.9, 1 GB weights, 1 GB "
+        "overhead: 12.4 GB of cache, about 250 sequences of 4,096 tokens).")
+    p.add_argument("--model", default=None,
+                   help="preset (qwen2.5-0.5b, qwen2.5-7b, llama-3-8b, llama-3-70b, mistral-7b) "
+                   "or path to a config.json (default qwen2.5-0.5b)")
+    p.add_argument("--dtype", default="bfloat16", help="KV cache and weight dtype")
+    p.add_argument("--gpu-memory", default=None, help="e.g. 16GiB or 80GB (default 16GiB)")
+    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.9")
+    p.add_argument("--max-model-len", type=int, default=None, help="default 4096")
+    p.add_argument("--block-size", type=int, default=None, help="default 16")
+    p.add_argument("--weights-bytes", default=None,
+                   help="default: estimated as parameters (from the config) x dtype bytes")
+    p.add_argument("--overhead-bytes", default=None,
+                   help="activations, CUDA graphs, allocator slack (default 0)")
+    p.add_argument("--kv-cache-bytes", default=None,
+                   help="size the KV cache directly (skips the memory arithmetic)")
+    p.add_argument("--lengths", default="lognormal:5.5,0.9",
+                   help="length distribution for the concurrency estimate (default %(default)s)")
+    p.add_argument("--num-seqs", type=int, default=2000, help="lengths drawn (default 2000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--article", action="store_true",
+                   help="start from the article's case (explicit options override it)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    p.set_defaults(func=run_capacity)
+
+
+def run_capacity(args) -> int:
+    from pagebench.sim.capacity import ARTICLE_CASE, capacity_plan, format_capacity
+
+    base = dict(ARTICLE_CASE) if args.article else dict(
+        model="qwen2.5-0.5b", gpu_memory="16GiB", gpu_memory_utilization=0.9,
+        max_model_len=4096, block_size=16, weights_bytes=None, overhead_bytes=0)
+    for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
+                "weights_bytes", "overhead_bytes"):
+        if getattr(args, key) is not None:
+            base[key] = getattr(args, key)
+    plan = capacity_plan(**base, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
+                         lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed)
+    print(json.dumps(plan, indent=2) if args.json else format_capacity(plan))
     return 0

@@ -69,7 +69,7 @@ from pagebench.sim.trace import Workload
 CONTIGUOUS = ("naive", "pow2", "oracle")
 ALLOCATORS = CONTIGUOUS + ("paged",)
 CATEGORIES = ("token_state", "reserved_unused", "internal_frag", "external_frag", "free")
-TIMELINE_COLUMNS = ("step", "allocator", "block_size", "budget_tokens") + CATEGORIES + (
+TIMELINE_COLUMNS = ("step", "allocator", "block_size", "label", "budget_tokens") + CATEGORIES + (
     "concurrency", "running_seqs", "waiting")
 _KEY_MOD = (1 << 61) - 1
 # window record: (start, end, A, S, allocated, final, ext, free, conc, waiting, stranded, key)
@@ -434,16 +434,12 @@ class DynamicResult:
                 "timeline_every": self.timeline_every, "results": self.summary}
 
 
-def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
-                       block_size: int | None = None, *, max_len: int = 4096, cow: bool = False,
-                       max_num_seqs: int | None = None, timeline_every: int = 1,
-                       with_running_key: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
-    """One allocator on one workload: ``(summary row, timeline columns)``; see the module doc."""
-    _validate(workload, budget_tokens, (allocator,), (block_size,) if allocator == "paged"
-              else (), max_len, max_num_seqs)
-    if not isinstance(timeline_every, (int, np.integer)) or timeline_every < 1:
-        raise ConfigError(f"timeline_every: must be a positive integer, got {timeline_every!r}")
-    budget = int(budget_tokens)
+def label(allocator: str, block_size: int | None) -> str:
+    """Short name of an allocator run: ``naive``, ``oracle``, ``paged-16``."""
+    return f"{allocator}-{block_size}" if allocator == "paged" else allocator
+
+
+def _run_one(workload, budget, allocator, block_size, max_len, cow, max_num_seqs):
     paged = allocator == "paged"
     if paged:
         records, stats = _simulate_paged(workload, budget, int(block_size), cow, max_num_seqs)
@@ -451,11 +447,33 @@ def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
         records, stats = _simulate_contiguous(workload, budget, allocator, max_len, max_num_seqs)
     win = _windows(records)
     row = {"allocator": allocator, "block_size": int(block_size) if paged else None,
-           "budget_tokens": budget, "num_requests": workload.num_requests,
-           "cow": bool(cow and paged)}
+           "label": label(allocator, block_size), "budget_tokens": budget,
+           "num_requests": workload.num_requests, "cow": bool(cow and paged)}
     row |= _summarise(win, paged, budget, workload, stats)
-    cols = _timeline(win, paged, int(timeline_every), with_running_key)
-    return row, cols
+    return row, win
+
+
+def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
+                       block_size: int | None = None, *, max_len: int = 4096, cow: bool = False,
+                       max_num_seqs: int | None = None, timeline_every: int = 1,
+                       with_running_key: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+    """One allocator on one workload: ``(summary row, timeline columns)``; see the module doc.
+
+    The timeline columns here are those of ``TIMELINE_COLUMNS`` without ``allocator``,
+    ``block_size`` and ``budget_tokens`` (plus ``running_key`` when asked: an
+    order-independent fingerprint of which requests run and how many tokens each holds).
+    """
+    _validate(workload, budget_tokens, (allocator,), (block_size,) if allocator == "paged"
+              else (), max_len, max_num_seqs)
+    _check_every(timeline_every)
+    row, win = _run_one(workload, int(budget_tokens), allocator, block_size, max_len, cow,
+                        max_num_seqs)
+    return row, _timeline(win, allocator == "paged", int(timeline_every), with_running_key)
+
+
+def _check_every(every):
+    if not isinstance(every, (int, np.integer)) or isinstance(every, bool) or every < 1:
+        raise ConfigError(f"timeline_every: must be a positive integer, got {every!r}")
 
 
 def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
@@ -465,37 +483,37 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
     """Simulate every allocator (``paged`` once per block size) on ``workload``.
 
     ``timeline_every``: record every k-th step in the timeline (summaries always use every
-    step); ``None`` picks the smallest k that keeps each run within ``max_timeline_rows`` rows.
-    Returns a :class:`DynamicResult`.
+    step); ``None`` picks the smallest k that keeps the longest run within
+    ``max_timeline_rows`` rows. All runs share the same sampled steps.
+    Returns a :class:`DynamicResult`; ``block_size`` is None (summary) or 0 (timeline) for
+    contiguous allocators, and both carry a ``label`` such as ``paged-16``.
     """
     allocators = tuple(allocators)
     block_sizes = tuple(int(b) if isinstance(b, (int, np.integer)) else b for b in block_sizes)
     _validate(workload, budget_tokens, allocators, block_sizes, max_len, max_num_seqs)
-    plans = [(a, None) for a in allocators if a != "paged"]
+    if timeline_every is not None:
+        _check_every(timeline_every)
+    plans = [(a, None) for a in dict.fromkeys(allocators) if a != "paged"]
     if "paged" in allocators:
-        plans += [("paged", b) for b in block_sizes]
-    if timeline_every is None:
-        every = 1
-        if max_timeline_rows is not None:
-            # a lower bound of any run's length: the work of the longest request, the arrivals
-            span = int(workload.arrival[-1] - workload.arrival[0]) + int(workload.output_len.max())
-            every = max(1, math.ceil(span / max_timeline_rows))
-    else:
-        every = timeline_every
+        plans += [("paged", b) for b in dict.fromkeys(block_sizes)]
+    runs = [_run_one(workload, int(budget_tokens), a, b, max_len, cow, max_num_seqs)
+            for a, b in plans]
+    every = timeline_every
+    if every is None:
+        longest = max(row["num_steps"] for row, _ in runs)
+        every = max(1, math.ceil(longest / max_timeline_rows)) if max_timeline_rows else 1
     rows, parts = [], []
-    for allocator, bs in plans:
-        row, cols = simulate_allocator(workload, budget_tokens, allocator, bs, max_len=max_len,
-                                       cow=cow, max_num_seqs=max_num_seqs, timeline_every=every,
-                                       with_running_key=with_running_key)
+    for (allocator, bs), (row, win) in zip(plans, runs):
         rows.append(row)
+        cols = _timeline(win, allocator == "paged", int(every), with_running_key)
         size = cols["step"].size
-        cols = {"step": cols["step"], "allocator": np.full(size, allocator, dtype=object),
-                "block_size": np.full(size, bs if bs else 0, dtype=np.int64),
-                "budget_tokens": np.full(size, int(budget_tokens), dtype=np.int64)} | {
-            k: v for k, v in cols.items() if k != "step"}
-        parts.append(cols)
+        parts.append({"step": cols["step"], "allocator": np.full(size, allocator, dtype=object),
+                      "block_size": np.full(size, bs or 0, dtype=np.int64),
+                      "label": np.full(size, label(allocator, bs), dtype=object),
+                      "budget_tokens": np.full(size, int(budget_tokens), dtype=np.int64)}
+                     | {k: v for k, v in cols.items() if k != "step"})
     timeline = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    return DynamicResult(int(budget_tokens), workload.describe(), rows, timeline, every)
+    return DynamicResult(int(budget_tokens), workload.describe(), rows, timeline, int(every))
 
 
 def format_dynamic_table(result: DynamicResult) -> str:
@@ -508,7 +526,7 @@ def format_dynamic_table(result: DynamicResult) -> str:
              f"{'free':>7}{'util':>7}{'conc':>8}{'peak':>6}{'tok/step':>10}{'refused':>9}"
              f"{'frag-ref':>9}{'preempt':>9}{'steps':>9}"]
     for r in result.summary:
-        name = r["allocator"] + (f" (block={r['block_size']})" if r["block_size"] else "")
+        name = r["label"]
         lines.append(
             f"{name:<18}{r['token_state_fraction']:>8.1%}{r['reserved_unused_fraction']:>10.1%}"
             f"{r['internal_fragmentation_fraction']:>10.1%}"
@@ -520,7 +538,7 @@ def format_dynamic_table(result: DynamicResult) -> str:
               f"{'allocator':<18}{'tokens':>8}{'reserved':>10}{'internal':>10}{'external':>10}"
               f"{'free':>7}{'share of steps':>16}"]
     for r in result.summary:
-        name = r["allocator"] + (f" (block={r['block_size']})" if r["block_size"] else "")
+        name = r["label"]
         if r["token_state_fraction_saturated"] is None:
             lines.append(f"{name:<18}  (never saturated)")
             continue

@@ -1,0 +1,231 @@
+"""Capacity planning: how many blocks, tokens and concurrent sequences a GPU's KV cache holds.
+
+The arithmetic is vLLM's: the KV cache gets what is left of
+``gpu_memory * gpu_memory_utilization`` after the weights and the overhead (activations, CUDA
+graphs, allocator slack); it is cut into blocks of ``block_size`` tokens;
+``cacheable_tokens = num_blocks * block_size``. Concurrency is then
+
+- naive reservation: every sequence reserves ``max_model_len`` slots, so
+  ``cacheable_tokens // max_model_len`` (vLLM logs this as "maximum concurrency");
+- pow2 / oracle (contiguous, exact size) / paged: ``cacheable_tokens`` divided by the mean slots
+  a sequence of the length distribution holds at its final length (next power of two, its
+  length, or its length rounded up to whole blocks). This is the expected number of finished-
+  length sequences that fit at once; sequences still growing hold less.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from pagebench.config import ALIASES, PRESETS, KVGeometry, dtype_bytes, parse_bytes
+from pagebench.errors import ConfigError
+from pagebench.sim.static import reserved_slots
+from pagebench.sim.workloads import sample_lengths
+
+# The article's opening arithmetic: a 16 GB card at 0.9 utilisation, about 1 GB of bf16 weights
+# and 1 GB of overhead leave 12.4 GB of KV cache; 4,096-token sequences.
+ARTICLE_CASE = dict(model="qwen2.5-0.5b", gpu_memory="16GB", gpu_memory_utilization=0.9,
+                    weights_bytes="1GB", overhead_bytes="1GB", max_model_len=4096, block_size=16)
+
+
+def _config_dict(model) -> dict:
+    """The config of ``model`` (preset name, config path, dict or PretrainedConfig) as a dict."""
+    if isinstance(model, dict):
+        return model
+    if isinstance(model, (str, os.PathLike)):
+        key = ALIASES.get(str(model).lower(), str(model).lower())
+        if key in PRESETS:
+            return PRESETS[key]
+        path = os.fspath(model)
+        if os.path.isdir(path):
+            path = os.path.join(path, "config.json")
+        try:
+            with open(path, encoding="utf-8") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"model: unknown model {model!r}; presets: {', '.join(PRESETS)} "
+                              "(or give a path to a config.json)") from None
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"model: cannot read {path}: {e}") from e
+    if hasattr(model, "to_dict"):
+        return model.to_dict()
+    raise ConfigError(f"model: expected a preset name, config path, dict or PretrainedConfig, "
+                      f"got {type(model).__name__}")
+
+
+def estimate_num_parameters(config) -> int:
+    """Parameters of a Llama/Qwen2/Mistral-style decoder from its config.
+
+    Embedding (+ untied LM head), per layer q/k/v/o projections (q/k/v biases for Qwen2 or when
+    ``attention_bias``), a gated MLP (gate, up, down) and two RMSNorms, plus the final norm.
+    Qwen2.5-0.5B gives 494,032,768, its published count.
+    """
+    cfg = _config_dict(config)
+    cfg = cfg.get("text_config") or cfg
+    try:
+        hidden = int(cfg["hidden_size"])
+        layers = int(cfg["num_hidden_layers"])
+        heads = int(cfg["num_attention_heads"])
+        kv_heads = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        inter = int(cfg["intermediate_size"])
+        vocab = int(cfg["vocab_size"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ConfigError(f"weights_bytes: cannot estimate parameters from the config (missing "
+                          f"{e}); give --weights-bytes") from None
+    qkv_bias = bool(cfg.get("attention_bias")) or cfg.get("model_type") == "qwen2"
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = hidden * (q + 2 * kv) + q * hidden + ((q + 2 * kv) if qkv_bias else 0)
+    per_layer = attention + 3 * hidden * inter + 2 * hidden
+    embeddings = vocab * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    return layers * per_layer + embeddings + hidden
+
+
+def _bytes(name: str, value) -> int:
+    try:
+        return parse_bytes(value)
+    except ConfigError as e:
+        raise ConfigError(f"{name}: {e}") from None
+
+
+def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
+                  gpu_memory_utilization: float = 0.9, max_model_len: int = 4096,
+                  block_size: int = 16, dtype="bfloat16", weights_bytes=None,
+                  overhead_bytes=0, kv_cache_bytes=None, lengths: str = "lognormal:5.5,0.9",
+                  num_seqs: int = 2000, seed: int = 0) -> dict:
+    """Blocks, cacheable tokens and concurrency for one model on one GPU (see module doc).
+
+    ``model``: preset name, path to a ``config.json`` (or its folder), config dict,
+    ``PretrainedConfig`` or a :class:`~pagebench.config.KVGeometry` (then give
+    ``weights_bytes``). ``weights_bytes=None`` estimates parameters x dtype bytes.
+    ``kv_cache_bytes`` skips the memory arithmetic and sizes the cache directly.
+    Sizes accept ints or strings such as ``"16GiB"`` (binary) and ``"16GB"`` (decimal).
+    Returns a flat dict (the JSON of ``pagebench capacity --json``).
+    """
+    if isinstance(model, KVGeometry):
+        geometry, config = model, None
+    else:
+        config = _config_dict(model)
+        name = model if isinstance(model, str) else config.get("model_type", "custom")
+        geometry = KVGeometry.from_config(config, dtype=dtype, name=str(name))
+    for arg, value in (("max_model_len", max_model_len), ("block_size", block_size),
+                       ("num_seqs", num_seqs)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"{arg}: must be a positive integer, got {value!r}")
+    notes = []
+    if kv_cache_bytes is not None:
+        cache = _bytes("kv_cache_bytes", kv_cache_bytes)
+        gpu = usable = weights = overhead = None
+        num_params, weights_source = None, "not used (kv_cache_bytes given)"
+    else:
+        if not (isinstance(gpu_memory_utilization, (int, float))
+                and 0 < gpu_memory_utilization <= 1):
+            raise ConfigError(f"gpu_memory_utilization: must lie in (0, 1], got "
+                              f"{gpu_memory_utilization!r}")
+        gpu = _bytes("gpu_memory", gpu_memory)
+        usable = int(gpu * gpu_memory_utilization)
+        overhead = _bytes("overhead_bytes", overhead_bytes)
+        num_params = None
+        if weights_bytes is None:
+            if config is None:
+                raise ConfigError("weights_bytes: required when model is a KVGeometry")
+            num_params = estimate_num_parameters(config)
+            weights = num_params * dtype_bytes(dtype)
+            weights_source = (f"estimated: {num_params:,} parameters x {dtype_bytes(dtype)} "
+                              f"bytes ({dtype})")
+        else:
+            weights = _bytes("weights_bytes", weights_bytes)
+            weights_source = "given"
+        cache = usable - weights - overhead
+        if cache <= 0:
+            raise ConfigError(f"gpu_memory: {gpu:,} B x {gpu_memory_utilization} leaves no room "
+                              f"for the KV cache after {weights:,} B of weights and {overhead:,} "
+                              "B of overhead")
+        if overhead == 0:
+            notes.append("overhead_bytes is 0: activations, CUDA graphs and allocator slack "
+                         "usually take some GiB; compare with vLLM's startup log")
+    bytes_per_block = geometry.bytes_per_block(block_size)
+    num_blocks = cache // bytes_per_block
+    if num_blocks < 1:
+        raise ConfigError(f"kv_cache_bytes: {cache:,} B holds no block of {bytes_per_block:,} B")
+    cacheable = num_blocks * block_size
+    sample = sample_lengths(lengths, num_seqs, seed, max_model_len)
+    mean_slots = {a: float(reserved_slots(a, sample, max_model_len, block_size).mean())
+                  for a in ("naive", "pow2", "oracle", "paged")}
+    concurrency = {a: int(cacheable // s) for a, s in mean_slots.items()}
+    concurrency["naive"] = int(cacheable // max_model_len)
+    if concurrency["naive"] < 1:
+        notes.append(f"not one {max_model_len}-token sequence fits under naive reservation")
+    tokens = float(sample.mean())
+    return {
+        "model": geometry.name, "dtype": geometry.dtype, "num_layers": geometry.num_layers,
+        "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
+        "bytes_per_token": geometry.bytes_per_token, "block_size": block_size,
+        "bytes_per_block": bytes_per_block, "gpu_memory_bytes": gpu,
+        "gpu_memory_utilization": None if gpu is None else gpu_memory_utilization,
+        "usable_bytes": usable, "num_parameters": num_params, "weights_bytes": weights,
+        "weights_source": weights_source, "overhead_bytes": overhead, "kv_cache_bytes": cache,
+        "num_blocks": int(num_blocks), "cacheable_tokens": int(cacheable),
+        "max_model_len": max_model_len, "lengths": lengths, "num_seqs": num_seqs, "seed": seed,
+        "mean_length": tokens,
+        "max_concurrency_naive": concurrency["naive"],
+        "max_concurrency_pow2": concurrency["pow2"],
+        "max_concurrency_oracle": concurrency["oracle"],
+        "max_concurrency_paged": concurrency["paged"],
+        "paged_vs_naive": (concurrency["paged"] / concurrency["naive"]
+                           if concurrency["naive"] else None),
+        "token_utilisation_naive": tokens / max_model_len,
+        "token_utilisation_pow2": tokens / mean_slots["pow2"],
+        "token_utilisation_paged": tokens / mean_slots["paged"],
+        "notes": notes,
+    }
+
+
+def _size(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,} B ({value / 1e9:.2f} GB, {value / 2**30:.2f} GiB)"
+
+
+def format_capacity(plan: dict) -> str:
+    """The human-readable form of :func:`capacity_plan`'s result."""
+    p = plan
+    lines = [f"model {p['model']} ({p['dtype']}): {p['num_layers']} layers x "
+             f"{p['num_kv_heads']} KV heads x head dim {p['head_dim']}",
+             f"  bytes per token           {p['bytes_per_token']:,}",
+             f"  bytes per block ({p['block_size']:>3})     {p['bytes_per_block']:,}"]
+    if p["gpu_memory_bytes"] is not None:
+        lines += [f"  GPU memory                {_size(p['gpu_memory_bytes'])}",
+                  f"  x utilisation {p['gpu_memory_utilization']:<10} {_size(p['usable_bytes'])}",
+                  f"  - weights                 {_size(p['weights_bytes'])}  "
+                  f"[{p['weights_source']}]",
+                  f"  - overhead                {_size(p['overhead_bytes'])}"]
+    lines += [f"  = KV cache                {_size(p['kv_cache_bytes'])}",
+              f"  blocks                    {p['num_blocks']:,}",
+              f"  cacheable tokens          {p['cacheable_tokens']:,}  (blocks x block size)",
+              "",
+              f"concurrent sequences (max_model_len {p['max_model_len']:,}; lengths {p['lengths']}, "
+              f"mean {p['mean_length']:.0f} tokens over {p['num_seqs']:,} draws):",
+              f"  naive (reserve max_model_len)   {p['max_concurrency_naive']:>8,}   "
+              f"token utilisation {p['token_utilisation_naive']:.1%}",
+              f"  pow2 (next power of two)        {p['max_concurrency_pow2']:>8,}   "
+              f"token utilisation {p['token_utilisation_pow2']:.1%}",
+              f"  oracle (exact length)           {p['max_concurrency_oracle']:>8,}",
+              f"  paged (block {p['block_size']})                {p['max_concurrency_paged']:>8,}"
+              f"   token utilisation {p['token_utilisation_paged']:.1%}",
+              f"  paged / naive                   "
+              + (f"{p['paged_vs_naive']:>8.1f}x" if p["paged_vs_naive"] else "       -")]
+    lines += [f"note: {n}" for n in p["notes"]]
+    return "\n".join(lines)
+
+
+def article_capacity(**overrides) -> dict:
+    """:func:`capacity_plan` with :data:`ARTICLE_CASE` (the article's ~250-request arithmetic)."""
+    return capacity_plan(**(ARTICLE_CASE | overrides))
+
+
+def article_budget_tokens() -> int:
+    """Cacheable tokens of the article's case: the budget of the reference dynamic run."""
+    return article_capacity()["cacheable_tokens"]
+

@@ -35,3 +35,34 @@ test: $(STAMP) browser-deps
 
 clean-venv:
 	rm -rf $(VENV)
+
+# ---- benchmarks ---------------------------------------------------------------------------
+# `make bench`: time the pytest-benchmark micro-benchmarks, JSON for `pagebench report`.
+# `make bench-compare BASE=main [HEAD_REV=HEAD]`: regression gate, exit 1 if any is >10% slower.
+# `make asv-quick`: asv over the last two commits, built offline into .asv/env, then publish.
+BENCH_JSON ?= reports/data/cpu/pytest-benchmark.json
+BASE ?= HEAD~1
+HEAD_REV ?= HEAD
+THRESHOLD ?= 0.10
+ASV := $(VENV)/bin/asv
+ASV_MACHINE ?= $(shell hostname)
+ASV_RANGE ?= HEAD~1..HEAD
+# asv installs asv_runner and pympler into each environment: .asv/wheelhouse has them offline
+ASV_ENV = PIP_FIND_LINKS="$${PIP_FIND_LINKS:-} $(CURDIR)/.asv/wheelhouse"
+
+bench: $(STAMP)
+	mkdir -p $(dir $(BENCH_JSON))
+	$(PY) -m pytest tests/benchmarks --benchmark-enable --benchmark-json=$(BENCH_JSON) -q
+
+bench-compare: $(STAMP)
+	$(PY) -m pagebench bench-compare --base $(BASE) --head $(HEAD_REV) --threshold $(THRESHOLD)
+
+.asv/wheelhouse: $(STAMP)
+	$(PY) scripts/asv_wheelhouse.py --dest .asv/wheelhouse
+
+asv-quick: $(STAMP) .asv/wheelhouse
+	$(ASV) machine --yes --machine $(ASV_MACHINE) --os "$$(uname -sr)" --arch "$$(uname -m)" \
+	  --num_cpu "$$(nproc)" --cpu "$$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)" \
+	  --ram "$$(awk '/MemTotal/ {print $$2 "kB"}' /proc/meminfo)"
+	$(ASV_ENV) $(ASV) run --quick --show-stderr --machine $(ASV_MACHINE) $(ASV_RANGE)
+	$(ASV) publish

@@ -84,29 +84,51 @@ def reference_lengths(num_seqs: int = REFERENCE_NUM_SEQS, seed: int = 0,
     return sample_lengths(REFERENCE_LENGTHS, num_seqs, seed=seed, max_len=max_len)
 
 
-# ---- subsystems still landing: adapters that return None when this commit lacks them --------
+# ---- simulators and planner: adapters that return None when this commit lacks them ---------
+DYNAMIC_RATE = 20.0  # requests per step: `pagebench simulate --dynamic`'s default
+DYNAMIC_BLOCK_SIZES = (1, 8, 16, 32, 128)
+
+
 def capacity_plans(block_sizes):
-    """block size -> the capacity planner's result for the reference deployment, or None."""
+    """block size -> the capacity planner's plan for the article's case (Qwen2.5-0.5B, bf16,
+    16 GB card at 0.9, 1 GB weights + 1 GB overhead, max model length 4,096), or None."""
     capacity = optional("pagebench.sim.capacity")
-    plan = getattr(capacity, "plan_capacity", None) if capacity else None
+    plan = getattr(capacity, "article_capacity", None)
     if plan is None:
         return None
-    return {bs: dict(plan(model="qwen2.5-0.5b", gpu_memory="16GiB",
-                          gpu_memory_utilization=0.9, max_model_len=4096, block_size=bs,
-                          lengths=REFERENCE_LENGTHS))
-            for bs in block_sizes}
+    return {bs: dict(plan(block_size=bs)) for bs in block_sizes}
 
 
-def dynamic_results():
-    """allocator label -> the time-stepped simulation's summary on the reference workload."""
-    dynamic = optional("pagebench.sim.dynamic")
-    simulate = getattr(dynamic, "simulate_dynamic", None) if dynamic else None
-    if simulate is None:
+def _dynamic_api():
+    dynamic, trace = optional("pagebench.sim.dynamic"), optional("pagebench.sim.trace")
+    capacity = optional("pagebench.sim.capacity")
+    run = getattr(dynamic, "run_dynamic", None)
+    workload = getattr(trace, "poisson_workload", None)
+    budget = getattr(capacity, "article_budget_tokens", None)
+    if run is None or workload is None or budget is None:
         return None
-    return None
+    return run, workload, budget
 
 
-def dynamic_runner(num_requests: int):
-    """A no-argument call that runs the time-stepped simulation on ``num_requests`` requests."""
-    require("pagebench.sim.dynamic")
-    raise NotImplementedError("pagebench.sim.dynamic API not wired yet")
+def dynamic_runner(num_requests: int, block_sizes=DYNAMIC_BLOCK_SIZES):
+    """A no-argument call running the time-stepped simulation of every allocator on
+    ``num_requests`` Poisson requests with the reference lengths and the article's budget."""
+    api = _dynamic_api()
+    if api is None:
+        raise NotImplementedError("the time-stepped simulator is not in this commit")
+    run, poisson_workload, article_budget_tokens = api
+    workload = poisson_workload(num_requests, DYNAMIC_RATE, REFERENCE_LENGTHS, seed=0,
+                                max_len=REFERENCE_MAX_LEN)
+    budget = article_budget_tokens()
+    return lambda: run(workload, budget, block_sizes=block_sizes, max_len=REFERENCE_MAX_LEN)
+
+
+def dynamic_results(num_requests: int = REFERENCE_NUM_SEQS):
+    """allocator label ("naive", "paged-16", ...) -> summary row of the time-stepped simulation
+    on the reference workload, or None when this commit has no such simulator."""
+    try:
+        result = dynamic_runner(num_requests)()
+    except NotImplementedError:
+        return None
+    return {(f"{r['allocator']}-{r['block_size']}" if r.get("block_size") else r["allocator"]): r
+            for r in result.summary}

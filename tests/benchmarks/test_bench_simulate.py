@@ -24,3 +24,25 @@ def test_static_million_sequences(benchmark, million_lengths):
     paged = [r["utilisation"] for r in result["results"] if r["allocator"] == "paged"]
     assert len(paged) == 5 and paged == sorted(paged, reverse=True)  # bigger block, more waste
     benchmark.extra_info.update(num_seqs=1_000_000, block_sizes=list(BLOCK_SIZES))
+
+
+@pytest.mark.slow
+def test_dynamic_100k_requests(benchmark):
+    """Every allocator (paged at 5 block sizes) over 100,000 Poisson requests; with benchmarks
+    disabled (CI) it checks the same call on 10,000 requests."""
+    dynamic = pytest.importorskip("pagebench.sim.dynamic")
+    from pagebench.sim.capacity import article_budget_tokens
+    from pagebench.sim.trace import poisson_workload
+
+    num_requests = 10_000 if benchmark.disabled else 100_000
+    workload = poisson_workload(num_requests, 20.0, "lognormal:5.5,0.9", seed=0, max_len=4096)
+    budget = article_budget_tokens()
+    result = benchmark.pedantic(dynamic.run_dynamic, args=(workload, budget),
+                                kwargs=dict(block_sizes=BLOCK_SIZES, max_len=4096),
+                                rounds=1, iterations=1)
+    rows = {(r["allocator"], r["block_size"]) for r in result.summary}
+    assert rows == {("naive", None), ("pow2", None), ("oracle", None)} | {
+        ("paged", b) for b in BLOCK_SIZES}
+    assert all(r["external_fragmentation_fraction"] == 0 for r in result.summary
+               if r["allocator"] == "paged")
+    benchmark.extra_info.update(num_requests=num_requests, block_sizes=list(BLOCK_SIZES))

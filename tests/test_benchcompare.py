@@ -1,0 +1,117 @@
+"""The regression gate (`pagebench bench-compare`): comparison logic on synthetic results, and
+end to end on a temporary git repository whose second commit is artificially slowed."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from pagebench.benchcompare import bench_compare, compare, regressions, timings
+from pagebench.cli import main
+from pagebench.errors import ConfigError
+
+
+def doc(**medians_ms) -> dict:
+    """A minimal pytest-benchmark JSON document."""
+    return {"machine_info": {}, "benchmarks": [
+        {"name": n, "fullname": f"bench/test.py::{n}",
+         "stats": {"min": ms / 1e3 * 0.9, "median": ms / 1e3, "mean": ms / 1e3}}
+        for n, ms in medians_ms.items()]}
+
+
+def test_compare_flags_only_changes_beyond_threshold():
+    base = timings(doc(a=10, b=10, c=10, gone=1), "median")
+    head = timings(doc(a=10.9, b=11.2, c=5, new=1), "median")
+    changes = {c.name.split("::")[1]: c for c in compare(base, head)}
+    status = {n: c.status(0.10) for n, c in changes.items()}
+    assert status == {"a": "same", "b": "slower", "c": "faster", "gone": "missing", "new": "new"}
+    assert [c.name for c in regressions(list(changes.values()), 0.10)] == ["bench/test.py::b"]
+    assert changes["b"].ratio == pytest.approx(1.12)
+    # a looser threshold lets the 12% slowdown pass
+    assert regressions(list(changes.values()), 0.15) == []
+
+
+def test_timings_rejects_other_json():
+    with pytest.raises(ConfigError, match="pytest-benchmark"):
+        timings({"results": []})
+    with pytest.raises(ConfigError, match="stat"):
+        timings(doc(a=1), "p99")
+
+
+def test_cli_on_json_files_lists_regressions_and_exits_1(tmp_path, capsys):
+    (tmp_path / "base.json").write_text(json.dumps(doc(fast=10, slow=10)))
+    (tmp_path / "head.json").write_text(json.dumps(doc(fast=10, slow=13)))
+    argv = ["bench-compare", "--base-json", str(tmp_path / "base.json"),
+            "--head-json", str(tmp_path / "head.json"), "--stat", "median"]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "1 benchmark(s) more than 10% slower" in out and "bench/test.py::slow: 1.30x" in out
+    assert main(argv + ["--threshold", "0.5", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["regressions"] == [] and len(report["changes"]) == 2
+
+
+def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["bench-compare", "--base-json", str(tmp_path / "nope.json"),
+                 "--head-json", str(tmp_path / "nope.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["bench-compare"]) == 2
+    assert "--base" in capsys.readouterr().err
+    assert main(["bench-compare", "--base", "HEAD", "--threshold", "-1"]) == 2
+    assert "threshold" in capsys.readouterr().err
+
+
+# ---- end to end on a temporary repository ---------------------------------------------------
+WORK = "import time\n\n\ndef step():\n    time.sleep({delay})\n"
+BENCH = ("import work\n\n\ndef test_bench_step(benchmark):\n"
+         "    benchmark(work.step)\n\n\ndef test_bench_constant(benchmark):\n"
+         "    benchmark(sum, range(100))\n")
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def slowed_repo(tmp_path_factory):
+    """Commit 1: step() sleeps 3 ms. Commit 2: the same step, artificially slowed to 6 ms."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    repo = tmp_path_factory.mktemp("repo")
+    git(repo, "init", "-q")
+    (repo / "bench").mkdir()
+    (repo / "bench" / "test_bench_work.py").write_text(BENCH)
+    commits = []
+    for delay in (0.003, 0.006):
+        (repo / "work.py").write_text(WORK.format(delay=delay))
+        git(repo, "add", ".")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"{delay}")
+        commits.append(git(repo, "rev-parse", "HEAD"))
+    return repo, commits
+
+
+def test_gate_catches_the_slowed_commit(slowed_repo):
+    repo, (fast, slow) = slowed_repo
+    changes, base, head = bench_compare(repo, fast, slow, bench_dir="bench", repeat=1,
+                                        max_time=0.05, stat="min", log=sys.stderr)
+    assert (base, head) == (fast, slow)
+    slower = regressions(changes, 0.10)
+    assert [c.name for c in slower] == ["bench/test_bench_work.py::test_bench_step"]
+    assert slower[0].ratio > 1.5
+    # the worktrees are gone afterwards
+    assert git(repo, "worktree", "list").count("\n") == 0
+
+
+def test_gate_passes_when_head_is_faster_and_cli_exit_codes(slowed_repo, capsys):
+    repo, (fast, slow) = slowed_repo
+    assert main(["bench-compare", "--repo", str(repo), "--base", slow, "--head", fast,
+                 "--bench-dir", "bench", "--repeat", "1", "--max-time", "0.05"]) == 0
+    assert "no benchmark more than 10% slower" in capsys.readouterr().out
+    assert main(["bench-compare", "--repo", str(repo), "--base", "no-such-rev",
+                 "--bench-dir", "bench"]) == 2
+    assert "unknown revision 'no-such-rev'" in capsys.readouterr().err

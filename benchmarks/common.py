@@ -71,10 +71,10 @@ def gpu_median_us(fn, *, cuda_graph: bool = False, repeat: int = 30) -> float:
     return timing.median_us
 
 
-def cpu_median_us(fn, repeat: int = 15) -> float:
+def cpu_median_us(fn, repeat: int = 15, warmup: int = 2) -> float:
     from pagebench.timing import measure
 
-    return measure(fn, device="cpu", warmup=2, repeat=repeat).median_us
+    return measure(fn, device="cpu", warmup=warmup, repeat=repeat).median_us
 
 
 def reference_lengths(num_seqs: int = REFERENCE_NUM_SEQS, seed: int = 0,

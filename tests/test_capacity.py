@@ -1,0 +1,82 @@
+import json
+
+import pytest
+
+from pagebench.config import KVGeometry
+from pagebench.errors import ConfigError
+from pagebench.sim.capacity import (ARTICLE_CASE, article_budget_tokens, article_capacity,
+                                    capacity_plan, estimate_num_parameters, format_capacity)
+
+
+def test_qwen_geometry_and_article_arithmetic():
+    plan = article_capacity()
+    assert plan["bytes_per_token"] == 12_288
+    assert plan["bytes_per_block"] == 196_608
+    assert plan["kv_cache_bytes"] == 12_400_000_000  # 16 GB x 0.9 - 1 GB - 1 GB
+    assert plan["num_blocks"] == 12_400_000_000 // 196_608 == 63_069
+    assert plan["cacheable_tokens"] == 63_069 * 16 == article_budget_tokens()
+    assert plan["max_concurrency_naive"] == 1_009_104 // 4096 == 246  # "about 250"
+    # paged holds the sampled sequences at ~98% token utilisation
+    assert plan["token_utilisation_paged"] == pytest.approx(0.980, abs=5e-4)
+    assert plan["max_concurrency_paged"] > 10 * plan["max_concurrency_naive"]
+    assert (plan["max_concurrency_naive"] < plan["max_concurrency_pow2"]
+            < plan["max_concurrency_paged"] <= plan["max_concurrency_oracle"])
+
+
+@pytest.mark.parametrize("model, params", [
+    ("qwen2.5-0.5b", 494_032_768), ("qwen2.5-7b", 7_615_616_512),
+    ("llama-3-8b", 8_030_261_248), ("llama-3-70b", 70_553_706_496),
+    ("mistral-7b", 7_248_023_552),
+])
+def test_parameter_estimates_match_published_counts(model, params):
+    assert estimate_num_parameters(model) == params
+
+
+def test_default_weights_are_estimated_and_said_so():
+    plan = capacity_plan("qwen2.5-0.5b", gpu_memory="16GiB", gpu_memory_utilization=0.9)
+    assert plan["weights_bytes"] == 494_032_768 * 2
+    assert "estimated" in plan["weights_source"]
+    assert plan["kv_cache_bytes"] == int(16 * 2**30 * 0.9) - 988_065_536
+    assert plan["num_blocks"] == plan["kv_cache_bytes"] // 196_608
+    text = format_capacity(plan)
+    assert "estimated: 494,032,768 parameters" in text and "overhead_bytes is 0" in text
+
+
+def test_block_size_and_dtype_change_the_geometry():
+    plan = capacity_plan("llama-3-8b", kv_cache_bytes="10GiB", block_size=32, dtype="fp8",
+                         max_model_len=8192)
+    assert plan["bytes_per_token"] == 2 * 32 * 8 * 128 * 1
+    assert plan["bytes_per_block"] == 32 * plan["bytes_per_token"]
+    assert plan["cacheable_tokens"] == (10 * 2**30 // plan["bytes_per_block"]) * 32
+    assert plan["gpu_memory_bytes"] is None
+
+
+def test_config_path_and_geometry_inputs(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+           "vocab_size": 100, "tie_word_embeddings": True}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    plan = capacity_plan(str(tmp_path), gpu_memory="1GB", overhead_bytes=0)
+    assert plan["bytes_per_token"] == 2 * 2 * 2 * 16 * 2
+    assert plan["num_parameters"] == estimate_num_parameters(cfg)
+    geometry = KVGeometry(2, 2, 16, 4)
+    with pytest.raises(ConfigError, match="weights_bytes"):
+        capacity_plan(geometry)
+    assert capacity_plan(geometry, weights_bytes=0)["bytes_per_token"] == 256
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(model="gpt-9"), "model"),
+    (dict(gpu_memory="lots"), "gpu_memory"),
+    (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization"),
+    (dict(gpu_memory="1GB"), "no room"),
+    (dict(block_size=0), "block_size"),
+    (dict(max_model_len=-1), "max_model_len"),
+    (dict(overhead_bytes="-1GB"), "overhead_bytes"),
+    (dict(kv_cache_bytes="1KB"), "holds no block"),
+    (dict(lengths="zipf:1"), "lengths"),
+])
+def test_bad_input_names_the_argument(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        capacity_plan(**(dict(ARTICLE_CASE) | kwargs))

@@ -1,0 +1,90 @@
+import csv
+import json
+
+import pytest
+
+from pagebench.cli import main
+
+DYNAMIC_FIELDS = {"allocator", "block_size", "token_state_fraction",
+                  "external_fragmentation_fraction", "internal_fragmentation_fraction",
+                  "reserved_unused_fraction", "refused_with_enough_free", "num_preemptions",
+                  "mean_concurrency", "tokens_per_step"}
+
+
+def run_json(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_capacity_json_schema_and_article_numbers(capsys):
+    out = run_json(capsys, ["capacity", "--model", "qwen2.5-0.5b", "--gpu-memory", "16GB",
+                            "--gpu-memory-utilization", "0.9", "--max-model-len", "4096",
+                            "--block-size", "16", "--weights-bytes", "1GB",
+                            "--overhead-bytes", "1GB", "--json"])
+    assert {"bytes_per_token", "bytes_per_block", "num_blocks", "cacheable_tokens",
+            "max_concurrency_naive", "max_concurrency_paged"} <= out.keys()
+    assert (out["bytes_per_token"], out["bytes_per_block"]) == (12_288, 196_608)
+    assert out["max_concurrency_naive"] == 246
+    assert run_json(capsys, ["capacity", "--article", "--json"]) == out
+
+
+def test_capacity_text_and_default_weight_estimate(capsys):
+    assert main(["capacity"]) == 0
+    text = capsys.readouterr().out
+    assert "estimated: 494,032,768 parameters x 2 bytes" in text
+    assert "cacheable tokens" in text and "paged / naive" in text
+
+
+def test_capacity_bad_input_is_one_line_exit_2(capsys):
+    assert main(["capacity", "--gpu-memory", "12 potatoes"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("pagebench capacity: error: gpu_memory:") and "\n" not in err
+
+
+def test_dynamic_json_schema(capsys, tmp_path):
+    timeline = tmp_path / "tl.csv"
+    out = run_json(capsys, ["simulate", "--dynamic", "--num-requests", "300", "--rate", "2",
+                            "--budget-tokens", "30000", "--block-sizes", "16,64", "--json",
+                            "--timeline", str(timeline), "--timeline-every", "5"])
+    results = out["results"]
+    assert [(r["allocator"], r["block_size"]) for r in results] == [
+        ("naive", None), ("pow2", None), ("oracle", None), ("paged", 16), ("paged", 64)]
+    for r in results:
+        assert DYNAMIC_FIELDS <= r.keys()
+        assert 0 <= r["token_state_fraction"] <= 1
+    assert out["budget_tokens"] == 30000 and out["workload"]["num_requests"] == 300
+    with open(timeline, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {int(r["step"]) % 5 for r in rows} == {0}
+    parts = ("token_state", "reserved_unused", "internal_frag", "external_frag", "free")
+    assert all(sum(int(r[k]) for k in parts) == 30000 for r in rows)
+
+
+def test_dynamic_table_from_a_trace(capsys, tmp_path):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("\n".join(json.dumps({"arrival": i, "prompt_len": 20, "output_len": 30,
+                                           "n": 2}) for i in range(40)))
+    assert main(["simulate", "--dynamic", "--trace", str(trace), "--budget-tokens", "5000",
+                 "--allocators", "oracle,paged", "--cow"]) == 0
+    text = capsys.readouterr().out
+    assert "40 requests (trace" in text and "paged-16" in text and "naive" not in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["simulate", "--rate", "3"], "--rate: only with --dynamic"),
+    (["simulate", "--dynamic", "--num-seqs", "10"], "--num-requests"),
+    (["simulate", "--dynamic", "--budget-tokens", "100"], "budget_tokens"),
+    (["simulate", "--dynamic", "--allocators", "buddy"], "allocators"),
+    (["simulate", "--dynamic", "--trace", "/nonexistent.csv"], "cannot read"),
+    (["simulate", "--dynamic", "--trace", "x.csv", "--rate", "2"], "not with --trace"),
+])
+def test_dynamic_bad_input(capsys, argv, message):
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_static_simulate_unchanged(capsys):
+    assert main(["simulate", "--num-seqs", "100", "--block-sizes", "16"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("100 sequences, max_len 4,096") and len(lines) == 7
+    assert [ln.split()[0] for ln in lines[3:]] == ["naive", "pow2", "oracle", "paged"]

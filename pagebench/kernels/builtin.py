@@ -43,7 +43,7 @@ register_backend(
     "torch", decode=torch_paged_decode, prefill=torch_paged_prefill, priority=10,
     description="gather each sequence's K/V out of its blocks, then dense attention (SDPA)")
 register_backend(
-    "sdpa", contiguous=sdpa_contiguous_decode, priority=10,
+    "sdpa", contiguous=sdpa_contiguous_decode, priority=10, nan_safe=False,
     description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")
 register_backend(
     "triton", decode=_triton_decode, contiguous=_triton_contiguous, priority=20,
@@ -54,5 +54,5 @@ register_backend(
 register_backend(
     "flex", decode=_flex_decode, priority=0, is_available=_flex_available,
     block_sizes="multiples of 16 (FlexAttention's KV block = page size)",
-    supports_block_size=lambda bs: bs >= 16 and bs % 16 == 0,
+    supports_block_size=lambda bs: bs >= 16 and bs % 16 == 0, nan_safe=False,
     description="FlexAttention (torch.nn.attention.flex_attention) with a page-table block mask")

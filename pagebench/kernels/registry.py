@@ -51,6 +51,9 @@ class Backend:
     description: str = ""
     # devices where "auto" may pick it (e.g. Triton runs on CPU only interpreted: tests, not speed)
     auto_devices: tuple[str, ...] | None = None
+    # False: the kernel may multiply non-finite values in slots it must not use by zero weights
+    # (NaN * 0 = NaN), so tests poison those slots with large finite values instead of NaN
+    nan_safe: bool = True
     meta: dict = field(default_factory=dict)
 
     def operations(self) -> tuple[str, ...]:
@@ -73,6 +76,7 @@ class Backend:
             "block_sizes": self.block_sizes,
             "head_dims": self.head_dims,
             "priority": self.priority,
+            "nan_safe": self.nan_safe,
             "description": self.description,
         }
 
@@ -86,7 +90,8 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
                      block_sizes: str = "any >= 1",
                      supports_block_size: Callable[[int], bool] = _any_block_size,
                      is_available: Callable[[], bool] = _always, priority: int = 0,
-                     description: str = "", auto_devices=None, replace: bool = False) -> Backend:
+                     description: str = "", auto_devices=None, nan_safe: bool = True,
+                     replace: bool = False) -> Backend:
     """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name: must be a non-empty string other than 'auto', got {name!r}")
@@ -103,7 +108,7 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
     backend = Backend(name, decode, prefill, contiguous, tuple(devices), tuple(dtypes),
                       str(head_dims), supports_head_dim, block_sizes, supports_block_size,
                       is_available, priority, description,
-                      None if auto_devices is None else tuple(auto_devices))
+                      None if auto_devices is None else tuple(auto_devices), bool(nan_safe))
     _REGISTRY[name] = backend
     return backend
 

@@ -1,0 +1,196 @@
+"""H200 kernel run: equivalence at real sizes, copy ceiling, bf16 timing sweep, acceptance table.
+
+    PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT            # everything
+    PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --smoke    # checks + a few points + tuning grid
+
+Writes kernels.csv / kernels.json (tidy rows, pagebench.kernels.sweep.COLUMNS),
+kernels_equivalence.csv and kernels_meta.json to --out; prints a summary table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+from pagebench.kernels import contiguous_decode, paged_decode, registered_backends
+from pagebench.kernels.reference import reference_contiguous, reference_decode
+from pagebench.kernels.sweep import COLUMNS, FULL_POINTS, SHAPES, measure_copy_gbps, run_sweep
+from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.timing import environment, measure
+
+EQ_SHAPES = [(32, 8, 128), (14, 2, 64), (16, 2, 80), (12, 4, 96), (8, 1, 256), (16, 16, 128)]
+EQ_BLOCK_SIZES = (1, 7, 16, 128)
+
+
+def equivalence(device, long_len=5003) -> list[dict]:
+    """Every paged backend and contiguous baseline vs the float64 reference, poisoned caches."""
+    rows = []
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        for shape in EQ_SHAPES:
+            for bs in EQ_BLOCK_SIZES:
+                lens = [1, max(1, bs - 1), bs, bs + 1, long_len * 4 // 5, long_len]
+                lens += torch.randint(1, long_len, (2,), generator=gen).tolist()
+                inputs = {}
+                for name, b in registered_backends().items():
+                    if b.decode is None or not b.supports("decode", device, dtype, bs, shape[2]):
+                        continue
+                    if name == "flex" and (shape not in EQ_SHAPES[:2] or bs != 16):
+                        continue  # each new shape recompiles flex_attention: check a few
+                    poison = float("nan") if b.nan_safe else 300.0
+                    if poison not in inputs:  # NaN != NaN: keyed by value, compile once each
+                        inputs[poison] = make_paged_inputs(lens, *shape, bs, dtype, device,
+                                                           seed=bs, poison_value=poison)
+                        inputs[poison].ref = reference_decode(*inputs[poison].args())
+                    inp = inputs[poison]
+                    ref = inp.ref
+                    out = paged_decode(*inp.args(), backend=name)
+                    err = relative_error(out, ref)
+                    rows.append({"dtype": str(dtype)[6:], "shape": str(shape), "block_size": bs,
+                                 "backend": f"{name}-paged", "rel_err": err,
+                                 "tolerance": TOLERANCE[dtype],
+                                 "ok": err < TOLERANCE[dtype]})
+            # contiguous baselines (masked: ragged lengths)
+            lens_t = torch.tensor([1, 17, long_len * 4 // 5, long_len], dtype=torch.int32)
+            k = torch.randn(4, long_len, shape[1], shape[2], generator=gen).to(dtype)
+            v = torch.randn(4, long_len, shape[1], shape[2], generator=gen).to(dtype)
+            q = torch.randn(4, shape[0], shape[2], generator=gen).to(dtype)
+            for name, b in registered_backends().items():
+                if b.contiguous is None or not b.supports("contiguous", device, dtype, None, shape[2]):
+                    continue
+                for s, n in enumerate(lens_t.tolist()):  # slots past each length: poisoned
+                    k[s, n:] = float("nan") if b.nan_safe else 300.0
+                    v[s, n:] = float("nan") if b.nan_safe else 300.0
+                ref = reference_contiguous(q, k, v, lens_t)
+                out = contiguous_decode(q.to(device), k.to(device), v.to(device),
+                                        lens_t.to(device), backend=name)
+                err = relative_error(out, ref)
+                rows.append({"dtype": str(dtype)[6:], "shape": str(shape), "block_size": None,
+                             "backend": f"{name}-contiguous", "rel_err": err,
+                             "tolerance": TOLERANCE[dtype], "ok": err < TOLERANCE[dtype]})
+    return rows
+
+
+def tuning(device, copy_gbps) -> list[dict]:
+    """Triton launch parameters at the acceptance points (llama shape, bf16, block 16)."""
+    from pagebench.kernels.sweep import _paged_case, kv_bytes
+    from pagebench.kernels.triton_decode import triton_paged_decode
+
+    rows = []
+    shape = SHAPES["llama-3-8b"]
+    for batch, context in ((8, 4096), (64, 4096), (256, 4096), (1, 65536)):
+        case = _paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=1)
+        for tile_n in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (1, 2, 3):
+                    fn = lambda: triton_paged_decode(*case, shape[2] ** -0.5, tile_n=tile_n,  # noqa
+                                                     num_warps=warps, num_stages=stages)
+                    try:
+                        t = measure(fn, device=device, warmup=3, repeat=20)
+                    except Exception as e:  # noqa: BLE001
+                        print("tuning failed", batch, context, tile_n, warps, stages, e)
+                        continue
+                    nb = kv_bytes(batch, context, shape[1], shape[2], torch.bfloat16)
+                    rows.append({"batch": batch, "context": context, "tile_n": tile_n,
+                                 "num_warps": warps, "num_stages": stages,
+                                 "time_us": t.median_us, "gbps": nb / t.median_us / 1e3})
+        del case
+    return rows
+
+
+def acceptance(df) -> list[str]:
+    """The issue's acceptance ratios (llama shape, bf16, block 16)."""
+    d = df[(df.model_shape == "llama-3-8b")]
+    lines = []
+
+    def t(backend, batch, context, bs, graph=False):
+        sel = d[(d.backend == backend) & (d.batch == batch) & (d.context == context)
+                & (d.cuda_graph == graph)]
+        sel = sel[sel.block_size == bs] if bs is not None else sel[sel.block_size.isna()]
+        return float(sel.time_us.iloc[0]) if len(sel) else float("nan")
+
+    lines.append(f"{'batch x ctx':>12} {'graph':>5} {'triton':>8} {'sdpa':>8} {'t/sdpa':>6} "
+                 f"{'tri-ctg':>8} {'flex':>8} {'flex/t':>6} {'torch':>8} {'torch/t':>7} {'GB/s':>6}")
+    for batch, context in sorted(set(zip(d.batch, d.context))):
+        for graph in (False, True):
+            tri = t("triton-paged", batch, context, 16, graph)
+            if tri != tri:
+                continue
+            sd = t("sdpa-contiguous", batch, context, None, graph)
+            tc = t("triton-contiguous", batch, context, None, graph)
+            fl = t("flex-paged", batch, context, 16, graph)
+            to = t("torch-paged", batch, context, 16, graph)
+            sel = d[(d.backend == "triton-paged") & (d.batch == batch) & (d.context == context)
+                    & (d.block_size == 16) & (d.cuda_graph == graph)]
+            lines.append(f"{batch:>5}x{context:<6} {str(graph):>5} {tri:8.1f} {sd:8.1f} "
+                         f"{tri / sd:6.2f} {tc:8.1f} {fl:8.1f} {fl / tri:6.2f} {to:8.1f} "
+                         f"{to / tri:7.2f} {float(sel.gbps.iloc[0]):6.0f}")
+    lines.append("block-size curve, triton-paged (us): " + "; ".join(
+        f"{b}x{c}: " + ", ".join(f"bs{bs}={t('triton-paged', b, c, bs):.1f}"
+                                 for bs in sorted(d.block_size.dropna().unique()))
+        for b, c in ((1, 65536), (8, 4096), (64, 4096), (256, 4096))))
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--skip-equivalence", action="store_true")
+    ap.add_argument("--skip-tuning", action="store_true")
+    ap.add_argument("--device", default="cuda", help="cpu: a tiny dry run of this script")
+    args = ap.parse_args()
+    device = args.device
+    os.makedirs(args.out, exist_ok=True)
+    env = environment(device)
+    print(json.dumps(env), flush=True)
+    meta = {"environment": env, "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    t0 = time.time()
+    if not args.skip_equivalence:
+        import pandas as pd
+        eq = pd.DataFrame(equivalence(device, 5003 if device == "cuda" else 40))
+        eq.to_csv(os.path.join(args.out, "kernels_equivalence.csv"), index=False)
+        worst = eq.groupby(["backend", "dtype"]).rel_err.max().unstack()
+        print(worst.to_string(float_format=lambda x: f"{x:.1e}"), flush=True)
+        meta["equivalence_all_ok"] = bool(eq.ok.all())
+        meta["equivalence_failures"] = eq[~eq.ok].to_dict("records")
+        print(f"equivalence: {len(eq)} checks, all ok: {bool(eq.ok.all())} "
+              f"({time.time() - t0:.0f}s)", flush=True)
+    copy = measure_copy_gbps(device) if device == "cuda" else float("nan")
+    meta["copy_gbps"] = copy
+    print(f"copy bandwidth (read+write): {copy:.0f} GB/s", flush=True)
+    if args.smoke and not args.skip_tuning and device == "cuda":
+        import pandas as pd
+        tune = pd.DataFrame(tuning(device, copy))
+        tune.to_csv(os.path.join(args.out, "kernels_tuning.csv"), index=False)
+        for (b, c), g in tune.groupby(["batch", "context"]):
+            print(f"tuning {b}x{c}:\n" + g.sort_values("time_us").head(5).to_string(), flush=True)
+    skipped = []
+    kwargs = {}
+    if args.smoke:
+        kwargs = dict(points=[(1, 4096), (8, 4096), (64, 4096), (256, 4096), (1, 65536)],
+                      block_sizes=(1, 16), shapes={"llama-3-8b": SHAPES["llama-3-8b"]})
+    if device != "cuda":
+        kwargs = dict(points=[(1, 64), (8, 64)], block_sizes=(1, 16), repeat=2,
+                      shapes={"llama-3-8b": SHAPES["llama-3-8b"]}, exclude=())
+    df = run_sweep(device, quick=False, copy_gbps=copy, skipped=skipped, **kwargs)
+    df.to_csv(os.path.join(args.out, "kernels.csv"), index=False)
+    meta["skipped"] = [list(map(str, s)) for s in skipped]
+    meta["seconds"] = time.time() - t0
+    with open(os.path.join(args.out, "kernels.json"), "w") as f:
+        json.dump({"meta": meta, "columns": COLUMNS, "rows": df.to_dict("records")}, f, indent=1,
+                  default=str)
+    print(f"sweep: {len(df)} rows, {len(skipped)} skipped, {time.time() - t0:.0f}s total")
+    for s in skipped[:20]:
+        print("skipped", s)
+    print("\n".join(acceptance(df)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -49,7 +49,25 @@ These are the four categories of the vLLM paper's Figure 2 (token states, reserv
 internal and external fragmentation) plus free memory. ``stranded_free`` (contiguous only,
 reported as a mean fraction) is the free memory outside the largest hole at every step,
 whether or not a request is waiting: how much free memory a single new reservation could
-not reach.
+not reach. Contiguous allocators give each of the ``n`` samples its own run (no sharing).
+
+Summary row (one per allocator run; ``run_dynamic(...).summary``)
+-----------------------------------------------------------------
+``allocator``, ``block_size`` (None for contiguous), ``label`` (``naive``, ``paged-16``),
+``budget_tokens``, ``num_requests``, ``cow``, ``num_steps`` (first arrival to last finish);
+``token_state_fraction``, ``reserved_unused_fraction``, ``internal_fragmentation_fraction``,
+``external_fragmentation_fraction``, ``free_fraction``: mean share of the budget over all steps
+(they sum to 1); the same with ``_saturated``: over the steps where at least one request waits
+(memory is the limit; None if there is no such step), ``saturated_step_fraction`` their share;
+``allocated_utilisation``: token states / allocated slots (token states + reserved + internal);
+``stranded_free_fraction``; ``peak_token_state_fraction``; ``mean_concurrency`` and
+``peak_concurrency`` (running requests), ``mean_running_seqs`` (samples); ``tokens_per_step``:
+output tokens of the whole workload / ``num_steps``; ``num_preemptions``,
+``recomputed_tokens`` (KV tokens dropped by preemption, to be prefilled again);
+``num_refused``: requests refused at the head of the queue at least once (memory, not the
+``max_num_seqs`` cap); ``refused_with_enough_free``: those refused at least once while the total
+free memory would have held them; ``cow_copies``; ``mean_wait_steps``, ``max_wait_steps``
+(arrival to first admission).
 """
 
 from __future__ import annotations

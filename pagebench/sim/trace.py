@@ -162,7 +162,12 @@ def read_trace(path: str, max_len: int | None = None) -> Workload:
     for lineno, row in enumerate(rows, first_line):
         for key, col in (("arrival", arrival_col), ("prompt_len", prompt_col),
                          ("output_len", output_col), ("n", n_col)):
-            raw = row.get(col, 1) if col else 1
+            if col is None:
+                raw = 1
+            elif row.get(col) is None:
+                raise ConfigError(f"trace: {path} line {lineno}: missing {col}")
+            else:
+                raw = row[col]
             try:
                 number = float(raw)
             except (TypeError, ValueError):

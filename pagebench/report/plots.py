@@ -21,8 +21,12 @@ STYLE = {
     "figure.dpi": 100, "savefig.dpi": 110, "font.size": 9, "axes.grid": True,
     "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
     "legend.fontsize": 8, "legend.frameon": False,
-    "text.parse_math": False,  # a '$' in a label from data stays a dollar sign
 }
+
+
+def label(value) -> str:
+    """Text from data as a matplotlib label: '$' escaped so it never starts mathtext."""
+    return str(value).replace("$", r"\$")
 
 
 def styled(fn):
@@ -60,7 +64,7 @@ def utilisation_bars(static: pd.DataFrame) -> Plot | None:
     """Utilisation per allocator (paged: per block size) on one workload."""
     if _empty(static):
         return None
-    labels = [a if pd.isna(b) else f"paged {int(b)}" for a, b in
+    labels = [label(a) if pd.isna(b) else f"paged {int(b)}" for a, b in
               zip(static["allocator"], static["block_size"])]
     util = static["utilisation"].astype(float) * 100
     colors = ["#c0504d" if lab.startswith(("naive", "pow2")) else "#4f81bd" for lab in labels]
@@ -81,9 +85,9 @@ def max_len_lines(sweep: pd.DataFrame) -> Plot | None:
     if _empty(sweep):
         return None
     fig, ax = plt.subplots(figsize=(7, 3.2))
-    for label, g in sweep.groupby("label", sort=False):
+    for name, g in sweep.groupby("label", sort=False):
         g = g.sort_values("max_len")
-        ax.plot(g["max_len"], g["utilisation"].astype(float) * 100, marker="o", label=str(label))
+        ax.plot(g["max_len"], g["utilisation"].astype(float) * 100, marker="o", label=label(name))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("max_model_len (tokens)")
     ax.set_ylabel("utilisation (%)")
@@ -118,20 +122,20 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
     rows = -(-len(panels) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(3.1 * cols, 2.5 * rows + 0.5), squeeze=False,
                              sharey=True)
-    for ax, label in zip(axes.flat, panels):
-        g = timeline[timeline["label"] == label].sort_values("step")
+    for ax, name in zip(axes.flat, panels):
+        g = timeline[timeline["label"] == name].sort_values("step")
         budget = g["budget_tokens"].astype(float)
         ax.stackplot(g["step"], [g[c].astype(float) / budget * 100 for c in cats],
                      labels=[BREAKDOWN[c][0] for c in cats],
                      colors=[BREAKDOWN[c][1] for c in cats])
-        ax.set_title(str(label), fontsize=9)
+        ax.set_title(label(name), fontsize=9)
         ax.set_ylim(0, 100)
         ax.set_xlabel("step")
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
     axes[0][0].set_ylabel("% of KV budget")
-    handles, labels = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=len(labels))
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="lower center", ncol=len(names))
     fig.tight_layout(rect=(0, 0.08, 1, 1))
     return to_plot(fig, "Memory breakdown over time", "stacked area charts of KV memory use "
                    "over time per allocator", tight=False)
@@ -147,9 +151,10 @@ def grouped_bars(df: pd.DataFrame, category: str, series: list[str], title: str,
     width = 0.8 / max(1, len(series))
     for i, col in enumerate(series):
         xs = [j + i * width for j in range(len(df))]
-        ax.bar(xs, df[col].astype(float), width=width, label=col)
+        ax.bar(xs, df[col].astype(float), width=width, label=label(col))
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(df))],
-                  [str(v) for v in df[category]])
+                  [label(v) for v in df[category]], rotation=20 if len(df) > 3 else 0,
+                  ha="right" if len(df) > 3 else "center", fontsize=7 if len(df) > 3 else 8)
     ax.set_ylabel(ylabel)
     ax.legend()
     return to_plot(fig, title, alt)
@@ -169,10 +174,10 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         part = df if p is None else df[df[panel] == p]
         for key, g in part.groupby(hue, sort=True):
             g = g.sort_values(x)
-            ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=str(key))
+            ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=label(key))
         for name, value in (hlines or {}).items():
             ax.axhline(value, color="k", linestyle="--", linewidth=1)
-            ax.annotate(name, (0.01, value), xycoords=("axes fraction", "data"),
+            ax.annotate(label(name), (0.01, value), xycoords=("axes fraction", "data"),
                         fontsize=7, va="bottom")
         if logx:
             ax.set_xscale("log", base=2)
@@ -181,8 +186,8 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if p is not None:
-            ax.set_title(f"{panel} = {p}", fontsize=9)
-        ax.legend(title=hue, fontsize=7, title_fontsize=7)
+            ax.set_title(label(p), fontsize=9)
+        ax.legend(title=label(hue), fontsize=7, title_fontsize=7)
     return to_plot(fig, title, alt)
 
 
@@ -198,13 +203,13 @@ def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlab
     for i, (key, g) in enumerate(groups):
         g = g.sort_values(x)
         color = f"C{i}"
-        suffix = "" if key is None else f" ({hue}={key})"
-        ax.plot(g[x], g[left].astype(float), marker="o", color=color, label=left + suffix)
+        suffix = "" if key is None else f" ({key})"
+        ax.plot(g[x], g[left].astype(float), marker="o", color=color, label=label(left + suffix))
         ax2.plot(g[x], g[right].astype(float), marker="s", linestyle="--", color=color,
-                 label=right + suffix)
+                 label=label(right + suffix))
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(left)
-    ax2.set_ylabel(right)
+    ax.set_ylabel(label(left))
+    ax2.set_ylabel(label(right))
     ax2.grid(False)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()

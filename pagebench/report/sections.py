@@ -138,6 +138,17 @@ def environment(results: Results, env: dict, options: dict) -> Section:
     return s
 
 
+DYNAMIC_COLUMNS = ("label", "budget_tokens", "num_requests", "token_state_fraction_saturated",
+                   "reserved_unused_fraction_saturated",
+                   "internal_fragmentation_fraction_saturated",
+                   "external_fragmentation_fraction_saturated", "token_state_fraction",
+                   "mean_concurrency", "peak_concurrency", "tokens_per_step", "num_preemptions",
+                   "refused_with_enough_free", "stranded_free_fraction")
+CAPACITY_COLUMNS = ("model", "gpu_memory", "max_model_len", "kv_cache_bytes", "num_blocks",
+                    "cacheable_tokens", "max_concurrency_naive", "max_concurrency_pow2",
+                    "max_concurrency_paged", "paged_vs_naive")
+
+
 def memory(results: Results) -> Section:
     s = Section("memory", "Memory: how much reserved KV memory holds tokens")
     static = results.get("memory_static")
@@ -181,8 +192,9 @@ def memory(results: Results) -> Section:
                "dry. Breakdown of the budget: token states, reserved-but-unused, internal and "
                "external fragmentation.")
         s.plot(plots.breakdown_areas(timeline), "memory breakdown timeline")
-        s.table(make_table(summary, "Time-stepped summary per allocator", data=
-                           "memory_dynamic_summary"))
+        s.table(make_table(summary, "Time-stepped summary per allocator (fractions are mean "
+                           "shares of the budget; 'saturated' = over steps where requests wait "
+                           "for memory)", DYNAMIC_COLUMNS, "memory_dynamic_summary"))
     return s
 
 
@@ -192,21 +204,24 @@ def capacity(results: Results) -> Section:
     s.table(make_table(geo, "KV geometry of the presets (bf16)", data="kv_geometry"))
     art = results.get("capacity_article")
     if art is not None:
-        s.table(make_table(art, "The article's arithmetic: 12.4 GB of cache, Qwen2.5-0.5B",
-                           data="capacity_article"))
+        s.table(make_table(art, "The article's arithmetic: Qwen2.5-0.5B, 16 GB card, 12.4 GB "
+                           "of cache, 4,096-token sequences", ("model", "kv_cache_bytes",
+                           "bytes_per_token", "bytes_per_block", "num_blocks", "cacheable_tokens",
+                           "max_model_len", "max_concurrency_naive", "max_concurrency_paged",
+                           "paged_vs_naive"), "capacity_article"))
     cap = results.get("capacity")
     if cap is None:
         s.nodata("capacity planner (pagebench.sim.capacity)")
     else:
         if {"max_concurrency_naive", "max_concurrency_paged"} <= set(cap.columns):
-            label = cap.apply(lambda r: f"{r.get('model', '')} {r.get('gpu_memory', '')} "
-                              f"len {r.get('max_model_len', '')}", axis=1)
+            label = cap.apply(lambda r: f"{r.get('model', '')}\n{r.get('gpu_memory', '')}, "
+                              f"{r.get('max_model_len', '')}", axis=1)
             s.plot(plots.grouped_bars(cap.assign(case=label), "case",
                                       ["max_concurrency_naive", "max_concurrency_paged"],
                                       "Concurrent sequences: naive reservation versus paging",
                                       "sequences", "bar chart of naive versus paged concurrency"))
-        s.table(make_table(cap, "Capacity planner cases (article workload lognormal(5.5, 0.9))",
-                           data="capacity"))
+        s.table(make_table(cap, "Capacity planner cases (gpu_memory_utilization 0.9, block 16, "
+                           "lengths lognormal(5.5, 0.9))", CAPACITY_COLUMNS, "capacity"))
     return s
 
 

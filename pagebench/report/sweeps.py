@@ -150,14 +150,13 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
                               max_timeline_rows=400)
     summary = res.summary_frame()
     summary["block_size"] = summary["block_size"].astype("Int64")
-    summary.insert(0, "label", [_label(a, b) for a, b in zip(summary["allocator"],
-                                                             summary["block_size"])])
+    summary["label"] = [_label(a, b) for a, b in zip(summary["allocator"], summary["block_size"])]
     summary["workload"] = res.workload.get("source", WORKLOAD)
     results.add("memory_dynamic_summary", summary, "pagebench.sim.dynamic.run_dynamic")
     timeline = res.timeline_frame()
     timeline = timeline[(timeline["allocator"] != "paged") | (timeline["block_size"] == 16)]
-    timeline.insert(0, "label", [_label(a, b if a == "paged" else None)
-                                 for a, b in zip(timeline["allocator"], timeline["block_size"])])
+    timeline = timeline.assign(label=[_label(a, b if a == "paged" else None) for a, b in
+                                      zip(timeline["allocator"], timeline["block_size"])])
     results.add("memory_dynamic_timeline", timeline, "pagebench.sim.dynamic.run_dynamic")
 
 

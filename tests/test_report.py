@@ -1,0 +1,293 @@
+"""pagebench report: data collection, claims, sections, escaping, atomic writes, the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pagebench.cli import main
+from pagebench.report import build, claims, collect, derive, render, sections, sweeps
+from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.report.collect import DataError, Results, read_table
+from pagebench.report.demo import synthetic_results
+
+
+def by_key(results: Results) -> dict:
+    return {c.key: c for c in claims.evaluate(results)}
+
+
+def write_page(results: Results, tmp_path: Path) -> str:
+    out = build.write_report(results, tmp_path / "index.html", env={"device": "cpu"},
+                             options={})
+    return out.read_text(encoding="utf-8")
+
+
+# ---- collection ----------------------------------------------------------------------------
+
+def test_read_table_names_missing_and_malformed_files(tmp_path):
+    with pytest.raises(DataError, match="nope.csv: file not found"):
+        read_table(tmp_path / "nope.csv")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(DataError, match="bad.json: cannot parse"):
+        read_table(bad)
+    cols = tmp_path / "kernels.csv"
+    cols.write_text("device,batch\ncpu,1\n")
+    with pytest.raises(DataError, match="missing column.*time_us"):
+        read_table(cols, collect.REQUIRED_COLUMNS["kernels"])
+    with pytest.raises(DataError, match="unsupported format"):
+        read_table(_touch(tmp_path / "x.pkl"))
+
+
+def _touch(path: Path) -> Path:
+    path.write_text("x")
+    return path
+
+
+def test_read_table_json_forms(tmp_path):
+    (tmp_path / "a.json").write_text(json.dumps([{"n": 1}, {"n": 4}]))
+    (tmp_path / "b.json").write_text(json.dumps({"results": [{"n": 1}]}))
+    (tmp_path / "c.jsonl").write_text('{"n": 1}\n{"n": 2}\n')
+    assert read_table(tmp_path / "a.json")["n"].tolist() == [1, 4]
+    assert read_table(tmp_path / "b.json")["n"].tolist() == [1]
+    assert read_table(tmp_path / "c.jsonl")["n"].tolist() == [1, 2]
+
+
+def test_data_dir_classifies_files_and_warns_on_bad_ones(tmp_path):
+    gpu = tmp_path / "h200"
+    gpu.mkdir()
+    kernels = synthetic_results().get("kernels").drop(columns=["machine", "source"])
+    kernels.to_csv(gpu / "kernels.csv", index=False)
+    pd.DataFrame({"n": [1, 4], "peak_blocks": [10, 13]}).to_csv(gpu / "engine_cow.csv",
+                                                                index=False)
+    (gpu / "engine_pool.csv").write_text("")  # empty: malformed
+    (gpu / "notes.csv").write_text("a\n1\n")  # not a known kind: ignored
+    results = Results()
+    collect.load_data_dir(results, tmp_path)
+    assert set(results.frames) == {"kernels", "engine_cow"}
+    assert (results.get("kernels")["machine"] == "h200").all()
+    assert any("engine_pool" in w and "engine_pool.csv" in w for w in results.warnings)
+
+
+def test_asv_and_pytest_benchmark_json_become_tidy_rows(tmp_path):
+    machine = tmp_path / "asv" / "box"
+    machine.mkdir(parents=True)
+    (tmp_path / "asv" / "benchmarks.json").write_text(json.dumps(
+        {"attention.T.time_decode": {"unit": "seconds"}}))
+    (machine / "machine.json").write_text("{}")
+    (machine / "abc-env.json").write_text(json.dumps({
+        "commit_hash": "abcdef123456", "date": 1, "params": {"machine": "box"},
+        "result_columns": ["result", "params"], "version": 2,
+        "results": {"attention.T.time_decode": [[1e-5, None, 3e-5, 4e-5],
+                                                [["1", "16"], ["'a'", "'b'"]]]}}))
+    (tmp_path / "pb.json").write_text(json.dumps({
+        "machine_info": {"node": "n"}, "commit_info": {"id": "ffff"}, "datetime": "d",
+        "benchmarks": [{"name": "test_x", "fullname": "t::test_x",
+                        "stats": {"median": 2e-6, "iqr": 1e-7, "rounds": 9}}]}))
+    results = Results()
+    collect.load_benchmark_json(results, [tmp_path])
+    asv = results.get("asv")
+    assert len(asv) == 3  # the None (failed) combination is dropped
+    assert asv["params"].tolist() == ["1, 'a'", "16, 'a'", "16, 'b'"]
+    assert asv["unit"].unique().tolist() == ["seconds"] and asv["commit"][0] == "abcdef1234"
+    assert results.get("pytest_benchmark")["median_us"].tolist() == pytest.approx([2.0])
+
+
+def test_a_failing_source_becomes_a_named_warning():
+    results = Results()
+    collect.guarded(results, "kernels: quick sweep", lambda: 1 / 0)
+    collect.guarded(results, "engine", lambda: __import__("pagebench.nonexistent_module"))
+    assert results.warnings[0].startswith("kernels: quick sweep: failed (ZeroDivisionError")
+    assert results.warnings[1].startswith("engine: not available")
+
+
+def test_static_sweep_reproduces_the_article():
+    results = Results()
+    sweeps.static_memory(results)
+    c = by_key(results)
+    for key in ("naive_utilisation", "paged_near_oracle", "block_size_sweep"):
+        assert c[key].verdict == HOLDS, c[key]
+    assert "8.9%" in c["naive_utilisation"].measured and "1.1%" in c["naive_utilisation"].measured
+
+
+def test_block_manager_waste_stays_within_the_bound():
+    results = Results()
+    sweeps.block_waste(results, quick=True)
+    waste = results.get("block_waste")
+    assert (waste["max_waste_slots"] <= waste["block_size"] - 1).all()
+    assert by_key(results)["worst_case_waste"].verdict == HOLDS
+
+
+# ---- claims --------------------------------------------------------------------------------
+
+def test_claims_on_synthetic_data():
+    c = by_key(synthetic_results())
+    assert c["batch1_slower"].verdict == HOLDS
+    assert c["batching_beats_gather"].verdict == HOLDS
+    assert c["block16_sweet_spot"].verdict == HOLDS
+    assert c["cow_n4"].verdict == HOLDS and "1.30×" in c["cow_n4"].measured
+    assert c["prefix_caching"].verdict == HOLDS
+    assert c["preemption_signal"].verdict == HOLDS
+    assert c["prior_systems"].verdict == HOLDS and c["paging_96"].verdict == HOLDS
+    assert c["capacity_2_4x"].verdict == HOLDS
+    assert c["about_250"].verdict == HOLDS
+    assert all(c[k].device for k in c if c[k].verdict != UNMEASURED)
+
+
+def test_contradicted_claims_say_so_plainly():
+    # paged faster than contiguous at batch 1; n = 4 takes 4.5x the blocks of n = 1
+    results = synthetic_results(paged_ratio={1: 0.9, 16: 0.95}, cow_ratio=4.5)
+    c = by_key(results)
+    assert c["batch1_slower"].verdict == FAILS
+    assert "as fast or faster" in c["batch1_slower"].measured
+    assert c["cow_n4"].verdict == FAILS and "4.50×" in c["cow_n4"].measured
+    page = sections.claims_section(list(c.values()))
+    table = page.items[-1].table
+    verdicts = [row[3] for row in table.rows]
+    assert FAILS in verdicts
+
+
+def test_block16_sweet_spot_fails_when_block_16_is_slow():
+    results = synthetic_results(paged_ratio={1: 1.1, 16: 2.0, 128: 1.0})
+    assert by_key(results)["block16_sweet_spot"].verdict == FAILS
+
+
+def test_prior_systems_range_is_judged_from_data():
+    results = synthetic_results()
+    summary = results.get("memory_dynamic_summary")
+    summary.loc[summary["allocator"] == "naive", "token_state_fraction_saturated"] = 0.12
+    c = by_key(results)["prior_systems"]
+    assert c.verdict == FAILS and "12.0%" in c.measured and "worse" in c.measured
+
+
+def test_every_claim_is_unmeasured_without_data():
+    c = claims.evaluate(Results())
+    assert len(c) >= 15
+    data_free = {"qwen_kv_bytes"}  # none: even geometry comes from a dataset
+    assert all(x.verdict == UNMEASURED for x in c if x.key not in data_free)
+    assert all(x.measured == "no data" for x in c)
+
+
+# ---- derived curves and the recommendation -------------------------------------------------
+
+def test_batch1_ratio_pairs_paged_with_contiguous():
+    ratio = derive.batch1_ratio(synthetic_results().get("kernels"))
+    r16 = ratio[(ratio["block_size"] == 16) & (ratio["context"] == 4096)]
+    assert r16["ratio"].iloc[0] == pytest.approx(1.08)
+    assert r16["paged_backend"].iloc[0] == "triton-paged"
+
+
+def test_recommendation_follows_the_measured_curves():
+    rec = derive.recommend(synthetic_results().get("memory_static"),
+                           synthetic_results().get("kernels"))
+    assert rec["kernel_measured"] and rec["block_size"] in (8, 16, 32)
+    # if small blocks cost nothing in the kernel, memory wins: block 1
+    flat = synthetic_results(paged_ratio={1: 1.0, 16: 1.0, 128: 1.0})
+    assert derive.recommend(flat.get("memory_static"), flat.get("kernels"))["block_size"] == 1
+    # without kernel data the recommendation says it is memory-only
+    assert not derive.recommend(flat.get("memory_static"), None)["kernel_measured"]
+
+
+# ---- sections, page, escaping, atomic write ------------------------------------------------
+
+def test_every_section_renders_no_data_on_empty_results(tmp_path):
+    html = write_page(Results(), tmp_path)
+    for sid in ("recommendation", "claims", "environment", "memory", "capacity", "kernels",
+                "engine", "benchmarks"):
+        assert f'id="{sid}"' in html
+    assert html.count('class="nodata"') >= 8
+    assert "<img" not in html
+
+
+def test_full_synthetic_page_has_every_plot_and_links_its_data(tmp_path):
+    results = synthetic_results()
+    page, _, _ = build.build_sections(results, {"device": "cpu"}, {})
+    expected_plots = sum(len(s.plots) for s in page)
+    html = write_page(results, tmp_path)
+    assert expected_plots >= 10
+    assert html.count('<img src="data:image/png;base64,') == expected_plots
+    assert not re.search(r'(src|href)="(https?:)?//', html)  # nothing fetched from a network
+    links = re.findall(r'href="(index_data/[^"]+\.csv)"', html)
+    assert links and all((tmp_path / link).is_file() for link in links)
+    claims_csv = pd.read_csv(tmp_path / "index_data" / "claims.csv")
+    assert len(claims_csv) >= 15 and set(claims_csv["verdict"]) <= {HOLDS, FAILS, UNMEASURED}
+
+
+def test_text_from_data_is_escaped(tmp_path):
+    results = synthetic_results()
+    evil = "<script>alert('x')</script>"
+    kernels = results.get("kernels")
+    kernels.loc[kernels["backend"] == "torch-paged", "backend"] = evil
+    results.frames["engine_cow"]["machine"] = evil
+    results.warn(f"file {evil}.csv: broken")
+    html = write_page(results, tmp_path)
+    assert "<script" not in html
+    assert "&lt;script&gt;" in html
+
+
+def test_atomic_write_keeps_the_old_page_when_interrupted(tmp_path, monkeypatch):
+    out = tmp_path / "index.html"
+    render.atomic_write_text(out, "good page")
+
+    def boom(fd):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", boom)
+    with pytest.raises(KeyboardInterrupt):
+        render.atomic_write_text(out, "half a page")
+    assert out.read_text() == "good page"
+    assert os.listdir(tmp_path) == ["index.html"]  # no temporary file left behind
+
+
+def test_a_failed_render_leaves_the_previous_report(tmp_path, monkeypatch):
+    write_page(synthetic_results(), tmp_path)
+    before = (tmp_path / "index.html").read_text()
+
+    def fail(**kwargs):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(render, "render_html", fail)
+    with pytest.raises(RuntimeError):
+        write_page(Results(), tmp_path)
+    assert (tmp_path / "index.html").read_text() == before
+
+
+def test_fmt_formats_numbers_for_tables():
+    assert sections.fmt(0.9801, "utilisation") == "98.0%"
+    assert sections.fmt(12288) == "12,288"
+    assert sections.fmt(1234.6) == "1,235"
+    assert sections.fmt(1.23456) == "1.23"
+    assert sections.fmt(float("nan")) == ""
+
+
+# ---- the command ---------------------------------------------------------------------------
+
+def test_cli_quick_report_with_committed_data(tmp_path, capsys):
+    data = tmp_path / "data" / "h200"
+    data.mkdir(parents=True)
+    synthetic_results().get("kernels").drop(columns=["machine", "source"]).to_csv(
+        data / "kernels.csv", index=False)
+    (data / "engine_cow.json").write_text("[{broken")
+    out = tmp_path / "site" / "index.html"
+    code = main(["report", "--quick", "--out", str(out), "--data-dir", str(tmp_path / "data"),
+                 "--results", str(tmp_path / "missing"), "--no-progress"])
+    assert code == 0
+    err = capsys.readouterr().err
+    assert "engine_cow.json: cannot parse" in err and "missing not found" in err
+    html = out.read_text()
+    assert "synthetic-gpu" in html  # the committed kernel data made it in
+    c = pd.read_csv(out.parent / "index_data" / "claims.csv").set_index("key")
+    assert c.loc["naive_utilisation", "verdict"] == HOLDS
+    assert c.loc["batch1_slower", "verdict"] == HOLDS
+    assert (out.parent / "index_data" / "kernels_batch1_ratio.csv").is_file()
+
+
+def test_cli_rejects_a_bad_device(capsys):
+    with pytest.raises(SystemExit):
+        main(["report", "--device", "tpu"])
+    assert "invalid choice" in capsys.readouterr().err

@@ -6,7 +6,7 @@ a fixed context, with tokens/s = batch / step time. Block tables are scattered (
 permutation of the pool), as in a long-running server.
 
 CPU classes (``time_*``, fp32, small sizes) run where there is no GPU; CUDA classes (``track_*``,
-bf16, real sizes) return the median of CUDA-event timings with the L2 flushed between calls,
+bf16, real sizes, ``--launch-method spawn``) return the median of CUDA-event timings with the L2 flushed between calls,
 through ``pagebench.timing.measure``. A backend that this commit or machine lacks is skipped.
 Triton and FlexAttention are skipped on CPU: there Triton only runs interpreted and Flex is
 dominated by compilation, so their times would say nothing about the kernels.
@@ -14,12 +14,13 @@ dominated by compilation, so their times would say nothing about the kernels.
 
 from __future__ import annotations
 
+import os
+
 from .common import SHAPES, cpu_median_us, gpu_median_us, require, require_cpu, require_gpu
 
-PAGED = ("torch", "triton", "flex")
-CONTIGUOUS = ("sdpa", "triton")
-BACKENDS = [f"{b}-paged" for b in PAGED] + [f"{b}-contiguous" for b in CONTIGUOUS]
-CPU_BACKENDS = ("torch-paged", "sdpa-contiguous")
+CPU_PAGED = ["torch-paged"]
+CPU_CONTIGUOUS = ["sdpa-contiguous"]
+GPU_BACKENDS = ["triton-paged", "torch-paged", "sdpa-contiguous", "triton-contiguous"]
 DEFAULT_BLOCK = 16
 
 CPU_CONTEXTS = [256, 1024, 4096]
@@ -27,9 +28,14 @@ CPU_BLOCK_SIZES = [1, 16, 128]
 CPU_BATCHES = [1, 4, 16]
 CPU_THROUGHPUT_CONTEXT = 1024  # 4096 x 16 sequences in fp32 is too slow for 2 shared cores
 
-GPU_CONTEXTS = [1024, 4096, 16384, 65536]
+# GPU sizes. A GPU case costs a process start (spawn) plus compilation, so the set is kept to the
+# headline points; PAGEBENCH_ASV_GPU=headline trims it further (Llama shape only) for runs over
+# many commits on a short device lease.
+HEADLINE = os.environ.get("PAGEBENCH_ASV_GPU", "full") == "headline"
+GPU_SHAPES = ["llama-3-8b"] if HEADLINE else list(SHAPES)
+GPU_CONTEXTS = [4096, 65536] if HEADLINE else [1024, 4096, 16384, 65536]
+GPU_BATCHES = [1, 64, 256] if HEADLINE else [1, 16, 64, 256]
 GPU_BLOCK_SIZES = [1, 8, 16, 32, 128]
-GPU_BATCHES = [1, 8, 32, 128, 256]
 GPU_THROUGHPUT_CONTEXT = 4096
 
 
@@ -46,8 +52,6 @@ class DecodeCase:
         backends = kernels.available_backends()
         if name not in backends or device not in backends[name].get("devices", []):
             raise NotImplementedError(f"backend {name!r} is not available on {device}")
-        if layout == "contiguous" and block_size != DEFAULT_BLOCK:
-            raise NotImplementedError("contiguous baselines have no block size")
         hq, hkv, d = SHAPES[shape]
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         gen = torch.Generator(device="cpu").manual_seed(0)
@@ -77,10 +81,11 @@ class DecodeCase:
 
 
 # ---- CPU: wall clock, small sizes ---------------------------------------------------------
-class Batch1:
-    """Batch 1: per-step decode attention across context lengths and block sizes (CPU, fp32)."""
+class Batch1Paged:
+    """Batch 1, paged: per-step decode attention across context lengths and block sizes (CPU,
+    fp32)."""
 
-    params = [list(SHAPES), CPU_CONTEXTS, CPU_BLOCK_SIZES, list(CPU_BACKENDS)]
+    params = [list(SHAPES), CPU_CONTEXTS, CPU_BLOCK_SIZES, CPU_PAGED]
     param_names = ["shape", "context", "block_size", "backend"]
 
     def setup(self, shape, context, block_size, backend):
@@ -91,10 +96,25 @@ class Batch1:
         self.case.call()
 
 
-class Throughput:
-    """Decode step across batch sizes at a fixed context (CPU, fp32): time and tokens/s."""
+class Batch1Contiguous:
+    """Batch 1, the contiguous baseline paging is measured against (CPU, fp32)."""
 
-    params = [list(SHAPES), CPU_BATCHES, list(CPU_BACKENDS)]
+    params = [list(SHAPES), CPU_CONTEXTS, CPU_CONTIGUOUS]
+    param_names = ["shape", "context", "backend"]
+
+    def setup(self, shape, context, backend):
+        require_cpu()
+        self.case = DecodeCase(shape, 1, context, DEFAULT_BLOCK, backend, "cpu")
+
+    def time_decode_step(self, shape, context, backend):
+        self.case.call()
+
+
+class Throughput:
+    """Decode step across batch sizes at a fixed context (CPU, fp32), block size 16: time and
+    tokens/s."""
+
+    params = [list(SHAPES), CPU_BATCHES, CPU_PAGED + CPU_CONTIGUOUS]
     param_names = ["shape", "batch", "backend"]
     context = CPU_THROUGHPUT_CONTEXT
 
@@ -115,7 +135,7 @@ class Throughput:
 class Batch1Cuda:
     """Batch 1 on a GPU, block size 16: decode step time (us) across context lengths."""
 
-    params = [list(SHAPES), GPU_CONTEXTS, BACKENDS]
+    params = [GPU_SHAPES, GPU_CONTEXTS, GPU_BACKENDS]
     param_names = ["shape", "context", "backend"]
     timeout = 900
 
@@ -129,18 +149,36 @@ class Batch1Cuda:
     track_decode_us.unit = "us"
 
 
-class BlockSizeCuda:
-    """Batch 1 on a GPU, Llama-3-8B shape: what a small block costs each paged backend."""
+class FlexCuda:
+    """FlexAttention's paged attention, Llama-3-8B shape, block size 16: batch 1 and 64 at 4,096
+    tokens (each case compiles, so the set is small)."""
 
-    params = [[4096, 65536], GPU_BLOCK_SIZES, [f"{b}-paged" for b in PAGED]]
-    param_names = ["context", "block_size", "backend"]
+    params = [[1, 64], ["flex-paged"]]
+    param_names = ["batch", "backend"]
     timeout = 900
 
-    def setup(self, context, block_size, backend):
+    def setup(self, batch, backend):
         require_gpu()
-        self.case = DecodeCase("llama-3-8b", 1, context, block_size, backend, "cuda")
+        self.case = DecodeCase("llama-3-8b", batch, 4096, DEFAULT_BLOCK, backend, "cuda")
 
-    def track_decode_us(self, context, block_size, backend):
+    def track_decode_us(self, batch, backend):
+        return gpu_median_us(self.case.call)
+
+    track_decode_us.unit = "us"
+
+
+class BlockSizeCuda:
+    """Batch 1 on a GPU, Llama-3-8B shape, 16,384 tokens: what a small block costs."""
+
+    params = [GPU_BLOCK_SIZES, ["triton-paged", "torch-paged"]]
+    param_names = ["block_size", "backend"]
+    timeout = 900
+
+    def setup(self, block_size, backend):
+        require_gpu()
+        self.case = DecodeCase("llama-3-8b", 1, 16384, block_size, backend, "cuda")
+
+    def track_decode_us(self, block_size, backend):
         return gpu_median_us(self.case.call)
 
     track_decode_us.unit = "us"
@@ -150,7 +188,7 @@ class ThroughputCuda:
     """Batch sizes at 4,096 tokens on a GPU, block size 16: tokens/s = batch / step time
     (the step time is batch / tokens_per_s; one tracked number per case keeps GPU runs short)."""
 
-    params = [list(SHAPES), GPU_BATCHES, BACKENDS]
+    params = [GPU_SHAPES, GPU_BATCHES, GPU_BACKENDS]
     param_names = ["shape", "batch", "backend"]
     context = GPU_THROUGHPUT_CONTEXT
     timeout = 900
@@ -163,4 +201,3 @@ class ThroughputCuda:
         return batch / (gpu_median_us(self.case.call) * 1e-6)
 
     track_tokens_per_s.unit = "tokens/s"
-

@@ -9,17 +9,21 @@ synchronise the GPU.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 
-# Ask NVML, not the CUDA runtime, whether a GPU exists: importing this module must not
-# initialise CUDA (asv may fork after importing it).
+# Ask NVML, not the CUDA runtime, whether a GPU exists: importing a suite must not initialise
+# CUDA (asv may fork after importing it).
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-import torch  # noqa: E402
 
-ON_GPU = torch.cuda.is_available()
-DEVICE = "cuda" if ON_GPU else "cpu"
+@functools.lru_cache(maxsize=None)
+def on_gpu() -> bool:
+    """Whether CUDA is usable (imports torch on first use: suites without torch stay light)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 # Attention shapes (num_q_heads, num_kv_heads, head_dim): Llama-3-8B and Qwen2.5-0.5B.
 SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
@@ -50,13 +54,13 @@ def require(module: str, *attrs: str):
 
 
 def require_gpu() -> None:
-    if not ON_GPU:
+    if not on_gpu():
         raise NotImplementedError("needs a CUDA device")
 
 
 def require_cpu() -> None:
     """CPU-sized cases (``time_*``) are skipped on a GPU machine, whose cases are ``track_*``."""
-    if ON_GPU:
+    if on_gpu():
         raise NotImplementedError("CPU-sized case; the GPU machine runs the track_* cases")
 
 

@@ -27,6 +27,15 @@ EQ_SHAPES = [(32, 8, 128), (14, 2, 64), (16, 2, 80), (12, 4, 96), (8, 1, 256), (
 EQ_BLOCK_SIZES = (1, 7, 16, 128)
 
 
+def _checked(run, ref):
+    """(relative error, error message): a failing backend is recorded, not fatal."""
+    try:
+        return relative_error(run(), ref), ""
+    except Exception as e:  # noqa: BLE001
+        message = str(e).strip().splitlines()
+        return float("nan"), f"{type(e).__name__}: {message[0][:200] if message else ''}"
+
+
 def equivalence(device, long_len=5003) -> list[dict]:
     """Every paged backend and contiguous baseline vs the float64 reference, poisoned caches."""
     rows = []
@@ -48,13 +57,11 @@ def equivalence(device, long_len=5003) -> list[dict]:
                                                            seed=bs, poison_value=poison)
                         inputs[poison].ref = reference_decode(*inputs[poison].args())
                     inp = inputs[poison]
-                    ref = inp.ref
-                    out = paged_decode(*inp.args(), backend=name)
-                    err = relative_error(out, ref)
+                    err, error = _checked(lambda: paged_decode(*inp.args(), backend=name), inp.ref)
                     rows.append({"dtype": str(dtype)[6:], "shape": str(shape), "block_size": bs,
                                  "backend": f"{name}-paged", "rel_err": err,
                                  "tolerance": TOLERANCE[dtype],
-                                 "ok": err < TOLERANCE[dtype]})
+                                 "ok": err < TOLERANCE[dtype], "error": error})
             # contiguous baselines (masked: ragged lengths)
             lens_t = torch.tensor([1, 17, long_len * 4 // 5, long_len], dtype=torch.int32)
             k = torch.randn(4, long_len, shape[1], shape[2], generator=gen).to(dtype)
@@ -67,12 +74,12 @@ def equivalence(device, long_len=5003) -> list[dict]:
                     k[s, n:] = float("nan") if b.nan_safe else 300.0
                     v[s, n:] = float("nan") if b.nan_safe else 300.0
                 ref = reference_contiguous(q, k, v, lens_t)
-                out = contiguous_decode(q.to(device), k.to(device), v.to(device),
-                                        lens_t.to(device), backend=name)
-                err = relative_error(out, ref)
+                err, error = _checked(lambda: contiguous_decode(
+                    q.to(device), k.to(device), v.to(device), lens_t.to(device), backend=name), ref)
                 rows.append({"dtype": str(dtype)[6:], "shape": str(shape), "block_size": None,
                              "backend": f"{name}-contiguous", "rel_err": err,
-                             "tolerance": TOLERANCE[dtype], "ok": err < TOLERANCE[dtype]})
+                             "tolerance": TOLERANCE[dtype], "ok": err < TOLERANCE[dtype],
+                             "error": error})
     return rows
 
 

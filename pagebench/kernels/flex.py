@@ -66,7 +66,7 @@ def flex_block_mask(block_tables, seq_lens, num_blocks: int, block_size: int):
 
     return BlockMask.from_kv_blocks(
         has_partial, partial_indices[:, None, None, :], full, tables[:, None, None, :],
-        BLOCK_SIZE=(1, block_size), mask_mod=mask_mod,
+        BLOCK_SIZE=(128, block_size), mask_mod=mask_mod,  # q block: a multiple of 16
         seq_lengths=(1, num_blocks * block_size))
 
 

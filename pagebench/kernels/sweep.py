@@ -217,7 +217,12 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                         skipped.append(((shape_name, batch, context, block_size), var.label,
                                         "memory"))
                         continue
-                    fn = _paged_callable(var, *case, scale)
+                    try:
+                        fn = _paged_callable(var, *case, scale)
+                    except Exception as e:  # noqa: BLE001
+                        skipped.append(((shape_name, batch, context, block_size), var.label,
+                                        f"{type(e).__name__}: {str(e)[:160]}"))
+                        continue
                     for graph in graphs(batch):
                         record(var, shape_name, shape, batch, context, block_size, fn, graph)
                 del case

@@ -83,6 +83,19 @@ def throughput_context(df: pd.DataFrame) -> int | None:
     return None if counts.empty or counts.max() < 2 else int(counts.idxmax())
 
 
+def primary_paged_backend(df: pd.DataFrame) -> str | None:
+    """The paged backend that is fastest most often at block 16 (else at any block size)."""
+    paged = df[df["paged"]]
+    if paged.empty:
+        return None
+    at16 = paged[paged["block_size"] == PRIMARY_BLOCK_SIZE]
+    paged = at16 if len(at16) else paged
+    keys = [k for k in ("device_label", "shape", "batch", "context", "block_size")
+            if k in paged.columns]
+    winners = paged.loc[paged.groupby(keys)["time_us"].idxmin(), "backend"]
+    return str(winners.value_counts().idxmax())
+
+
 def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
     """Decode throughput (sequences x steps per second) versus batch size, per backend and block.
 
@@ -102,6 +115,7 @@ def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
                                g["backend"].astype(str))
         g = _best(g, ["series", "batch"])
         g["tokens_per_s"] = g["batch"] / g["time_us"] * 1e6
+        g["primary"] = ~g["paged"] | (g["backend"] == primary_paged_backend(g))
         out.append(g)
     if not out:
         return pd.DataFrame()

@@ -12,6 +12,7 @@ import io
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
@@ -43,6 +44,18 @@ class Plot:
     title: str
     data_uri: str
     alt: str
+
+
+def log2_axis(ax, values, axis: str = "x") -> None:
+    """Log-2 scale labelled with the measured values as plain integers (1, 16, 4096...)."""
+    ticks = sorted({int(v) for v in values if v == v and v > 0})
+    if axis == "x":
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    else:
+        ax.set_yscale("log", base=2)
+        ax.set_yticks(ticks, [f"{t:,}" for t in ticks])
 
 
 def to_plot(fig, title: str, alt: str, tight: bool = True) -> Plot:
@@ -88,7 +101,7 @@ def max_len_lines(sweep: pd.DataFrame) -> Plot | None:
     for name, g in sweep.groupby("label", sort=False):
         g = g.sort_values("max_len")
         ax.plot(g["max_len"], g["utilisation"].astype(float) * 100, marker="o", label=label(name))
-    ax.set_xscale("log", base=2)
+    log2_axis(ax, sweep["max_len"])
     ax.set_xlabel("max_model_len (tokens)")
     ax.set_ylabel("utilisation (%)")
     ax.set_ylim(0, 105)
@@ -120,7 +133,8 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
     panels = list(dict.fromkeys(timeline["label"]))
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.1 * cols, 2.5 * rows + 0.5), squeeze=False,
+    fig, axes = plt.subplots(rows, cols, figsize=(max(7.0, 3.1 * cols), 2.5 * rows + 0.6),
+                             squeeze=False,
                              sharey=True)
     for ax, name in zip(axes.flat, panels):
         g = timeline[timeline["label"] == name].sort_values("step")
@@ -135,8 +149,8 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
         ax.set_visible(False)
     axes[0][0].set_ylabel("% of KV budget")
     handles, names = axes[0][0].get_legend_handles_labels()
-    fig.legend(handles, names, loc="lower center", ncol=len(names))
-    fig.tight_layout(rect=(0, 0.08, 1, 1))
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=7)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return to_plot(fig, "Memory breakdown over time", "stacked area charts of KV memory use "
                    "over time per allocator", tight=False)
 
@@ -180,7 +194,7 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
             ax.annotate(label(name), (0.01, value), xycoords=("axes fraction", "data"),
                         fontsize=7, va="bottom")
         if logx:
-            ax.set_xscale("log", base=2)
+            log2_axis(ax, part[x])
         if logy:
             ax.set_yscale("log")
         ax.set_xlabel(xlabel)

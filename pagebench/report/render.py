@@ -44,7 +44,11 @@ figcaption { font-size: 12px; color: #555; }
 .verdict.holds { color: #1b5e20; background: #e8f5e9; }
 .verdict.fails { color: #b71c1c; background: #ffebee; }
 .verdict.unmeasured { color: #555; background: #f5f5f5; }
-.criterion { color: #555; font-size: 11.5px; max-width: 260px; }
+.criterion { color: #555; font-size: 11.5px; min-width: 200px; }
+#claims-table td:first-child { min-width: 220px; }
+#claims-table td:nth-child(2) { min-width: 240px; }
+details { margin: 8px 0 18px; }
+summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 .datalink { font-size: 11.5px; }
 .recommendation { font-size: 16px; background: #e8f0fe; padding: 10px 14px; border-radius: 4px; }
 </style>
@@ -66,6 +70,7 @@ figcaption { font-size: 12px; color: #555; }
 {% elif item.kind == "nodata" %}<p class="nodata">{{ item.text }}</p>
 {% elif item.kind == "plot" %}<figure><img src="{{ item.plot.data_uri }}" alt="{{ item.plot.alt }}"><figcaption>{{ item.plot.title }}</figcaption></figure>
 {% elif item.kind == "table" %}{% set t = item.table %}
+{% if t.rows|length > 15 and s.id != "claims" %}<details><summary>{{ t.caption }} ({{ t.rows|length }} rows)</summary>{% endif %}
 <div class="scroll"><table{% if s.id == "claims" %} id="claims-table"{% endif %}>
 <caption>{{ t.caption }}{% if t.data and t.data in hrefs %} · <a class="datalink" href="{{ hrefs[t.data] }}">CSV</a>{% endif %}</caption>
 <thead><tr>{% for c in t.columns %}<th>{{ c }}</th>{% endfor %}</tr></thead>
@@ -74,6 +79,7 @@ figcaption { font-size: 12px; color: #555; }
 {% if cls == "links" %}<td class="datalink">{% for name in cell.split() %}{% if name in hrefs %}<a href="{{ hrefs[name] }}">{{ name }}</a>{% else %}{{ name }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}</td>
 {% else %}<td{% if cls %} class="{{ cls }}"{% endif %}>{{ cell }}</td>{% endif %}{% endfor %}</tr>
 {% endfor %}</tbody></table></div>
+{% if t.rows|length > 15 and s.id != "claims" %}</details>{% endif %}
 {% endif %}
 {% endfor %}
 </section>

@@ -252,10 +252,14 @@ def kernels(results: Results) -> Section:
     if tput.empty:
         s.nodata("throughput versus batch size")
     else:
-        s.text("Throughput versus batch size (tokens/s = batch / step time) for each block size "
-               "and the contiguous baselines, at the context where batch was swept.")
-        s.plot(plots.lines(tput.assign(panel=tput["device_label"] + " " + tput["shape"] + " ctx "
-                                       + tput["context"].astype(int).astype(str)),
+        s.text("Attention-kernel throughput versus batch size (tokens/s = batch / step time) "
+               "for each block size of the fastest paged backend and the contiguous baselines, "
+               "at the context where batch was swept (every backend in the CSV). Attention "
+               "alone reads each sequence's own K/V, so it scales with batch only while "
+               "launch-bound; the engine section shows whole-model throughput.")
+        shown = tput[tput["primary"]]
+        s.plot(plots.lines(shown.assign(panel=shown["device_label"] + " " + shown["shape"]
+                                        + " ctx " + shown["context"].astype(int).astype(str)),
                            "batch", "tokens_per_s", "series",
                            "Decode throughput versus batch size", "batch size", "tokens/s",
                            "line chart of throughput versus batch", logx=True, logy=True,

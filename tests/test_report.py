@@ -291,3 +291,29 @@ def test_cli_rejects_a_bad_device(capsys):
     with pytest.raises(SystemExit):
         main(["report", "--device", "tpu"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_unexpected_columns_degrade_to_a_warning_not_a_crash(tmp_path):
+    results = synthetic_results()
+    results.frames["kernels"] = results.get("kernels").drop(columns=["layout"]).assign(
+        batch="one")  # unusable numbers
+    results.frames["engine_pool"] = pd.DataFrame({"num_blocks": ["many", "few"],
+                                                  "num_preemptions": [1, 0]})
+    html = write_page(results, tmp_path)
+    assert 'id="kernels"' in html and 'id="claims-table"' in html
+    assert "No data: kernel sweep" in html
+    assert any("preemption_signal" in w for w in results.warnings)
+
+
+def test_a_frame_without_required_columns_is_refused_with_a_warning():
+    results = Results()
+    results.add("kernels", pd.DataFrame({"device": ["cpu"], "time_us": [1.0]}), "sweep")
+    assert results.get("kernels") is None
+    assert "missing column(s) batch, context, block_size, backend" in results.warnings[0]
+
+
+def test_batching_claim_fails_when_batching_buys_little():
+    results = synthetic_results()
+    results.frames["engine_batch"]["tokens_per_s"] = [100.0, 150.0, 200.0] * 2
+    c = by_key(results)["batching_beats_gather"]
+    assert c.verdict == FAILS and "2.0×" in c.measured

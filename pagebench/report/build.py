@@ -15,30 +15,50 @@ DATA_DIR_SUFFIX = "_data"
 def derived_frames(results: Results, rec: dict | None, claims) -> dict:
     """Tables computed from the raw frames, saved beside the report like the raw ones."""
     kernels = results.get("kernels")
-    frames = {
-        "kernels_batch1_ratio": derive.batch1_ratio(kernels),
-        "kernels_throughput": derive.throughput(kernels),
-        "kernels_bandwidth": derive.bandwidth(kernels),
-        "kernels_block_cost": derive.kernel_cost_per_block(kernels),
-        "claims": claims_mod.claims_frame(claims),
-    }
+    frames = {"claims": claims_mod.claims_frame(claims)}
+    for name, fn in (("kernels_batch1_ratio", derive.batch1_ratio),
+                     ("kernels_throughput", derive.throughput),
+                     ("kernels_bandwidth", derive.bandwidth),
+                     ("kernels_block_cost", derive.kernel_cost_per_block)):
+        try:
+            frames[name] = fn(kernels)
+        except Exception as e:  # noqa: BLE001 -- odd kernel data: warn, keep the rest
+            results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
     if rec is not None:
         frames["recommendation"] = rec["table"]
     return frames
 
 
+def guarded_section(results: Results, sid: str, title: str, fn, *args):
+    """A section, or one that says why it could not be built (the report still renders)."""
+    try:
+        return fn(results, *args)
+    except Exception as e:  # noqa: BLE001
+        results.warn(f"section {sid}: failed ({type(e).__name__}: {e})")
+        s = sections.Section(sid, title)
+        s.nodata(f"this section could not be built from the data ({type(e).__name__}); "
+                 "see warnings")
+        return s
+
+
 def build_sections(results: Results, env: dict, options: dict):
     claims = claims_mod.evaluate(results)
-    rec_section, rec = sections.recommendation(results)
+    try:
+        rec_section, rec = sections.recommendation(results)
+    except Exception as e:  # noqa: BLE001
+        results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
+        rec_section, rec = sections.Section("recommendation", "Recommendation"), None
+        rec_section.nodata("the recommendation could not be computed; see warnings")
     page = [
         rec_section,
         sections.claims_section(claims),
-        sections.environment(results, env, options),
-        sections.memory(results),
-        sections.capacity(results),
-        sections.kernels(results),
-        sections.engine(results),
-        sections.benchmarks(results),
+        guarded_section(results, "environment", "Environment", sections.environment, env,
+                        options),
+        guarded_section(results, "memory", "Memory", sections.memory),
+        guarded_section(results, "capacity", "Capacity", sections.capacity),
+        guarded_section(results, "kernels", "Kernels", sections.kernels),
+        guarded_section(results, "engine", "Engine", sections.engine),
+        guarded_section(results, "benchmarks", "Benchmark histories", sections.benchmarks),
     ]
     return page, claims, rec
 

@@ -66,6 +66,10 @@ class Results:
     def add(self, name: str, frame: pd.DataFrame | None, source: str) -> None:
         if frame is None or len(frame) == 0:
             return
+        missing = [c for c in REQUIRED_COLUMNS.get(name, ()) if c not in frame.columns]
+        if missing:
+            self.warn(f"{name}: {source}: missing column(s) {', '.join(missing)}; not used")
+            return
         frame = frame.copy()
         if "source" not in frame.columns:
             frame["source"] = source

@@ -105,7 +105,7 @@ def run_simulate(args) -> int:
 
 def run_dynamic_simulation(args) -> int:
     from pagebench.sim.capacity import article_budget_tokens
-    from pagebench.sim.dynamic import format_dynamic_table, run_dynamic
+    from pagebench.sim.dynamic import REFERENCE, format_dynamic_table, run_dynamic
     from pagebench.sim.trace import poisson_workload, read_trace
 
     if args.num_seqs is not None:
@@ -120,8 +120,9 @@ def run_dynamic_simulation(args) -> int:
     else:
         workload = poisson_workload(
             20000 if args.num_requests is None else args.num_requests,
-            20.0 if args.rate is None else args.rate, args.lengths,
-            prompt_fraction=0.3 if args.prompt_fraction is None else args.prompt_fraction,
+            REFERENCE["rate"] if args.rate is None else args.rate, args.lengths,
+            prompt_fraction=(REFERENCE["prompt_fraction"] if args.prompt_fraction is None
+                             else args.prompt_fraction),
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
             n=1 if args.n is None else args.n, seed=args.seed, max_len=args.max_len)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens

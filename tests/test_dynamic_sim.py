@@ -162,6 +162,9 @@ def test_read_trace_csv_and_jsonl(tmp_path):
                      '{"arrival": 1, "prompt_len": 2, "output_len": 1}\n')
     w = read_trace(str(jsonl))
     assert w.length.tolist() == [12, 3] and w.n.tolist() == [1, 1]
+    assert read_trace(str(csv_path), steps_per_unit=10).arrival.tolist() == [0, 27]
+    with pytest.raises(ConfigError, match="steps_per_unit"):
+        read_trace(str(csv_path), steps_per_unit=0)
 
 
 @pytest.mark.parametrize("text, message", [

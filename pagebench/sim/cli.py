@@ -13,7 +13,8 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "prompt_fraction": "--prompt-fraction", "prompt_lengths": "--prompt-lengths",
                 "output_lengths": "--output-lengths", "budget_tokens": "--budget-tokens",
                 "allocators": "--allocators", "n": "--n", "max_num_seqs": "--max-num-seqs",
-                "timeline_every": "--timeline-every", "timeline": "--timeline"}
+                "timeline_every": "--timeline-every", "timeline": "--timeline",
+                "steps_per_unit": "--steps-per-unit"}
 
 
 def int_list(text: str) -> list[int]:
@@ -61,6 +62,9 @@ def register_simulate(sub) -> None:
     d.add_argument("--dynamic", action="store_true", help="simulate over time")
     d.add_argument("--trace", metavar="FILE", help="CSV/JSONL trace: arrival (steps), prompt "
                    "length, output length, optional n (instead of Poisson arrivals)")
+    d.add_argument("--steps-per-unit", type=float, default=None,
+                   help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
+                   "default 1: arrivals are steps)")
     d.add_argument("--num-requests", type=int, default=None, help="Poisson: requests "
                    "(default 20000)")
     d.add_argument("--rate", type=float, default=None, help="Poisson: requests per step "
@@ -116,8 +120,11 @@ def run_dynamic_simulation(args) -> int:
                                "output_lengths", "n") and getattr(args, dest) is not None]
         if clashes:
             raise ValueError(f"{', '.join(clashes)}: not with --trace (the trace gives them)")
-        workload = read_trace(args.trace, args.max_len)
+        workload = read_trace(args.trace, args.max_len,
+                              1.0 if args.steps_per_unit is None else args.steps_per_unit)
     else:
+        if args.steps_per_unit is not None:
+            raise ValueError("--steps-per-unit: only with --trace")
         workload = poisson_workload(
             20000 if args.num_requests is None else args.num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, args.lengths,

@@ -126,8 +126,15 @@ def _pick(columns, names, path, what, required=True):
     return None
 
 
-def read_trace(path: str, max_len: int | None = None) -> Workload:
-    """A workload from a CSV (with header) or JSONL trace file; see the module docstring."""
+def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.0) -> Workload:
+    """A workload from a CSV (with header) or JSONL trace file; see the module docstring.
+
+    ``steps_per_unit`` converts the arrival column to steps (e.g. 50 for timestamps in seconds
+    at 50 decode steps per second); arrivals are floored after scaling.
+    """
+    if not (isinstance(steps_per_unit, (int, float)) and math.isfinite(steps_per_unit)
+            and steps_per_unit > 0):
+        raise ConfigError(f"steps_per_unit: must be a positive number, got {steps_per_unit!r}")
     try:
         with open(path, encoding="utf-8") as f:
             lines = [ln for ln in f.read().splitlines() if ln.strip()]
@@ -178,6 +185,8 @@ def read_trace(path: str, max_len: int | None = None) -> Workload:
             if key != "arrival" and number != int(number):
                 raise ConfigError(f"trace: {path} line {lineno}: {col} must be an integer: "
                                   f"{raw!r}")
+            if key == "arrival":
+                number *= steps_per_unit
             values[key].append(int(math.floor(number)))
     workload = Workload(**{k: np.asarray(v, dtype=np.int64) for k, v in values.items()},
                         source=f"trace {path}")

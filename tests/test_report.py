@@ -317,3 +317,18 @@ def test_batching_claim_fails_when_batching_buys_little():
     results.frames["engine_batch"]["tokens_per_s"] = [100.0, 150.0, 200.0] * 2
     c = by_key(results)["batching_beats_gather"]
     assert c.verdict == FAILS and "2.0×" in c.measured
+
+
+def test_kernel_claims_are_judged_on_the_gpu_when_one_measured_them():
+    results = synthetic_results()
+    cpu = results.get("kernels").assign(device="cpu", device_name="x86_64", machine="here")
+    slow = cpu["layout"] == "paged"
+    cpu.loc[slow, "time_us"] = cpu.loc[slow, "time_us"] * 5  # a CPU gather: 5x slower
+    results.add("kernels", cpu, "cpu sweep")
+    c = by_key(results)["batch1_slower"]
+    assert c.verdict == HOLDS and "synthetic-gpu" in c.device and "x86_64" not in c.device
+    assert "CPU; not judged" in c.measured
+    # CPU data alone is judged as it is
+    alone = Results()
+    alone.add("kernels", cpu, "cpu sweep")
+    assert by_key(alone)["batch1_slower"].verdict == FAILS

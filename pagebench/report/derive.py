@@ -38,6 +38,8 @@ def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
     else:
         df["paged"] = df["backend"].astype(str).str.contains("paged")
     df["device_label"] = device_label(df)
+    df["gpu"] = df["device"].astype(str).str.startswith("cuda") if "device" in df.columns \
+        else ~df["device_label"].str.lower().str.contains("cpu")
     if "model_shape" in df.columns:
         df["shape"] = df["model_shape"].astype(str)
     elif {"num_q_heads", "num_kv_heads", "head_dim"} <= set(df.columns):
@@ -142,6 +144,20 @@ def bandwidth(kernels: pd.DataFrame | None) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
+def gpu_labels(kernels) -> set[str]:
+    """Device labels of kernel rows measured on a GPU."""
+    df = kernel_rows(kernels)
+    return set() if df is None else set(df.loc[df["gpu"], "device_label"])
+
+
+def judged_labels(labels, kernels) -> set[str]:
+    """Which devices a kernel claim is judged on: the GPUs when any GPU measured it (the
+    article's claims are about GPU kernels), else every device."""
+    labels = set(labels)
+    gpus = labels & gpu_labels(kernels)
+    return gpus or labels
+
+
 def block_size_kernel_cost(kernels: pd.DataFrame | None) -> pd.DataFrame:
     """Fastest paged time per block size relative to the best block size, per device/shape/case.
 
@@ -166,6 +182,7 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
     if rel.empty:
         return rel
     out = rel.groupby(["device_label", "block_size"], as_index=False)["relative_time"].median()
+    out["gpu"] = out["device_label"].isin(gpu_labels(kernels))
     out["block_size"] = out["block_size"].astype(int)
     return out
 
@@ -186,7 +203,7 @@ def recommend(static: pd.DataFrame | None, kernels: pd.DataFrame | None) -> dict
     cost = kernel_cost_per_block(kernels)
     device = None
     if not cost.empty:
-        gpu = cost[~cost["device_label"].str.lower().str.contains("cpu|x86|arm|aarch", regex=True)]
+        gpu = cost[cost["gpu"]]
         chosen = gpu if not gpu.empty else cost
         device = str(chosen.groupby("device_label")["block_size"].nunique().idxmax())
         chosen = chosen[chosen["device_label"] == device]

@@ -11,17 +11,25 @@
 #   there:  bash scripts/h200_asv.sh run        # (device run, carry [".h200"]); results in $OUT
 #   here:   scripts/h200_asv.sh collect DIR     # DIR/asv_results/h200/*.json -> asv_results/h200/
 #
-# Environment: H200_COMMITS (3), ASV_MACHINE (h200), H200_BUDGET_S (seconds for all commits,
-# 300), H200_BENCH_HEAD / H200_BENCH_OLD (asv -b regexes for the newest / older commits),
-# H200_PYTHON (python3).
+# Environment: H200_COMMITS (3), ASV_MACHINE (h200), H200_BUDGET_S (seconds for all passes, 300),
+# H200_PASSES (lines "COMMIT_INDEX full|headline ASV_B_REGEX"; see PASSES below), H200_LAUNCH
+# (spawn), H200_PYTHON (python3).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 N=${H200_COMMITS:-3}
 MACHINE=${ASV_MACHINE:-h200}
 BUDGET_S=${H200_BUDGET_S:-300}
-BENCH_HEAD=${H200_BENCH_HEAD:-'attention\.(Batch1Cuda|ThroughputCuda|FlexCuda|BlockSizeCuda)'}
-BENCH_OLD=${H200_BENCH_OLD:-'attention\.(Batch1Cuda|ThroughputCuda)'}
+LAUNCH=${H200_LAUNCH:-spawn}
+# "commit-index set regex": newest commit's batch-1 sweep first, then the older commits' headline
+# points (the history), then the newest commit's throughput sweep, then Flex and block sizes.
+if [ -n "${H200_PASSES:-}" ]; then mapfile -t PASSES <<< "$H200_PASSES"; else PASSES=(
+  '0 full attention\.Batch1Cuda'
+  '1 headline attention\.(Batch1Cuda|ThroughputCuda)'
+  '2 headline attention\.(Batch1Cuda|ThroughputCuda)'
+  '0 full attention\.ThroughputCuda'
+  '0 full attention\.(FlexCuda|BlockSizeCuda)'
+); fi
 PY=${H200_PYTHON:-python3}
 
 prepare() {
@@ -65,19 +73,26 @@ EOF
     --cpu "$gpu; host $cpu" --os "$(uname -sr)" \
     --ram "$(awk '/MemTotal/ {print $2 "kB"}' /proc/meminfo)" >/dev/null
   "$PY" -c "import torch; print('torch', torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name())"
-  local start=$SECONDS i=0 sha bench left
-  for sha in $(cat "$ROOT/.h200/commits.txt"); do
+  # Passes in priority order; asv adds each pass's results to the commit's file, so a pass cut
+  # short by the budget loses only itself. "0" is the newest commit, "1", "2"... older ones.
+  mapfile -t commits < "$ROOT/.h200/commits.txt"
+  local start=$SECONDS pass idx size bench sha left
+  for pass in "${PASSES[@]}"; do
+    read -r idx size bench <<< "$pass"
+    sha=${commits[$idx]:-}
+    [ -n "$sha" ] || continue
     left=$((BUDGET_S - (SECONDS - start)))
-    if [ "$left" -lt 30 ]; then echo "== budget spent: skipping ${sha:0:8}"; continue; fi
-    rm -rf "/tmp/pkg-$sha" && mkdir -p "/tmp/pkg-$sha"
-    git -C /tmp/pb-repo archive "$sha" pagebench | tar -x -C "/tmp/pkg-$sha"
-    if [ $i -eq 0 ]; then bench=$BENCH_HEAD; size=full; else bench=$BENCH_OLD; size=headline; fi
-    echo "== ${sha:0:8} ($(git -C /tmp/pb-repo log -1 --format=%s "$sha")): -b '$bench', $size set, ${left}s left"
+    if [ "$left" -lt 20 ]; then echo "== budget spent: skipping ${sha:0:8} -b '$bench'"; continue; fi
+    if [ ! -d "/tmp/pkg-$sha" ]; then
+      mkdir -p "/tmp/pkg-$sha"
+      git -C /tmp/pb-repo archive "$sha" pagebench | tar -x -C "/tmp/pkg-$sha"
+    fi
+    echo "== ${sha:0:8} ($(git -C /tmp/pb-repo log -1 --format=%s "$sha" | cut -c1-60)):" \
+         "-b '$bench', $size set, ${left}s left"
     PAGEBENCH_ASV_GPU=$size PYTHONPATH="/tmp/pkg-$sha:/tmp/asv-site" \
-      timeout "$left" "$PY" -m asv run -E existing --quick --launch-method spawn \
+      timeout "$left" "$PY" -m asv run -E existing --quick --launch-method "$LAUNCH" \
         --set-commit-hash "$sha" --machine "$MACHINE" -b "$bench" --show-stderr \
       || echo "== asv exited with $? for ${sha:0:8}"
-    i=$((i + 1))
   done
   echo "== done in $((SECONDS - start))s"
   ls -R "$OUT/asv_results" || true

@@ -148,6 +148,9 @@ def prior_systems(results: Results) -> Claim:
     if naive.empty:
         return c
     v = float(naive[col].iloc[0])
+    if v != v:
+        c.measured = "reserve-max never became memory-bound in this run"
+        return c
     others = frame[alloc.isin(("pow2", "oracle"))]
     c.device = SIM
     c.measured = f"reserve-max {pct(v)}" + "".join(
@@ -172,6 +175,9 @@ def paging_96(results: Results) -> Claim:
     if paged.empty:
         return c
     v = float(paged[col].iloc[0])
+    if v != v:  # NaN: the pool never ran out, so no memory-bound step to judge
+        c.measured = "paged never became memory-bound in this run"
+        return c
     c.device, c.measured = SIM, f"paged (block 16) {pct(v)}"
     c.verdict = judge(0.93 <= v <= 1.0)
     return c

@@ -23,7 +23,7 @@ CPU_CONTIGUOUS = ["sdpa-contiguous"]
 GPU_BACKENDS = ["triton-paged", "torch-paged", "sdpa-contiguous", "triton-contiguous"]
 DEFAULT_BLOCK = 16
 
-CPU_CONTEXTS = [256, 1024, 4096]
+CPU_CONTEXTS = [512, 4096]
 CPU_BLOCK_SIZES = [1, 16, 128]
 CPU_BATCHES = [1, 4, 16]
 CPU_THROUGHPUT_CONTEXT = 1024  # 4096 x 16 sequences in fp32 is too slow for 2 shared cores

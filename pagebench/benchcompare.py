@@ -169,7 +169,8 @@ def run_suite(package_root: Path, bench_dir: Path, out_json: Path, *, select: st
         (Path(tmp) / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: slow\n    gpu: gpu\n")
         cmd = [python, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
                "--benchmark-enable", f"--benchmark-json={out_json}",
-               f"--benchmark-max-time={max_time}", "--benchmark-min-rounds=3"]
+               f"--benchmark-max-time={max_time}", "--benchmark-min-rounds=5",
+               "--benchmark-warmup=on", "--benchmark-warmup-iterations=1"]
         if select:
             cmd += ["-k", select]
         if marks:

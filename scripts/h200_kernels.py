@@ -36,20 +36,21 @@ def _checked(run, ref):
         return float("nan"), f"{type(e).__name__}: {message[0][:200] if message else ''}"
 
 
-def equivalence(device, long_len=5003) -> list[dict]:
+def equivalence(device, long_len=5003, shapes=EQ_SHAPES, block_sizes=EQ_BLOCK_SIZES,
+                dtypes=(torch.float32, torch.float16, torch.bfloat16)) -> list[dict]:
     """Every paged backend and contiguous baseline vs the float64 reference, poisoned caches."""
     rows = []
     gen = torch.Generator().manual_seed(0)
-    for dtype in (torch.float32, torch.float16, torch.bfloat16):
-        for shape in EQ_SHAPES:
-            for bs in EQ_BLOCK_SIZES:
+    for dtype in dtypes:
+        for shape in shapes:
+            for bs in block_sizes:
                 lens = [1, max(1, bs - 1), bs, bs + 1, long_len * 4 // 5, long_len]
                 lens += torch.randint(1, long_len, (2,), generator=gen).tolist()
                 inputs = {}
                 for name, b in registered_backends().items():
                     if b.decode is None or not b.supports("decode", device, dtype, bs, shape[2]):
                         continue
-                    if name == "flex" and (shape not in EQ_SHAPES[:2] or bs != 16):
+                    if name == "flex" and (shape not in EQ_SHAPES[:2] or bs not in (16, 128)):
                         continue  # each new shape recompiles flex_attention: check a few
                     poison = float("nan") if b.nan_safe else 300.0
                     if poison not in inputs:  # NaN != NaN: keyed by value, compile once each
@@ -110,6 +111,52 @@ def tuning(device, copy_gbps) -> list[dict]:
     return rows
 
 
+def ab_tests(device) -> dict:
+    """A/B the kernel's page-aligned table loads and SDPA's two GQA layouts; keep the faster."""
+    from pagebench.kernels import reference, triton_decode
+    from pagebench.kernels.sweep import _contiguous_case, _paged_case
+
+    shape = SHAPES["llama-3-8b"]
+    scale = shape[2] ** -0.5
+    rows, ratios_page, ratios_sdpa = [], [], []
+    for batch, context in ((1, 65536), (8, 4096), (64, 4096), (256, 4096)):
+        for bs in (1, 16, 128):
+            case = _paged_case(batch, context, shape, bs, torch.bfloat16, device, seed=2)
+            t = {}
+            for aligned in (False, True, False, True):  # interleaved, twice: drift shows
+                fn = lambda: triton_decode.triton_paged_decode(*case, scale, page_aligned=aligned)  # noqa
+                t.setdefault(aligned, []).append(
+                    measure(fn, device=device, warmup=3, repeat=30, cuda_graph=batch == 1).median_us)
+            per_token, aligned_t = min(t[False]), min(t[True])
+            ratios_page.append(aligned_t / per_token)
+            rows.append(f"page-aligned {batch}x{context} bs{bs}: per-token {per_token:.1f} us, "
+                        f"aligned {aligned_t:.1f} us (runs {t})")
+            del case
+        q, k, v, _ = _contiguous_case(batch, context, shape, torch.bfloat16, device, seed=2)
+        t = {}
+        for mode in ("groups", "gqa", "groups", "gqa"):
+            fn = lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode)  # noqa
+            try:
+                t.setdefault(mode, []).append(
+                    measure(fn, device=device, warmup=3, repeat=30, cuda_graph=batch == 1).median_us)
+            except Exception as e:  # noqa: BLE001
+                t.setdefault(mode, []).append(float("inf"))
+                rows.append(f"sdpa {mode} failed: {e}")
+        ratios_sdpa.append(min(t["gqa"]) / min(t["groups"]))
+        rows.append(f"sdpa {batch}x{context}: groups {min(t['groups']):.1f} us, "
+                    f"gqa {min(t['gqa']):.1f} us")
+        del q, k, v
+    geo = lambda xs: float(torch.tensor(xs).log().mean().exp())  # noqa: E731
+    triton_decode.PAGE_ALIGNED_TILES = geo(ratios_page) < 1.0
+    reference.SDPA_GQA_MODE = "gqa" if geo(ratios_sdpa) < 1.0 else "groups"
+    rows.append(f"chosen: PAGE_ALIGNED_TILES={triton_decode.PAGE_ALIGNED_TILES} "
+                f"(geomean aligned/per-token {geo(ratios_page):.3f}), SDPA_GQA_MODE="
+                f"{reference.SDPA_GQA_MODE} (geomean gqa/groups {geo(ratios_sdpa):.3f})")
+    print("\n".join(rows), flush=True)
+    return {"ab": rows, "page_aligned_tiles": triton_decode.PAGE_ALIGNED_TILES,
+            "sdpa_gqa_mode": reference.SDPA_GQA_MODE}
+
+
 def acceptance(df) -> list[str]:
     """The issue's acceptance ratios (llama shape, bf16, block 16)."""
     d = df[(df.model_shape == "llama-3-8b")]
@@ -151,6 +198,8 @@ def main() -> int:
     ap.add_argument("--skip-equivalence", action="store_true")
     ap.add_argument("--skip-tuning", action="store_true")
     ap.add_argument("--device", default="cuda", help="cpu: a tiny dry run of this script")
+    ap.add_argument("--eq-quick", action="store_true", help="fewer shapes in the equivalence run")
+    ap.add_argument("--ab", action="store_true", help="A/B kernel variants first, keep the faster")
     args = ap.parse_args()
     device = args.device
     os.makedirs(args.out, exist_ok=True)
@@ -160,7 +209,8 @@ def main() -> int:
     t0 = time.time()
     if not args.skip_equivalence:
         import pandas as pd
-        eq = pd.DataFrame(equivalence(device, 5003 if device == "cuda" else 40))
+        eq_kwargs = dict(shapes=EQ_SHAPES[:2]) if args.eq_quick else {}
+        eq = pd.DataFrame(equivalence(device, 5003 if device == "cuda" else 40, **eq_kwargs))
         eq.to_csv(os.path.join(args.out, "kernels_equivalence.csv"), index=False)
         worst = eq.groupby(["backend", "dtype"]).rel_err.max().unstack()
         print(worst.to_string(float_format=lambda x: f"{x:.1e}"), flush=True)
@@ -168,6 +218,8 @@ def main() -> int:
         meta["equivalence_failures"] = eq[~eq.ok].to_dict("records")
         print(f"equivalence: {len(eq)} checks, all ok: {bool(eq.ok.all())} "
               f"({time.time() - t0:.0f}s)", flush=True)
+    if args.ab and device == "cuda":
+        meta.update(ab_tests(device))
     copy = measure_copy_gbps(device) if device == "cuda" else float("nan")
     meta["copy_gbps"] = copy
     print(f"copy bandwidth (read+write): {copy:.0f} GB/s", flush=True)

@@ -82,8 +82,10 @@ def flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, blo
     k = k.expand(num_seqs, -1, -1, -1)
     v = v.expand(num_seqs, -1, -1, -1)
     flex = _compiled_flex() if q.is_cuda else _eager_flex()
+    # KV tile no larger than a page (flex's decode path clamps it so; its general path needs it)
+    options = {"BLOCK_N": min(block_size, 64)} if q.is_cuda else None
     out = flex(q.view(num_seqs, q_heads, 1, head_dim), k, v, block_mask=block_mask,
-               scale=scale, enable_gqa=q_heads != kv_heads)
+               scale=scale, enable_gqa=q_heads != kv_heads, kernel_options=options)
     return out.view(num_seqs, q_heads, head_dim)
 
 

@@ -12,18 +12,24 @@ import torch
 import torch.nn.functional as F
 
 
-def attend_decode(q, k, v, valid, scale):
-    """Dense decode attention. q [S, Hq, D]; k, v [S, L, Hkv, D]; valid [S, L] bool or None.
+# How SDPA sees GQA decode: "groups" lays the G query heads of a KV head out as G query
+# positions (reads each K/V head once, any torch); "gqa" passes one query position per head
+# with enable_gqa=True (torch >= 2.5). Both compute the same; scripts/h200_kernels.py times both.
+SDPA_GQA_MODE = "groups"
 
-    The query heads sharing a KV head are laid out as that head's G "query positions", so
-    SDPA reads each K/V head once (no repeat) and needs no GQA support of its own.
-    """
+
+def attend_decode(q, k, v, valid, scale, mode=None):
+    """Dense decode attention. q [S, Hq, D]; k, v [S, L, Hkv, D]; valid [S, L] bool or None."""
     num_seqs, q_heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group = q_heads // kv_heads
-    qg = q.reshape(num_seqs, kv_heads, group, head_dim)  # [S, Hkv, G, D]
     kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [S, Hkv, L, D] (views)
     mask = None if valid is None else valid[:, None, None, :]
+    if (mode or SDPA_GQA_MODE) == "gqa" and group > 1:
+        out = F.scaled_dot_product_attention(q[:, :, None, :], kt, vt, attn_mask=mask,
+                                             scale=scale, enable_gqa=True)
+        return out.reshape(num_seqs, q_heads, head_dim)
+    qg = q.reshape(num_seqs, kv_heads, group, head_dim)  # [S, Hkv, G, D]
     out = F.scaled_dot_product_attention(qg, kt, vt, attn_mask=mask, scale=scale)
     return out.reshape(num_seqs, q_heads, head_dim)
 
@@ -82,12 +88,12 @@ def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens,
     return out
 
 
-def sdpa_contiguous_decode(q, k, v, seq_lens, scale):
+def sdpa_contiguous_decode(q, k, v, seq_lens, scale, mode=None):
     """Contiguous baseline; ``seq_lens=None`` means every sequence fills max_len (no mask)."""
     valid = None
     if seq_lens is not None:
         valid = torch.arange(k.shape[1], device=k.device)[None, :] < seq_lens.to(torch.int64)[:, None]
-    return attend_decode(q, k, v, valid, scale)
+    return attend_decode(q, k, v, valid, scale, mode)
 
 
 # ---- float64 reference (tests) -------------------------------------------------------------

@@ -42,6 +42,13 @@ class Variant:
     layout: str  # "paged" | "contiguous"
 
 
+# Timed in this order at each point: the heavy gather runs last, so it cannot warm or throttle
+# the GPU ahead of the kernels it is compared with. Unlisted (third-party) backends come first.
+ORDER = ("sdpa-contiguous", "triton-contiguous", "triton-paged", "flex-paged", "torch-paged")
+# FlexAttention compiles once per shape and page size: sweep it at a few page sizes only
+FLEX_BLOCK_SIZES = (16, 128)
+
+
 def variants(device: str, include=None, exclude=()) -> list[Variant]:
     """Timed variants from the registry, for backends that run on ``device``."""
     out = []
@@ -55,7 +62,8 @@ def variants(device: str, include=None, exclude=()) -> list[Variant]:
             out.append(Variant(f"{name}-paged", name, "paged"))
         if b.contiguous is not None:
             out.append(Variant(f"{name}-contiguous", name, "contiguous"))
-    return out
+    rank = {label: i for i, label in enumerate(ORDER)}
+    return sorted(out, key=lambda v: rank.get(v.label, -1))
 
 
 def kv_bytes(batch: int, context: int, num_kv_heads: int, head_dim: int, dtype) -> int:
@@ -133,7 +141,8 @@ def _gather_bytes(variant: Variant, batch, context, shape, dtype) -> int:
 
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=torch.bfloat16, include=None, exclude=None, graph_batch1=None,
-              repeat=None, copy_gbps=None, progress=None, skipped=None):
+              repeat=None, copy_gbps=None, progress=None, skipped=None,
+              flex_block_sizes=FLEX_BLOCK_SIZES):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``quick`` on CPU: two small shapes, a handful of points, torch-paged vs sdpa-contiguous,
@@ -204,7 +213,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                 skipped.append(((shape_name, batch, context, None), "contiguous", "memory"))
             for block_size in block_sizes:
                 paged = [v for v in vs if v.layout == "paged"
-                         and registry.get_backend(v.backend).supports_block_size(block_size)]
+                         and registry.get_backend(v.backend).supports_block_size(block_size)
+                         and (v.backend != "flex" or block_size in flex_block_sizes)]
                 if not paged:
                     continue
                 if not _fits(device, need + need // block_size):

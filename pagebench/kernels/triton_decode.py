@@ -41,7 +41,7 @@ def _decode_split_kernel(
     stride_ps, stride_ph, stride_pk,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, PAGE_TILES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -66,13 +66,27 @@ def _decode_split_kernel(
     for tile_start in range(start, end, TILE_N):
         pos = tile_start + tl.arange(0, TILE_N)
         pos_ok = pos < end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-        slot = pos % BLOCK_SIZE
+        if PAGE_TILES == 1:  # tile inside one page: one table load, affine slots
+            page = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
+            slot = tile_start % BLOCK_SIZE + tl.arange(0, TILE_N)
+            k_row = page * stride_kb + slot * stride_kt
+            v_row = page * stride_vb + slot * stride_vt
+        elif PAGE_TILES == 2:  # tile = whole pages: one table load per page
+            page_idx = tile_start // BLOCK_SIZE + tl.arange(0, TILE_N // BLOCK_SIZE)
+            pages = tl.load(table_row + page_idx, mask=page_idx * BLOCK_SIZE < end,
+                            other=0).to(tl.int64)
+            slots = tl.arange(0, BLOCK_SIZE)
+            k_row = tl.reshape(pages[:, None] * stride_kb + slots[None, :] * stride_kt, [TILE_N])
+            v_row = tl.reshape(pages[:, None] * stride_vb + slots[None, :] * stride_vt, [TILE_N])
+        else:  # any block size: each token's page from the table
+            block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+            k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
+            v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
-        k = tl.load(K + (block * stride_kb + slot * stride_kt + kv_head * stride_kh)[:, None]
-                    + dims[None, :], mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
-        v = tl.load(V + (block * stride_vb + slot * stride_vt + kv_head * stride_vh)[:, None]
-                    + dims[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
+                    mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
+        v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
+                    mask=kv_mask, other=0.0)
         if IEEE_DOT:  # fp32 inputs (or upcast bf16 when interpreted): exact fp32 products
             s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
         else:
@@ -145,13 +159,32 @@ def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
     return 32 if head_dim > 128 or dtype == torch.float32 else 64
 
 
+# Page-aligned tiles: when the tile and the page sizes divide one another (powers of two), a
+# tile needs one table load per page instead of one per token. Set False to force per-token.
+PAGE_ALIGNED_TILES = True
+
+
+def page_tiles_mode(block_size: int, tile_n: int, aligned: bool) -> int:
+    """0: per-token table loads; 1: each tile inside one page; 2: each tile = whole pages."""
+    if not aligned:
+        return 0
+    if block_size >= tile_n and block_size % tile_n == 0:
+        return 1
+    if tile_n % block_size == 0:
+        return 2
+    return 0
+
+
 def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                         num_splits: int | None = None, tile_n: int | None = None,
-                        num_warps: int = 4, num_stages: int = 2):
+                        num_warps: int = 4, num_stages: int = 2,
+                        page_aligned: bool | None = None):
     """Paged decode; arguments as ``pagebench.kernels.paged_decode`` (already validated).
 
     ``num_splits`` defaults to ``choose_num_splits`` on the table's capacity (no device sync, so
-    the call can be captured in a CUDA graph); ``tile_n`` is the tokens per KV tile.
+    the call can be captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of
+    two); ``page_aligned`` (default ``PAGE_ALIGNED_TILES``) loads the table per page, not per
+    token, where tile and page sizes allow.
     """
     num_seqs, q_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
@@ -191,6 +224,8 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         GROUP=group, GROUP_PAD=group_pad, BLOCK_SIZE=block_size, TILE_N=tile_n,
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, DIRECT=direct,
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
+        PAGE_TILES=page_tiles_mode(block_size, tile_n,
+                                   PAGE_ALIGNED_TILES if page_aligned is None else page_aligned),
         num_warps=num_warps, num_stages=num_stages)
     if not direct:
         _combine_kernel[(num_seqs, q_heads)](

@@ -332,3 +332,38 @@ def test_kernel_claims_are_judged_on_the_gpu_when_one_measured_them():
     alone = Results()
     alone.add("kernels", cpu, "cpu sweep")
     assert by_key(alone)["batch1_slower"].verdict == FAILS
+
+
+def test_engine_bench_rows_are_routed_and_normalised(tmp_path):
+    """Rows as pagebench.engine.bench writes them: one file, an ``experiment`` column."""
+    rows = [
+        {"experiment": "cow", "variant": "n=1", "peak_blocks": 17},
+        {"experiment": "cow", "variant": "n=4 shared", "peak_blocks": 20},
+        {"experiment": "cow", "variant": "4 separate requests", "peak_blocks": 68},
+        {"experiment": "prefix_cache", "prefix_caching": False, "hit_rate": 0.0,
+         "num_computed_prompt_tokens": 2360},
+        {"experiment": "prefix_cache", "prefix_caching": True, "hit_rate": 0.65,
+         "num_computed_prompt_tokens": 824},
+        {"experiment": "pool_size", "num_blocks": 34, "num_preemptions": 6,
+         "recomputed_tokens": 500, "tokens_per_s": 100.0},
+        {"experiment": "pool_size", "num_blocks": 113, "num_preemptions": 0,
+         "recomputed_tokens": 0, "tokens_per_s": 70.0},
+        {"experiment": "throughput_vs_batch", "batch_size": 1, "block_size": 16,
+         "tokens_per_s": 10.0},
+        {"experiment": "throughput_vs_batch", "batch_size": 16, "block_size": 16,
+         "tokens_per_s": 260.0},
+    ]
+    (tmp_path / "cpu").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "cpu" / "engine.csv", index=False)
+    results = Results()
+    collect.load_data_dir(results, tmp_path)
+    assert {"engine_cow", "engine_prefix", "engine_pool", "engine_batch"} <= set(results.frames)
+    assert results.get("engine_batch")["batch"].tolist() == [1, 16]
+    c = by_key(results)
+    assert c["cow_n4"].verdict == HOLDS and "1.18×" in c["cow_n4"].measured
+    assert "4 unshared requests: 68" in c["cow_n4"].measured
+    assert c["prefix_caching"].verdict == HOLDS and "65.0%" in c["prefix_caching"].measured
+    assert c["preemption_signal"].verdict == HOLDS and "500 tokens recomputed" in \
+        c["preemption_signal"].measured
+    html = write_page(results, tmp_path)
+    assert html.count("<img") >= 4  # cow, prefix, pool, batch plots

@@ -143,15 +143,58 @@ def classify(path: Path) -> str | None:
     return None
 
 
+# pagebench.engine.bench's ``experiment`` values (and its function names) -> dataset
+ENGINE_EXPERIMENTS = {
+    "cow": "engine_cow", "cow_comparison": "engine_cow", "engine_cow": "engine_cow",
+    "prefix_cache": "engine_prefix", "prefix_cache_comparison": "engine_prefix",
+    "engine_prefix": "engine_prefix",
+    "pool_size": "engine_pool", "pool_size_sweep": "engine_pool", "engine_pool": "engine_pool",
+    "throughput_vs_batch": "engine_batch", "engine_batch": "engine_batch",
+}
+
+
+def normalise_engine(name: str, frame: pd.DataFrame) -> pd.DataFrame:
+    """The engine bench's column names -> the ones the report reads (both kept)."""
+    frame = frame.copy()
+    if name == "engine_batch" and "batch" not in frame.columns and "batch_size" in frame.columns:
+        frame["batch"] = frame["batch_size"]
+    if name == "engine_prefix" and "enable_prefix_caching" not in frame.columns \
+            and "prefix_caching" in frame.columns:
+        frame["enable_prefix_caching"] = frame["prefix_caching"]
+    if name == "engine_prefix" and "prefix_cache_hit_rate" not in frame.columns \
+            and "hit_rate" in frame.columns:
+        frame["prefix_cache_hit_rate"] = frame["hit_rate"]
+    if name == "engine_cow" and "n" not in frame.columns and "variant" in frame.columns:
+        # "n=1", "n=4 shared" -> n; "4 separate requests" -> no n (shown, not judged)
+        n = frame["variant"].astype(str).str.extract(r"^n\s*=\s*(\d+)")[0]
+        frame["n"] = pd.to_numeric(n, errors="coerce")
+    return frame
+
+
+def add_engine_rows(results: Results, frame: pd.DataFrame, source: str, default: str) -> None:
+    """Engine rows to their datasets: by ``experiment`` column if present, else ``default``."""
+    if "experiment" in frame.columns:
+        for exp, part in frame.groupby(frame["experiment"].astype(str), sort=False):
+            name = ENGINE_EXPERIMENTS.get(exp, "engine")
+            results.add(name, normalise_engine(name, part), source)
+        return
+    name = ENGINE_EXPERIMENTS.get(default, default if default.startswith("engine") else "engine")
+    results.add(name, normalise_engine(name, frame), source)
+
+
 def load_file(results: Results, name: str, path: Path, label: str) -> None:
     try:
-        frame = read_table(path, REQUIRED_COLUMNS.get(name, ()))
+        frame = read_table(path, () if name.startswith("engine") else
+                           REQUIRED_COLUMNS.get(name, ()))
     except DataError as e:
         results.warn(f"{name}: {e}")
         return
     if "machine" not in frame.columns:
         frame["machine"] = label
-    results.add(name, frame, str(path))
+    if name.startswith("engine"):
+        add_engine_rows(results, frame, str(path), default=name)
+    else:
+        results.add(name, frame, str(path))
 
 
 def load_data_dir(results: Results, root) -> None:

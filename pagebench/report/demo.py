@@ -97,7 +97,8 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
         "machine": label}), src)
     r.add("engine_pool", pd.DataFrame({
         "num_blocks": [64, 128, 256, 512], "num_preemptions": [12, 4, 0, 0],
-        "tokens_per_s": [700.0, 1100.0, 1500.0, 1510.0], "machine": label}), src)
+        "tokens_per_s": [700.0, 1100.0, 1500.0, 1510.0], "recomputed_tokens": [900, 300, 0, 0],
+        "machine": label}), src)
     r.add("engine_batch", pd.DataFrame({
         "batch": [1, 4, 16] * 2, "block_size": [16] * 3 + [32] * 3,
         "tokens_per_s": [100.0, 380.0, 1400.0, 98.0, 370.0, 1350.0], "machine": label}), src)

@@ -301,9 +301,11 @@ def engine(results: Results) -> Section:
         col = next((c for c in ("peak_blocks", "mean_blocks") if c in cow.columns), None)
         s.text("Copy-on-write: one prompt, n = 1 versus n = 4 completions. The prompt's blocks "
                "are shared; only divergent tokens take new blocks.")
-        if col and "n" in cow.columns:
-            g = cow.groupby(["machine", "n"], as_index=False)[col].mean()
-            g["case"] = g["machine"].astype(str) + " n=" + g["n"].astype(str)
+        key = "variant" if "variant" in cow.columns else "n" if "n" in cow.columns else None
+        if col and key:
+            g = cow.groupby(["machine", key], as_index=False, sort=False)[col].mean()
+            g["case"] = g["machine"].astype(str) + "\n" + (g[key].astype(str) if key == "variant"
+                                                          else "n=" + g[key].astype(str))
             s.plot(plots.grouped_bars(g, "case", [col], "KV blocks: n = 1 versus n = 4",
                                       "blocks", "bar chart of blocks for n=1 and n=4"))
         s.table(make_table(cow, "Copy-on-write comparison", data="engine_cow"))

@@ -166,22 +166,32 @@ def kernel_sweep(results: Results, device: str = "cpu", quick: bool = False) -> 
     results.add("kernels", frame, "pagebench.kernels.sweep.run_sweep (" + here(device) + ")")
 
 
-ENGINE_SWEEPS = (("cow_comparison", "engine_cow"), ("prefix_cache_comparison", "engine_prefix"),
-                 ("pool_size_sweep", "engine_pool"), ("throughput_vs_batch", "engine_batch"))
+# (function in pagebench.engine.bench, keyword arguments) sized for ~1 minute on 2 CPU cores with
+# the bench's tiny random-weight model; each returns tidy rows with an ``experiment`` column.
+ENGINE_SWEEPS = (
+    ("cow_comparison", dict(prompt_len=256, max_tokens=16)),
+    ("prefix_cache_comparison", dict(num_requests=8, max_tokens=8)),
+    ("pool_size_sweep", dict(pool_fractions=(0.3, 0.6, 1.0), num_requests=16, max_tokens=32)),
+    ("throughput_vs_batch", dict(batch_sizes=(1, 4, 16), block_sizes=(16, 128), max_tokens=16)),
+)
 
 
 def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) -> None:
     from pagebench.engine import bench
+    from pagebench.report.collect import add_engine_rows
 
-    for fn_name, name in ENGINE_SWEEPS:
+    for fn_name, kwargs in ENGINE_SWEEPS:
         fn = getattr(bench, fn_name, None)
         if fn is None:
             results.warn(f"engine: pagebench.engine.bench has no {fn_name}()")
             continue
         try:
-            frame = as_frame(call_with_supported(fn, device=device, quick=True))
+            if device != "cpu" and "model" in __import__("inspect").signature(fn).parameters:
+                kwargs = kwargs | {"model": bench.tiny_model(device=device)}
+            frame = as_frame(call_with_supported(fn, **kwargs))
         except Exception as e:  # noqa: BLE001 -- one failed comparison keeps the others
             results.warn(f"engine: {fn_name} failed ({type(e).__name__}: {e})")
             continue
         frame["machine"] = here(device)
-        results.add(name, frame, f"pagebench.engine.bench.{fn_name} ({here(device)})")
+        add_engine_rows(results, frame, f"pagebench.engine.bench.{fn_name} ({here(device)})",
+                        default=fn_name)

@@ -28,6 +28,8 @@ from pagebench.errors import PagebenchError
 
 # file-name prefix (under a data directory) -> dataset name; first match wins
 FILE_KINDS = (
+    ("kernels_equivalence", "kernels_equivalence"),
+    ("kernels_tuning", None),  # kernel launch-parameter tuning: not a report dataset
     ("kernels", "kernels"),
     ("engine_cow", "engine_cow"),
     ("engine_prefix", "engine_prefix"),
@@ -43,6 +45,7 @@ FILE_KINDS = (
 # columns a dataset must have to be usable; a file missing any of them is reported, not used
 REQUIRED_COLUMNS = {
     "kernels": ("device", "batch", "context", "block_size", "backend", "time_us"),
+    "kernels_equivalence": ("backend", "ok"),
     "engine_cow": ("n",),
     "engine_prefix": ("enable_prefix_caching",),
     "engine_pool": ("num_blocks",),
@@ -139,7 +142,7 @@ def classify(path: Path) -> str | None:
     stem = path.stem.lower()
     for prefix, name in FILE_KINDS:
         if stem.startswith(prefix):
-            return name
+            return name  # None: a known file that the report does not read
     return None
 
 

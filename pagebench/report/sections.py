@@ -227,6 +227,17 @@ def capacity(results: Results) -> Section:
 
 def kernels(results: Results) -> Section:
     s = Section("kernels", "Kernels: what paging costs per step, and what batching buys")
+    eq = results.get("kernels_equivalence")
+    if eq is not None:
+        ok = eq["ok"].astype(str).str.lower().isin(("true", "1"))
+        keys = [k for k in ("machine", "backend", "dtype") if k in eq.columns]
+        summary = eq.assign(passed=ok).groupby(keys, as_index=False).agg(
+            cases=("passed", "size"), passed=("passed", "sum"),
+            **({"max_rel_err": ("rel_err", "max")} if "rel_err" in eq.columns else {}))
+        s.text(f"Equivalence against a float64 contiguous reference: {int(ok.sum())} of "
+               f"{len(eq)} cases within tolerance.")
+        s.table(make_table(summary, "Paged kernels versus the float64 reference",
+                           data="kernels_equivalence"))
     raw = derive.kernel_rows(results.get("kernels"))
     if raw is None:
         s.nodata("kernel sweep (run without --quick on this machine, or commit "

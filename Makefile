@@ -39,14 +39,14 @@ clean-venv:
 # ---- benchmarks ---------------------------------------------------------------------------
 # `make bench`: time the pytest-benchmark micro-benchmarks, JSON for `pagebench report`.
 # `make bench-compare BASE=main [HEAD_REV=HEAD]`: regression gate, exit 1 if any is >10% slower.
-# `make asv-quick`: asv over the last two commits, built offline into .asv/env, then publish.
+# `make asv-quick`: asv over the last two commits (HEAD~2..HEAD), each built offline into .asv/env.
 BENCH_JSON ?= reports/data/cpu/pytest-benchmark.json
 BASE ?= HEAD~1
 HEAD_REV ?= HEAD
 THRESHOLD ?= 0.10
 ASV := $(VENV)/bin/asv
 ASV_MACHINE ?= $(shell hostname)
-ASV_RANGE ?= HEAD~1..HEAD
+ASV_RANGE ?= HEAD~2..HEAD
 # asv installs asv_runner and pympler into each environment: .asv/wheelhouse has them offline
 ASV_ENV = PIP_FIND_LINKS="$${PIP_FIND_LINKS:-} $(CURDIR)/.asv/wheelhouse"
 
@@ -64,5 +64,5 @@ asv-quick: $(STAMP) .asv/wheelhouse
 	$(ASV) machine --yes --machine $(ASV_MACHINE) --os "$$(uname -sr)" --arch "$$(uname -m)" \
 	  --num_cpu "$$(nproc)" --cpu "$$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)" \
 	  --ram "$$(awk '/MemTotal/ {print $$2 "kB"}' /proc/meminfo)"
-	$(ASV_ENV) $(ASV) run --quick --show-stderr --machine $(ASV_MACHINE) $(ASV_RANGE)
+	$(ASV_ENV) $(ASV) run --quick --show-stderr --machine $(ASV_MACHINE) -b '^(?!.*Cuda)' $(ASV_RANGE)
 	$(ASV) publish

@@ -53,7 +53,7 @@ def _median_us(fn) -> float:
 class Decode:
     """`generate` for a batch of 16-token prompts, 32 new tokens each (greedy, ignore EOS)."""
 
-    params = [[1, 8, 32], [8, 16, 32, 128]] if not ON_GPU else [[1, 32, 256], [16, 128]]
+    params = [[1, 8, 32], [8, 16, 128]] if not ON_GPU else [[1, 32, 256], [16, 128]]
     param_names = ["batch", "block_size"]
     timeout = 900
 

@@ -63,6 +63,10 @@ class Section:
 # ---- formatting --------------------------------------------------------------------------
 
 PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
+# shown once per dataset in the environment section, not in every table (all kept in the CSVs)
+PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
+                      "pagebench_version", "python_version", "commit", "source", "experiment",
+                      "timing_method", "method")
 
 
 def fmt(value, column: str = "") -> str:
@@ -92,7 +96,8 @@ def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | 
                max_rows: int = 60) -> Table | None:
     if df is None or len(df) == 0:
         return None
-    cols = [c for c in (columns or df.columns) if c in df.columns]
+    cols = [c for c in (columns or [c for c in df.columns if c not in PROVENANCE_COLUMNS])
+            if c in df.columns]
     shown = df[cols].head(max_rows)
     rows = [[fmt(v, c) for c, v in zip(cols, rec)] for rec in shown.itertuples(index=False)]
     if len(df) > max_rows:

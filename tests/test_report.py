@@ -135,6 +135,7 @@ def test_claims_on_synthetic_data():
     assert c["preemption_signal"].verdict == HOLDS
     assert c["prior_systems"].verdict == HOLDS and c["paging_96"].verdict == HOLDS
     assert c["capacity_2_4x"].verdict == HOLDS
+    assert c["memory_buys_throughput"].verdict == HOLDS and "3.4×" in c["memory_buys_throughput"].measured
     assert c["about_250"].verdict == HOLDS
     assert all(c[k].device for k in c if c[k].verdict != UNMEASURED)
 

@@ -36,7 +36,7 @@ FILE_KINDS = (
     ("engine_pool", "engine_pool"),
     ("engine_batch", "engine_batch"),
     ("engine_throughput", "engine_batch"),
-    ("engine_compare", "engine_compare"),
+    ("engine_equal_memory", "engine_equal_memory"),
     ("engine", "engine"),
     ("capacity", "capacity"),
     ("dynamic", "memory_dynamic_summary"),
@@ -153,6 +153,7 @@ ENGINE_EXPERIMENTS = {
     "engine_prefix": "engine_prefix",
     "pool_size": "engine_pool", "pool_size_sweep": "engine_pool", "engine_pool": "engine_pool",
     "throughput_vs_batch": "engine_batch", "engine_batch": "engine_batch",
+    "equal_memory": "engine_equal_memory", "equal_memory_comparison": "engine_equal_memory",
 }
 
 

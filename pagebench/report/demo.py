@@ -102,6 +102,9 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     r.add("engine_batch", pd.DataFrame({
         "batch": [1, 4, 16] * 2, "block_size": [16] * 3 + [32] * 3,
         "tokens_per_s": [100.0, 380.0, 1400.0, 98.0, 370.0, 1350.0], "machine": label}), src)
+    r.add("engine_equal_memory", pd.DataFrame({
+        "method": ["padded_generate", "engine"], "concurrent_seqs": [8, 40],
+        "tokens_per_s": [900.0, 3100.0], "machine": label}), src)
     r.add("asv", pd.DataFrame([{"machine": label, "commit": "abc", "date": 1,
                                 "benchmark": "attention.Decode.track_time", "params": "16",
                                 "value": 12.5, "unit": "us"}]), src)

@@ -66,7 +66,7 @@ PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
 # shown once per dataset in the environment section, not in every table (all kept in the CSVs)
 PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
                       "pagebench_version", "python_version", "commit", "source", "experiment",
-                      "timing_method", "method")
+                      "timing_method")
 
 
 def fmt(value, column: str = "") -> str:
@@ -132,8 +132,6 @@ def environment(results: Results, env: dict, options: dict) -> Section:
                       ["dataset", "rows", "device", "versions", "commit", "from"], srcs))
     methods = set()
     for frame in results.frames.values():
-        if "method" in frame.columns:
-            methods.update(frame["method"].dropna().astype(str))
         if "timing_method" in frame.columns:
             methods.update(frame["timing_method"].dropna().astype(str))
     s.text("Timing: one primitive (pagebench.timing.measure): CPU perf_counter after warm-up, "
@@ -367,6 +365,17 @@ def engine(results: Results) -> Section:
         s.table(make_table(batch, "Engine throughput versus batch", data="engine_batch"))
     elif batch is None:
         s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
+    eq = results.get("engine_equal_memory")
+    if eq is not None:
+        any_data = True
+        s.text("Equal KV memory: the paged engine against transformers' padded generate, which "
+               "reserves prompt + max_tokens slots per sequence.")
+        if {"method", "tokens_per_s"} <= set(eq.columns):
+            g = eq.groupby(["machine", "method"], as_index=False)["tokens_per_s"].max()
+            g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
+            s.plot(plots.grouped_bars(g, "case", ["tokens_per_s"], "Same KV memory: tokens/s",
+                                      "tokens/s", "bar chart of throughput at equal memory"))
+        s.table(make_table(eq, "Equal-memory comparison", data="engine_equal_memory"))
     other = results.get("engine")
     if other is not None:
         any_data = True

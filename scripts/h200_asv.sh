@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # asv on a GPU machine with no package index: this working tree's suites against the packages of
-# the last N commits that touched pagebench/kernels or pagebench/engine, `-E existing` with
+# the last N commits that touched pagebench/kernels (H200_PATHS), `-E existing` with
 # `--set-commit-hash` per commit, `--launch-method spawn` (CUDA cannot start in a forked child).
 #
 # What "against a commit" means here: the benchmark suite is always this working tree's (as asv
@@ -11,13 +11,16 @@
 #   there:  bash scripts/h200_asv.sh run        # (device run, carry [".h200"]); results in $OUT
 #   here:   scripts/h200_asv.sh collect DIR     # DIR/asv_results/h200/*.json -> asv_results/h200/
 #
-# Environment: H200_COMMITS (3), ASV_MACHINE (h200), H200_BUDGET_S (seconds for all passes, 300),
+# Environment: H200_COMMITS (3), H200_PATHS (pagebench/kernels), ASV_MACHINE (h200), H200_BUDGET_S (seconds for all passes, 300),
 # H200_PASSES (lines "COMMIT_INDEX full|headline ASV_B_REGEX"; see PASSES below), H200_LAUNCH
 # (spawn), H200_PYTHON (python3).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 N=${H200_COMMITS:-3}
+# The GPU passes time attention, i.e. pagebench/kernels: commits that only touched the engine
+# would measure the same kernels again. H200_PATHS="pagebench/kernels pagebench/engine" widens it.
+PATHS=${H200_PATHS:-pagebench/kernels}
 MACHINE=${ASV_MACHINE:-h200}
 BUDGET_S=${H200_BUDGET_S:-300}
 LAUNCH=${H200_LAUNCH:-spawn}
@@ -36,7 +39,8 @@ prepare() {
   cd "$ROOT"
   mkdir -p .h200/whl
   git bundle create .h200/repo.bundle main 2>/dev/null
-  git log -n "$N" --format=%H main -- pagebench/kernels pagebench/engine > .h200/commits.txt
+  # shellcheck disable=SC2086
+  git log -n "$N" --format=%H main -- $PATHS > .h200/commits.txt
   if ! ls .h200/whl/asv-0.6.6-*.whl >/dev/null 2>&1; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \

@@ -19,6 +19,7 @@ from pagebench.errors import ConfigError, PagebenchError
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
+UTILISATION_EVERY = 8  # steps between samples of the pool's token utilisation
 
 
 def load_model(model, dtype=None, device=None):
@@ -146,7 +147,7 @@ class LLMEngine:
             pending[rid] = seqs[1:]
             outputs.append(RequestOutput(rid, list(prompt),
                                          [CompletionOutput(i) for i in range(params.n)]))
-        steps, computed_prompt, generated = [], 0, 0
+        steps, utilisation, computed_prompt, generated = [], [], 0, 0
         bs = self.block_size
         bar = _progress(len(prompts) * params.n, use_tqdm)
         t0 = time.perf_counter()
@@ -167,8 +168,9 @@ class LLMEngine:
                 steps.append(dict(step=len(steps), batch_size=len(batch.seqs),
                                   num_batched_tokens=batch.num_tokens,
                                   blocks_used=bm.num_used_blocks,
-                                  num_preempted=batch.num_preempted,
-                                  token_utilisation=bm.token_utilisation))
+                                  num_preempted=batch.num_preempted))
+                if len(steps) % UTILISATION_EVERY == 1:  # O(blocks): sampled, not every step
+                    utilisation.append(bm.token_utilisation)
                 sampled_seqs = [batch.seqs[r] for r in rows]
                 if sampled_seqs:
                     generated += self._sample_and_advance(sampled_seqs, logits, pending,
@@ -181,7 +183,8 @@ class LLMEngine:
             if bar is not None:
                 bar.close()
         elapsed = time.perf_counter() - t0
-        self.stats = self._summarise(prompts, steps, computed_prompt, generated, elapsed)
+        self.stats = self._summarise(prompts, steps, utilisation, computed_prompt, generated,
+                                     elapsed)
         return outputs
 
     def _sample_and_advance(self, seqs, logits, pending, outputs, bar) -> int:
@@ -212,10 +215,10 @@ class LLMEngine:
                     bar.update(1)
         return len(all_seqs)
 
-    def _summarise(self, prompts, steps, computed_prompt, generated, elapsed) -> dict:
+    def _summarise(self, prompts, steps, util, computed_prompt, generated, elapsed) -> dict:
         num_prompt = sum(len(p) for p in prompts)
         blocks = [s["blocks_used"] for s in steps] or [0]
-        util = [s["token_utilisation"] for s in steps] or [0.0]
+        util = util or [0.0]
         return dict(
             peak_blocks=max(blocks),
             mean_blocks=sum(blocks) / len(blocks),

@@ -207,7 +207,7 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
 
 @styled
 def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlabel: str,
-               alt: str, hue: str | None = None) -> Plot | None:
+               alt: str, hue: str | None = None, logx: bool = False) -> Plot | None:
     """``left`` (solid) and ``right`` (dashed, second axis) against ``x``."""
     if _empty(df):
         return None
@@ -221,6 +221,8 @@ def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlab
         ax.plot(g[x], g[left].astype(float), marker="o", color=color, label=label(left + suffix))
         ax2.plot(g[x], g[right].astype(float), marker="s", linestyle="--", color=color,
                  label=label(right + suffix))
+    if logx:
+        log2_axis(ax, df[x])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(label(left))
     ax2.set_ylabel(label(right))

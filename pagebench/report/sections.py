@@ -424,6 +424,12 @@ def recommendation(results: Results) -> tuple[Section, dict | None]:
         s.text(f"Memory alone favours block size {rec['block_size']} "
                f"({rec['utilisation']:.1%}), but no kernel data was measured, so the cost of "
                "small blocks in the attention kernel is unknown here: treat this as incomplete.")
+    if rec["kernel_measured"]:
+        s.plot(plots.twin_lines(rec["table"], "block_size", "utilisation",
+                                "relative_kernel_time", "What a block size buys (utilisation) "
+                                "and costs (paged kernel time, 1.0 = best block size)",
+                                "block size", "line chart of utilisation and kernel time "
+                                "versus block size", logx=True))
     s.table(make_table(rec["table"], "Score = utilisation / relative kernel time",
                        data="recommendation"))
     return s, rec

@@ -368,3 +368,11 @@ def test_engine_bench_rows_are_routed_and_normalised(tmp_path):
         c["preemption_signal"].measured
     html = write_page(results, tmp_path)
     assert html.count("<img") >= 4  # cow, prefix, pool, batch plots
+
+
+def test_rewriting_the_report_drops_stale_csvs(tmp_path):
+    write_page(synthetic_results(), tmp_path)
+    assert (tmp_path / "index_data" / "engine_cow.csv").exists()
+    write_page(Results(), tmp_path)
+    assert not (tmp_path / "index_data" / "engine_cow.csv").exists()
+    assert (tmp_path / "index_data" / "claims.csv").exists()

@@ -133,6 +133,11 @@ def _umask() -> int:
 def write_datasets(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -> dict:
     """One CSV per dataset in ``data_dir``; returns dataset name -> href relative to ``base``."""
     hrefs = {}
+    data_dir.mkdir(parents=True, exist_ok=True)
+    written = {f"{name}.csv" for name, frame in frames.items() if frame is not None and len(frame)}
+    for stale in data_dir.glob("*.csv"):  # from an earlier run: would link to nothing
+        if stale.name not in written:
+            stale.unlink()
     for name, frame in frames.items():
         if frame is None or len(frame) == 0:
             continue

@@ -69,7 +69,7 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
     page, claims, rec = build_sections(results, env, options)
     frames = dict(results.frames) | derived_frames(results, rec, claims)
-    hrefs = render.write_datasets(frames, data_dir, out.parent)
+    hrefs = render.dataset_hrefs(frames, data_dir, out.parent)
     headline = ""
     if rec is not None:
         headline = (f"Recommended block size: {rec['block_size']}"
@@ -83,6 +83,8 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
                  f"{env.get('commit')}",
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         sections=page, warnings=results.warnings, hrefs=hrefs, headline=headline)
+    # the page is rendered before anything is written: a failure changes no file
+    render.write_datasets(frames, data_dir)
     render.atomic_write_text(out, html)
     return out
 

@@ -130,18 +130,20 @@ def _umask() -> int:
     return mask
 
 
-def write_datasets(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -> dict:
-    """One CSV per dataset in ``data_dir``; returns dataset name -> href relative to ``base``."""
-    hrefs = {}
+def dataset_hrefs(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -> dict:
+    """Dataset name -> href (relative to ``base``) of its CSV, for every non-empty frame."""
+    return {name: os.path.relpath(data_dir / f"{name}.csv", base).replace(os.sep, "/")
+            for name, frame in frames.items() if frame is not None and len(frame)}
+
+
+def write_datasets(frames: dict[str, pd.DataFrame], data_dir: Path) -> None:
+    """One CSV per non-empty dataset in ``data_dir``; CSVs of an earlier run that this run
+    did not produce are removed (the page would link to nothing)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     written = {f"{name}.csv" for name, frame in frames.items() if frame is not None and len(frame)}
-    for stale in data_dir.glob("*.csv"):  # from an earlier run: would link to nothing
+    for stale in data_dir.glob("*.csv"):
         if stale.name not in written:
             stale.unlink()
     for name, frame in frames.items():
-        if frame is None or len(frame) == 0:
-            continue
-        path = data_dir / f"{name}.csv"
-        atomic_write_text(path, frame.to_csv(index=False))
-        hrefs[name] = os.path.relpath(path, base).replace(os.sep, "/")
-    return hrefs
+        if frame is not None and len(frame):
+            atomic_write_text(data_dir / f"{name}.csv", frame.to_csv(index=False))

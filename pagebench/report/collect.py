@@ -37,6 +37,7 @@ FILE_KINDS = (
     ("engine_batch", "engine_batch"),
     ("engine_throughput", "engine_batch"),
     ("engine_equal_memory", "engine_equal_memory"),
+    ("engine_vs_transformers", "engine_compare"),
     ("engine", "engine"),
     ("capacity", "capacity"),
     ("dynamic", "memory_dynamic_summary"),
@@ -154,6 +155,7 @@ ENGINE_EXPERIMENTS = {
     "pool_size": "engine_pool", "pool_size_sweep": "engine_pool", "engine_pool": "engine_pool",
     "throughput_vs_batch": "engine_batch", "engine_batch": "engine_batch",
     "equal_memory": "engine_equal_memory", "equal_memory_comparison": "engine_equal_memory",
+    "compare_with_transformers": "engine_compare", "engine_compare": "engine_compare",
 }
 
 

@@ -365,6 +365,20 @@ def engine(results: Results) -> Section:
         s.table(make_table(batch, "Engine throughput versus batch", data="engine_batch"))
     elif batch is None:
         s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
+    cmp_ = results.get("engine_compare")
+    if cmp_ is not None:
+        any_data = True
+        s.text("The engine against transformers' own generation on the same model and requests: "
+               "continuous batching with its paged cache (generate_batch) and generate on the "
+               "whole left-padded batch (contiguous cache).")
+        if {"method", "tokens_per_s"} <= set(cmp_.columns):
+            g = cmp_.groupby(["machine", "method"], as_index=False, sort=False)["tokens_per_s"] \
+                .median()
+            g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
+            s.plot(plots.grouped_bars(g, "case", ["tokens_per_s"],
+                                      "Engine versus transformers: tokens/s", "tokens/s",
+                                      "bar chart of engine versus transformers throughput"))
+        s.table(make_table(cmp_, "Engine versus transformers", data="engine_compare"))
     eq = results.get("engine_equal_memory")
     if eq is not None:
         any_data = True

@@ -140,14 +140,17 @@ def _gather_bytes(variant: Variant, batch, context, shape, dtype) -> int:
 
 
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
-              dtype=torch.bfloat16, include=None, exclude=None, graph_batch1=None,
+              dtype=None, include=None, exclude=None, graph_batch1=None,
               repeat=None, copy_gbps=None, progress=None, skipped=None,
-              flex_block_sizes=FLEX_BLOCK_SIZES):
+              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
+    ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU.
     ``quick`` on CPU: two small shapes, a handful of points, torch-paged vs sdpa-contiguous,
     well under a minute on two cores. On CUDA (quick=False) the full H200 grid of the issue.
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
+    On CUDA, ``graph_all`` times every point with and without a CUDA graph (else batch 1 only,
+    ``graph_batch1``).
     """
     import pandas as pd
 
@@ -159,13 +162,15 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         shapes = shapes or {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
         points = points or [(1, 256), (1, 1024), (4, 256), (8, 512)]
         block_sizes = block_sizes or (1, 16, 128)
-        dtype = torch.float32 if dtype == torch.bfloat16 else dtype
         repeat = repeat or 5
+    dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
     shapes = shapes or SHAPES
     points = points or (FULL_POINTS if not quick else [(1, 4096), (8, 4096), (1, 16384)])
     block_sizes = block_sizes or (FULL_BLOCK_SIZES if not quick else (16,))
     repeat = repeat or 30
     exclude = exclude if exclude is not None else (() if on_cuda else CPU_EXCLUDED)
+    # On CUDA every point is also timed through a CUDA graph (as a serving engine runs decode):
+    # without one, a Triton call's Python launch overhead (tens of us) hides small kernels.
     graph_batch1 = on_cuda if graph_batch1 is None else graph_batch1
     vs = variants(device, include, exclude)
     env = environment(device)
@@ -195,7 +200,11 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         if progress:
             progress(rows[-1])
 
-    graphs = lambda batch: (False, True) if graph_batch1 and batch == 1 else (False,)  # noqa: E731
+    def graphs(batch):
+        if graph_all and on_cuda:
+            return (False, True)
+        return (False, True) if graph_batch1 and batch == 1 else (False,)
+
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
         for batch, context in points:

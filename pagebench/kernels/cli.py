@@ -1,0 +1,102 @@
+"""`pagebench bench`: time paged vs contiguous decode kernels, write tidy CSV/JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise ValueError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="time paged vs contiguous decode kernels (tidy CSV/JSON)",
+        description="Time every registered decode backend (paged and contiguous) over batch, "
+        "context and block size. Default on CPU: a quick sweep (torch-paged vs sdpa-contiguous, "
+        "small sizes, < 1 min). On CUDA: the full grid unless --quick.")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--quick", action="store_true", help="small grid (default on CPU)")
+    p.add_argument("--shape", action="append", metavar="NAME=HQ/HKV/D",
+                   help="attention shape, e.g. llama-3-8b=32/8/128 (repeatable; default: the "
+                   "Llama-3-8B and Qwen2.5-0.5B shapes)")
+    p.add_argument("--batches", type=_ints, help="with --contexts: the grid's batch sizes")
+    p.add_argument("--contexts", type=_ints, help="context lengths (tokens)")
+    p.add_argument("--block-sizes", type=_ints)
+    p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--backends", help="comma-separated backend names (default: all that run here)")
+    p.add_argument("--repeat", type=int, default=None, help="timed repeats per point")
+    p.add_argument("--out", default=None, help="CSV path; a JSON with the same rows is written "
+                   "beside it (default: print only)")
+    p.add_argument("--list-backends", action="store_true",
+                   help="print available backends and their capabilities, then exit")
+    p.set_defaults(func=run_bench)
+
+
+def _parse_shape(text: str) -> tuple[str, tuple[int, int, int]]:
+    try:
+        name, dims = text.split("=", 1)
+        hq, hkv, d = (int(x) for x in dims.split("/"))
+    except ValueError:
+        raise ValueError(f"--shape: expected NAME=HQ/HKV/D, got {text!r}") from None
+    if min(hq, hkv, d) < 1 or hq % hkv:
+        raise ValueError(f"--shape: heads must be positive and HQ a multiple of HKV, got {text!r}")
+    return name, (hq, hkv, d)
+
+
+def run_bench(args) -> int:
+    import torch
+
+    from pagebench.kernels import available_backends
+    from pagebench.kernels.sweep import run_sweep
+
+    if args.list_backends:
+        print(json.dumps(available_backends(), indent=2))
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested but no CUDA device is available")
+    if args.repeat is not None and args.repeat < 1:
+        raise ValueError(f"--repeat: must be >= 1, got {args.repeat}")
+    shapes = dict(_parse_shape(s) for s in args.shape) if args.shape else None
+    points = None
+    if args.batches or args.contexts:
+        if not (args.batches and args.contexts):
+            raise ValueError("--batches/--contexts: give both (the grid is their product)")
+        points = [(b, c) for b in args.batches for c in args.contexts]
+    include = None
+    if args.backends:
+        include = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = sorted(set(include) - set(available_backends()))
+        if unknown:
+            raise ValueError(f"--backends: not available here: {unknown} "
+                             f"(available: {sorted(available_backends())})")
+    quick = args.quick or args.device == "cpu"
+    dtype = getattr(torch, args.dtype) if args.dtype else (
+        torch.bfloat16 if args.device == "cuda" else torch.float32)
+    skipped: list = []
+    df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
+                   block_sizes=args.block_sizes, dtype=dtype, include=include,
+                   exclude=None if include is None else (), repeat=args.repeat,
+                   skipped=skipped)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        df.to_csv(args.out, index=False)
+        json_path = os.path.splitext(args.out)[0] + ".json"
+        with open(json_path, "w") as f:
+            json.dump({"rows": df.to_dict("records"),
+                       "skipped": [list(map(str, s)) for s in skipped]}, f, indent=1, default=str)
+        print(f"wrote {len(df)} rows to {args.out} and {json_path}")
+    cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph", "time_us",
+            "gbps"]
+    print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    for s in skipped:
+        print("skipped:", *s)
+    return 0

@@ -1,0 +1,117 @@
+"""Every registered paged-decode backend that runs here equals a float64 reference, on any input.
+
+hypothesis draws the shape (sequences, KV heads, GQA ratio, head_dim), the block size (1,
+non-powers of two, ...), each sequence's length (1, block_size - 1, block_size, block_size + 1,
+or anything up to a few blocks), the dtype and a scattered block table. Every cache slot and
+table entry a sequence must not read is poisoned (NaN; large finite values for backends that
+declare ``nan_safe=False``), so any out-of-range read shows in the output. Backends are taken
+from the registry at collection time: a third-party backend registered before the tests run
+(e.g. in a conftest) is checked with no other change. On CUDA the same suite runs at real sizes.
+"""
+
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given, note, settings
+
+from pagebench.kernels import paged_decode, registered_backends
+from pagebench.kernels.reference import reference_decode
+from pagebench.kernels.registry import _available
+from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# examples per backend in the "ci" profile (40 examples); scaled up with the profile
+CI_EXAMPLES = {"torch": 60, "triton": 30, "flex": 6}
+DEFAULT_CI_EXAMPLES = 12
+
+
+def backends_for(device: str) -> list[str]:
+    """Registered, available backends with a paged decode that runs on ``device``."""
+    return sorted(name for name, b in registered_backends().items()
+                  if b.decode is not None and device in b.devices and _available(b))
+
+
+def examples_for(backend: str) -> int:
+    budget = CI_EXAMPLES.get(backend, DEFAULT_CI_EXAMPLES)
+    return max(1, round(budget * settings.default.max_examples / 40))
+
+
+@st.composite
+def decode_cases(draw, backend, large=False):
+    b = registered_backends()[backend]
+    block_size = draw(st.sampled_from([1, 2, 3, 5, 8, 16, 17, 32] if not large
+                                      else [1, 7, 16, 32, 128]))
+    if not b.supports_block_size(block_size):
+        block_size = draw(st.sampled_from([16, 32]))
+    kv_heads = draw(st.sampled_from([1, 2]) if not large else st.sampled_from([1, 2, 8]))
+    ratio = draw(st.sampled_from([1, 2, 4, 7, 8, 16]))
+    head_dims = [16, 32, 64] if not large else [64, 80, 96, 128, 256]
+    head_dim = draw(st.sampled_from([d for d in head_dims if b.supports_head_dim(d)]))
+    num_seqs = draw(st.integers(1, 3 if not large else 8))
+    longest = 3 * block_size + 5 if not large else 6000
+    lengths = draw(st.lists(
+        st.one_of(st.sampled_from([1, max(1, block_size - 1), block_size, block_size + 1]),
+                  st.integers(1, longest)), min_size=num_seqs, max_size=num_seqs))
+    dtype = draw(st.sampled_from([d for d in DTYPES if d in b.dtypes]))
+    seed = draw(st.integers(0, 2**16))
+    return dict(lengths=lengths, q_heads=kv_heads * ratio, kv_heads=kv_heads, head_dim=head_dim,
+                block_size=block_size, dtype=dtype, seed=seed)
+
+
+def check_backend(backend: str, case: dict, device: str = "cpu", **kernel_options) -> None:
+    b = registered_backends()[backend]
+    poison = float("nan") if b.nan_safe else 300.0
+    inp = make_paged_inputs(case["lengths"], case["q_heads"], case["kv_heads"], case["head_dim"],
+                            case["block_size"], case["dtype"], device, seed=case["seed"],
+                            poison_value=poison)
+    note(f"tables={inp.block_tables.tolist()}")
+    ref = reference_decode(*inp.args())
+    if kernel_options:
+        out = b.decode(*inp.args(), case["head_dim"] ** -0.5, **kernel_options)
+    else:
+        out = paged_decode(*inp.args(), backend=backend)
+    assert out.shape == inp.q.shape and out.dtype == inp.q.dtype
+    assert not torch.isnan(out).any(), "NaN in the output: a poisoned slot or entry was read"
+    err = relative_error(out, ref)
+    assert err < TOLERANCE[case["dtype"]], f"relative error {err:.2e}"
+
+
+def run_property(backend: str, device: str = "cpu", large: bool = False, examples=None):
+    @settings(max_examples=examples or examples_for(backend), deadline=None)
+    @given(case=decode_cases(backend, large))
+    def prop(case):
+        check_backend(backend, case, device)
+    prop()
+
+
+@pytest.mark.parametrize("backend", backends_for("cpu"))
+def test_paged_decode_matches_float64_reference_cpu(backend):
+    run_property(backend)
+
+
+def test_triton_split_kv_and_tiles_match_reference():
+    """The split-KV combine and tile boundaries, forced at CPU sizes (auto picks one split)."""
+    if "triton" not in backends_for("cpu"):
+        pytest.skip("triton not installed")
+    from pagebench.kernels.triton_decode import triton_paged_decode
+
+    @settings(max_examples=examples_for("triton"), deadline=None)
+    @given(case=decode_cases("triton"), splits=st.integers(2, 5), tile_n=st.sampled_from([16, 32]))
+    def prop(case, splits, tile_n):
+        inp = make_paged_inputs(case["lengths"], case["q_heads"], case["kv_heads"],
+                                case["head_dim"], case["block_size"], case["dtype"],
+                                seed=case["seed"])
+        out = triton_paged_decode(*inp.args(), case["head_dim"] ** -0.5, num_splits=splits,
+                                  tile_n=tile_n)
+        assert not torch.isnan(out).any()
+        assert relative_error(out, reference_decode(*inp.args())) < TOLERANCE[case["dtype"]]
+    prop()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", backends_for("cuda"))
+def test_paged_decode_matches_float64_reference_cuda(backend):
+    run_property(backend, device="cuda", large=True, examples=10)

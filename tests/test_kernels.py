@@ -1,0 +1,266 @@
+"""Kernels: API behaviour, prefill, cache writes, head dims, registry, sweep and CLI (CPU)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from pagebench.cli import main as cli_main
+from pagebench.kernels import (available_backends, contiguous_decode, copy_blocks, get_backend,
+                               paged_decode, paged_prefill, register_backend,
+                               registered_backends, unregister_backend, write_kv)
+from pagebench.kernels.reference import (reference_contiguous, reference_decode,
+                                         reference_prefill, torch_paged_decode)
+from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
+
+HAS_TRITON = "triton" in available_backends()
+
+
+def test_triton_interpret_is_set_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: Triton compiles for the GPU")
+    assert os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def test_available_backends_report_capabilities():
+    backends = available_backends()
+    assert {"torch", "sdpa"} <= set(backends)
+    torch_caps = backends["torch"]
+    assert "cpu" in torch_caps["devices"]
+    assert set(torch_caps["dtypes"]) == {"float32", "float16", "bfloat16"}
+    assert torch_caps["block_sizes"] == "any >= 1"
+    assert "decode" in torch_caps["operations"] and "prefill" in torch_caps["operations"]
+    assert backends["sdpa"]["operations"] == ["contiguous"]
+
+
+def test_auto_on_cpu_uses_the_torch_backend_and_matches_reference():
+    inp = make_paged_inputs([1, 5, 16, 17], 8, 2, 32, 16, seed=1)
+    out = paged_decode(*inp.args())
+    assert relative_error(out, reference_decode(*inp.args())) < 1e-5
+    assert torch.equal(out, paged_decode(*inp.args(), backend="torch"))
+
+
+def test_scale_argument_is_used():
+    inp = make_paged_inputs([9, 30], 4, 4, 16, 4, seed=2)
+    out = paged_decode(*inp.args(), scale=0.3, backend="torch")
+    ref = reference_decode(*inp.args(), scale=0.3)
+    assert relative_error(out, ref) < 1e-5
+    assert relative_error(paged_decode(*inp.args(), backend="torch"), ref) > 1e-3
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256])
+def test_triton_head_dims(head_dim):
+    inp = make_paged_inputs([1, 15, 16, 33], 4, 2, head_dim, 16, torch.float16, seed=head_dim)
+    out = paged_decode(*inp.args(), backend="triton")
+    assert relative_error(out, reference_decode(*inp.args())) < TOLERANCE[torch.float16]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("ratio", [1, 2, 4, 7, 8, 16])
+def test_triton_gqa_ratios(ratio):
+    inp = make_paged_inputs([3, 21], 2 * ratio, 2, 32, 5, torch.float32, seed=ratio)
+    out = paged_decode(*inp.args(), backend="triton")
+    assert relative_error(out, reference_decode(*inp.args())) < 1e-5
+
+
+@pytest.mark.parametrize("backend", ["sdpa"] + (["triton"] if HAS_TRITON else []))
+def test_contiguous_decode_matches_reference(backend):
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 8, 32, generator=g)
+    k, v = torch.randn(2, 3, 40, 2, 32, generator=g)
+    lens = torch.tensor([1, 17, 40], dtype=torch.int32)
+    out = contiguous_decode(q, k, v, lens, backend=backend)
+    assert relative_error(out, reference_contiguous(q, k, v, lens)) < 1e-5
+    full = torch.full((3,), 40, dtype=torch.int32)  # every sequence full: the unmasked path
+    out = contiguous_decode(q, k, v, full, backend=backend)
+    assert relative_error(out, reference_contiguous(q, k, v, full)) < 1e-5
+
+
+def test_paged_equals_contiguous_on_the_same_tokens():
+    inp = make_paged_inputs([7, 12], 4, 2, 16, 3, poison=False, seed=4)
+    k = torch.stack([inp.k_cache[inp.block_tables[s, :4].long()].reshape(12, 2, 16)
+                     for s in range(2)])
+    v = torch.stack([inp.v_cache[inp.block_tables[s, :4].long()].reshape(12, 2, 16)
+                     for s in range(2)])
+    paged = paged_decode(*inp.args())
+    contiguous = contiguous_decode(inp.q, k, v, inp.seq_lens, backend="sdpa")
+    assert relative_error(paged, contiguous) < 1e-5
+
+
+# ---- prefill --------------------------------------------------------------------------------
+
+def _prefill_case(seed=5, block_size=4, lens=(9, 1, 6), qlens=(3, 1, 6), q_heads=6, kv_heads=2):
+    inp = make_paged_inputs(list(lens), q_heads, kv_heads, 16, block_size, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(qlens), q_heads, 16, generator=g)
+    return q, inp, torch.tensor(qlens, dtype=torch.int32)
+
+
+def test_prefill_matches_float64_reference():
+    q, inp, qlens = _prefill_case()
+    out = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    ref = reference_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    assert not torch.isnan(out).any()
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_prefill_is_causal_a_chunk_equals_successive_decodes():
+    q, inp, qlens = _prefill_case(lens=(11,), qlens=(4,))
+    out = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    for i in range(4):  # query i sits at position 7 + i and sees 8 + i tokens
+        lens = torch.tensor([8 + i], dtype=torch.int32)
+        step = paged_decode(q[i:i + 1], inp.k_cache, inp.v_cache, inp.block_tables, lens)
+        assert relative_error(out[i:i + 1], step) < 1e-5
+
+
+# ---- cache writes ---------------------------------------------------------------------------
+
+def test_write_kv_then_decode_reads_what_was_written():
+    num_blocks, bs, heads, dim = 6, 4, 2, 8
+    k_cache = torch.full((num_blocks, bs, heads, dim), float("nan"))
+    v_cache = torch.full_like(k_cache, float("nan"))
+    g = torch.Generator().manual_seed(6)
+    k, v = torch.randn(2, 7, heads, dim, generator=g)
+    table = torch.tensor([[4, 1]], dtype=torch.int32)
+    slots = torch.tensor([4 * bs + i for i in range(4)] + [1 * bs + i for i in range(3)])
+    write_kv(k_cache, v_cache, k, v, slots)
+    assert torch.equal(k_cache[4], k[:4]) and torch.equal(v_cache[1, :3], v[4:])
+    q = torch.randn(1, 4, dim, generator=g)
+    out = paged_decode(q, k_cache, v_cache, table, torch.tensor([7], dtype=torch.int32))
+    ref = reference_contiguous(q, k[None], v[None], torch.tensor([7]))
+    assert relative_error(out, ref) < 1e-5
+
+
+def test_write_kv_skips_padding_slots():
+    k_cache = torch.zeros(2, 2, 1, 4)
+    v_cache = torch.zeros_like(k_cache)
+    k = torch.ones(3, 1, 4)
+    write_kv(k_cache, v_cache, k, 2 * k, torch.tensor([3, -1, 0]))
+    assert k_cache.view(4, 4)[[0, 3]].eq(1).all() and k_cache.view(4, 4)[[1, 2]].eq(0).all()
+
+
+def test_copy_blocks_copies_k_and_v():
+    k_cache = torch.arange(5 * 2 * 1 * 3, dtype=torch.float32).view(5, 2, 1, 3)
+    v_cache = -k_cache.clone()
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    copy_blocks(k_cache, v_cache, [(0, 3), (2, 4)])
+    assert torch.equal(k_cache[3], before_k[0]) and torch.equal(v_cache[4], before_v[2])
+    assert torch.equal(k_cache[:3], before_k[:3])
+    copy_blocks(k_cache, v_cache, [])  # nothing to do
+    copy_blocks(k_cache, v_cache, torch.tensor([[1, 0]]))
+    assert torch.equal(k_cache[0], before_k[1])
+
+
+# ---- registry: a third-party backend is picked up everywhere --------------------------------
+
+@pytest.fixture
+def tiny_backend():
+    calls = []
+
+    def decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        calls.append(q.shape)
+        return torch_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+    register_backend("tiny", decode=decode, devices=("cpu",), dtypes=(torch.float32,),
+                     description="test backend")
+    yield calls
+    unregister_backend("tiny")
+
+
+def test_registered_backend_is_available_and_selectable(tiny_backend):
+    assert "tiny" in available_backends()
+    assert available_backends()["tiny"]["dtypes"] == ["float32"]
+    inp = make_paged_inputs([3, 8], 4, 2, 16, 4, seed=7)
+    out = paged_decode(*inp.args(), backend="tiny")
+    assert tiny_backend and relative_error(out, reference_decode(*inp.args())) < 1e-5
+    with pytest.raises(ValueError, match="backend"):  # it declared float32 only
+        inp16 = make_paged_inputs([3], 4, 2, 16, 4, torch.float16)
+        paged_decode(*inp16.args(), backend="tiny")
+
+
+def test_registered_backend_gets_the_property_suite_and_the_sweep(tiny_backend):
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+    from property_tests.test_kernel_equivalence import backends_for, run_property
+    from pagebench.kernels.sweep import COLUMNS, run_sweep, variants
+
+    assert "tiny" in backends_for("cpu")
+    run_property("tiny", examples=5)
+    assert any(v.label == "tiny-paged" for v in variants("cpu"))
+    df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(2, 32)],
+                   block_sizes=(8,), include=["tiny", "sdpa"], repeat=2)
+    assert list(df.columns) == COLUMNS
+    assert set(df.backend) == {"tiny-paged", "sdpa-contiguous"}
+    assert (df.time_us > 0).all() and (df.gbps > 0).all()
+
+
+def test_property_check_catches_a_kernel_that_reads_past_the_length():
+    def overreads(q, k_cache, v_cache, block_tables, seq_lens, scale):
+        capacity = block_tables.shape[1] * k_cache.shape[1]
+        return torch_paged_decode(q, k_cache, v_cache, block_tables.clamp(0, k_cache.shape[0] - 1),
+                                  torch.clamp(seq_lens + 1, max=capacity), scale)
+
+    register_backend("overreads", decode=overreads, devices=("cpu",))
+    try:
+        import sys
+        sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
+        from property_tests.test_kernel_equivalence import run_property
+        with pytest.raises(AssertionError):
+            run_property("overreads", examples=20)
+    finally:
+        unregister_backend("overreads")
+
+
+def test_register_backend_rejects_bad_definitions():
+    with pytest.raises(ValueError, match="name"):
+        register_backend("torch", decode=torch_paged_decode)  # taken
+    with pytest.raises(ValueError, match="name"):
+        register_backend("auto", decode=torch_paged_decode)
+    with pytest.raises(ValueError, match="decode"):
+        register_backend("empty")
+    with pytest.raises(ValueError, match="devices"):
+        register_backend("tpu", decode=torch_paged_decode, devices=("tpu",))
+    assert "empty" not in registered_backends()
+    with pytest.raises(ValueError, match="backend"):
+        get_backend("nope")
+
+
+# ---- sweep and CLI --------------------------------------------------------------------------
+
+def test_quick_cpu_sweep_has_the_shared_columns():
+    from pagebench.kernels.sweep import COLUMNS, run_sweep
+    df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(1, 64), (2, 32)],
+                   block_sizes=(1, 16), repeat=2)
+    assert list(df.columns) == COLUMNS
+    assert set(df.backend) == {"torch-paged", "sdpa-contiguous"}
+    assert len(df) == 2 * (1 + 2)  # per point: sdpa once, torch-paged per block size
+    row = df[(df.backend == "torch-paged") & (df.batch == 2)].iloc[0]
+    assert row.kv_bytes == 2 * 2 * 32 * 2 * 16 * 4
+    assert row.gbps == pytest.approx(row.kv_bytes / row.time_us / 1e3)
+
+
+def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
+    out = tmp_path / "k.csv"
+    rc = cli_main(["bench", "--shape", "t=4/2/16", "--batches", "1,2", "--contexts", "32",
+                   "--block-sizes", "8", "--repeat", "2", "--out", str(out)])
+    assert rc == 0
+    import pandas as pd
+    df = pd.read_csv(out)
+    assert len(df) == 4 and set(df.model_shape) == {"t"}
+    assert (tmp_path / "k.json").exists()
+    assert "wrote 4 rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench", "--backends", "nope"], "--backends"),
+    (["bench", "--shape", "t=5/2/16"], "--shape"),
+    (["bench", "--batches", "2"], "--batches"),
+    (["bench", "--device", "cuda"] if not torch.cuda.is_available() else ["bench", "--repeat", "0"],
+     "--device" if not torch.cuda.is_available() else "--repeat"),
+])
+def test_cli_bench_bad_arguments_exit_2(argv, message, capsys):
+    assert cli_main(argv) == 2
+    assert message in capsys.readouterr().err

@@ -112,49 +112,56 @@ def tuning(device, copy_gbps) -> list[dict]:
 
 
 def ab_tests(device) -> dict:
-    """A/B the kernel's page-aligned table loads and SDPA's two GQA layouts; keep the faster."""
+    """A/B what is still open; keep the faster. Settled at commit caac76a (kernels.json meta):
+    page-aligned table loads (1.9x slower, off) and SDPA's GQA layout (now "auto")."""
     from pagebench.kernels import reference, triton_decode
-    from pagebench.kernels.sweep import _contiguous_case, _paged_case
+    from pagebench.kernels.sweep import _contiguous_case
 
     shape = SHAPES["llama-3-8b"]
     scale = shape[2] ** -0.5
-    rows, ratios_page, ratios_sdpa = [], [], []
+    rows = []
+    geo = lambda xs: float(torch.tensor(xs).log().mean().exp())  # noqa: E731
     for batch, context in ((1, 65536), (8, 4096), (64, 4096), (256, 4096)):
-        for bs in (1, 16, 128):
-            case = _paged_case(batch, context, shape, bs, torch.bfloat16, device, seed=2)
-            t = {}
-            for aligned in (False, True, False, True):  # interleaved, twice: drift shows
-                fn = lambda: triton_decode.triton_paged_decode(*case, scale, page_aligned=aligned)  # noqa
-                t.setdefault(aligned, []).append(
-                    measure(fn, device=device, warmup=3, repeat=30, cuda_graph=batch == 1).median_us)
-            per_token, aligned_t = min(t[False]), min(t[True])
-            ratios_page.append(aligned_t / per_token)
-            rows.append(f"page-aligned {batch}x{context} bs{bs}: per-token {per_token:.1f} us, "
-                        f"aligned {aligned_t:.1f} us (runs {t})")
-            del case
         q, k, v, _ = _contiguous_case(batch, context, shape, torch.bfloat16, device, seed=2)
         t = {}
-        for mode in ("groups", "gqa", "groups", "gqa"):
+        for mode in ("groups", "gqa", "auto", "groups", "gqa", "auto"):
             fn = lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode)  # noqa
-            try:
-                t.setdefault(mode, []).append(
-                    measure(fn, device=device, warmup=3, repeat=30, cuda_graph=batch == 1).median_us)
-            except Exception as e:  # noqa: BLE001
-                t.setdefault(mode, []).append(float("inf"))
-                rows.append(f"sdpa {mode} failed: {e}")
-        ratios_sdpa.append(min(t["gqa"]) / min(t["groups"]))
-        rows.append(f"sdpa {batch}x{context}: groups {min(t['groups']):.1f} us, "
-                    f"gqa {min(t['gqa']):.1f} us")
+            t.setdefault(mode, []).append(
+                measure(fn, device=device, warmup=3, repeat=30, cuda_graph=True).median_us)
+        rows.append(f"sdpa {batch}x{context} (graph): " + ", ".join(
+            f"{m} {min(ts):.1f} us" for m, ts in t.items()))
         del q, k, v
-    geo = lambda xs: float(torch.tensor(xs).log().mean().exp())  # noqa: E731
-    triton_decode.PAGE_ALIGNED_TILES = geo(ratios_page) < 1.0
-    reference.SDPA_GQA_MODE = "gqa" if geo(ratios_sdpa) < 1.0 else "groups"
-    rows.append(f"chosen: PAGE_ALIGNED_TILES={triton_decode.PAGE_ALIGNED_TILES} "
-                f"(geomean aligned/per-token {geo(ratios_page):.3f}), SDPA_GQA_MODE="
-                f"{reference.SDPA_GQA_MODE} (geomean gqa/groups {geo(ratios_sdpa):.3f})")
+    rows += split_heuristics(device, geo)
     print("\n".join(rows), flush=True)
     return {"ab": rows, "page_aligned_tiles": triton_decode.PAGE_ALIGNED_TILES,
-            "sdpa_gqa_mode": reference.SDPA_GQA_MODE}
+            "sdpa_gqa_mode": reference.SDPA_GQA_MODE,
+            "programs_per_sm": triton_decode.PROGRAMS_PER_SM,
+            "min_tokens_per_split": triton_decode.MIN_TOKENS_PER_SPLIT}
+
+
+def split_heuristics(device, geo) -> list[str]:
+    """A/B the split-KV heuristic through CUDA graphs (kernel time, no launch overhead)."""
+    from pagebench.kernels import triton_decode
+    from pagebench.kernels.sweep import _paged_case
+
+    shape = SHAPES["llama-3-8b"]
+    candidates = [(4, 256), (8, 256), (4, 1024), (2, 512)]  # (programs per SM, min tokens/split)
+    times = {c: [] for c in candidates}
+    for batch, context in ((1, 1024), (1, 4096), (1, 65536), (8, 4096), (32, 4096), (64, 4096),
+                           (128, 4096)):
+        case = _paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=3)
+        for c in candidates:
+            triton_decode.PROGRAMS_PER_SM, triton_decode.MIN_TOKENS_PER_SPLIT = c
+            fn = lambda: triton_decode.triton_paged_decode(*case, shape[2] ** -0.5)  # noqa: E731
+            times[c].append(measure(fn, device=device, warmup=3, repeat=30, cuda_graph=True).median_us)
+        del case
+    base = times[candidates[0]]
+    score = {c: geo([t / b for t, b in zip(times[c], base)]) for c in candidates}
+    best = min(candidates, key=lambda c: score[c])
+    triton_decode.PROGRAMS_PER_SM, triton_decode.MIN_TOKENS_PER_SPLIT = best
+    lines = [f"splits {c}: " + ", ".join(f"{t:.1f}" for t in times[c]) + f" us (geomean vs "
+             f"{candidates[0]}: {score[c]:.3f})" for c in candidates]
+    return lines + [f"chosen split heuristic (programs/SM, min tokens/split): {best}"]
 
 
 def acceptance(df) -> list[str]:

@@ -27,6 +27,7 @@ import triton.language as tl
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_SPLITS = 128
 MIN_TOKENS_PER_SPLIT = 256
+PROGRAMS_PER_SM = 4  # split until sequences x KV heads x splits reaches this many per SM
 
 
 @triton.jit
@@ -143,14 +144,14 @@ def _num_sms(device_index: int) -> int:
 
 
 def choose_num_splits(num_seqs: int, num_kv_heads: int, capacity: int, device) -> int:
-    """Enough splits that (sequences x KV heads x splits) fills the GPU about 4 times over,
-    each split keeping at least MIN_TOKENS_PER_SPLIT tokens of work."""
+    """Enough splits that (sequences x KV heads x splits) gives PROGRAMS_PER_SM programs per
+    SM, each split keeping at least MIN_TOKENS_PER_SPLIT tokens of work."""
     if torch.device(device).type == "cuda":
         sms = _num_sms(torch.device(device).index or torch.cuda.current_device())
     else:
         sms = 4  # interpreted on CPU: still exercise the split + combine path
     programs = max(1, num_seqs * num_kv_heads)
-    wanted = triton.cdiv(4 * sms, programs)
+    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, programs)
     most = max(1, capacity // MIN_TOKENS_PER_SPLIT)
     return max(1, min(wanted, most, MAX_SPLITS))
 

@@ -76,7 +76,8 @@ def test_greedy_equals_transformers_torch_kernel(model, case, block_size, prefix
     prompts, expected = case
     engine = LLMEngine(model, block_size=block_size, kernel="torch", num_blocks=4096 // block_size,
                        enable_prefix_caching=prefix, max_num_batched_tokens=128,
-                       check_kernel_inputs=True)
+                       check_kernel_inputs=True, fresh_prefill=not prefix)
+    # fresh_prefill=False: every prompt chunk goes through the paged prefill kernel
     assert greedy(engine, prompts, MAX_TOKENS) == expected
     stats = engine.stats
     assert STATS_KEYS <= set(stats)

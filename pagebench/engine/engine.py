@@ -48,7 +48,7 @@ class LLMEngine:
                  kernel: str = "auto", enable_prefix_caching: bool = False,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  kv_cache_memory=None, max_model_len: int | None = None,
-                 check_kernel_inputs: bool = False):
+                 check_kernel_inputs: bool = False, fresh_prefill: bool = True):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
@@ -70,7 +70,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching,
                                           deferred_caching=True)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, kernel, check_kernel_inputs)
+        self.runner = ModelRunner(self.model, num_blocks, block_size, kernel, check_kernel_inputs,
+                                  fresh_prefill)
         self.stats: dict = {}
         self._ids = itertools.count()
 

@@ -14,6 +14,7 @@ import contextlib
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from pagebench.errors import ConfigError
 
@@ -30,6 +31,21 @@ def _paged_attention(module, query, key, value, attention_mask, scaling=None, **
     return out.unsqueeze(0), None  # [1, T, Hq, D]
 
 
+def _padded_causal_attention(q, k, v, index, valid, scale):
+    """Causal attention of S sequences packed in q/k/v rows ``index`` [S, L] (``valid`` marks
+    real tokens); returns their outputs packed in the same order, [sum(valid), Hq, D]."""
+    # qb [S, Hq, L, D], kb/vb [S, Hkv, L, D]
+    qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))
+    group = qb.shape[1] // kb.shape[1]
+    if group > 1:
+        kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
+    length = index.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    mask = causal & valid[:, None, None, :]  # [S, 1, L, L]
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+    return out.transpose(1, 2)[valid]
+
+
 def _register() -> None:
     from transformers import AttentionInterface
 
@@ -38,30 +54,40 @@ def _register() -> None:
 
 @dataclass(slots=True)
 class AttentionGroup:
-    """Sequences attended by one kernel call; ``rows`` picks their query tokens (None: all)."""
+    """Sequences attended by one kernel call; ``rows`` picks their query tokens (None: all).
+
+    kind "decode": one new token each (``paged_decode``); "prefill": a chunk after cached
+    tokens (``paged_prefill``); "fresh": a chunk starting at position 0, which attends only to
+    itself, so it runs as one padded batch (``index`` [S, L] into the packed tokens, ``valid``)
+    without reading the cache back.
+    """
+    kind: str
     rows: torch.Tensor | None
-    block_tables: torch.Tensor  # [S, max_blocks] int32
-    seq_lens: torch.Tensor  # [S] int32, context length after this step
-    query_lens: torch.Tensor | None  # [S] int32 (prefill only)
+    block_tables: torch.Tensor | None = None  # [S, max_blocks] int32
+    seq_lens: torch.Tensor | None = None  # [S] int32, context length after this step
+    query_lens: torch.Tensor | None = None  # [S] int32
+    index: torch.Tensor | None = None  # fresh: [S, L] token rows, padded
+    valid: torch.Tensor | None = None  # fresh: [S, L] bool
 
 
 @dataclass(slots=True)
 class StepMetadata:
     slot_mapping: torch.Tensor  # [T] int64: block * block_size + offset of each new token
-    decode: AttentionGroup | None  # sequences with one new token
-    prefill: AttentionGroup | None  # sequences with several (a prompt chunk)
+    groups: list[AttentionGroup]
 
 
 class ModelRunner:
     """Owns the paged KV cache of a model and runs one scheduled step at a time.
 
-    ``check_inputs=True`` goes through the kernels' validated entry points (each checks
+    ``fresh_prefill=True`` attends prompt chunks that start at position 0 as one padded batch
+    of their own K/V (nothing cached precedes them); chunks after cached tokens always go
+    through the paged prefill kernel. ``check_inputs=True`` goes through the kernels' validated entry points (each checks
     shapes and bounds, reading values back from the device); the default calls the resolved
     backend directly, since the runner builds its metadata from the block manager's tables.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",
-                 check_inputs: bool = False):
+                 check_inputs: bool = False, fresh_prefill: bool = True):
         from pagebench import kernels
 
         self.kernels = kernels
@@ -83,6 +109,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.check_inputs = check_inputs
+        self.fresh_prefill = fresh_prefill
         self.kernel = kernel
         try:
             args = (self.device, self.dtype, block_size, self.head_dim)
@@ -118,31 +145,30 @@ class ModelRunner:
         else:
             k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
             v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
-        dec, pre = meta.decode, meta.prefill
-        out = None if dec is None or pre is None else torch.empty_like(q)
-        if dec is not None:
-            qd = q if dec.rows is None else q[dec.rows]
-            if self.check_inputs:
-                od = kern.paged_decode(qd, k_cache, v_cache, dec.block_tables, dec.seq_lens,
-                                       scale=scale, backend=self.decode_backend.name)
-            else:
-                od = self.decode_backend.decode(qd, k_cache, v_cache, dec.block_tables,
-                                                dec.seq_lens, scale)
-            if out is None:
-                return od
-            out[dec.rows] = od
-        qp = q if pre.rows is None else q[pre.rows]
-        if self.check_inputs:
-            op = kern.paged_prefill(qp, k_cache, v_cache, pre.block_tables, pre.seq_lens,
-                                    pre.query_lens, scale=scale,
-                                    backend=self.prefill_backend.name)
-        else:
-            op = self.prefill_backend.prefill(qp, k_cache, v_cache, pre.block_tables,
-                                              pre.seq_lens, pre.query_lens, scale)
-        if out is None:
-            return op
-        out[pre.rows] = op
+        if len(meta.groups) == 1:
+            return self._attend_group(meta.groups[0], q, k, v, k_cache, v_cache, scale)
+        out = torch.empty_like(q)
+        for g in meta.groups:
+            out[g.rows] = self._attend_group(g, q, k, v, k_cache, v_cache, scale)
         return out
+
+    def _attend_group(self, g: AttentionGroup, q, k, v, k_cache, v_cache, scale):
+        kern, checked = self.kernels, self.check_inputs
+        if g.kind == "fresh":
+            return _padded_causal_attention(q, k, v, g.index, g.valid, scale)
+        qg = q if g.rows is None else q[g.rows]
+        if g.kind == "decode":
+            if checked:
+                return kern.paged_decode(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
+                                         scale=scale, backend=self.decode_backend.name)
+            return self.decode_backend.decode(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
+                                              scale)
+        if checked:
+            return kern.paged_prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
+                                      g.query_lens, scale=scale,
+                                      backend=self.prefill_backend.name)
+        return self.prefill_backend.prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
+                                            g.query_lens, scale)
 
     def prepare(self, seqs, num_new: list[int]):
         """Packed input ids and positions, the step's metadata, and the rows to sample."""
@@ -166,28 +192,37 @@ class ModelRunner:
         start_t = torch.tensor(starts, dtype=torch.int64)
         seq_lens = (start_t + query_lens).to(torch.int32)
         num_seqs, num_tokens = len(seqs), len(ids)
+        first = torch.cumsum(query_lens, 0) - query_lens  # each sequence's first token row
         if num_tokens == num_seqs:  # decode only
             positions, seq_index = start_t, torch.arange(num_seqs)
         else:
             seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens)
-            first = torch.cumsum(query_lens, 0) - query_lens
             positions = start_t[seq_index] + torch.arange(num_tokens) - first[seq_index]
         slots = block_tables[seq_index, positions // bs].to(torch.int64) * bs + positions % bs
         dev = self.device
-        is_dec = query_lens == 1
-        num_dec = int(is_dec.sum())
-
-        def group(mask, prefill: bool):
-            if num_dec in (0, num_seqs):
-                rows, sel = None, slice(None)
-            else:
-                rows = torch.nonzero(mask[seq_index]).flatten().to(dev)
-                sel = mask
-            return AttentionGroup(rows, block_tables[sel].to(dev), seq_lens[sel].to(dev),
-                                  query_lens[sel].to(dev) if prefill else None)
-
-        meta = StepMetadata(slots.to(dev), group(is_dec, False) if num_dec else None,
-                            group(~is_dec, True) if num_dec < num_seqs else None)
+        kinds = {"decode": query_lens == 1,
+                 "fresh": (query_lens > 1) & (start_t == 0) if self.fresh_prefill
+                 else torch.zeros(num_seqs, dtype=torch.bool),
+                 "prefill": (query_lens > 1) & ((start_t > 0) | (not self.fresh_prefill))}
+        groups = []
+        for kind, mask in kinds.items():
+            count = int(mask.sum())
+            if not count:
+                continue
+            whole = count == num_seqs
+            rows = None if whole else torch.nonzero(mask[seq_index]).flatten().to(dev)
+            if kind == "fresh":
+                lens = query_lens[mask].to(torch.int64)
+                span = torch.arange(int(lens.max()))
+                index = (first[mask][:, None] + span).clamp_max(num_tokens - 1)
+                groups.append(AttentionGroup(kind, rows, index=index.to(dev),
+                                             valid=(span < lens[:, None]).to(dev)))
+                continue
+            sel = slice(None) if whole else mask
+            groups.append(AttentionGroup(kind, rows, block_tables[sel].to(dev),
+                                         seq_lens[sel].to(dev),
+                                         query_lens[sel].to(dev) if kind == "prefill" else None))
+        meta = StepMetadata(slots.to(dev), groups)
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
         return input_ids, positions.to(dev), meta, sample_rows, sample_seqs
 

@@ -59,9 +59,15 @@ def require_gpu() -> None:
 
 
 def require_cpu() -> None:
-    """CPU-sized cases (``time_*``) are skipped on a GPU machine, whose cases are ``track_*``."""
+    """CPU-sized cases (``time_*``) are skipped on a GPU machine, whose cases are ``track_*``.
+
+    They run on ``PAGEBENCH_ASV_THREADS`` torch threads (default 1): on a shared machine a
+    single thread gives times that a later run can be compared with."""
     if on_gpu():
         raise NotImplementedError("CPU-sized case; the GPU machine runs the track_* cases")
+    import torch
+
+    torch.set_num_threads(int(os.environ.get("PAGEBENCH_ASV_THREADS", "1")))
 
 
 def gpu_median_us(fn, *, cuda_graph: bool = False, repeat: int = 30) -> float:

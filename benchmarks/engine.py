@@ -9,7 +9,7 @@ from 16-token prompts, so the run is decode-dominated; tokens/s counts generated
 
 from __future__ import annotations
 
-from .common import cpu_median_us, gpu_median_us, on_gpu, require
+from .common import cpu_median_us, gpu_median_us, on_gpu, require, require_cpu
 
 ON_GPU = on_gpu()
 
@@ -33,6 +33,7 @@ def build_engine(block_size: int, prefix_caching: bool = False, num_blocks: int 
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to("cuda")
         kernel = "triton"
     else:
+        require_cpu()  # sets the torch thread count
         config = config_mod.preset_config("qwen2.5-0.5b", **TINY)
         model = AutoModelForCausalLM.from_config(config)
         kernel = "auto"

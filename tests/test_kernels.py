@@ -264,3 +264,13 @@ def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
 def test_cli_bench_bad_arguments_exit_2(argv, message, capsys):
     assert cli_main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_split_heuristic_fills_an_h200_at_batch_1_and_not_at_large_batch():
+    from pagebench.kernels import triton_decode as td
+    sms = 132  # H200
+    splits = td.choose_num_splits(1, 8, 65536, "cuda", num_sms=sms)
+    assert 8 * splits >= 2 * sms and 65536 / splits >= td.MIN_TOKENS_PER_SPLIT
+    assert td.choose_num_splits(256, 8, 4096, "cuda", num_sms=sms) == 1  # 2048 programs already
+    assert td.choose_num_splits(1, 8, 300, "cuda", num_sms=sms) == 1  # too short to split

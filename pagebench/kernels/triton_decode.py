@@ -143,10 +143,13 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, capacity: int, device) -> int:
+def choose_num_splits(num_seqs: int, num_kv_heads: int, capacity: int, device,
+                      num_sms: int | None = None) -> int:
     """Enough splits that (sequences x KV heads x splits) gives PROGRAMS_PER_SM programs per
     SM, each split keeping at least MIN_TOKENS_PER_SPLIT tokens of work."""
-    if torch.device(device).type == "cuda":
+    if num_sms is not None:
+        sms = num_sms
+    elif torch.device(device).type == "cuda":
         sms = _num_sms(torch.device(device).index or torch.cuda.current_device())
     else:
         sms = 4  # interpreted on CPU: still exercise the split + combine path

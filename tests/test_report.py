@@ -376,3 +376,15 @@ def test_rewriting_the_report_drops_stale_csvs(tmp_path):
     write_page(Results(), tmp_path)
     assert not (tmp_path / "index_data" / "engine_cow.csv").exists()
     assert (tmp_path / "index_data" / "claims.csv").exists()
+
+
+def test_a_json_twin_of_a_csv_and_smoke_runs_are_not_read_twice(tmp_path):
+    (tmp_path / "h200").mkdir()
+    kernels = synthetic_results().get("kernels").drop(columns=["machine", "source"])
+    kernels.to_csv(tmp_path / "h200" / "kernels.csv", index=False)
+    (tmp_path / "h200" / "kernels.json").write_text(json.dumps(
+        {"meta": {}, "rows": kernels.to_dict("records")}))
+    kernels.to_csv(tmp_path / "h200" / "kernels_smoke.csv", index=False)
+    results = Results()
+    collect.load_data_dir(results, tmp_path)
+    assert len(results.get("kernels")) == len(kernels)

@@ -214,8 +214,10 @@ def batch1_slower(results: Results) -> Claim:
     parts, ok, faster = [], True, False
     for label, g in ratio.groupby("device_label"):
         lo, hi = g["ratio"].min(), g["ratio"].max()
-        parts.append(f"{label}: paged/contiguous {lo:.2f}–{hi:.2f}× over contexts "
-                     f"{int(g['context'].min())}–{int(g['context'].max())}"
+        per_shape = ", ".join(f"{shape} {x['ratio'].min():.2f}–{x['ratio'].max():.2f}×"
+                              for shape, x in g.groupby("shape"))
+        parts.append(f"{label}: paged/contiguous {per_shape} over contexts "
+                     f"{int(g['context'].min()):,}–{int(g['context'].max()):,}"
                      + ("" if label in judged else " (CPU; not judged: a GPU measured it)"))
         if label in judged:
             ok &= bool(lo > 1.0 and hi <= 1.3)
@@ -229,14 +231,12 @@ def batch1_slower(results: Results) -> Claim:
 
 
 def _gather_slowdown(results: Results) -> dict:
-    """Worst paged/contiguous time ratio at block 16 per kernel ``machine`` (batch 1 and the
-    batch sweep), the gather's cost."""
+    """Worst paged/contiguous time ratio at block 16 (over shapes, batches and contexts), the
+    gather's cost, per kernel ``machine``: machine -> (ratio, device label, is GPU)."""
     df = derive.kernel_rows(results.get("kernels"))
     if df is None:
         return {}
     out = {}
-    judged = derive.judged_labels(df["device_label"], results.get("kernels"))
-    df = df[df["device_label"].isin(judged)]
     for machine, g in df.groupby(df["machine"].astype(str) if "machine" in df.columns
                                  else df["device_label"]):
         keys = ["device_label", "shape", "batch", "context"]
@@ -247,39 +247,57 @@ def _gather_slowdown(results: Results) -> dict:
         ratio = (paged.groupby(keys)["time_us"].min() / contig.groupby(keys)["time_us"].min())
         ratio = ratio.dropna()
         if len(ratio):
-            out[str(machine)] = (float(ratio.max()), str(g["device_label"].iloc[0]))
+            out[str(machine)] = (float(ratio.max()), str(g["device_label"].iloc[0]),
+                                 bool(g["gpu"].any()))
     return out
+
+
+def _is_gpu_rows(frame: pd.DataFrame) -> bool:
+    return "device" in frame.columns and frame["device"].astype(str).str.startswith("cuda").any()
 
 
 def batching_beats_gather(results: Results) -> Claim:
     c = Claim("batching_beats_gather", "Throughput scales with batch size far more than it "
               "suffers from the gather.",
               "engine tokens/s gain from batch 1 to its largest batch (block 16 where measured) "
-              "≥ 4 × the worst paged/contiguous kernel slowdown at block 16 (same machine "
-              "where both exist)", data=["engine_batch", "kernels_batch1_ratio"])
+              "≥ 4 × the worst paged/contiguous kernel time ratio at block 16, kernel data from "
+              "the same machine, else the same kind of device; judged on GPUs when a GPU "
+              "measured both", data=["engine_batch", "kernels_batch1_ratio"])
     slow = _gather_slowdown(results)
     batch = results.get("engine_batch")
     if not slow or batch is None or not {"batch", "tokens_per_s"} <= set(batch.columns):
         return c
-    parts, ok, devices = [], True, []
+    pairs = []
     for machine, g in batch.groupby(batch["machine"].astype(str) if "machine" in batch.columns
                                     else pd.Series("", index=batch.index)):
-        if "block_size" in g.columns and (pd.to_numeric(g["block_size"], errors="coerce")
-                                          == derive.PRIMARY_BLOCK_SIZE).any():
-            g = g[pd.to_numeric(g["block_size"], errors="coerce") == derive.PRIMARY_BLOCK_SIZE]
+        gpu = _is_gpu_rows(g)
+        if machine in slow:
+            kernel = slow[machine]
+        else:
+            same_kind = [v for v in slow.values() if v[2] == gpu]
+            if not same_kind:
+                continue
+            kernel = max(same_kind)
+        bs = pd.to_numeric(g["block_size"], errors="coerce") if "block_size" in g.columns \
+            else None
+        if bs is not None and (bs == derive.PRIMARY_BLOCK_SIZE).any():
+            g = g[bs == derive.PRIMARY_BLOCK_SIZE]
         tps = g.groupby(pd.to_numeric(g["batch"], errors="coerce"))["tokens_per_s"].max()
-        if len(tps) < 2:
-            continue
-        gain = float(tps.iloc[-1] / tps.iloc[0])
-        slowdown, kdev = slow.get(machine, (max(v for v, _ in slow.values()),
-                                            "worst over the kernel devices"))
+        if len(tps) >= 2:
+            pairs.append((machine, gpu, float(tps.iloc[-1] / tps.iloc[0]), tps, kernel))
+    if not pairs:
+        return c
+    judged_gpu = any(gpu for _, gpu, *_ in pairs)
+    parts, ok, devices = [], True, []
+    for machine, gpu, gain, tps, (slowdown, kdev, _) in pairs:
+        judged = gpu or not judged_gpu
         parts.append(f"{machine}: engine batch {int(tps.index[0])}→{int(tps.index[-1])} gives "
                      f"{gain:.1f}× tokens/s; paged kernel at most {slowdown:.2f}× contiguous "
-                     f"({kdev})")
-        ok &= gain >= 4 * max(slowdown, 1.0)
-        devices.append(machine)
-    if parts:
-        c.device, c.measured, c.verdict = ", ".join(devices), "; ".join(parts), judge(bool(ok))
+                     f"on {kdev}" + ("" if judged else " (CPU; not judged)"))
+        if judged:
+            ok &= gain >= 4 * max(slowdown, 1.0)
+            devices.append(machine)
+    c.device, c.measured, c.verdict = ", ".join(devices), "; ".join(parts), judge(bool(ok))
     return c
 
 

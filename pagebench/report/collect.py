@@ -141,6 +141,8 @@ def read_table(path, required=()) -> pd.DataFrame:
 
 def classify(path: Path) -> str | None:
     stem = path.stem.lower()
+    if "smoke" in stem:  # a quick check run beside the full one: not report data
+        return None
     for prefix, name in FILE_KINDS:
         if stem.startswith(prefix):
             return name  # None: a known file that the report does not read
@@ -209,9 +211,14 @@ def load_data_dir(results: Results, root) -> None:
     if not root.is_dir():
         results.warn(f"data: directory {root} not found")
         return
-    for path in sorted(root.rglob("*")):
-        if not path.is_file() or path.suffix.lower() not in (".csv", ".json", ".jsonl"):
+    seen = set()
+    # CSV first: a kernels.json written beside kernels.csv holds the same rows
+    order = {".csv": 0, ".jsonl": 1, ".json": 2}
+    files = [p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in order]
+    for path in sorted(files, key=lambda p: (str(p.parent), p.stem, order[p.suffix.lower()])):
+        if (path.parent, path.stem) in seen:
             continue
+        seen.add((path.parent, path.stem))
         name = classify(path)
         if name is None:
             continue

@@ -118,9 +118,8 @@ def _softmax_attend64(q, k, v, mask, scale):
 
 def reference_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
     """Paged decode in float64 on the CPU, one sequence at a time from its logical K/V."""
-    prefill = reference_prefill(q, k_cache, v_cache, block_tables, seq_lens,
-                                torch.ones_like(seq_lens), scale)
-    return prefill
+    return reference_prefill(q, k_cache, v_cache, block_tables, seq_lens,
+                             torch.ones_like(seq_lens), scale)
 
 
 def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None):

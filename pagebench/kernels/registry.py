@@ -14,7 +14,7 @@ checked by the property tests and timed by the sweep, with no other change.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -54,7 +54,6 @@ class Backend:
     # False: the kernel may multiply non-finite values in slots it must not use by zero weights
     # (NaN * 0 = NaN), so tests poison those slots with large finite values instead of NaN
     nan_safe: bool = True
-    meta: dict = field(default_factory=dict)
 
     def operations(self) -> tuple[str, ...]:
         return tuple(op for op in OPERATIONS if getattr(self, op) is not None)

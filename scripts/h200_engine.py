@@ -31,6 +31,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/h200_engine"))
     ap.add_argument("--budget-s", type=float, default=270)
+    ap.add_argument("--sections", default="equality,batch,equal_batch,equal_memory",
+                    help="comma-separated subset to run")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     left = lambda: args.budget_s - (time.time() - T0)  # noqa: E731
@@ -42,7 +44,24 @@ def main():
         log(f"wrote {name} ({len(df)} rows)")
         return df
 
+    sections = set(args.sections.split(","))
+
     # 1. correctness (tiny fp32 model, triton decode on the GPU)
+    if "equality" in sections:
+        equality(save, summary)
+    model = bench.preset_model("qwen2.5-0.5b", dtype=torch.bfloat16, device="cuda")
+    log("model ready")
+    if "batch" in sections:
+        throughput(model, save, summary, left)
+    if "equal_batch" in sections:
+        equal_batch(model, save, summary, left)
+    if "equal_memory" in sections:
+        equal_memory(model, save, summary, left)
+    print("\n\n".join(summary))
+    log("done")
+
+
+def equality(save, summary):
     tiny = bench.tiny_model(device="cuda")
     prompts = bench.random_prompts(8, 1, 300, tiny.config.vocab_size, seed=3)
     ref = [bench.padded_generate(tiny, [p], 16)[0] for p in prompts]
@@ -60,12 +79,9 @@ def main():
                                     prompts_equal=sum(a == b for a, b in zip(out, ref))))
     df = save(rows, "engine_gpu_equality.csv")
     summary.append(df[["block_size", "prefix_caching", "prompts_equal", "num_prompts"]].to_string())
-    del tiny
 
-    model = bench.preset_model("qwen2.5-0.5b", dtype=torch.bfloat16, device="cuda")
-    log("model ready")
 
-    # 2. throughput vs batch size
+def throughput(model, save, summary, left):
     rows = []
     for bs in (16, 8, 32, 128):
         for b in (1, 4, 16, 64, 256):
@@ -79,7 +95,8 @@ def main():
     summary.append(df.pivot(index="batch_size", columns="block_size",
                             values="tokens_per_s").round(0).to_string())
 
-    # 3. equal batch size, mixed prompt lengths
+
+def equal_batch(model, save, summary, left):
     rows = []
     for b in (16, 64, 256):
         if left() < 90:
@@ -95,7 +112,9 @@ def main():
     summary.append(df[["num_requests", "method", "tokens_per_s", "outputs_equal_engine"]]
                    .to_string())
 
-    # 4. equal KV memory: padded generate holds 32 reserved sequences of max prompt + 64
+
+def equal_memory(model, save, summary, left):
+    # padded generate holds 32 reserved sequences of max prompt + 64
     if left() > 40:
         prompts = bench.random_prompts(256, 16, 512, model.config.vocab_size, seed=7)
         from pagebench.config import KVGeometry
@@ -107,8 +126,6 @@ def main():
         summary.append(df[["method", "concurrent_seqs", "tokens_per_s", "time_s"]].to_string())
     else:
         log("skip equal memory: budget")
-    print("\n\n".join(summary))
-    log("done")
 
 
 if __name__ == "__main__":

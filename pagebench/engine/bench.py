@@ -106,6 +106,8 @@ def _engine_row(engine: LLMEngine, seconds: float) -> dict:
                 num_generated_tokens=s["num_generated_tokens"], peak_blocks=s["peak_blocks"],
                 mean_blocks=s["mean_blocks"], num_blocks=engine.num_blocks,
                 token_utilisation=s["token_utilisation"], num_preemptions=s["num_preemptions"],
+                fresh_prefill=engine.runner.fresh_prefill,
+                prefill_kernel=engine.runner.prefill_backend.name,
                 num_steps=len(s["steps"]), max_batch=max((x["batch_size"] for x in s["steps"]),
                                                          default=0))
 
@@ -196,6 +198,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
                           prompt_len_max=max(map(len, prompts)), max_tokens=max_tokens,
                           block_size=engine.block_size if m == "engine" else None,
                           kernel=engine.runner.decode_backend.name if m == "engine" else None,
+                          fresh_prefill=engine.runner.fresh_prefill if m == "engine" else None,
                           tokens_per_s=generated / t, time_s=t, repeats=repeat,
                           outputs_equal_engine=same,
                           timing="perf_counter, median of interleaved repeats"))

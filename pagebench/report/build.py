@@ -74,9 +74,7 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     if rec is not None:
         headline = (f"Recommended block size: {rec['block_size']}"
                     + ("" if rec["kernel_measured"] else " (memory only: no kernel data)")
-                    + ". Claims: " + ", ".join(f"{sum(c.verdict == v for c in claims)} {v}"
-                                                for v in (claims_mod.HOLDS, claims_mod.FAILS,
-                                                          claims_mod.UNMEASURED)) + ".")
+                    + ". " + claims_mod.tally(claims) + ".")
     html = render.render_html(
         title="pagebench: paged KV-cache report",
         subtitle=f"device {env.get('device')} ({env.get('device_name')}), commit "

@@ -556,5 +556,11 @@ def evaluate(results: Results) -> list[Claim]:
     return out
 
 
+def tally(claims: list[Claim]) -> str:
+    n = {v: sum(c.verdict == v for c in claims) for v in (HOLDS, FAILS, UNMEASURED)}
+    return (f"{len(claims)} claims: {n[HOLDS]} hold, {n[FAILS]} do not hold, "
+            f"{n[UNMEASURED]} not measured here")
+
+
 def claims_frame(claims: list[Claim]) -> pd.DataFrame:
     return pd.DataFrame([c.to_row() for c in claims])

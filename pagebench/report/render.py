@@ -44,9 +44,11 @@ figcaption { font-size: 12px; color: #555; }
 .verdict.holds { color: #1b5e20; background: #e8f5e9; }
 .verdict.fails { color: #b71c1c; background: #ffebee; }
 .verdict.unmeasured { color: #555; background: #f5f5f5; }
-.criterion { color: #555; font-size: 11.5px; min-width: 200px; }
-#claims-table td:first-child { min-width: 220px; }
+.criterion { color: #555; font-size: 11.5px; min-width: 170px; }
+#claims-table { width: 100%; }
+#claims-table td:first-child { min-width: 200px; }
 #claims-table td:nth-child(2) { min-width: 240px; }
+#claims-table td.datalink { word-break: break-all; min-width: 90px; }
 details { margin: 8px 0 18px; }
 summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 .datalink { font-size: 11.5px; }

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pagebench.report import derive, plots
-from pagebench.report.claims import FAILS, HOLDS, Claim
+from pagebench.report.claims import FAILS, HOLDS, Claim, tally
 from pagebench.report.collect import Results
 
 
@@ -439,7 +439,8 @@ def recommendation(results: Results) -> tuple[Section, dict | None]:
                f"({rec['utilisation']:.1%}), but no kernel data was measured, so the cost of "
                "small blocks in the attention kernel is unknown here: treat this as incomplete.")
     if rec["kernel_measured"]:
-        s.plot(plots.twin_lines(rec["table"], "block_size", "utilisation",
+        curve = rec["table"].assign(**{"utilisation %": rec["table"]["utilisation"] * 100})
+        s.plot(plots.twin_lines(curve, "block_size", "utilisation %",
                                 "relative_kernel_time", "What a block size buys (utilisation) "
                                 "and costs (paged kernel time, 1.0 = best block size)",
                                 "block size", "line chart of utilisation and kernel time "
@@ -454,10 +455,10 @@ VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 
 def claims_section(claims: list[Claim]) -> Section:
     s = Section("claims", "Claims of the article, measured")
-    n = {v: sum(c.verdict == v for c in claims) for v in (HOLDS, FAILS)}
-    s.text(f"{len(claims)} claims: {n[HOLDS]} hold, {n[FAILS]} do not hold, "
-           f"{len(claims) - n[HOLDS] - n[FAILS]} not measured here. Each verdict is computed "
-           "from the data linked in its row with the criterion shown.")
+    s.text(f"{tally(claims)}. Each verdict is computed from the data linked in its row, with "
+           "the criterion shown; a claim the data contradicts is marked 'does not hold' with "
+           "the numbers that contradict it. Kernel claims are judged on GPU data when a GPU "
+           "measured them.")
     rows, classes = [], []
     for c in claims:
         rows.append([c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)])

@@ -53,6 +53,8 @@ run() {
   cd "$ROOT"
   : "${OUT:?run this on the device machine, where OUT is set}"
   export PYTHONUNBUFFERED=1
+  # spawned children: ask the CUDA runtime, not NVML, whether a GPU is there
+  export PYTORCH_NVML_BASED_CUDA_CHECK=0
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/asv-site .h200/whl/*.whl
   export PYTHONPATH=/tmp/asv-site

@@ -388,3 +388,21 @@ def test_a_json_twin_of_a_csv_and_smoke_runs_are_not_read_twice(tmp_path):
     results = Results()
     collect.load_data_dir(results, tmp_path)
     assert len(results.get("kernels")) == len(kernels)
+
+
+SECTIONS = {  # section -> (builder, plots expected on the synthetic results)
+    "memory": (sections.memory, 3), "capacity": (sections.capacity, 1),
+    "kernels": (sections.kernels, 4), "engine": (sections.engine, 5),
+    "benchmarks": (sections.benchmarks, 0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SECTIONS))
+def test_each_section_on_synthetic_and_on_no_data(name):
+    builder, num_plots = SECTIONS[name]
+    full = builder(synthetic_results())
+    assert len(full.plots) >= num_plots
+    assert any(i.kind == "table" for i in full.items)
+    assert not [i.text for i in full.items if i.kind == "nodata"]
+    empty = builder(Results())
+    assert empty.plots == [] and any(i.kind == "nodata" for i in empty.items)

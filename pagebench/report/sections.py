@@ -93,7 +93,7 @@ def fmt(value, column: str = "") -> str:
 
 
 def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | None = None,
-               max_rows: int = 60) -> Table | None:
+               max_rows: int = 300) -> Table | None:
     if df is None or len(df) == 0:
         return None
     cols = [c for c in (columns or [c for c in df.columns if c not in PROVENANCE_COLUMNS])

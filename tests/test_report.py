@@ -406,3 +406,8 @@ def test_each_section_on_synthetic_and_on_no_data(name):
     assert not [i.text for i in full.items if i.kind == "nodata"]
     empty = builder(Results())
     assert empty.plots == [] and any(i.kind == "nodata" for i in empty.items)
+
+
+def test_out_may_name_a_directory(tmp_path):
+    out = build.write_report(Results(), tmp_path, env={}, options={})
+    assert out == tmp_path / "index.html" and out.is_file()

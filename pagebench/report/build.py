@@ -66,6 +66,8 @@ def build_sections(results: Results, env: dict, options: dict):
 def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     """Write ``out`` (HTML) and ``<out stem>_data/*.csv``; returns the page's path."""
     out = Path(out)
+    if out.is_dir() or str(out).endswith(("/", "\\")):
+        out = out / "index.html"
     data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
     page, claims, rec = build_sections(results, env, options)
     frames = dict(results.frames) | derived_frames(results, rec, claims)

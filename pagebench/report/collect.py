@@ -388,6 +388,13 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parents[2]
 
 
+def default_data_dir() -> Path:
+    """``reports/data`` under the current directory if there is one, else in the checkout
+    this package runs from."""
+    here = Path.cwd() / "reports" / "data"
+    return here if here.is_dir() else repo_root() / "reports" / "data"
+
+
 def sweep_plan(quick: bool, run_sweeps: bool) -> list[tuple[str, str]]:
     """(label, function name in :mod:`pagebench.report.sweeps`) in the order they run."""
     plan = [("memory: static fragmentation", "static_memory"),
@@ -414,7 +421,7 @@ def collect(*, device: str = "cpu", quick: bool = False, run_sweeps: bool = True
             guarded(results, label, lambda f=getattr(sweeps, fn_name): f(results, device=device,
                                                                           quick=quick))
     with prog.step("reading committed data and benchmark results", results):
-        data_dir = Path(data_dir) if data_dir is not None else root / "reports" / "data"
+        data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         guarded(results, "committed data", lambda: load_data_dir(results, data_dir))
         for extra in results_dirs:
             if not Path(extra).exists():

@@ -42,6 +42,15 @@ class LLMEngine:
 
     ``num_blocks=None`` sizes the pool from ``kv_cache_memory`` (bytes or a string such as
     "2GiB"); without it, 80% of the free GPU memory, or 256 MiB on the CPU.
+
+    ``stats`` describes the last ``generate`` call: ``peak_blocks`` / ``mean_blocks`` (blocks in
+    use after scheduling, over steps), ``token_utilisation`` (filled slots / slots of blocks in
+    use, sampled every 8 steps), ``num_preemptions``, ``prefix_cache_hit_rate`` (prompt tokens
+    found cached at first admission / prompt tokens), ``num_prompt_tokens``,
+    ``num_computed_prompt_tokens`` (prompt positions run through the model, recomputation
+    after preemption included), ``num_generated_tokens``, ``tokens_per_s`` (generated tokens /
+    wall time of the call), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
+    blocks_used, num_preempted).
     """
 
     def __init__(self, model, block_size: int = 16, num_blocks: int | None = None,

@@ -108,7 +108,7 @@ def equal_batch(model, save, summary, left):
             block_size=16, kernel="triton", max_num_seqs=b, max_num_batched_tokens=8192)
         log(f"equal batch {b}: " + ", ".join(f"{r['method']} {r['tokens_per_s']:.0f}"
                                             for r in rows[-2:]))
-    df = save([r | {"experiment": "equal_batch"} for r in rows], "engine_vs_generate_h200.csv")
+    df = save(rows, "engine_vs_transformers_h200.csv")
     summary.append(df[["num_requests", "method", "tokens_per_s", "outputs_equal_engine"]]
                    .to_string())
 

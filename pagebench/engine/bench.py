@@ -193,7 +193,8 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
     for m in methods:
         t = sorted(times[m])[len(times[m]) // 2]
         same = None if reference is None else sum(a == b for a, b in zip(outputs[m], reference))
-        rows.append(_base(model, method=m, num_requests=len(prompts),
+        rows.append(_base(model, experiment="compare_with_transformers", method=m,
+                          num_requests=len(prompts),
                           prompt_len_min=min(map(len, prompts)),
                           prompt_len_max=max(map(len, prompts)), max_tokens=max_tokens,
                           block_size=engine.block_size if m == "engine" else None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -395,7 +394,7 @@ def default_data_dir() -> Path:
     return here if here.is_dir() else repo_root() / "reports" / "data"
 
 
-def sweep_plan(quick: bool, run_sweeps: bool) -> list[tuple[str, str]]:
+def sweep_plan(run_sweeps: bool) -> list[tuple[str, str]]:
     """(label, function name in :mod:`pagebench.report.sweeps`) in the order they run."""
     plan = [("memory: static fragmentation", "static_memory"),
             ("memory: block manager tail waste", "block_waste"),
@@ -414,7 +413,7 @@ def collect(*, device: str = "cpu", quick: bool = False, run_sweeps: bool = True
 
     results = Results()
     root = repo_root()
-    plan = sweep_plan(quick, run_sweeps)
+    plan = sweep_plan(run_sweeps)
     prog = Progress(len(plan) + 1, enabled=progress)
     for label, fn_name in plan:
         with prog.step(label, results):
@@ -441,7 +440,3 @@ def default_device() -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
     except Exception:  # noqa: BLE001
         return "cpu"
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name, "").lower() in ("1", "true", "yes")

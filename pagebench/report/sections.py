@@ -393,7 +393,10 @@ def engine(results: Results) -> Section:
     other = results.get("engine")
     if other is not None:
         any_data = True
-        s.table(make_table(other, "Other engine results", data="engine"))
+        groups = other.groupby(other["experiment"].astype(str), sort=False) \
+            if "experiment" in other.columns else [("other", other)]
+        for exp, part in groups:
+            s.table(make_table(part, f"Engine results: {exp}", data="engine"))
     if not any_data:
         s.text("No engine data: run `pagebench report` without --quick, or commit "
                "reports/data/<machine>/engine_*.csv.")

@@ -96,8 +96,10 @@ def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | 
                max_rows: int = 300) -> Table | None:
     if df is None or len(df) == 0:
         return None
-    cols = [c for c in (columns or [c for c in df.columns if c not in PROVENANCE_COLUMNS])
-            if c in df.columns]
+    if columns is None:  # where it came from first, then the data; provenance is elsewhere
+        columns = ["machine"] * ("machine" in df.columns) + [
+            c for c in df.columns if c not in PROVENANCE_COLUMNS and c != "machine"]
+    cols = [c for c in columns if c in df.columns]
     shown = df[cols].head(max_rows)
     rows = [[fmt(v, c) for c, v in zip(cols, rec)] for rec in shown.itertuples(index=False)]
     if len(df) > max_rows:

@@ -250,8 +250,9 @@ def kernels(results: Results) -> Section:
         return s
     devices = raw.groupby("device_label").size()
     s.text("Devices in this data: " + "; ".join(f"{d} ({n} rows)" for d, n in devices.items())
-           + ". GPU rows come from committed data; CPU rows from this machine (CPU timings "
-           "show the harness works, not GPU behaviour).")
+           + ". The name in brackets says where the rows came from: a directory under "
+           "reports/data (committed runs) or this machine (the sweep this report ran). CPU "
+           "timings show the harness works; GPU behaviour needs GPU data.")
     ratio = derive.batch1_ratio(results.get("kernels"))
     if ratio.empty:
         s.nodata("batch-1 paged versus contiguous pairs")
@@ -416,7 +417,7 @@ def benchmarks(results: Results) -> Section:
         s.text(f"asv: {asv['commit'].nunique()} commit(s) on {asv['machine'].nunique()} "
                "machine(s); latest value per benchmark below, every commit in the CSV.")
         s.table(make_table(latest, "asv, latest per benchmark", ["machine", "commit",
-                           "benchmark", "params", "value", "unit"], "asv", max_rows=80))
+                           "benchmark", "params", "value", "unit"], "asv"))
     pyb = results.get("pytest_benchmark")
     if pyb is None:
         s.nodata("pytest-benchmark JSON (run `make bench`)")

@@ -3,10 +3,14 @@
 Free blocks wait in two insertion-ordered queues: blocks holding no cached content are handed
 out first; blocks that still hold a cached, hashed prefix are handed out least recently freed
 first, and leave the prefix cache at that moment (eviction). Both queues are dicts, so taking a
-block out of the middle (a prefix-cache hit on a free block) is O(1).
+block out of the middle (a prefix-cache hit on a free block) is O(1). They are ``OrderedDict``s, not
+plain dicts: taking the first key of a dict whose front was deleted scans the dead slots, which
+makes a long run of takes quadratic; ``OrderedDict.popitem(last=False)`` is O(1).
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from pagebench.errors import ConfigError, OutOfBlocksError
 
@@ -24,8 +28,8 @@ class BlockPool:
         # (parent_hash, token_ids) of each cached block: a hit must match it exactly,
         # so a hash collision can never hand out another prefix's KV.
         self.block_key: list[tuple | None] = [None] * num_blocks
-        self._free_plain: dict[int, None] = dict.fromkeys(range(num_blocks))
-        self._free_cached: dict[int, None] = {}
+        self._free_plain: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._cache: dict[int, int] = {}  # block hash -> block id
 
     @property
@@ -40,11 +44,9 @@ class BlockPool:
         out = []
         for _ in range(n):
             if self._free_plain:
-                block = next(iter(self._free_plain))
-                del self._free_plain[block]
+                block = self._free_plain.popitem(last=False)[0]
             else:
-                block = next(iter(self._free_cached))
-                del self._free_cached[block]
+                block = self._free_cached.popitem(last=False)[0]
                 del self._cache[self.block_hash[block]]
                 self.block_hash[block] = self.block_key[block] = None
             self.ref_cnt[block] = 1

@@ -44,7 +44,7 @@ prepare() {
   if ! ls .h200/whl/asv-0.6.6-*.whl >/dev/null 2>&1; then
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
       --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 \
-      -d .h200/whl asv==0.6.6 asv_runner==0.3.2 json5 pympler importlib-metadata
+      -d .h200/whl asv==0.6.6 asv_runner==0.3.2 json5 pympler==1.1 importlib-metadata==8.7.0
   fi
   echo "commits (newest first):"; git log --no-walk --format='  %h %s' $(cat .h200/commits.txt)
 }
@@ -95,7 +95,8 @@ EOF
     fi
     echo "== ${sha:0:8} ($(git -C /tmp/pb-repo log -1 --format=%s "$sha" | cut -c1-60)):" \
          "-b '$bench', $size set, ${left}s left"
-    PAGEBENCH_ASV_GPU=$size PYTHONPATH="/tmp/pkg-$sha:/tmp/asv-site" \
+    # asv drops PYTHONPATH in the benchmark processes; ASV_PYTHONPATH becomes theirs
+    PAGEBENCH_ASV_GPU=$size ASV_PYTHONPATH="/tmp/pkg-$sha:/tmp/asv-site" \
       timeout "$left" "$PY" -m asv run -E existing --quick --launch-method "$LAUNCH" \
         --set-commit-hash "$sha" --machine "$MACHINE" -b "$bench" --show-stderr \
       || echo "== asv exited with $? for ${sha:0:8}"

@@ -53,7 +53,7 @@ def main():
     if "batch" in only:
         df = save(bench.throughput_vs_batch(model, batch_sizes=(1, 4, 16, 64, 256),
                                             block_sizes=(8, 16, 32, 128), prompt_len=64,
-                                            max_tokens=32, kernel="torch"),
+                                            max_tokens=32, kernel="torch", repeat=args.repeat),
                   "engine_throughput_vs_batch.csv")
         print(df.pivot(index="batch_size", columns="block_size", values="tokens_per_s").round(0))
     if "tables" in only:

@@ -27,6 +27,11 @@ def tiny_model(family="qwen2", seed=0):
                   initializer_range=0.2, attn_implementation="sdpa")
     if family == "llama":
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    elif family == "qwen3":
+        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
+    elif family == "mistral":
+        model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=256,
+                                                                           **common))
     else:
         model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
     model.generation_config.eos_token_id = None
@@ -111,12 +116,17 @@ def test_preemption_keeps_outputs_equal(model, prefix):
     assert engine.stats["num_computed_prompt_tokens"] > engine.stats["num_prompt_tokens"]
 
 
-def test_llama_family(case):
-    model = tiny_model("llama", seed=3)
+@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
+def test_other_families(case, family):
+    model = tiny_model(family, seed=3)
     prompts = case[0][:4]
     expected = reference(model, prompts, 8)
     engine = LLMEngine(model, block_size=8, num_blocks=256, kernel="torch")
     assert greedy(engine, prompts, 8) == expected
+    if family == "mistral":  # sliding window 256: longer sequences are refused, not mis-served
+        assert engine.max_model_len == 256
+        with pytest.raises(ConfigError, match="maximum of 256 positions"):
+            engine.generate([[1] * 250], SamplingParams(max_tokens=8))
 
 
 def test_outputs_types_and_order(model):

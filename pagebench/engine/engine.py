@@ -81,6 +81,8 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, num_blocks, block_size, kernel, check_kernel_inputs,
                                   fresh_prefill)
+        if self.runner.attention_window:
+            self.max_model_len = min(self.max_model_len, self.runner.attention_window)
         self.stats: dict = {}
         self._ids = itertools.count()
 

@@ -93,8 +93,10 @@ class ModelRunner:
         self.kernels = kernels
         self.model = model
         config = model.config
-        if getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None):
-            raise ConfigError("model: sliding-window attention is not supported by the engine")
+        # sliding-window models (Mistral): the paged kernels attend to the whole context, which
+        # is the same thing as long as no sequence outgrows the window: the engine caps lengths
+        self.attention_window = getattr(config, "sliding_window", None) \
+            if getattr(config, "use_sliding_window", True) else None
         self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.lm_head = model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:

@@ -26,11 +26,19 @@ class StaticUtilisation:
     param_names = ["allocator"]
 
     def setup_cache(self):
-        static = require("pagebench.sim.static", "static_fragmentation")
-        result = static.static_fragmentation(reference_lengths(), REFERENCE_MAX_LEN,
-                                             (1, 8, 16, 32, 128))
+        # asv passes a None cache to setup as no argument at all: an empty dict means "absent"
+        try:
+            static = require("pagebench.sim.static", "static_fragmentation")
+            lengths = reference_lengths()
+        except (NotImplementedError, ImportError):
+            return {}
+        result = static.static_fragmentation(lengths, REFERENCE_MAX_LEN, (1, 8, 16, 32, 128))
         return {f"{r['allocator']}-{r['block_size']}" if r["block_size"] else r["allocator"]:
                 100.0 * r["utilisation"] for r in result["results"]}
+
+    def setup(self, utilisation, allocator):
+        if allocator not in utilisation:
+            raise NotImplementedError("pagebench.sim.static is not in this commit")
 
     def track_utilisation(self, utilisation, allocator):
         return utilisation[allocator]
@@ -50,10 +58,10 @@ class DynamicMemory:
     def setup_cache(self):
         from .common import dynamic_results
 
-        return dynamic_results(10_000)
+        return dynamic_results(10_000) or {}
 
     def setup(self, results, allocator):
-        if results is None:
+        if not results:
             raise NotImplementedError("pagebench.sim.dynamic is not in this commit")
         if allocator not in results:
             raise NotImplementedError(f"{allocator} is not simulated in this commit")
@@ -79,10 +87,10 @@ class Capacity:
     def setup_cache(self):
         from .common import capacity_plans
 
-        return capacity_plans(self.params[0])
+        return capacity_plans(self.params[0]) or {}
 
     def setup(self, plans, block_size):
-        if plans is None:
+        if not plans:
             raise NotImplementedError("pagebench.sim.capacity is not in this commit")
 
     def track_cacheable_tokens(self, plans, block_size):

@@ -6,8 +6,10 @@ a temporary ``git worktree`` and its ``pagebench`` is imported from there (``PYT
 current interpreter, so both commits run under the same Python and dependencies. The benchmark
 files are the head commit's, run against both packages: the same measurement, two codes.
 
-Runs alternate base, head, base, head... (``--repeat``) and each benchmark keeps its best
-(lowest) statistic over the runs, which damps the noise of a shared machine.
+Runs alternate base, head, base, head... (``--repeat``); each benchmark's statistic (the median
+of its rounds by default) is combined over the runs by taking the median. Benchmarks that look
+slower are then run ``--confirm`` more times on both commits before the verdict: on a shared
+machine a single lucky or unlucky run must not decide it.
 
 Exit status: 0 no regression, 1 regressions (listed), 2 usage or git errors.
 """
@@ -18,6 +20,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,7 +60,7 @@ class Change:
 
 
 # ---- comparing results --------------------------------------------------------------------
-def timings(doc: dict, stat: str = "min") -> dict[str, float]:
+def timings(doc: dict, stat: str = "median") -> dict[str, float]:
     """Benchmark name -> seconds, from one pytest-benchmark JSON document."""
     if stat not in STATS:
         raise ConfigError(f"stat: expected one of {STATS}, got {stat!r}")
@@ -71,13 +74,13 @@ def timings(doc: dict, stat: str = "min") -> dict[str, float]:
     return out
 
 
-def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
-    """Per benchmark, the lowest time over several runs."""
-    best: dict[str, float] = {}
+def combine(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per benchmark, the median of its times over several runs."""
+    values: dict[str, list[float]] = {}
     for run in runs:
         for name, seconds in run.items():
-            best[name] = min(seconds, best.get(name, seconds))
-    return best
+            values.setdefault(name, []).append(seconds)
+    return {name: statistics.median(v) for name, v in values.items()}
 
 
 def compare(base: dict[str, float], head: dict[str, float]) -> list[Change]:
@@ -188,15 +191,24 @@ def run_suite(package_root: Path, bench_dir: Path, out_json: Path, *, select: st
     return json.loads(out_json.read_text())
 
 
+def _select_tests(changes: list[Change], select: str | None) -> str:
+    """A pytest -k expression that selects the test functions of ``changes``."""
+    names = sorted({c.name.split("::")[-1].split("[")[0] for c in changes})
+    expr = " or ".join(names)
+    return f"({select}) and ({expr})" if select else expr
+
+
 def bench_compare(repo: Path, base: str, head: str, *, threshold: float = 0.10,
-                  repeat: int = 2, stat: str = "min", bench_dir: str = "tests/benchmarks",
-                  select: str | None = None, marks: str | None = "not slow",
-                  max_time: float = 0.5, out_dir: Path | None = None, log=sys.stderr):
+                  repeat: int = 2, confirm: int = 2, stat: str = "median",
+                  bench_dir: str = "tests/benchmarks", select: str | None = None,
+                  marks: str | None = "not slow", max_time: float = 0.5,
+                  out_dir: Path | None = None, log=sys.stderr):
     """Run the suite on both commits; returns (changes, base commit, head commit)."""
     if not 0 < threshold < 10:
         raise ConfigError(f"threshold: expected a fraction such as 0.10, got {threshold!r}")
-    if not isinstance(repeat, int) or repeat < 1:
-        raise ConfigError(f"repeat: must be a positive integer, got {repeat!r}")
+    for name, value, least in (("repeat", repeat, 1), ("confirm", confirm, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"{name}: must be an integer >= {least}, got {value!r}")
     if stat not in STATS:
         raise ConfigError(f"stat: expected one of {STATS}, got {stat!r}")
     repo = Path(_git(Path(repo), "rev-parse", "--show-toplevel"))
@@ -206,13 +218,24 @@ def bench_compare(repo: Path, base: str, head: str, *, threshold: float = 0.10,
     out_dir.mkdir(parents=True, exist_ok=True)
     with Checkouts(repo) as checkouts:
         suite_dir = checkouts.get(head_c) / bench_dir
-        for i in range(repeat):
+
+        def run_both(tag: str, k: str | None) -> None:
             for label, commit in (("base", base_c), ("head", head_c)):
-                print(f"bench-compare: run {i + 1}/{repeat}, {label} {commit[:12]}", file=log)
-                doc = run_suite(checkouts.get(commit), suite_dir, out_dir / f"{label}-{i}.json",
-                                select=select, marks=marks, max_time=max_time)
+                print(f"bench-compare: {tag}, {label} {commit[:12]}", file=log)
+                doc = run_suite(checkouts.get(commit), suite_dir,
+                                out_dir / f"{label}-{tag.replace(' ', '-').replace('/', 'of')}.json",
+                                select=k, marks=marks, max_time=max_time)
                 runs[commit].append(timings(doc, stat))
-    changes = compare(best_of(runs[base_c]), best_of(runs[head_c]))
+
+        for i in range(repeat):
+            run_both(f"run {i + 1}/{repeat}", select)
+        changes = compare(combine(runs[base_c]), combine(runs[head_c]))
+        suspects = regressions(changes, threshold)
+        for i in range(confirm if suspects else 0):
+            run_both(f"confirm {i + 1}/{confirm} ({len(suspects)} suspect)",
+                     _select_tests(suspects, select))
+        if suspects and confirm:
+            changes = compare(combine(runs[base_c]), combine(runs[head_c]))
     return changes, base_c, head_c
 
 
@@ -229,9 +252,11 @@ def register(sub) -> None:
     p.add_argument("--threshold", type=float, default=0.10,
                    help="slowdown that fails, as a fraction (default: 0.10 = 10%%)")
     p.add_argument("--repeat", type=int, default=2,
-                   help="alternating runs per commit; the best of them counts (default: 2)")
-    p.add_argument("--stat", choices=STATS, default="min",
-                   help="statistic compared (default: min, the most robust on a busy machine)")
+                   help="alternating runs per commit, combined by their median (default: 2)")
+    p.add_argument("--confirm", type=int, default=2,
+                   help="extra alternating runs of benchmarks that look slower (default: 2)")
+    p.add_argument("--stat", choices=STATS, default="median",
+                   help="statistic of each run's rounds that is compared (default: median)")
     p.add_argument("--repo", default=".", help="repository (default: the current one)")
     p.add_argument("--bench-dir", default="tests/benchmarks",
                    help="benchmark files inside the head commit (default: tests/benchmarks)")
@@ -270,7 +295,7 @@ def _main(args) -> int:
             raise ConfigError("base: give --base REV (or --base-json/--head-json)")
         changes, base_label, head_label = bench_compare(
             Path(args.repo), args.base, args.head, threshold=args.threshold, repeat=args.repeat,
-            stat=args.stat, bench_dir=args.bench_dir, select=args.select, marks=args.marks,
+            confirm=args.confirm, stat=args.stat, bench_dir=args.bench_dir, select=args.select, marks=args.marks,
             max_time=args.max_time, out_dir=args.out_dir)
     slower = regressions(changes, args.threshold)
     if args.json:

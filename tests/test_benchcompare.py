@@ -3,10 +3,10 @@ end to end on a temporary git repository whose second commit is artificially slo
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -55,6 +55,13 @@ def test_cli_on_json_files_lists_regressions_and_exits_1(tmp_path, capsys):
     assert report["regressions"] == [] and len(report["changes"]) == 2
 
 
+def test_bad_settings_are_refused_before_running(tmp_path):
+    for kwargs, arg in (({"threshold": 0}, "threshold"), ({"repeat": 0}, "repeat"),
+                        ({"confirm": -1}, "confirm"), ({"stat": "p99"}, "stat")):
+        with pytest.raises(ConfigError, match=arg):
+            bench_compare(tmp_path, "HEAD~1", "HEAD", **kwargs)
+
+
 def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert main(["bench-compare", "--base-json", str(tmp_path / "nope.json"),
                  "--head-json", str(tmp_path / "nope.json")]) == 2
@@ -99,12 +106,15 @@ def slowed_repo(tmp_path_factory):
 
 def test_gate_catches_the_slowed_commit(slowed_repo):
     repo, (fast, slow) = slowed_repo
+    log = io.StringIO()
     changes, base, head = bench_compare(repo, fast, slow, bench_dir="bench", repeat=1,
-                                        max_time=0.05, stat="min", log=sys.stderr)
+                                        confirm=1, max_time=0.05, stat="min", log=log)
     assert (base, head) == (fast, slow)
     slower = regressions(changes, 0.10)
     assert [c.name for c in slower] == ["bench/test_bench_work.py::test_bench_step"]
     assert slower[0].ratio > 1.5
+    # the suspect was confirmed by one more alternating run of its test function only
+    assert "confirm 1/1 (1 suspect), head" in log.getvalue()
     # the worktrees are gone afterwards
     assert git(repo, "worktree", "list").count("\n") == 0
 

@@ -29,43 +29,50 @@ def _sdpa_mode(mode, num_seqs: int, kv_heads: int) -> str:
 
 
 def attend_decode(q, k, v, valid, scale, mode=None):
-    """Dense decode attention. q [S, Hq, D]; k, v [S, L, Hkv, D]; valid [S, L] bool or None."""
+    """Dense decode attention. q [S, Hq, D]; k, v [S, Hkv, L, D]; valid [S, L] bool or None."""
     num_seqs, q_heads, head_dim = q.shape
-    kv_heads = k.shape[2]
+    kv_heads = k.shape[1]
     group = q_heads // kv_heads
-    kt, vt = k.transpose(1, 2), v.transpose(1, 2)  # [S, Hkv, L, D] (views)
     mask = None if valid is None else valid[:, None, None, :]
     if _sdpa_mode(mode, num_seqs, kv_heads) == "gqa" and group > 1:
-        out = F.scaled_dot_product_attention(q[:, :, None, :], kt, vt, attn_mask=mask,
+        out = F.scaled_dot_product_attention(q[:, :, None, :], k, v, attn_mask=mask,
                                              scale=scale, enable_gqa=True)
         return out.reshape(num_seqs, q_heads, head_dim)
     qg = q.reshape(num_seqs, kv_heads, group, head_dim)  # [S, Hkv, G, D]
-    out = F.scaled_dot_product_attention(qg, kt, vt, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     return out.reshape(num_seqs, q_heads, head_dim)
 
 
 def gather_kv(k_cache, v_cache, block_tables, seq_lens):
-    """Copy each sequence's K/V out of its blocks: ([S, L, Hkv, D] x2, valid [S, L]).
+    """Copy each sequence's K/V out of its blocks, head-major: ([S, Hkv, L, D] x2, valid [S, L]).
 
-    L is the table's capacity (max_blocks_per_seq * block_size), so no device sync is needed;
-    positions at or beyond a sequence's length are zeroed (poisoned or stale slots never leak).
+    Whole blocks are gathered (one index per block, not per token), and the transpose to
+    head-major and the zeroing of positions at or beyond a sequence's length (poisoned or stale
+    slots never leak) happen in the same pass. On CUDA, L is the table's capacity
+    (max_blocks_per_seq * block_size) so that no device sync is needed; on the CPU, where
+    reading a length costs nothing, L stops at the longest sequence's last block.
     """
-    block_size = k_cache.shape[1]
-    max_blocks = block_tables.shape[1]
-    device = k_cache.device
-    pos = torch.arange(max_blocks * block_size, device=device)
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     lens = seq_lens.to(torch.int64)
     needed = (lens + block_size - 1) // block_size
+    max_blocks = block_tables.shape[1]
+    if k_cache.device.type == "cpu" and lens.numel():
+        max_blocks = min(max_blocks, int(needed.max()))
+    device = k_cache.device
     used = torch.arange(max_blocks, device=device)[None, :] < needed[:, None]
-    table = torch.where(used, block_tables.to(torch.int64), 0)  # unused entries may be garbage
-    rows = (table[:, pos // block_size] * block_size + pos % block_size).reshape(-1)  # [S*L]
-    valid = pos[None, :] < lens[:, None]
-    invalid = ~valid[:, :, None, None]
-    num_seqs, tail = block_tables.shape[0], k_cache.shape[2:]
-    # index_select on the flat [num_blocks * block_size, H, D] view: one fast gather per tensor
-    k = k_cache.reshape(-1, *tail).index_select(0, rows).view(num_seqs, -1, *tail)
-    v = v_cache.reshape(-1, *tail).index_select(0, rows).view(num_seqs, -1, *tail)
-    return k.masked_fill_(invalid, 0), v.masked_fill_(invalid, 0), valid
+    # unused table entries may hold anything: point them at block 0, then mask
+    table = torch.where(used, block_tables[:, :max_blocks].to(torch.int64), 0).reshape(-1)
+    length = max_blocks * block_size
+    valid = torch.arange(length, device=device)[None, :] < lens[:, None]  # [S, L]
+    keep = valid[:, None, :, None]
+    num_seqs = block_tables.shape[0]
+
+    def gather(cache):
+        blocks = cache.reshape(num_blocks, -1).index_select(0, table)  # [S*blocks, bs*Hkv*D]
+        x = blocks.view(num_seqs, length, kv_heads, head_dim).transpose(1, 2)
+        return torch.where(keep, x, x.new_zeros(()))  # contiguous [S, Hkv, L, D]
+
+    return gather(k_cache), gather(v_cache), valid
 
 
 def torch_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
@@ -104,7 +111,7 @@ def sdpa_contiguous_decode(q, k, v, seq_lens, scale, mode=None):
     valid = None
     if seq_lens is not None:
         valid = torch.arange(k.shape[1], device=k.device)[None, :] < seq_lens.to(torch.int64)[:, None]
-    return attend_decode(q, k, v, valid, scale, mode)
+    return attend_decode(q, k.transpose(1, 2), v.transpose(1, 2), valid, scale, mode)
 
 
 # ---- float64 reference (tests) -------------------------------------------------------------

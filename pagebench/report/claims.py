@@ -227,7 +227,26 @@ def batch1_slower(results: Results) -> Claim:
     c.verdict = judge(ok)
     if faster:
         c.measured += " (paged was as fast or faster at some contexts)"
+    same = _same_kernel_paging_cost(results.get("kernels"))
+    if same:
+        c.measured += ". Paging's own cost, the same kernel on a contiguous cache: " + same
     return c
+
+
+def _same_kernel_paging_cost(kernels) -> str:
+    """'triton 1.00–1.04× (NVIDIA H200 [h200])': batch 1, block 16, a paged backend against
+    its own contiguous twin (same name before the '-'), fastest variant of each."""
+    df = derive.kernel_rows(kernels)
+    if df is None:
+        return ""
+    df = df[(df["batch"] == 1) & (df["gpu"] | ~df["gpu"].any())]
+    df = df.assign(family=df["backend"].astype(str).str.split("-").str[0])
+    keys = ["device_label", "family", "shape", "context"]
+    paged = df[df["paged"] & (df["block_size"] == derive.PRIMARY_BLOCK_SIZE)]
+    ratio = (paged.groupby(keys)["time_us"].min()
+             / df[~df["paged"]].groupby(keys)["time_us"].min()).dropna()
+    return "; ".join(f"{family} {r.min():.2f}–{r.max():.2f}× ({label})"
+                     for (label, family), r in ratio.groupby(level=["device_label", "family"]))
 
 
 def _gather_slowdown(results: Results) -> dict:

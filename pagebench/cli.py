@@ -21,10 +21,29 @@ COMMAND_MODULES = (
 )
 
 
+def int_list(text: str) -> list[int]:
+    """argparse type for options such as ``--block-sizes 1,8,16``: positive integers."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``pagebench simulate: error: ...``), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     import pagebench
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pagebench", description="Benchmarks and regression harness for paged KV-cache "
         "attention: memory simulation, capacity planning, kernels, engine, reports.")
     parser.add_argument("--version", action="version", version=f"pagebench {pagebench.__version__}")
@@ -42,7 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed
+        return int(e.code or 0)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

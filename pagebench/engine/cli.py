@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import sys
 
+from pagebench.cli import int_list
+
 EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare")
-
-
-def _ints(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"expected positive integers, got {text!r}")
-    return values
 
 
 def register(sub) -> None:
@@ -28,8 +20,8 @@ def register(sub) -> None:
     p.add_argument("--preset", default=None, help="random weights in a preset's shape, e.g. "
                    "qwen2.5-0.5b (use on a GPU)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda if present)")
-    p.add_argument("--batch-sizes", default="1,4,16,64", help="for throughput (default %(default)s)")
-    p.add_argument("--block-sizes", default="8,16,32,128", help="for throughput (default %(default)s)")
+    p.add_argument("--batch-sizes", type=int_list, default="1,4,16,64", help="for throughput (default %(default)s)")
+    p.add_argument("--block-sizes", type=int_list, default="8,16,32,128", help="for throughput (default %(default)s)")
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--kernel", default="auto", help="attention backend (default %(default)s)")
@@ -61,7 +53,7 @@ def run(args) -> int:
     for name in ("prompt_len", "max_tokens", "threads"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')}: must be >= 1")
-    batch_sizes, block_sizes = _ints(args.batch_sizes), _ints(args.block_sizes)
+    batch_sizes, block_sizes = args.batch_sizes, args.block_sizes
     model = _model(args)
     common = dict(threads=args.threads)
     if args.experiment == "throughput":

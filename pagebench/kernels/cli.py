@@ -5,15 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise ValueError(f"expected comma-separated positive integers, got {text!r}")
-    return values
+from pagebench.cli import int_list
 
 
 def register(sub) -> None:
@@ -27,9 +19,9 @@ def register(sub) -> None:
     p.add_argument("--shape", action="append", metavar="NAME=HQ/HKV/D",
                    help="attention shape, e.g. llama-3-8b=32/8/128 (repeatable; default: the "
                    "Llama-3-8B and Qwen2.5-0.5B shapes)")
-    p.add_argument("--batches", type=_ints, help="with --contexts: the grid's batch sizes")
-    p.add_argument("--contexts", type=_ints, help="context lengths (tokens)")
-    p.add_argument("--block-sizes", type=_ints)
+    p.add_argument("--batches", type=int_list, help="with --contexts: the grid's batch sizes")
+    p.add_argument("--contexts", type=int_list, help="context lengths (tokens)")
+    p.add_argument("--block-sizes", type=int_list)
     p.add_argument("--dtype", default=None, choices=["float32", "float16", "bfloat16"],
                    help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--backends", help="comma-separated backend names (default: all that run here)")

@@ -59,17 +59,22 @@ def check_cache(q, k_cache, v_cache) -> tuple[int, int, int, int, int]:
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     if num_blocks < 1 or block_size < 1 or kv_heads < 1 or head_dim < 1:
         _fail("k_cache", f"every dimension must be >= 1, got shape {tuple(k_cache.shape)}")
-    q_heads, q_dim = q.shape[-2], q.shape[-1]
-    if q_dim != head_dim:
-        _fail("q", f"head_dim {q_dim} differs from the cache's head_dim {head_dim}")
+    _check_q_against_kv(q, kv_heads, head_dim, k_cache=k_cache, v_cache=v_cache)
+    return num_blocks, block_size, kv_heads, q.shape[-2], head_dim
+
+
+def _check_q_against_kv(q, kv_heads: int, head_dim: int, **kv: torch.Tensor):
+    """q's head_dim and GQA group against the K/V tensors; their dtype and inner layout."""
+    q_heads = q.shape[-2]
+    if q.shape[-1] != head_dim:
+        _fail("q", f"head_dim {q.shape[-1]} differs from {next(iter(kv))}'s head_dim {head_dim}")
     if q_heads < 1 or q_heads % kv_heads:
         _fail("q", f"num_q_heads {q_heads} is not a positive multiple of num_kv_heads {kv_heads}")
-    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+    for name, x in kv.items():
         if x.dtype != q.dtype:
             _fail(name, f"dtype {x.dtype} differs from q's dtype {q.dtype}")
         if x.stride(-1) != 1:
             _fail(name, "the last dimension (head_dim) must be contiguous")
-    return num_blocks, block_size, kv_heads, q_heads, head_dim
 
 
 def check_tables(block_tables, seq_lens, num_seqs: int, num_blocks: int, block_size: int,
@@ -149,15 +154,9 @@ def check_contiguous(q, k, v, seq_lens, scale):
     num_seqs, max_len, kv_heads, head_dim = k.shape
     if num_seqs != q.shape[0]:
         _fail("k", f"has {num_seqs} sequences but q has {q.shape[0]}")
-    if q.shape[-1] != head_dim:
-        _fail("q", f"head_dim {q.shape[-1]} differs from k's head_dim {head_dim}")
-    if kv_heads < 1 or q.shape[1] % kv_heads:
-        _fail("q", f"num_q_heads {q.shape[1]} is not a positive multiple of num_kv_heads {kv_heads}")
-    for name, x in (("k", k), ("v", v)):
-        if x.dtype != q.dtype:
-            _fail(name, f"dtype {x.dtype} differs from q's dtype {q.dtype}")
-        if x.stride(-1) != 1:
-            _fail(name, "the last dimension (head_dim) must be contiguous")
+    if kv_heads < 1:
+        _fail("k", f"num_kv_heads must be >= 1, got shape {tuple(k.shape)}")
+    _check_q_against_kv(q, kv_heads, head_dim, k=k, v=v)
     _same_device("q", q, k=k, v=v)
     _tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
     if seq_lens.shape[0] != num_seqs:

@@ -6,6 +6,8 @@ import csv
 import json
 import sys
 
+from pagebench.cli import int_list
+
 STATIC_BLOCK_SIZES = [1, 8, 16, 32, 128]
 DYNAMIC_BLOCK_SIZES = [16]
 # dynamic-only options (dest -> flag); given without --dynamic they are an error
@@ -15,16 +17,6 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "allocators": "--allocators", "n": "--n", "max_num_seqs": "--max-num-seqs",
                 "timeline_every": "--timeline-every", "timeline": "--timeline",
                 "steps_per_unit": "--steps-per-unit"}
-
-
-def int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in str(text).split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise ValueError(f"expected comma-separated integers, got {text!r}")
-    return values
 
 
 def name_list(text: str) -> list[str]:

@@ -81,9 +81,10 @@ class ModelRunner:
 
     ``fresh_prefill=True`` attends prompt chunks that start at position 0 as one padded batch
     of their own K/V (nothing cached precedes them); chunks after cached tokens always go
-    through the paged prefill kernel. ``check_inputs=True`` goes through the kernels' validated entry points (each checks
-    shapes and bounds, reading values back from the device); the default calls the resolved
-    backend directly, since the runner builds its metadata from the block manager's tables.
+    through the paged prefill kernel. ``check_inputs=True`` goes through the kernels' validated
+    entry points (each checks shapes and bounds, reading values back from the device); the
+    default calls the resolved backend directly, since the runner builds its metadata from the
+    block manager's tables.
     """
 
     def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",

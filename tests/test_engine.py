@@ -271,3 +271,12 @@ def test_error_during_a_step_leaves_engine_usable(model, monkeypatch):
     monkeypatch.undo()
     assert engine.block_manager.num_used_blocks == 0
     engine_is_usable(engine, model)
+
+
+def test_weights_load_from_a_local_directory(model, case, tmp_path):
+    model.save_pretrained(tmp_path / "tiny")
+    prompts, expected = case
+    engine = LLMEngine(str(tmp_path / "tiny"), block_size=16, num_blocks=256, kernel="torch")
+    assert greedy(engine, prompts[:3], MAX_TOKENS) == expected[:3]
+    with pytest.raises(ConfigError, match="not a local model directory"):
+        LLMEngine(str(tmp_path / "missing"))

@@ -8,6 +8,7 @@ cases are launch-bound; a graph removes the Python launch gaps that a server wou
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import platform
 import statistics
@@ -30,6 +31,21 @@ class Timing:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@contextlib.contextmanager
+def cpu_threads(n: int | None):
+    """Run with ``n`` intra-op threads (None: unchanged). On a small shared CPU one thread is
+    far steadier: OpenMP workers spin-waiting on a busy core can slow a step tenfold."""
+    import torch
+
+    saved = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
 
 
 def _summarise(samples_us: list[float], method: str) -> Timing:

@@ -7,7 +7,6 @@ a tiny random model (``tiny_model()``); pass a real-shaped model for device runs
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import time
 
@@ -15,7 +14,7 @@ import torch
 
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
-from pagebench.timing import environment, measure
+from pagebench.timing import cpu_threads, environment, measure
 
 TINY = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
@@ -55,19 +54,6 @@ def random_prompts(num: int, min_len: int, max_len: int, vocab_size: int, seed: 
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (num,), generator=g).tolist()
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
-
-
-@contextlib.contextmanager
-def cpu_threads(n: int | None):
-    """Run with ``n`` intra-op threads (None: unchanged). On a small shared CPU one thread is
-    far steadier: OpenMP workers spin-waiting on a busy core can slow a step tenfold."""
-    saved = torch.get_num_threads()
-    if n:
-        torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(saved)
 
 
 def _threads(fn):

@@ -17,7 +17,7 @@ import torch
 from pagebench.kernels import registry
 from pagebench.kernels.contiguous import identity_tables
 from pagebench.kernels.validate import check_contiguous, check_decode
-from pagebench.timing import environment, measure
+from pagebench.timing import cpu_threads, environment, measure
 
 COLUMNS = [
     "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
@@ -181,7 +181,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
 
     def record(v, shape_name, shape, batch, context, block_size, fn, graph):
         try:
-            t = measure(fn, device=device, warmup=3, repeat=repeat, cuda_graph=graph)
+            with cpu_threads(None if on_cuda else 1):  # one thread: steadier on a shared CPU
+                t = measure(fn, device=device, warmup=3, repeat=repeat, cuda_graph=graph)
         except Exception as e:  # noqa: BLE001 -- one failing combination must not end the sweep
             skipped.append(((shape_name, batch, context, block_size, graph), v.label,
                             f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))

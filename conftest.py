@@ -15,8 +15,3 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 settings.register_profile("dev", max_examples=15, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-# Triton reads TRITON_INTERPRET once, when first imported, and transformers imports Triton too:
-# on a machine without a GPU set it before any test module imports either of them.
-if not os.path.exists("/dev/nvidia0"):
-    os.environ.setdefault("TRITON_INTERPRET", "1")

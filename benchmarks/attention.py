@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 
-from .common import (SHAPES, cpu_median_us, gpu_median_us, optional, require, require_cpu,
-                     require_gpu)
+from .common import (SHAPES, SkipCase, cpu_median_us, gpu_median_us, optional, require,
+                     require_cpu, require_gpu)
 
 CPU_PAGED = ["torch-paged"]
 CPU_CONTIGUOUS = ["sdpa-contiguous"]
@@ -52,7 +52,7 @@ class DecodeCase:
         name, _, layout = backend.rpartition("-")
         backends = kernels.available_backends()
         if name not in backends or device not in backends[name].get("devices", []):
-            raise NotImplementedError(f"backend {name!r} is not available on {device}")
+            raise SkipCase(f"backend {name!r} is not available on {device}")
         hq, hkv, d = SHAPES[shape]
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         gen = torch.Generator(device="cpu").manual_seed(0)
@@ -76,7 +76,7 @@ class DecodeCase:
         try:
             api_call()  # validates the input, compiles (Triton, Flex), checks the backend takes it
         except ValueError as e:  # the backend refuses this input (capabilities)
-            raise NotImplementedError(str(e)) from e
+            raise SkipCase(str(e)) from e
         # Timed: the backend's kernel on the validated input, as the kernel sweep times it.
         # The public entry point re-validates on every call (host work and, on a GPU, syncs),
         # which is not what a decode step of an engine pays.

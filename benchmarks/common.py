@@ -34,6 +34,12 @@ REFERENCE_NUM_SEQS = 2000
 REFERENCE_MAX_LEN = 4096
 
 
+class SkipCase(NotImplementedError):
+    """Raised in a benchmark's ``setup``: asv skips a case whose set-up raises
+    NotImplementedError. It means this commit or machine lacks what the case measures (an old
+    commit without the module, a CPU machine for a CUDA case), not that code is unfinished."""
+
+
 def optional(module: str):
     """The module, or None when this commit does not have it (or it fails to import)."""
     try:
@@ -46,16 +52,16 @@ def require(module: str, *attrs: str):
     """The module for a benchmark's ``setup``; skips the case when it or an attribute is missing."""
     mod = optional(module)
     if mod is None:
-        raise NotImplementedError(f"{module} is not in this commit")
+        raise SkipCase(f"{module} is not in this commit")
     for attr in attrs:
         if not hasattr(mod, attr):
-            raise NotImplementedError(f"{module}.{attr} is not in this commit")
+            raise SkipCase(f"{module}.{attr} is not in this commit")
     return mod
 
 
 def require_gpu() -> None:
     if not on_gpu():
-        raise NotImplementedError("needs a CUDA device")
+        raise SkipCase("needs a CUDA device")
 
 
 def require_cpu() -> None:
@@ -64,7 +70,7 @@ def require_cpu() -> None:
     They run on ``PAGEBENCH_ASV_THREADS`` torch threads (default 1): on a shared machine a
     single thread gives times that a later run can be compared with."""
     if on_gpu():
-        raise NotImplementedError("CPU-sized case; the GPU machine runs the track_* cases")
+        raise SkipCase("CPU-sized case; the GPU machine runs the track_* cases")
     import torch
 
     torch.set_num_threads(int(os.environ.get("PAGEBENCH_ASV_THREADS", "1")))
@@ -74,11 +80,7 @@ def gpu_median_us(fn, *, cuda_graph: bool = False, repeat: int = 30) -> float:
     """Median of CUDA-event timings (L2 flushed before each call) of ``fn``, in microseconds."""
     from pagebench.timing import measure
 
-    try:
-        timing = measure(fn, device="cuda", warmup=5, repeat=repeat, cuda_graph=cuda_graph)
-    except TypeError:  # an older timing primitive without a keyword: time without it
-        timing = measure(fn, device="cuda", warmup=5, repeat=repeat)
-    return timing.median_us
+    return measure(fn, device="cuda", warmup=5, repeat=repeat, cuda_graph=cuda_graph).median_us
 
 
 def cpu_median_us(fn, repeat: int = 15, warmup: int = 2) -> float:
@@ -125,7 +127,7 @@ def dynamic_runner(num_requests: int, block_sizes=DYNAMIC_BLOCK_SIZES):
     ``num_requests`` Poisson requests with the reference lengths and the article's budget."""
     api = _dynamic_api()
     if api is None:
-        raise NotImplementedError("the time-stepped simulator is not in this commit")
+        raise SkipCase("the time-stepped simulator is not in this commit")
     run, poisson_workload, article_budget_tokens = api
     workload = poisson_workload(num_requests, DYNAMIC_RATE, REFERENCE_LENGTHS, seed=0,
                                 max_len=REFERENCE_MAX_LEN)

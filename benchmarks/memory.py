@@ -8,7 +8,7 @@ the history like any benchmark, and ``asv compare`` flags a change in them.
 
 from __future__ import annotations
 
-from .common import REFERENCE_MAX_LEN, reference_lengths, require
+from .common import REFERENCE_MAX_LEN, SkipCase, reference_lengths, require
 
 ALLOCATORS = ["naive", "pow2", "oracle", "paged-1", "paged-8", "paged-16", "paged-32",
               "paged-128"]
@@ -30,7 +30,7 @@ class StaticUtilisation:
         try:
             static = require("pagebench.sim.static", "static_fragmentation")
             lengths = reference_lengths()
-        except (NotImplementedError, ImportError):
+        except (SkipCase, ImportError):
             return {}
         result = static.static_fragmentation(lengths, REFERENCE_MAX_LEN, (1, 8, 16, 32, 128))
         return {f"{r['allocator']}-{r['block_size']}" if r["block_size"] else r["allocator"]:
@@ -38,7 +38,7 @@ class StaticUtilisation:
 
     def setup(self, utilisation, allocator):
         if allocator not in utilisation:
-            raise NotImplementedError("pagebench.sim.static is not in this commit")
+            raise SkipCase("pagebench.sim.static is not in this commit")
 
     def track_utilisation(self, utilisation, allocator):
         return utilisation[allocator]
@@ -62,9 +62,9 @@ class DynamicMemory:
 
     def setup(self, results, allocator):
         if not results:
-            raise NotImplementedError("pagebench.sim.dynamic is not in this commit")
+            raise SkipCase("pagebench.sim.dynamic is not in this commit")
         if allocator not in results:
-            raise NotImplementedError(f"{allocator} is not simulated in this commit")
+            raise SkipCase(f"{allocator} is not simulated in this commit")
 
     def track_token_state_pct(self, results, allocator):
         return 100.0 * results[allocator]["token_state_fraction"]
@@ -91,7 +91,7 @@ class Capacity:
 
     def setup(self, plans, block_size):
         if not plans:
-            raise NotImplementedError("pagebench.sim.capacity is not in this commit")
+            raise SkipCase("pagebench.sim.capacity is not in this commit")
 
     def track_cacheable_tokens(self, plans, block_size):
         return plans[block_size]["cacheable_tokens"]

@@ -16,7 +16,6 @@ Exit status: 0 no regression, 1 regressions (listed), 2 usage or git errors.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil

@@ -13,9 +13,7 @@ import os
 import sys
 import time
 
-import pagebench.kernels  # noqa: F401  (before transformers: Triton's interpreter switch)
 import pandas as pd
-import torch
 
 from pagebench.engine import bench
 

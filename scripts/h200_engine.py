@@ -17,7 +17,6 @@ import time
 import pandas as pd
 import torch
 
-import pagebench.kernels  # noqa: F401
 from pagebench.engine import LLMEngine, SamplingParams, bench
 
 T0 = time.time()

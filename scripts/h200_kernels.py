@@ -19,7 +19,7 @@ import torch
 
 from pagebench.kernels import contiguous_decode, paged_decode, registered_backends
 from pagebench.kernels.reference import reference_contiguous, reference_decode
-from pagebench.kernels.sweep import COLUMNS, FULL_POINTS, SHAPES, measure_copy_gbps, run_sweep
+from pagebench.kernels.sweep import COLUMNS, SHAPES, measure_copy_gbps, run_sweep
 from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.timing import environment, measure
 

@@ -8,7 +8,6 @@ decoding in float32 then has no near-ties, and equality token for token is a sha
 import pytest
 import torch
 
-import pagebench.kernels  # noqa: F401  (sets TRITON_INTERPRET before transformers imports Triton)
 from pagebench.engine import CompletionOutput, LLMEngine, RequestOutput, SamplingParams
 from pagebench.errors import ConfigError
 

@@ -25,8 +25,6 @@ def tiny_model(seed: int = 0, dtype=torch.float32, device="cpu", **overrides):
     ``initializer_range`` spreads the logits, so greedy decoding has no near-ties."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    import pagebench.kernels  # noqa: F401  (sets TRITON_INTERPRET before Triton is imported)
-
     torch.manual_seed(seed)
     config = Qwen2Config(**(TINY | {"initializer_range": 0.2} | overrides),
                          attn_implementation="sdpa")
@@ -84,6 +82,19 @@ def _timed(fn, device, repeat: int):
     timing = measure(lambda: box.__setitem__("out", fn()), device=str(device), warmup=1,
                      repeat=repeat, flush_l2=False)
     return timing.median_us / 1e6, box["out"], timing
+
+
+def _wall(fn, device):
+    """One cold call of ``fn()``: (wall seconds, result), the device synchronised around it.
+    For runs whose state a warm-up would change (a prefix cache, a shared pool)."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    out = fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - t0, out
 
 
 def _engine_row(engine: LLMEngine, seconds: float) -> dict:
@@ -166,13 +177,8 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
         runs[m]()
     for _ in range(repeat):
         for m in methods:
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            outputs[m] = runs[m]()
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            times[m].append(time.perf_counter() - t0)
+            seconds, outputs[m] = _wall(runs[m], dev)
+            times[m].append(seconds)
     reference = outputs.get("engine")
     generated = len(prompts) * max_tokens
     rows = []
@@ -229,9 +235,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
                               (f"{n} separate requests", [prompt] * n, 1)):
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, n=k, seed=seed,
                                 ignore_eos=True)
-        t0 = time.perf_counter()
-        engine.generate(prompts, params)
-        seconds = time.perf_counter() - t0
+        seconds, _ = _wall(lambda: engine.generate(prompts, params), _device(model))
         rows.append(_base(model, experiment="cow", variant=label, completions=len(prompts) * k,
                           prompt_len=prompt_len, max_tokens=max_tokens, block_size=block_size,
                           **_engine_row(engine, seconds)))
@@ -254,9 +258,8 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
                                                        // block_size),
                            # one prompt's worth a step: later requests find the cached prefix
                            max_num_batched_tokens=system_len + suffix_len[1])
-        t0 = time.perf_counter()
-        engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-        seconds = time.perf_counter() - t0
+        seconds, _ = _wall(lambda: engine.generate(
+            prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         s = engine.stats
         rows.append(_base(model, experiment="prefix_cache", prefix_caching=on,
                           num_requests=num_requests, system_len=system_len,
@@ -281,9 +284,8 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
     for frac in pool_fractions:
         blocks = max(biggest, round(full * frac))
         engine = LLMEngine(model, block_size=block_size, num_blocks=blocks)
-        t0 = time.perf_counter()
-        engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-        seconds = time.perf_counter() - t0
+        seconds, _ = _wall(lambda: engine.generate(
+            prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         rows.append(_base(model, experiment="pool_size", pool_fraction=blocks / full,
                           blocks_needed_all=full, num_requests=num_requests,
                           block_size=block_size,
@@ -307,13 +309,8 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     dev = _device(model)
     rows = []
     padded_generate(model, prompts[:contiguous_batch], 2)  # warm-up
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    padded_generate(model, prompts, max_tokens, batch_size=contiguous_batch)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    seconds, _ = _wall(lambda: padded_generate(model, prompts, max_tokens,
+                                               batch_size=contiguous_batch), dev)
     generated = len(prompts) * max_tokens
     rows.append(_base(model, experiment="equal_memory", method="padded_generate",
                       kv_bytes=kv_bytes, concurrent_seqs=contiguous_batch,
@@ -323,11 +320,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
                        max_num_seqs=len(prompts), max_num_batched_tokens=8192)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-    t0 = time.perf_counter()
-    engine.generate(prompts, params)
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - t0
+    seconds, _ = _wall(lambda: engine.generate(prompts, params), dev)
     rows.append(_base(model, experiment="equal_memory", method="engine", kv_bytes=kv_bytes,
                       concurrent_seqs=max(x["batch_size"] for x in engine.stats["steps"]),
                       num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,

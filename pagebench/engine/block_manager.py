@@ -9,6 +9,7 @@ capped one token short of the prompt so that the last prompt token is always com
 
 from __future__ import annotations
 
+from pagebench.config import ceil_div
 from pagebench.engine.block_pool import BlockPool
 from pagebench.errors import ConfigError, OutOfBlocksError, SequenceError
 
@@ -90,7 +91,7 @@ class BlockManager:
         return self.pool.ref_cnt[block_id]
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return -(-num_tokens // self.block_size)
+        return ceil_div(num_tokens, self.block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of ``num_tokens`` fits without any prefix-cache hit."""

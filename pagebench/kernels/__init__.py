@@ -8,27 +8,20 @@ Cache layout (vLLM / FlashInfer "NHD"): ``k_cache``, ``v_cache`` are
 before launching anything and raises ``ValueError`` naming the offending argument.
 
 Backends (``available_backends()`` lists what runs here): ``torch`` (gather-then-attend, runs
-anywhere), ``triton`` (paged decode with split-KV; on a machine without CUDA it runs interpreted,
-``TRITON_INTERPRET=1`` is set here before Triton is imported), ``sdpa`` (contiguous baseline),
+anywhere), ``triton`` (paged decode with split-KV; on a machine without a GPU it runs interpreted:
+``import pagebench`` sets ``TRITON_INTERPRET=1`` before Triton is imported), ``sdpa`` (contiguous baseline),
 ``flex`` (FlexAttention with a page table, where the installed torch has it). Third-party kernels
 are added with ``register_backend``.
 """
 
 from __future__ import annotations
 
-import os
-
-import torch
-
-if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"  # Triton kernels run on CPU tensors, interpreted
-
-from pagebench.kernels import builtin as _builtin  # noqa: E402  registers the built-in backends
-from pagebench.kernels.cache_ops import copy_blocks, write_kv  # noqa: E402
-from pagebench.kernels.registry import (  # noqa: E402
+from pagebench.kernels import builtin as _builtin  # registers the built-in backends
+from pagebench.kernels.cache_ops import copy_blocks, write_kv
+from pagebench.kernels.registry import (
     Backend, available_backends, get_backend, register_backend, registered_backends, resolve,
     unregister_backend)
-from pagebench.kernels.validate import check_contiguous, check_decode, check_prefill  # noqa: E402
+from pagebench.kernels.validate import check_contiguous, check_decode, check_prefill
 
 __all__ = [
     "paged_decode", "paged_prefill", "contiguous_decode", "write_kv", "copy_blocks",

@@ -15,7 +15,7 @@ def _has_triton() -> bool:
     if importlib.util.find_spec("triton") is None:
         return False
     import os
-    # Without CUDA, Triton runs only interpreted (pagebench.kernels sets TRITON_INTERPRET=1).
+    # Without CUDA, Triton runs only interpreted (importing pagebench sets TRITON_INTERPRET=1).
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 

@@ -10,8 +10,8 @@ dtype. With one split the program normalises and writes ``out`` directly; with s
 writes its unnormalised partial output and (max, sum), and a second kernel merges the splits
 (flash-decoding), so one long sequence at batch 1 still fills the GPU.
 
-Import this module through ``pagebench.kernels`` so that ``TRITON_INTERPRET=1`` is set on a
-machine without CUDA before Triton is imported.
+On a machine without a GPU, ``import pagebench`` sets ``TRITON_INTERPRET=1`` before Triton is
+imported, so the kernels run interpreted on CPU tensors.
 """
 
 from __future__ import annotations

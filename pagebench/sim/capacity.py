@@ -214,7 +214,7 @@ def format_capacity(plan: dict) -> str:
               f"  oracle (exact length)           {p['max_concurrency_oracle']:>8,}",
               f"  paged (block {p['block_size']})                {p['max_concurrency_paged']:>8,}"
               f"   token utilisation {p['token_utilisation_paged']:.1%}",
-              f"  paged / naive                   "
+              "  paged / naive                   "
               + (f"{p['paged_vs_naive']:>8.1f}x" if p["paged_vs_naive"] else "       -")]
     lines += [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines)

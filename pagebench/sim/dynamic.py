@@ -79,6 +79,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from pagebench.config import ceil_div
 from pagebench.errors import ConfigError
 from pagebench.sim.address_space import FirstFitSpace
 from pagebench.sim.static import reserved_slots
@@ -97,10 +98,6 @@ _KEY_MOD = (1 << 61) - 1
 def _key(i: int, b: int) -> int:
     """Fingerprint of request ``i`` holding ``b + t + 1`` tokens per sample at step ``t``."""
     return (((i + 1) * 0x9E3779B97F4A7C15) ^ ((b + (1 << 40)) * 0xBF58476D1CE4E5B9)) % _KEY_MOD
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclass
@@ -206,7 +203,7 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
     num_blocks, remainder = divmod(budget, bs)
     length = w.length
     shared = np.where(cow & (w.n > 1), w.prompt_len // bs, 0)  # shared prompt blocks
-    need_final = shared + w.n * (-(-(length - shared * bs) // bs))
+    need_final = shared + w.n * ceil_div(length - shared * bs, bs)
     if num_blocks < 1 or int(need_final.max()) > num_blocks:
         i = int(need_final.argmax())
         raise ConfigError(f"budget_tokens: {budget} slots ({num_blocks} blocks of {bs}) cannot "
@@ -237,7 +234,7 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
             while need > free:
                 i, (a, b) = running.popitem()  # newest
                 n, sh = nseq[i], shared_blocks[i]
-                held = sh + n * _ceil_div(b + s - sh * bs, bs)  # tokens at step s-1: b + s
+                held = sh + n * ceil_div(b + s - sh * bs, bs)  # tokens at step s-1: b + s
                 free += held
                 used -= held
                 if b % bs == due:
@@ -262,7 +259,7 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
             n, sh = nseq[i], shared_blocks[i]
             if max_num_seqs is not None and S + n > max_num_seqs:
                 break
-            blocks = sh + n * _ceil_div(prompt[i] + 1 - sh * bs, bs)
+            blocks = sh + n * ceil_div(prompt[i] + 1 - sh * bs, bs)
             if blocks > free:
                 refused[i] = 1
                 break
@@ -289,7 +286,7 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
                 continue  # preempted since; its new finish step is in the heap too
             a, b = running.pop(i)
             n, sh = nseq[i], shared_blocks[i]
-            held = sh + n * _ceil_div(b + s + 1 - sh * bs, bs)
+            held = sh + n * ceil_div(b + s + 1 - sh * bs, bs)
             free += held
             used -= held
             phase_count[b % bs] -= n

@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 
-from pagebench.errors import ConfigError
+from pagebench.errors import ConfigError, check_positive_int
 
 DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
@@ -84,9 +84,7 @@ class KVGeometry:
 
     def __post_init__(self):
         for field in ("num_layers", "num_kv_heads", "head_dim", "num_q_heads"):
-            value = getattr(self, field)
-            if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{field}: must be a positive integer, got {value!r}")
+            check_positive_int(field, getattr(self, field))
         if self.num_q_heads % self.num_kv_heads:
             raise ConfigError(
                 f"num_q_heads: {self.num_q_heads} is not a multiple of num_kv_heads "
@@ -102,9 +100,7 @@ class KVGeometry:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
 
     def bytes_per_block(self, block_size: int) -> int:
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ConfigError(f"block_size: must be a positive integer, got {block_size!r}")
-        return self.bytes_per_token * block_size
+        return self.bytes_per_token * check_positive_int("block_size", block_size)
 
     def with_dtype(self, dtype) -> KVGeometry:
         name = str(dtype).removeprefix("torch.")

@@ -18,3 +18,10 @@ class SequenceError(PagebenchError, KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0]) if self.args else ""
+
+
+def check_positive_int(name: str, value) -> int:
+    """``value`` if it is an int >= 1 (not a bool), else ConfigError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+    return value

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pagebench.config import ceil_div
 from pagebench.engine.block_pool import BlockPool
-from pagebench.errors import ConfigError, OutOfBlocksError, SequenceError
+from pagebench.errors import OutOfBlocksError, SequenceError, check_positive_int
 
 ROOT_HASH = 0x9E3779B97F4A7C15  # parent hash of a sequence's first block
 
@@ -40,8 +40,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  *, deferred_caching: bool = False):
-        if not isinstance(block_size, int) or block_size < 1:
-            raise ConfigError(f"block_size: must be a positive integer, got {block_size!r}")
+        check_positive_int("block_size", block_size)
         self.pool = BlockPool(num_blocks)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -95,9 +94,7 @@ class BlockManager:
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of ``num_tokens`` fits without any prefix-cache hit."""
-        if not isinstance(num_tokens, int) or num_tokens < 1:
-            raise ValueError(f"num_tokens: must be a positive integer, got {num_tokens!r}")
-        return self.blocks_needed(num_tokens) <= self.pool.num_free
+        return self.blocks_needed(check_positive_int("num_tokens", num_tokens)) <= self.pool.num_free
 
     def can_append(self, seq_id, num_new_tokens: int = 1) -> bool:
         """Whether ``num_new_tokens`` more tokens fit (counting a copy-on-write block)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from pagebench.errors import ConfigError, OutOfBlocksError
+from pagebench.errors import OutOfBlocksError, check_positive_int
 
 
 class BlockPool:
@@ -20,9 +20,7 @@ class BlockPool:
                  "_free_cached", "_cache")
 
     def __init__(self, num_blocks: int):
-        if not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ConfigError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
-        self.num_blocks = num_blocks
+        self.num_blocks = check_positive_int("num_blocks", num_blocks)
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[int | None] = [None] * num_blocks
         # (parent_hash, token_ids) of each cached block: a hit must match it exactly,

@@ -15,7 +15,7 @@ from pagebench.engine.model_runner import ModelRunner
 from pagebench.engine.sampling import (CompletionOutput, RequestOutput, SamplingParams,
                                        make_generator, sample)
 from pagebench.engine.scheduler import Scheduler, Sequence
-from pagebench.errors import ConfigError, PagebenchError
+from pagebench.errors import ConfigError, PagebenchError, check_positive_int
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
@@ -62,12 +62,10 @@ class LLMEngine:
         config = self.model.config
         param = next(self.model.parameters())
         self.geometry = KVGeometry.from_config(config, dtype=param.dtype)
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise ConfigError(f"block_size: must be a positive integer, got {block_size!r}")
+        check_positive_int("block_size", block_size)
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
-        elif isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
-            raise ConfigError(f"num_blocks: must be a positive integer, got {num_blocks!r}")
+        check_positive_int("num_blocks", num_blocks)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None) \
             or 2**31 - 1
         self.vocab_size = config.vocab_size

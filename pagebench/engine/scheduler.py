@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from pagebench.engine.block_manager import BlockManager
 from pagebench.engine.sampling import SamplingParams
-from pagebench.errors import ConfigError, OutOfBlocksError
+from pagebench.errors import OutOfBlocksError, check_positive_int
 
 
 class Sequence:
@@ -65,8 +65,7 @@ class Scheduler:
                  max_num_batched_tokens: int):
         for name, value in (("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+            check_positive_int(name, value)
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens

@@ -19,7 +19,7 @@ import json
 import os
 
 from pagebench.config import ALIASES, PRESETS, KVGeometry, dtype_bytes, parse_bytes
-from pagebench.errors import ConfigError
+from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.static import reserved_slots
 from pagebench.sim.workloads import sample_lengths
 
@@ -111,8 +111,7 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
         geometry = KVGeometry.from_config(config, dtype=dtype, name=str(name))
     for arg, value in (("max_model_len", max_model_len), ("block_size", block_size),
                        ("num_seqs", num_seqs)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"{arg}: must be a positive integer, got {value!r}")
+        check_positive_int(arg, value)
     notes = []
     if kv_cache_bytes is not None:
         cache = _bytes("kv_cache_bytes", kv_cache_bytes)

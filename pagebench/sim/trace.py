@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagebench.errors import ConfigError
+from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.workloads import sample_lengths
 
 ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time", "timestamp")
@@ -89,8 +89,7 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5
     (at least 1). Give both ``prompt_lengths`` and ``output_lengths`` to draw them separately
     instead (their sum is clipped to ``max_len`` by shortening the output).
     """
-    if not isinstance(num_requests, int) or num_requests < 1:
-        raise ConfigError(f"num_requests: must be a positive integer, got {num_requests!r}")
+    check_positive_int("num_requests", num_requests)
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise ConfigError(f"rate: must be a positive number of requests per step, got {rate!r}")
     if not isinstance(n, int) or n < 1:

@@ -17,7 +17,7 @@ import random
 
 import numpy as np
 
-from pagebench.errors import ConfigError
+from pagebench.errors import ConfigError, check_positive_int
 
 LENGTH_COLUMNS = ("length", "len", "num_tokens", "seq_len")
 
@@ -35,10 +35,8 @@ def _numbers(spec: str, args: str, count: int) -> list[float]:
 def sample_lengths(spec: str, num_seqs: int, seed: int = 0, max_len: int = 4096) -> np.ndarray:
     """``num_seqs`` lengths (int64) drawn from ``spec``; a file gives its lengths in order,
     cycled if it holds fewer than ``num_seqs``."""
-    if not isinstance(num_seqs, int) or num_seqs < 1:
-        raise ConfigError(f"num_seqs: must be a positive integer, got {num_seqs!r}")
-    if not isinstance(max_len, int) or max_len < 1:
-        raise ConfigError(f"max_len: must be a positive integer, got {max_len!r}")
+    check_positive_int("num_seqs", num_seqs)
+    check_positive_int("max_len", max_len)
     kind, _, args = str(spec).partition(":")
     r = random.Random(seed)
     if kind == "lognormal":

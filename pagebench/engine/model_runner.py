@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from pagebench.errors import ConfigError
+from pagebench.kernels.cache_ops import store_kv
 
 ATTN_NAME = "pagebench"
 _active: ModelRunner | None = None  # the runner whose step is in flight
@@ -143,11 +144,8 @@ class ModelRunner:
         scale = self.head_dim ** -0.5 if scale is None else scale
         meta, kern = self.meta, self.kernels
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
-        if self.check_inputs:
-            kern.write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
-        else:
-            k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
-            v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
+        write = kern.write_kv if self.check_inputs else store_kv
+        write(k_cache, v_cache, k, v, meta.slot_mapping)
         if len(meta.groups) == 1:
             return self._attend_group(meta.groups[0], q, k, v, k_cache, v_cache, scale)
         out = torch.empty_like(q)

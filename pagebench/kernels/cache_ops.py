@@ -16,6 +16,12 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     keep = slots >= 0
     if not bool(keep.all()):
         slots, k, v = slots[keep], k[keep], v[keep]
+    store_kv(k_cache, v_cache, k, v, slots)
+
+
+def store_kv(k_cache, v_cache, k, v, slots) -> None:
+    """``write_kv`` without its checks: ``slots`` int64, every one valid and distinct. For
+    callers that build the slots themselves (the engine's model runner)."""
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 

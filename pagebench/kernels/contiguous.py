@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from pagebench.kernels.reference import identity_tables
 from pagebench.kernels.triton_decode import triton_paged_decode
-
-
-def identity_tables(num_seqs: int, device) -> torch.Tensor:
-    return torch.arange(num_seqs, dtype=torch.int32, device=device)[:, None]
 
 
 def triton_contiguous_decode(q, k, v, seq_lens, scale, *, tables=None, **kernel_options):

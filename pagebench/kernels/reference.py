@@ -151,6 +151,10 @@ def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, s
 def reference_contiguous(q, k, v, seq_lens, scale=None):
     """float64 CPU decode on a contiguous cache [S, max_len, Hkv, D]."""
     num_seqs, max_len = k.shape[:2]
-    table = torch.arange(num_seqs, dtype=torch.int32)[:, None]
     # a contiguous cache is a paged cache with one block of max_len per sequence
-    return reference_decode(q, k, v, table, seq_lens, scale)
+    return reference_decode(q, k, v, identity_tables(num_seqs, "cpu"), seq_lens, scale)
+
+
+def identity_tables(num_seqs: int, device) -> torch.Tensor:
+    """Block table [num_seqs, 1] mapping sequence s to block s: a contiguous cache as paged."""
+    return torch.arange(num_seqs, dtype=torch.int32, device=device)[:, None]

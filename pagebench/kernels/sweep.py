@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from pagebench.kernels import registry
-from pagebench.kernels.contiguous import identity_tables
+from pagebench.kernels.reference import identity_tables
 from pagebench.kernels.validate import check_contiguous, check_decode
 from pagebench.timing import cpu_threads, environment, measure
 

@@ -1,10 +1,11 @@
 """H200 kernel run: equivalence at real sizes, copy ceiling, bf16 timing sweep, acceptance table.
 
     PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT            # everything
-    PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --smoke    # checks + a few points + tuning grid
+    PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --smoke    # checks + a few points
+    PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --tune --skip-equivalence --no-sweep
 
 Writes kernels.csv / kernels.json (tidy rows, pagebench.kernels.sweep.COLUMNS),
-kernels_equivalence.csv and kernels_meta.json to --out; prints a summary table last.
+kernels_equivalence.csv and (--tune) kernels_tuning.csv to --out; prints a summary table last.
 """
 
 from __future__ import annotations
@@ -84,84 +85,104 @@ def equivalence(device, long_len=5003, shapes=EQ_SHAPES, block_sizes=EQ_BLOCK_SI
     return rows
 
 
-def tuning(device, copy_gbps) -> list[dict]:
-    """Triton launch parameters at the acceptance points (llama shape, bf16, block 16)."""
-    from pagebench.kernels.sweep import _paged_case, kv_bytes
-    from pagebench.kernels.triton_decode import triton_paged_decode
+class _LaunchSpy:
+    """Wraps a Triton kernel to keep the last launch's grid and compiled kernel (registers,
+    shared memory)."""
 
-    rows = []
-    shape = SHAPES["llama-3-8b"]
-    for batch, context in ((8, 4096), (64, 4096), (256, 4096), (1, 65536)):
-        case = _paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=1)
-        for tile_n in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (1, 2, 3):
-                    fn = lambda: triton_paged_decode(*case, shape[2] ** -0.5, tile_n=tile_n,  # noqa
-                                                     num_warps=warps, num_stages=stages)
-                    try:
-                        t = measure(fn, device=device, warmup=3, repeat=20)
-                    except Exception as e:  # noqa: BLE001
-                        print("tuning failed", batch, context, tile_n, warps, stages, e)
-                        continue
-                    nb = kv_bytes(batch, context, shape[1], shape[2], torch.bfloat16)
-                    rows.append({"batch": batch, "context": context, "tile_n": tile_n,
-                                 "num_warps": warps, "num_stages": stages,
-                                 "time_us": t.median_us, "gbps": nb / t.median_us / 1e3})
-        del case
-    return rows
+    def __init__(self, kernel):
+        self.kernel, self.last, self.grid = kernel, None, None
+
+    def warmup(self, *args, **kwargs):
+        return self.kernel.warmup(*args, **kwargs)
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.grid = grid
+            self.last = self.kernel[grid](*args, **kwargs)
+            return self.last
+        return launch
 
 
-def ab_tests(device) -> dict:
-    """A/B what is still open; keep the faster. Settled at commit caac76a (kernels.json meta):
-    page-aligned table loads (1.9x slower, off) and SDPA's GQA layout (now "auto")."""
+GRID_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 4, 2)]
+GRID_SPLITS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64, 128]
+GRID_POINTS = {
+    "llama-3-8b": [(1, 1024), (1, 4096), (1, 16384), (1, 65536), (2, 4096), (4, 4096),
+                   (8, 4096), (16, 4096), (32, 4096), (64, 4096), (128, 4096), (256, 4096)],
+    "qwen2.5-0.5b": [(1, 1024), (1, 65536), (8, 4096), (16, 4096), (32, 4096), (64, 4096),
+                     (256, 4096)],
+}
+
+
+def tuning_grid(device, repeat=15) -> list[dict]:
+    """Triton launch grid through CUDA graphs (kernel time, no Python launch cost): every
+    (tile_n, num_warps, num_stages) x num_splits at each point, bf16, block 16, beside SDPA
+    (both GQA layouts) and, at short batch-1 contexts, Flex. One row per measurement."""
     from pagebench.kernels import reference, triton_decode
-    from pagebench.kernels.sweep import _contiguous_case
+    from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
+    from pagebench.kernels.sweep import _contiguous_case, _paged_case, kv_bytes
 
-    shape = SHAPES["llama-3-8b"]
-    scale = shape[2] ** -0.5
+    spy = _LaunchSpy(triton_decode._decode_split_kernel)
+    triton_decode._decode_split_kernel = spy
     rows = []
-    geo = lambda xs: float(torch.tensor(xs).log().mean().exp())  # noqa: E731
-    for batch, context in ((1, 65536), (8, 4096), (64, 4096), (256, 4096)):
-        q, k, v, _ = _contiguous_case(batch, context, shape, torch.bfloat16, device, seed=2)
-        t = {}
-        for mode in ("groups", "gqa", "auto", "groups", "gqa", "auto"):
-            fn = lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode)  # noqa
-            t.setdefault(mode, []).append(
-                measure(fn, device=device, warmup=3, repeat=30, cuda_graph=True).median_us)
-        rows.append(f"sdpa {batch}x{context} (graph): " + ", ".join(
-            f"{m} {min(ts):.1f} us" for m, ts in t.items()))
-        del q, k, v
-    rows += split_heuristics(device, geo)
-    print("\n".join(rows), flush=True)
-    return {"ab": rows, "page_aligned_tiles": triton_decode.PAGE_ALIGNED_TILES,
-            "sdpa_gqa_mode": reference.SDPA_GQA_MODE,
-            "programs_per_sm": triton_decode.PROGRAMS_PER_SM,
-            "min_tokens_per_split": triton_decode.MIN_TOKENS_PER_SPLIT}
+    for shape_name, points in GRID_POINTS.items():
+        shape = SHAPES[shape_name]
+        scale = shape[2] ** -0.5
+        for batch, context in points:
+            nb = kv_bytes(batch, context, shape[1], shape[2], torch.bfloat16)
+            base = {"model_shape": shape_name, "batch": batch, "context": context}
 
+            def timed(fn, **info):
+                try:
+                    t = measure(fn, device=device, warmup=3, repeat=repeat, cuda_graph=True)
+                except Exception as e:  # noqa: BLE001
+                    print("grid failed", base, info, type(e).__name__, str(e)[:120], flush=True)
+                    torch.cuda.synchronize()
+                    return
+                rows.append({**base, **info, "time_us": t.median_us,
+                             "gbps": nb / t.median_us / 1e3})
 
-def split_heuristics(device, geo) -> list[str]:
-    """A/B the split-KV heuristic through CUDA graphs (kernel time, no launch overhead)."""
-    from pagebench.kernels import triton_decode
-    from pagebench.kernels.sweep import _paged_case
-
-    shape = SHAPES["llama-3-8b"]
-    candidates = [(4, 256), (8, 256), (4, 1024), (2, 512)]  # (programs per SM, min tokens/split)
-    times = {c: [] for c in candidates}
-    for batch, context in ((1, 1024), (1, 4096), (1, 65536), (8, 4096), (32, 4096), (64, 4096),
-                           (128, 4096)):
-        case = _paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=3)
-        for c in candidates:
-            triton_decode.PROGRAMS_PER_SM, triton_decode.MIN_TOKENS_PER_SPLIT = c
-            fn = lambda: triton_decode.triton_paged_decode(*case, shape[2] ** -0.5)  # noqa: E731
-            times[c].append(measure(fn, device=device, warmup=3, repeat=30, cuda_graph=True).median_us)
-        del case
-    base = times[candidates[0]]
-    score = {c: geo([t / b for t, b in zip(times[c], base)]) for c in candidates}
-    best = min(candidates, key=lambda c: score[c])
-    triton_decode.PROGRAMS_PER_SM, triton_decode.MIN_TOKENS_PER_SPLIT = best
-    lines = [f"splits {c}: " + ", ".join(f"{t:.1f}" for t in times[c]) + f" us (geomean vs "
-             f"{candidates[0]}: {score[c]:.3f})" for c in candidates]
-    return lines + [f"chosen split heuristic (programs/SM, min tokens/split): {best}"]
+            q, k, v, _ = _contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
+            for mode in ("gqa", "groups"):
+                timed(lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode),
+                      backend=f"sdpa-{mode}")
+            del q, k, v
+            case = _paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=4)
+            if batch == 1 and context <= 4096:
+                mask = flex_block_mask(case[3], case[4], case[1].shape[0], 16)
+                timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), backend="flex")
+            triton_decode.triton_paged_decode(*case, scale)
+            default = spy.grid[2]  # the split count the heuristic picks
+            timed(lambda: triton_decode.triton_paged_decode(*case, scale), backend="triton",
+                  num_splits=default, heuristic=True)
+            for tile_n, warps, stages in GRID_CONFIGS:
+                for splits in GRID_SPLITS:
+                    if splits > max(1, context // tile_n):
+                        continue
+                    fn = lambda: triton_decode.triton_paged_decode(  # noqa: E731
+                        *case, scale, num_splits=splits, tile_n=tile_n, num_warps=warps,
+                        num_stages=stages)
+                    timed(fn, backend="triton", tile_n=tile_n, num_warps=warps,
+                          num_stages=stages, num_splits=splits,
+                          programs=batch * shape[1] * splits,
+                          n_regs=getattr(spy.last, "n_regs", None),
+                          shared=getattr(getattr(spy.last, "metadata", None), "shared", None))
+            del case
+            torch.cuda.empty_cache()
+            best = min((r for r in rows if r.get("num_splits") and not r.get("heuristic")
+                        and r["batch"] == batch and r["context"] == context
+                        and r["model_shape"] == shape_name), key=lambda r: r["time_us"])
+            now = [r for r in rows if r.get("heuristic") and r["batch"] == batch
+                   and r["context"] == context and r["model_shape"] == shape_name]
+            sd = min(r["time_us"] for r in rows if r["backend"].startswith("sdpa")
+                     and r["batch"] == batch and r["context"] == context
+                     and r["model_shape"] == shape_name)
+            print(f"grid {shape_name} {batch}x{context}: sdpa {sd:.1f} us; heuristic "
+                  f"{now[0]['time_us'] if now else float('nan'):.1f} us ({default} splits); best "
+                  f"{best['time_us']:.1f} us tile {best['tile_n']} warps {best['num_warps']} "
+                  f"stages {best['num_stages']} splits {best['num_splits']} "
+                  f"(regs {best['n_regs']}, smem {best['shared']})", flush=True)
+    triton_decode._decode_split_kernel = spy.kernel
+    return rows
 
 
 def acceptance(df) -> list[str]:
@@ -203,10 +224,11 @@ def main() -> int:
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--skip-equivalence", action="store_true")
-    ap.add_argument("--skip-tuning", action="store_true")
+    ap.add_argument("--tune", action="store_true",
+                    help="first the Triton launch grid (kernels_tuning.csv), through CUDA graphs")
+    ap.add_argument("--no-sweep", action="store_true", help="stop after equivalence / tuning")
     ap.add_argument("--device", default="cuda", help="cpu: a tiny dry run of this script")
     ap.add_argument("--eq-quick", action="store_true", help="fewer shapes in the equivalence run")
-    ap.add_argument("--ab", action="store_true", help="A/B kernel variants first, keep the faster")
     args = ap.parse_args()
     device = args.device
     os.makedirs(args.out, exist_ok=True)
@@ -225,17 +247,16 @@ def main() -> int:
         meta["equivalence_failures"] = eq[~eq.ok].to_dict("records")
         print(f"equivalence: {len(eq)} checks, all ok: {bool(eq.ok.all())} "
               f"({time.time() - t0:.0f}s)", flush=True)
-    if args.ab and device == "cuda":
-        meta.update(ab_tests(device))
+    if args.tune and device == "cuda":
+        import pandas as pd
+        tune = pd.DataFrame(tuning_grid(device))
+        tune.to_csv(os.path.join(args.out, "kernels_tuning.csv"), index=False)
+        print(f"tuning grid: {len(tune)} rows ({time.time() - t0:.0f}s)", flush=True)
+    if args.no_sweep:
+        return 0
     copy = measure_copy_gbps(device) if device == "cuda" else float("nan")
     meta["copy_gbps"] = copy
     print(f"copy bandwidth (read+write): {copy:.0f} GB/s", flush=True)
-    if args.smoke and not args.skip_tuning and device == "cuda":
-        import pandas as pd
-        tune = pd.DataFrame(tuning(device, copy))
-        tune.to_csv(os.path.join(args.out, "kernels_tuning.csv"), index=False)
-        for (b, c), g in tune.groupby(["batch", "context"]):
-            print(f"tuning {b}x{c}:\n" + g.sort_values("time_us").head(5).to_string(), flush=True)
     skipped = []
     kwargs = {}
     if args.smoke:
@@ -244,7 +265,15 @@ def main() -> int:
     if device != "cuda":
         kwargs = dict(points=[(1, 64), (8, 64)], block_sizes=(1, 16), repeat=2,
                       shapes={"llama-3-8b": SHAPES["llama-3-8b"]}, exclude=())
-    df = run_sweep(device, quick=False, copy_gbps=copy, skipped=skipped, **kwargs)
+    partial = os.path.join(args.out, "kernels_partial.csv")  # rows so far, if the run is cut
+
+    def progress(row):
+        import pandas as pd
+        pd.DataFrame([row]).to_csv(partial, mode="a", header=not os.path.exists(partial),
+                                   index=False)
+    df = run_sweep(device, quick=False, copy_gbps=copy, skipped=skipped, progress=progress,
+                   **kwargs)
+    os.remove(partial)
     df.to_csv(os.path.join(args.out, "kernels.csv"), index=False)
     meta["skipped"] = [list(map(str, s)) for s in skipped]
     meta["seconds"] = time.time() - t0

@@ -267,10 +267,25 @@ def test_cli_bench_bad_arguments_exit_2(argv, message, capsys):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-def test_split_heuristic_fills_an_h200_at_batch_1_and_not_at_large_batch():
-    from pagebench.kernels import triton_decode as td
-    sms = 132  # H200
-    splits = td.choose_num_splits(1, 8, 65536, "cuda", num_sms=sms)
-    assert 8 * splits >= 2 * sms and 65536 / splits >= td.MIN_TOKENS_PER_SPLIT
-    assert td.choose_num_splits(256, 8, 4096, "cuda", num_sms=sms) == 1  # 2048 programs already
-    assert td.choose_num_splits(1, 8, 300, "cuda", num_sms=sms) == 1  # too short to split
+def test_split_choice_fills_whole_waves():
+    """The wave model at the H200's measured points (528 slots: 4 programs x 132 SMs)."""
+    from pagebench.kernels.triton_decode import choose_num_splits
+    slots, tile = 528, 64
+    # batch x 8 KV heads at 4096 tokens: the programs fill one wave, never spill into a second
+    for batch, splits in ((8, 8), (16, 4), (32, 2), (64, 1), (256, 1)):
+        assert choose_num_splits(batch * 8, 4096, tile, slots) == splits
+    assert choose_num_splits(8, 65536, tile, slots) == 64  # batch 1: 512 programs of 1024
+    assert choose_num_splits(8, 1024, tile, slots) == 16  # short: one tile per split
+    assert choose_num_splits(8, 40, tile, slots) == 1  # one tile: nothing to split
+    # more slots (a smaller kernel) take more splits at the same batch
+    assert choose_num_splits(16 * 8, 4096, tile, 1056) == 8
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("splits", [2, 33, 70])
+def test_triton_combines_many_splits(splits):
+    """Past COMBINE_CHUNK splits the combine kernel merges in chunks; empty splits weigh 0."""
+    from pagebench.kernels.triton_decode import triton_paged_decode
+    inp = make_paged_inputs([1, 40, 300, 1100], 8, 2, 32, 16, seed=splits)
+    out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=16)
+    assert relative_error(out, reference_decode(*inp.args())) < TOLERANCE[torch.float32]

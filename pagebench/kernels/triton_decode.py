@@ -25,9 +25,12 @@ import triton.language as tl
 
 # Triton's interpreter (3.9) computes bf16 tl.dot wrongly: it runs the dots in fp32 there.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-MAX_SPLITS = 128
-MIN_TOKENS_PER_SPLIT = 256
-PROGRAMS_PER_SM = 4  # split until sequences x KV heads x splits reaches this many per SM
+MAX_SPLITS = 512
+# A program's fixed cost (load q, write its partial, launch share) in KV tiles: it is what makes
+# an extra wave of short programs cost more than a wave of long ones.
+SPLIT_OVERHEAD_TILES = 2
+INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split + combine path runs
+COMBINE_CHUNK = 32  # splits the combine kernel merges per step
 
 
 @triton.jit
@@ -120,43 +123,68 @@ def _decode_split_kernel(
 def _combine_kernel(
     PART_O, PART_ML, OUT, num_splits,
     stride_ps, stride_ph, stride_os, stride_oh,
-    SPLITS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
 ):
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    base = seq * stride_ps + head * stride_ph  # stride over splits is 1
     splits = tl.arange(0, SPLITS_PAD)
-    dims = tl.arange(0, DIM_PAD)
-    split_ok = splits < num_splits
-    part = seq * stride_ps + head * stride_ph + splits  # stride over splits is 1
-    m = tl.load(PART_ML + part * 2, mask=split_ok, other=float("-inf"))
-    l = tl.load(PART_ML + part * 2 + 1, mask=split_ok, other=0.0)
+    m = tl.load(PART_ML + (base + splits) * 2, mask=splits < num_splits, other=float("-inf"))
     m_max = tl.max(m, 0)
-    w = tl.where(split_ok & (m > float("-inf")), tl.exp2(m - m_max), 0.0)  # empty splits weigh 0
-    o = tl.load(PART_O + part[:, None] * DIM_PAD + dims[None, :], mask=split_ok[:, None], other=0.0)
-    out = tl.sum(o * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(OUT + seq * stride_os + head * stride_oh + dims, out.to(OUT.dtype.element_ty),
+    dims = tl.arange(0, DIM_PAD)
+    acc = tl.zeros([DIM_PAD], tl.float32)
+    denom = 0.0
+    for first in range(0, num_splits, CHUNK):  # partial outputs a chunk of splits at a time
+        chunk = first + tl.arange(0, CHUNK)
+        ok = chunk < num_splits
+        m_c = tl.load(PART_ML + (base + chunk) * 2, mask=ok, other=float("-inf"))
+        l_c = tl.load(PART_ML + (base + chunk) * 2 + 1, mask=ok, other=0.0)
+        w = tl.where(m_c > float("-inf"), tl.exp2(m_c - m_max), 0.0)  # empty splits weigh 0
+        o = tl.load(PART_O + (base + chunk)[:, None] * DIM_PAD + dims[None, :], mask=ok[:, None],
+                    other=0.0)
+        acc += tl.sum(o * w[:, None], 0)
+        denom += tl.sum(l_c * w, 0)
+    tl.store(OUT + seq * stride_os + head * stride_oh + dims, (acc / denom).to(OUT.dtype.element_ty),
              mask=dims < HEAD_DIM)
 
 
-@functools.lru_cache(maxsize=8)
-def _num_sms(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+@functools.lru_cache(maxsize=1024)
+def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int:
+    """Splits of each (sequence, KV head) pair's ``capacity`` tokens, from a wave model.
+
+    ``units`` (sequence, KV head) pairs x splits programs run ``slots`` at a time (programs per
+    SM x SMs), so a step takes about ``waves x (tiles per split + SPLIT_OVERHEAD_TILES)`` tile
+    times. The cheapest split count wins, the fewest splits on ties. What this avoids is a
+    split count that spills a few programs into a second wave: on an H200 (bf16, 32/8 heads x
+    128, 4096 tokens, 528 slots) 16 sequences took 94.7 us with 5 splits (640 programs) and
+    80.2 us with 4 (512).
+    """
+    best, best_cost = 1, None
+    for splits in range(1, min(MAX_SPLITS, triton.cdiv(capacity, tile_n)) + 1):
+        tiles = triton.cdiv(triton.cdiv(capacity, splits), tile_n)  # per split, rounded up
+        used = triton.cdiv(capacity, tiles * tile_n)  # splits that then hold any tokens
+        cost = triton.cdiv(units * used, slots) * (tiles + SPLIT_OVERHEAD_TILES)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = used, cost
+    return best
 
 
-def choose_num_splits(num_seqs: int, num_kv_heads: int, capacity: int, device,
-                      num_sms: int | None = None) -> int:
-    """Enough splits that (sequences x KV heads x splits) gives PROGRAMS_PER_SM programs per
-    SM, each split keeping at least MIN_TOKENS_PER_SPLIT tokens of work."""
-    if num_sms is not None:
-        sms = num_sms
-    elif torch.device(device).type == "cuda":
-        sms = _num_sms(torch.device(device).index or torch.cuda.current_device())
-    else:
-        sms = 4  # interpreted on CPU: still exercise the split + combine path
-    programs = max(1, num_seqs * num_kv_heads)
-    wanted = triton.cdiv(PROGRAMS_PER_SM * sms, programs)
-    most = max(1, capacity // MIN_TOKENS_PER_SPLIT)
-    return max(1, min(wanted, most, MAX_SPLITS))
+_SLOTS: dict = {}  # launch configuration -> slots, filled on first use
+
+
+def _slots(kernel, device_index: int) -> int:
+    """Programs of a compiled kernel that the whole GPU holds at once (the CUDA occupancy
+    limit from its registers, shared memory and warps, times the SM count)."""
+    kernel.run  # noqa: B018 -- loads the binary, which is when Triton learns n_regs
+    props = torch.cuda.get_device_properties(device_index)
+    warps = kernel.metadata.num_warps
+    regs_per_warp = triton.cdiv(kernel.n_regs * 32, 256) * 256  # allocated 256 at a time
+    per_sm = min(getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps),
+                 getattr(props, "shared_memory_per_multiprocessor", 233472)
+                 // (kernel.metadata.shared + 1024),  # CUDA reserves 1 KB per block
+                 props.max_threads_per_multi_processor // (32 * warps), 32)
+    return max(1, per_sm) * props.multi_processor_count
 
 
 def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
@@ -187,56 +215,66 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                         page_aligned: bool | None = None):
     """Paged decode; arguments as ``pagebench.kernels.paged_decode`` (already validated).
 
-    ``num_splits`` defaults to ``choose_num_splits`` on the table's capacity (no device sync, so
-    the call can be captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of
-    two); ``page_aligned`` (default ``PAGE_ALIGNED_TILES``) loads the table per page, not per
-    token, where tile and page sizes allow.
+    ``num_splits`` defaults to ``choose_num_splits`` on the table's capacity and the kernel's
+    occupancy (no device sync, so the call can be captured in a CUDA graph); ``tile_n`` is the
+    tokens per KV tile (a power of two); ``page_aligned`` (default ``PAGE_ALIGNED_TILES``) loads
+    the table per page, not per token, where tile and page sizes allow.
     """
     num_seqs, q_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
     capacity = block_tables.shape[1] * block_size
-    if num_splits is None:
-        num_splits = choose_num_splits(num_seqs, kv_heads, capacity, q.device)
     tile_n = tile_n or default_tile_n(head_dim, q.dtype)
-    num_splits = max(1, min(num_splits, triton.cdiv(capacity, tile_n)))
-    tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), tile_n) * tile_n
-    num_splits = triton.cdiv(capacity, tokens_per_split)
-
     q = q if q.stride(-1) == 1 else q.contiguous()
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
     dim_pad = max(16, triton.next_power_of_2(head_dim))
-    group_pad = max(16, triton.next_power_of_2(group))
-    direct = num_splits == 1
-    if direct:
-        part_o = part_ml = out  # unused
-    else:
-        part_o = torch.empty(num_seqs, q_heads, num_splits, dim_pad, device=q.device,
-                             dtype=torch.float32)
-        part_ml = torch.empty(num_seqs, q_heads, num_splits, 2, device=q.device,
-                              dtype=torch.float32)
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    _decode_split_kernel[(num_seqs, kv_heads, num_splits)](
-        q, k_cache, v_cache, tables, seq_lens, out, part_o, part_ml,
-        scale * 1.4426950408889634, tokens_per_split,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        tables.stride(0),
-        out.stride(0), out.stride(1),
-        q_heads * num_splits, num_splits, 1,
-        GROUP=group, GROUP_PAD=group_pad, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HEAD_DIM=head_dim, DIM_PAD=dim_pad, DIRECT=direct,
-        IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
-        PAGE_TILES=page_tiles_mode(block_size, tile_n,
-                                   PAGE_ALIGNED_TILES if page_aligned is None else page_aligned),
-        num_warps=num_warps, num_stages=num_stages)
-    if not direct:
-        _combine_kernel[(num_seqs, q_heads)](
-            part_o, part_ml, out, num_splits,
-            q_heads * num_splits, num_splits, out.stride(0), out.stride(1),
-            SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)), HEAD_DIM=head_dim,
-            DIM_PAD=dim_pad, num_warps=4)
+    meta = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+                BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+                IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
+                PAGE_TILES=page_tiles_mode(block_size, tile_n, PAGE_ALIGNED_TILES
+                                           if page_aligned is None else page_aligned),
+                num_warps=num_warps, num_stages=num_stages)
+
+    def launch(part_o, part_ml, splits, tokens_per_split, grid=None, warmup=False):
+        args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_ml,
+                scale * 1.4426950408889634, tokens_per_split,
+                q.stride(0), q.stride(1),
+                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                tables.stride(0), out.stride(0), out.stride(1),
+                q_heads * splits, splits, 1)
+        if warmup:  # compile (if new) without running: the occupancy query needs the binary
+            return _decode_split_kernel.warmup(*args, grid=(1,), DIRECT=False, **meta)
+        return _decode_split_kernel[grid](*args, DIRECT=splits == 1, **meta)
+
+    if num_splits is None:
+        if INTERPRETED or q.device.type != "cuda":
+            slots = INTERPRETED_SLOTS
+        else:
+            key = (q.device.index, q.dtype, k_cache.dtype, *sorted(meta.items()))
+            if key not in _SLOTS:
+                part = torch.empty(16, device=q.device, dtype=torch.float32)
+                _SLOTS[key] = _slots(launch(part, part, 2, tile_n, warmup=True),
+                                     q.device.index or 0)
+            slots = _SLOTS[key]
+        num_splits = choose_num_splits(num_seqs * kv_heads, capacity, tile_n, slots)
+    num_splits = max(1, min(num_splits, triton.cdiv(capacity, tile_n)))
+    tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), tile_n) * tile_n
+    num_splits = triton.cdiv(capacity, tokens_per_split)
+    if num_splits == 1:
+        launch(out, out, 1, tokens_per_split, grid=(num_seqs, kv_heads, 1))  # writes out
+        return out
+    part_o = torch.empty(num_seqs, q_heads, num_splits, dim_pad, device=q.device,
+                         dtype=torch.float32)
+    part_ml = torch.empty(num_seqs, q_heads, num_splits, 2, device=q.device, dtype=torch.float32)
+    launch(part_o, part_ml, num_splits, tokens_per_split, grid=(num_seqs, kv_heads, num_splits))
+    _combine_kernel[(num_seqs, q_heads)](
+        part_o, part_ml, out, num_splits,
+        q_heads * num_splits, num_splits, out.stride(0), out.stride(1),
+        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
+        CHUNK=min(COMBINE_CHUNK, max(2, triton.next_power_of_2(num_splits))),
+        HEAD_DIM=head_dim, DIM_PAD=dim_pad, num_warps=4)
     return out

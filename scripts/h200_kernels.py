@@ -212,8 +212,8 @@ def acceptance(df) -> list[str]:
             lines.append(f"{batch:>5}x{context:<6} {str(graph):>5} {tri:8.1f} {sd:8.1f} "
                          f"{tri / sd:6.2f} {tc:8.1f} {fl:8.1f} {fl / tri:6.2f} {to:8.1f} "
                          f"{to / tri:7.2f} {float(sel.gbps.iloc[0]):6.0f}")
-    lines.append("block-size curve, triton-paged (us): " + "; ".join(
-        f"{b}x{c}: " + ", ".join(f"bs{bs}={t('triton-paged', b, c, bs):.1f}"
+    lines.append("block-size curve, triton-paged through a CUDA graph (us): " + "; ".join(
+        f"{b}x{c}: " + ", ".join(f"bs{bs:g}={t('triton-paged', b, c, bs, graph=True):.1f}"
                                  for bs in sorted(d.block_size.dropna().unique()))
         for b, c in ((1, 65536), (8, 4096), (64, 4096), (256, 4096))))
     return lines

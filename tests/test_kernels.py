@@ -276,6 +276,8 @@ def test_split_choice_fills_whole_waves():
         assert choose_num_splits(batch * 8, 4096, tile, slots) == splits
     assert choose_num_splits(8, 65536, tile, slots) == 64  # batch 1: 512 programs of 1024
     assert choose_num_splits(8, 1024, tile, slots) == 16  # short: one tile per split
+    assert choose_num_splits(8, 4096, tile, slots) == 32  # 64 would add a combine step
+    assert choose_num_splits(2, 65536, tile, 1056) == 128  # not 512: merging them costs more
     assert choose_num_splits(8, 40, tile, slots) == 1  # one tile: nothing to split
     # more slots (a smaller kernel) take more splits at the same batch
     assert choose_num_splits(16 * 8, 4096, tile, 1056) == 8

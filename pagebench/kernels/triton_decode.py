@@ -154,17 +154,21 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
     """Splits of each (sequence, KV head) pair's ``capacity`` tokens, from a wave model.
 
     ``units`` (sequence, KV head) pairs x splits programs run ``slots`` at a time (programs per
-    SM x SMs), so a step takes about ``waves x (tiles per split + SPLIT_OVERHEAD_TILES)`` tile
-    times. The cheapest split count wins, the fewest splits on ties. What this avoids is a
-    split count that spills a few programs into a second wave: on an H200 (bf16, 32/8 heads x
-    128, 4096 tokens, 528 slots) 16 sequences took 94.7 us with 5 splits (640 programs) and
-    80.2 us with 4 (512).
+    SM x SMs), so the split kernel takes about ``waves x (tiles per split +
+    SPLIT_OVERHEAD_TILES)`` tile times, and the combine kernel one more per chunk of
+    ``COMBINE_CHUNK`` splits that each of its programs merges in turn. The cheapest split count
+    wins, the fewest splits on ties. What this avoids is a split count that spills a few
+    programs into a second wave: on an H200 (bf16, 32/8 heads x 128, 4096 tokens, 528 slots)
+    16 sequences took 94.7 us with 5 splits (640 programs) and 80.2 us with 4 (512); and
+    splitting one sequence into hundreds of slivers (14/2 heads x 64, 1 x 65536: 512 splits
+    34.1 us, 128 splits 30.2 us).
     """
     best, best_cost = 1, None
     for splits in range(1, min(MAX_SPLITS, triton.cdiv(capacity, tile_n)) + 1):
         tiles = triton.cdiv(triton.cdiv(capacity, splits), tile_n)  # per split, rounded up
         used = triton.cdiv(capacity, tiles * tile_n)  # splits that then hold any tokens
         cost = triton.cdiv(units * used, slots) * (tiles + SPLIT_OVERHEAD_TILES)
+        cost += triton.cdiv(used, COMBINE_CHUNK) if used > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = used, cost
     return best

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import platform
 import statistics
 import subprocess
@@ -119,6 +120,10 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
 
 @functools.lru_cache(maxsize=None)
 def _git_commit() -> str:
+    """The checkout's short HEAD; ``PAGEBENCH_COMMIT`` overrides it (a copy of the tree whose
+    .git is stale or absent, such as a remote GPU machine's)."""
+    if os.environ.get("PAGEBENCH_COMMIT"):
+        return os.environ["PAGEBENCH_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=5, cwd=__file__.rsplit("/", 2)[0])

@@ -4,6 +4,9 @@
     PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --smoke    # checks + a few points
     PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --tune --skip-equivalence --no-sweep
 
+On a copied tree whose .git may be stale (the device tool's), prefix PAGEBENCH_COMMIT=<short
+hash of the tree sent> so that every row names the right commit.
+
 Writes kernels.csv / kernels.json (tidy rows, pagebench.kernels.sweep.COLUMNS),
 kernels_equivalence.csv and (--tune) kernels_tuning.csv to --out; prints a summary table last.
 """

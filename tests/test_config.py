@@ -40,3 +40,16 @@ def test_bad_geometry_and_sizes():
     assert parse_bytes("16GiB") == 16 * 2**30 and parse_bytes("1.5GB") == 1_500_000_000
     with pytest.raises(ConfigError):
         parse_bytes("lots")
+
+
+def test_environment_commit_can_be_overridden(monkeypatch):
+    """A copied tree (a remote GPU machine's) may carry a stale .git: PAGEBENCH_COMMIT wins."""
+    from pagebench import timing
+    timing._git_commit.cache_clear()
+    monkeypatch.setenv("PAGEBENCH_COMMIT", "feedbee")
+    try:
+        assert timing.environment()["commit"] == "feedbee"
+    finally:
+        monkeypatch.delenv("PAGEBENCH_COMMIT")
+        timing._git_commit.cache_clear()
+    assert timing.environment()["commit"] != "feedbee"

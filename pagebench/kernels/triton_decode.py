@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from pagebench.config import ceil_div
+
 # Triton's interpreter (3.9) computes bf16 tl.dot wrongly: it runs the dots in fp32 there.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 MAX_SPLITS = 512
@@ -31,6 +33,12 @@ MAX_SPLITS = 512
 SPLIT_OVERHEAD_TILES = 2
 INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split + combine path runs
 COMBINE_CHUNK = 32  # splits the combine kernel merges per step
+
+
+def next_pow2(n: int) -> int:
+    """Smallest power of two >= n (plain Python: ``triton.next_power_of_2`` and ``triton.cdiv``
+    are constexpr-function wrappers that cost microseconds per call on the launch path)."""
+    return 1 << max(0, n - 1).bit_length()
 
 
 @triton.jit
@@ -164,11 +172,11 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
     34.1 us, 128 splits 30.2 us).
     """
     best, best_cost = 1, None
-    for splits in range(1, min(MAX_SPLITS, triton.cdiv(capacity, tile_n)) + 1):
-        tiles = triton.cdiv(triton.cdiv(capacity, splits), tile_n)  # per split, rounded up
-        used = triton.cdiv(capacity, tiles * tile_n)  # splits that then hold any tokens
-        cost = triton.cdiv(units * used, slots) * (tiles + SPLIT_OVERHEAD_TILES)
-        cost += triton.cdiv(used, COMBINE_CHUNK) if used > 1 else 0
+    for splits in range(1, min(MAX_SPLITS, ceil_div(capacity, tile_n)) + 1):
+        tiles = ceil_div(ceil_div(capacity, splits), tile_n)  # per split, rounded up
+        used = ceil_div(capacity, tiles * tile_n)  # splits that then hold any tokens
+        cost = ceil_div(units * used, slots) * (tiles + SPLIT_OVERHEAD_TILES)
+        cost += ceil_div(used, COMBINE_CHUNK) if used > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = used, cost
     return best
@@ -183,7 +191,7 @@ def _slots(kernel, device_index: int) -> int:
     kernel.run  # noqa: B018 -- loads the binary, which is when Triton learns n_regs
     props = torch.cuda.get_device_properties(device_index)
     warps = kernel.metadata.num_warps
-    regs_per_warp = triton.cdiv(kernel.n_regs * 32, 256) * 256  # allocated 256 at a time
+    regs_per_warp = ceil_div(kernel.n_regs * 32, 256) * 256  # allocated 256 at a time
     per_sm = min(getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps),
                  getattr(props, "shared_memory_per_multiprocessor", 233472)
                  // (kernel.metadata.shared + 1024),  # CUDA reserves 1 KB per block
@@ -233,9 +241,9 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
     out = torch.empty_like(q)
     if num_seqs == 0:
         return out
-    dim_pad = max(16, triton.next_power_of_2(head_dim))
+    dim_pad = max(16, next_pow2(head_dim))
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    meta = dict(GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)),
+    meta = dict(GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
                 BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
                 IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
                 PAGE_TILES=page_tiles_mode(block_size, tile_n, PAGE_ALIGNED_TILES
@@ -258,16 +266,16 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         if INTERPRETED or q.device.type != "cuda":
             slots = INTERPRETED_SLOTS
         else:
-            key = (q.device.index, q.dtype, k_cache.dtype, *sorted(meta.items()))
+            key = (q.device.index, q.dtype, k_cache.dtype, *meta.values())
             if key not in _SLOTS:
                 part = torch.empty(16, device=q.device, dtype=torch.float32)
                 _SLOTS[key] = _slots(launch(part, part, 2, tile_n, warmup=True),
                                      q.device.index or 0)
             slots = _SLOTS[key]
         num_splits = choose_num_splits(num_seqs * kv_heads, capacity, tile_n, slots)
-    num_splits = max(1, min(num_splits, triton.cdiv(capacity, tile_n)))
-    tokens_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), tile_n) * tile_n
-    num_splits = triton.cdiv(capacity, tokens_per_split)
+    num_splits = max(1, min(num_splits, ceil_div(capacity, tile_n)))
+    tokens_per_split = ceil_div(ceil_div(capacity, num_splits), tile_n) * tile_n
+    num_splits = ceil_div(capacity, tokens_per_split)
     if num_splits == 1:
         launch(out, out, 1, tokens_per_split, grid=(num_seqs, kv_heads, 1))  # writes out
         return out
@@ -278,7 +286,7 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
     _combine_kernel[(num_seqs, q_heads)](
         part_o, part_ml, out, num_splits,
         q_heads * num_splits, num_splits, out.stride(0), out.stride(1),
-        SPLITS_PAD=max(2, triton.next_power_of_2(num_splits)),
-        CHUNK=min(COMBINE_CHUNK, max(2, triton.next_power_of_2(num_splits))),
+        SPLITS_PAD=max(2, next_pow2(num_splits)),
+        CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
         HEAD_DIM=head_dim, DIM_PAD=dim_pad, num_warps=4)
     return out

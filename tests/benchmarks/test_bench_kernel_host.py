@@ -1,0 +1,42 @@
+"""Host cost of the Triton decode wrapper: the Python that runs before the kernels launch
+(shapes, split choice, allocations, argument lists), with the two Triton launches stubbed out.
+
+On a GPU without a CUDA graph this is paid on every call, per layer. CI runs it once as a check
+(``--benchmark-disable``); ``make bench`` times it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+triton_decode = pytest.importorskip("pagebench.kernels.triton_decode")
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: records the grid, launches nothing."""
+
+    def __init__(self):
+        self.grids = []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return lambda *args, **kwargs: None
+
+
+@pytest.mark.parametrize("num_splits", [None, 1], ids=["split_choice", "one_split"])
+def test_triton_wrapper_host_cost(benchmark, monkeypatch, num_splits):
+    from pagebench.kernels.testing import make_paged_inputs
+
+    split, combine = _NoLaunch(), _NoLaunch()
+    monkeypatch.setattr(triton_decode, "_decode_split_kernel", split)
+    monkeypatch.setattr(triton_decode, "_combine_kernel", combine)
+    inp = make_paged_inputs([4000], 32, 8, 128, 16, dtype=torch.bfloat16, seed=0)
+    args = (*inp.args(), 128 ** -0.5)
+    out = benchmark(lambda: triton_decode.triton_paged_decode(*args, num_splits=num_splits))
+    assert out.shape == inp.q.shape
+    # Llama shape, one 4000-token sequence: split (the model's choice) and merged, or one split
+    seqs, heads, splits = split.grids[-1]
+    assert (seqs, heads) == (1, 8)
+    assert (splits > 1) == (num_splits is None) and bool(combine.grids) == (splits > 1)
+    benchmark.extra_info.update(shape="32/8x128", batch=1, context=4000)

@@ -284,6 +284,25 @@ def test_split_choice_fills_whole_waves():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("regs, shared, warps, slots", [
+    (105, 38912, 4, 528),  # bf16 32/8 x 128 on an H200: registers allow 4 programs per SM
+    (62, 20480, 4, 1056),  # bf16 14/2 x 64: 8 per SM
+    (168, 73728, 4, 396),  # tile 128: shared memory and registers both allow 3
+    (32, 1024, 1, 4224),  # tiny: the 32-blocks-per-SM limit
+])
+def test_slots_follow_the_cuda_occupancy_rule(monkeypatch, regs, shared, warps, slots):
+    from types import SimpleNamespace
+
+    from pagebench.kernels import triton_decode as td
+    h200 = SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=233472,
+                           max_threads_per_multi_processor=2048, multi_processor_count=132)
+    monkeypatch.setattr(td.torch.cuda, "get_device_properties", lambda index: h200)
+    kernel = SimpleNamespace(run=None, n_regs=regs,
+                             metadata=SimpleNamespace(num_warps=warps, shared=shared))
+    assert td._slots(kernel, 0) == slots
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("splits", [2, 33, 70])
 def test_triton_combines_many_splits(splits):
     """Past COMBINE_CHUNK splits the combine kernel merges in chunks; empty splits weigh 0."""

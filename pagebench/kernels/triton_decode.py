@@ -191,7 +191,7 @@ def _slots(kernel, device_index: int) -> int:
     kernel.run  # noqa: B018 -- loads the binary, which is when Triton learns n_regs
     props = torch.cuda.get_device_properties(device_index)
     warps = kernel.metadata.num_warps
-    regs_per_warp = ceil_div(kernel.n_regs * 32, 256) * 256  # allocated 256 at a time
+    regs_per_warp = max(256, ceil_div((kernel.n_regs or 0) * 32, 256) * 256)  # 256 at a time
     per_sm = min(getattr(props, "regs_per_multiprocessor", 65536) // (regs_per_warp * warps),
                  getattr(props, "shared_memory_per_multiprocessor", 233472)
                  // (kernel.metadata.shared + 1024),  # CUDA reserves 1 KB per block

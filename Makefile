@@ -61,8 +61,11 @@ bench-compare: $(STAMP)
 	$(PY) scripts/asv_wheelhouse.py --dest .asv/wheelhouse
 
 asv-quick: $(STAMP) .asv/wheelhouse
-	$(ASV) machine --yes --machine $(ASV_MACHINE) --os "$$(uname -sr)" --arch "$$(uname -m)" \
-	  --num_cpu "$$(nproc)" --cpu "$$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)" \
-	  --ram "$$(awk '/MemTotal/ {print $$2 "kB"}' /proc/meminfo)"
+	@# asv 0.6.6 drops --machine when it equals the host name and then fails (KeyError 'machine')
+	@# if any other field was given: under the host name, take all of asv's own defaults
+	if [ "$(ASV_MACHINE)" = "$$(hostname)" ]; then $(ASV) machine --yes; else \
+	  $(ASV) machine --yes --machine $(ASV_MACHINE) --os "$$(uname -sr)" --arch "$$(uname -m)" \
+	    --num_cpu "$$(nproc)" --cpu "$$(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)" \
+	    --ram "$$(awk '/MemTotal/ {print $$2 "kB"}' /proc/meminfo)"; fi
 	$(ASV_ENV) $(ASV) run --quick --show-stderr --machine $(ASV_MACHINE) -b '^(?!.*Cuda)' $(ASV_RANGE)
 	$(ASV) publish

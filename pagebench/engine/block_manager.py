@@ -205,11 +205,13 @@ class BlockManager:
         self._register(seq, 0, n // self.block_size)
 
     def _register(self, seq: _Seq, first: int, end: int) -> None:
-        bs = self.block_size
+        bs, pool = self.block_size, self.pool
         for i in range(first, end):
+            if not pool.can_register(seq.blocks[i], seq.hashes[i]):
+                continue  # registered already (cache_full_blocks revisits every full block)
             parent = seq.hashes[i - 1] if i else ROOT_HASH
-            key = (parent, tuple(seq.tokens[i * bs:(i + 1) * bs]))
-            self.pool.register(seq.blocks[i], seq.hashes[i], key)
+            pool.register(seq.blocks[i], seq.hashes[i],
+                          (parent, tuple(seq.tokens[i * bs:(i + 1) * bs])))
 
     def fork(self, parent_id, child_id) -> list[int]:
         """The child shares every block of the parent (refcounts + 1); returns its table."""

@@ -71,9 +71,14 @@ class BlockPool:
             return block
         return None
 
+    def can_register(self, block: int, block_hash: int) -> bool:
+        """Whether ``register`` would take this block: it is not findable yet, and no other block
+        is cached under its hash."""
+        return self.block_hash[block] is None and block_hash not in self._cache
+
     def register(self, block: int, block_hash: int, key: tuple) -> None:
         """Make a full, computed block findable. The first block cached under a hash wins."""
-        if self.block_hash[block] is None and block_hash not in self._cache:
+        if self.can_register(block, block_hash):
             self._cache[block_hash] = block
             self.block_hash[block] = block_hash
             self.block_key[block] = key

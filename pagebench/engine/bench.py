@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from pagebench.config import ceil_div
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.timing import cpu_threads, environment, measure
@@ -211,7 +212,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 
     for bs in block_sizes:
         for b in batch_sizes:
             prompts = random_prompts(b, prompt_len, prompt_len, model.config.vocab_size, seed=b)
-            need = b * -(-(prompt_len + max_tokens) // bs)
+            need = b * ceil_div(prompt_len + max_tokens, bs)
             row, _ = run_engine(model, prompts, max_tokens, repeat, block_size=bs,
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
                                 max_num_batched_tokens=max(2048, b * prompt_len))
@@ -229,7 +230,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
     model = model or tiny_model()
     prompt = random_prompts(1, prompt_len, prompt_len, model.config.vocab_size, seed)[0]
     engine = LLMEngine(model, block_size=block_size,
-                       num_blocks=(n + 1) * -(-(prompt_len + max_tokens) // block_size))
+                       num_blocks=(n + 1) * ceil_div(prompt_len + max_tokens, block_size))
     rows = []
     for label, prompts, k in (("n=1", [prompt], 1), (f"n={n} shared", [prompt], n),
                               (f"{n} separate requests", [prompt] * n, 1)):
@@ -254,8 +255,8 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
     rows = []
     for on in (False, True):
         engine = LLMEngine(model, block_size=block_size, enable_prefix_caching=on,
-                           num_blocks=num_requests * -(-(system_len + suffix_len[1] + max_tokens)
-                                                       // block_size),
+                           num_blocks=num_requests * ceil_div(system_len + suffix_len[1] + max_tokens,
+                                                             block_size),
                            # one prompt's worth a step: later requests find the cached prefix
                            max_num_batched_tokens=system_len + suffix_len[1])
         seconds, _ = _wall(lambda: engine.generate(
@@ -278,8 +279,8 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
     (fraction 1.0): the capacity cliff."""
     model = model or tiny_model()
     prompts = random_prompts(num_requests, *prompt_len, model.config.vocab_size, seed)
-    full = sum(-(-(len(p) + max_tokens - 1) // block_size) for p in prompts)
-    biggest = max(-(-(len(p) + max_tokens - 1) // block_size) for p in prompts)
+    per_request = [ceil_div(len(p) + max_tokens - 1, block_size) for p in prompts]
+    full, biggest = sum(per_request), max(per_request)
     rows = []
     for frac in pool_fractions:
         blocks = max(biggest, round(full * frac))

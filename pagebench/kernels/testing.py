@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pagebench.config import ceil_div
+
 
 @dataclass
 class PagedInputs:
@@ -32,7 +34,7 @@ def make_paged_inputs(seq_lens, num_q_heads: int, num_kv_heads: int, head_dim: i
     """
     gen = torch.Generator().manual_seed(seed)
     lens = [int(n) for n in seq_lens]
-    needed = [-(-n // block_size) for n in lens]
+    needed = [ceil_div(n, block_size) for n in lens]
     max_blocks = max(needed, default=0) + extra_table_cols
     num_blocks = sum(needed) + extra_blocks
     shape = (num_blocks, block_size, num_kv_heads, head_dim)

@@ -18,6 +18,8 @@ matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from pagebench.config import ceil_div  # noqa: E402
+
 STYLE = {
     "figure.dpi": 100, "savefig.dpi": 110, "font.size": 9, "axes.grid": True,
     "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
@@ -132,7 +134,7 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
         return None
     panels = list(dict.fromkeys(timeline["label"]))
     cols = min(4, len(panels))
-    rows = -(-len(panels) // cols)
+    rows = ceil_div(len(panels), cols)
     fig, axes = plt.subplots(rows, cols, figsize=(max(7.0, 3.1 * cols), 2.5 * rows + 0.6),
                              squeeze=False,
                              sharey=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pagebench.config import ceil_div
 from pagebench.report.collect import Results, as_frame, call_with_supported
 
 WORKLOAD = "lognormal:5.5,0.9"  # the article's length distribution
@@ -67,7 +68,7 @@ def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> N
     rows = []
     for bs in (1, 8, 16, 32, 128):
         # a pool as large as the longest sequence; each sequence is freed once measured
-        manager = BlockManager(-(-MAX_LEN // bs), bs)
+        manager = BlockManager(ceil_div(MAX_LEN, bs), bs)
         waste = []
         for i, n in enumerate(lengths):
             n = int(n)

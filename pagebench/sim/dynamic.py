@@ -365,7 +365,7 @@ def _summarise(win, paged: bool, budget: int, w: Workload, stats: _RunStats) -> 
 def _timeline(win, paged: bool, every: int, with_key: bool) -> dict[str, np.ndarray]:
     """Rows at steps ``t`` with ``t % every == 0`` (all steps for ``every == 1``)."""
     start, end = win["start"], win["end"]
-    first = -(-start // every) * every
+    first = ceil_div(start, every) * every
     counts = np.maximum(0, (end - first) // every + 1)
     idx = np.repeat(np.arange(start.size), counts)
     offsets = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pagebench.config import ceil_div
 from pagebench.errors import ConfigError
 
 
@@ -28,7 +29,7 @@ def reserved_slots(allocator: str, lengths: np.ndarray, max_len: int,
     if allocator == "paged":
         if not block_size or block_size < 1:
             raise ConfigError(f"block_size: paged needs a positive block size, got {block_size!r}")
-        return -(-lengths // block_size) * block_size
+        return ceil_div(lengths, block_size) * block_size
     raise ConfigError(f"allocator: unknown {allocator!r}; use naive, pow2, oracle or paged")
 
 

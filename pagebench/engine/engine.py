@@ -77,8 +77,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching,
                                           deferred_caching=True)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, num_blocks, block_size, kernel, check_kernel_inputs,
-                                  fresh_prefill)
+        self.runner = ModelRunner(self.model, self.geometry, num_blocks, block_size, kernel,
+                                  check_kernel_inputs, fresh_prefill)
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
         self.stats: dict = {}

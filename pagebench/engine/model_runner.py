@@ -88,7 +88,7 @@ class ModelRunner:
     block manager's tables.
     """
 
-    def __init__(self, model, num_blocks: int, block_size: int, kernel: str = "auto",
+    def __init__(self, model, geometry, num_blocks: int, block_size: int, kernel: str = "auto",
                  check_inputs: bool = False, fresh_prefill: bool = True):
         from pagebench import kernels
 
@@ -103,18 +103,15 @@ class ModelRunner:
         self.lm_head = model.get_output_embeddings()
         if self.decoder is None or self.lm_head is None:
             raise ConfigError(f"model: {type(model).__name__} is not a decoder-only causal LM")
-        self.num_layers = config.num_hidden_layers
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or \
-            config.num_attention_heads
-        self.head_dim = getattr(config, "head_dim", None) or \
-            config.hidden_size // config.num_attention_heads
+        # the cache's shape: the engine's KVGeometry of this model (config.KVGeometry.from_config)
+        self.num_layers = geometry.num_layers
+        self.num_kv_heads = geometry.num_kv_heads
+        self.head_dim = geometry.head_dim
         self.block_size = block_size
-        self.num_blocks = num_blocks
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
+        param = next(model.parameters())
+        self.device, self.dtype = param.device, param.dtype
         self.check_inputs = check_inputs
         self.fresh_prefill = fresh_prefill
-        self.kernel = kernel
         try:
             args = (self.device, self.dtype, block_size, self.head_dim)
             self.decode_backend = kernels.resolve("decode", kernel, *args)

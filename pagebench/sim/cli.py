@@ -101,7 +101,7 @@ def run_simulate(args) -> int:
 
 def run_dynamic_simulation(args) -> int:
     from pagebench.sim.capacity import article_budget_tokens
-    from pagebench.sim.dynamic import REFERENCE, format_dynamic_table, run_dynamic
+    from pagebench.sim.dynamic import ALLOCATORS, REFERENCE, format_dynamic_table, run_dynamic
     from pagebench.sim.trace import poisson_workload, read_trace
 
     if args.num_seqs is not None:
@@ -126,7 +126,7 @@ def run_dynamic_simulation(args) -> int:
             n=1 if args.n is None else args.n, seed=args.seed, max_len=args.max_len)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
     result = run_dynamic(
-        workload, budget, allocators=args.allocators or ("naive", "pow2", "oracle", "paged"),
+        workload, budget, allocators=args.allocators or ALLOCATORS,
         block_sizes=args.block_sizes or DYNAMIC_BLOCK_SIZES, max_len=args.max_len, cow=args.cow,
         max_num_seqs=args.max_num_seqs, timeline_every=args.timeline_every)
     if args.timeline:
@@ -182,9 +182,7 @@ def register_capacity(sub) -> None:
 def run_capacity(args) -> int:
     from pagebench.sim.capacity import ARTICLE_CASE, capacity_plan, format_capacity
 
-    base = dict(ARTICLE_CASE) if args.article else dict(
-        model="qwen2.5-0.5b", gpu_memory="16GiB", gpu_memory_utilization=0.9,
-        max_model_len=4096, block_size=16, weights_bytes=None, overhead_bytes=0)
+    base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
                 "weights_bytes", "overhead_bytes"):
         if getattr(args, key) is not None:

@@ -84,31 +84,24 @@ class DecodeCase:
                                  else None, seq_lens, scale) or api_call
         if device == "cuda":
             torch.cuda.synchronize()
-        self.batch = batch
 
 
 def _kernel_call(kernels, name, layout, q, k, v, table, seq_lens, scale):
     """A no-argument call of the backend's kernel with its per-input state prepared once (Flex's
-    block mask, the identity table of Triton-on-contiguous); None where this commit's registry
-    has no such entry points (then the public API is timed)."""
+    block mask, the identity table of Triton-on-contiguous), built as the kernel sweep builds
+    it; None where this commit has no registry (then the public API is timed)."""
     get_backend = getattr(kernels, "get_backend", None)
     if get_backend is None:
         return None
-    backend = get_backend(name)
+    sweep = optional("pagebench.kernels.sweep")
+    if sweep is not None and hasattr(sweep, "_paged_callable"):
+        variant = sweep.Variant(f"{name}-{layout}", name, layout)
+        if layout == "paged":
+            return sweep._paged_callable(variant, q, k, v, table, seq_lens, scale)
+        return sweep._contiguous_callable(variant, q, k, v, scale)
+    backend = get_backend(name)  # a commit before the sweep: the backend's plain entry points
     if layout == "paged":
-        if name == "flex":
-            flex = optional("pagebench.kernels.flex")
-            if flex is not None and hasattr(flex, "flex_block_mask"):
-                mask = flex.flex_block_mask(table, seq_lens, k.shape[0], k.shape[1])
-                return lambda: flex.flex_paged_decode(q, k, v, table, seq_lens, scale,
-                                                      block_mask=mask)
         return lambda: backend.decode(q, k, v, table, seq_lens, scale)
-    if name == "triton":
-        contiguous = optional("pagebench.kernels.contiguous")
-        if contiguous is not None and hasattr(contiguous, "identity_tables"):
-            tables = contiguous.identity_tables(q.shape[0], q.device)
-            return lambda: contiguous.triton_contiguous_decode(q, k, v, seq_lens, scale,
-                                                               tables=tables)
     return lambda: backend.contiguous(q, k, v, None, scale)  # None: every sequence is full
 
 

@@ -14,6 +14,7 @@ from pagebench.kernels import (available_backends, contiguous_decode, copy_block
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill, torch_paged_decode)
 from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
+from property_tests.test_kernel_equivalence import backends_for, run_property
 
 HAS_TRITON = "triton" in available_backends()
 
@@ -182,9 +183,6 @@ def test_registered_backend_is_available_and_selectable(tiny_backend):
 
 
 def test_registered_backend_gets_the_property_suite_and_the_sweep(tiny_backend):
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-    from property_tests.test_kernel_equivalence import backends_for, run_property
     from pagebench.kernels.sweep import COLUMNS, run_sweep, variants
 
     assert "tiny" in backends_for("cpu")
@@ -205,9 +203,6 @@ def test_property_check_catches_a_kernel_that_reads_past_the_length():
 
     register_backend("overreads", decode=overreads, devices=("cpu",))
     try:
-        import sys
-        sys.path.insert(0, os.path.dirname(os.path.dirname(__file__)))
-        from property_tests.test_kernel_equivalence import run_property
         with pytest.raises(AssertionError):
             run_property("overreads", examples=20)
     finally:

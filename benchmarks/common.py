@@ -144,5 +144,4 @@ def dynamic_results(num_requests: int = REFERENCE_NUM_SEQS):
         result = dynamic_runner(num_requests)()
     except NotImplementedError:
         return None
-    return {(f"{r['allocator']}-{r['block_size']}" if r.get("block_size") else r["allocator"]): r
-            for r in result.summary}
+    return {r["label"]: r for r in result.summary}

@@ -14,11 +14,6 @@ ALLOCATORS = ["naive", "pow2", "oracle", "paged-1", "paged-8", "paged-16", "page
               "paged-128"]
 
 
-def _split(allocator: str) -> tuple[str, int | None]:
-    name, _, bs = allocator.partition("-")
-    return name, int(bs) if bs else None
-
-
 class StaticUtilisation:
     """Tokens stored / slots reserved (%) on lognormal(5.5, 0.9), 2,000 sequences, seed 0."""
 

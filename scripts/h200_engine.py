@@ -63,7 +63,7 @@ def main():
 def equality(save, summary):
     tiny = bench.tiny_model(device="cuda")
     prompts = bench.random_prompts(8, 1, 300, tiny.config.vocab_size, seed=3)
-    ref = [bench.padded_generate(tiny, [p], 16)[0] for p in prompts]
+    ref = bench.padded_generate(tiny, prompts, 16, batch_size=1)  # unpadded, one by one
     rows = []
     for bs in (1, 16, 128):
         for prefix in (False, True):

@@ -12,15 +12,14 @@ import sys
 
 import pytest
 
+from pagebench.report.collect import read_asv_conf
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SUITES = ("attention", "engine", "block_manager", "simulate", "memory")
 
 
 def load_conf() -> dict:
-    # asv.conf.json allows whole-line // comments
-    lines = [ln for ln in (ROOT / "asv.conf.json").read_text().splitlines()
-             if not ln.lstrip().startswith("//")]
-    return json.loads("\n".join(lines))
+    return read_asv_conf(ROOT)
 
 
 @pytest.fixture(scope="module")

@@ -307,13 +307,15 @@ def load_benchmark_json(results: Results, roots) -> None:
         results.add("pytest_benchmark", pd.DataFrame(pyb), "pytest-benchmark JSON")
 
 
+def read_asv_conf(repo_root: Path) -> dict:
+    """``asv.conf.json`` as a dict (asv allows whole-line // comments: dropped before parsing)."""
+    text = (Path(repo_root) / "asv.conf.json").read_text(encoding="utf-8")
+    return json.loads("\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("//")))
+
+
 def asv_results_dir(repo_root: Path) -> Path:
-    conf = repo_root / "asv.conf.json"
     try:
-        # asv.conf.json allows // comments; drop them before parsing
-        text = "\n".join(ln for ln in conf.read_text(encoding="utf-8").splitlines()
-                         if not ln.lstrip().startswith("//"))
-        return repo_root / json.loads(text).get("results_dir", ".asv/results")
+        return repo_root / read_asv_conf(repo_root).get("results_dir", ".asv/results")
     except (OSError, ValueError):
         return repo_root / ".asv" / "results"
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pagebench.report import derive
-from pagebench.report.collect import Results
+from pagebench.report.collect import Results, first_column
 
 HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured here"
 
@@ -126,9 +126,7 @@ def _dynamic(results: Results):
     frame = results.get("memory_dynamic_summary")
     if frame is None:
         return None, None
-    col = next((c for c in ("token_state_fraction_saturated", "token_state_fraction")
-                if c in frame.columns), None)
-    return frame, col
+    return frame, first_column(frame, "token_state_fraction_saturated", "token_state_fraction")
 
 
 NAIVE_NAMES = ("naive", "reserve-max", "reserve_max")
@@ -350,16 +348,12 @@ def block16_sweet_spot(results: Results) -> Claim:
 
 # ---- engine ------------------------------------------------------------------------------
 
-def _col(frame: pd.DataFrame, *names):
-    return next((n for n in names if n in frame.columns), None)
-
-
 def cow_not_quadruple(results: Results) -> Claim:
     c = Claim("cow_n4", "Going from n = 1 to n = 4 completions does not quadruple KV usage "
               "(prompt blocks are shared, copy-on-write).",
               "engine peak blocks, n = 4 / n = 1 < 4 (per device)", data=["engine_cow"])
     frame = results.get("engine_cow")
-    blocks = _col(frame, "peak_blocks", "peak_kv_blocks", "mean_blocks") if frame is not None else None
+    blocks = first_column(frame, "peak_blocks", "mean_blocks") if frame is not None else None
     if frame is None or blocks is None or "n" not in frame.columns:
         return c
     parts, ok, devices = [], True, []
@@ -400,9 +394,9 @@ def prefix_sharing(results: Results) -> Claim:
         on, off = g[_flag(g["enable_prefix_caching"])], g[~_flag(g["enable_prefix_caching"])]
         if on.empty or off.empty:
             continue
-        hit = float(on[_col(on, "prefix_cache_hit_rate", "hit_rate")].astype(float).mean()) \
-            if _col(on, "prefix_cache_hit_rate", "hit_rate") else 0.0
-        comp = _col(g, "num_computed_prompt_tokens", "computed_prompt_tokens", "peak_blocks")
+        hit = float(on["prefix_cache_hit_rate"].astype(float).mean()) \
+            if "prefix_cache_hit_rate" in on.columns else 0.0
+        comp = first_column(g, "num_computed_prompt_tokens", "peak_blocks")
         text = f"{machine}: hit rate {pct(hit)}"
         fewer = True
         if comp:
@@ -425,8 +419,8 @@ def preemption_signal(results: Results) -> Claim:
               "preempted (tokens/s shown, not judged: one timed run each)",
               data=["engine_pool"])
     frame = results.get("engine_pool")
-    pre = _col(frame, "num_preemptions", "preemptions") if frame is not None else None
-    tps = _col(frame, "tokens_per_s", "throughput_tokens_per_s") if frame is not None else None
+    pre = first_column(frame, "num_preemptions") if frame is not None else None
+    tps = first_column(frame, "tokens_per_s") if frame is not None else None
     if frame is None or pre is None or "num_blocks" not in frame.columns:
         return c
     parts, ok, devices = [], True, []

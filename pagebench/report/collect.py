@@ -160,17 +160,23 @@ ENGINE_EXPERIMENTS = {
 }
 
 
+# other names for the columns the report reads, per engine dataset: canonical <- alias
+ENGINE_ALIASES = {
+    "engine_batch": {"batch": "batch_size"},
+    "engine_prefix": {"enable_prefix_caching": "prefix_caching",
+                      "prefix_cache_hit_rate": "hit_rate",
+                      "num_computed_prompt_tokens": "computed_prompt_tokens"},
+    "engine_cow": {"peak_blocks": "peak_kv_blocks"},
+    "engine_pool": {"num_preemptions": "preemptions", "tokens_per_s": "throughput_tokens_per_s"},
+}
+
+
 def normalise_engine(name: str, frame: pd.DataFrame) -> pd.DataFrame:
     """The engine bench's column names -> the ones the report reads (both kept)."""
     frame = frame.copy()
-    if name == "engine_batch" and "batch" not in frame.columns and "batch_size" in frame.columns:
-        frame["batch"] = frame["batch_size"]
-    if name == "engine_prefix" and "enable_prefix_caching" not in frame.columns \
-            and "prefix_caching" in frame.columns:
-        frame["enable_prefix_caching"] = frame["prefix_caching"]
-    if name == "engine_prefix" and "prefix_cache_hit_rate" not in frame.columns \
-            and "hit_rate" in frame.columns:
-        frame["prefix_cache_hit_rate"] = frame["hit_rate"]
+    for canonical, alias in ENGINE_ALIASES.get(name, {}).items():
+        if canonical not in frame.columns and alias in frame.columns:
+            frame[canonical] = frame[alias]
     if name == "engine_cow" and "n" not in frame.columns and "variant" in frame.columns:
         # "n=1", "n=4 shared" -> n; "4 separate requests" -> no n (shown, not judged)
         n = frame["variant"].astype(str).str.extract(r"^n\s*=\s*(\d+)")[0]
@@ -344,6 +350,11 @@ class Progress:
             if self.enabled:
                 print(f"report [{self.done}/{self.total}] {label}: {dt:.1f} s",
                       file=self.stream, flush=True)
+
+
+def first_column(frame: pd.DataFrame, *names: str) -> str | None:
+    """The first of ``names`` that is a column of ``frame`` (None if none is)."""
+    return next((n for n in names if n in frame.columns), None)
 
 
 def call_with_supported(fn, **kwargs):

@@ -13,7 +13,7 @@ import pandas as pd
 
 from pagebench.report import derive, plots
 from pagebench.report.claims import FAILS, HOLDS, Claim, tally
-from pagebench.report.collect import Results
+from pagebench.report.collect import Results, first_column
 
 
 @dataclass(slots=True)
@@ -315,7 +315,7 @@ def engine(results: Results) -> Section:
     cow = results.get("engine_cow")
     if cow is not None:
         any_data = True
-        col = next((c for c in ("peak_blocks", "mean_blocks") if c in cow.columns), None)
+        col = first_column(cow, "peak_blocks", "mean_blocks")
         s.text("Copy-on-write: one prompt, n = 1 versus n = 4 completions. The prompt's blocks "
                "are shared; only divergent tokens take new blocks.")
         key = "variant" if "variant" in cow.columns else "n" if "n" in cow.columns else None
@@ -344,8 +344,8 @@ def engine(results: Results) -> Section:
     pool = results.get("engine_pool")
     if pool is not None:
         any_data = True
-        pcol = next((c for c in ("num_preemptions", "preemptions") if c in pool.columns), None)
-        tcol = next((c for c in ("tokens_per_s",) if c in pool.columns), None)
+        pcol = first_column(pool, "num_preemptions")
+        tcol = first_column(pool, "tokens_per_s")
         s.text("Pool size sweep: as the pool shrinks, preemptions start and throughput falls "
                "— the capacity cliff.")
         if pcol and tcol and "num_blocks" in pool.columns:

@@ -181,15 +181,15 @@ def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) ->
     from pagebench.engine import bench
     from pagebench.report.collect import add_engine_rows
 
+    # on CPU each comparison builds its own tiny model; elsewhere one, on that device
+    model = {} if device == "cpu" else {"model": bench.tiny_model(device=device)}
     for fn_name, kwargs in ENGINE_SWEEPS:
         fn = getattr(bench, fn_name, None)
         if fn is None:
             results.warn(f"engine: pagebench.engine.bench has no {fn_name}()")
             continue
         try:
-            if device != "cpu" and "model" in __import__("inspect").signature(fn).parameters:
-                kwargs = kwargs | {"model": bench.tiny_model(device=device)}
-            frame = as_frame(call_with_supported(fn, **kwargs))
+            frame = as_frame(call_with_supported(fn, **kwargs, **model))
         except Exception as e:  # noqa: BLE001 -- one failed comparison keeps the others
             results.warn(f"engine: {fn_name} failed ({type(e).__name__}: {e})")
             continue

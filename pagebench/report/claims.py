@@ -53,17 +53,6 @@ def _static_util(results: Results, allocator: str, block_size=None, max_len=None
     return float(rows["utilisation"].iloc[0]) if len(rows) else None
 
 
-def _device_of(results: Results, name: str) -> str:
-    frame = results.get(name)
-    if frame is None:
-        return ""
-    if "device_name" in frame.columns:
-        return ", ".join(dict.fromkeys(derive.device_label(frame)))
-    if "machine" in frame.columns:
-        return ", ".join(dict.fromkeys(frame["machine"].astype(str)))
-    return "simulation (any machine)"
-
-
 SIM = "simulation (deterministic; any machine)"
 
 

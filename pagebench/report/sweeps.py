@@ -146,16 +146,10 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     res = reference_run(DYNAMIC["num_requests"], block_sizes=DYNAMIC["block_sizes"], max_timeline_rows=400)
     summary = res.summary_frame()
     summary["block_size"] = summary["block_size"].astype("Int64")
-    if "label" not in summary.columns:
-        summary["label"] = [_label(a, b) for a, b in zip(summary["allocator"],
-                                                         summary["block_size"])]
     summary["workload"] = res.workload.get("source", WORKLOAD)
     results.add("memory_dynamic_summary", summary, "pagebench.sim.dynamic.reference_run")
     timeline = res.timeline_frame()
     timeline = timeline[(timeline["allocator"] != "paged") | (timeline["block_size"] == 16)]
-    if "label" not in timeline.columns:
-        timeline = timeline.assign(label=[_label(a, b if a == "paged" else None) for a, b in
-                                          zip(timeline["allocator"], timeline["block_size"])])
     results.add("memory_dynamic_timeline", timeline, "pagebench.sim.dynamic.reference_run")
 
 

@@ -228,10 +228,7 @@ def _same_kernel_paging_cost(kernels) -> str:
         return ""
     df = df[(df["batch"] == 1) & (df["gpu"] | ~df["gpu"].any())]
     df = df.assign(family=df["backend"].astype(str).str.split("-").str[0])
-    keys = ["device_label", "family", "shape", "context"]
-    paged = df[df["paged"] & (df["block_size"] == derive.PRIMARY_BLOCK_SIZE)]
-    ratio = (paged.groupby(keys)["time_us"].min()
-             / df[~df["paged"]].groupby(keys)["time_us"].min()).dropna()
+    ratio = derive.paged_over_contiguous(df, ["device_label", "family", "shape", "context"])
     return "; ".join(f"{family} {r.min():.2f}–{r.max():.2f}× ({label})"
                      for (label, family), r in ratio.groupby(level=["device_label", "family"]))
 
@@ -245,13 +242,7 @@ def _gather_slowdown(results: Results) -> dict:
     out = {}
     for machine, g in df.groupby(df["machine"].astype(str) if "machine" in df.columns
                                  else df["device_label"]):
-        keys = ["device_label", "shape", "batch", "context"]
-        paged = g[g["paged"] & (g["block_size"] == derive.PRIMARY_BLOCK_SIZE)]
-        contig = g[~g["paged"]]
-        if paged.empty or contig.empty:
-            continue
-        ratio = (paged.groupby(keys)["time_us"].min() / contig.groupby(keys)["time_us"].min())
-        ratio = ratio.dropna()
+        ratio = derive.paged_over_contiguous(g, ["device_label", "shape", "batch", "context"])
         if len(ratio):
             out[str(machine)] = (float(ratio.max()), str(g["device_label"].iloc[0]),
                                  bool(g["gpu"].any()))

@@ -58,6 +58,14 @@ def _best(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df.loc[idx]
 
 
+def paged_over_contiguous(df: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Fastest paged time at the primary block size / fastest contiguous time, per ``keys``
+    (rows of ``kernel_rows``; keys where either side is missing are dropped)."""
+    paged = df[df["paged"] & (df["block_size"] == PRIMARY_BLOCK_SIZE)]
+    return (paged.groupby(keys)["time_us"].min()
+            / df[~df["paged"]].groupby(keys)["time_us"].min()).dropna()
+
+
 def batch1_ratio(kernels: pd.DataFrame | None) -> pd.DataFrame:
     """Batch 1: fastest paged time / fastest contiguous time, per device, shape, context, block."""
     df = kernel_rows(kernels)

@@ -93,6 +93,14 @@ def throughput_context(df: pd.DataFrame) -> int | None:
     return None if counts.empty or counts.max() < 2 else int(counts.idxmax())
 
 
+def _at_swept_context(df: pd.DataFrame):
+    """Each (device, shape)'s rows at the context where its batch size was swept."""
+    for _, g in df.groupby(["device_label", "shape"]):
+        ctx = throughput_context(g)
+        if ctx is not None:
+            yield g[g["context"] == ctx]
+
+
 def primary_paged_backend(df: pd.DataFrame) -> str | None:
     """The paged backend that is fastest most often at block 16 (else at any block size)."""
     paged = df[df["paged"]]
@@ -115,11 +123,8 @@ def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
     if df is None:
         return pd.DataFrame()
     out = []
-    for (label, shape), g in df.groupby(["device_label", "shape"]):
-        ctx = throughput_context(g)
-        if ctx is None:
-            continue
-        g = g[g["context"] == ctx].copy()
+    for g in _at_swept_context(df):
+        g = g.copy()
         g["series"] = np.where(g["paged"], g["backend"].astype(str) + " bs="
                                + g["block_size"].fillna(0).astype(int).astype(str),
                                g["backend"].astype(str))
@@ -140,13 +145,7 @@ def bandwidth(kernels: pd.DataFrame | None) -> pd.DataFrame:
         return pd.DataFrame()
     df = df.dropna(subset=["gbps"])
     df = df[(~df["paged"]) | (df["block_size"] == PRIMARY_BLOCK_SIZE)]
-    rows = []
-    for (label, shape), g in df.groupby(["device_label", "shape"]):
-        ctx = throughput_context(g)
-        if ctx is None:
-            continue
-        g = _best(g[g["context"] == ctx], ["backend", "batch"])
-        rows.append(g)
+    rows = [_best(g, ["backend", "batch"]) for g in _at_swept_context(df)]
     if not rows:
         return pd.DataFrame()
     return pd.concat(rows, ignore_index=True)

@@ -114,14 +114,8 @@ class KVGeometry:
     def from_config(cls, config, dtype=None, name: str | None = None) -> KVGeometry:
         """From a transformers ``PretrainedConfig``, a dict, or a path to ``config.json``."""
         if isinstance(config, (str, os.PathLike)):
-            path = os.fspath(config)
-            if os.path.isdir(path):
-                path = os.path.join(path, "config.json")
-            try:
-                with open(path, encoding="utf-8") as f:
-                    config = json.load(f)
-            except (OSError, json.JSONDecodeError) as e:
-                raise ConfigError(f"config: cannot read {path}: {e}") from e
+            path = config_json_path(config)
+            config = read_config_json(path, "config")
             name = name or os.path.basename(os.path.dirname(os.path.abspath(path))) or "custom"
         get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
         cfg = get("text_config") or config  # multimodal wrappers keep the decoder here
@@ -145,7 +139,7 @@ class KVGeometry:
 
         ``dtype=None`` takes the config's own dtype (presets: bfloat16).
         """
-        key = ALIASES.get(name.lower(), name.lower())
+        key = preset_key(name)
         if key in PRESETS:
             return cls.from_config(PRESETS[key], dtype=dtype, name=key)
         if os.path.exists(name):
@@ -154,11 +148,31 @@ class KVGeometry:
                           "(or give a path to a config.json)")
 
 
+def preset_key(name: str) -> str:
+    """The PRESETS key a model name (any case, or an alias) stands for."""
+    return ALIASES.get(name.lower(), name.lower())
+
+
+def config_json_path(path) -> str:
+    """``path`` itself, or the ``config.json`` inside it when it is a folder."""
+    path = os.fspath(path)
+    return os.path.join(path, "config.json") if os.path.isdir(path) else path
+
+
+def read_config_json(path: str, arg: str) -> dict:
+    """A model's config.json as a dict; unreadable or malformed: ConfigError naming ``arg``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{arg}: cannot read {path}: {e}") from e
+
+
 def preset_config(name: str, **overrides):
     """A transformers config object for a preset, for building a random-weight model."""
     from transformers import AutoConfig
 
-    key = ALIASES.get(name.lower(), name.lower())
+    key = preset_key(name)
     if key not in PRESETS:
         raise ConfigError(f"model: unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     values = dict(PRESETS[key]) | overrides

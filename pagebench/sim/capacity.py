@@ -15,10 +15,10 @@ graphs, allocator slack); it is cut into blocks of ``block_size`` tokens;
 
 from __future__ import annotations
 
-import json
 import os
 
-from pagebench.config import ALIASES, PRESETS, KVGeometry, dtype_bytes, parse_bytes
+from pagebench.config import (PRESETS, KVGeometry, config_json_path, dtype_bytes, parse_bytes,
+                              preset_key, read_config_json)
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.static import reserved_slots
 from pagebench.sim.workloads import sample_lengths
@@ -34,20 +34,14 @@ def _config_dict(model) -> dict:
     if isinstance(model, dict):
         return model
     if isinstance(model, (str, os.PathLike)):
-        key = ALIASES.get(str(model).lower(), str(model).lower())
+        key = preset_key(str(model))
         if key in PRESETS:
             return PRESETS[key]
-        path = os.fspath(model)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                return json.load(f)
-        except FileNotFoundError:
+        path = config_json_path(model)
+        if not os.path.exists(path):
             raise ConfigError(f"model: unknown model {model!r}; presets: {', '.join(PRESETS)} "
-                              "(or give a path to a config.json)") from None
-        except (OSError, json.JSONDecodeError) as e:
-            raise ConfigError(f"model: cannot read {path}: {e}") from e
+                              "(or give a path to a config.json)")
+        return read_config_json(path, "model")
     if hasattr(model, "to_dict"):
         return model.to_dict()
     raise ConfigError(f"model: expected a preset name, config path, dict or PretrainedConfig, "

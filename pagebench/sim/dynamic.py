@@ -316,6 +316,19 @@ def _windows(records) -> dict[str, np.ndarray]:
     return {name: table[:, j] for j, name in enumerate(names)}
 
 
+def _breakdown(paged: bool, tokens, allocated, final, ext, free) -> dict:
+    """Memory by CATEGORIES from token states and the slots allocated (paged: whole blocks;
+    contiguous: reservations, of which ``final`` slots the requests will fill). Steps or sums
+    over steps alike."""
+    return {
+        "token_state": tokens,
+        "reserved_unused": np.zeros_like(tokens) if paged else final - tokens,
+        "internal_frag": allocated - tokens if paged else allocated - final,
+        "external_frag": ext,
+        "free": free,
+    }
+
+
 def _summarise(win, paged: bool, budget: int, w: Workload, stats: _RunStats) -> dict:
     start, end = win["start"], win["end"]
     width = (end - start + 1).astype(np.float64)
@@ -323,14 +336,8 @@ def _summarise(win, paged: bool, budget: int, w: Workload, stats: _RunStats) -> 
     # sum over t in [start, end] of (t + 1) = T(end + 1) - T(start), T(x) = x (x + 1) / 2
     step_sum = ((end + 1.0) * (end + 2.0) - start * (start + 1.0)) / 2.0
     tokens = width * win["A"] + win["S"] * step_sum
-    allocated = width * win["allocated"]
-    totals = {
-        "token_state": tokens,
-        "reserved_unused": np.zeros_like(tokens) if paged else width * win["final"] - tokens,
-        "internal_frag": allocated - tokens if paged else allocated - width * win["final"],
-        "external_frag": width * win["ext"],
-        "free": width * win["free"],
-    }
+    totals = _breakdown(paged, tokens, width * win["allocated"], width * win["final"],
+                        width * win["ext"], width * win["free"])
     saturated = win["waiting"] > 0
     sat_steps = float(width[saturated].sum())
     row = {"num_steps": int(steps)}
@@ -371,15 +378,10 @@ def _timeline(win, paged: bool, every: int, with_key: bool) -> dict[str, np.ndar
     offsets = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
     step = first[idx] + offsets * every
     tokens = win["A"][idx] + win["S"][idx] * (step + 1)
-    allocated = win["allocated"][idx]
-    final = win["final"][idx]
     cols = {
         "step": step,
-        "token_state": tokens,
-        "reserved_unused": np.zeros_like(tokens) if paged else final - tokens,
-        "internal_frag": allocated - tokens if paged else allocated - final,
-        "external_frag": win["ext"][idx],
-        "free": win["free"][idx],
+        **_breakdown(paged, tokens, win["allocated"][idx], win["final"][idx], win["ext"][idx],
+                     win["free"][idx]),
         "concurrency": win["conc"][idx],
         "running_seqs": win["S"][idx],
         "waiting": win["waiting"][idx],

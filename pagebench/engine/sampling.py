@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pagebench.errors import ConfigError
+from pagebench.errors import ConfigError, check_positive_int
 
 
 @dataclass(slots=True)
@@ -26,15 +26,12 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) \
-                or self.max_tokens < 1:
-            raise ConfigError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
+        check_positive_int("max_tokens", self.max_tokens)
         if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
             raise ConfigError(f"temperature: must be >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p!r}")
-        if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 1:
-            raise ConfigError(f"n: must be an integer >= 1, got {self.n!r}")
+        check_positive_int("n", self.n)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
             raise ConfigError(f"seed: must be an integer or None, got {self.seed!r}")
 

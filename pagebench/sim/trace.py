@@ -92,8 +92,7 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5
     check_positive_int("num_requests", num_requests)
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise ConfigError(f"rate: must be a positive number of requests per step, got {rate!r}")
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"n: must be a positive integer, got {n!r}")
+    check_positive_int("n", n)
     if not isinstance(max_len, int) or max_len < 2:
         raise ConfigError(f"max_len: must be an integer >= 2, got {max_len!r}")
     if (prompt_lengths is None) != (output_lengths is None):

@@ -82,7 +82,7 @@ def _timed(fn, device, repeat: int):
     box = {}
     timing = measure(lambda: box.__setitem__("out", fn()), device=str(device), warmup=1,
                      repeat=repeat, flush_l2=False)
-    return timing.median_us / 1e6, box["out"], timing
+    return timing.median_us / 1e6, box["out"]
 
 
 def _wall(fn, device):
@@ -114,7 +114,7 @@ def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs
     """(row, outputs) of ``LLMEngine(model, **engine_kwargs).generate`` timed, greedy."""
     engine = LLMEngine(model, **engine_kwargs)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    seconds, outs, _ = _timed(lambda: engine.generate(prompts, params), _device(model), repeat)
+    seconds, outs = _timed(lambda: engine.generate(prompts, params), _device(model), repeat)
     return _engine_row(engine, seconds), [o.outputs[0].token_ids for o in outs]
 
 

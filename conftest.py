@@ -1,4 +1,4 @@
-"""Shared pytest set-up: hypothesis profiles and device selection.
+"""Shared pytest set-up: the hypothesis profiles.
 
 HYPOTHESIS_PROFILE=ci (default): fast and derandomised. HYPOTHESIS_PROFILE=long: thorough runs.
 """

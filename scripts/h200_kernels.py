@@ -90,24 +90,6 @@ def equivalence(device, long_len=5003, shapes=EQ_SHAPES, block_sizes=EQ_BLOCK_SI
     return rows
 
 
-class _LaunchSpy:
-    """Wraps a Triton kernel to keep the last launch's grid and compiled kernel (registers,
-    shared memory)."""
-
-    def __init__(self, kernel):
-        self.kernel, self.last, self.grid = kernel, None, None
-
-    def warmup(self, *args, **kwargs):
-        return self.kernel.warmup(*args, **kwargs)
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.grid = grid
-            self.last = self.kernel[grid](*args, **kwargs)
-            return self.last
-        return launch
-
-
 GRID_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 4, 2)]
 GRID_SPLITS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64, 128]
 GRID_POINTS = {
@@ -126,8 +108,9 @@ def tuning_grid(device, repeat=15) -> list[dict]:
     from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
     from pagebench.kernels.sweep import _contiguous_case, _paged_case, kv_bytes
 
-    spy = _LaunchSpy(triton_decode._decode_split_kernel)
-    triton_decode._decode_split_kernel = spy
+    def compiled(plan):  # the split kernel the plan launched (registers, shared memory)
+        return next(iter(plan.split.compiled.values()), (None,))[0]
+
     rows = []
     for shape_name, points in GRID_POINTS.items():
         shape = SHAPES[shape_name]
@@ -142,9 +125,10 @@ def tuning_grid(device, repeat=15) -> list[dict]:
                 except Exception as e:  # noqa: BLE001
                     print("grid failed", base, info, type(e).__name__, str(e)[:120], flush=True)
                     torch.cuda.synchronize()
-                    return
+                    return None
                 rows.append({**base, **info, "time_us": t.median_us,
                              "gbps": nb / t.median_us / 1e3})
+                return rows[-1]
 
             q, k, v, _ = _contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
             for mode in ("gqa", "groups"):
@@ -155,22 +139,22 @@ def tuning_grid(device, repeat=15) -> list[dict]:
             if batch == 1 and context <= 4096:
                 mask = flex_block_mask(case[3], case[4], case[1].shape[0], 16)
                 timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), backend="flex")
-            triton_decode.triton_paged_decode(*case, scale)
-            default = spy.grid[2]  # the split count the heuristic picks
+            default = triton_decode.decode_plan(*case, scale).num_splits  # the model's choice
             timed(lambda: triton_decode.triton_paged_decode(*case, scale), backend="triton",
                   num_splits=default, heuristic=True)
             for tile_n, warps, stages in GRID_CONFIGS:
                 for splits in GRID_SPLITS:
                     if splits > max(1, context // tile_n):
                         continue
-                    fn = lambda: triton_decode.triton_paged_decode(  # noqa: E731
-                        *case, scale, num_splits=splits, tile_n=tile_n, num_warps=warps,
-                        num_stages=stages)
-                    timed(fn, backend="triton", tile_n=tile_n, num_warps=warps,
-                          num_stages=stages, num_splits=splits,
-                          programs=batch * shape[1] * splits,
-                          n_regs=getattr(spy.last, "n_regs", None),
-                          shared=getattr(getattr(spy.last, "metadata", None), "shared", None))
+                    options = dict(num_splits=splits, tile_n=tile_n, num_warps=warps,
+                                   num_stages=stages)
+                    row = timed(lambda: triton_decode.triton_paged_decode(*case, scale, **options),
+                                backend="triton", tile_n=tile_n, num_warps=warps,
+                                num_stages=stages, num_splits=splits,
+                                programs=batch * shape[1] * splits)
+                    kernel = compiled(triton_decode.decode_plan(*case, scale, **options))
+                    if row is not None and kernel is not None:
+                        row.update(n_regs=kernel.n_regs, shared=kernel.metadata.shared)
             del case
             torch.cuda.empty_cache()
             best = min((r for r in rows if r.get("num_splits") and not r.get("heuristic")
@@ -186,7 +170,6 @@ def tuning_grid(device, repeat=15) -> list[dict]:
                   f"{best['time_us']:.1f} us tile {best['tile_n']} warps {best['num_warps']} "
                   f"stages {best['num_stages']} splits {best['num_splits']} "
                   f"(regs {best['n_regs']}, smem {best['shared']})", flush=True)
-    triton_decode._decode_split_kernel = spy.kernel
     return rows
 
 

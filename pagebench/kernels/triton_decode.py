@@ -43,8 +43,8 @@ def next_pow2(n: int) -> int:
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, TABLES, SEQ_LENS, OUT, PART_O, PART_ML,
-    scale_log2e, tokens_per_split,
+    Q, K, V, TABLES, SEQ_LENS, OUT, PART,
+    scale_log2e, tokens_per_split, ml_offset,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -122,14 +122,14 @@ def _decode_split_kernel(
                  out.to(OUT.dtype.element_ty), mask=out_mask)
     else:
         part = seq * stride_ps + heads * stride_ph + split * stride_pk
-        tl.store(PART_O + part[:, None] * DIM_PAD + dims[None, :], acc, mask=out_mask)
-        tl.store(PART_ML + part * 2, m_i, mask=row_ok)
-        tl.store(PART_ML + part * 2 + 1, l_i, mask=row_ok)
+        tl.store(PART + part[:, None] * DIM_PAD + dims[None, :], acc, mask=out_mask)
+        tl.store(PART + ml_offset + part * 2, m_i, mask=row_ok)
+        tl.store(PART + ml_offset + part * 2 + 1, l_i, mask=row_ok)
 
 
 @triton.jit
 def _combine_kernel(
-    PART_O, PART_ML, OUT, num_splits,
+    PART, OUT, num_splits, ml_offset,
     stride_ps, stride_ph, stride_os, stride_oh,
     SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr,
@@ -137,6 +137,7 @@ def _combine_kernel(
     seq = tl.program_id(0)
     head = tl.program_id(1)
     base = seq * stride_ps + head * stride_ph  # stride over splits is 1
+    PART_ML = PART + ml_offset
     splits = tl.arange(0, SPLITS_PAD)
     m = tl.load(PART_ML + (base + splits) * 2, mask=splits < num_splits, other=float("-inf"))
     m_max = tl.max(m, 0)
@@ -149,7 +150,7 @@ def _combine_kernel(
         m_c = tl.load(PART_ML + (base + chunk) * 2, mask=ok, other=float("-inf"))
         l_c = tl.load(PART_ML + (base + chunk) * 2 + 1, mask=ok, other=0.0)
         w = tl.where(m_c > float("-inf"), tl.exp2(m_c - m_max), 0.0)  # empty splits weigh 0
-        o = tl.load(PART_O + (base + chunk)[:, None] * DIM_PAD + dims[None, :], mask=ok[:, None],
+        o = tl.load(PART + (base + chunk)[:, None] * DIM_PAD + dims[None, :], mask=ok[:, None],
                     other=0.0)
         acc += tl.sum(o * w[:, None], 0)
         denom += tl.sum(l_c * w, 0)
@@ -221,72 +222,163 @@ def page_tiles_mode(block_size: int, tile_n: int, aligned: bool) -> int:
     return 0
 
 
-def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
-                        num_splits: int | None = None, tile_n: int | None = None,
-                        num_warps: int = 4, num_stages: int = 2,
-                        page_aligned: bool | None = None):
+def _launch_hooks_set() -> bool:
+    """Whether a profiler (Proton, a user) hooked Triton's launches: then every launch goes
+    through Triton so the hooks see it."""
+    runtime = triton.knobs.runtime
+    return any(h is not None and getattr(h, "calls", True)
+               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
+
+
+# Launch compiled kernels directly where this Triton's launcher convention is known (3.4+ has
+# ``triton.knobs``; checked against 3.6 and 3.9) and kernels are compiled, not interpreted.
+DIRECT_LAUNCH = hasattr(triton, "knobs") and not INTERPRETED
+
+
+class _Launcher:
+    """One Triton kernel with its grid, scalars and constexprs fixed, launched on tensors.
+
+    Triton's own launch (``kernel[grid](...)``) re-derives the kernel's specialisation from
+    every argument on each call: about 20 us of host time per launch with Triton 3.6 on an
+    H200's host, where launching the compiled kernel takes 9 us. The scalars here never change,
+    so only the tensors' 16-byte alignment (a specialisation Triton makes) can pick a different
+    compiled kernel: the first launch of each alignment pattern goes through Triton, which
+    compiles and returns the kernel; later ones call its launcher directly.
+    """
+
+    def __init__(self, kernel, grid, scalars, constexprs, options, num_tensors):
+        names = kernel.arg_names
+        if list(names[num_tensors + len(scalars):]) != list(constexprs):
+            raise AssertionError(f"{kernel}: arguments must be tensors, scalars, constexprs")
+        self.kernel, self.grid, self.scalars = kernel, grid, tuple(scalars)
+        self.kwargs = {**constexprs, **options}
+        self.tail = self.scalars + tuple(constexprs.values())
+        self.compiled = {}  # tensors' alignment -> (CompiledKernel, launcher, function, metadata)
+
+    def __call__(self, *tensors):
+        key = tuple(t.data_ptr() % 16 == 0 for t in tensors) if DIRECT_LAUNCH else None
+        hit = self.compiled.get(key)
+        if hit is None or _launch_hooks_set():
+            kernel = self.kernel[self.grid](*tensors, *self.scalars, **self.kwargs)
+            if key is not None and hasattr(kernel, "packed_metadata"):
+                self.compiled[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
+            return
+        _, run, function, metadata = hit
+        g = self.grid
+        run(g[0], g[1], g[2], _current_stream(tensors[0].device.index), function, metadata,
+            None, None, None, *tensors, *self.tail)
+
+
+def _current_stream(device_index: int) -> int:
+    return triton.runtime.driver.active.get_current_stream(device_index)
+
+
+class DecodePlan:
+    """Everything about a decode call that its shapes fix: split count, grids, constexprs and
+    strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
+
+    def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
+                 num_warps, num_stages, page_aligned):
+        num_seqs, q_heads, head_dim = q.shape
+        _, block_size, kv_heads, _ = k_cache.shape
+        capacity = tables.shape[1] * block_size
+        tile_n = tile_n or default_tile_n(head_dim, q.dtype)
+        dim_pad = max(16, next_pow2(head_dim))
+        self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
+        constexprs = dict(
+            GROUP=q_heads // kv_heads, GROUP_PAD=max(16, next_pow2(q_heads // kv_heads)),
+            BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
+            DIRECT=False,
+            IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
+            PAGE_TILES=page_tiles_mode(block_size, tile_n, PAGE_ALIGNED_TILES
+                                       if page_aligned is None else page_aligned))
+        options = dict(num_warps=num_warps, num_stages=num_stages)
+
+        def scalars(splits, tokens_per_split, ml_offset):
+            return (scale * 1.4426950408889634, tokens_per_split, ml_offset,
+                    q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
+                    tables.stride(0), q_heads * head_dim, head_dim,  # out is contiguous
+                    q_heads * splits, splits, 1)
+
+        if num_splits is None:
+            if INTERPRETED or q.device.type != "cuda":
+                slots = INTERPRETED_SLOTS
+            else:
+                key = (q.device.index, q.dtype, k_cache.dtype, *constexprs.values(),
+                       *options.values())
+                if key not in _SLOTS:  # compile without running: occupancy needs the binary
+                    part = torch.empty(16, device=q.device, dtype=torch.float32)
+                    compiled = _decode_split_kernel.warmup(
+                        q, k_cache, v_cache, tables, seq_lens, q, part,
+                        *scalars(2, tile_n, 16), grid=(1,), **constexprs, **options)
+                    _SLOTS[key] = _slots(compiled, q.device.index or 0)
+                slots = _SLOTS[key]
+            num_splits = choose_num_splits(num_seqs * kv_heads, capacity, tile_n, slots)
+        num_splits = max(1, min(num_splits, ceil_div(capacity, tile_n)))
+        tokens_per_split = ceil_div(ceil_div(capacity, num_splits), tile_n) * tile_n
+        self.num_splits = num_splits = ceil_div(capacity, tokens_per_split)
+        parts = num_seqs * q_heads * num_splits
+        self.part_numel = parts * (dim_pad + 2) if num_splits > 1 else 0
+        self.split = _Launcher(
+            _decode_split_kernel, (num_seqs, kv_heads, num_splits),
+            scalars(num_splits, tokens_per_split, parts * dim_pad),
+            {**constexprs, "DIRECT": num_splits == 1}, options, num_tensors=7)
+        self.combine = None
+        if num_splits > 1:
+            self.combine = _Launcher(
+                _combine_kernel, (num_seqs, q_heads),
+                (num_splits, parts * dim_pad, q_heads * num_splits, num_splits,
+                 q_heads * head_dim, head_dim),
+                dict(SPLITS_PAD=max(2, next_pow2(num_splits)),
+                     CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
+                     HEAD_DIM=head_dim, DIM_PAD=dim_pad), dict(num_warps=4), num_tensors=2)
+
+    def __call__(self, q, k_cache, v_cache, tables, seq_lens):
+        out = torch.empty(self.out_shape, device=q.device, dtype=q.dtype)
+        if self.num_seqs == 0:
+            return out
+        if self.combine is None:
+            self.split(q, k_cache, v_cache, tables, seq_lens, out, out)  # writes out directly
+            return out
+        part = torch.empty(self.part_numel, device=q.device, dtype=torch.float32)
+        self.split(q, k_cache, v_cache, tables, seq_lens, out, part)
+        self.combine(part, out)
+        return out
+
+
+_PLANS: dict = {}
+MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
+
+
+def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
+                num_splits: int | None = None, tile_n: int | None = None, num_warps: int = 4,
+                num_stages: int = 2, page_aligned: bool | None = None) -> DecodePlan:
+    """The cached plan for a call with these shapes, strides, dtypes and options (built on the
+    first such call). Arguments as ``triton_paged_decode``; q and the table must have unit
+    stride in their last dimension."""
+    key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(),
+           v_cache.stride(), k_cache.dtype, block_tables.shape, block_tables.stride(0),
+           seq_lens.dtype, scale, num_splits, tile_n, num_warps, num_stages, page_aligned)
+    plan = _PLANS.get(key)
+    if plan is None:
+        if len(_PLANS) >= MAX_PLANS:
+            _PLANS.clear()
+        plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                        num_splits, tile_n, num_warps, num_stages, page_aligned)
+    return plan
+
+
+def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, **options):
     """Paged decode; arguments as ``pagebench.kernels.paged_decode`` (already validated).
 
-    ``num_splits`` defaults to ``choose_num_splits`` on the table's capacity and the kernel's
-    occupancy (no device sync, so the call can be captured in a CUDA graph); ``tile_n`` is the
-    tokens per KV tile (a power of two); ``page_aligned`` (default ``PAGE_ALIGNED_TILES``) loads
-    the table per page, not per token, where tile and page sizes allow.
+    ``options`` (``decode_plan``'s keywords): ``num_splits`` defaults to ``choose_num_splits``
+    on the table's capacity and the kernel's occupancy (no device sync, so the call can be
+    captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two);
+    ``num_warps``, ``num_stages`` are Triton's; ``page_aligned`` (default
+    ``PAGE_ALIGNED_TILES``) loads the table per page, not per token, where tile and page sizes
+    allow.
     """
-    num_seqs, q_heads, head_dim = q.shape
-    _, block_size, kv_heads, _ = k_cache.shape
-    group = q_heads // kv_heads
-    capacity = block_tables.shape[1] * block_size
-    tile_n = tile_n or default_tile_n(head_dim, q.dtype)
     q = q if q.stride(-1) == 1 else q.contiguous()
-    out = torch.empty_like(q)
-    if num_seqs == 0:
-        return out
-    dim_pad = max(16, next_pow2(head_dim))
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    meta = dict(GROUP=group, GROUP_PAD=max(16, next_pow2(group)),
-                BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-                IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
-                PAGE_TILES=page_tiles_mode(block_size, tile_n, PAGE_ALIGNED_TILES
-                                           if page_aligned is None else page_aligned),
-                num_warps=num_warps, num_stages=num_stages)
-
-    def launch(part_o, part_ml, splits, tokens_per_split, grid=None, warmup=False):
-        args = (q, k_cache, v_cache, tables, seq_lens, out, part_o, part_ml,
-                scale * 1.4426950408889634, tokens_per_split,
-                q.stride(0), q.stride(1),
-                k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-                v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-                tables.stride(0), out.stride(0), out.stride(1),
-                q_heads * splits, splits, 1)
-        if warmup:  # compile (if new) without running: the occupancy query needs the binary
-            return _decode_split_kernel.warmup(*args, grid=(1,), DIRECT=False, **meta)
-        return _decode_split_kernel[grid](*args, DIRECT=splits == 1, **meta)
-
-    if num_splits is None:
-        if INTERPRETED or q.device.type != "cuda":
-            slots = INTERPRETED_SLOTS
-        else:
-            key = (q.device.index, q.dtype, k_cache.dtype, *meta.values())
-            if key not in _SLOTS:
-                part = torch.empty(16, device=q.device, dtype=torch.float32)
-                _SLOTS[key] = _slots(launch(part, part, 2, tile_n, warmup=True),
-                                     q.device.index or 0)
-            slots = _SLOTS[key]
-        num_splits = choose_num_splits(num_seqs * kv_heads, capacity, tile_n, slots)
-    num_splits = max(1, min(num_splits, ceil_div(capacity, tile_n)))
-    tokens_per_split = ceil_div(ceil_div(capacity, num_splits), tile_n) * tile_n
-    num_splits = ceil_div(capacity, tokens_per_split)
-    if num_splits == 1:
-        launch(out, out, 1, tokens_per_split, grid=(num_seqs, kv_heads, 1))  # writes out
-        return out
-    part_o = torch.empty(num_seqs, q_heads, num_splits, dim_pad, device=q.device,
-                         dtype=torch.float32)
-    part_ml = torch.empty(num_seqs, q_heads, num_splits, 2, device=q.device, dtype=torch.float32)
-    launch(part_o, part_ml, num_splits, tokens_per_split, grid=(num_seqs, kv_heads, num_splits))
-    _combine_kernel[(num_seqs, q_heads)](
-        part_o, part_ml, out, num_splits,
-        q_heads * num_splits, num_splits, out.stride(0), out.stride(1),
-        SPLITS_PAD=max(2, next_pow2(num_splits)),
-        CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
-        HEAD_DIM=head_dim, DIM_PAD=dim_pad, num_warps=4)
-    return out
+    plan = decode_plan(q, k_cache, v_cache, tables, seq_lens, scale, **options)
+    return plan(q, k_cache, v_cache, tables, seq_lens)

@@ -1,5 +1,5 @@
 """Host cost of the Triton decode wrapper: the Python that runs before the kernels launch
-(shapes, split choice, allocations, argument lists), with the two Triton launches stubbed out.
+(the cached plan's lookup, allocations), with the two Triton launches stubbed out.
 
 On a GPU without a CUDA graph this is paid on every call, per layer. CI runs it once as a check
 (``--benchmark-disable``); ``make bench`` times it.
@@ -16,8 +16,9 @@ triton_decode = pytest.importorskip("pagebench.kernels.triton_decode")
 class _NoLaunch:
     """Stands in for a Triton kernel: records the grid, launches nothing."""
 
-    def __init__(self):
+    def __init__(self, kernel):
         self.grids = []
+        self.arg_names = kernel.arg_names
 
     def __getitem__(self, grid):
         self.grids.append(grid)
@@ -28,7 +29,9 @@ class _NoLaunch:
 def test_triton_wrapper_host_cost(benchmark, monkeypatch, num_splits):
     from pagebench.kernels.testing import make_paged_inputs
 
-    split, combine = _NoLaunch(), _NoLaunch()
+    split = _NoLaunch(triton_decode._decode_split_kernel)
+    combine = _NoLaunch(triton_decode._combine_kernel)
+    monkeypatch.setattr(triton_decode, "_PLANS", {})  # plans hold the kernels they launch
     monkeypatch.setattr(triton_decode, "_decode_split_kernel", split)
     monkeypatch.setattr(triton_decode, "_combine_kernel", combine)
     inp = make_paged_inputs([4000], 32, 8, 128, 16, dtype=torch.bfloat16, seed=0)

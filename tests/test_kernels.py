@@ -305,3 +305,43 @@ def test_triton_combines_many_splits(splits):
     inp = make_paged_inputs([1, 40, 300, 1100], 8, 2, 32, 16, seed=splits)
     out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=16)
     assert relative_error(out, reference_decode(*inp.args())) < TOLERANCE[torch.float32]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
+    """First launch per tensor-alignment pattern goes through Triton (which compiles); later ones
+    call the compiled kernel's launcher with the same arguments in the kernel's order; a
+    profiler hook sends every launch through Triton again."""
+    from types import SimpleNamespace
+
+    from pagebench.kernels import triton_decode as td
+    calls = []
+
+    class Kernel:  # a JIT function: (A, B, n, m, C: constexpr)
+        arg_names = ["A", "B", "n", "m", "C"]
+
+        def __getitem__(self, grid):
+            def jit(*args, **kwargs):
+                calls.append(("jit", grid, args, kwargs))
+                return SimpleNamespace(run=lambda *a: calls.append(("direct", a)),
+                                       function="fn", packed_metadata="meta")
+            return jit
+
+    monkeypatch.setattr(td, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(td, "_current_stream", lambda index: "stream")
+    launch = td._Launcher(Kernel(), (4, 2), (7, 9), {"C": 3}, {"num_warps": 4}, num_tensors=2)
+    a, b = torch.zeros(8), torch.zeros(8)
+    launch(a, b)
+    launch(a, b)
+    assert calls[0] == ("jit", (4, 2, 1), (a, b, 7, 9), {"C": 3, "num_warps": 4})
+    assert calls[1] == ("direct", (4, 2, 1, "stream", "fn", "meta", None, None, None,
+                                   a, b, 7, 9, 3))
+    launch(a[1:], b)  # 4 bytes off: Triton may specialise differently, so it decides
+    assert calls[2][0] == "jit" and len(launch.compiled) == 2
+    hooks = SimpleNamespace(launch_enter_hook=SimpleNamespace(calls=[print]),
+                            launch_exit_hook=None)
+    monkeypatch.setattr(td.triton, "knobs", SimpleNamespace(runtime=hooks), raising=False)
+    launch(a, b)
+    assert calls[3][0] == "jit"
+    with pytest.raises(AssertionError, match="tensors, scalars, constexprs"):
+        td._Launcher(Kernel(), (1,), (7,), {"C": 3}, {}, num_tensors=2)

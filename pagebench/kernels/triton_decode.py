@@ -250,7 +250,8 @@ class _Launcher:
         names = kernel.arg_names
         if list(names[num_tensors + len(scalars):]) != list(constexprs):
             raise AssertionError(f"{kernel}: arguments must be tensors, scalars, constexprs")
-        self.kernel, self.grid, self.scalars = kernel, grid, tuple(scalars)
+        self.kernel, self.scalars = kernel, tuple(scalars)
+        self.grid = tuple(grid) + (1,) * (3 - len(grid))
         self.kwargs = {**constexprs, **options}
         self.tail = self.scalars + tuple(constexprs.values())
         self.compiled = {}  # tensors' alignment -> (CompiledKernel, launcher, function, metadata)

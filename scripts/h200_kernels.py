@@ -3,7 +3,8 @@
     PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT            # everything
     PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --smoke    # checks + a few points
     PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --tune --skip-equivalence --no-sweep
-    PYTHONPATH=. python3 scripts/h200_kernels.py --out $OUT --host --skip-equivalence --no-sweep
+
+Host (launch path) time per call: scripts/h200_host_probe.py.
 
 On a copied tree whose .git may be stale (the device tool's), prefix PAGEBENCH_COMMIT=<short
 hash of the tree sent> so that every row names the right commit.
@@ -175,53 +176,6 @@ def tuning_grid(device, repeat=15) -> list[dict]:
     return rows
 
 
-def host_cost(device, out_dir, calls=200) -> list[str]:
-    """Host time per call (the Python launch path), measured while the GPU is kept busy so that
-    launches only enqueue; plus a cProfile of the triton-paged loop (host_profile.txt)."""
-    import cProfile
-    import io
-    import pstats
-
-    from pagebench.kernels import reference, triton_decode
-    from pagebench.kernels.sweep import _contiguous_case, _paged_case
-
-    shape = SHAPES["llama-3-8b"]
-    scale = shape[2] ** -0.5
-    lines = []
-    for batch, context in ((1, 1024), (8, 4096), (64, 4096)):
-        case = _paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=5)
-        q, k, v, _ = _contiguous_case(batch, context, shape, torch.bfloat16, device, seed=5)
-        fns = {"triton-paged": lambda: triton_decode.triton_paged_decode(*case, scale),
-               "triton-paged 1 split": lambda: triton_decode.triton_paged_decode(
-                   *case, scale, num_splits=1),
-               "sdpa-contiguous": lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale)}
-        for name, fn in fns.items():
-            fn()
-            torch.cuda.synchronize()
-            torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU work: the calls below only enqueue
-            t0 = time.perf_counter()
-            for _ in range(calls):
-                fn()
-            host_us = (time.perf_counter() - t0) / calls * 1e6
-            torch.cuda.synchronize()
-            lines.append(f"host {batch}x{context} {name}: {host_us:.1f} us per call")
-        if batch == 1:
-            prof = cProfile.Profile()
-            torch.cuda._sleep(200_000_000)
-            prof.enable()
-            for _ in range(calls):
-                fns["triton-paged"]()
-            prof.disable()
-            torch.cuda.synchronize()
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(30)
-            with open(os.path.join(out_dir, "host_profile.txt"), "w") as f:
-                f.write(text.getvalue())
-        del case, q, k, v
-    print("\n".join(lines), flush=True)
-    return lines
-
-
 def acceptance(df) -> list[str]:
     """The issue's acceptance ratios (llama shape, bf16, block 16)."""
     d = df[(df.model_shape == "llama-3-8b")]
@@ -263,10 +217,8 @@ def main() -> int:
     ap.add_argument("--skip-equivalence", action="store_true")
     ap.add_argument("--tune", action="store_true",
                     help="first the Triton launch grid (kernels_tuning.csv), through CUDA graphs")
-    ap.add_argument("--host", action="store_true",
-                    help="host (launch path) time per call and a cProfile of it")
     ap.add_argument("--no-sweep", action="store_true",
-                    help="stop after equivalence / tuning / host")
+                    help="stop after equivalence / tuning")
     ap.add_argument("--device", default="cuda", help="cpu: a tiny dry run of this script")
     ap.add_argument("--eq-quick", action="store_true", help="fewer shapes in the equivalence run")
     args = ap.parse_args()
@@ -292,8 +244,6 @@ def main() -> int:
         tune = pd.DataFrame(tuning_grid(device))
         tune.to_csv(os.path.join(args.out, "kernels_tuning.csv"), index=False)
         print(f"tuning grid: {len(tune)} rows ({time.time() - t0:.0f}s)", flush=True)
-    if args.host and device == "cuda":
-        meta["host"] = host_cost(device, args.out)
     if args.no_sweep:
         return 0
     copy = measure_copy_gbps(device) if device == "cuda" else float("nan")

@@ -1,4 +1,5 @@
-"""Every registered paged-decode backend that runs here equals a float64 reference, on any input.
+"""Every registered paged-decode and paged-prefill backend that runs here equals a float64
+reference, on any input.
 
 hypothesis draws the shape (sequences, KV heads, GQA ratio, head_dim), the block size (1,
 non-powers of two, ...), each sequence's length (1, block_size - 1, block_size, block_size + 1,
@@ -18,8 +19,8 @@ import pytest
 import torch
 from hypothesis import given, note, settings
 
-from pagebench.kernels import paged_decode, registered_backends
-from pagebench.kernels.reference import reference_decode
+from pagebench.kernels import paged_decode, paged_prefill, registered_backends
+from pagebench.kernels.reference import reference_decode, reference_prefill
 from pagebench.kernels.registry import _available
 from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
 
@@ -29,10 +30,10 @@ CI_EXAMPLES = {"torch": 60, "triton": 30, "flex": 6}
 DEFAULT_CI_EXAMPLES = 12
 
 
-def backends_for(device: str) -> list[str]:
-    """Registered, available backends with a paged decode that runs on ``device``."""
+def backends_for(device: str, op: str = "decode") -> list[str]:
+    """Registered, available backends with a paged ``op`` kernel that runs on ``device``."""
     return sorted(name for name, b in registered_backends().items()
-                  if b.decode is not None and device in b.devices and _available(b))
+                  if getattr(b, op) is not None and device in b.devices and _available(b))
 
 
 def examples_for(backend: str) -> int:
@@ -111,3 +112,69 @@ def test_triton_split_kv_and_tiles_match_reference():
 @pytest.mark.parametrize("backend", backends_for("cuda"))
 def test_paged_decode_matches_float64_reference_cuda(backend):
     run_property(backend, device="cuda", large=True, examples=10)
+
+
+def check_prefill(backend: str, case: dict, query_lens: list[int], device: str = "cpu",
+                  prefill=None) -> None:
+    """Queries for the last ``query_lens[s]`` positions of each sequence, against float64."""
+    b = registered_backends()[backend]
+    inp = make_paged_inputs(case["lengths"], case["q_heads"], case["kv_heads"], case["head_dim"],
+                            case["block_size"], case["dtype"], device, seed=case["seed"],
+                            poison_value=float("nan") if b.nan_safe else 300.0)
+    gen = torch.Generator().manual_seed(case["seed"])
+    q = torch.randn(sum(query_lens), case["q_heads"], case["head_dim"], generator=gen)
+    q = q.to(device, case["dtype"])
+    qlens = torch.tensor(query_lens, dtype=torch.int32, device=device)
+    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    note(f"query_lens={query_lens} tables={inp.block_tables.tolist()}")
+    out = (prefill or functools.partial(paged_prefill, backend=backend))(*args)
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert not torch.isnan(out).any(), "NaN in the output: a poisoned slot or entry was read"
+    err = relative_error(out, reference_prefill(*args))
+    assert err < TOLERANCE[case["dtype"]], f"relative error {err:.2e}"
+
+
+@st.composite
+def prefill_cases(draw, backend, large=False):
+    """A decode case plus, per sequence, how many of its last tokens are queries (the whole
+    prompt, one token, or a chunk after a cached prefix)."""
+    case = draw(decode_cases(backend, large))
+    query_lens = [draw(st.one_of(st.just(n), st.just(1), st.integers(1, n)))
+                  for n in case["lengths"]]
+    return case, query_lens
+
+
+@pytest.mark.parametrize("backend", backends_for("cpu", "prefill"))
+def test_paged_prefill_matches_float64_reference_cpu(backend):
+    @settings(max_examples=examples_for(backend), deadline=None)
+    @given(drawn=prefill_cases(backend))
+    def prop(drawn):
+        check_prefill(backend, *drawn)
+    prop()
+
+
+def test_triton_prefill_tiles_match_reference():
+    """Several query tiles per sequence and key tiles across the diagonal, forced small."""
+    if "triton" not in backends_for("cpu", "prefill"):
+        pytest.skip("triton not installed")
+    from pagebench.kernels.triton_prefill import triton_paged_prefill
+
+    @settings(max_examples=examples_for("triton"), deadline=None)
+    @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
+           tile_n=st.sampled_from([16, 32]))
+    def prop(drawn, rows, tile_n):
+        case, query_lens = drawn
+        check_prefill("triton", case, query_lens, prefill=lambda *args: triton_paged_prefill(
+            *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n))
+    prop()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", backends_for("cuda", "prefill"))
+def test_paged_prefill_matches_float64_reference_cuda(backend):
+    @settings(max_examples=10, deadline=None)
+    @given(drawn=prefill_cases(backend, large=True))
+    def prop(drawn):
+        check_prefill(backend, *drawn, device="cuda")
+    prop()

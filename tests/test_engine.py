@@ -93,12 +93,14 @@ def test_greedy_equals_transformers_torch_kernel(model, case, block_size, prefix
 
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_greedy_equals_transformers_triton_kernel(model, case, block_size):
-    # Triton runs interpreted on the CPU: a smaller case (decode goes through Triton; prompts
-    # through the backend's prefill kernel, or the best available one if it has none)
+    # Triton runs interpreted on the CPU: a smaller case. Decode and every prompt chunk
+    # (fresh_prefill=False) go through Triton's paged kernels.
     prompts, expected = case[0][:3], [e[:5] for e in case[1][:3]]
     engine = LLMEngine(model, block_size=block_size, kernel="triton",
-                       num_blocks=2048 // block_size, enable_prefix_caching=block_size == 16)
+                       num_blocks=2048 // block_size, enable_prefix_caching=block_size == 16,
+                       max_num_batched_tokens=64, fresh_prefill=False)
     assert engine.runner.decode_backend.name == "triton"
+    assert engine.runner.prefill_backend.name == "triton"
     assert greedy(engine, prompts, 5) == expected
 
 

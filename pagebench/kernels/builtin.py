@@ -24,6 +24,11 @@ def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
     return triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+def _triton_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale):
+    from pagebench.kernels.triton_prefill import triton_paged_prefill
+    return triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
+
+
 def _triton_contiguous(q, k, v, seq_lens, scale):
     from pagebench.kernels.contiguous import triton_contiguous_decode
     return triton_contiguous_decode(q, k, v, seq_lens, scale)
@@ -46,11 +51,12 @@ register_backend(
     "sdpa", contiguous=sdpa_contiguous_decode, priority=10, nan_safe=False,
     description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")
 register_backend(
-    "triton", decode=_triton_decode, contiguous=_triton_contiguous, priority=20,
+    "triton", decode=_triton_decode, prefill=_triton_prefill, contiguous=_triton_contiguous,
+    priority=20,
     auto_devices=("cuda",), is_available=_has_triton,
     head_dims="1..256 (padded to a power of two)", supports_head_dim=lambda d: 1 <= d <= 256,
-    description="Triton paged decode: GQA-packed programs, online softmax over KV tiles, "
-    "split-KV with a combine step (CPU: interpreted, for tests)")
+    description="Triton paged decode (GQA-packed programs, online softmax over KV tiles, "
+    "split-KV with a combine step) and causal paged prefill (CPU: interpreted, for tests)")
 register_backend(
     "flex", decode=_flex_decode, priority=0, is_available=_flex_available,
     block_sizes="multiples of 16 (FlexAttention's KV block = page size)",

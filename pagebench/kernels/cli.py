@@ -1,4 +1,4 @@
-"""`pagebench bench`: time paged vs contiguous decode kernels, write tidy CSV/JSON."""
+"""`pagebench bench`: time paged vs contiguous decode (or prefill) kernels, write tidy CSV/JSON."""
 
 from __future__ import annotations
 
@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--repeat", type=int, default=None, help="timed repeats per point")
     p.add_argument("--out", default=None, help="CSV path; a JSON with the same rows is written "
                    "beside it (default: print only)")
+    p.add_argument("--prefill", action="store_true",
+                   help="time paged prefill instead (whole prompts, and chunks after a cached "
+                   "prefix) against causal SDPA on a contiguous cache; one block size")
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities, then exit")
     p.set_defaults(func=run_bench)
@@ -48,6 +51,7 @@ def run_bench(args) -> int:
     import torch
 
     from pagebench.kernels import available_backends
+    from pagebench.kernels.prefill_sweep import run_prefill_sweep
     from pagebench.kernels.sweep import run_sweep
 
     if args.list_backends:
@@ -74,10 +78,21 @@ def run_bench(args) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if args.device == "cuda" else torch.float32)
     skipped: list = []
-    df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
-                   block_sizes=args.block_sizes, dtype=dtype, include=include,
-                   exclude=None if include is None else (), repeat=args.repeat,
-                   skipped=skipped)
+    if args.prefill:
+        if points or (args.block_sizes and len(args.block_sizes) > 1):
+            raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
+                             "give no --batches/--contexts and at most one --block-sizes")
+        df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
+                               block_size=args.block_sizes[0] if args.block_sizes else 16,
+                               dtype=dtype, include=include, repeat=args.repeat)
+        cols = ["model_shape", "batch", "query_len", "cached", "backend", "time_us", "tflops"]
+    else:
+        df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
+                       block_sizes=args.block_sizes, dtype=dtype, include=include,
+                       exclude=None if include is None else (), repeat=args.repeat,
+                       skipped=skipped)
+        cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
+                "time_us", "gbps"]
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         df.to_csv(args.out, index=False)
@@ -86,8 +101,6 @@ def run_bench(args) -> int:
             json.dump({"rows": df.to_dict("records"),
                        "skipped": [list(map(str, s)) for s in skipped]}, f, indent=1, default=str)
         print(f"wrote {len(df)} rows to {args.out} and {json_path}")
-    cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph", "time_us",
-            "gbps"]
     print(df[cols].to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     for s in skipped:
         print("skipped:", *s)

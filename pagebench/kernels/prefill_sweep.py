@@ -1,0 +1,112 @@
+"""Prefill timing: every paged-prefill backend against causal SDPA on a contiguous cache.
+
+A point is (batch, query_len, cached): ``batch`` sequences, each with ``cached`` tokens already
+in the cache and a chunk of ``query_len`` new ones (a whole prompt when ``cached`` is 0; chunked
+prefill or a prefix-cache hit otherwise). One tidy row per measurement (``PREFILL_COLUMNS``).
+Prefill calls read lengths back to the host, so they are timed without a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pagebench.kernels import registry
+from pagebench.kernels.sweep import CPU_EXCLUDED, SHAPES, _paged_case
+from pagebench.kernels.validate import check_prefill
+from pagebench.timing import environment, measure
+
+PREFILL_COLUMNS = [
+    "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
+    "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "query_len",
+    "cached", "block_size", "backend", "layout", "time_us", "q20_us", "q80_us", "tflops",
+]
+# (batch, query_len, cached): whole prompts, then chunks after a cached prefix
+FULL_PREFILL_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (32, 128, 0),
+                       (1, 512, 3584), (1, 512, 15872), (16, 64, 1024), (64, 16, 2048)]
+QUICK_PREFILL_POINTS = [(1, 32, 0), (2, 16, 48)]
+
+
+def causal_flops(batch: int, query_len: int, cached: int, num_q_heads: int,
+                 head_dim: int) -> float:
+    """Multiply-adds x 2 of QK^T and PV over the visible (query, key) pairs."""
+    pairs = query_len * cached + query_len * (query_len + 1) // 2
+    return 4.0 * batch * num_q_heads * head_dim * pairs
+
+
+def _sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
+    """Causal SDPA on a contiguous cache: the baseline (queries at the end of the context)."""
+    num_q, num_kv, head_dim = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    context = cached + query_len
+    q = torch.randn(batch, num_q, query_len, head_dim, device=device, dtype=dtype, generator=gen)
+    k = torch.randn(batch, num_kv, context, head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn_like(k)
+    scale = head_dim ** -0.5
+    if cached == 0:
+        return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                      enable_gqa=num_q != num_kv)
+    mask = (torch.arange(context, device=device)[None, :]
+            <= torch.arange(cached, context, device=device)[:, None])
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                  enable_gqa=num_q != num_kv)
+
+
+def _prefill_case(batch, query_len, cached, shape, block_size, dtype, device, seed):
+    q_heads, _, head_dim = shape
+    _, k_cache, v_cache, tables, lens = _paged_case(batch, cached + query_len, shape, block_size,
+                                                    dtype, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    q = torch.randn(batch * query_len, q_heads, head_dim, device=device, dtype=dtype,
+                    generator=gen)
+    qlens = torch.full((batch,), query_len, dtype=torch.int32, device=device)
+    return q, k_cache, v_cache, tables, lens, qlens
+
+
+def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_size=16,
+                      dtype=None, include=None, repeat=None, progress=None):
+    """Time every available paged-prefill backend and the SDPA baseline at every point;
+    returns a pandas DataFrame with ``PREFILL_COLUMNS``."""
+    import pandas as pd
+
+    on_cuda = torch.device(device).type == "cuda"
+    dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
+    shapes = shapes or ({"llama-3-8b": SHAPES["llama-3-8b"]} if quick or not on_cuda
+                        else SHAPES)
+    points = points or (QUICK_PREFILL_POINTS if quick or not on_cuda else FULL_PREFILL_POINTS)
+    repeat = repeat or (5 if quick else 20)
+    excluded = () if on_cuda or include is not None else CPU_EXCLUDED
+    backends = [name for name, b in registry.registered_backends().items()
+                if b.prefill is not None and torch.device(device).type in b.devices
+                and registry._available(b) and (include is None or name in include)
+                and name not in excluded]
+    env = environment(device)
+    rows = []
+
+    def record(shape_name, shape, point, backend, layout, fn):
+        t = measure(fn, device=device, warmup=2, repeat=repeat)
+        row = {**env, "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
+               "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
+               "batch": point[0], "query_len": point[1], "cached": point[2],
+               "block_size": block_size if layout == "paged" else None, "backend": backend,
+               "layout": layout, "time_us": t.median_us, "q20_us": t.q20_us, "q80_us": t.q80_us,
+               "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6}
+        rows.append(row)
+        if progress:
+            progress(row)
+
+    for shape_name, shape in shapes.items():
+        scale = shape[2] ** -0.5
+        for point in points:
+            record(shape_name, shape, point, "sdpa-contiguous", "contiguous",
+                   _sdpa_causal(*point, shape, dtype, device, seed=3))
+            case = _prefill_case(*point, shape, block_size, dtype, device, seed=3)
+            check_prefill(*case, scale)  # once: the timed calls go to the kernels directly
+            for name in backends:
+                prefill = registry.get_backend(name).prefill
+                record(shape_name, shape, point, f"{name}-paged", "paged",
+                       lambda: prefill(*case, scale))
+            del case
+            if on_cuda:
+                torch.cuda.empty_cache()
+    return pd.DataFrame(rows, columns=PREFILL_COLUMNS)

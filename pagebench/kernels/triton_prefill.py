@@ -1,0 +1,133 @@
+"""Triton paged prefill: causal attention for a chunk of queries over everything cached before it.
+
+Grid ``(query tile, sequence, KV head)``. A program takes ``TOKENS`` consecutive queries of one
+sequence and the whole group of query heads that share its KV head, as ``TOKENS x GROUP`` rows
+of one matrix, so each K/V tile read from the cache serves every head of the group (as the
+decode kernel does). Query ``i`` of a chunk of ``query_len`` sits at position
+``seq_len - query_len + i`` and sees keys ``0 ..`` that position; the program walks the keys up
+to its last query's position in tiles of ``TILE_N`` tokens through the block table (any block
+size), with the online softmax in fp32. Tiles wholly above the diagonal are not visited.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pagebench.config import ceil_div
+from pagebench.kernels.triton_decode import INTERPRETED, next_pow2
+
+
+@triton.jit
+def _prefill_kernel(
+    Q, K, V, TABLES, SEQ_LENS, Q_LENS, Q_STARTS, OUT,
+    scale_log2e,
+    stride_qt, stride_qh,
+    stride_kb, stride_kt, stride_kh,
+    stride_vb, stride_vt, stride_vh,
+    stride_ts, stride_ot, stride_oh,
+    GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    seq = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    q_len = tl.load(Q_LENS + seq)
+    first = tile * TOKENS
+    if first < q_len:
+        seq_len = tl.load(SEQ_LENS + seq)
+        q_start = tl.load(Q_STARTS + seq)
+        rows = tl.arange(0, ROWS)
+        tok = first + rows // GROUP  # query index in the chunk
+        heads = kv_head * GROUP + rows % GROUP
+        row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
+        q_pos = seq_len - q_len + tok  # each row's position in the sequence
+        dims = tl.arange(0, DIM_PAD)
+        dim_ok = dims < HEAD_DIM
+        q = tl.load(Q + (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh
+                    + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+        acc = tl.zeros([ROWS, DIM_PAD], tl.float32)
+        # keys up to the last query of this tile (key 0 is visible to every row, so each row's
+        # running max is finite after the first tile)
+        end = seq_len - q_len + tl.minimum(first + TOKENS, q_len)
+        table_row = TABLES + seq * stride_ts
+        for start in range(0, end, TILE_N):
+            pos = start + tl.arange(0, TILE_N)
+            pos_ok = pos < end
+            block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+            k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
+            v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt + kv_head * stride_vh
+            kv_mask = pos_ok[:, None] & dim_ok[None, :]
+            k = tl.load(K + k_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+            v = tl.load(V + v_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+            if IEEE_DOT:
+                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(k))
+            visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+            s = tl.where(visible, s * scale_log2e, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            if IEEE_DOT:
+                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(v.dtype), v)
+            acc = acc * alpha[:, None] + pv
+            m_i = m_new
+        out = acc / l_i[:, None]
+        tl.store(OUT + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
+                 + dims[None, :], out.to(OUT.dtype.element_ty),
+                 mask=row_ok[:, None] & dim_ok[None, :])
+
+
+def default_rows(head_dim: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Query rows (tokens x heads of a group) per program."""
+    if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
+        return 64
+    return 128
+
+
+def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale, *,
+                         rows: int | None = None, tile_n: int | None = None,
+                         num_warps: int | None = None, num_stages: int = 2):
+    """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated).
+
+    ``rows``: query rows per program (rounded up to a power of two >= 16 and >= the group; a
+    program takes ``rows // group`` queries of one sequence with all ``group`` heads of a KV
+    head);
+    ``tile_n``: keys per tile. Reads ``query_lens``' maximum back to size the grid (one sync).
+    """
+    total, q_heads, head_dim = q.shape
+    num_seqs = query_lens.shape[0]
+    _, block_size, kv_heads, _ = k_cache.shape
+    group = q_heads // kv_heads
+    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
+    if total == 0 or num_seqs == 0:
+        return out
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    rows = max(16, next_pow2(max(rows or default_rows(head_dim, q.dtype, q.device), group)))
+    tokens = rows // group
+    tile_n = tile_n or (32 if head_dim > 128 or q.dtype == torch.float32 else 64)
+    q_lens = query_lens.to(device=q.device, dtype=torch.int32)
+    q_starts = torch.cumsum(q_lens, 0, dtype=torch.int32) - q_lens
+    max_tiles = ceil_div(int(q_lens.max()), tokens)
+    _prefill_kernel[(max_tiles, num_seqs, kv_heads)](
+        q, k_cache, v_cache, tables, seq_lens, q_lens, q_starts, out,
+        scale * 1.4426950408889634,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        tables.stride(0), out.stride(0), out.stride(1),
+        GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size, TILE_N=tile_n,
+        HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
+        IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
+        num_warps=num_warps or (8 if rows >= 128 else 4), num_stages=num_stages)
+    return out

@@ -3,7 +3,7 @@
 A point is (batch, query_len, cached): ``batch`` sequences, each with ``cached`` tokens already
 in the cache and a chunk of ``query_len`` new ones (a whole prompt when ``cached`` is 0; chunked
 prefill or a prefix-cache hit otherwise). One tidy row per measurement (``PREFILL_COLUMNS``).
-Prefill calls read lengths back to the host, so they are timed without a CUDA graph.
+The torch backend reads lengths back to the host, so prefill is timed without a CUDA graph.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Triton paged prefill: causal attention for a chunk of queries over everything cached before it.
 
-Grid ``(query tile, sequence, KV head)``. A program takes ``TOKENS`` consecutive queries of one
-sequence and the whole group of query heads that share its KV head, as ``TOKENS x GROUP`` rows
+Grid ``(query tile, KV head)``, the query tiles of all sequences numbered one after another
+(each program finds its sequence by a binary search of the cumulative tile counts). A program
+takes ``TOKENS`` consecutive queries of one sequence and the whole group of query heads that share its KV head, as ``TOKENS x GROUP`` rows
 of one matrix, so each K/V tile read from the cache serves every head of the group (as the
 decode kernel does). Query ``i`` of a chunk of ``query_len`` sits at position
 ``seq_len - query_len + i`` and sees keys ``0 ..`` that position; the program walks the keys up
@@ -21,8 +22,8 @@ from pagebench.kernels.triton_decode import INTERPRETED, next_pow2
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, TABLES, SEQ_LENS, Q_LENS, Q_STARTS, OUT,
-    scale_log2e,
+    Q, K, V, TABLES, SEQ_LENS, Q_LENS, Q_ENDS, TILE_ENDS, OUT,
+    num_seqs, scale_log2e,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -32,13 +33,22 @@ def _prefill_kernel(
     IEEE_DOT: tl.constexpr,
 ):
     tile = tl.program_id(0)
-    seq = tl.program_id(1)
-    kv_head = tl.program_id(2)
-    q_len = tl.load(Q_LENS + seq)
-    first = tile * TOKENS
-    if first < q_len:
+    kv_head = tl.program_id(1)
+    # this tile's sequence: the first whose cumulative tile count exceeds it (binary search)
+    lo = 0
+    hi = num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if tl.load(TILE_ENDS + mid) <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    seq = lo
+    if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
+        q_len = tl.load(Q_LENS + seq)
+        first = (tile - tl.load(TILE_ENDS + seq) + tl.cdiv(q_len, TOKENS)) * TOKENS
         seq_len = tl.load(SEQ_LENS + seq)
-        q_start = tl.load(Q_STARTS + seq)
+        q_start = tl.load(Q_ENDS + seq) - q_len
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -102,7 +112,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     ``rows``: query rows per program (rounded up to a power of two >= 16 and >= the group; a
     program takes ``rows // group`` queries of one sequence with all ``group`` heads of a KV
     head);
-    ``tile_n``: keys per tile. Reads ``query_lens``' maximum back to size the grid (one sync).
+    ``tile_n``: keys per tile. Nothing is read back to the host, so a call can be captured in
+    a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
     num_seqs = query_lens.shape[0]
@@ -113,15 +124,18 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    rows = max(16, next_pow2(max(rows or default_rows(head_dim, q.dtype, q.device), group)))
+    if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
+        rows = min(default_rows(head_dim, q.dtype, q.device), ceil_div(total, num_seqs) * group)
+    rows = max(16, next_pow2(max(rows, group)))
     tokens = rows // group
     tile_n = tile_n or (32 if head_dim > 128 or q.dtype == torch.float32 else 64)
-    q_lens = query_lens.to(device=q.device, dtype=torch.int32)
-    q_starts = torch.cumsum(q_lens, 0, dtype=torch.int32) - q_lens
-    max_tiles = ceil_div(int(q_lens.max()), tokens)
-    _prefill_kernel[(max_tiles, num_seqs, kv_heads)](
-        q, k_cache, v_cache, tables, seq_lens, q_lens, q_starts, out,
-        scale * 1.4426950408889634,
+    q_lens = query_lens.to(torch.int32)
+    q_ends = torch.cumsum(q_lens, 0, dtype=torch.int32)
+    tile_ends = torch.cumsum((q_lens + (tokens - 1)) // tokens, 0, dtype=torch.int32)
+    # sum(ceil(len / tokens)) <= total / tokens + num_seqs: a grid sized without a device sync
+    _prefill_kernel[(total // tokens + num_seqs, kv_heads)](
+        q, k_cache, v_cache, tables, seq_lens, q_lens, q_ends, tile_ends, out,
+        num_seqs, scale * 1.4426950408889634,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -85,7 +85,8 @@ def run_bench(args) -> int:
         df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
                                block_size=args.block_sizes[0] if args.block_sizes else 16,
                                dtype=dtype, include=include, repeat=args.repeat)
-        cols = ["model_shape", "batch", "query_len", "cached", "backend", "time_us", "tflops"]
+        cols = ["model_shape", "batch", "query_len", "cached", "backend", "cuda_graph", "time_us",
+                "tflops"]
     else:
         df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
                        block_sizes=args.block_sizes, dtype=dtype, include=include,

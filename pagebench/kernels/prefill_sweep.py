@@ -3,7 +3,9 @@
 A point is (batch, query_len, cached): ``batch`` sequences, each with ``cached`` tokens already
 in the cache and a chunk of ``query_len`` new ones (a whole prompt when ``cached`` is 0; chunked
 prefill or a prefix-cache hit otherwise). One tidy row per measurement (``PREFILL_COLUMNS``).
-The torch backend reads lengths back to the host, so prefill is timed without a CUDA graph.
+Every variant is timed without a CUDA graph; on CUDA, the ones that can be captured (SDPA and
+the Triton kernel, which read nothing back to the host) are also timed replayed from a graph,
+which leaves out the host's launch work (the torch backend reads lengths back, so it cannot be).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from pagebench.timing import environment, measure
 PREFILL_COLUMNS = [
     "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "query_len",
-    "cached", "block_size", "backend", "layout", "time_us", "q20_us", "q80_us", "tflops",
+    "cached", "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us",
+    "tflops",
 ]
+GRAPH_CAPTURABLE = ("sdpa-contiguous", "triton-paged")
 # (batch, query_len, cached): whole prompts, then chunks after a cached prefix
 FULL_PREFILL_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (32, 128, 0),
                        (1, 512, 3584), (1, 512, 15872), (16, 64, 1024), (64, 16, 2048)]
@@ -84,16 +88,18 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
     rows = []
 
     def record(shape_name, shape, point, backend, layout, fn):
-        t = measure(fn, device=device, warmup=2, repeat=repeat)
-        row = {**env, "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
-               "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
-               "batch": point[0], "query_len": point[1], "cached": point[2],
-               "block_size": block_size if layout == "paged" else None, "backend": backend,
-               "layout": layout, "time_us": t.median_us, "q20_us": t.q20_us, "q80_us": t.q80_us,
-               "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6}
-        rows.append(row)
-        if progress:
-            progress(row)
+        for graph in (False, True) if on_cuda and backend in GRAPH_CAPTURABLE else (False,):
+            t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
+            row = {**env, "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
+                   "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
+                   "batch": point[0], "query_len": point[1], "cached": point[2],
+                   "block_size": block_size if layout == "paged" else None, "backend": backend,
+                   "layout": layout, "cuda_graph": graph, "time_us": t.median_us,
+                   "q20_us": t.q20_us, "q80_us": t.q80_us,
+                   "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6}
+            rows.append(row)
+            if progress:
+                progress(row)
 
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import pandas as pd
 import pytest
 import torch
 
@@ -249,7 +250,28 @@ def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
     assert "wrote 4 rows" in capsys.readouterr().out
 
 
+def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
+    from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, causal_flops, run_prefill_sweep
+    # 2 sequences, 3 queries each after 5 cached tokens: each query sees 6, 7, 8 keys
+    assert causal_flops(2, 3, 5, 4, 16) == 4.0 * 2 * 4 * 16 * (6 + 7 + 8)
+    df = run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(2, 3, 5), (1, 8, 0)],
+                           block_size=4, repeat=2, include=["torch", "triton"])
+    assert list(df.columns) == PREFILL_COLUMNS
+    expected = {"sdpa-contiguous", "torch-paged"} | ({"triton-paged"} if HAS_TRITON else set())
+    assert set(df.backend) == expected and len(df) == 2 * len(expected)
+    assert not df.cuda_graph.any()  # CPU: no graph rows
+    row = df[(df.backend == "torch-paged") & (df.cached == 5)].iloc[0]
+    assert row.tflops == pytest.approx(causal_flops(2, 3, 5, 4, 16) / row.time_us / 1e6)
+    assert row.block_size == 4 and pd.isna(df[df.backend == "sdpa-contiguous"].block_size).all()
+    out = tmp_path / "p.csv"
+    assert cli_main(["bench", "--prefill", "--shape", "t=4/2/16", "--repeat", "1",
+                     "--out", str(out)]) == 0
+    assert set(pd.read_csv(out).backend) == {"sdpa-contiguous", "torch-paged"}  # CPU default
+
+
 @pytest.mark.parametrize("argv, message", [
+    (["bench", "--prefill", "--batches", "1", "--contexts", "8"], "--prefill"),
+    (["bench", "--prefill", "--block-sizes", "8,16"], "--prefill"),
     (["bench", "--backends", "nope"], "--backends"),
     (["bench", "--shape", "t=5/2/16"], "--shape"),
     (["bench", "--batches", "2"], "--batches"),

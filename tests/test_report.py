@@ -411,3 +411,35 @@ def test_each_section_on_synthetic_and_on_no_data(name):
 def test_out_may_name_a_directory(tmp_path):
     out = build.write_report(Results(), tmp_path, env={}, options={})
     assert out == tmp_path / "index.html" and out.is_file()
+
+
+def test_prefill_data_is_read_summarised_and_shown(tmp_path):
+    """kernels_prefill*.csv are their own datasets (not decode sweeps); the kernels section
+    shows each point's times and ratios."""
+    assert collect.classify(Path("kernels_prefill.csv")) == "kernels_prefill"
+    assert collect.classify(Path("kernels_prefill_equivalence.csv")) == \
+        "kernels_prefill_equivalence"
+    assert collect.classify(Path("kernels_prefill_tuning.csv")) is None
+    base = {"device": "cuda", "device_name": "GPU", "model_shape": "m", "batch": 1,
+            "query_len": 512, "cached": 0}
+    rows = [dict(base, backend="sdpa-contiguous", cuda_graph=False, time_us=10.0),
+            dict(base, backend="sdpa-contiguous", cuda_graph=True, time_us=8.0),
+            dict(base, backend="triton-paged", cuda_graph=False, time_us=30.0, tflops=1.0),
+            dict(base, backend="triton-paged", cuda_graph=True, time_us=20.0, tflops=1.5),
+            dict(base, backend="torch-paged", cuda_graph=False, time_us=300.0)]
+    summary = derive.prefill_summary(pd.DataFrame(rows))
+    assert len(summary) == 1
+    r = summary.iloc[0]
+    assert r["triton / sdpa"] == pytest.approx(3.0)
+    assert r["triton / sdpa (graph)"] == pytest.approx(2.5)
+    assert r["torch / triton"] == pytest.approx(10.0)
+    assert r["triton TFLOP/s (best)"] == pytest.approx(1.5)
+    results = Results()
+    results.add("kernels_prefill", pd.DataFrame(rows).assign(machine="gpu"), "test")
+    section = sections.Section("kernels", "Kernels")
+    sections.prefill_part(section, results)
+    tables = [i.table for i in section.items if i.kind == "table"]
+    assert tables and tables[0].data == "kernels_prefill_summary"
+    empty = sections.Section("kernels", "Kernels")
+    sections.prefill_part(empty, Results())
+    assert [i.kind for i in empty.items] == ["nodata"]

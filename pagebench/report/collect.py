@@ -27,6 +27,9 @@ from pagebench.errors import PagebenchError
 
 # file-name prefix (under a data directory) -> dataset name; first match wins
 FILE_KINDS = (
+    ("kernels_prefill_equivalence", "kernels_prefill_equivalence"),
+    ("kernels_prefill_tuning", None),  # prefill launch-parameter tuning: not a report dataset
+    ("kernels_prefill", "kernels_prefill"),
     ("kernels_equivalence", "kernels_equivalence"),
     ("kernels_tuning", None),  # kernel launch-parameter tuning: not a report dataset
     ("kernels", "kernels"),
@@ -46,6 +49,8 @@ FILE_KINDS = (
 REQUIRED_COLUMNS = {
     "kernels": ("device", "batch", "context", "block_size", "backend", "time_us"),
     "kernels_equivalence": ("backend", "ok"),
+    "kernels_prefill": ("backend", "batch", "query_len", "cached", "time_us"),
+    "kernels_prefill_equivalence": ("backend", "ok"),
     "engine_cow": ("n",),
     "engine_prefix": ("enable_prefix_caching",),
     "engine_pool": ("num_blocks",),

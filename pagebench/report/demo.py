@@ -89,6 +89,14 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
         "model": "qwen2.5-0.5b", "gpu_memory": "16GiB", "max_model_len": 4096,
         "max_concurrency_naive": 280, "max_concurrency_paged": 840}]), src)
     r.add("kernels", _kernel_rows(paged_ratio or DEFAULT_PAGED_RATIO), src)
+    r.add("kernels_prefill", pd.DataFrame([
+        {"device": "cuda", "device_name": "synthetic-gpu", "model_shape": "llama-3-8b",
+         "batch": 1, "query_len": 2048, "cached": cached, "backend": backend,
+         "layout": "contiguous" if backend.startswith("sdpa") else "paged", "cuda_graph": False,
+         "time_us": t, "tflops": 2.2e12 * (cached + 1024) / t / 1e12, "machine": label}
+        for cached in (0, 2048)
+        for backend, t in (("sdpa-contiguous", 90.0), ("triton-paged", 200.0),
+                           ("torch-paged", 4000.0))]), src)
     r.add("engine_cow", pd.DataFrame({"n": [1, 4], "peak_blocks": [100, 100 * cow_ratio],
                                       "machine": label}), src)
     r.add("engine_prefix", pd.DataFrame({

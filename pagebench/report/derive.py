@@ -52,6 +52,40 @@ def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
     return df if len(df) else None
 
 
+def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
+    """One row per prefill point: each variant's time (us; " graph" = replayed from a CUDA
+    graph), Triton / SDPA and torch / Triton ratios, Triton's TFLOP/s."""
+    if prefill is None or len(prefill) == 0:
+        return pd.DataFrame()
+    df = prefill.copy()
+    for col in ("batch", "query_len", "cached", "time_us", "tflops"):
+        if col in df.columns:
+            df[col] = _num(df[col])
+    df = df.dropna(subset=["batch", "query_len", "cached", "time_us"])
+    if len(df) == 0:
+        return pd.DataFrame()
+    graph = df["cuda_graph"].astype(str).str.lower().isin(("true", "1")) \
+        if "cuda_graph" in df.columns else pd.Series(False, index=df.index)
+    df["variant"] = df["backend"].astype(str) + graph.map({True: " graph", False: ""})
+    df["device_label"] = device_label(df)
+    df["shape"] = df["model_shape"].astype(str) if "model_shape" in df.columns else "default"
+    keys = ["device_label", "shape", "batch", "query_len", "cached"]
+    out = df.pivot_table(index=keys, columns="variant", values="time_us", aggfunc="median")
+    out.columns = [str(c) for c in out.columns]
+
+    def ratio(name, num, den):
+        if num in out.columns and den in out.columns:
+            out[name] = out[num] / out[den]
+    ratio("triton / sdpa", "triton-paged", "sdpa-contiguous")
+    ratio("triton / sdpa (graph)", "triton-paged graph", "sdpa-contiguous graph")
+    ratio("torch / triton", "torch-paged", "triton-paged")
+    if "tflops" in df.columns:
+        best = df[df["backend"] == "triton-paged"].groupby(keys)["tflops"].max()
+        if len(best):
+            out["triton TFLOP/s (best)"] = best
+    return out.reset_index()
+
+
 def _best(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Fastest backend per key (over backends and CUDA-graph variants)."""
     idx = df.groupby(keys, dropna=False)["time_us"].idxmin()

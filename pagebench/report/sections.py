@@ -306,7 +306,29 @@ def kernels(results: Results) -> Section:
                            "block size", "relative time (median over cases)",
                            "line chart of kernel cost per block size", logx=True))
         s.table(make_table(cost, "Kernel cost per block size", data="kernels_block_cost"))
+    prefill_part(s, results)
     return s
+
+
+def prefill_part(s: Section, results: Results) -> None:
+    """Paged prefill (whole prompts, chunks after a cached prefix) against causal SDPA."""
+    eq = results.get("kernels_prefill_equivalence")
+    if eq is not None:
+        ok = eq["ok"].astype(str).str.lower().isin(("true", "1"))
+        s.text(f"Paged prefill against the float64 reference: {int(ok.sum())} of {len(eq)} cases "
+               "within tolerance.")
+    summary = derive.prefill_summary(results.get("kernels_prefill"))
+    if summary.empty:
+        s.nodata("prefill timings (pagebench bench --prefill --out ..., or commit "
+                 "reports/data/<gpu>/kernels_prefill.csv)")
+        return
+    s.text("Prefill: batch sequences, each a chunk of query_len new tokens after cached ones "
+           "(0: a whole prompt), causal. Times in us; \"graph\" columns are replayed from a "
+           "CUDA graph (kernel time without the host's launch work). sdpa-contiguous is causal "
+           "SDPA on a contiguous cache (FlashAttention where the GPU has it): the bar a paged "
+           "prefill kernel is measured against; torch-paged gathers each sequence first.")
+    s.table(make_table(summary, "Paged prefill versus causal SDPA on a contiguous cache",
+                       data="kernels_prefill_summary"))
 
 
 def engine(results: Results) -> Section:

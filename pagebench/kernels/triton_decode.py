@@ -42,6 +42,28 @@ def next_pow2(n: int) -> int:
 
 
 @triton.jit
+def attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
+    """One KV tile of the online softmax: scores of the rows of ``q`` against ``k`` where
+    ``visible`` (log2 domain, fp32), then the running max ``m_i``, sum ``l_i`` and output
+    ``acc`` updated with ``v``. ``IEEE_DOT``: fp32 inputs (or bf16 upcast when interpreted)
+    take exact fp32 products."""
+    if IEEE_DOT:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    s = tl.where(visible, s * scale_log2e, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if IEEE_DOT:
+        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, TABLES, SEQ_LENS, OUT, PART,
     scale_log2e, tokens_per_split, ml_offset,
@@ -99,21 +121,8 @@ def _decode_split_kernel(
                     mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
         v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
                     mask=kv_mask, other=0.0)
-        if IEEE_DOT:  # fp32 inputs (or upcast bf16 when interpreted): exact fp32 products
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k))
-        s = tl.where(pos_ok[None, :], s * scale_log2e, float("-inf"))  # log2 domain
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        if IEEE_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
+                                    IEEE_DOT)
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if DIRECT:

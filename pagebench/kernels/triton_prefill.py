@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from pagebench.config import ceil_div
-from pagebench.kernels.triton_decode import INTERPRETED, next_pow2
+from pagebench.kernels.triton_decode import INTERPRETED, attend_tile, next_pow2
 
 
 @triton.jit
@@ -75,22 +75,8 @@ def _prefill_kernel(
             kv_mask = pos_ok[:, None] & dim_ok[None, :]
             k = tl.load(K + k_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)
             v = tl.load(V + v_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)
-            if IEEE_DOT:
-                s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-            else:
-                s = tl.dot(q, tl.trans(k))
             visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
-            s = tl.where(visible, s * scale_log2e, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, 1)
-            if IEEE_DOT:
-                pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-            else:
-                pv = tl.dot(p.to(v.dtype), v)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
+            m_i, l_i, acc = attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2e, IEEE_DOT)
         out = acc / l_i[:, None]
         tl.store(OUT + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
                  + dims[None, :], out.to(OUT.dtype.element_ty),

@@ -248,8 +248,8 @@ class _Launcher:
     """One Triton kernel with its grid, scalars and constexprs fixed, launched on tensors.
 
     Triton's own launch (``kernel[grid](...)``) re-derives the kernel's specialisation from
-    every argument on each call: about 20 us of host time per launch with Triton 3.6 on an
-    H200's host, where launching the compiled kernel takes 9 us. The scalars here never change,
+    every argument on each call: 26-40 us of host time per launch with Triton 3.6 on an H200's
+    host, where launching the compiled kernel takes 10-16 us (scripts/h200_host_probe.py). The scalars here never change,
     so only the tensors' 16-byte alignment (a specialisation Triton makes) can pick a different
     compiled kernel: the first launch of each alignment pattern goes through Triton, which
     compiles and returns the kernel; later ones call its launcher directly.

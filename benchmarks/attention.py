@@ -1,9 +1,10 @@
-"""Decode attention per step: paged backends against contiguous baselines.
+"""Decode attention per step (and prefill): paged backends against contiguous baselines.
 
 Two attention shapes: Llama-3-8B (32 query / 8 KV heads x 128) and Qwen2.5-0.5B (14 / 2 x 64).
 ``Batch1*``: one sequence across context lengths and block sizes. ``Throughput*``: batch sizes at
-a fixed context, with tokens/s = batch / step time. Block tables are scattered (a random
-permutation of the pool), as in a long-running server.
+a fixed context, with tokens/s = batch / step time. ``Prefill*``: whole prompts and chunks after
+a cached prefix, against causal SDPA. Block tables are scattered (a random permutation of the
+pool), as in a long-running server.
 
 CPU classes (``time_*``, fp32, small sizes) run where there is no GPU; CUDA classes (``track_*``,
 bf16, real sizes, ``--launch-method spawn``) return the median of CUDA-event timings of the
@@ -226,3 +227,70 @@ class ThroughputCuda:
         return batch / (gpu_median_us(self.case.call) * 1e-6)
 
     track_tokens_per_s.unit = "tokens/s"
+
+
+# ---- prefill: whole prompts and chunks after a cached prefix -------------------------------
+class PrefillCase:
+    """One paged-prefill call (or causal SDPA on a contiguous cache), built outside the timed
+    body: ``batch`` sequences, each ``query_len`` new tokens after ``cached`` ones."""
+
+    def __init__(self, shape, batch, query_len, cached, backend, device):
+        import torch
+
+        sweep = require("pagebench.kernels.prefill_sweep", "_prefill_case", "_sdpa_causal")
+        kernels = require("pagebench.kernels", "available_backends", "get_backend")
+        name, _, layout = backend.rpartition("-")
+        info = kernels.available_backends().get(name, {})
+        needs = "prefill" if layout == "paged" else "contiguous"
+        if device not in info.get("devices", []) or needs not in info.get("operations", []):
+            raise SkipCase(f"backend {name!r} has no {needs} kernel on {device}")
+        dtype = torch.bfloat16 if device == "cuda" else torch.float32
+        point = (batch, query_len, cached)
+        if layout == "contiguous":
+            self.call = sweep._sdpa_causal(*point, SHAPES[shape], dtype, device, seed=3)
+            return
+        case = sweep._prefill_case(*point, SHAPES[shape], DEFAULT_BLOCK, dtype, device, seed=3)
+        prefill, scale = kernels.get_backend(name).prefill, SHAPES[shape][2] ** -0.5
+        self.call = lambda: prefill(*case, scale)
+
+
+CPU_PREFILL_POINTS = ["1x128+0", "1x64+448", "4x32+96"]  # batch x query_len + cached
+GPU_PREFILL_POINTS = ["1x2048+0", "1x512+3584", "8x512+0", "16x64+1024", "64x16+2048"]
+
+
+def _point(text: str) -> tuple[int, int, int]:
+    batch, rest = text.split("x")
+    query_len, cached = rest.split("+")
+    return int(batch), int(query_len), int(cached)
+
+
+class Prefill:
+    """Paged prefill against causal SDPA on a contiguous cache (CPU, fp32, Llama-3-8B shape)."""
+
+    params = [CPU_PREFILL_POINTS, ["torch-paged", "sdpa-contiguous"]]
+    param_names = ["point", "backend"]
+
+    def setup(self, point, backend):
+        require_cpu()
+        self.case = PrefillCase("llama-3-8b", *_point(point), backend, "cpu")
+
+    def time_prefill(self, point, backend):
+        self.case.call()
+
+
+class PrefillCuda:
+    """Paged prefill on a GPU (bf16, Llama-3-8B shape, block 16), replayed from a CUDA graph:
+    the Triton kernel against causal SDPA (FlashAttention) on a contiguous cache."""
+
+    params = [GPU_PREFILL_POINTS, ["triton-paged", "sdpa-contiguous"]]
+    param_names = ["point", "backend"]
+    timeout = 900
+
+    def setup(self, point, backend):
+        require_gpu()
+        self.case = PrefillCase("llama-3-8b", *_point(point), backend, "cuda")
+
+    def track_prefill_us(self, point, backend):
+        return gpu_median_us(self.case.call)
+
+    track_prefill_us.unit = "us"

@@ -100,7 +100,8 @@ def test_triton_split_kv_and_tiles_match_reference():
     from pagebench.kernels.triton_decode import triton_paged_decode
 
     @settings(max_examples=examples_for("triton"), deadline=None)
-    @given(case=decode_cases("triton"), splits=st.integers(2, 5), tile_n=st.sampled_from([16, 32]))
+    @given(case=decode_cases("triton"), splits=st.integers(2, 5),
+           tile_n=st.sampled_from([16, 32, 128]))
     def prop(case, splits, tile_n):
         check_backend("triton", case, decode=lambda *args: triton_paged_decode(
             *args, case["head_dim"] ** -0.5, num_splits=splits, tile_n=tile_n))

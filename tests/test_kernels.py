@@ -367,3 +367,15 @@ def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
     assert calls[3][0] == "jit"
     with pytest.raises(AssertionError, match="tensors, scalars, constexprs"):
         td._Launcher(Kernel(), (1,), (7,), {"C": 3}, {}, num_tensors=2)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_launch_defaults_widen_tiles_only_for_long_contexts_over_few_pairs():
+    from pagebench.kernels.triton_decode import default_launch
+    bf16 = torch.bfloat16
+    assert default_launch(64, bf16, 2, 65536) == (128, 8)  # Qwen shape, batch 1, 64k
+    assert default_launch(128, bf16, 8, 16384) == (128, 8)  # Llama shape, batch 1, 16k
+    assert default_launch(128, bf16, 8, 4096) == (64, 4)  # short
+    assert default_launch(128, bf16, 64, 65536) == (64, 4)  # many pairs fill the GPU anyway
+    assert default_launch(256, bf16, 2, 65536) == (32, 4)  # large heads keep small tiles
+    assert default_launch(128, torch.float32, 2, 65536) == (32, 4)

@@ -209,8 +209,21 @@ def _slots(kernel, device_index: int) -> int:
     return max(1, per_sm) * props.multi_processor_count
 
 
-def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
-    return 32 if head_dim > 128 or dtype == torch.float32 else 64
+# A long context over few (sequence, KV head) pairs is split into many programs, each walking a
+# long range: larger tiles with more warps move more per loop step there. H200 launch grid
+# (a190174, bf16, through graphs; time / SDPA at the best split count for each configuration):
+# Qwen 14/2 x 64 at 1 x 65536 1.30 with (64, 4 warps), 1.11 with (128, 8); Llama 32/8 x 128 at
+# 1 x 16384 1.05 against 1.03, 1 x 65536 1.04 both; at batch >= 32 (128, 8) is 2-5% slower.
+LONG_CONTEXT, FEW_PAIRS = 16384, 8
+
+
+def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int):
+    """(tile_n, num_warps) for ``pairs`` (sequence, KV head) pairs over ``capacity`` tokens."""
+    if head_dim > 128 or dtype == torch.float32:
+        return 32, 4
+    if capacity >= LONG_CONTEXT and pairs <= FEW_PAIRS:
+        return 128, 8
+    return 64, 4
 
 
 # Page-aligned tiles: when the tile and the page sizes divide one another (powers of two), a
@@ -292,7 +305,10 @@ class DecodePlan:
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
         capacity = tables.shape[1] * block_size
-        tile_n = tile_n or default_tile_n(head_dim, q.dtype)
+        if tile_n is None and num_warps is None:
+            tile_n, num_warps = default_launch(head_dim, q.dtype, num_seqs * kv_heads, capacity)
+        else:  # partly given: the general defaults for the rest
+            tile_n, num_warps = tile_n or default_launch(head_dim, q.dtype, 0, 0)[0], num_warps or 4
         dim_pad = max(16, next_pow2(head_dim))
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
@@ -361,8 +377,9 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
-                num_splits: int | None = None, tile_n: int | None = None, num_warps: int = 4,
-                num_stages: int = 2, page_aligned: bool | None = None) -> DecodePlan:
+                num_splits: int | None = None, tile_n: int | None = None,
+                num_warps: int | None = None, num_stages: int = 2,
+                page_aligned: bool | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``; q and the table must have unit
     stride in their last dimension."""
@@ -383,8 +400,8 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, **op
 
     ``options`` (``decode_plan``'s keywords): ``num_splits`` defaults to ``choose_num_splits``
     on the table's capacity and the kernel's occupancy (no device sync, so the call can be
-    captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two);
-    ``num_warps``, ``num_stages`` are Triton's; ``page_aligned`` (default
+    captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two) and
+    ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` Triton's; ``page_aligned`` (default
     ``PAGE_ALIGNED_TILES``) loads the table per page, not per token, where tile and page sizes
     allow.
     """

@@ -374,8 +374,9 @@ def test_launch_defaults_widen_tiles_only_for_long_contexts_over_few_pairs():
     from pagebench.kernels.triton_decode import default_launch
     bf16 = torch.bfloat16
     assert default_launch(64, bf16, 2, 65536) == (128, 8)  # Qwen shape, batch 1, 64k
-    assert default_launch(128, bf16, 8, 16384) == (128, 8)  # Llama shape, batch 1, 16k
-    assert default_launch(128, bf16, 8, 4096) == (64, 4)  # short
+    assert default_launch(64, bf16, 4, 16384) == (128, 8)  # Qwen shape, batch 2, 16k
+    assert default_launch(128, bf16, 8, 65536) == (64, 4)  # Llama shape, batch 1: 8 pairs
+    assert default_launch(64, bf16, 2, 4096) == (64, 4)  # short
     assert default_launch(128, bf16, 64, 65536) == (64, 4)  # many pairs fill the GPU anyway
     assert default_launch(256, bf16, 2, 65536) == (32, 4)  # large heads keep small tiles
     assert default_launch(128, torch.float32, 2, 65536) == (32, 4)

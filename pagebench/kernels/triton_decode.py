@@ -209,12 +209,12 @@ def _slots(kernel, device_index: int) -> int:
     return max(1, per_sm) * props.multi_processor_count
 
 
-# A long context over few (sequence, KV head) pairs is split into many programs, each walking a
-# long range: larger tiles with more warps move more per loop step there. H200 launch grid
-# (a190174, bf16, through graphs; time / SDPA at the best split count for each configuration):
-# Qwen 14/2 x 64 at 1 x 65536 1.30 with (64, 4 warps), 1.11 with (128, 8); Llama 32/8 x 128 at
-# 1 x 16384 1.05 against 1.03, 1 x 65536 1.04 both; at batch >= 32 (128, 8) is 2-5% slower.
-LONG_CONTEXT, FEW_PAIRS = 16384, 8
+# A long context over very few (sequence, KV head) pairs: larger tiles with more warps move more
+# per loop step there. H200, bf16, through graphs (scripts/h200_long_context.py at 4008f5d,
+# reports/data/h200/long_context_launch.csv; time / SDPA): Qwen 14/2 x 64 1 x 16384 1.21 ->
+# 1.01, 1 x 65536 1.27 -> 1.07, 2 x 16384 1.13 -> 1.03; but Llama 32/8 x 128 (8 pairs at batch
+# 1) 1.06 -> 1.07 and 1.03 -> 1.05, so 8 pairs keep (64, 4).
+LONG_CONTEXT, FEW_PAIRS = 16384, 4
 
 
 def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int):

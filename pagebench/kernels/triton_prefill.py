@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from pagebench.config import ceil_div
-from pagebench.kernels.triton_decode import INTERPRETED, attend_tile, next_pow2
+from pagebench.kernels.triton_decode import INTERPRETED, attend_tile, default_launch, next_pow2
 
 
 @triton.jit
@@ -114,11 +114,11 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         rows = min(default_rows(head_dim, q.dtype, q.device), ceil_div(total, num_seqs) * group)
     rows = max(16, next_pow2(max(rows, group)))
     tokens = rows // group
-    tile_n = tile_n or (32 if head_dim > 128 or q.dtype == torch.float32 else 64)
+    tile_n = tile_n or default_launch(head_dim, q.dtype, 0, 0)[0]
     q_lens = query_lens.to(torch.int32)
     q_ends = torch.cumsum(q_lens, 0, dtype=torch.int32)
     tile_ends = torch.cumsum((q_lens + (tokens - 1)) // tokens, 0, dtype=torch.int32)
-    # sum(ceil(len / tokens)) <= total / tokens + num_seqs: a grid sized without a device sync
+    # sum(ceil(len / tokens)) <= total // tokens + num_seqs: a grid sized without a device sync
     _prefill_kernel[(total // tokens + num_seqs, kv_heads)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, q_ends, tile_ends, out,
         num_seqs, scale * 1.4426950408889634,

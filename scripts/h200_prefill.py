@@ -1,4 +1,4 @@
-"""H200 prefill run: paged-prefill equivalence at real sizes, a Triton launch grid, the timing sweep.
+"""H200 prefill run: paged-prefill equivalence at real sizes, a Triton launch grid, the sweep.
 
     PYTHONPATH=. python3 scripts/h200_prefill.py --out $OUT
 

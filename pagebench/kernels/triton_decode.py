@@ -217,13 +217,17 @@ def _slots(kernel, device_index: int) -> int:
 LONG_CONTEXT, FEW_PAIRS = 16384, 4
 
 
+def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
+    """Tokens per KV tile in general (the prefill kernel's key tile too)."""
+    return 32 if head_dim > 128 or dtype == torch.float32 else 64
+
+
 def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int):
     """(tile_n, num_warps) for ``pairs`` (sequence, KV head) pairs over ``capacity`` tokens."""
-    if head_dim > 128 or dtype == torch.float32:
-        return 32, 4
-    if capacity >= LONG_CONTEXT and pairs <= FEW_PAIRS:
+    tile_n = default_tile_n(head_dim, dtype)
+    if tile_n == 64 and capacity >= LONG_CONTEXT and pairs <= FEW_PAIRS:
         return 128, 8
-    return 64, 4
+    return tile_n, 4
 
 
 # Page-aligned tiles: when the tile and the page sizes divide one another (powers of two), a
@@ -262,10 +266,11 @@ class _Launcher:
 
     Triton's own launch (``kernel[grid](...)``) re-derives the kernel's specialisation from
     every argument on each call: 26-40 us of host time per launch with Triton 3.6 on an H200's
-    host, where launching the compiled kernel takes 10-16 us (scripts/h200_host_probe.py). The scalars here never change,
-    so only the tensors' 16-byte alignment (a specialisation Triton makes) can pick a different
-    compiled kernel: the first launch of each alignment pattern goes through Triton, which
-    compiles and returns the kernel; later ones call its launcher directly.
+    host, where launching the compiled kernel takes 10-16 us (scripts/h200_host_probe.py). The
+    scalars here never change, so only the tensors' 16-byte alignment (a specialisation Triton
+    makes) can pick a different compiled kernel: the first launch of each alignment pattern goes
+    through Triton, which compiles and returns the kernel; later ones call its launcher
+    directly.
     """
 
     def __init__(self, kernel, grid, scalars, constexprs, options, num_tensors):
@@ -308,7 +313,7 @@ class DecodePlan:
         if tile_n is None and num_warps is None:
             tile_n, num_warps = default_launch(head_dim, q.dtype, num_seqs * kv_heads, capacity)
         else:  # partly given: the general defaults for the rest
-            tile_n, num_warps = tile_n or default_launch(head_dim, q.dtype, 0, 0)[0], num_warps or 4
+            tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
         dim_pad = max(16, next_pow2(head_dim))
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
@@ -401,9 +406,9 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, **op
     ``options`` (``decode_plan``'s keywords): ``num_splits`` defaults to ``choose_num_splits``
     on the table's capacity and the kernel's occupancy (no device sync, so the call can be
     captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two) and
-    ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` Triton's; ``page_aligned`` (default
-    ``PAGE_ALIGNED_TILES``) loads the table per page, not per token, where tile and page sizes
-    allow.
+    ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` is
+    Triton's; ``page_aligned`` (default ``PAGE_ALIGNED_TILES``) loads the table per page, not
+    per token, where tile and page sizes allow.
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()

@@ -2,12 +2,13 @@
 
 Grid ``(query tile, KV head)``, the query tiles of all sequences numbered one after another
 (each program finds its sequence by a binary search of the cumulative tile counts). A program
-takes ``TOKENS`` consecutive queries of one sequence and the whole group of query heads that share its KV head, as ``TOKENS x GROUP`` rows
-of one matrix, so each K/V tile read from the cache serves every head of the group (as the
-decode kernel does). Query ``i`` of a chunk of ``query_len`` sits at position
-``seq_len - query_len + i`` and sees keys ``0 ..`` that position; the program walks the keys up
-to its last query's position in tiles of ``TILE_N`` tokens through the block table (any block
-size), with the online softmax in fp32. Tiles wholly above the diagonal are not visited.
+takes ``TOKENS`` consecutive queries of one sequence and the whole group of query heads that
+share its KV head, as ``TOKENS x GROUP`` rows of one matrix, so each K/V tile read from the
+cache serves every head of the group (as the decode kernel does). Query ``i`` of a chunk of
+``query_len`` sits at position ``seq_len - query_len + i`` and sees keys ``0 ..`` that
+position; the program walks the keys up to its last query's position in tiles of ``TILE_N``
+tokens through the block table (any block size), with the online softmax in fp32. Tiles wholly
+above the diagonal are not visited.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import triton
 import triton.language as tl
 
 from pagebench.config import ceil_div
-from pagebench.kernels.triton_decode import INTERPRETED, attend_tile, default_launch, next_pow2
+from pagebench.kernels.triton_decode import INTERPRETED, attend_tile, default_tile_n, next_pow2
 
 
 @triton.jit
@@ -114,7 +115,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         rows = min(default_rows(head_dim, q.dtype, q.device), ceil_div(total, num_seqs) * group)
     rows = max(16, next_pow2(max(rows, group)))
     tokens = rows // group
-    tile_n = tile_n or default_launch(head_dim, q.dtype, 0, 0)[0]
+    tile_n = tile_n or default_tile_n(head_dim, q.dtype)
     q_lens = query_lens.to(torch.int32)
     q_ends = torch.cumsum(q_lens, 0, dtype=torch.int32)
     tile_ends = torch.cumsum((q_lens + (tokens - 1)) // tokens, 0, dtype=torch.int32)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pagebench.report import derive, plots
+from pagebench.report import derive, devices, plots
 from pagebench.report.claims import FAILS, HOLDS, Claim, tally
 from pagebench.report.collect import Results, first_column
 
@@ -112,26 +112,22 @@ def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | 
 def environment(results: Results, env: dict, options: dict) -> Section:
     s = Section("environment", "Environment")
     s.text("Measured on this machine with the settings below; committed data (e.g. H200 runs) "
-           "keeps the device and versions it was measured with, shown per data source.")
-    rows = [[k, fmt(v)] for k, v in env.items()]
+           "keeps the device and versions it was measured with. Every table, plot and claim "
+           "names a device by its short label; the devices table below says what each is.")
+    rows = [["device label", devices.run_label(env) + devices.THIS_RUN]]
+    rows += [[k, fmt(v)] for k, v in env.items()]
     rows += [[k, fmt(v)] for k, v in options.items()]
     s.table(Table("This run", ["field", "value"], rows))
+    s.table(devices_table(results))
     srcs = []
     for name, frame in sorted(results.frames.items()):
-        devices = ", ".join(dict.fromkeys(derive.device_label(frame))) \
-            if ("device_name" in frame.columns or "device" in frame.columns) else ""
-        versions = ""
-        if "torch_version" in frame.columns:
-            versions = "torch " + ", ".join(dict.fromkeys(frame["torch_version"].astype(str)))
-        if "triton_version" in frame.columns:
-            versions += "; triton " + ", ".join(dict.fromkeys(frame["triton_version"].astype(str)))
-        commits = ", ".join(dict.fromkeys(frame["commit"].astype(str))) \
-            if "commit" in frame.columns else ""
-        srcs.append([name, str(len(frame)), devices, versions, commits,
+        labels = ", ".join(dict.fromkeys(frame["machine"].dropna().astype(str))) \
+            if "machine" in frame.columns else ""
+        srcs.append([name, str(len(frame)), labels,
                      "; ".join(dict.fromkeys(results.sources.get(name, [])))])
     if srcs:
         s.table(Table("Data sources (every dataset is a CSV beside this page)",
-                      ["dataset", "rows", "device", "versions", "commit", "from"], srcs))
+                      ["dataset", "rows", "device", "from"], srcs))
     methods = set()
     for frame in results.frames.values():
         if "timing_method" in frame.columns:
@@ -141,6 +137,30 @@ def environment(results: Results, env: dict, options: dict) -> Section:
            "cases also replayed from a CUDA graph."
            + (" Methods in the data: " + "; ".join(sorted(methods)) + "." if methods else ""))
     return s
+
+
+def devices_table(results: Results) -> Table | None:
+    """One row per device label: what the device is, the versions and commits its data was
+    measured with, and the datasets that hold it."""
+    info: dict[str, dict[str, dict]] = {}
+    for name, frame in sorted(results.frames.items()):
+        if "machine" not in frame.columns:
+            continue
+        for label, g in frame.groupby(frame["machine"].astype(str), sort=False):
+            d = info.setdefault(label, {k: {} for k in ("device", "device_name", "cpu_count",
+                                                        "torch_version", "triton_version",
+                                                        "commit", "datasets")})
+            d["datasets"][name] = None
+            for col in ("device", "device_name", "cpu_count", "torch_version",
+                        "triton_version", "commit"):
+                if col in g.columns:
+                    d[col].update(dict.fromkeys(fmt(v) for v in g[col].dropna().unique()))
+    if not info:
+        return None
+    rows = [[label] + [", ".join(v for v in d[col] if v) for col in d] for label, d in info.items()]
+    return Table("Devices: the full description behind each label",
+                 ["device", "kind", "name / architecture", "CPUs", "torch", "triton", "commit",
+                  "datasets"], rows)
 
 
 DYNAMIC_COLUMNS = ("label", "budget_tokens", "num_requests", "token_state_fraction_saturated",
@@ -248,11 +268,11 @@ def kernels(results: Results) -> Section:
         s.nodata("kernel sweep (run without --quick on this machine, or commit "
                  "reports/data/<gpu>/kernels.csv)")
         return s
-    devices = raw.groupby("device_label").size()
-    s.text("Devices in this data: " + "; ".join(f"{d} ({n} rows)" for d, n in devices.items())
-           + ". The name in brackets says where the rows came from: a directory under "
-           "reports/data (committed runs) or this machine (the sweep this report ran). CPU "
-           "timings show the harness works; GPU behaviour needs GPU data.")
+    labels = raw.groupby("device_label").size()
+    s.text("Devices in this data: " + "; ".join(f"{d} ({n} rows)" for d, n in labels.items())
+           + " (\"this run\": measured by the run that built this page; the others are "
+           "committed data, described under Environment). CPU timings show the harness works; "
+           "GPU behaviour needs GPU data.")
     ratio = derive.batch1_ratio(results.get("kernels"))
     if ratio.empty:
         s.nodata("batch-1 paged versus contiguous pairs")

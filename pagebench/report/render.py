@@ -50,6 +50,9 @@ figcaption { font-size: 12px; color: #555; }
 #claims-table td:nth-child(2) { min-width: 240px; }
 #claims-table td.datalink { word-break: break-all; min-width: 90px; }
 details { margin: 8px 0 18px; }
+details.more { margin: 4px 0 0; font-size: 11.5px; color: #444; }
+details.more summary { font-weight: 400; color: #1f3b5a; }
+#claims-table td.device { min-width: 110px; }
 summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 .datalink { font-size: 11.5px; }
 .recommendation { font-size: 16px; background: #e8f0fe; padding: 10px 14px; border-radius: 4px; }
@@ -79,7 +82,7 @@ summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 <tbody>
 {% for row in t.rows %}{% set rowloop = loop %}<tr>{% for cell in row %}{% set cls = t.classes[rowloop.index0][loop.index0] if t.classes else "" %}
 {% if cls == "links" %}<td class="datalink">{% for name in cell.split() %}{% if name in hrefs %}<a href="{{ hrefs[name] }}">{{ name }}</a>{% else %}{{ name }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}</td>
-{% else %}<td{% if cls %} class="{{ cls }}"{% endif %}>{{ cell }}</td>{% endif %}{% endfor %}</tr>
+{% else %}<td{% if cls %} class="{{ cls }}"{% endif %}>{{ cell }}{% set more = t.details[rowloop.index0][loop.index0] if t.details else "" %}{% if more %}<details class="more"><summary>details</summary>{{ more }}</details>{% endif %}</td>{% endif %}{% endfor %}</tr>
 {% endfor %}</tbody></table></div>
 {% if t.rows|length > 15 and s.id != "claims" %}</details>{% endif %}
 {% endif %}

@@ -23,6 +23,7 @@ class Table:
     rows: list[list[str]]
     data: str | None = None  # dataset name: the CSV beside the report
     classes: list[list[str]] | None = None  # per-cell CSS class (claims verdicts)
+    details: list[list[str]] | None = None  # per-cell text shown one click away ("" for none)
 
 
 @dataclass(slots=True)
@@ -507,11 +508,12 @@ def claims_section(claims: list[Claim]) -> Section:
            "the criterion shown; a claim the data contradicts is marked 'does not hold' with "
            "the numbers that contradict it. Kernel claims are judged on GPU data when a GPU "
            "measured them.")
-    rows, classes = [], []
+    rows, classes, details = [], [], []
     for c in claims:
-        rows.append([c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)])
-        classes.append(["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
-                        "criterion", "links"])
+        rows.append([c.claim, c.summary, c.device, c.verdict, c.criterion, " ".join(c.data)])
+        classes.append(["", "measured", "device", "verdict " + VERDICT_CLASS.get(
+            c.verdict, "unmeasured"), "criterion", "links"])
+        details.append(["", c.measured if c.summary != c.measured else "", "", "", "", ""])
     s.table(Table("Claims", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  rows, "claims", classes))
+                  rows, "claims", classes, details))
     return s

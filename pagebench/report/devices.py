@@ -95,7 +95,7 @@ def label_from_asv_machine(info: dict, name: str) -> str:
     names the GPU first in ``cpu`` (``NVIDIA H200, <driver>; host ...``)."""
     cpu = str(info.get("cpu") or "")
     gpu_name = cpu.split(",")[0].split(";")[0].strip()
-    if gpu_name.startswith(GPU_VENDOR_PREFIXES) or GPU_NAME.fullmatch(gpu_name):
+    if gpu_name.startswith("NVIDIA ") or GPU_NAME.fullmatch(gpu_name):
         return device_label("cuda", gpu_name)
     if info.get("arch") or info.get("num_cpu"):
         return device_label("cpu", info.get("arch") or "", info.get("num_cpu"))

@@ -63,6 +63,7 @@ class Section:
 
 # ---- formatting --------------------------------------------------------------------------
 
+DEVICE_COLUMNS = ("machine", "device_label")  # hold labels of pagebench.report.devices
 PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
 # shown once per dataset in the environment section, not in every table (all kept in the CSVs)
 PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
@@ -105,7 +106,10 @@ def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | 
     rows = [[fmt(v, c) for c, v in zip(cols, rec)] for rec in shown.itertuples(index=False)]
     if len(df) > max_rows:
         caption += f" (first {max_rows} of {len(df)} rows; all in the CSV)"
-    return Table(caption, [str(c) for c in cols], rows, data)
+    # the device label column reads "device" (the CSV keeps its name)
+    header = ["device" if c in DEVICE_COLUMNS else str(c) for c in cols]
+    classes = [["device" if c in DEVICE_COLUMNS else "" for c in cols]] * len(rows)
+    return Table(caption, header, rows, data, classes)
 
 
 # ---- sections ----------------------------------------------------------------------------
@@ -243,9 +247,12 @@ def capacity(results: Results) -> Section:
             label = cap.apply(lambda r: f"{r.get('model', '')}\n{r.get('gpu_memory', '')}, "
                               f"{r.get('max_model_len', '')}", axis=1)
             s.plot(plots.grouped_bars(cap.assign(case=label), "case",
-                                      ["max_concurrency_naive", "max_concurrency_paged"],
+                                      {"max_concurrency_naive": "naive reservation",
+                                       "max_concurrency_paged": "paged (block 16)"},
                                       "Concurrent sequences: naive reservation versus paging",
-                                      "sequences", "bar chart of naive versus paged concurrency"))
+                                      "model, GPU memory, max_model_len",
+                                      "concurrent sequences",
+                                      "bar chart of naive versus paged concurrency"))
         s.table(make_table(cap, "Capacity planner cases (gpu_memory_utilization 0.9, block 16, "
                            "lengths lognormal(5.5, 0.9))", CAPACITY_COLUMNS, "capacity"))
     return s
@@ -280,10 +287,11 @@ def kernels(results: Results) -> Section:
     else:
         s.text("Batch 1: fastest paged backend / fastest contiguous backend, per block size and "
                "context. Above 1 means paging costs time.")
-        s.plot(plots.lines(ratio.assign(panel=ratio["device_label"] + " " + ratio["shape"]),
+        s.plot(plots.lines(ratio.assign(panel=ratio["device_label"] + " · " + ratio["shape"]),
                            "block_size", "ratio", "context",
-                           "Batch-1 paged / contiguous time versus block size", "block size",
-                           "paged / contiguous time", "line chart of batch-1 time ratio",
+                           "Batch-1 paged / contiguous time versus block size",
+                           "block size (tokens)", "paged / contiguous time (×)",
+                           "line chart of batch-1 time ratio", legend_title="context (tokens)",
                            logx=True, hlines={"contiguous": 1.0}, panel="panel"))
         s.table(make_table(ratio, "Batch-1 paged/contiguous ratio", data="kernels_batch1_ratio"))
     tput = derive.throughput(results.get("kernels"))
@@ -296,11 +304,14 @@ def kernels(results: Results) -> Section:
                "alone reads each sequence's own K/V, so it scales with batch only while "
                "launch-bound; the engine section shows whole-model throughput.")
         shown = tput[tput["primary"]]
-        s.plot(plots.lines(shown.assign(panel=shown["device_label"] + " " + shown["shape"]
-                                        + " ctx " + shown["context"].astype(int).astype(str)),
+        s.plot(plots.lines(shown.assign(panel=shown["device_label"] + " · " + shown["shape"]
+                                        + " · context " + shown["context"].astype(int)
+                                        .map("{:,}".format)),
                            "batch", "tokens_per_s", "series",
-                           "Decode throughput versus batch size", "batch size", "tokens/s",
-                           "line chart of throughput versus batch", logx=True, logy=True,
+                           "Decode throughput versus batch size", "batch size (sequences)",
+                           "decode tokens/s (attention only)",
+                           "line chart of throughput versus batch",
+                           legend_title="backend (bs: block size)", logx=True, logy=True,
                            panel="panel"))
         s.table(make_table(tput, "Throughput versus batch", ["device_label", "shape", "context",
                            "series", "batch", "time_us", "tokens_per_s"], "kernels_throughput"))
@@ -314,8 +325,9 @@ def kernels(results: Results) -> Section:
             hl = {f"copy ceiling {ceiling.median():,.0f} GB/s": float(ceiling.median())} \
                 if len(ceiling) else None
             s.plot(plots.lines(g.assign(panel=g["shape"]), "batch", "gbps", "backend",
-                               f"Achieved GB/s versus the copy ceiling: {label}", "batch size",
-                               "GB/s (K/V bytes / time)", "line chart of achieved bandwidth",
+                               f"Achieved GB/s versus the copy ceiling: {label}",
+                               "batch size (sequences)", "K/V bytes read / time (GB/s)",
+                               "line chart of achieved bandwidth", legend_title="backend",
                                logx=True, hlines=hl, panel="panel"))
         s.table(make_table(bw, "Achieved bandwidth (block 16 paged and contiguous)",
                            ["device_label", "shape", "backend", "block_size", "batch", "context",
@@ -324,8 +336,10 @@ def kernels(results: Results) -> Section:
     if not cost.empty:
         s.plot(plots.lines(cost, "block_size", "relative_time", "device_label",
                            "Paged kernel time per block size (1.0 = best block size)",
-                           "block size", "relative time (median over cases)",
-                           "line chart of kernel cost per block size", logx=True))
+                           "block size (tokens)",
+                           "kernel time / best block size's (median over cases)",
+                           "line chart of kernel cost per block size", legend_title="device",
+                           logx=True))
         s.table(make_table(cost, "Kernel cost per block size", data="kernels_block_cost"))
     prefill_part(s, results)
     return s
@@ -366,8 +380,10 @@ def engine(results: Results) -> Section:
             g = cow.groupby(["machine", key], as_index=False, sort=False)[col].mean()
             g["case"] = g["machine"].astype(str) + "\n" + (g[key].astype(str) if key == "variant"
                                                           else "n=" + g[key].astype(str))
-            s.plot(plots.grouped_bars(g, "case", [col], "KV blocks: n = 1 versus n = 4",
-                                      "blocks", "bar chart of blocks for n=1 and n=4"))
+            s.plot(plots.grouped_bars(g, "case", {col: col.replace("_", " ")},
+                                      "KV blocks: n = 1 versus n = 4", "device and request",
+                                      "peak KV blocks" if col == "peak_blocks" else
+                                      "mean KV blocks", "bar chart of blocks for n=1 and n=4"))
         s.table(make_table(cow, "Copy-on-write comparison", data="engine_cow"))
     else:
         s.nodata("copy-on-write comparison (pagebench.engine.bench.cow_comparison)")
@@ -375,12 +391,18 @@ def engine(results: Results) -> Section:
     if pre is not None:
         any_data = True
         s.text("Prefix caching: requests sharing a system prompt, caching on versus off.")
-        cols = [c for c in ("num_computed_prompt_tokens", "peak_blocks") if c in pre.columns]
-        if cols and "enable_prefix_caching" in pre.columns:
-            g = pre.groupby(["machine", "enable_prefix_caching"], as_index=False)[cols].mean()
-            g["case"] = g["machine"].astype(str) + " caching=" + g["enable_prefix_caching"].astype(str)
-            s.plot(plots.grouped_bars(g, "case", cols, "Prefix caching on versus off",
-                                      "count", "bar chart of prefix caching effect"))
+        panels = {c: words for c, words in (
+            ("num_computed_prompt_tokens", "prompt tokens computed (tokens)"),
+            ("peak_blocks", "peak KV blocks (blocks)")) if c in pre.columns}
+        if panels and "enable_prefix_caching" in pre.columns:
+            g = pre.groupby(["machine", "enable_prefix_caching"], as_index=False)[
+                list(panels)].mean()
+            on = g["enable_prefix_caching"].astype(str).str.lower().isin(("true", "1"))
+            g["case"] = g["machine"].astype(str) + "\ncaching " + on.map({True: "on",
+                                                                         False: "off"})
+            s.plot(plots.bar_panels(g, "case", panels, "Prefix caching on versus off",
+                                    "device and prefix caching",
+                                    "bar charts of prefix caching effect"))
         s.table(make_table(pre, "Prefix caching comparison", data="engine_prefix"))
     else:
         s.nodata("prefix caching comparison (pagebench.engine.bench.prefix_cache_comparison)")
@@ -394,8 +416,9 @@ def engine(results: Results) -> Section:
         if pcol and tcol and "num_blocks" in pool.columns:
             s.plot(plots.twin_lines(pool, "num_blocks", tcol, pcol,
                                     "Throughput and preemptions versus pool size",
-                                    "pool size (blocks)", "line chart of the capacity cliff",
-                                    hue="machine"))
+                                    "pool size (KV blocks)", "line chart of the capacity cliff",
+                                    left_label="generated tokens/s (solid)",
+                                    right_label="preemptions (dashed)", hue="machine"))
         s.table(make_table(pool, "Pool size sweep", data="engine_pool"))
     else:
         s.nodata("pool size sweep (pagebench.engine.bench.pool_size_sweep)")
@@ -406,8 +429,9 @@ def engine(results: Results) -> Section:
         panel = "machine" if "machine" in batch.columns else None
         s.plot(plots.lines(batch, "batch", "tokens_per_s", hue,
                            "Engine throughput versus batch size", "batch size (sequences)",
-                           "tokens/s", "line chart of engine throughput", logx=True,
-                           panel=panel))
+                           "generated tokens/s", "line chart of engine throughput",
+                           legend_title="block size (tokens)" if hue == "block_size"
+                           else "device", logx=True, panel=panel))
         s.table(make_table(batch, "Engine throughput versus batch", data="engine_batch"))
     elif batch is None:
         s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
@@ -421,8 +445,9 @@ def engine(results: Results) -> Section:
             g = cmp_.groupby(["machine", "method"], as_index=False, sort=False)["tokens_per_s"] \
                 .median()
             g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
-            s.plot(plots.grouped_bars(g, "case", ["tokens_per_s"],
-                                      "Engine versus transformers: tokens/s", "tokens/s",
+            s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
+                                      "Engine versus transformers: tokens/s",
+                                      "device and generation method", "generated tokens/s",
                                       "bar chart of engine versus transformers throughput"))
         s.table(make_table(cmp_, "Engine versus transformers", data="engine_compare"))
     eq = results.get("engine_equal_memory")
@@ -433,8 +458,10 @@ def engine(results: Results) -> Section:
         if {"method", "tokens_per_s"} <= set(eq.columns):
             g = eq.groupby(["machine", "method"], as_index=False)["tokens_per_s"].max()
             g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
-            s.plot(plots.grouped_bars(g, "case", ["tokens_per_s"], "Same KV memory: tokens/s",
-                                      "tokens/s", "bar chart of throughput at equal memory"))
+            s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
+                                      "Same KV memory: tokens/s",
+                                      "device and generation method", "generated tokens/s",
+                                      "bar chart of throughput at equal memory"))
         s.table(make_table(eq, "Equal-memory comparison", data="engine_equal_memory"))
     other = results.get("engine")
     if other is not None:
@@ -458,7 +485,11 @@ def benchmarks(results: Results) -> Section:
         latest = asv.sort_values("date").groupby(["machine", "benchmark", "params"],
                                                  as_index=False).last()
         s.text(f"asv: {asv['commit'].nunique()} commit(s) on {asv['machine'].nunique()} "
-               "machine(s); latest value per benchmark below, every commit in the CSV.")
+               "device(s). One plot per benchmark: its value at each commit measured, one "
+               "panel per device, one line per parameter set; the latest values are in the "
+               "table below and every commit in the CSV.")
+        for bench, g in asv.groupby("benchmark", sort=True):
+            s.plot(plots.history(g, str(bench), f"line chart of {bench} over commits"))
         s.table(make_table(latest, "asv, latest per benchmark", ["machine", "commit",
                            "benchmark", "params", "value", "unit"], "asv"))
     pyb = results.get("pytest_benchmark")
@@ -492,8 +523,11 @@ def recommendation(results: Results) -> tuple[Section, dict | None]:
         s.plot(plots.twin_lines(curve, "block_size", "utilisation %",
                                 "relative_kernel_time", "What a block size buys (utilisation) "
                                 "and costs (paged kernel time, 1.0 = best block size)",
-                                "block size", "line chart of utilisation and kernel time "
-                                "versus block size", logx=True))
+                                "block size (tokens)", "line chart of utilisation and kernel "
+                                "time versus block size",
+                                left_label="KV slots holding tokens (%)",
+                                right_label="paged kernel time / best block size's (×)",
+                                logx=True))
     s.table(make_table(rec["table"], "Score = utilisation / relative kernel time",
                        data="recommendation"))
     return s, rec

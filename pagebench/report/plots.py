@@ -92,8 +92,15 @@ def small_png(png: bytes, colors: int = 96) -> bytes:
 
 
 def wrapped(text: str, width: int = 42) -> str:
-    """A panel title on at most a few short lines, so neighbouring panels' titles never meet."""
-    return "\n".join(textwrap.wrap(label(text), width)) or " "
+    """A panel title on lines of at most ``width`` characters, broken at its " · " separators
+    where it can be, so neighbouring panels' titles never meet."""
+    lines = []
+    for part in label(text).split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.extend(textwrap.wrap(part, width) or [""])
+    return "\n".join(lines) or " "
 
 
 def log2_axis(ax, values, axis: str = "x") -> None:

@@ -14,11 +14,11 @@ def test_device_labels_are_short_and_one_scheme():
     assert devices.device_label("cuda", "NVIDIA H200") == "H200"
     assert devices.device_label("cuda:1", "NVIDIA H200", num_devices=2) == "2× H200"
     assert devices.device_label("cpu", "x86_64", 2) == "CPU (2-core x86_64)"
-    assert devices.device_label("cpu", "x86_64", None, this_run=True) == "CPU (x86_64), this run"
+    assert devices.device_label("cpu", "x86_64", None, this_run=True) == "CPU (x86_64) · this run"
     for raw in ("cpu", "vm", "h200", "this machine (cpu)", "NVIDIA H200 [h200]",
                 "x86_64 [this machine (cpu)]", "NVIDIA H200", "CPU"):
         assert not devices.is_device_label(raw), raw
-    for label in ("H200", "2× H200", "CPU (2-core x86_64)", "CPU (2-core x86_64), this run"):
+    for label in ("H200", "2× H200", "CPU (2-core x86_64)", "CPU (2-core x86_64) · this run"):
         assert devices.is_device_label(label), label
 
 
@@ -34,13 +34,13 @@ def test_machine_names_alone_become_labels():
 def test_every_dataset_gets_labels_when_added():
     r = Results()
     r.add("engine_cow", pd.DataFrame({
-        "n": [1, 4, 1], "machine": ["cpu", "cpu", "CPU (2-core x86_64), this run"],
+        "n": [1, 4, 1], "machine": ["cpu", "cpu", "CPU (2-core x86_64) · this run"],
         "device": ["cpu"] * 3, "device_name": ["x86_64"] * 3, "cpu_count": [2, 2, 2]}), "x")
     r.add("kernels", pd.DataFrame({"device": ["cuda"], "device_name": ["NVIDIA H200"],
                                    "batch": [1], "context": [1], "block_size": [16],
                                    "backend": ["b"], "time_us": [1.0]}), "y")
     assert r.get("engine_cow")["machine"].tolist() == [
-        "CPU (2-core x86_64)", "CPU (2-core x86_64)", "CPU (2-core x86_64), this run"]
+        "CPU (2-core x86_64)", "CPU (2-core x86_64)", "CPU (2-core x86_64) · this run"]
     assert r.get("kernels")["machine"].tolist() == ["H200"]
 
 

@@ -2,7 +2,7 @@
 
 A GPU is named by its model without the vendor prefix (``H200``), a CPU by its core count and
 architecture (``CPU (2-core x86_64)``); rows measured by the report run itself carry
-``, this run`` so they are never mixed with committed data from the same kind of machine. The
+`` · this run`` so they are never mixed with committed data from the same kind of machine. The
 full description (device name, versions, commit, where the data came from) is shown once, in
 the Environment section.
 
@@ -16,7 +16,7 @@ import re
 
 import pandas as pd
 
-THIS_RUN = ", this run"
+THIS_RUN = " · this run"  # no comma: device lists are comma-separated
 GPU_VENDOR_PREFIXES = ("NVIDIA ", "AMD ")
 # a CPU label, or a GPU model name (starts with a capital or digit: "H200", "RTX 4090",
 # "2× H200"); either may end with THIS_RUN

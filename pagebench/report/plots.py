@@ -115,6 +115,14 @@ def log2_axis(ax, values, axis: str = "x") -> None:
         ax.set_yticks(ticks, [f"{t:,}" for t in ticks])
 
 
+def plain_log_y(ax) -> None:
+    """Log-10 y scale ticked at 1, 2 and 5 per decade, labelled as plain numbers (200, 5000)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
 def to_plot(fig, title: str, alt: str, tight: bool = True, small: bool = False) -> Plot:
     buf = io.BytesIO()
     if tight:
@@ -285,7 +293,7 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         if logx:
             log2_axis(ax, part[x])
         if logy:
-            ax.set_yscale("log")
+            plain_log_y(ax)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if p is not None:
@@ -375,11 +383,7 @@ def history(df: pd.DataFrame, benchmark: str, alt: str) -> Plot | None:
             handles[p] = line
         values = part["value"].astype(float) * factor
         if len(values) and values.min() > 0 and values.max() / values.min() > 20:
-            ax.set_yscale("log")
-            ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-            ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
-                lambda v, _: f"{v:g}"))
-            ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            plain_log_y(ax)
         ax.set_xticks(range(len(commits)), [c[:7] for c in commits], rotation=30, ha="right",
                       fontsize=7)
         ax.set_xlim(-0.5, len(commits) - 0.5)

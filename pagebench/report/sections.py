@@ -165,7 +165,7 @@ def devices_table(results: Results) -> Table | None:
     rows = [[label] + [", ".join(v for v in d[col] if v) for col in d] for label, d in info.items()]
     return Table("Devices: the full description behind each label",
                  ["device", "kind", "name / architecture", "CPUs", "torch", "triton", "commit",
-                  "datasets"], rows)
+                  "datasets"], rows, classes=[["device"] + [""] * 7] * len(rows))
 
 
 DYNAMIC_COLUMNS = ("label", "budget_tokens", "num_requests", "token_state_fraction_saturated",

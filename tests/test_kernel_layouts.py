@@ -18,7 +18,8 @@ from pagebench.kernels.testing import (LAYOUTS, TOLERANCE, make_paged_inputs, re
                                       with_layout)
 
 HAS_TRITON = "triton" in available_backends()
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)]
+                     if torch.cuda.is_available() else [])
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
 

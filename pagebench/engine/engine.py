@@ -174,7 +174,6 @@ class LLMEngine:
             outputs.append(RequestOutput(rid, list(prompt),
                                          [CompletionOutput(i) for i in range(params.n)]))
         steps, utilisation, computed_prompt, generated = [], [], 0, 0
-        bs = self.block_size
         bar = _progress(len(prompts) * params.n, use_tqdm)
         t0 = time.perf_counter()
         try:
@@ -186,13 +185,11 @@ class LLMEngine:
                 self.tp.check_step(batch.seqs, batch.num_new, copies)
                 self.runner.copy_blocks(copies)
                 logits, rows = self.runner.execute(batch.seqs, batch.num_new)
+                bm.blocks_written()
                 for seq, n in zip(batch.seqs, batch.num_new):
                     computed_prompt += max(0, min(seq.num_computed + n, seq.prompt_len)
                                            - seq.num_computed)
                     seq.num_computed += n
-                    if bm.enable_prefix_caching and \
-                            (seq.num_computed - n) // bs < seq.num_computed // bs:
-                        bm.cache_full_blocks(seq.seq_id, seq.num_computed)  # now findable
                 steps.append(dict(step=len(steps), batch_size=len(batch.seqs),
                                   num_batched_tokens=batch.num_tokens,
                                   blocks_used=bm.num_used_blocks,

@@ -12,6 +12,8 @@ capture cannot synchronise).
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 
 from pagebench.kernels.value_checks import CheckedValues
@@ -271,11 +273,23 @@ def check_copy_blocks(k_cache, v_cache, pairs) -> torch.Tensor:
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
     _same_device("k_cache", k_cache, v_cache=v_cache)
+    if isinstance(pairs, torch.Tensor):
+        if pairs.dtype == torch.bool or pairs.is_floating_point() or pairs.is_complex():
+            _fail("pairs", f"block ids must be integers, got dtype {pairs.dtype}")
+    else:
+        try:
+            pairs = [tuple(p) for p in pairs]
+        except TypeError as e:
+            _fail("pairs", f"expected (src, dst) integer pairs: {e}")
+        for block in (b for p in pairs for b in p):
+            # a float or a bool would silently become some other block's id
+            if isinstance(block, bool) or not isinstance(block, Integral):
+                _fail("pairs", f"block ids must be integers, got {block!r}")
     try:
         if isinstance(pairs, torch.Tensor):
             table = pairs.detach().to("cpu", torch.int64)
         else:
-            table = torch.tensor([tuple(p) for p in pairs], dtype=torch.int64)
+            table = torch.tensor(pairs, dtype=torch.int64)
     except (TypeError, ValueError, RuntimeError) as e:
         _fail("pairs", f"expected (src, dst) integer pairs: {e}")
     if table.numel() == 0:

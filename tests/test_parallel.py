@@ -120,3 +120,32 @@ def test_tp2_errors_name_the_world_and_catch_diverging_tables(torchrun_results):
     for rank in torchrun_results:
         assert "world has 2 process" in rank["too_many_ranks"]
         assert "ranks scheduled different steps" in rank["diverged"]
+
+
+def test_take_share_partitions_the_work_units():
+    from pagebench.distributed import take_share
+
+    for world in (1, 2, 3):
+        owners = [[r for r in range(world) if take_share(i, (r, world))] for i in range(10)]
+        assert all(len(o) == 1 for o in owners)
+        assert {o[0] for o in owners} == set(range(world))
+
+
+def test_bench_under_torchrun_splits_points_and_merges_one_csv(tmp_path):
+    import pandas as pd
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "sweep.csv"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "pagebench", "bench", "--device", "cpu", "--shape", "tiny=4/2/16",
+           "--batches", "1,2", "--contexts", "32,64", "--block-sizes", "16", "--repeat", "1",
+           "--backends", "torch,sdpa", "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_csv(out)
+    points = df.groupby(["batch", "context"])["rank"].unique()
+    assert len(points) == 4 and all(len(r) == 1 for r in points)  # each point on one rank
+    assert set(df["rank"]) == {0, 1} and set(df["gpu"]) == {"cpu"}
+    assert len(df) == 4 * 2 and not df.duplicated(["batch", "context", "backend"]).any()

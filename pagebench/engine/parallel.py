@@ -22,14 +22,15 @@ A world larger than N is split into consecutive groups of N ranks (one engine pe
 
 from __future__ import annotations
 
+import atexit
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from pagebench.config import KVGeometry
+from pagebench.distributed import world_from_environment
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
 
 # (attention, MLP) projections split by output rows, then by input columns + all-reduce
@@ -126,17 +127,6 @@ def step_digest(seqs, num_new, copies) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def world_from_environment() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or of torchrun's environment."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return 0, 1
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-
-
 def setup_tensor_parallel(size: int, geometry: KVGeometry, device) -> TensorParallel:
     """Validate ``size`` against the world and the model's heads, then join the group.
 
@@ -161,6 +151,8 @@ def setup_tensor_parallel(size: int, geometry: KVGeometry, device) -> TensorPara
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # a group left to the interpreter's exit can abort the process (gloo, NCCL warnings)
+        atexit.register(_destroy_group)
     elif device.type == "cuda" and dist.get_backend() == "gloo":
         raise ConfigError("tensor_parallel_size: the process group uses gloo, the model is on "
                           "CUDA; initialise it with backend='nccl'")
@@ -170,6 +162,13 @@ def setup_tensor_parallel(size: int, geometry: KVGeometry, device) -> TensorPara
         group = groups[rank // size]
     return TensorParallel(size, rank % size, rank_geometry, device, group, rank - rank % size,
                           geometry.kv_replication(size))
+
+
+def _destroy_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def decoder_layers(model):

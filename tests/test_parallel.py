@@ -149,3 +149,41 @@ def test_bench_under_torchrun_splits_points_and_merges_one_csv(tmp_path):
     assert len(points) == 4 and all(len(r) == 1 for r in points)  # each point on one rank
     assert set(df["rank"]) == {0, 1} and set(df["gpu"]) == {"cpu"}
     assert len(df) == 4 * 2 and not df.duplicated(["batch", "context", "backend"]).any()
+
+
+def test_check_shardable_names_what_does_not_split():
+    from pagebench.engine.parallel import check_shardable
+
+    check_shardable(tiny(), 2)
+    with pytest.raises(ConfigError, match="intermediate_size 96"):
+        check_shardable(tiny(), 5)
+    qwen_moe_like = tiny()
+    del qwen_moe_like.model.layers[0].mlp.gate_proj
+    with pytest.raises(ConfigError, match="layer 0 has no mlp.gate_proj"):
+        check_shardable(qwen_moe_like, 2)
+
+
+def test_shards_sum_to_the_whole_layer():
+    """Rank 0's and rank 1's halves of the MLP add up to the unsharded MLP (the all-reduce's
+    job), and each rank keeps its own heads' rows of q/k/v."""
+    from pagebench.engine.parallel import TensorParallel, shard_model
+
+    full = tiny(kv_heads=2, q_heads=4)
+    geometry = KVGeometry.from_config(full.config, dtype=torch.float32)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        want = full.model.layers[0].mlp(x)
+        parts = []
+        for rank in (0, 1):
+            model = tiny(kv_heads=2, q_heads=4)
+            shard_model(model, TensorParallel(2, rank, geometry.per_rank(2), torch.device("cpu")),
+                        geometry)
+            for handle in model.pagebench_reduce_hooks:  # no process group here: sum by hand
+                handle.remove()
+            parts.append(model.model.layers[0].mlp(x))
+            attn, whole = model.model.layers[0].self_attn, full.model.layers[0].self_attn
+            assert torch.equal(attn.q_proj.weight, whole.q_proj.weight[rank * 32:(rank + 1) * 32])
+            assert torch.equal(attn.k_proj.weight, whole.k_proj.weight[rank * 16:(rank + 1) * 16])
+            columns = whole.o_proj.weight[:, rank * 32:(rank + 1) * 32]
+            assert torch.equal(attn.o_proj.weight, columns)
+    torch.testing.assert_close(parts[0] + parts[1], want)

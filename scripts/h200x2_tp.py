@@ -20,6 +20,7 @@ multicast stays off (NCCL_NVLS_ENABLE=0). Sections past --budget-s are skipped a
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -51,15 +52,26 @@ def env_for_children():
 
 
 def torchrun(nproc, args, timeout, extra_env=None):
+    """(returncode, stdout, wall seconds) of a torchrun job; past ``timeout`` the whole job
+    (torchrun and its workers, one process group) is killed and its returncode is -9."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            "--nproc-per-node", str(nproc), *args]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env_for_children() | (extra_env or {}), cwd=ROOT,
-                          timeout=timeout, capture_output=True, text=True)
+    proc = subprocess.Popen(cmd, env=env_for_children() | (extra_env or {}), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        rc = -9
+        out += f"\n(killed after {timeout:.0f} s)"
     wall = time.perf_counter() - t0
-    if proc.returncode:
-        print(proc.stdout[-4000:], proc.stderr[-4000:], sep="\n", flush=True)
-    return proc, wall
+    if rc:
+        print(out[-6000:], flush=True)
+    return rc, out, wall
 
 
 # ---- launcher ----------------------------------------------------------------------------
@@ -82,12 +94,13 @@ def main():
     if not args.smoke:
         log(f"torch {torch.__version__}, {torch.cuda.device_count()} x "
             f"{torch.cuda.get_device_name(0)}")
-    proc, wall = torchrun(2, [os.path.abspath(__file__), "--worker", "--out", args.out,
-                              "--budget-s", str(args.budget_s - 110)]
-                          + (["--smoke"] if args.smoke else []),
-                          timeout=max(60, args.budget_s - 90))
-    print(proc.stdout[-6000:], flush=True)
-    log(f"engine worker: rc {proc.returncode}, {wall:.0f} s")
+    rc, out, wall = torchrun(2, [os.path.abspath(__file__), "--worker", "--out", args.out,
+                                 "--budget-s", str(args.budget_s - 100)]
+                             + (["--smoke"] if args.smoke else []),
+                             timeout=max(60, args.budget_s - 80))
+    if rc == 0:
+        print(out[-6000:], flush=True)
+    log(f"engine worker: rc {rc}, {wall:.0f} s")
     sweeps(args)
     summary(args.out)
     return 0
@@ -105,16 +118,16 @@ def sweeps(args):
         with tempfile.TemporaryDirectory() as tmp:
             csv = os.path.join(tmp, "sweep.csv")
             # a cold Triton cache for each run: both pay their compiles
-            proc, wall = torchrun(gpus, ["-m", "pagebench", "bench", "--device",
-                                         args.cfg["device"], *args.cfg["sweep"], "--out", csv],
-                                  timeout=left - 10,
-                                  extra_env={"TRITON_CACHE_DIR": os.path.join(tmp, "triton")})
-            if proc.returncode == 0 and os.path.exists(csv):
+            rc, _, wall = torchrun(gpus, ["-m", "pagebench", "bench", "--device",
+                                          args.cfg["device"], *args.cfg["sweep"], "--out", csv],
+                                   timeout=left - 10,
+                                   extra_env={"TRITON_CACHE_DIR": os.path.join(tmp, "triton")})
+            if rc == 0 and os.path.exists(csv):
                 frames.append(pd.read_csv(csv).assign(gpus=gpus))
                 walls.append(dict(gpus=gpus, wall_s=wall, rows=len(frames[-1]),
                                   points=frames[-1].groupby(["model_shape", "batch",
                                                              "context"]).ngroups))
-        log(f"sweep on {gpus} GPU(s): rc {proc.returncode}, {wall:.1f} s")
+        log(f"sweep on {gpus} GPU(s): rc {rc}, {wall:.1f} s")
     if walls:
         pd.DataFrame(walls).to_csv(os.path.join(args.out, "sweep_wall.csv"), index=False)
         pd.concat(frames).to_csv(os.path.join(args.out, "sweep_rows.csv"), index=False)
@@ -127,7 +140,8 @@ def summary(out):
                                             "ranks_agree"]),
                        ("tp_capacity.csv", ["tp", "kv_heads_per_gpu", "kv_cache_bytes_per_gpu",
                                             "num_blocks_per_gpu"]),
-                       ("tp_throughput.csv", ["tp", "batch", "tokens_per_s", "time_s"]),
+                       ("tp_throughput.csv", ["mode", "batch", "tokens_per_s",
+                                              "decode_tokens_per_s", "time_s"]),
                        ("tp_allreduce.csv", ["batch", "step_ms", "allreduce_ms_per_step",
                                              "allreduce_share", "isolated_allreduce_share"]),
                        ("tp_attention.csv", ["tp", "batch", "context", "per_step_us"]),
@@ -177,13 +191,18 @@ def save(args, rank, rows, name):
         log(f"wrote {name} ({len(rows)} rows)")
 
 
-def engine_kwargs(**kw):
-    """Engine options, with ``enforce_eager`` only where this engine has the option."""
+def has_eager() -> bool:
+    """Whether this engine has ``enforce_eager`` (CUDA-graph decode it can turn off)."""
     import inspect
 
     from pagebench.engine import LLMEngine
 
-    if "enforce_eager" not in inspect.signature(LLMEngine).parameters:
+    return "enforce_eager" in inspect.signature(LLMEngine).parameters
+
+
+def engine_kwargs(**kw):
+    """Engine options, with ``enforce_eager`` only where this engine has the option."""
+    if not has_eager():
         kw.pop("enforce_eager", None)
     return kw
 
@@ -248,39 +267,45 @@ def llama(args, rank, device, left):
         sync(device)
         return time.perf_counter() - t0
 
-    def engine_for(tp, eager=False):
+    def engine_for(tp, eager):
         return LLMEngine(model, block_size=16, kv_cache_memory=cfg["kv_memory"],
-                         max_num_seqs=256,
-                         max_num_batched_tokens=8192, tensor_parallel_size=tp,
+                         max_num_seqs=256, max_num_batched_tokens=8192, tensor_parallel_size=tp,
                          **engine_kwargs(enforce_eager=eager))
 
-    for tp in (1, 2):  # tp=1 first: tp=2 shards the same model in place
-        engine = engine_for(tp)
-        capacity.append(base | dict(tp=tp, kv_heads_per_gpu=engine.kv_heads_per_rank,
-                                    kv_cache_bytes_per_gpu=engine.runner.kv_cache_bytes,
-                                    kv_memory_budget_bytes=parse_bytes(cfg["kv_memory"]),
-                                    bytes_per_block_per_gpu=geometry.per_rank(tp)
-                                    .bytes_per_block(16),
-                                    num_blocks_per_gpu=engine.num_blocks))
-        timed(engine, 16)  # warm-up: kernels compiled, allocator grown
-        for b in batches:
-            if left() < 60:
-                log(f"rank {rank}: skip tp={tp} batch {b}: budget")
-                continue
-            seconds = timed(engine, b)
-            steps = engine.stats["steps"]
-            throughput.append(base | dict(tp=tp, batch=b, time_s=seconds, num_steps=len(steps),
-                                          tokens_per_s=b * max_tokens / seconds,
-                                          num_blocks_per_gpu=engine.num_blocks,
-                                          num_preemptions=engine.stats["num_preemptions"]))
-            log(f"rank {rank}: tp={tp} batch {b}: {b * max_tokens / seconds:.0f} tok/s")
-        if tp == 2 and left() > 60:
-            shares = allreduce_share(engine_for(2, eager=True), timed, base, model, batches,
-                                     left)
-        del engine
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    # tp=1 first: tp=2 shards the same model in place. Eager runs beside the default (CUDA
+    # graphs for decode where the engine has them), so both modes compare tp=1 with tp=2.
+    for tp in (1, 2):
+        for eager in (False, True) if has_eager() else (False,):
+            engine = engine_for(tp, eager)
+            graphs = bool(engine.stats.get("cuda_graphs", False))
+            mode = f"tp={tp}, " + ("CUDA graphs" if graphs else "eager")
+            if not eager:
+                capacity.append(base | dict(
+                    tp=tp, kv_heads_per_gpu=engine.kv_heads_per_rank,
+                    kv_cache_bytes_per_gpu=engine.runner.kv_cache_bytes,
+                    kv_memory_budget_bytes=parse_bytes(cfg["kv_memory"]),
+                    bytes_per_block_per_gpu=geometry.per_rank(tp).bytes_per_block(16),
+                    num_blocks_per_gpu=engine.num_blocks))
+            timed(engine, 16)  # warm-up: kernels compiled, allocator grown
+            for b in batches:
+                if left() < 60:
+                    log(f"rank {rank}: skip {mode} batch {b}: budget")
+                    continue
+                seconds = timed(engine, b)
+                stats = engine.stats
+                throughput.append(base | dict(
+                    tp=tp, mode=mode, cuda_graphs=graphs, batch=b, time_s=seconds,
+                    num_steps=len(stats["steps"]), tokens_per_s=b * max_tokens / seconds,
+                    decode_tokens_per_s=stats.get("decode_tokens_per_s"),
+                    num_blocks_per_gpu=engine.num_blocks,
+                    num_preemptions=stats["num_preemptions"]))
+                log(f"rank {rank}: {mode} batch {b}: {b * max_tokens / seconds:.0f} tok/s")
+            if tp == 2 and (eager or not has_eager()) and left() > 60:
+                shares = allreduce_share(engine, timed, base, model, batches, left)
+            del engine
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     save(args, rank, capacity, "tp_capacity.csv")
     save(args, rank, throughput, "tp_throughput.csv")
     save(args, rank, shares, "tp_allreduce.csv")

@@ -134,13 +134,16 @@ def _measured_part(s: Section, results: Results) -> None:
         s.table(make_table(results.get(name), caption, columns, name))
     tput = results.get("tp_throughput")
     if tput is not None and {"tp", "batch", "tokens_per_s"} <= set(tput.columns):
-        s.plot(plots.lines(tput, "batch", "tokens_per_s", "tp", "Engine tokens/s vs batch: "
+        hue = "mode" if "mode" in tput.columns else "tp"  # mode: tp and eager / CUDA graphs
+        s.plot(plots.lines(tput, "batch", "tokens_per_s", hue, "Engine tokens/s vs batch: "
                            "tp=1 (one GPU) and tp=2 (two GPUs)", "batch", "tokens/s",
                            "line chart of tokens per second against batch for tp 1 and 2",
                            logx=True))
-        s.table(make_table(tput, "Engine throughput (random-weight Llama-3-8B, bf16)",
-                           ["machine", "tp", "batch", "tokens_per_s", "time_s", "num_steps",
-                            "num_blocks_per_gpu"], "tp_throughput"))
+        s.table(make_table(tput, "Engine throughput (random-weight Llama-3-8B, bf16; prompts "
+                           "of 128 tokens, 64 generated)",
+                           ["machine", "tp", "mode", "batch", "tokens_per_s",
+                            "decode_tokens_per_s", "time_s", "num_steps", "num_blocks_per_gpu"],
+                           "tp_throughput"))
     else:
         s.nodata(f"engine throughput at tp=1 and tp=2 ({SOURCE})")
     s.table(make_table(results.get("tp_allreduce"), "All-reduce per step at tp=2 (eager run: "

@@ -169,7 +169,8 @@ def worker(args):
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
     left = lambda: args.budget_s - (time.time() - T0)  # noqa: E731
-    sections = [("equality", equality), ("llama", llama), ("attention", attention)]
+    # the engine runs that could hang (a collective in a captured graph) come last
+    sections = [("equality", equality), ("attention", attention), ("llama", llama)]
     for name, fn in sections:
         if left() < 30:
             log(f"rank {rank}: skip {name}: budget")
@@ -273,13 +274,14 @@ def llama(args, rank, device, left):
                          **engine_kwargs(enforce_eager=eager))
 
     # tp=1 first: tp=2 shards the same model in place. Eager runs beside the default (CUDA
-    # graphs for decode where the engine has them), so both modes compare tp=1 with tp=2.
+    # graphs for decode where the engine has them), so both modes compare tp=1 with tp=2; the
+    # files are rewritten after every engine, so a later failure keeps what was measured.
     for tp in (1, 2):
-        for eager in (False, True) if has_eager() else (False,):
+        for eager in (True, False) if has_eager() else (False,):
             engine = engine_for(tp, eager)
             graphs = bool(engine.stats.get("cuda_graphs", False))
             mode = f"tp={tp}, " + ("CUDA graphs" if graphs else "eager")
-            if not eager:
+            if not capacity or capacity[-1]["tp"] != tp:
                 capacity.append(base | dict(
                     tp=tp, kv_heads_per_gpu=engine.kv_heads_per_rank,
                     kv_cache_bytes_per_gpu=engine.runner.kv_cache_bytes,
@@ -306,9 +308,9 @@ def llama(args, rank, device, left):
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    save(args, rank, capacity, "tp_capacity.csv")
-    save(args, rank, throughput, "tp_throughput.csv")
-    save(args, rank, shares, "tp_allreduce.csv")
+            save(args, rank, capacity, "tp_capacity.csv")
+            save(args, rank, throughput, "tp_throughput.csv")
+            save(args, rank, shares, "tp_allreduce.csv")
 
 
 def sync(device):

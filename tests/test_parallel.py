@@ -89,6 +89,7 @@ def torchrun_results(tmp_path_factory):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
+@pytest.mark.slow  # torchrun: two processes
 @pytest.mark.parametrize("case", ["kv2", "kv1"])
 def test_tp2_engine_equals_the_single_process_engine(torchrun_results, case):
     for rank in torchrun_results:
@@ -100,12 +101,14 @@ def test_tp2_engine_equals_the_single_process_engine(torchrun_results, case):
         assert parallel["num_blocks"] == single["num_blocks"]
 
 
+@pytest.mark.slow  # torchrun: two processes
 def test_tp2_ranks_return_the_same_outputs_even_unseeded(torchrun_results):
     a, b = torchrun_results
     for case in ("kv2", "kv1"):
         assert a[case]["parallel"] == b[case]["parallel"]
 
 
+@pytest.mark.slow  # torchrun: two processes
 def test_tp2_ranks_hold_half_the_kv_heads_or_a_replica(torchrun_results):
     for rank in torchrun_results:
         assert rank["kv2"]["parallel"]["kv_heads_per_rank"] == 1
@@ -116,6 +119,7 @@ def test_tp2_ranks_hold_half_the_kv_heads_or_a_replica(torchrun_results):
         assert rank["kv1"]["replication"] == 2
 
 
+@pytest.mark.slow  # torchrun: two processes
 def test_tp2_errors_name_the_world_and_catch_diverging_tables(torchrun_results):
     for rank in torchrun_results:
         assert "world has 2 process" in rank["too_many_ranks"]
@@ -131,6 +135,7 @@ def test_take_share_partitions_the_work_units():
         assert {o[0] for o in owners} == set(range(world))
 
 
+@pytest.mark.slow  # torchrun: two processes
 def test_bench_under_torchrun_splits_points_and_merges_one_csv(tmp_path):
     import pandas as pd
 

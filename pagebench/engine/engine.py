@@ -12,7 +12,7 @@ import torch
 from pagebench.config import KVGeometry, parse_bytes
 from pagebench.engine.block_manager import BlockManager
 from pagebench.engine.model_runner import ModelRunner
-from pagebench.engine.parallel import setup_tensor_parallel, shard_model
+from pagebench.engine.parallel import setup_tensor_parallel
 from pagebench.engine.sampling import (CompletionOutput, RequestOutput, SamplingParams,
                                        make_generator, sample)
 from pagebench.engine.scheduler import Scheduler, Sequence
@@ -72,8 +72,7 @@ class LLMEngine:
         check_positive_int("block_size", block_size)
         if num_blocks is not None:
             check_positive_int("num_blocks", num_blocks)
-        self.tp = setup_tensor_parallel(tensor_parallel_size, self.geometry, param.device)
-        shard_model(self.model, self.tp, self.geometry)
+        self.tp = setup_tensor_parallel(self.model, self.geometry, tensor_parallel_size)
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
         num_blocks = self.tp.agree_min(num_blocks)  # every rank's pool the same size

@@ -132,7 +132,7 @@ def environment(results: Results, env: dict, options: dict) -> Section:
                      "; ".join(dict.fromkeys(results.sources.get(name, [])))])
     if srcs:
         s.table(Table("Data sources (every dataset is a CSV beside this page)",
-                      ["dataset", "rows", "device", "from"], srcs))
+                      ["dataset", "rows", "devices", "from"], srcs))
     methods = set()
     for frame in results.frames.values():
         if "timing_method" in frame.columns:

@@ -35,6 +35,19 @@ def label(value) -> str:
     return str(value).replace("$", r"\$")
 
 
+# result columns -> words with units, for a caller that names no label
+WORDS = {"tokens_per_s": "tokens/s", "block_size": "block size (tokens)",
+         "batch": "batch size (sequences)", "context": "context (tokens)",
+         "device_label": "device", "machine": "device", "num_preemptions": "preemptions",
+         "time_us": "time (µs)", "gbps": "GB/s", "num_blocks": "KV blocks",
+         "peak_blocks": "peak KV blocks", "tp": "tensor-parallel GPUs"}
+
+
+def words(column: str) -> str:
+    """A column's name as an axis or legend label: words (with a unit where known)."""
+    return WORDS.get(column, str(column).replace("_", " "))
+
+
 def styled(fn):
     """Draw under the report's style without changing matplotlib's global settings."""
     @functools.wraps(fn)
@@ -225,15 +238,18 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
 
 
 @styled
-def grouped_bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str,
-                 xlabel: str, ylabel: str, alt: str) -> Plot | None:
-    """One group of bars per row of ``df`` (labelled by ``category``), one bar per column of
-    ``series`` (column -> legend entry in words); every series in the unit of ``ylabel``."""
+def grouped_bars(df: pd.DataFrame, category: str, series, title: str, ylabel: str, alt: str,
+                 *, xlabel: str | None = None) -> Plot | None:
+    """One group of bars per row of ``df`` (labelled by ``category``, axis ``xlabel``), one bar
+    per column of ``series`` (column -> legend entry, or a list of columns); every series in
+    the unit of ``ylabel``."""
     if _empty(df):
         return None
+    if not isinstance(series, dict):
+        series = {col: words(col) for col in series}
     fig, ax = plt.subplots(figsize=(6.5, 3))
     bar_group(ax, df, category, series)
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel(xlabel or words(category))
     ax.set_ylabel(ylabel)
     if len(series) > 1:
         ax.legend()
@@ -268,7 +284,7 @@ def bar_panels(df: pd.DataFrame, category: str, panels: dict[str, str], title: s
 
 @styled
 def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
-          alt: str, *, legend_title: str, logx: bool = False, logy: bool = False,
+          alt: str, *, legend_title: str | None = None, logx: bool = False, logy: bool = False,
           hlines: dict | None = None, panel: str | None = None) -> Plot | None:
     """Line per ``hue`` value of ``y`` against ``x`` (legend titled ``legend_title``); one
     panel per ``panel`` value if given, at most three to a row."""
@@ -298,18 +314,19 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         ax.set_ylabel(ylabel)
         if p is not None:
             ax.set_title(wrapped(p), fontsize=9)
-        ax.legend(title=label(legend_title), fontsize=7, title_fontsize=7)
+        ax.legend(title=label(legend_title or words(hue)), fontsize=7, title_fontsize=7)
     return to_plot(fig, title, alt)
 
 
 @styled
 def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlabel: str,
-               alt: str, *, left_label: str, right_label: str, hue: str | None = None,
-               logx: bool = False) -> Plot | None:
+               alt: str, *, left_label: str | None = None, right_label: str | None = None,
+               hue: str | None = None, logx: bool = False) -> Plot | None:
     """``left`` (solid, axis ``left_label``) and ``right`` (dashed, second axis
     ``right_label``) against ``x``; one colour per ``hue`` value."""
     if _empty(df):
         return None
+    left_label, right_label = left_label or words(left), right_label or words(right)
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     ax2 = ax.twinx()
     groups = df.groupby(hue, sort=True) if hue else [(None, df)]

@@ -250,9 +250,9 @@ def capacity(results: Results) -> Section:
                                       {"max_concurrency_naive": "naive reservation",
                                        "max_concurrency_paged": "paged (block 16)"},
                                       "Concurrent sequences: naive reservation versus paging",
-                                      "model, GPU memory, max_model_len",
                                       "concurrent sequences",
-                                      "bar chart of naive versus paged concurrency"))
+                                      "bar chart of naive versus paged concurrency",
+                                      xlabel="model, GPU memory, max_model_len"))
         s.table(make_table(cap, "Capacity planner cases (gpu_memory_utilization 0.9, block 16, "
                            "lengths lognormal(5.5, 0.9))", CAPACITY_COLUMNS, "capacity"))
     return s
@@ -381,9 +381,10 @@ def engine(results: Results) -> Section:
             g["case"] = g["machine"].astype(str) + "\n" + (g[key].astype(str) if key == "variant"
                                                           else "n=" + g[key].astype(str))
             s.plot(plots.grouped_bars(g, "case", {col: col.replace("_", " ")},
-                                      "KV blocks: n = 1 versus n = 4", "device and request",
+                                      "KV blocks: n = 1 versus n = 4",
                                       "peak KV blocks" if col == "peak_blocks" else
-                                      "mean KV blocks", "bar chart of blocks for n=1 and n=4"))
+                                      "mean KV blocks", "bar chart of blocks for n=1 and n=4",
+                                      xlabel="device and request"))
         s.table(make_table(cow, "Copy-on-write comparison", data="engine_cow"))
     else:
         s.nodata("copy-on-write comparison (pagebench.engine.bench.cow_comparison)")
@@ -447,8 +448,9 @@ def engine(results: Results) -> Section:
             g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
             s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
                                       "Engine versus transformers: tokens/s",
-                                      "device and generation method", "generated tokens/s",
-                                      "bar chart of engine versus transformers throughput"))
+                                      "generated tokens/s",
+                                      "bar chart of engine versus transformers throughput",
+                                      xlabel="device and generation method"))
         s.table(make_table(cmp_, "Engine versus transformers", data="engine_compare"))
     eq = results.get("engine_equal_memory")
     if eq is not None:
@@ -459,9 +461,9 @@ def engine(results: Results) -> Section:
             g = eq.groupby(["machine", "method"], as_index=False)["tokens_per_s"].max()
             g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
             s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
-                                      "Same KV memory: tokens/s",
-                                      "device and generation method", "generated tokens/s",
-                                      "bar chart of throughput at equal memory"))
+                                      "Same KV memory: tokens/s", "generated tokens/s",
+                                      "bar chart of throughput at equal memory",
+                                      xlabel="device and generation method"))
         s.table(make_table(eq, "Equal-memory comparison", data="engine_equal_memory"))
     other = results.get("engine")
     if other is not None:

@@ -120,7 +120,7 @@ def environment(results: Results, env: dict, options: dict) -> Section:
            "keeps the device and versions it was measured with. Every table, plot and claim "
            "names a device by its short label; the devices table below says what each is.")
     rows = [["device label", devices.run_label(env) + devices.THIS_RUN]]
-    rows += [[k, fmt(v)] for k, v in env.items()]
+    rows += [["torch device" if k == "device" else k, fmt(v)] for k, v in env.items()]
     rows += [[k, fmt(v)] for k, v in options.items()]
     s.table(Table("This run", ["field", "value"], rows))
     s.table(devices_table(results))
@@ -159,7 +159,10 @@ def devices_table(results: Results) -> Table | None:
             for col in ("device", "device_name", "cpu_count", "torch_version",
                         "triton_version", "commit"):
                 if col in g.columns:
-                    d[col].update(dict.fromkeys(fmt(v) for v in g[col].dropna().unique()))
+                    values = (fmt(v) for v in g[col].dropna().unique())
+                    if col == "commit":  # asv keeps 10 hex digits, the rest 7
+                        values = (v[:7] for v in values)
+                    d[col].update(dict.fromkeys(values))
     if not info:
         return None
     rows = [[label] + [", ".join(v for v in d[col] if v) for col in d] for label, d in info.items()]

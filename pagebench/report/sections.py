@@ -280,10 +280,11 @@ def kernels(results: Results) -> Section:
                  "reports/data/<gpu>/kernels.csv)")
         return s
     labels = raw.groupby("device_label").size()
+    fresh = any(devices.THIS_RUN in str(d) for d in labels.index)
     s.text("Devices in this data: " + "; ".join(f"{d} ({n} rows)" for d, n in labels.items())
-           + " (\"this run\": measured by the run that built this page; the others are "
-           "committed data, described under Environment). CPU timings show the harness works; "
-           "GPU behaviour needs GPU data.")
+           + (" (\"this run\": measured by the run that built this page; the others are "
+              "committed data)" if fresh else "") + ". Each device is described under "
+           "Environment. CPU timings show the harness works; GPU behaviour needs GPU data.")
     ratio = derive.batch1_ratio(results.get("kernels"))
     if ratio.empty:
         s.nodata("batch-1 paged versus contiguous pairs")

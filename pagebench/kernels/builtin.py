@@ -6,6 +6,7 @@ import importlib.util
 
 import torch
 
+from pagebench.kernels.quant import FP8_DTYPES
 from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_decode,
                                          torch_paged_prefill)
 from pagebench.kernels.registry import register_backend
@@ -44,9 +45,13 @@ def _flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
     return flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+FLOAT_AND_FP8 = (torch.float32, torch.float16, torch.bfloat16, *FP8_DTYPES)
+
 register_backend(
     "torch", decode=torch_paged_decode, prefill=torch_paged_prefill, priority=10,
-    description="gather each sequence's K/V out of its blocks, then dense attention (SDPA)")
+    cache_dtypes=FLOAT_AND_FP8,
+    description="gather each sequence's K/V out of its blocks (an fp8 cache dequantised on the "
+    "way), then dense attention (SDPA)")
 register_backend(
     "sdpa", contiguous=sdpa_contiguous_decode, priority=10, nan_safe=False,
     description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")

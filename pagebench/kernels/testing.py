@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from pagebench.config import ceil_div
+from pagebench.kernels.quant import fp8_max, quantize
 
 
 @dataclass
@@ -16,9 +17,17 @@ class PagedInputs:
     v_cache: torch.Tensor
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
     seq_lens: torch.Tensor  # int32 [num_seqs]
+    k_scale: torch.Tensor | None = None  # fp8 caches: float32 [num_kv_heads]
+    v_scale: torch.Tensor | None = None
 
     def args(self):
         return self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens
+
+    def scales(self) -> dict:
+        """``k_scale``/``v_scale`` keywords for an fp8 cache, else nothing."""
+        if self.k_scale is None:
+            return {}
+        return {"k_scale": self.k_scale, "v_scale": self.v_scale}
 
 
 def make_paged_inputs(seq_lens, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -64,6 +73,43 @@ def make_paged_inputs(seq_lens, num_q_heads: int, num_kv_heads: int, head_dim: i
     q = torch.randn(len(lens), num_q_heads, head_dim, generator=gen).to(dtype)
     return PagedInputs(q.to(device), k_cache.to(device), v_cache.to(device), tables.to(device),
                        torch.tensor(lens, dtype=torch.int32, device=device))
+
+
+def quantized_inputs(inp: PagedInputs, cache_dtype, *, seed: int = 0,
+                     spread: float = 16.0) -> PagedInputs:
+    """``inp`` with its caches quantised to fp8 ``cache_dtype``. Each KV head's values are
+    first multiplied by its own magnitude (log-uniform within ``spread``x of 1, so a kernel
+    that applied another head's scale would be far off), then stored with a per-head scale
+    that maps the head's largest finite value to the format's largest. Poisoned slots stay NaN
+    (or their large finite value, saturated). Returns new tensors; ``inp`` is unchanged. The
+    unquantised caches with the same per-head magnitudes are ``unquantized_caches``."""
+    k_real, v_real, k_amax, v_amax = _scaled_real_caches(inp, seed, spread)
+    k_scale, v_scale = k_amax / fp8_max(cache_dtype), v_amax / fp8_max(cache_dtype)
+    return PagedInputs(inp.q, quantize(k_real, k_scale, cache_dtype),
+                       quantize(v_real, v_scale, cache_dtype), inp.block_tables, inp.seq_lens,
+                       k_scale, v_scale)
+
+
+def unquantized_caches(inp: PagedInputs, *, seed: int = 0, spread: float = 16.0):
+    """The (k, v) caches that ``quantized_inputs`` with the same ``seed`` quantises, in the
+    input's dtype: what an fp8 result is compared with to measure the quantisation error."""
+    k_real, v_real, _, _ = _scaled_real_caches(inp, seed, spread)
+    return k_real.to(inp.k_cache.dtype), v_real.to(inp.v_cache.dtype)
+
+
+def _scaled_real_caches(inp: PagedInputs, seed: int, spread: float):
+    kv_heads = inp.k_cache.shape[2]
+    gen = torch.Generator().manual_seed(seed)
+    device = inp.k_cache.device
+    out = []
+    for cache in (inp.k_cache, inp.v_cache):
+        magnitude = spread ** (2 * torch.rand(kv_heads, generator=gen) - 1)
+        real = cache.to(torch.float32) * magnitude.to(device)[:, None]
+        finite = torch.where(torch.isfinite(real), real.abs(), 0.0)
+        out.append(real)
+        out.append(finite.amax(dim=(0, 1, 3)).clamp_min(1e-6))
+    k_real, k_amax, v_real, v_amax = out
+    return k_real, v_real, k_amax, v_amax  # amax: each head's largest finite magnitude
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

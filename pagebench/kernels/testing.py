@@ -119,3 +119,111 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+# ---- block-table layouts (what the timed kernel reads) -----------------------------------
+
+LAYOUTS = ("contiguous", "shuffled", "aged")
+AGED_BACKGROUND = 0.25  # other requests' share of the pool, relative to the measured ones
+
+
+def layout_tables(layout: str, batch: int, context: int, block_size: int, *, seed: int = 0):
+    """Block tables int32 ``[batch, ceil(context / block_size)]`` of a layout, and the pool
+    size (``num_blocks``) they index:
+
+    - ``contiguous``: sequence s owns blocks ``s * n .. s * n + n - 1`` in order (``arange``
+      tables, as SGLang's and FlashAttention's benchmarks use);
+    - ``shuffled``: every block of the pool anywhere, a random permutation;
+    - ``aged``: the tables a block manager hands out after serving traffic (``aged_tables``).
+    """
+    per_seq = ceil_div(context, block_size)
+    if layout == "contiguous":
+        tables = torch.arange(batch * per_seq, dtype=torch.int32).view(batch, per_seq)
+        return tables, batch * per_seq
+    if layout == "shuffled":
+        gen = torch.Generator().manual_seed(seed)
+        tables = torch.randperm(batch * per_seq, generator=gen).to(torch.int32)
+        return tables.view(batch, per_seq), batch * per_seq
+    if layout == "aged":
+        return aged_tables(batch, context, block_size, seed=seed)
+    raise ValueError(f"layout: unknown {layout!r} (use one of {', '.join(LAYOUTS)})")
+
+
+def aged_tables(batch: int, context: int, block_size: int, *, seed: int = 0,
+                background: float = AGED_BACKGROUND):
+    """Tables from ``engine.BlockManager`` after it has served a trace with churn.
+
+    The pool holds the ``batch`` measured sequences plus ``background`` as much again for other
+    requests (prompt lengths log-normal, median ~400 tokens, each living 1/16 to 1/2 of the
+measured sequences' growth, in decode steps, so the pool turns over a few times).
+    First the other requests alone churn through the pool (allocate, free) until its free
+    queue is in a served order; then the measured sequences start from one token and grow in
+    lockstep, one token each per decode step (``append_token``), while other requests finish
+    and arrive between steps, and the oldest are evicted when the measured ones need their
+    blocks. Returns (tables int32 ``[batch, ceil(context / block_size)]``, num_blocks).
+    """
+    import heapq
+    import random
+    from collections import OrderedDict
+
+    from pagebench.engine.block_manager import BlockManager
+
+    rng = random.Random(seed)
+    per_seq = ceil_div(context, block_size)
+    num_blocks = batch * per_seq + max(1, int(batch * per_seq * background))
+    bm = BlockManager(num_blocks, block_size)
+    others: OrderedDict[int, None] = OrderedDict()  # live background requests, oldest first
+    ends: list[tuple[int, int]] = []  # (step it finishes, request)
+    ids = iter(range(-1, -(1 << 62), -1))  # negative: never a measured sequence's id
+    life = (max(16, context // 16), max(32, context // 2))
+
+    def arrive(step: int, free_to_keep: int) -> None:
+        while True:
+            tokens = max(1, min(int(rng.lognormvariate(6.0, 0.8)), 8192))
+            if bm.num_free_blocks - bm.blocks_needed(tokens) < free_to_keep:
+                return
+            name = next(ids)
+            bm.allocate(name, [0] * tokens)
+            others[name] = None
+            heapq.heappush(ends, (step + rng.randint(*life), name))
+
+    def finish(step: int) -> None:
+        while ends and ends[0][0] <= step:
+            name = heapq.heappop(ends)[1]
+            if name in others:  # else evicted already
+                bm.free(name)
+                del others[name]
+
+    def evict_until(free_blocks: int) -> None:
+        while bm.num_free_blocks < free_blocks:
+            name = others.popitem(last=False)[0]
+            bm.free(name)
+
+    warmup = 2 * life[1]
+    for step in range(0, warmup, max(1, warmup // 64)):  # other traffic alone: a served pool
+        finish(step)
+        arrive(step, num_blocks // 10)
+    step = warmup
+    evict_until(batch)
+    for s in range(batch):
+        bm.allocate(s, [0])
+    for length in range(1, context):
+        if length % block_size == 0:  # each measured sequence takes a block this step
+            evict_until(batch)
+        for s in range(batch):
+            bm.append_token(s, 0)
+        step += 1
+        finish(step)
+        # newcomers take only what the measured sequences will not need
+        arrive(step, batch * (per_seq - bm.blocks_needed(length + 1)))
+    tables = torch.tensor([bm.block_table(s) for s in range(batch)], dtype=torch.int32)
+    return tables, num_blocks
+
+
+def adjacent_fraction(tables: torch.Tensor) -> float:
+    """Fraction of neighbouring table entries that are neighbouring blocks (b, b + 1): 1.0 for
+    contiguous tables, about 0 for shuffled ones."""
+    if tables.shape[1] < 2:
+        return float("nan")
+    t = tables.to(torch.int64)
+    return float(((t[:, 1:] - t[:, :-1]) == 1).double().mean())

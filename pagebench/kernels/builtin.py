@@ -20,14 +20,18 @@ def _has_triton() -> bool:
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None,
+                   v_scale=None):
     from pagebench.kernels.triton_decode import triton_paged_decode
-    return triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale,
+                               v_scale)
 
 
-def _triton_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale):
+def _triton_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+                    k_scale=None, v_scale=None):
     from pagebench.kernels.triton_prefill import triton_paged_prefill
-    return triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
+    return triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+                                k_scale, v_scale)
 
 
 def _triton_contiguous(q, k, v, seq_lens, scale):
@@ -57,11 +61,12 @@ register_backend(
     description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")
 register_backend(
     "triton", decode=_triton_decode, prefill=_triton_prefill, contiguous=_triton_contiguous,
-    priority=20,
+    priority=20, cache_dtypes=FLOAT_AND_FP8,
     auto_devices=("cuda",), is_available=_has_triton,
     head_dims="1..256 (padded to a power of two)", supports_head_dim=lambda d: 1 <= d <= 256,
     description="Triton paged decode (GQA-packed programs, online softmax over KV tiles, "
-    "split-KV with a combine step) and causal paged prefill (CPU: interpreted, for tests)")
+    "split-KV with a combine step) and causal paged prefill, both reading fp8 caches "
+    "(CPU: interpreted, for tests)")
 register_backend(
     "flex", decode=_flex_decode, priority=0, is_available=_flex_available,
     block_sizes="multiples of 16 (FlexAttention's KV block = page size)",

@@ -30,7 +30,7 @@ from pagebench.kernels import triton_decode, triton_prefill
 from pagebench.kernels.quant import calibrated_scales, quantize
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
 from pagebench.kernels.sweep import footprint_bytes, kv_bytes, l2_bytes, measure_copy_gbps
-from pagebench.kernels.testing import LAYOUTS, adjacent_fraction, layout_tables, relative_error
+from pagebench.kernels.testing import TABLE_LAYOUTS, adjacent_fraction, layout_tables, relative_error
 from pagebench.timing import environment, measure
 
 SHAPE = (32, 8, 128)  # Llama-3-8B
@@ -171,7 +171,7 @@ def layout_rows(env, aged):
             q = torch.randn(batch, num_q, head_dim, device=DEVICE, dtype=torch.bfloat16,
                             generator=gen)
             lens = torch.full((batch,), context, dtype=torch.int32, device=DEVICE)
-            for layout in LAYOUTS:
+            for layout in TABLE_LAYOUTS:
                 tables = aged_tables if layout == "aged" else \
                     layout_tables(layout, batch, context, block, seed=batch)[0]
                 tables = tables.to(DEVICE)

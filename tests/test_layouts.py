@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from pagebench.config import ceil_div
-from pagebench.kernels.testing import LAYOUTS, adjacent_fraction, aged_tables, layout_tables
+from pagebench.kernels.testing import TABLE_LAYOUTS, adjacent_fraction, aged_tables, layout_tables
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("layout", TABLE_LAYOUTS)
 @pytest.mark.parametrize("batch, context, block_size", [(1, 1, 1), (3, 50, 4), (5, 97, 16),
                                                         (2, 300, 1)])
 def test_every_layout_maps_distinct_blocks_inside_the_pool(layout, batch, context, block_size):

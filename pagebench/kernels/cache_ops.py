@@ -8,18 +8,20 @@ from pagebench.kernels.quant import check_kv_scales, is_fp8, quantize
 from pagebench.kernels.validate import check_copy_blocks, check_write_kv
 
 
-def write_kv(k_cache, v_cache, k, v, slot_mapping, *, k_scale=None, v_scale=None) -> None:
+def write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached", *, k_scale=None,
+             v_scale=None) -> None:
     """Store token ``i``'s K/V (``k``, ``v``: ``[num_tokens, num_kv_heads, head_dim]``) at
     slot ``slot_mapping[i] = block * block_size + offset``, in place. A slot of -1 skips that
-    token (padding). Slots must be distinct; the cache must be contiguous.
+    token (padding). Slots must be distinct; the cache must be contiguous. ``validate`` as in
+    ``paged_decode``.
 
     An fp8 cache stores ``k / k_scale`` and ``v / v_scale`` (per KV head; required for fp8,
     refused otherwise), saturated to the format's finite range (``quant.quantize``)."""
-    check_write_kv(k_cache, v_cache, k, v, slot_mapping)
+    no_padding = check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate)
     k_scale, v_scale = check_kv_scales(k_cache, k_scale, v_scale)
     slots = slot_mapping.to(torch.int64)
-    keep = slots >= 0
-    if not bool(keep.all()):
+    if not no_padding:
+        keep = slots >= 0
         slots, k, v = slots[keep], k[keep], v[keep]
     store_kv(k_cache, v_cache, k, v, slots, k_scale, v_scale)
 

@@ -6,7 +6,7 @@ backend with a paged ``decode`` is timed as ``<name>-paged``, every ``contiguous
 The timed body calls the backend's kernel directly on inputs validated once beforehand (the
 public functions validate on every call, which reads scalars back from the GPU).
 
-The paged cases' block tables follow ``layouts`` (``kernels.testing.LAYOUTS``: contiguous,
+The paged cases' block tables follow ``layouts`` (``kernels.testing.TABLE_LAYOUTS``: contiguous,
 shuffled, aged; column ``table_layout``). Every row records the unique K/V bytes the step
 reads (``footprint_bytes``) and whether they fit in the GPU's L2 (``fits_l2``): such a point
 measures the cache hierarchy more than the kernel, and is flagged rather than compared.
@@ -14,10 +14,12 @@ measures the cache hierarchy more than the kernel, and is flagged rather than co
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
 
+from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.reference import identity_tables
 from pagebench.kernels.testing import adjacent_fraction, layout_tables
@@ -160,7 +162,8 @@ def _gather_bytes(variant: Variant, batch, context, shape, dtype) -> int:
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=None, include=None, exclude=None, graph_batch1=None,
               repeat=None, copy_gbps=None, progress=None, skipped=None,
-              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True, layouts=("shuffled",)):
+              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True, share=(0, 1),
+              layouts=("shuffled",)):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
@@ -169,7 +172,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     well under a minute on two cores. On CUDA (quick=False) the full H200 grid of the issue.
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
     On CUDA, ``graph_all`` times every point with and without a CUDA graph (else batch 1 only,
-    ``graph_batch1``).
+    ``graph_batch1``). ``share=(rank, world)`` times only this rank's (shape, point) pairs
+    (``pagebench.distributed.take_share``), for a sweep split over GPUs.
     """
     import pandas as pd
 
@@ -231,9 +235,12 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             return (False, True)
         return (False, True) if graph_batch1 and batch == 1 else (False,)
 
+    units = itertools.count()
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
         for batch, context in points:
+            if not take_share(next(units), share):
+                continue
             contiguous = [v for v in vs if v.layout == "contiguous"]
             need = 2 * kv_bytes(batch, context, shape[1], shape[2], dtype)
             if contiguous and _fits(device, need):

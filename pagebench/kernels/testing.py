@@ -121,9 +121,39 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
 
 
+# Memory layouts a caller's tensor may have, each holding the same values: the kernels must
+# read every one that validation accepts.
+LAYOUTS = ("contiguous", "offset", "padded", "strided", "transposed")
+
+
+def with_layout(x: torch.Tensor, layout: str, junk=0) -> torch.Tensor:
+    """A view of a copy of ``x`` equal to ``x`` in ``layout``, with ``junk`` in the memory
+    around it: ``offset`` starts one row into its storage; ``padded`` leaves a gap after each
+    row (dimension 1 twice as wide underneath); ``strided`` takes every other element of the
+    last dimension; ``transposed`` is column-major (the dimensions' order reversed in memory).
+    A 1-D tensor has no rows: there ``padded`` and ``transposed`` are ``strided``."""
+    if layout == "contiguous":
+        return x.clone()
+    if layout == "offset":
+        return torch.cat([torch.full_like(x[:1], junk), x])[1:]
+    if layout == "padded" and x.dim() >= 2:
+        wide = torch.full((x.shape[0], 2 * x.shape[1], *x.shape[2:]), junk, dtype=x.dtype,
+                          device=x.device)
+        wide[:, :x.shape[1]] = x
+        return wide[:, :x.shape[1]]
+    if layout == "transposed" and x.dim() >= 2:
+        order = tuple(reversed(range(x.dim())))
+        return x.permute(order).contiguous().permute(order)
+    if layout in ("strided", "padded", "transposed"):
+        wide = torch.full((*x.shape[:-1], 2 * x.shape[-1]), junk, dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+
+
 # ---- block-table layouts (what the timed kernel reads) -----------------------------------
 
-LAYOUTS = ("contiguous", "shuffled", "aged")
+TABLE_LAYOUTS = ("contiguous", "shuffled", "aged")
 AGED_BACKGROUND = 0.25  # other requests' share of the pool, relative to the measured ones
 
 
@@ -146,7 +176,7 @@ def layout_tables(layout: str, batch: int, context: int, block_size: int, *, see
         return tables.view(batch, per_seq), batch * per_seq
     if layout == "aged":
         return aged_tables(batch, context, block_size, seed=seed)
-    raise ValueError(f"layout: unknown {layout!r} (use one of {', '.join(LAYOUTS)})")
+    raise ValueError(f"layout: unknown {layout!r} (use one of {', '.join(TABLE_LAYOUTS)})")
 
 
 def aged_tables(batch: int, context: int, block_size: int, *, seed: int = 0,
@@ -155,7 +185,7 @@ def aged_tables(batch: int, context: int, block_size: int, *, seed: int = 0,
 
     The pool holds the ``batch`` measured sequences plus ``background`` as much again for other
     requests (prompt lengths log-normal, median ~400 tokens, each living 1/16 to 1/2 of the
-measured sequences' growth, in decode steps, so the pool turns over a few times).
+    measured sequences' growth, in decode steps, so the pool turns over a few times).
     First the other requests alone churn through the pool (allocate, free) until its free
     queue is in a served order; then the measured sequences start from one token and grow in
     lockstep, one token each per decode step (``append_token``), while other requests finish

@@ -2,7 +2,7 @@
 layout as an axis (contiguous, shuffled, aged), the Triton kernels timed through CUDA graphs.
 
     PYTHONPATH=. python3 scripts/h200_fp8.py   # writes $OUT/kernels_fp8.csv,
-                                                 # kernels_layout.csv, engine_fp8.csv
+                                                 # kernels_layout.csv, fp8_engine.csv
     PYTHONPATH=. python3 scripts/h200_fp8.py --smoke   # tiny sizes on the CPU: a dry run
 
 Decode at the Llama-3-8B shape (32/8 heads x 128), blocks 1/16/128, batch 32/64/128 x 4096
@@ -253,7 +253,7 @@ def main() -> None:
     print(f"copy bandwidth {copy_gbps:.0f} GB/s", flush=True)
     parts = [("kernels_fp8", lambda: decode_rows(env, copy_gbps) + prefill_rows(env)),
              ("kernels_layout", lambda: layout_rows(env, aged)),
-             ("engine_fp8", lambda: engine_rows(env))]
+             ("fp8_engine", lambda: engine_rows(env))]
     for name, run in parts:
         try:
             rows = run()

@@ -18,6 +18,7 @@ Qwen2.5-0.5B, bf16 vs fp8_e4m3 cache at equal memory: blocks, greedy agreement, 
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import time
@@ -245,7 +246,8 @@ def engine_rows(env):
 def main() -> None:
     # aged tables come from a block manager serving a trace: built on the host's cores
     # while the GPU times the fp8 kernels
-    pool = ProcessPoolExecutor(max_workers=min(9, os.cpu_count() or 1))
+    pool = ProcessPoolExecutor(max_workers=min(9, os.cpu_count() or 1),
+                               mp_context=multiprocessing.get_context("fork"))  # before CUDA
     aged = {(b, c, bs): pool.submit(layout_tables, "aged", b, c, bs, seed=b)
             for b, c in LAYOUT_POINTS for bs in BLOCKS}
     env = environment(DEVICE)
@@ -254,15 +256,34 @@ def main() -> None:
     parts = [("kernels_fp8", lambda: decode_rows(env, copy_gbps) + prefill_rows(env)),
              ("kernels_layout", lambda: layout_rows(env, aged)),
              ("fp8_engine", lambda: engine_rows(env))]
+    frames = {}
     for name, run in parts:
         try:
             rows = run()
         except Exception as e:  # noqa: BLE001 -- keep what the other parts measured
+            import traceback
+            traceback.print_exc()
             print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
             continue
-        pd.DataFrame(rows).to_csv(os.path.join(OUT, f"{name}.csv"), index=False)
+        frames[name] = pd.DataFrame(rows)
+        frames[name].to_csv(os.path.join(OUT, f"{name}.csv"), index=False)
         print(f"{name}: {len(rows)} rows, {time.perf_counter() - START:.0f} s", flush=True)
     pool.shutdown(cancel_futures=True)
+    summary(frames)
+
+
+def summary(frames) -> None:
+    """The short table: fp8 / bf16 per decode point, layout spread per point (as the report
+    computes them)."""
+    from pagebench.report.fp8 import decode_ratios, layout_spread
+
+    pd.set_option("display.width", 200)
+    ratios = decode_ratios(frames.get("kernels_fp8"))
+    if ratios is not None:
+        print(ratios.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    spread = layout_spread(frames.get("kernels_layout"))
+    if spread is not None:
+        print(spread.to_string(index=False, float_format=lambda x: f"{x:.3g}"))
 
 
 if __name__ == "__main__":

@@ -73,10 +73,11 @@ def gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale=None, v_scale=No
     num_seqs = block_tables.shape[0]
 
     def gather(cache, cache_scale):
-        blocks = cache.reshape(num_blocks, -1).index_select(0, table)  # [S*blocks, bs*Hkv*D]
+        raw = _bytes_of_fp8(cache, cache_scale)
+        blocks = raw.reshape(num_blocks, -1).index_select(0, table)  # [S*blocks, bs*Hkv*D]
         x = blocks.view(num_seqs, length, kv_heads, head_dim).transpose(1, 2)
         if cache_scale is not None:
-            x = dequantize(x, cache_scale, dtype, head_axis=1)
+            x = dequantize(x.view(cache.dtype), cache_scale, dtype, head_axis=1)
         return torch.where(keep, x, x.new_zeros(()))  # contiguous [S, Hkv, L, D]
 
     return gather(k_cache, k_scale), gather(v_cache, v_scale), valid
@@ -93,10 +94,18 @@ def _seq_kv(k_cache, v_cache, table_row, length, k_scale=None, v_scale=None, dty
     block_size = k_cache.shape[1]
     pos = torch.arange(length, device=k_cache.device)
     blocks = table_row.to(torch.int64)[pos // block_size]
-    k, v = k_cache[blocks, pos % block_size], v_cache[blocks, pos % block_size]
+    k = _bytes_of_fp8(k_cache, k_scale)[blocks, pos % block_size]
+    v = _bytes_of_fp8(v_cache, v_scale)[blocks, pos % block_size]
     if k_scale is not None:
-        k, v = dequantize(k, k_scale, dtype), dequantize(v, v_scale, dtype)
+        k = dequantize(k.view(k_cache.dtype), k_scale, dtype)
+        v = dequantize(v.view(v_cache.dtype), v_scale, dtype)
     return k, v
+
+
+def _bytes_of_fp8(cache, cache_scale):
+    """An fp8 cache (``cache_scale`` given) as bytes: indexing kernels do not cover fp8 on
+    every device, and gathering bytes is the same copy."""
+    return cache if cache_scale is None else cache.view(torch.uint8)
 
 
 def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,

@@ -1,8 +1,8 @@
 """Small synthetic results in the shapes the real sources produce, for tests and layout previews.
 
-Every row is labelled ``synthetic`` (source, workload) and measured on the device ``Synthetic
-GPU``: nothing here is a measurement. ``synthetic_results(paged_ratio=..., cow_ratio=...)`` lets a test make a claim
-hold or fail on purpose.
+Every row is labelled ``synthetic`` (source, workload) and its device ``Synthetic GPU``:
+nothing here is a measurement. ``synthetic_results(paged_ratio=..., cow_ratio=...)`` lets a
+test make a claim hold or fail on purpose.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ THIS_RUN = " · this run"  # no comma: device lists are comma-separated
 GPU_VENDOR_PREFIXES = ("NVIDIA ", "AMD ")
 # a CPU label, or a GPU model name (starts with a capital or digit: "H200", "RTX 4090",
 # "2× H200"); either may end with THIS_RUN
-LABEL_PATTERN = re.compile(r"(CPU \((\d+-core )?[^()\[\]]+\)|(?!NVIDIA |AMD |CPU)[A-Z0-9][^()\[\]]*)"
+LABEL_PATTERN = re.compile(r"(CPU \((\d+-core )?[^()\[\]]+\)"
+                           r"|(?!NVIDIA |AMD |CPU)[A-Z0-9][^()\[\]]*)"
                            + "(?:" + re.escape(THIS_RUN) + ")?")
 # machine names seen without device columns (asv machines, data directories): a GPU model
 GPU_NAME = re.compile(r"(nvidia[-_ ]?)?((gh|gb)?[abhlv]\d{2,3}[a-z0-9]*|mi\d{3}[a-z]*)",

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.report.claims import FAILS, HOLDS, Claim, judge
+from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
-from pagebench.report.sections import Section, Table, make_table
+from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
 SOURCE = "reports/data/h200/ (scripts/h200_fp8.py)"
-VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 PLANNER_CASES = (("llama-3-8b", "141GB", 8192), ("qwen2.5-7b", "80GB", 32768),
                  ("mistral-7b", "141GB", 32768))
 FP8 = "float8_e4m3fn"
@@ -175,11 +174,7 @@ def section(results: Results) -> Section:
            "axis (`pagebench bench --layouts contiguous,shuffled,aged`); aged tables come from "
            "the block manager after it served a trace with churn.")
     claims = [fn(results) for fn in VERDICTS]
-    s.table(Table("Verdicts", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  [[c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)]
-                   for c in claims], None,
-                  [["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
-                    "criterion", "links"] for c in claims]))
+    s.table(claims_table(claims, "Verdicts"))
     s.table(make_table(planner_rows(), "Capacity planner, bf16 vs fp8 (e4m3) KV cache: bf16 "
                        "weights, 0.9 of the GPU, 4 GiB overhead, block 16; concurrency at "
                        "max_model_len (naive reservation)"))

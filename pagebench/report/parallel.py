@@ -13,14 +13,13 @@ from __future__ import annotations
 import pandas as pd
 
 from pagebench.report import plots
-from pagebench.report.claims import FAILS, HOLDS, Claim, judge
+from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
-from pagebench.report.sections import Section, Table, make_table
+from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
 SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.py)"
-VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 PLANNER_CASES = (("llama-3-8b", (1, 2, 4, 8, 16)), ("llama-3-70b", (2, 4, 8)))
 
 
@@ -109,11 +108,7 @@ def section(results: Results) -> Section:
            "--nproc-per-node N`; `pagebench bench` under torchrun splits its points over the "
            "GPUs.")
     claims = [fn(results) for fn in VERDICTS]
-    s.table(Table("Verdicts", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  [[c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)]
-                   for c in claims], None,
-                  [["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
-                    "criterion", "links"] for c in claims]))
+    s.table(claims_table(claims, "Verdicts"))
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"two-GPU measurements ({SOURCE})")
     else:

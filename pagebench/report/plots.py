@@ -132,7 +132,8 @@ def plain_log_y(ax) -> None:
     """Log-10 y scale ticked at 1, 2 and 5 per decade, labelled as plain numbers (200, 5000)."""
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 

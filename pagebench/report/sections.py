@@ -548,12 +548,18 @@ def claims_section(claims: list[Claim]) -> Section:
            "the criterion shown; a claim the data contradicts is marked 'does not hold' with "
            "the numbers that contradict it. Kernel claims are judged on GPU data when a GPU "
            "measured them.")
+    s.table(claims_table(claims, "Claims", "claims"))
+    return s
+
+
+def claims_table(claims: list[Claim], caption: str, data: str | None = None) -> Table:
+    """Claims as a table: each verdict coloured, the measured headline in the cell with every
+    detail one click away (the claims section and the sections with verdicts of their own)."""
     rows, classes, details = [], [], []
     for c in claims:
         rows.append([c.claim, c.summary, c.device, c.verdict, c.criterion, " ".join(c.data)])
         classes.append(["", "measured", "device", "verdict " + VERDICT_CLASS.get(
             c.verdict, "unmeasured"), "criterion", "links"])
         details.append(["", c.measured if c.summary != c.measured else "", "", "", "", ""])
-    s.table(Table("Claims", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  rows, "claims", classes, details))
-    return s
+    return Table(caption, ["claim", "measured", "device", "verdict", "criterion", "data"],
+                 rows, data, classes, details)

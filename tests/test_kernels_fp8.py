@@ -134,3 +134,22 @@ def test_kv_dtype_names():
     assert kv_dtype_from_name("auto", torch.float16) is torch.float16
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kv_dtype_from_name("int4", torch.bfloat16)
+
+
+def test_sweep_times_fp8_caches_with_their_bytes():
+    from pagebench.kernels.sweep import run_sweep
+
+    df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(2, 32)],
+                   block_sizes=(4,), include=["torch", "sdpa"], repeat=1, kv_dtype=E4M3)
+    paged = df[df["layout"] == "paged"].iloc[0]
+    base = df[df["layout"] == "contiguous"].iloc[0]
+    assert paged["kv_dtype"] == "float8_e4m3fn" and base["kv_dtype"] == "float32"
+    assert paged["kv_bytes"] * 4 == base["kv_bytes"]
+
+
+def test_bench_cli_kv_dtype_errors_name_the_option(capsys):
+    from pagebench.cli import main
+
+    assert main(["bench", "--kv-dtype", "fp9"]) == 2
+    assert "--kv-dtype: unknown 'fp9'" in capsys.readouterr().err
+    assert main(["bench", "--prefill", "--kv-dtype", "fp8_e4m3"]) == 2

@@ -92,23 +92,30 @@ def decode_rows(env, copy_gbps):
                 fn = lambda: triton_decode.triton_paged_decode(*args, scale, **scales)  # noqa: E731
                 out = fn()
                 row = dict(op="decode", cache_dtype=str(dtype).replace("torch.", ""),
-                           batch=batch, context=context, block_size=block)
+                           batch=batch, context=context, block_size=block, launch="default")
                 if scales:
                     ref = torch_paged_decode(q.float(), *args[1:], scale,
                                              scales["k_scale"], scales["v_scale"])
                     row["err_vs_dequantised"] = relative_error(out, ref)
                     row["err_vs_bf16_cache"] = relative_error(out, base)
                     del ref
-                t = timed(fn)
                 nbytes = kv_bytes(batch, context, num_kv, head_dim, dtype)
-                rows.append({**env, **row, "time_us": t, "kv_bytes": nbytes,
-                             "gbps": nbytes / t / 1e3, "copy_gbps": copy_gbps,
-                             "copy_fraction": nbytes / t / 1e3 / copy_gbps})
-                print(f"decode {row['cache_dtype']:>13} {batch:>3} x {context:<6} block {block:<3}"
-                      f" {t:8.1f} us  {rows[-1]['copy_fraction']:.2f} of copy"
-                      + (f"  err vs bf16 {row['err_vs_bf16_cache']:.1e}"
-                         f" vs dequantised {row['err_vs_dequantised']:.1e}" if scales else ""),
-                      flush=True)
+                launches = {"default": fn}
+                if dtype == E4M3 and block == 16:  # fp8 tiles hold half the bytes: a larger one
+                    launches["tile128x8"] = lambda: triton_decode.triton_paged_decode(
+                        *args, scale, **scales, tile_n=128, num_warps=8)
+                for launch, run in launches.items():
+                    t = timed(run)
+                    rows.append({**env, **row, "launch": launch, "time_us": t,
+                                 "kv_bytes": nbytes, "gbps": nbytes / t / 1e3,
+                                 "copy_gbps": copy_gbps,
+                                 "copy_fraction": nbytes / t / 1e3 / copy_gbps})
+                    print(f"decode {row['cache_dtype']:>13} {batch:>3} x {context:<6} block "
+                          f"{block:<3} {launch:>9} {t:8.1f} us  "
+                          f"{rows[-1]['copy_fraction']:.2f} of copy"
+                          + (f"  err vs bf16 {row['err_vs_bf16_cache']:.1e}"
+                             f" vs dequantised {row['err_vs_dequantised']:.1e}" if scales else ""),
+                          flush=True)
                 del args
             del k, v, q, base
             empty_cache()

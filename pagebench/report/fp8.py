@@ -60,6 +60,8 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
                              "time_us"} <= set(frame.columns):
         return None
     dec = frame[frame["op"] == "decode"]
+    if "launch" in dec:  # other launch options are shown in the CSV, not compared here
+        dec = dec[dec["launch"].fillna("default") == "default"]
     keys = ["batch", "context", "block_size"]
     bf16 = dec[dec["cache_dtype"] == "bfloat16"].set_index(keys)
     fp8 = dec[dec["cache_dtype"] == FP8].set_index(keys)

@@ -274,6 +274,8 @@ def main() -> None:
             traceback.print_exc()
             print(f"{name}: FAILED {type(e).__name__}: {e}", flush=True)
             continue
+        if not rows:
+            continue
         frames[name] = pd.DataFrame(rows)
         frames[name].to_csv(os.path.join(OUT, f"{name}.csv"), index=False)
         print(f"{name}: {len(rows)} rows, {time.perf_counter() - START:.0f} s", flush=True)

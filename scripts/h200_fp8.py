@@ -31,7 +31,8 @@ from pagebench.kernels import triton_decode, triton_prefill
 from pagebench.kernels.quant import calibrated_scales, quantize
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
 from pagebench.kernels.sweep import footprint_bytes, kv_bytes, l2_bytes, measure_copy_gbps
-from pagebench.kernels.testing import TABLE_LAYOUTS, adjacent_fraction, layout_tables, relative_error
+from pagebench.kernels.testing import (TABLE_LAYOUTS, adjacent_fraction, layout_tables,
+                                       relative_error)
 from pagebench.timing import environment, measure
 
 SHAPE = (32, 8, 128)  # Llama-3-8B

@@ -1,5 +1,5 @@
-"""LLMEngine with an fp8 KV cache: one byte per element (twice a bf16 pool's blocks), calibrated scales, and
-greedy output close to the unquantised cache's on a tiny random model."""
+"""LLMEngine with an fp8 KV cache: one byte per element (twice a bf16 pool's blocks),
+calibrated scales, and greedy output close to the unquantised cache's on a tiny random model."""
 
 import pytest
 import torch

@@ -63,7 +63,8 @@ def test_scales_as_numbers_or_tensors_give_the_same_result(cache_dtype):
     ({"k_scale": 0.0, "v_scale": 1.0}, "k_scale: must be finite and positive"),
     ({"k_scale": 1.0, "v_scale": float("nan")}, "v_scale: must be finite"),
     ({"k_scale": torch.ones(3), "v_scale": 1.0}, r"k_scale: expected shape \[num_kv_heads\]"),
-    ({"k_scale": torch.ones(2, dtype=torch.float64), "v_scale": 1.0}, "k_scale: expected a float32"),
+    ({"k_scale": torch.ones(2, dtype=torch.float64), "v_scale": 1.0},
+     "k_scale: expected a float32"),
     ({"k_scale": torch.tensor([1.0, -1.0]), "v_scale": 1.0}, "k_scale: every scale"),
     ({"k_scale": "1", "v_scale": 1.0}, "k_scale: expected a number"),
 ])

@@ -95,6 +95,7 @@ def run_bench(args) -> int:
     quick = args.quick or args.device == "cpu"
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if args.device == "cuda" else torch.float32)
+    kv_dtype = kv_dtype_from_name(args.kv_dtype, dtype, "--kv-dtype") if args.kv_dtype else None
     skipped: list = []
     ranks = SweepRanks(args.device)
     if args.prefill:
@@ -114,8 +115,7 @@ def run_bench(args) -> int:
                        block_sizes=args.block_sizes, dtype=dtype, include=include,
                        exclude=None if include is None else (), repeat=args.repeat,
                        skipped=skipped, share=ranks.share, layouts=layouts,
-                       kv_dtype=kv_dtype_from_name(args.kv_dtype, dtype, "--kv-dtype") if args.kv_dtype
-                       else None)
+                       kv_dtype=kv_dtype)
         cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
                 "time_us", "gbps"] + (["table_layout", "fits_l2"] if len(layouts) > 1 else []) \
             + (["kv_dtype"] if args.kv_dtype else [])

@@ -124,6 +124,8 @@ class ModelRunner:
         shape = (self.num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
         self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.meta: StepMetadata | None = None
+        self.decode_graphs = None  # setup_decode_graphs
+        self.graph_error: str | None = None
         _register()
 
     @property
@@ -228,12 +230,62 @@ class ModelRunner:
     def execute(self, seqs, num_new: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Run one step; returns float32 logits [R, vocab] and the indices (into ``seqs``)
         of the R sequences whose known tokens are now all computed."""
-        input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new)
+        graphs = self.decode_graphs
+        if graphs is not None and all(n == 1 for n in num_new) and graphs.fits(seqs):
+            hidden = graphs.run(seqs)  # one token row per sequence
+            rows = [i for i, seq in enumerate(seqs) if seq.num_computed + 1 == len(seq.token_ids)]
+            sampled = rows
+        else:
+            input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new)
+            hidden = self.forward(input_ids, positions, meta)
+        if not rows:
+            return hidden.new_empty(0, 0), sampled
+        if len(rows) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(rows, device=hidden.device)]
+        return self.lm_head(hidden).float(), sampled
+
+    def forward(self, input_ids, positions, meta: StepMetadata) -> torch.Tensor:
+        """The decoder on one packed step (``input_ids``, ``positions`` [T]): hidden [T, H]."""
         with self._active(meta):
-            hidden = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
-                                  use_cache=False).last_hidden_state[0]
-        logits = self.lm_head(hidden[rows]).float() if rows else hidden.new_empty(0, 0)
-        return logits, sampled
+            return self.decoder(input_ids=input_ids[None], position_ids=positions[None],
+                                use_cache=False).last_hidden_state[0]
+
+    def forward_decode(self, input_ids, positions, slots, block_tables, seq_lens):
+        """A decode step: one token per sequence, attended by the decode kernel alone."""
+        group = AttentionGroup("decode", None, block_tables, seq_lens)
+        return self.forward(input_ids, positions, StepMetadata(slots, [group]))
+
+    def setup_decode_graphs(self, max_num_seqs: int, max_model_len: int,
+                            capture: bool = True) -> None:
+        """Run decode steps from static buffers (``decode_graphs.DecodeGraphs``), captured
+        into CUDA graphs if ``capture`` (CUDA only). Adds a scratch block past the pool for
+        the padding rows, so call it before the first step. A decode kernel that cannot be
+        captured (it reads device values back) leaves the runner eager, with the reason in
+        ``graph_error``."""
+        from pagebench.engine.decode_graphs import DecodeGraphs
+
+        if self.check_inputs:
+            raise ConfigError("check_kernel_inputs: the checked kernels read values back "
+                              "from the device, which a CUDA graph cannot; use eager mode")
+        num_blocks = self.kv.shape[2]
+        shape = list(self.kv.shape)
+        shape[2] = num_blocks + 1
+        self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self.attention_window:
+            max_model_len = min(max_model_len, self.attention_window)
+        self.decode_graphs = DecodeGraphs(self, max_num_seqs, max_model_len, num_blocks)
+        if capture:
+            try:
+                self.decode_graphs.capture()
+            except RuntimeError as e:  # e.g. a backend that syncs with the host
+                self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                self.decode_graphs = None
+                torch.cuda.synchronize(self.device)
+
+    def describe_graphs(self) -> dict:
+        if self.decode_graphs is None:
+            return dict(cuda_graphs=False, graph_error=self.graph_error)
+        return self.decode_graphs.describe()
 
     @contextlib.contextmanager
     def _active(self, meta: StepMetadata):

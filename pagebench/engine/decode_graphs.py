@@ -98,6 +98,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.capture_s = 0.0
         self.memory_bytes = 0
+        self.num_steps = 0  # decode steps run here, replayed or not
         self.num_replays = 0
 
     # ---- capture ---------------------------------------------------------------------------
@@ -156,6 +157,7 @@ class DecodeGraphs:
         self.inputs.copy_(self.staging, non_blocking=True)
         if self.copied is not None:
             self.copied.record()
+        self.num_steps += 1
         graph = self.graphs.get(size)
         if graph is not None:
             graph.replay()

@@ -240,12 +240,16 @@ def section_breakdown(ctx):
 def section_batch(ctx):
     quick = ctx.args.quick
     repeat = 1 if quick else ctx.args.repeat
-    points = [(16, b, False) for b in BATCHES] + [(16, b, True) for b in BATCHES]
-    points += [(bs, b, False) for bs in BLOCKS[1:] for b in BATCHES]
+    # (block size, batch, mode): "graphs" (compiled layers + CUDA graphs, the default),
+    # "graphs_uncompiled" (graphs of the plain layers), "eager" (enforce_eager)
+    points = [(16, b, "graphs") for b in BATCHES] + [(16, b, "eager") for b in BATCHES]
+    points += [(16, b, "graphs_uncompiled") for b in (1, 256)]
+    points += [(bs, b, "graphs") for bs in BLOCKS[1:] for b in BATCHES]
     if quick:
-        points = [(16, 1, False), (16, 256, False), (16, 256, True)]
+        points = [(16, 1, "graphs"), (16, 256, "graphs"), (16, 1, "graphs_uncompiled")]
     rows = []
-    for bs, b, eager in points:
+    for bs, b, mode in points:
+        eager = mode == "eager"
         if ctx.left() < 120 + (60 if not quick else 0):
             log(f"skip throughput block {bs} batch {b} eager={eager}: budget")
             continue
@@ -253,24 +257,24 @@ def section_batch(ctx):
         r = bench.throughput_vs_batch(ctx.model, batch_sizes=(b,), block_sizes=(bs,),
                                       prompt_len=PROMPTS, max_tokens=NEW_TOKENS,
                                       kernel="triton", repeat=repeat, enforce_eager=eager,
-                                      seed=b)[0]
+                                      compile_model=mode == "graphs", seed=b)[0]
         step_bytes = bench.decode_bytes_per_step(ctx.model, prompts, NEW_TOKENS)
-        r |= dict(decode_bytes_per_step=step_bytes,
+        r |= dict(mode=mode, decode_bytes_per_step=step_bytes,
                   copy_bandwidth_bytes_per_s=ctx.bandwidth)
         if ctx.bandwidth:
             r["bandwidth_fraction"] = step_bytes / (r["decode_step_ms"] / 1e3) / ctx.bandwidth
         rows.append(r)
-        log(f"block {bs} batch {b} graphs={not eager}: decode {r['decode_tokens_per_s']:.0f} "
+        log(f"block {bs} batch {b} {mode}: decode {r['decode_tokens_per_s']:.0f} "
             f"tok/s ({r['decode_tokens_per_s_min']:.0f}-{r['decode_tokens_per_s_max']:.0f}), "
             f"end to end {r['tokens_per_s']:.0f}, step {r['decode_step_ms']:.2f} ms, "
-            f"capture {r['graph_capture_s'] or 0:.1f} s")
+            f"capture {r['graph_capture_s'] or 0:.1f} s, compile {r['compile_s']:.1f} s")
     df = ctx.save(rows, "engine_throughput_vs_batch.csv")
-    g = df[df.cuda_graphs]
+    g = df[df["mode"] == "graphs"]
     ctx.summary.append("decode tokens/s (graphs), block x batch\n" + g.pivot(
         index="batch_size", columns="block_size", values="decode_tokens_per_s").round(0)
         .to_string())
     ctx.summary.append(df[df.block_size == 16][[
-        "batch_size", "cuda_graphs", "decode_tokens_per_s", "decode_tokens_per_s_min",
+        "batch_size", "mode", "decode_tokens_per_s", "decode_tokens_per_s_min",
         "decode_tokens_per_s_max", "tokens_per_s", "decode_step_ms",
         "bandwidth_fraction" if "bandwidth_fraction" in df else "decode_step_ms"]]
         .round(3).to_string())

@@ -133,7 +133,8 @@ def test_graphs_refuse_checked_kernel_inputs(model):
 
 def test_eager_engine_describes_itself(model):
     engine = LLMEngine(model, kernel="torch", num_blocks=64)
-    assert engine.graphs() == {"cuda_graphs": False, "graph_error": None}
+    assert engine.graphs() == {"cuda_graphs": False, "graph_error": None,
+                               "compiled_layers": False, "compile_s": 0.0, "compile_error": None}
     assert "eager" in engine.describe()
     assert MAX_GRAPH_LEN >= 4096
 
@@ -171,3 +172,20 @@ def test_graph_logits_match_eager_logits_gpu():
         outputs(engine, prompts, max_tokens=6)
         logits.append(torch.cat([out for out, _ in captured[1:]]))  # decode steps
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
+    # dynamo alone (backend "eager"): the paged attention must be a graph break, outputs
+    # unchanged, and the model's own layers untouched for model.generate
+    import functools
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
+    prompts = random_prompts([1, 9, 40])
+    eager = LLMEngine(model, kernel="torch", block_size=16, num_blocks=256)
+    compiled = LLMEngine(model, kernel="torch", block_size=16, num_blocks=256, max_num_seqs=4)
+    compiled.runner.setup_decode_graphs(4, compiled.max_model_len, capture=False,
+                                        compile_layers=True)
+    assert compiled.graphs()["compiled_layers"] and compiled.graphs()["compile_error"] is None
+    assert outputs(compiled, prompts) == outputs(eager, prompts)
+    assert all(type(layer) is transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer
+               for layer in model.model.layers)

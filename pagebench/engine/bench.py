@@ -103,7 +103,8 @@ def _engine_row(engine: LLMEngine, seconds: float) -> dict:
                 num_steps=len(s["steps"]), max_batch=max((x["batch_size"] for x in s["steps"]),
                                                          default=0),
                 cuda_graphs=s["cuda_graphs"], graph_capture_s=s.get("graph_capture_s"),
-                graph_memory_bytes=s.get("graph_memory_bytes"))
+                graph_memory_bytes=s.get("graph_memory_bytes"),
+                compiled_layers=s["compiled_layers"], compile_s=s["compile_s"])
 
 
 def _spread(name: str, values: list[float]) -> dict:
@@ -244,6 +245,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
                    kernel=engine.runner.decode_backend.name if is_engine else None,
                    fresh_prefill=engine.runner.fresh_prefill if is_engine else None,
                    cuda_graphs=engine.stats.get("cuda_graphs") if is_engine else None,
+                   compiled_layers=engine.stats.get("compiled_layers") if is_engine else None,
                    compile_mode=compile_mode if m == "generate_static_compile" else None,
                    repeats=len(times[m]), error=errors.get(m),
                    timing="perf_counter, median of interleaved repeats")
@@ -265,10 +267,11 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
 def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 16, 32, 128),
                         prompt_len: int | tuple[int, int] = 64, max_tokens: int = 32,
                         kernel: str = "auto", repeat: int = 1, num_blocks: int | None = None,
-                        enforce_eager: bool = False, seed: int | None = None) -> list[dict]:
+                        enforce_eager: bool = False, compile_model: bool = True,
+                        seed: int | None = None) -> list[dict]:
     """Decode-heavy throughput of the engine for each (block size, batch size): ``batch_size``
     requests of ``prompt_len`` tokens (or lengths drawn from ``(min, max)``), ``max_tokens``
-    each, all admitted at once. ``enforce_eager`` as ``LLMEngine``'s (graphs on CUDA)."""
+    each, all admitted at once. ``enforce_eager`` and ``compile_model`` as ``LLMEngine``'s."""
     model = model or tiny_model()
     lo, hi = prompt_len if isinstance(prompt_len, tuple) else (prompt_len, prompt_len)
     rows = []
@@ -280,7 +283,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 
             row, _ = run_engine(model, prompts, max_tokens, repeat, block_size=bs,
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
                                 max_num_batched_tokens=max(2048, min(8192, b * hi)),
-                                enforce_eager=enforce_eager)
+                                enforce_eager=enforce_eager, compile_model=compile_model)
             rows.append(_base(model, experiment="throughput_vs_batch", block_size=bs,
                               batch_size=b, prompt_len=lo if lo == hi else (lo + hi) / 2, prompt_len_min=lo,
                               prompt_len_max=hi, max_tokens=max_tokens, kernel=kernel,

@@ -108,6 +108,7 @@ class DecodeGraphs:
         batch's activations fit in the larger one's)."""
         dev = self.runner.device
         torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()  # as each capture does: what stays reserved is the graphs'
         t0, before = time.perf_counter(), torch.cuda.memory_reserved(dev)
         pool = None
         for size in reversed(self.sizes):
@@ -120,7 +121,17 @@ class DecodeGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize(dev)
         self.capture_s = time.perf_counter() - t0
+        torch.cuda.empty_cache()
         self.memory_bytes = torch.cuda.memory_reserved(dev) - before
+
+    @torch.inference_mode()
+    def warm_up(self, size: int) -> None:
+        """One step of padding rows only, uncaptured (compiles what the step compiles)."""
+        self._pad(0, size)
+        self.inputs.copy_(self.staging)
+        self._forward(size)
+        if self.runner.device.type == "cuda":
+            torch.cuda.synchronize(self.runner.device)
 
     def _forward(self, size: int) -> None:
         """The captured step on the first ``size`` rows of the static inputs."""
@@ -223,6 +234,6 @@ class DecodeGraphs:
         host[UPDATE_VALUE, start:stop] = self.scratch_block
 
     def describe(self) -> dict:
-        return dict(cuda_graphs=bool(self.graphs), graph_batch_sizes=list(self.graphs),
+        return dict(cuda_graphs=bool(self.graphs), graph_batch_sizes=sorted(self.graphs),
                     graph_max_len=self.max_len, graph_capture_s=self.capture_s,
                     graph_memory_bytes=self.memory_bytes)

@@ -56,8 +56,10 @@ class LLMEngine:
     blocks_used, num_preempted, time_s). It also holds ``graphs()``, the CUDA-graph setup.
 
     On CUDA, decode steps replay CUDA graphs captured at start-up for batch sizes 1, 2, 4, 8,
-    then every 16 up to ``max_num_seqs`` (``decode_graphs``); ``enforce_eager=True`` runs every
-    step eagerly, as on the CPU. ``check_kernel_inputs=True`` implies eager.
+    then every 16 up to ``max_num_seqs`` (``decode_graphs``), after ``torch.compile`` of the
+    decoder layers (``compile_model``; fused kernels make the graphs shorter); ``enforce_eager=
+    True`` runs every step eagerly and uncompiled, as on the CPU. ``check_kernel_inputs=True``
+    implies eager.
     """
 
     def __init__(self, model, block_size: int = 16, num_blocks: int | None = None,
@@ -65,7 +67,7 @@ class LLMEngine:
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  kv_cache_memory=None, max_model_len: int | None = None,
                  check_kernel_inputs: bool = False, fresh_prefill: bool = True,
-                 enforce_eager: bool = False):
+                 enforce_eager: bool = False, compile_model: bool = True):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
@@ -90,7 +92,8 @@ class LLMEngine:
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
         if not enforce_eager and not check_kernel_inputs and param.device.type == "cuda":
-            self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len)
+            self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len,
+                                            compile_layers=compile_model)
         log.info("LLMEngine: %s", self.describe())
         self.stats: dict = self.graphs()
         self._ids = itertools.count()
@@ -110,6 +113,10 @@ class LLMEngine:
         kv = self.runner.kv_cache_bytes / 2**30
         line = (f"{self.num_blocks} blocks of {self.block_size} tokens ({kv:.2f} GiB KV), "
                 f"decode kernel {self.runner.decode_backend.name}, ")
+        if g["compiled_layers"]:
+            line += f"decoder layers compiled in {g['compile_s']:.1f} s, "
+        elif g["compile_error"]:
+            line += f"compile failed ({g['compile_error']}), "
         if g["cuda_graphs"]:
             sizes = g["graph_batch_sizes"]
             return line + (f"CUDA graphs for batch 1..{max(sizes)} ({len(sizes)} graphs, "

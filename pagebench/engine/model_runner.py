@@ -11,6 +11,7 @@ transformers builds no mask for an attention implementation it has no mask funct
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -47,10 +48,13 @@ def _padded_causal_attention(q, k, v, index, valid, scale):
     return out.transpose(1, 2)[valid]
 
 
-def _register() -> None:
+def _register(compiled: bool = False) -> None:
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTN_NAME, _paged_attention)
+    # in torch.compile'd layers the paged attention stays out of the compiled graphs: it reads
+    # the runner's step state and launches its own kernels
+    AttentionInterface.register(ATTN_NAME, torch.compiler.disable(_paged_attention)
+                                if compiled else _paged_attention)
 
 
 @dataclass(slots=True)
@@ -126,6 +130,9 @@ class ModelRunner:
         self.meta: StepMetadata | None = None
         self.decode_graphs = None  # setup_decode_graphs
         self.graph_error: str | None = None
+        self.compiled_layers: torch.nn.ModuleList | None = None
+        self.compile_s = 0.0
+        self.compile_error: str | None = None
         _register()
 
     @property
@@ -256,12 +263,18 @@ class ModelRunner:
         return self.forward(input_ids, positions, StepMetadata(slots, [group]))
 
     def setup_decode_graphs(self, max_num_seqs: int, max_model_len: int,
-                            capture: bool = True) -> None:
+                            capture: bool = True, compile_layers: bool = False) -> None:
         """Run decode steps from static buffers (``decode_graphs.DecodeGraphs``), captured
         into CUDA graphs if ``capture`` (CUDA only). Adds a scratch block past the pool for
         the padding rows, so call it before the first step. A decode kernel that cannot be
         captured (it reads device values back) leaves the runner eager, with the reason in
-        ``graph_error``."""
+        ``graph_error``.
+
+        ``compile_layers``: first ``torch.compile`` the decoder layers for this runner's steps
+        (``compile_decoder_layers``), so that each graph holds fused kernels: a decode step of
+        a small model at small batch is a thousand tiny kernels, which even a graph replays
+        at a microsecond or two each. A compile that fails leaves the layers as they are, with
+        the reason in ``compile_error``."""
         from pagebench.engine.decode_graphs import DecodeGraphs
 
         if self.check_inputs:
@@ -274,6 +287,8 @@ class ModelRunner:
         if self.attention_window:
             max_model_len = min(max_model_len, self.attention_window)
         self.decode_graphs = DecodeGraphs(self, max_num_seqs, max_model_len, num_blocks)
+        if compile_layers:
+            self.compile_decoder_layers()
         if capture:
             try:
                 self.decode_graphs.capture()
@@ -282,10 +297,33 @@ class ModelRunner:
                 self.decode_graphs = None
                 torch.cuda.synchronize(self.device)
 
-    def describe_graphs(self) -> dict:
+    def compile_decoder_layers(self) -> None:
+        """``torch.compile`` each decoder layer (one compiled code serves them all: the layers
+        share their code, and their weights are inputs), used in this runner's steps only (the
+        model's own ``forward`` and ``generate`` keep the plain layers); the paged attention is
+        left out as a graph break. Compiles on the first step of each shape class (batch 1
+        and any other batch), which ``setup_decode_graphs`` does before capturing."""
+        _register(compiled=True)
+        self.compiled_layers = torch.nn.ModuleList(
+            torch.compile(layer, dynamic=True) for layer in self.decoder.layers)
         if self.decode_graphs is None:
-            return dict(cuda_graphs=False, graph_error=self.graph_error)
-        return self.decode_graphs.describe()
+            return
+        t0 = time.perf_counter()
+        try:
+            for size in (self.decode_graphs.max_batch, 1):
+                self.decode_graphs.warm_up(size)
+        except Exception as e:  # noqa: BLE001 -- inductor's errors are many types
+            self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.compiled_layers = None
+            _register()
+        self.compile_s = time.perf_counter() - t0
+
+    def describe_graphs(self) -> dict:
+        compiled = dict(compiled_layers=self.compiled_layers is not None,
+                        compile_s=self.compile_s, compile_error=self.compile_error)
+        if self.decode_graphs is None:
+            return dict(cuda_graphs=False, graph_error=self.graph_error) | compiled
+        return self.decode_graphs.describe() | compiled
 
     @contextlib.contextmanager
     def _active(self, meta: StepMetadata):
@@ -294,8 +332,12 @@ class ModelRunner:
         saved = config._attn_implementation
         config._attn_implementation = ATTN_NAME
         self.meta, _active = meta, self
+        layers = self.decoder.layers
+        if self.compiled_layers is not None:
+            self.decoder.layers = self.compiled_layers
         try:
             yield
         finally:
+            self.decoder.layers = layers
             config._attn_implementation = saved
             self.meta, _active = None, None

@@ -209,20 +209,26 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
     that raises gets a row with its ``error`` and no timing."""
     dev = _device(model)
     engine = LLMEngine(model, **engine_kwargs)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     runs = {
-        "engine": lambda: [o.outputs[0].token_ids for o in engine.generate(prompts, params)],
-        "padded_generate": lambda: padded_generate(model, prompts, max_tokens),
-        "generate_batch": lambda: generate_batch(model, prompts, max_tokens),
-        "generate_static_compile": lambda: padded_generate(model, prompts, max_tokens,
-                                                           compile_mode=compile_mode),
+        "engine": lambda p=prompts, n=max_tokens: [
+            o.outputs[0].token_ids for o in engine.generate(p, SamplingParams(
+                max_tokens=n, ignore_eos=True))],
+        "padded_generate": lambda p=prompts, n=max_tokens: padded_generate(model, p, n),
+        "generate_batch": lambda p=prompts, n=max_tokens: generate_batch(model, p, n),
+        "generate_static_compile": lambda p=prompts, n=max_tokens: padded_generate(
+            model, p, n, compile_mode=compile_mode),
     }
+    # warm-ups: the engine and the compiled path on the real requests (a static cache is
+    # compiled for its shape); the dynamic ones on a few short ones
+    small = dict(p=prompts[:4], n=8)
+    warm = {"engine": {}, "generate_static_compile": {}, "padded_generate": small,
+            "generate_batch": small}
     times: dict[str, list[float]] = {m: [] for m in methods}
     decode: list[float] = []
     outputs, errors = {}, {}
     for m in methods:  # warm-up (and compilation)
         try:
-            runs[m]()
+            runs[m](**warm[m])
         except Exception as e:  # noqa: BLE001 -- a peer that fails is a result, not a crash
             errors[m] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     for _ in range(repeat):

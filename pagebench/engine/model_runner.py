@@ -283,6 +283,7 @@ class ModelRunner:
         num_blocks = self.kv.shape[2]
         shape = list(self.kv.shape)
         shape[2] = num_blocks + 1
+        self.kv = None  # freed first: the pool may be most of the device's memory
         self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
         if self.attention_window:
             max_model_len = min(max_model_len, self.attention_window)

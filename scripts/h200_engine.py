@@ -301,8 +301,8 @@ def section_peers(ctx):
         rows += r
         log(f"peers batch {b}: " + ", ".join(
             f"{x['method']} {x.get('tokens_per_s', float('nan')):.0f}" for x in r))
-    ctx.peers = rows
-    _save_peers(ctx)
+        ctx.peers = rows
+        _save_peers(ctx)  # after each batch size: a run cut short keeps what it measured
 
 
 def section_static_compile(ctx):

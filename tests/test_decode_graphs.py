@@ -143,12 +143,13 @@ def test_eager_engine_describes_itself(model):
 
 @pytest.mark.gpu
 @GPU
+@pytest.mark.parametrize("compiled", [False, True], ids=["graphs", "compiled+graphs"])
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_graph_replay_equals_eager_steps_gpu(block_size):
+def test_graph_replay_equals_eager_steps_gpu(block_size, compiled):
     model = tiny_model(device="cuda")
     prompts = random_prompts([1, 9, 33, 120, 300], seed=4)
     graphs = LLMEngine(model, kernel="triton", block_size=block_size,
-                       num_blocks=8192 // block_size, max_num_seqs=8)
+                       num_blocks=8192 // block_size, max_num_seqs=8, compile_model=compiled)
     eager = LLMEngine(model, kernel="triton", block_size=block_size,
                       num_blocks=8192 // block_size, max_num_seqs=8, enforce_eager=True)
     assert graphs.graphs()["cuda_graphs"] and not eager.graphs()["cuda_graphs"]
@@ -181,10 +182,11 @@ def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="eager"))
     prompts = random_prompts([1, 9, 40])
-    eager = LLMEngine(model, kernel="torch", block_size=16, num_blocks=256)
     compiled = LLMEngine(model, kernel="torch", block_size=16, num_blocks=256, max_num_seqs=4)
     compiled.runner.setup_decode_graphs(4, compiled.max_model_len, capture=False,
                                         compile_layers=True)
+    # an engine built after the compile must not change what the compiled layers call
+    eager = LLMEngine(model, kernel="torch", block_size=16, num_blocks=256)
     assert compiled.graphs()["compiled_layers"] and compiled.graphs()["compile_error"] is None
     assert outputs(compiled, prompts) == outputs(eager, prompts)
     assert all(type(layer) is transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer

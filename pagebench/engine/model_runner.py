@@ -48,13 +48,14 @@ def _padded_causal_attention(q, k, v, index, valid, scale):
     return out.transpose(1, 2)[valid]
 
 
-def _register(compiled: bool = False) -> None:
+def _register() -> None:
     from transformers import AttentionInterface
 
-    # in torch.compile'd layers the paged attention stays out of the compiled graphs: it reads
-    # the runner's step state and launches its own kernels
-    AttentionInterface.register(ATTN_NAME, torch.compiler.disable(_paged_attention)
-                                if compiled else _paged_attention)
+    # left out of torch.compile'd layers (compile_decoder_layers) as a graph break: it reads
+    # the runner's step state and launches its own kernels. Registered this way for every
+    # runner, so that a runner built later cannot swap the function under compiled layers
+    # (which would make dynamo recompile them, tracing into it)
+    AttentionInterface.register(ATTN_NAME, torch.compiler.disable(_paged_attention))
 
 
 @dataclass(slots=True)
@@ -304,7 +305,6 @@ class ModelRunner:
         model's own ``forward`` and ``generate`` keep the plain layers); the paged attention is
         left out as a graph break. Compiles on the first step of each shape class (batch 1
         and any other batch), which ``setup_decode_graphs`` does before capturing."""
-        _register(compiled=True)
         self.compiled_layers = torch.nn.ModuleList(
             torch.compile(layer, dynamic=True) for layer in self.decoder.layers)
         if self.decode_graphs is None:
@@ -316,7 +316,6 @@ class ModelRunner:
         except Exception as e:  # noqa: BLE001 -- inductor's errors are many types
             self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             self.compiled_layers = None
-            _register()
         self.compile_s = time.perf_counter() - t0
 
     def describe_graphs(self) -> dict:

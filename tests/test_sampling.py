@@ -15,8 +15,11 @@ def reference_sample(logits, params, generators):
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         index = torch.tensor(rows, device=logits.device)
-        temp = torch.tensor([params[i].temperature for i in rows], device=logits.device)
-        probs = torch.softmax(logits[index].float() / temp[:, None], dim=-1)
+        temp = torch.tensor([params[i].temperature for i in rows], dtype=torch.float32,
+                            device=logits.device).clamp_min(torch.finfo(torch.float32).tiny)
+        shifted = logits[index].float()
+        shifted = shifted - shifted.amax(dim=-1, keepdim=True)
+        probs = torch.softmax(shifted / temp[:, None], dim=-1)
         top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
         if (top_p < 1).any():
             sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -30,7 +33,7 @@ def reference_sample(logits, params, generators):
 
 
 row_params = st.builds(SamplingParams,
-                       temperature=st.sampled_from([0.0, 0.0, 0.5, 1.0, 1, 1.7]),
+                       temperature=st.sampled_from([0.0, 0.0, 1e-30, 0.5, 1.0, 1, 1.7]),
                        top_p=st.sampled_from([1.0, 1, 0.9, 0.3, 0.01]),
                        seed=st.integers(0, 2**40))
 

@@ -88,10 +88,14 @@ def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
     settings = torch.tensor([[params[i].temperature for i in rows],
                              [params[i].top_p for i in rows]],
                             dtype=torch.float32).to(dev, non_blocking=True)
-    temp, top_p = settings
+    temp, top_p = settings[0].clamp_min(torch.finfo(torch.float32).tiny), settings[1]
     every = len(rows) == len(params)
     index = None if every else torch.tensor(rows).to(dev, non_blocking=True)
-    probs = torch.softmax((logits if every else logits[index]).float() / temp[:, None], dim=-1)
+    # shifted to max 0 first: a tiny temperature then sends the rest to -inf, never the top to
+    # +inf (inf - inf would be NaN), so it acts as greedy
+    shifted = (logits if every else logits[index]).float()
+    shifted = shifted - shifted.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted / temp[:, None], dim=-1)
     if any(params[i].top_p < 1 for i in rows):
         sorted_p, order = probs.sort(dim=-1, descending=True)
         drop = (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # keeps at least the top

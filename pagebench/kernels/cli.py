@@ -13,7 +13,9 @@ def register(sub) -> None:
         "bench", help="time paged vs contiguous decode kernels (tidy CSV/JSON)",
         description="Time every registered decode backend (paged and contiguous) over batch, "
         "context and block size. Default on CPU: a quick sweep (torch-paged vs sdpa-contiguous, "
-        "small sizes, < 1 min). On CUDA: the full grid unless --quick.")
+        "small sizes, < 1 min). On CUDA: the full grid unless --quick. Under `torchrun "
+        "--nproc-per-node N` the sweep's points are split over N GPUs (one per rank) and rank 0 "
+        "writes the merged rows, each naming its rank and GPU.")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--quick", action="store_true", help="small grid (default on CPU)")
     p.add_argument("--shape", action="append", metavar="NAME=HQ/HKV/D",
@@ -31,6 +33,10 @@ def register(sub) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="time paged prefill instead (whole prompts, and chunks after a cached "
                    "prefix) against causal SDPA on a contiguous cache; one block size")
+    p.add_argument("--layouts", default="shuffled",
+                   help="block-table layouts of the paged cases, comma-separated: contiguous "
+                   "(arange tables), shuffled (a random permutation of the pool), aged (tables "
+                   "of a block manager that has served a trace with churn); default %(default)s")
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities, then exit")
     p.set_defaults(func=run_bench)
@@ -50,9 +56,11 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, int, int]]:
 def run_bench(args) -> int:
     import torch
 
+    from pagebench.distributed import SweepRanks
     from pagebench.kernels import available_backends
     from pagebench.kernels.prefill_sweep import run_prefill_sweep
     from pagebench.kernels.sweep import run_sweep
+    from pagebench.kernels.testing import TABLE_LAYOUTS
 
     if args.list_backends:
         print(json.dumps(available_backends(), indent=2))
@@ -74,26 +82,40 @@ def run_bench(args) -> int:
         if unknown:
             raise ValueError(f"--backends: not available here: {unknown} "
                              f"(available: {sorted(available_backends())})")
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    unknown = sorted(set(layouts) - set(TABLE_LAYOUTS))
+    if unknown or not layouts:
+        raise ValueError(f"--layouts: unknown {unknown or args.layouts!r} "
+                         f"(use {', '.join(TABLE_LAYOUTS)})")
     quick = args.quick or args.device == "cpu"
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if args.device == "cuda" else torch.float32)
     skipped: list = []
+    ranks = SweepRanks(args.device)
     if args.prefill:
+        if layouts != ["shuffled"]:
+            raise ValueError("--layouts: applies to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
         df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
                                block_size=args.block_sizes[0] if args.block_sizes else 16,
-                               dtype=dtype, include=include, repeat=args.repeat)
+                               dtype=dtype, include=include, repeat=args.repeat,
+                               share=ranks.share)
         cols = ["model_shape", "batch", "query_len", "cached", "backend", "cuda_graph", "time_us",
                 "tflops"]
     else:
         df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
                        block_sizes=args.block_sizes, dtype=dtype, include=include,
                        exclude=None if include is None else (), repeat=args.repeat,
-                       skipped=skipped)
+                       skipped=skipped, share=ranks.share, layouts=layouts)
         cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
-                "time_us", "gbps"]
+                "time_us", "gbps"] + (["table_layout", "fits_l2"] if len(layouts) > 1 else [])
+    df = ranks.merge(df)
+    if df is None:  # not rank 0: its rows went to rank 0
+        return 0
+    if ranks.world > 1:
+        cols.append("gpu")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         df.to_csv(args.out, index=False)

@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pagebench.report import devices
+
 PRIMARY_BLOCK_SIZE = 16
 
 
@@ -17,10 +19,9 @@ def _num(series) -> pd.Series:
 
 
 def device_label(df: pd.DataFrame) -> pd.Series:
-    """'NVIDIA H200 (h200)' style label: the device name, and where the data came from."""
-    name = df["device_name"].astype(str) if "device_name" in df.columns else df["device"].astype(str)
-    machine = df["machine"].astype(str) if "machine" in df.columns else pd.Series("", index=df.index)
-    return name.where(machine == "", name + " [" + machine + "]")
+    """Each row's device label (:mod:`pagebench.report.devices`: ``H200``,
+    ``CPU (2-core x86_64)``)."""
+    return devices.frame_labels(df).fillna("unknown device").astype(str)
 
 
 def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.report.claims import FAILS, HOLDS, Claim, judge
+from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
-from pagebench.report.sections import Section, Table, make_table
+from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
 SOURCE = "reports/data/h200/ (scripts/h200_fp8.py)"
-VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 PLANNER_CASES = (("llama-3-8b", "141GB", 8192), ("qwen2.5-7b", "80GB", 32768),
                  ("mistral-7b", "141GB", 32768))
 FP8 = "float8_e4m3fn"
@@ -29,9 +28,10 @@ LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
 
 
 def _device(frame: pd.DataFrame | None) -> str:
-    if frame is None or "device_name" not in frame:
+    """The frame's device labels (pagebench.report.devices), as Results.add set them."""
+    if frame is None or "machine" not in frame:
         return "GPU"
-    return ", ".join(frame["device_name"].dropna().astype(str).unique()) or "GPU"
+    return ", ".join(frame["machine"].dropna().astype(str).unique()) or "GPU"
 
 
 def planner_rows() -> pd.DataFrame:
@@ -88,7 +88,7 @@ def fp8_doubles_capacity(results: Results) -> Claim:
     lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
     parts = [f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})"]
     ok = 1.95 <= lo and hi <= 2.05
-    device = "arithmetic (any machine)"
+    device = "any machine (arithmetic)"
     engine = results.get("fp8_engine")
     if engine is not None and "blocks_ratio" in engine:
         ratio = float(engine["blocks_ratio"].iloc[0])
@@ -176,11 +176,7 @@ def section(results: Results) -> Section:
            "axis (`pagebench bench --layouts contiguous,shuffled,aged`); aged tables come from "
            "the block manager after it served a trace with churn.")
     claims = [fn(results) for fn in VERDICTS]
-    s.table(Table("Verdicts", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  [[c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)]
-                   for c in claims], None,
-                  [["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
-                    "criterion", "links"] for c in claims]))
+    s.table(claims_table(claims, "Verdicts"))
     s.table(make_table(planner_rows(), "Capacity planner, bf16 vs fp8 (e4m3) KV cache: bf16 "
                        "weights, 0.9 of the GPU, 4 GiB overhead, block 16; concurrency at "
                        "max_model_len (naive reservation)"))

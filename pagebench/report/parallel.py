@@ -13,20 +13,20 @@ from __future__ import annotations
 import pandas as pd
 
 from pagebench.report import plots
-from pagebench.report.claims import FAILS, HOLDS, Claim, judge
+from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
-from pagebench.report.sections import Section, Table, make_table
+from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
 SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.py)"
-VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 PLANNER_CASES = (("llama-3-8b", (1, 2, 4, 8, 16)), ("llama-3-70b", (2, 4, 8)))
 
 
 def _device(frame: pd.DataFrame) -> str:
-    names = frame["device_name"].dropna().astype(str).unique() if "device_name" in frame else []
-    return ", ".join(names) or "GPU"
+    """The frame's device labels (pagebench.report.devices), as Results.add set them."""
+    labels = frame["machine"].dropna().astype(str).unique() if "machine" in frame else []
+    return ", ".join(labels) or "GPU"
 
 
 def capacity_doubles(results: Results) -> Claim:
@@ -108,11 +108,7 @@ def section(results: Results) -> Section:
            "--nproc-per-node N`; `pagebench bench` under torchrun splits its points over the "
            "GPUs.")
     claims = [fn(results) for fn in VERDICTS]
-    s.table(Table("Verdicts", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  [[c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)]
-                   for c in claims], None,
-                  [["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
-                    "criterion", "links"] for c in claims]))
+    s.table(claims_table(claims, "Verdicts"))
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"two-GPU measurements ({SOURCE})")
     else:
@@ -136,8 +132,10 @@ def _measured_part(s: Section, results: Results) -> None:
     if tput is not None and {"tp", "batch", "tokens_per_s"} <= set(tput.columns):
         hue = "mode" if "mode" in tput.columns else "tp"  # mode: tp and eager / CUDA graphs
         s.plot(plots.lines(tput, "batch", "tokens_per_s", hue, "Engine tokens/s vs batch: "
-                           "tp=1 (one GPU) and tp=2 (two GPUs)", "batch", "tokens/s",
+                           "tp=1 (one GPU) and tp=2 (two GPUs)", "batch size (sequences)",
+                           "generated tokens/s",
                            "line chart of tokens per second against batch for tp 1 and 2",
+                           legend_title="run" if hue == "mode" else "tensor-parallel GPUs",
                            logx=True))
         s.table(make_table(tput, "Engine throughput (random-weight Llama-3-8B, bf16; prompts "
                            "of 128 tokens, 64 generated)",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from pagebench.kernels.quant import kv_dtype_from_name
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
 UTILISATION_EVERY = 8  # steps between samples of the pool's token utilisation
+log = logging.getLogger(__name__)
 
 
 def load_model(model, dtype=None, device=None):
@@ -55,8 +57,15 @@ class LLMEngine:
     found cached at first admission / prompt tokens), ``num_prompt_tokens``,
     ``num_computed_prompt_tokens`` (prompt positions run through the model, recomputation
     after preemption included), ``num_generated_tokens``, ``tokens_per_s`` (generated tokens /
-    wall time of the call), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
-    blocks_used, num_preempted).
+    wall time of the call), ``decode_tokens_per_s`` (tokens sampled in decode-only steps /
+    those steps' wall time), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
+    blocks_used, num_preempted, time_s). It also holds ``graphs()``, the CUDA-graph setup.
+
+    On CUDA, decode steps replay CUDA graphs captured at start-up for batch sizes 1, 2, 4, 8,
+    then every 16 up to ``max_num_seqs`` (``decode_graphs``), after ``torch.compile`` of the
+    decoder layers (``compile_model``; fused kernels make the graphs shorter); ``enforce_eager=
+    True`` runs every step eagerly and uncompiled, as on the CPU. ``check_kernel_inputs=True``
+    implies eager.
 
     ``tensor_parallel_size=N`` runs SPMD under ``torchrun --nproc-per-node N``: the model is
     sharded in place by attention heads and MLP columns, each rank's cache holds
@@ -69,7 +78,8 @@ class LLMEngine:
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  kv_cache_memory=None, max_model_len: int | None = None,
                  check_kernel_inputs: bool = False, fresh_prefill: bool = True,
-                 tensor_parallel_size: int = 1, kv_cache_dtype="auto"):
+                 tensor_parallel_size: int = 1, kv_cache_dtype="auto",
+                 enforce_eager: bool = False, compile_model: bool = True):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
@@ -100,12 +110,46 @@ class LLMEngine:
                                   check_kernel_inputs, fresh_prefill, cache_dtype)
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
-        self.stats: dict = {}
+        # a sharded model all-reduces inside its layers, an fp8 cache calibrates its scales on
+        # the first real step: both stay eager (not yet captured or measured with graphs)
+        if not enforce_eager and not check_kernel_inputs and param.device.type == "cuda":
+            if self.tp.size > 1 or self.runner.kv_scales is not None:
+                self.runner.graph_error = ("not captured: tensor parallel" if self.tp.size > 1
+                                           else "not captured: fp8 KV cache")
+            else:
+                self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len,
+                                                compile_layers=compile_model)
+        log.info("LLMEngine: %s", self.describe())
+        self.stats: dict = self.graphs()
         self._ids = itertools.count()
 
     @property
     def num_blocks(self) -> int:
         return self.block_manager.num_blocks
+
+    def graphs(self) -> dict:
+        """cuda_graphs (bool), and when on: graph_batch_sizes, graph_max_len (the longest
+        context a graph step holds), graph_capture_s, graph_memory_bytes; when a capture
+        failed: graph_error."""
+        return self.runner.describe_graphs()
+
+    def describe(self) -> str:
+        g = self.graphs()
+        kv = self.runner.kv_cache_bytes / 2**30
+        line = (f"{self.num_blocks} blocks of {self.block_size} tokens ({kv:.2f} GiB KV), "
+                f"decode kernel {self.runner.decode_backend.name}, ")
+        if g["compiled_layers"]:
+            line += f"decoder layers compiled in {g['compile_s']:.1f} s, "
+        elif g["compile_error"]:
+            line += f"compile failed ({g['compile_error']}), "
+        if g["cuda_graphs"]:
+            sizes = g["graph_batch_sizes"]
+            return line + (f"CUDA graphs for batch 1..{max(sizes)} ({len(sizes)} graphs, "
+                           f"contexts <= {g['graph_max_len']}, "
+                           f"{g['graph_memory_bytes'] / 2**20:.0f} MiB, "
+                           f"captured in {g['graph_capture_s']:.1f} s)")
+        return line + "eager" + (f" ({g['graph_error']})"
+                                 if g.get("graph_error") else "")
 
     @property
     def kv_heads_per_rank(self) -> int:
@@ -186,6 +230,7 @@ class LLMEngine:
         t0 = time.perf_counter()
         try:
             while sched.has_work:
+                step_start = time.perf_counter()
                 batch = sched.schedule()
                 if not batch.seqs:
                     raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
@@ -205,9 +250,10 @@ class LLMEngine:
                 if len(steps) % UTILISATION_EVERY == 1:  # O(blocks): sampled, not every step
                     utilisation.append(bm.token_utilisation)
                 sampled_seqs = [batch.seqs[r] for r in rows]
-                if sampled_seqs:
-                    generated += self._sample_and_advance(sampled_seqs, logits, pending,
-                                                          outputs, bar)
+                num_sampled = self._sample_and_advance(sampled_seqs, logits, pending, outputs,
+                                                       bar) if sampled_seqs else 0
+                generated += num_sampled
+                steps[-1].update(time_s=time.perf_counter() - step_start, num_sampled=num_sampled)
         except BaseException:
             sched.abort_all()
             bm.take_copies()
@@ -253,7 +299,10 @@ class LLMEngine:
         num_prompt = sum(len(p) for p in prompts)
         blocks = [s["blocks_used"] for s in steps] or [0]
         util = util or [0.0]
-        return dict(
+        decode = [s for s in steps if s["num_batched_tokens"] == s["batch_size"]]
+        decode_s = sum(s["time_s"] for s in decode)
+        decode_tokens = sum(s["num_sampled"] for s in decode)
+        return self.graphs() | dict(
             peak_blocks=max(blocks),
             mean_blocks=sum(blocks) / len(blocks),
             token_utilisation=sum(util) / len(util),
@@ -265,6 +314,10 @@ class LLMEngine:
             num_generated_tokens=generated,
             elapsed_s=elapsed,
             tokens_per_s=generated / elapsed if elapsed > 0 else 0.0,
+            num_decode_steps=len(decode),
+            decode_time_s=decode_s,
+            num_decode_tokens=decode_tokens,
+            decode_tokens_per_s=decode_tokens / decode_s if decode_s > 0 else 0.0,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             steps=steps,

@@ -60,6 +60,8 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
                              "time_us"} <= set(frame.columns):
         return None
     dec = frame[frame["op"] == "decode"]
+    if "launch" in dec:  # other launch options are shown in the CSV, not compared here
+        dec = dec[dec["launch"].fillna("default") == "default"]
     keys = ["batch", "context", "block_size"]
     bf16 = dec[dec["cache_dtype"] == "bfloat16"].set_index(keys)
     fp8 = dec[dec["cache_dtype"] == FP8].set_index(keys)
@@ -186,7 +188,8 @@ def section(results: Results) -> Section:
                        "shape 32/8 × 128, CUDA graphs): copy fraction = bytes read (fp8 counted "
                        "in fp8 bytes) / time / measured copy bandwidth; error = relative error "
                        "of the output against the bf16 cache's (standard-normal K/V, scale = "
-                       "per-head max / 448) and against float32 on the dequantised cache"))
+                       "per-head max / 448) and against float32 on the dequantised cache",
+                       None, "kernels_fp8"))
     if fp8 is not None and "op" in fp8:
         s.table(make_table(fp8[fp8["op"] == "prefill"], "Triton paged prefill, bf16 vs e4m3 "
                            "cache (block 16)",
@@ -203,5 +206,5 @@ def section(results: Results) -> Section:
     s.table(make_table(layout_spread(results.get("kernels_layout")), "Triton bf16 decode by "
                        "block-table layout (Llama-3-8B shape, CUDA graphs); fits_l2: the unique "
                        "K/V footprint fits in the GPU's L2, so the point measures the cache, "
-                       "not the layout, and is not judged"))
+                       "not the layout, and is not judged", None, "kernels_layout"))
     return s

@@ -280,7 +280,8 @@ def llama(args, rank, device, left):
         for eager in (True, False) if has_eager() else (False,):
             engine = engine_for(tp, eager)
             graphs = bool(engine.stats.get("cuda_graphs", False))
-            mode = f"tp={tp}, " + ("CUDA graphs" if graphs else "eager")
+            mode = f"tp={tp}, " + ("eager" if eager else "CUDA graphs" if graphs
+                                   else "default (no graphs)")
             if not capacity or capacity[-1]["tp"] != tp:
                 capacity.append(base | dict(
                     tp=tp, kv_heads_per_gpu=engine.kv_heads_per_rank,

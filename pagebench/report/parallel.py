@@ -83,7 +83,7 @@ def allreduce_frame(results: Results) -> pd.DataFrame | None:
     frame, tput = results.get("tp_allreduce"), results.get("tp_throughput")
     if frame is None or tput is None or not {"mode", "decode_tokens_per_s"} <= set(tput.columns):
         return frame
-    graphs = tput[(tput["tp"] == 2) & tput["mode"].astype(str).str.contains("graph")]
+    graphs = tput[(tput["tp"] == 2) & tput["mode"].astype(str).str.endswith("CUDA graphs")]
     if graphs.empty:
         return frame
     rate = pd.to_numeric(graphs.groupby("batch")["decode_tokens_per_s"].median(),

@@ -99,7 +99,7 @@ def run_bench(args) -> int:
                        skipped=skipped, share=ranks.share)
         cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
                 "time_us", "gbps"]
-    df = ranks.merge(df)
+    df, skipped = ranks.merge(df, skipped)
     if df is None:  # not rank 0: its rows went to rank 0
         return 0
     if ranks.world > 1:

@@ -202,10 +202,14 @@ def has_eager() -> bool:
 
 
 def engine_kwargs(**kw):
-    """Engine options, with ``enforce_eager`` only where this engine has the option."""
-    if not has_eager():
-        kw.pop("enforce_eager", None)
-    return kw
+    """The options this engine has. torch.compile of the layers is left out (where the engine
+    would do it): it costs a minute per 8B engine, and the 8B decode step is weight-bound."""
+    import inspect
+
+    from pagebench.engine import LLMEngine
+
+    known = inspect.signature(LLMEngine).parameters
+    return {k: v for k, v in (kw | {"compile_model": False}).items() if k in known}
 
 
 def equality(args, rank, device, left):
@@ -220,7 +224,7 @@ def equality(args, rank, device, left):
     rows = []
     for prefix in (False, True):
         kw = dict(block_size=16, num_blocks=512, kernel=kernel, enable_prefix_caching=prefix,
-                  max_num_seqs=16)
+                  max_num_seqs=16, **engine_kwargs())
         single = LLMEngine(bench.tiny_model(device=device), **kw)
         ref = [r.outputs[0].token_ids for r in single.generate(prompts, params)]
         engine = LLMEngine(bench.tiny_model(device=device), tensor_parallel_size=2, **kw)

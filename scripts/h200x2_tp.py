@@ -33,8 +33,8 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 GPU = dict(device="cuda", batches=(1, 16, 64, 256), kv_memory="16GiB",  # KV per GPU
            prompt_len=128, max_tokens=64, context=2048, kernel="triton",
            heads={1: (32, 8), 2: (16, 4)},
-           sweep=["--batches", "1,16,64,256", "--contexts", "4096", "--block-sizes", "16",
-                  "--backends", "triton,sdpa", "--repeat", "20"])
+           sweep=["--batches", "1,4,16,64,256", "--contexts", "4096",
+                  "--block-sizes", "8,16,32,128", "--backends", "triton,sdpa", "--repeat", "20"])
 SMOKE = dict(device="cpu", batches=(1, 4), kv_memory="2MiB", prompt_len=16, max_tokens=6,
              context=64, kernel="torch", heads={1: (4, 2), 2: (2, 1)},
              sweep=["--shape", "tiny=4/2/16", "--batches", "1,2", "--contexts", "32",
@@ -78,7 +78,7 @@ def torchrun(nproc, args, timeout, extra_env=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/h200x2_tp"))
-    ap.add_argument("--budget-s", type=float, default=330)
+    ap.add_argument("--budget-s", type=float, default=340)
     ap.add_argument("--smoke", action="store_true", help="CPU check of the script (gloo)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -95,9 +95,9 @@ def main():
         log(f"torch {torch.__version__}, {torch.cuda.device_count()} x "
             f"{torch.cuda.get_device_name(0)}")
     rc, out, wall = torchrun(2, [os.path.abspath(__file__), "--worker", "--out", args.out,
-                                 "--budget-s", str(args.budget_s - 100)]
+                                 "--budget-s", str(args.budget_s - 115)]
                              + (["--smoke"] if args.smoke else []),
-                             timeout=max(60, args.budget_s - 80))
+                             timeout=max(60, args.budget_s - 95))
     if rc == 0:
         print(out[-6000:], flush=True)
     log(f"engine worker: rc {rc}, {wall:.0f} s")
@@ -110,6 +110,9 @@ def sweeps(args):
     import pandas as pd
 
     walls, frames = [], []
+    # the fixed cost in each wall time: starting torchrun, python and pagebench
+    rc, _, startup = torchrun(1, ["-m", "pagebench", "bench", "--list-backends"], timeout=60)
+    log(f"startup (pagebench bench --list-backends under torchrun): {startup:.1f} s")
     for gpus in (1, 2):
         left = args.budget_s - (time.time() - T0)
         if left < 40:
@@ -124,7 +127,8 @@ def sweeps(args):
                                    extra_env={"TRITON_CACHE_DIR": os.path.join(tmp, "triton")})
             if rc == 0 and os.path.exists(csv):
                 frames.append(pd.read_csv(csv).assign(gpus=gpus))
-                walls.append(dict(gpus=gpus, wall_s=wall, rows=len(frames[-1]),
+                walls.append(dict(gpus=gpus, wall_s=wall, startup_s=startup,
+                                  rows=len(frames[-1]),
                                   points=frames[-1].groupby(["model_shape", "batch",
                                                              "context"]).ngroups))
         log(f"sweep on {gpus} GPU(s): rc {rc}, {wall:.1f} s")
@@ -145,7 +149,7 @@ def summary(out):
                        ("tp_allreduce.csv", ["batch", "step_ms", "allreduce_ms_per_step",
                                              "allreduce_share", "isolated_allreduce_share"]),
                        ("tp_attention.csv", ["tp", "batch", "context", "per_step_us"]),
-                       ("sweep_wall.csv", ["gpus", "wall_s", "rows", "points"])):
+                       ("sweep_wall.csv", ["gpus", "wall_s", "startup_s", "rows", "points"])):
         path = os.path.join(out, name)
         if os.path.exists(path):
             df = pd.read_csv(path)

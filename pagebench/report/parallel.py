@@ -184,5 +184,7 @@ def _measured_part(s: Section, results: Results) -> None:
         one = wall.loc[wall["gpus"] == 1, "wall_s"]
         wall = wall.assign(speedup=float(one.iloc[0]) / wall["wall_s"] if len(one) else None)
     s.table(make_table(wall, "Kernel sweep (`pagebench bench --device cuda` under torchrun, "
-                       "cold Triton cache) on 1 and 2 GPUs",
-                       ["machine", "gpus", "wall_s", "speedup", "points", "rows"], "sweep_wall"))
+                       "cold Triton cache) on 1 and 2 GPUs; startup_s: starting torchrun and "
+                       "pagebench alone, a fixed cost in both",
+                       ["machine", "gpus", "wall_s", "speedup", "startup_s", "points", "rows"],
+                       "sweep_wall"))

@@ -172,20 +172,38 @@ def worker(args):
         device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
-    left = lambda: args.budget_s - (time.time() - T0)  # noqa: E731
+    budget = Budget(args.budget_s)
     # the engine runs that could hang (a collective in a captured graph) come last
     sections = [("equality", equality), ("attention", attention), ("llama", llama)]
     for name, fn in sections:
-        if left() < 30:
+        if not budget.agreed(30):
             log(f"rank {rank}: skip {name}: budget")
             continue
         try:
-            fn(args, rank, device, left)
+            fn(args, rank, device, budget)
         except Exception as e:  # noqa: BLE001 -- one failing section must not lose the others
             log(f"rank {rank}: {name} failed: {type(e).__name__}: {e}")
         dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+class Budget:
+    """Seconds left to this worker. ``agreed`` is rank 0's answer on every rank: a rank that
+    skipped a tp=2 run alone would leave the other waiting in its collectives."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.time() - T0)
+
+    def agreed(self, need_s: float) -> bool:
+        import torch.distributed as dist
+
+        box = [self.left() >= need_s]
+        dist.broadcast_object_list(box, src=0)
+        return bool(box[0])
 
 
 def save(args, rank, rows, name):
@@ -216,7 +234,7 @@ def engine_kwargs(**kw):
     return {k: v for k, v in (kw | {"compile_model": False}).items() if k in known}
 
 
-def equality(args, rank, device, left):
+def equality(args, rank, device, budget):
     import torch.distributed as dist
 
     from pagebench.engine import LLMEngine, SamplingParams, bench
@@ -244,7 +262,7 @@ def equality(args, rank, device, left):
     save(args, rank, rows, "tp_equality.csv")
 
 
-def llama(args, rank, device, left):
+def llama(args, rank, device, budget):
     import gc
 
     import torch
@@ -299,7 +317,7 @@ def llama(args, rank, device, left):
                     num_blocks_per_gpu=engine.num_blocks))
             timed(engine, 16)  # warm-up: kernels compiled, allocator grown
             for b in batches:
-                if left() < 60:
+                if not budget.agreed(60):
                     log(f"rank {rank}: skip {mode} batch {b}: budget")
                     continue
                 seconds = timed(engine, b)
@@ -311,8 +329,8 @@ def llama(args, rank, device, left):
                     num_blocks_per_gpu=engine.num_blocks,
                     num_preemptions=stats["num_preemptions"]))
                 log(f"rank {rank}: {mode} batch {b}: {b * max_tokens / seconds:.0f} tok/s")
-            if tp == 2 and (eager or not has_eager()) and left() > 60:
-                shares = allreduce_share(engine, timed, base, model, batches, left)
+            if tp == 2 and (eager or not has_eager()) and budget.agreed(60):
+                shares = allreduce_share(engine, timed, base, model, batches, budget)
             del engine
             gc.collect()
             if device.type == "cuda":
@@ -329,7 +347,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def allreduce_share(engine, timed, base, model, batches, left):
+def allreduce_share(engine, timed, base, model, batches, budget):
     """All-reduce time per step: CUDA events around every all-reduce of an eager run, and
     one all-reduce of a decode step's hidden states [batch, hidden] timed alone."""
     import torch
@@ -341,7 +359,7 @@ def allreduce_share(engine, timed, base, model, batches, left):
     hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
     rows = []
     for b in batches:
-        if left() < 45:
+        if not budget.agreed(45):
             break
         engine.tp.collective_times = []
         seconds = timed(engine, b)
@@ -362,7 +380,7 @@ def allreduce_share(engine, timed, base, model, batches, left):
     return rows
 
 
-def attention(args, rank, device, left):
+def attention(args, rank, device, budget):
     import torch
 
     from pagebench.kernels import resolve
@@ -374,7 +392,7 @@ def attention(args, rank, device, left):
         context, layers = cfg["context"], 32
         for b in cfg["batches"]:
             for tp, (hq, hkv) in cfg["heads"].items():
-                if left() < 20:
+                if budget.left() < 20:  # rank 0 alone: no collective here
                     break
                 per_seq = context // 16
                 k = torch.randn(b * per_seq, 16, hkv, 128, dtype=torch.bfloat16, device=device)

@@ -119,7 +119,7 @@ def run_bench(args) -> int:
         cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
                 "time_us", "gbps"] + (["table_layout", "fits_l2"] if len(layouts) > 1 else []) \
             + (["kv_dtype"] if args.kv_dtype else [])
-    df = ranks.merge(df)
+    df, skipped = ranks.merge(df, skipped)
     if df is None:  # not rank 0: its rows went to rank 0
         return 0
     if ranks.world > 1:

@@ -77,6 +77,26 @@ def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
 VERDICTS = (capacity_doubles, attention_halves)
 
 
+def allreduce_frame(results: Results) -> pd.DataFrame | None:
+    """``tp_allreduce`` with the isolated all-reduce time set against the decode step of the
+    tp=2 CUDA-graph run (``tp_throughput``'s decode_tokens_per_s), where there is one."""
+    frame, tput = results.get("tp_allreduce"), results.get("tp_throughput")
+    if frame is None or tput is None or not {"mode", "decode_tokens_per_s"} <= set(tput.columns):
+        return frame
+    graphs = tput[(tput["tp"] == 2) & tput["mode"].astype(str).str.endswith("CUDA graphs")]
+    if graphs.empty:
+        return frame
+    rate = pd.to_numeric(graphs.groupby("batch")["decode_tokens_per_s"].median(),
+                         errors="coerce")
+    out = frame.assign(graph_decode_step_ms=frame["batch"].map(rate.index.to_series() / rate
+                                                                * 1e3))
+    if "isolated_allreduce_us" in frame and "allreduce_calls_per_step" in frame:
+        out["isolated_share_of_graph_step"] = (frame["isolated_allreduce_us"] / 1e3
+                                               * frame["allreduce_calls_per_step"]
+                                               / out["graph_decode_step_ms"])
+    return out
+
+
 def planner_rows() -> pd.DataFrame:
     """The capacity planner on a 141 GB GPU (0.9 utilisation, 4 GiB overhead) for each tp."""
     from pagebench.errors import ConfigError
@@ -144,12 +164,15 @@ def _measured_part(s: Section, results: Results) -> None:
                            "tp_throughput"))
     else:
         s.nodata(f"engine throughput at tp=1 and tp=2 ({SOURCE})")
-    s.table(make_table(results.get("tp_allreduce"), "All-reduce per step at tp=2 (eager run: "
-                       "CUDA events around every all-reduce; 'isolated': one all-reduce of the "
-                       "step's hidden states timed alone × calls per step)",
+    s.table(make_table(allreduce_frame(results), "All-reduce per step at tp=2. Eager run: "
+                       "CUDA events around every all-reduce (steps of a whole generate call, "
+                       "mostly decode); 'isolated': one all-reduce of a decode step's hidden "
+                       "states timed alone × calls per step, also against the decode step "
+                       "replayed from a CUDA graph where the engine has them",
                        ["machine", "batch", "step_ms", "allreduce_calls_per_step",
                         "allreduce_ms_per_step", "allreduce_share", "isolated_allreduce_us",
-                        "isolated_allreduce_share"], "tp_allreduce"))
+                        "isolated_allreduce_share", "graph_decode_step_ms",
+                        "isolated_share_of_graph_step"], "tp_allreduce"))
     s.table(make_table(results.get("tp_attention"), "Paged decode attention per step (× 32 "
                        "layers) on one GPU's heads",
                        ["machine", "backend", "tp", "num_q_heads", "num_kv_heads", "batch",
@@ -159,5 +182,7 @@ def _measured_part(s: Section, results: Results) -> None:
         one = wall.loc[wall["gpus"] == 1, "wall_s"]
         wall = wall.assign(speedup=float(one.iloc[0]) / wall["wall_s"] if len(one) else None)
     s.table(make_table(wall, "Kernel sweep (`pagebench bench --device cuda` under torchrun, "
-                       "cold Triton cache) on 1 and 2 GPUs",
-                       ["machine", "gpus", "wall_s", "speedup", "points", "rows"], "sweep_wall"))
+                       "cold Triton cache) on 1 and 2 GPUs; startup_s: starting torchrun and "
+                       "pagebench alone, a fixed cost in both",
+                       ["machine", "gpus", "wall_s", "speedup", "startup_s", "points", "rows"],
+                       "sweep_wall"))

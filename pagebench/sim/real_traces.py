@@ -44,7 +44,6 @@ DEFAULT_STEP_MS = 20.0
 HASH_BLOCK_TOKENS = 512  # Mooncake's hash_ids name prompt blocks of this many tokens
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length", "hash_ids")
-EPOCH = datetime(1970, 1, 1)  # Azure timestamps carry no zone: differences are all that count
 
 
 @dataclass(frozen=True)
@@ -103,7 +102,8 @@ class Trace:
         if ids is not None and clipped.any():
             keep = -(-prompt // HASH_BLOCK_TOKENS)
             ids = tuple(h[:k] for h, k in zip(ids, keep.tolist()))
-        arrival = np.floor(self.arrival_s * (1000.0 / step_ms)).astype(np.int64)
+        # rounded first: 0.06 s at 20 ms is step 3, not 2.9999999
+        arrival = np.floor(np.round(self.arrival_s * (1000.0 / step_ms), 9)).astype(np.int64)
         return Workload(arrival, prompt, output, np.ones_like(prompt),
                         source=f"{self.source} at {step_ms:g} ms/step", hash_ids=ids,
                         duration_s=self.duration_s, max_model_len=int(max_model_len),
@@ -242,10 +242,12 @@ def read_azure(path, source: str | None = None) -> Trace:
                                          f"{row[t_col]!r}") from None
             if when.tzinfo is not None:
                 when = when.astimezone(timezone.utc).replace(tzinfo=None)
-            arrival.append((when - EPOCH).total_seconds())
+            arrival.append(when)
             prompt.append(_length(path, lineno, "ContextTokens", row[p_col]))
             output.append(_length(path, lineno, "GeneratedTokens", row[o_col]))
-    return _finish(path, source or str(path), arrival, prompt, output)
+    first = min(arrival, default=None)  # differences of datetimes: exact to the microsecond
+    return _finish(path, source or str(path), [(t - first).total_seconds() for t in arrival],
+                   prompt, output)
 
 
 def read_mooncake(path, source: str | None = None) -> Trace:

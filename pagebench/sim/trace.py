@@ -91,7 +91,8 @@ class Workload:
                 "mean_length": float(length.mean()), "max_length": int(length.max()),
                 "mean_n": float(self.n.mean()),
                 "last_arrival_step": int(self.arrival[-1]),
-                "duration_s": self.duration_s, "num_clipped": self.num_clipped}
+                "duration_s": self.duration_s, "max_model_len": self.max_model_len,
+                "num_clipped": self.num_clipped}
 
 
 def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5.5,0.9", *,

@@ -89,3 +89,12 @@ def test_static_simulate_unchanged(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("100 sequences, max_len 4,096") and len(lines) == 7
     assert [ln.split()[0] for ln in lines[3:]] == ["naive", "pow2", "oracle", "paged"]
+
+
+def test_capacity_tensor_parallel_option(capsys):
+    out = run_json(capsys, ["capacity", "--model", "llama-3-8b", "--kv-cache-bytes", "1GiB",
+                            "--tensor-parallel-size", "2", "--json"])
+    assert (out["tensor_parallel_size"], out["kv_heads_per_rank"]) == (2, 4)
+    assert out["num_blocks"] == 2 * out["num_blocks_tp1"] == 2**30 // 2**20
+    assert main(["capacity", "--model", "llama-3-8b", "--tensor-parallel-size", "3"]) != 0
+    assert "tensor_parallel_size: 3" in capsys.readouterr().err

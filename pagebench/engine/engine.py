@@ -12,6 +12,7 @@ import torch
 from pagebench.config import KVGeometry, parse_bytes
 from pagebench.engine.block_manager import BlockManager
 from pagebench.engine.model_runner import ModelRunner
+from pagebench.engine.parallel import setup_tensor_parallel, shard_model
 from pagebench.engine.sampling import (CompletionOutput, RequestOutput, SamplingParams,
                                        make_generator, sample)
 from pagebench.engine.scheduler import Scheduler, Sequence
@@ -51,21 +52,31 @@ class LLMEngine:
     after preemption included), ``num_generated_tokens``, ``tokens_per_s`` (generated tokens /
     wall time of the call), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
     blocks_used, num_preempted).
+
+    ``tensor_parallel_size=N`` runs SPMD under ``torchrun --nproc-per-node N``: the model is
+    sharded in place by attention heads and MLP columns, each rank's cache holds
+    ``kv_heads_per_rank`` heads, and every rank returns the same outputs (see
+    ``pagebench.engine.parallel``). ``kv_cache_memory`` is then per rank.
     """
 
     def __init__(self, model, block_size: int = 16, num_blocks: int | None = None,
                  kernel: str = "auto", enable_prefix_caching: bool = False,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  kv_cache_memory=None, max_model_len: int | None = None,
-                 check_kernel_inputs: bool = False, fresh_prefill: bool = True):
+                 check_kernel_inputs: bool = False, fresh_prefill: bool = True,
+                 tensor_parallel_size: int = 1):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
         self.geometry = KVGeometry.from_config(config, dtype=param.dtype)
         check_positive_int("block_size", block_size)
+        if num_blocks is not None:
+            check_positive_int("num_blocks", num_blocks)
+        self.tp = setup_tensor_parallel(tensor_parallel_size, self.geometry, param.device)
+        shard_model(self.model, self.tp, self.geometry)
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
-        check_positive_int("num_blocks", num_blocks)
+        num_blocks = self.tp.agree_min(num_blocks)  # every rank's pool the same size
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None) \
             or 2**31 - 1
         self.vocab_size = config.vocab_size
@@ -77,7 +88,7 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching,
                                           deferred_caching=True)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.geometry, num_blocks, block_size, kernel,
+        self.runner = ModelRunner(self.model, self.tp.geometry, num_blocks, block_size, kernel,
                                   check_kernel_inputs, fresh_prefill)
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
@@ -88,6 +99,10 @@ class LLMEngine:
     def num_blocks(self) -> int:
         return self.block_manager.num_blocks
 
+    @property
+    def kv_heads_per_rank(self) -> int:
+        return self.tp.geometry.num_kv_heads
+
     def _blocks_from_memory(self, kv_cache_memory, block_size: int, device) -> int:
         if kv_cache_memory is None:
             if device.type == "cuda":
@@ -96,10 +111,11 @@ class LLMEngine:
             else:
                 kv_cache_memory = DEFAULT_CPU_KV_MEMORY
         budget = parse_bytes(kv_cache_memory)
-        num_blocks = budget // self.geometry.bytes_per_block(block_size)
+        block_bytes = self.tp.geometry.bytes_per_block(block_size)
+        num_blocks = budget // block_bytes
         if num_blocks < 1:
             raise ConfigError(f"kv_cache_memory: {budget} bytes hold no block of {block_size} "
-                              f"tokens ({self.geometry.bytes_per_block(block_size)} bytes each)")
+                              f"tokens ({block_bytes} bytes each)")
         return num_blocks
 
     # ---- validation ----------------------------------------------------------------------
@@ -166,7 +182,9 @@ class LLMEngine:
                 batch = sched.schedule()
                 if not batch.seqs:
                     raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
-                self.runner.copy_blocks(bm.take_copies())
+                copies = bm.take_copies()
+                self.tp.check_step(batch.seqs, batch.num_new, copies)
+                self.runner.copy_blocks(copies)
                 logits, rows = self.runner.execute(batch.seqs, batch.num_new)
                 for seq, n in zip(batch.seqs, batch.num_new):
                     computed_prompt += max(0, min(seq.num_computed + n, seq.prompt_len)
@@ -210,6 +228,7 @@ class LLMEngine:
         if len(rows) != len(seqs):
             logits = logits[torch.tensor(rows, device=logits.device)]
         tokens = sample(logits, [s.params for s in all_seqs], [s.generator for s in all_seqs])
+        tokens = self.tp.broadcast_tokens(tokens)  # rank 0's draw: every rank's tables agree
         for seq, token in zip(all_seqs, tokens):
             seq.token_ids.append(token)
             params = seq.params

@@ -270,7 +270,7 @@ class _Launcher:
     scalars here never change, so only the tensors' 16-byte alignment (a specialisation Triton
     makes) can pick a different compiled kernel: the first launch of each alignment pattern goes
     through Triton, which compiles and returns the kernel; later ones call its launcher
-    directly.
+    directly. A launcher serves one plan, whose key fixes every tensor's dtype.
     """
 
     def __init__(self, kernel, grid, scalars, constexprs, options, num_tensors):
@@ -307,6 +307,7 @@ class DecodePlan:
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
                  num_warps, num_stages, page_aligned):
+        check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
         capacity = tables.shape[1] * block_size
@@ -335,8 +336,8 @@ class DecodePlan:
             if INTERPRETED or q.device.type != "cuda":
                 slots = INTERPRETED_SLOTS
             else:
-                key = (q.device.index, q.dtype, k_cache.dtype, *constexprs.values(),
-                       *options.values())
+                key = (q.device.index, q.dtype, k_cache.dtype, v_cache.dtype, tables.dtype,
+                       seq_lens.dtype, *constexprs.values(), *options.values())
                 if key not in _SLOTS:  # compile without running: occupancy needs the binary
                     part = torch.empty(16, device=q.device, dtype=torch.float32)
                     compiled = _decode_split_kernel.warmup(
@@ -377,6 +378,17 @@ class DecodePlan:
         return out
 
 
+def check_plan_layout(q, k_cache, v_cache, tables, seq_lens) -> None:
+    """The layouts the kernel reads: it takes the strides of q's first two dimensions, of the
+    caches' first three and of the table's rows, and assumes unit stride elsewhere."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("block_tables", tables)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must have unit stride")
+    if not seq_lens.is_contiguous():
+        raise ValueError("seq_lens: must be contiguous")
+
+
 _PLANS: dict = {}
 MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
@@ -386,11 +398,13 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_warps: int | None = None, num_stages: int = 2,
                 page_aligned: bool | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
-    first such call). Arguments as ``triton_paged_decode``; q and the table must have unit
-    stride in their last dimension."""
-    key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(),
-           v_cache.stride(), k_cache.dtype, block_tables.shape, block_tables.stride(0),
-           seq_lens.dtype, scale, num_splits, tile_n, num_warps, num_stages, page_aligned)
+    first such call). Arguments as ``triton_paged_decode``, in the layouts
+    ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
+    # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
+    # specialisations, which its launchers do not re-derive per call (``_Launcher``).
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, page_aligned,
+           *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
+                                                       seq_lens)))
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= MAX_PLANS:
@@ -412,5 +426,6 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, **op
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     plan = decode_plan(q, k_cache, v_cache, tables, seq_lens, scale, **options)
     return plan(q, k_cache, v_cache, tables, seq_lens)

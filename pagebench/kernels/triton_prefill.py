@@ -111,12 +111,13 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
         rows = min(default_rows(head_dim, q.dtype, q.device), ceil_div(total, num_seqs) * group)
     rows = max(16, next_pow2(max(rows, group)))
     tokens = rows // group
     tile_n = tile_n or default_tile_n(head_dim, q.dtype)
-    q_lens = query_lens.to(torch.int32)
+    q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
     q_ends = torch.cumsum(q_lens, 0, dtype=torch.int32)
     tile_ends = torch.cumsum((q_lens + (tokens - 1)) // tokens, 0, dtype=torch.int32)
     # sum(ceil(len / tokens)) <= total // tokens + num_seqs: a grid sized without a device sync

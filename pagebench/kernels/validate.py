@@ -182,6 +182,8 @@ def check_write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
     _tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    if v_cache.dtype != k_cache.dtype:
+        _fail("v_cache", f"dtype {v_cache.dtype} differs from k_cache's dtype {k_cache.dtype}")
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     for name, x in (("k", k), ("v", v)):
         if tuple(x.shape[1:]) != (kv_heads, head_dim):

@@ -191,6 +191,9 @@ def register_capacity(sub) -> None:
                    help="length distribution for the concurrency estimate (default %(default)s)")
     p.add_argument("--num-seqs", type=int, default=2000, help="lengths drawn (default 2000)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="GPUs the model is split over by attention heads; sizes are then per "
+                   "GPU (default 1)")
     p.add_argument("--article", action="store_true",
                    help="start from the article's case (explicit options override it)")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -206,6 +209,7 @@ def run_capacity(args) -> int:
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     plan = capacity_plan(**base, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
-                         lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed)
+                         lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed,
+                         tensor_parallel_size=args.tensor_parallel_size)
     print(json.dumps(plan, indent=2) if args.json else format_capacity(plan))
     return 0

@@ -87,17 +87,23 @@ class Trace:
         """The smallest power of two that holds the longest request: clips nothing."""
         return 1 << (int((self.prompt_len + self.output_len).max()) - 1).bit_length()
 
-    def to_workload(self, step_ms: float = DEFAULT_STEP_MS,
-                    max_model_len: int | None = None) -> Workload:
+    def to_workload(self, step_ms: float = DEFAULT_STEP_MS, max_model_len: int | None = None,
+                    max_output_len: int | None = None) -> Workload:
         """The trace in decode steps of ``step_ms`` ms (arrival step = floor(seconds * 1000 /
         step_ms)), with every request clipped to ``max_model_len`` tokens by
-        :func:`clip_lengths` (default :attr:`default_max_model_len`)."""
+        :func:`clip_lengths` (default :attr:`default_max_model_len`), its output first cut to
+        ``max_output_len`` tokens if given (short replays on a CPU)."""
         if not (isinstance(step_ms, (int, float)) and math.isfinite(step_ms) and step_ms > 0):
             raise ConfigError(f"step_ms: must be a positive number of milliseconds, "
                               f"got {step_ms!r}")
         if max_model_len is None:
             max_model_len = self.default_max_model_len
-        prompt, output, clipped = clip_lengths(self.prompt_len, self.output_len, max_model_len)
+        output = self.output_len
+        if max_output_len is not None:
+            check_positive_int("max_output_len", max_output_len)
+            output = np.minimum(output, max_output_len)
+        prompt, output, clipped = clip_lengths(self.prompt_len, output, max_model_len)
+        clipped |= output != self.output_len
         ids = self.hash_ids
         if ids is not None and clipped.any():
             keep = -(-prompt // HASH_BLOCK_TOKENS)

@@ -145,3 +145,25 @@ def dynamic_results(num_requests: int = REFERENCE_NUM_SEQS):
     except NotImplementedError:
         return None
     return {r["label"]: r for r in result.summary}
+
+
+# ---- real traces ---------------------------------------------------------------------------
+REAL_TRACE = "mooncake-conv"  # the one real trace the suites track: it carries prefix sharing
+REAL_TRACE_REQUESTS = 2000  # its first requests, in arrival order (a few seconds per run)
+
+
+def real_trace_workload(name: str = REAL_TRACE, num_requests: int = REAL_TRACE_REQUESTS):
+    """The first ``num_requests`` of a shipped trace as a simulator workload (20 ms per step,
+    the trace's own max_model_len), or SkipCase when this commit ships no traces."""
+    traces = optional("pagebench.sim.real_traces")
+    read = getattr(traces, "read_timed_trace", None)
+    if read is None:
+        raise SkipCase("pagebench.sim.real_traces is not in this commit")
+    import numpy as np
+
+    trace = read(name)
+    keep = np.argsort(trace.arrival_s, kind="stable")[:num_requests]
+    ids = None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in keep.tolist())
+    head = type(trace)(trace.arrival_s[keep], trace.prompt_len[keep], trace.output_len[keep],
+                       ids, name)
+    return head.to_workload()

@@ -14,17 +14,18 @@ from pagebench.kernels import (available_backends, contiguous_decode, paged_deco
                                paged_prefill, write_kv)
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill)
-from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.kernels.testing import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
+                                      with_layout)
 
 HAS_TRITON = "triton" in available_backends()
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)]
+                     if torch.cuda.is_available() else [])
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 
 
 def strided(values, dtype=torch.int32, device="cpu", junk=1):
-    """``values`` as a view with ``junk`` between its elements: ``tensor([10, 1, 7, 1])[::2]``."""
-    full = torch.tensor([x for v in values for x in (v, junk)], dtype=dtype, device=device)
-    return full[::2]
+    """``values`` with ``junk`` between its elements: ``tensor([10, 1, 7, 1])[::2]``."""
+    return with_layout(torch.tensor(values, dtype=dtype, device=device), "strided", junk)
 
 
 def assert_close(out, ref, dtype=torch.float32):
@@ -79,21 +80,10 @@ def test_triton_contiguous_decode_reads_strided_seq_lens(device):
 
 
 def table_views(tables: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The same table as views validation accepts: strided, offset, transposed, int64."""
-    rows, cols = tables.shape
-    wide = torch.full((rows, 2 * cols), -5, dtype=tables.dtype, device=tables.device)
-    wide[:, ::2] = tables
-    taller = torch.cat([torch.full_like(tables[:1], 10**6), tables])
-    shifted = torch.cat([torch.full_like(tables[:, :1], -3), tables], dim=1)
-    return {
-        "contiguous": tables,
-        "strided columns": wide[:, ::2],
-        "offset rows": taller[1:],
-        "offset columns": shifted[:, 1:],
-        "transposed": tables.T.contiguous().T,
-        "int64": tables.long(),
-        "int64 transposed": tables.long().T.contiguous().T,
-    }
+    """The same table in every layout validation accepts, int32 and int64, with out-of-range
+    block ids around it."""
+    return {f"{layout} {dtype}": with_layout(tables.to(dtype), layout, junk=10**6)
+            for layout in LAYOUTS for dtype in (torch.int32, torch.int64)}
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -89,6 +89,7 @@ def torchrun_results(tmp_path_factory):
     return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
 
 
+@pytest.mark.slow  # torchrun: two processes
 @pytest.mark.parametrize("case", ["kv2", "kv1"])
 def test_tp2_engine_equals_the_single_process_engine(torchrun_results, case):
     for rank in torchrun_results:
@@ -100,12 +101,14 @@ def test_tp2_engine_equals_the_single_process_engine(torchrun_results, case):
         assert parallel["num_blocks"] == single["num_blocks"]
 
 
+@pytest.mark.slow  # torchrun: two processes
 def test_tp2_ranks_return_the_same_outputs_even_unseeded(torchrun_results):
     a, b = torchrun_results
     for case in ("kv2", "kv1"):
         assert a[case]["parallel"] == b[case]["parallel"]
 
 
+@pytest.mark.slow  # torchrun: two processes
 def test_tp2_ranks_hold_half_the_kv_heads_or_a_replica(torchrun_results):
     for rank in torchrun_results:
         assert rank["kv2"]["parallel"]["kv_heads_per_rank"] == 1
@@ -116,7 +119,76 @@ def test_tp2_ranks_hold_half_the_kv_heads_or_a_replica(torchrun_results):
         assert rank["kv1"]["replication"] == 2
 
 
+@pytest.mark.slow  # torchrun: two processes
 def test_tp2_errors_name_the_world_and_catch_diverging_tables(torchrun_results):
     for rank in torchrun_results:
         assert "world has 2 process" in rank["too_many_ranks"]
         assert "ranks scheduled different steps" in rank["diverged"]
+
+
+def test_take_share_partitions_the_work_units():
+    from pagebench.distributed import take_share
+
+    for world in (1, 2, 3):
+        owners = [[r for r in range(world) if take_share(i, (r, world))] for i in range(10)]
+        assert all(len(o) == 1 for o in owners)
+        assert {o[0] for o in owners} == set(range(world))
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_bench_under_torchrun_splits_points_and_merges_one_csv(tmp_path):
+    import pandas as pd
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "sweep.csv"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "pagebench", "bench", "--device", "cpu", "--shape", "tiny=4/2/16",
+           "--batches", "1,2", "--contexts", "32,64", "--block-sizes", "16", "--repeat", "1",
+           "--backends", "torch,sdpa", "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_csv(out)
+    points = df.groupby(["batch", "context"])["rank"].unique()
+    assert len(points) == 4 and all(len(r) == 1 for r in points)  # each point on one rank
+    assert set(df["rank"]) == {0, 1} and set(df["gpu"]) == {"cpu"}
+    assert len(df) == 4 * 2 and not df.duplicated(["batch", "context", "backend"]).any()
+
+
+def test_check_shardable_names_what_does_not_split():
+    from pagebench.engine.parallel import check_shardable
+
+    check_shardable(tiny(), 2)
+    with pytest.raises(ConfigError, match="intermediate_size 96"):
+        check_shardable(tiny(), 5)
+    qwen_moe_like = tiny()
+    del qwen_moe_like.model.layers[0].mlp.gate_proj
+    with pytest.raises(ConfigError, match="layer 0 has no mlp.gate_proj"):
+        check_shardable(qwen_moe_like, 2)
+
+
+def test_shards_sum_to_the_whole_layer():
+    """Rank 0's and rank 1's halves of the MLP add up to the unsharded MLP (the all-reduce's
+    job), and each rank keeps its own heads' rows of q/k/v."""
+    from pagebench.engine.parallel import TensorParallel, shard_model
+
+    full = tiny(kv_heads=2, q_heads=4)
+    geometry = KVGeometry.from_config(full.config, dtype=torch.float32)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        want = full.model.layers[0].mlp(x)
+        parts = []
+        for rank in (0, 1):
+            model = tiny(kv_heads=2, q_heads=4)
+            shard_model(model, TensorParallel(2, rank, geometry.per_rank(2), torch.device("cpu")),
+                        geometry)
+            for handle in model.pagebench_reduce_hooks:  # no process group here: sum by hand
+                handle.remove()
+            parts.append(model.model.layers[0].mlp(x))
+            attn, whole = model.model.layers[0].self_attn, full.model.layers[0].self_attn
+            assert torch.equal(attn.q_proj.weight, whole.q_proj.weight[rank * 32:(rank + 1) * 32])
+            assert torch.equal(attn.k_proj.weight, whole.k_proj.weight[rank * 16:(rank + 1) * 16])
+            columns = whole.o_proj.weight[:, rank * 32:(rank + 1) * 32]
+            assert torch.equal(attn.o_proj.weight, columns)
+    torch.testing.assert_close(parts[0] + parts[1], want)

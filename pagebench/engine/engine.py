@@ -12,7 +12,7 @@ import torch
 from pagebench.config import KVGeometry, parse_bytes
 from pagebench.engine.block_manager import BlockManager
 from pagebench.engine.model_runner import ModelRunner
-from pagebench.engine.parallel import setup_tensor_parallel, shard_model
+from pagebench.engine.parallel import setup_tensor_parallel
 from pagebench.engine.sampling import (CompletionOutput, RequestOutput, SamplingParams,
                                        make_generator, sample)
 from pagebench.engine.scheduler import Scheduler, Sequence
@@ -72,8 +72,7 @@ class LLMEngine:
         check_positive_int("block_size", block_size)
         if num_blocks is not None:
             check_positive_int("num_blocks", num_blocks)
-        self.tp = setup_tensor_parallel(tensor_parallel_size, self.geometry, param.device)
-        shard_model(self.model, self.tp, self.geometry)
+        self.tp = setup_tensor_parallel(self.model, self.geometry, tensor_parallel_size)
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
         num_blocks = self.tp.agree_min(num_blocks)  # every rank's pool the same size
@@ -195,7 +194,6 @@ class LLMEngine:
         arriving.sort(key=lambda a: a[:2], reverse=True)  # next arrival last
         steps, utilisation, computed_prompt, generated = [], [], 0, 0
         clock = idle_steps = 0
-        bs = self.block_size
         bar = _progress(sum(p.n for p in params_list), use_tqdm)
         t0 = time.perf_counter()
         try:
@@ -214,13 +212,11 @@ class LLMEngine:
                 self.tp.check_step(batch.seqs, batch.num_new, copies)
                 self.runner.copy_blocks(copies)
                 logits, rows = self.runner.execute(batch.seqs, batch.num_new)
+                bm.blocks_written()
                 for seq, n in zip(batch.seqs, batch.num_new):
                     computed_prompt += max(0, min(seq.num_computed + n, seq.prompt_len)
                                            - seq.num_computed)
                     seq.num_computed += n
-                    if bm.enable_prefix_caching and \
-                            (seq.num_computed - n) // bs < seq.num_computed // bs:
-                        bm.cache_full_blocks(seq.seq_id, seq.num_computed)  # now findable
                 steps.append(dict(step=len(steps), batch_size=len(batch.seqs),
                                   num_batched_tokens=batch.num_tokens,
                                   blocks_used=bm.num_used_blocks,

@@ -22,14 +22,15 @@ A world larger than N is split into consecutive groups of N ranks (one engine pe
 
 from __future__ import annotations
 
+import atexit
 import hashlib
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 
 from pagebench.config import KVGeometry
+from pagebench.distributed import world_from_environment
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
 
 # (attention, MLP) projections split by output rows, then by input columns + all-reduce
@@ -126,26 +127,19 @@ def step_digest(seqs, num_new, copies) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def world_from_environment() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or of torchrun's environment."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return 0, 1
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-
-
-def setup_tensor_parallel(size: int, geometry: KVGeometry, device) -> TensorParallel:
-    """Validate ``size`` against the world and the model's heads, then join the group.
+def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParallel:
+    """Validate ``size`` against the world, the model's heads and layers; join the group; shard
+    ``model`` in place (see :func:`shard_model`).
 
     Every check runs before any collective or allocation, so a bad configuration fails alike
-    on every rank with a ConfigError.
+    on every rank with a ConfigError and leaves the model as it was.
     """
     check_positive_int("tensor_parallel_size", size)
-    device = torch.device(device)
+    device = next(model.parameters()).device
     rank_geometry = geometry.per_rank(size)
+    done = getattr(model, "pagebench_tensor_parallel", None)
+    if done is not None and done[1] != size:
+        raise ConfigError(f"model: already sharded as rank {done[0]} of {done[1]}; load it again")
     if size == 1:
         return TensorParallel(1, 0, rank_geometry, device)
     import torch.distributed as dist
@@ -157,10 +151,13 @@ def setup_tensor_parallel(size: int, geometry: KVGeometry, device) -> TensorPara
     if world % size:
         raise ConfigError(f"tensor_parallel_size: {size} does not divide the world of "
                           f"{world} processes")
+    check_shardable(model, size)
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # a group left to the interpreter's exit can abort the process (gloo, NCCL warnings)
+        atexit.register(_destroy_group)
     elif device.type == "cuda" and dist.get_backend() == "gloo":
         raise ConfigError("tensor_parallel_size: the process group uses gloo, the model is on "
                           "CUDA; initialise it with backend='nccl'")
@@ -168,8 +165,17 @@ def setup_tensor_parallel(size: int, geometry: KVGeometry, device) -> TensorPara
     if world > size:  # every rank creates every group, in the same order
         groups = [dist.new_group(list(range(g, g + size))) for g in range(0, world, size)]
         group = groups[rank // size]
-    return TensorParallel(size, rank % size, rank_geometry, device, group, rank - rank % size,
-                          geometry.kv_replication(size))
+    tp = TensorParallel(size, rank % size, rank_geometry, device, group, rank - rank % size,
+                        geometry.kv_replication(size))
+    shard_model(model, tp, geometry)
+    return tp
+
+
+def _destroy_group() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def decoder_layers(model):
@@ -180,28 +186,32 @@ def decoder_layers(model):
     return layers
 
 
+def check_shardable(model, size: int) -> None:
+    """ConfigError unless ``model`` can be split ``size`` ways (heads are checked by
+    ``KVGeometry.per_rank``): Llama-style layers and an MLP width divisible by ``size``."""
+    inter = getattr(model.config, "intermediate_size", None)
+    if not inter or inter % size:
+        raise ConfigError(f"tensor_parallel_size: {size} does not divide the MLP's "
+                          f"intermediate_size {inter}")
+    for i, layer in enumerate(decoder_layers(model)):
+        for parent, name in ROW_SPLIT + REDUCED:
+            if not isinstance(getattr(getattr(layer, parent, None), name, None), torch.nn.Linear):
+                raise ConfigError(f"model: layer {i} has no {parent}.{name} linear layer; "
+                                  "tensor parallelism supports Llama/Qwen2/Mistral-style layers")
+
+
 def shard_model(model, tp: TensorParallel, geometry: KVGeometry) -> None:
     """Keep this rank's heads and MLP columns of every layer, in place; all-reduce after
     ``o_proj`` and ``down_proj``. A model already sharded the same way is left as it is."""
     if tp.size == 1:
         return
     mark = (tp.rank, tp.size)
-    done = getattr(model, "pagebench_tensor_parallel", None)
-    if done == mark:
-        _add_reduce_hooks(model, tp)
+    if getattr(model, "pagebench_tensor_parallel", None) == mark:
+        _add_reduce_hooks(model, tp)  # sharded already: the newest engine's group reduces
         return
-    if done is not None:
-        raise ConfigError(f"model: already sharded as rank {done[0]} of {done[1]}; load it again")
+    check_shardable(model, tp.size)
     layers = decoder_layers(model)
-    inter = getattr(model.config, "intermediate_size", None)
-    if not inter or inter % tp.size:
-        raise ConfigError(f"tensor_parallel_size: {tp.size} does not divide the MLP's "
-                          f"intermediate_size {inter}")
-    for i, layer in enumerate(layers):
-        for parent, name in ROW_SPLIT + REDUCED:
-            if not isinstance(getattr(getattr(layer, parent, None), name, None), torch.nn.Linear):
-                raise ConfigError(f"model: layer {i} has no {parent}.{name} linear layer; "
-                                  "tensor parallelism supports Llama/Qwen2/Mistral-style layers")
+    inter = model.config.intermediate_size
     d, r = geometry.head_dim, tp.rank
     q = tp.geometry.num_q_heads * d
     kv = tp.geometry.num_kv_heads * d

@@ -5,7 +5,12 @@ Cache layout (vLLM / FlashInfer "NHD"): ``k_cache``, ``v_cache`` are
 ``block_tables[s, p // block_size]`` at slot ``p % block_size``. ``block_tables`` is int32
 ``[num_seqs, max_blocks_per_seq]``, ``seq_lens`` int32 ``[num_seqs]`` (each >= 1). GQA/MQA:
 ``num_q_heads`` is any multiple of ``num_kv_heads``. Every entry point validates its arguments
-before launching anything and raises ``ValueError`` naming the offending argument.
+before launching anything and raises ``ValueError`` naming the offending argument. Shapes,
+dtypes and devices are checked on every call; the values (block ids inside the cache, lengths
+within the table) need a device sync on a GPU, so there they are checked once per unchanged
+set of tensors: ``validate="cached"`` (the default; "unchanged" as torch's version counter
+sees it, see ``value_checks``) or ``validate="always"`` (every call, for tensors written
+behind torch's back: DLPack, ``.data``, a custom kernel, a CUDA graph replay).
 
 Backends (``available_backends()`` lists what runs here): ``torch`` (gather-then-attend, runs
 anywhere), ``triton`` (paged decode with split-KV; on a machine without a GPU it runs interpreted:
@@ -31,39 +36,44 @@ __all__ = [
 del _builtin
 
 
-def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, backend="auto"):
+def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, backend="auto",
+                 validate="cached"):
     """One decode step of attention through a block table.
 
     q ``[num_seqs, num_q_heads, head_dim]`` (the newest token of each sequence, whose K/V is
     already in the cache); returns ``out`` shaped and typed like q. ``scale`` defaults to
     ``head_dim ** -0.5``. ``backend``: a name from ``available_backends()`` or ``"auto"``
     (Triton on CUDA when installed, else the PyTorch gather-then-attend backend).
+    ``validate``: ``"cached"`` checks the table's and the lengths' values once while those
+    tensors are unchanged (no device sync on later calls), ``"always"`` on every call.
     """
-    scale = check_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    scale = check_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, validate)
     impl = resolve("decode", backend, q.device, q.dtype, k_cache.shape[1], q.shape[-1])
     return impl.decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
 def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None,
-                  backend="auto"):
+                  backend="auto", validate="cached"):
     """Attention for the last ``query_lens[s]`` positions of each sequence (chunked prefill, or a
     prompt that starts from a prefix-cache hit), causal over everything cached before them.
 
     q is ``[total_query_tokens, num_q_heads, head_dim]``, the sequences' queries packed one after
     another in sequence order (sequence 0's ``query_lens[0]`` tokens first). ``seq_lens[s]``
     counts all of sequence s's tokens including the new ones, whose K/V must already be written
-    to the cache (``write_kv``). Returns ``out`` shaped and typed like q.
+    to the cache (``write_kv``). Returns ``out`` shaped and typed like q. ``validate`` as in
+    ``paged_decode`` (the query lengths are values too).
     """
-    scale, _, _ = check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
+    scale = check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+                          validate)
     impl = resolve("prefill", backend, q.device, q.dtype, k_cache.shape[1], q.shape[-1])
     return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
 
 
-def contiguous_decode(q, k, v, seq_lens, scale=None, backend="auto"):
+def contiguous_decode(q, k, v, seq_lens, scale=None, backend="auto", validate="cached"):
     """Decode attention on a contiguous cache ``k``, ``v``: ``[num_seqs, max_len, num_kv_heads,
     head_dim]`` (sequence s uses its first ``seq_lens[s]`` positions): the baseline that paging is
     measured against. ``backend``: ``"sdpa"``, ``"triton"`` (the paged kernel through an identity
-    block table) or ``"auto"``."""
-    scale, all_full = check_contiguous(q, k, v, seq_lens, scale)
+    block table) or ``"auto"``; ``validate`` as in ``paged_decode``."""
+    scale, all_full = check_contiguous(q, k, v, seq_lens, scale, validate)
     impl = resolve("contiguous", backend, q.device, q.dtype, None, q.shape[-1])
     return impl.contiguous(q, k, v, None if all_full else seq_lens, scale)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
@@ -11,6 +12,7 @@ from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_dec
 from pagebench.kernels.registry import register_backend
 
 
+@functools.lru_cache(maxsize=1)  # asked on every call that resolves a backend
 def _has_triton() -> bool:
     if importlib.util.find_spec("triton") is None:
         return False
@@ -34,6 +36,7 @@ def _triton_contiguous(q, k, v, seq_lens, scale):
     return triton_contiguous_decode(q, k, v, seq_lens, scale)
 
 
+@functools.lru_cache(maxsize=1)
 def _flex_available() -> bool:
     from pagebench.kernels.flex import flex_available
     return flex_available()

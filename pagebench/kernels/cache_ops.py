@@ -7,14 +7,15 @@ import torch
 from pagebench.kernels.validate import check_copy_blocks, check_write_kv
 
 
-def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
+def write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> None:
     """Store token ``i``'s K/V (``k``, ``v``: ``[num_tokens, num_kv_heads, head_dim]``) at
     slot ``slot_mapping[i] = block * block_size + offset``, in place. A slot of -1 skips that
-    token (padding). Slots must be distinct; the cache must be contiguous."""
-    check_write_kv(k_cache, v_cache, k, v, slot_mapping)
+    token (padding). Slots must be distinct; the cache must be contiguous. ``validate`` as in
+    ``paged_decode``."""
+    no_padding = check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate)
     slots = slot_mapping.to(torch.int64)
-    keep = slots >= 0
-    if not bool(keep.all()):
+    if not no_padding:
+        keep = slots >= 0
         slots, k, v = slots[keep], k[keep], v[keep]
     store_kv(k_cache, v_cache, k, v, slots)
 

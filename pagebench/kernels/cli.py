@@ -13,7 +13,9 @@ def register(sub) -> None:
         "bench", help="time paged vs contiguous decode kernels (tidy CSV/JSON)",
         description="Time every registered decode backend (paged and contiguous) over batch, "
         "context and block size. Default on CPU: a quick sweep (torch-paged vs sdpa-contiguous, "
-        "small sizes, < 1 min). On CUDA: the full grid unless --quick.")
+        "small sizes, < 1 min). On CUDA: the full grid unless --quick. Under `torchrun "
+        "--nproc-per-node N` the sweep's points are split over N GPUs (one per rank) and rank 0 "
+        "writes the merged rows, each naming its rank and GPU.")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--quick", action="store_true", help="small grid (default on CPU)")
     p.add_argument("--shape", action="append", metavar="NAME=HQ/HKV/D",
@@ -50,6 +52,7 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, int, int]]:
 def run_bench(args) -> int:
     import torch
 
+    from pagebench.distributed import SweepRanks
     from pagebench.kernels import available_backends
     from pagebench.kernels.prefill_sweep import run_prefill_sweep
     from pagebench.kernels.sweep import run_sweep
@@ -78,22 +81,29 @@ def run_bench(args) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if args.device == "cuda" else torch.float32)
     skipped: list = []
+    ranks = SweepRanks(args.device)
     if args.prefill:
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
         df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
                                block_size=args.block_sizes[0] if args.block_sizes else 16,
-                               dtype=dtype, include=include, repeat=args.repeat)
+                               dtype=dtype, include=include, repeat=args.repeat,
+                               share=ranks.share)
         cols = ["model_shape", "batch", "query_len", "cached", "backend", "cuda_graph", "time_us",
                 "tflops"]
     else:
         df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
                        block_sizes=args.block_sizes, dtype=dtype, include=include,
                        exclude=None if include is None else (), repeat=args.repeat,
-                       skipped=skipped)
+                       skipped=skipped, share=ranks.share)
         cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
                 "time_us", "gbps"]
+    df = ranks.merge(df)
+    if df is None:  # not rank 0: its rows went to rank 0
+        return 0
+    if ranks.world > 1:
+        cols.append("gpu")
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         df.to_csv(args.out, index=False)

@@ -9,11 +9,13 @@ public functions validate on every call, which reads scalars back from the GPU).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
 import torch
 
+from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.reference import identity_tables
 from pagebench.kernels.validate import check_contiguous, check_decode
@@ -142,7 +144,7 @@ def _gather_bytes(variant: Variant, batch, context, shape, dtype) -> int:
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=None, include=None, exclude=None, graph_batch1=None,
               repeat=None, copy_gbps=None, progress=None, skipped=None,
-              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True):
+              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True, share=(0, 1)):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU.
@@ -150,7 +152,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     well under a minute on two cores. On CUDA (quick=False) the full H200 grid of the issue.
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
     On CUDA, ``graph_all`` times every point with and without a CUDA graph (else batch 1 only,
-    ``graph_batch1``).
+    ``graph_batch1``). ``share=(rank, world)`` times only this rank's (shape, point) pairs
+    (``pagebench.distributed.take_share``), for a sweep split over GPUs.
     """
     import pandas as pd
 
@@ -206,9 +209,12 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             return (False, True)
         return (False, True) if graph_batch1 and batch == 1 else (False,)
 
+    units = itertools.count()
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
         for batch, context in points:
+            if not take_share(next(units), share):
+                continue
             contiguous = [v for v in vs if v.layout == "contiguous"]
             need = 2 * kv_bytes(batch, context, shape[1], shape[2], dtype)
             if contiguous and _fits(device, need):

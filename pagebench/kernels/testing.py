@@ -73,3 +73,33 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+# Memory layouts a caller's tensor may have, each holding the same values: the kernels must
+# read every one that validation accepts.
+LAYOUTS = ("contiguous", "offset", "padded", "strided", "transposed")
+
+
+def with_layout(x: torch.Tensor, layout: str, junk=0) -> torch.Tensor:
+    """A view of a copy of ``x`` equal to ``x`` in ``layout``, with ``junk`` in the memory
+    around it: ``offset`` starts one row into its storage; ``padded`` leaves a gap after each
+    row (dimension 1 twice as wide underneath); ``strided`` takes every other element of the
+    last dimension; ``transposed`` is column-major (the dimensions' order reversed in memory).
+    A 1-D tensor has no rows: there ``padded`` and ``transposed`` are ``strided``."""
+    if layout == "contiguous":
+        return x.clone()
+    if layout == "offset":
+        return torch.cat([torch.full_like(x[:1], junk), x])[1:]
+    if layout == "padded" and x.dim() >= 2:
+        wide = torch.full((x.shape[0], 2 * x.shape[1], *x.shape[2:]), junk, dtype=x.dtype,
+                          device=x.device)
+        wide[:, :x.shape[1]] = x
+        return wide[:, :x.shape[1]]
+    if layout == "transposed" and x.dim() >= 2:
+        order = tuple(reversed(range(x.dim())))
+        return x.permute(order).contiguous().permute(order)
+    if layout in ("strided", "padded", "transposed"):
+        wide = torch.full((*x.shape[:-1], 2 * x.shape[-1]), junk, dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")

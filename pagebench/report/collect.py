@@ -44,6 +44,11 @@ FILE_KINDS = (
     ("capacity", "capacity"),
     ("dynamic", "memory_dynamic_summary"),
     ("copy_bandwidth", "copy_bandwidth"),
+    # two GPUs (scripts/h200x2_tp.py; read by pagebench.report.parallel)
+    ("tp_equality", "tp_equality"), ("tp_capacity", "tp_capacity"),
+    ("tp_throughput", "tp_throughput"), ("tp_allreduce", "tp_allreduce"),
+    ("tp_attention", "tp_attention"), ("sweep_wall", "sweep_wall"),
+    ("sweep_rows", None),  # the split sweep's own rows: not a decode-kernel dataset here
 )
 # columns a dataset must have to be usable; a file missing any of them is reported, not used
 REQUIRED_COLUMNS = {

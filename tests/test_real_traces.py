@@ -151,3 +151,30 @@ def test_simulate_cli_on_a_trace_with_prefix_caching(capsys, tmp_path):
 def test_simulate_cli_trace_option_errors(capsys, argv, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_mooncake_unlimited_hit_rate_equals_leading_shared_ids():
+    """The simulator with unlimited memory against plain arithmetic: each request hits the
+    512-token spans whose whole id prefix an earlier request had (capped below the last prompt
+    token). On the whole trace this is 37.4% (the README's figure); here its first 3,000
+    requests keep the test fast."""
+    from pagebench.sim.dynamic import simulate_allocator
+    from pagebench.sim.real_traces import Trace
+
+    t = read_timed_trace("mooncake-conv")
+    keep = np.argsort(t.arrival_s, kind="stable")[:3000]
+    head = Trace(t.arrival_s[keep], t.prompt_len[keep], t.output_len[keep],
+                 tuple(t.hash_ids[i] for i in keep.tolist()), "head")
+    seen, hit = set(), 0
+    for p, ids in zip(head.prompt_len.tolist(), head.hash_ids):
+        ids = tuple(ids.tolist())
+        k = 0
+        while k < len(ids) and ids[:k + 1] in seen:
+            k += 1
+        hit += min(k * 512, (p - 1) // 16 * 16)
+        seen.update(ids[:j + 1] for j in range(len(ids)))
+    w = head.to_workload()
+    row, _ = simulate_allocator(w, int(w.length.sum()), "paged", 16, max_len=w.max_model_len,
+                                prefix_caching=True)
+    assert row["prefix_cache_hit_rate"] == pytest.approx(hit / int(w.prompt_len.sum()), abs=1e-9)
+    assert 0.25 < row["prefix_cache_hit_rate"] < 0.45

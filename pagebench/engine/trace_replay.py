@@ -9,10 +9,13 @@ without ``hash_ids`` (Azure) get ids of their own: nothing is shared.
 Each request arrives at its trace arrival step (``step_ms`` per engine step; the engine skips
 idle steps) and generates exactly its (clipped) output length. The simulator
 (:func:`pagebench.sim.dynamic.simulate_allocator`, paged, prefix caching) runs the same
-workload with the engine's pool as its budget. Expected gaps: the engine caches a block once
-its prefill has computed it, while the simulator's prefill is instantaneous, so a request
-arriving while a sharer's prompt is still being prefilled (chunked at
-``max_num_batched_tokens``) hits less in the engine.
+workload with the engine's pool as its budget. Both match blocks the same way (leading full
+blocks, never the last prompt token, blocks shared from the moment they are allocated), so
+with a pool that never evicts the two hit rates are equal. Under memory pressure they can
+drift apart by what differs in time: the engine chunks long prefills over steps
+(``max_num_batched_tokens``) where the simulator's prefill takes one step, so preemptions and
+LRU evictions fall at different moments and different blocks are still cached when a sharer
+arrives.
 """
 
 from __future__ import annotations

@@ -156,13 +156,13 @@ def test_simulate_cli_trace_option_errors(capsys, argv, message):
 def test_mooncake_unlimited_hit_rate_equals_leading_shared_ids():
     """The simulator with unlimited memory against plain arithmetic: each request hits the
     512-token spans whose whole id prefix an earlier request had (capped below the last prompt
-    token). On the whole trace this is 37.4% (the README's figure); here its first 3,000
+    token). On the whole trace this is 37.4% (the README's figure); here its first 2,000
     requests keep the test fast."""
     from pagebench.sim.dynamic import simulate_allocator
     from pagebench.sim.real_traces import Trace
 
     t = read_timed_trace("mooncake-conv")
-    keep = np.argsort(t.arrival_s, kind="stable")[:3000]
+    keep = np.argsort(t.arrival_s, kind="stable")[:2000]
     head = Trace(t.arrival_s[keep], t.prompt_len[keep], t.output_len[keep],
                  tuple(t.hash_ids[i] for i in keep.tolist()), "head")
     seen, hit = set(), 0
@@ -178,3 +178,13 @@ def test_mooncake_unlimited_hit_rate_equals_leading_shared_ids():
                                 prefix_caching=True)
     assert row["prefix_cache_hit_rate"] == pytest.approx(hit / int(w.prompt_len.sum()), abs=1e-9)
     assert 0.25 < row["prefix_cache_hit_rate"] < 0.45
+
+
+def test_simulate_table_reports_clipping_and_hit_rate(capsys, tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(mooncake_line(t * 100, 1100, 20, (1, 2, 3)) for t in range(3)))
+    assert main(["simulate", "--dynamic", "--trace", str(path), "--prefix-caching",
+                 "--max-model-len", "1024", "--budget-tokens", "20000"]) == 0
+    out = capsys.readouterr().out
+    assert "3 clipped to max_model_len 1,024" in out
+    assert "paged-16          hit rate 65.9%" in out  # 2 x 62 blocks of 16 / (3 x 1,004)

@@ -622,8 +622,11 @@ def reference_run(num_requests: int = 20_000, block_sizes=(16,), **kwargs) -> Dy
 def format_dynamic_table(result: DynamicResult) -> str:
     """Human-readable summary of a :class:`DynamicResult` (fractions of the budget)."""
     wl = result.workload
+    clipped = (f", {wl['num_clipped']:,} clipped to max_model_len {wl['max_model_len']:,}"
+               if wl.get("num_clipped") else "")
     lines = [f"{wl['num_requests']:,} requests ({wl['source']}), mean length "
-             f"{wl['mean_length']:.0f} tokens; budget {result.budget_tokens:,} token slots", "",
+             f"{wl['mean_length']:.0f} tokens{clipped}; budget {result.budget_tokens:,} token "
+             f"slots", "",
              "mean share of the budget over all steps:",
              f"{'allocator':<18}{'tokens':>8}{'reserved':>10}{'internal':>10}{'external':>10}"
              f"{'free':>7}{'util':>7}{'conc':>8}{'peak':>6}{'tok/step':>10}{'refused':>9}"
@@ -651,6 +654,11 @@ def format_dynamic_table(result: DynamicResult) -> str:
             f"{r['internal_fragmentation_fraction_saturated']:>10.1%}"
             f"{r['external_fragmentation_fraction_saturated']:>10.1%}"
             f"{r['free_fraction_saturated']:>7.1%}{r['saturated_step_fraction']:>16.1%}")
+    cached = [r for r in result.summary if r.get("prefix_cache_hit_rate") is not None]
+    if cached:
+        lines += ["", "prefix caching (prompt tokens served from cache / prompt tokens):"]
+        lines += [f"{r['label']:<18}hit rate {r['prefix_cache_hit_rate']:.1%}, "
+                  f"{r['prefix_blocks_saved']:,} blocks taken from the cache" for r in cached]
     lines += ["", "tokens = token states, reserved = reserved for future tokens, internal/external "
               "= fragmentation, util = tokens / allocated, frag-ref = requests refused while "
               "enough total memory was free"]

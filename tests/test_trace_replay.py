@@ -66,7 +66,8 @@ def test_generate_honours_arrival_steps_and_per_prompt_lengths(model):
     out = engine.generate(prompts, params, arrival_steps=[0, 50])
     assert [len(o.outputs[0].token_ids) for o in out] == [3, 5]
     # request 0 runs steps 0..2 alone; the engine then idles to step 50 for request 1
-    assert engine.stats["idle_steps"] == 47 and max(s["batch_size"] for s in engine.stats["steps"]) == 1
+    assert engine.stats["idle_steps"] == 47
+    assert max(s["batch_size"] for s in engine.stats["steps"]) == 1
     together = engine.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in out]
     assert engine.stats["idle_steps"] == 0

@@ -171,8 +171,9 @@ def read_timed_trace(name_or_path: str) -> Trace:
     path, source = trace_path(name_or_path)
     fmt = trace_format(path)
     if fmt == "steps":
-        raise ConfigError(f"trace: {path} has neither the Azure columns ({', '.join(AZURE_COLUMNS)})"
-                          f" nor the Mooncake ones ({', '.join(MOONCAKE_COLUMNS)})")
+        raise ConfigError(f"trace: {path} has neither the Azure columns "
+                          f"({', '.join(AZURE_COLUMNS)}) nor the Mooncake ones "
+                          f"({', '.join(MOONCAKE_COLUMNS)})")
     reader = read_azure if fmt == "azure" else read_mooncake
     return reader(path, source)
 

@@ -17,7 +17,8 @@ DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
     "float16": 2, "fp16": 2, "half": 2,
     "bfloat16": 2, "bf16": 2,
-    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "int8": 1,
+    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+    "int8": 1,
 }
 
 # Published config.json values of common decoder models (attention-relevant fields plus what

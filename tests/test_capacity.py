@@ -82,6 +82,16 @@ def test_bad_input_names_the_argument(kwargs, message):
         capacity_plan(**(dict(ARTICLE_CASE) | kwargs))
 
 
+def test_fp8_kv_dtype_doubles_the_cache_and_keeps_the_weights():
+    bf16 = capacity_plan("llama-3-8b", gpu_memory="141GiB", max_model_len=8192)
+    fp8 = capacity_plan("llama-3-8b", gpu_memory="141GiB", max_model_len=8192,
+                        kv_dtype="fp8_e4m3")
+    assert fp8["weights_bytes"] == bf16["weights_bytes"] and fp8["weights_dtype"] == "bfloat16"
+    assert fp8["bytes_per_token"] * 2 == bf16["bytes_per_token"]
+    assert fp8["num_blocks"] in (2 * bf16["num_blocks"], 2 * bf16["num_blocks"] + 1)
+    assert fp8["dtype"] == "fp8_e4m3" and "KV cache fp8_e4m3" in format_capacity(fp8)
+
+
 def test_tensor_parallel_halves_bytes_per_gpu_and_weights():
     one = capacity_plan("llama-3-8b", gpu_memory="141GB", kv_cache_bytes=None,
                         overhead_bytes="4GiB")

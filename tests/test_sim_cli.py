@@ -35,6 +35,15 @@ def test_capacity_text_and_default_weight_estimate(capsys):
     assert "cacheable tokens" in text and "paged / naive" in text
 
 
+def test_capacity_kv_dtype_fp8_doubles_the_blocks(capsys):
+    args = ["capacity", "--article", "--json"]
+    bf16, fp8 = run_json(capsys, args), run_json(capsys, args + ["--kv-dtype", "fp8_e4m3"])
+    assert fp8["num_blocks"] in (2 * bf16["num_blocks"], 2 * bf16["num_blocks"] + 1)
+    assert fp8["max_concurrency_naive"] in (2 * bf16["max_concurrency_naive"],
+                                            2 * bf16["max_concurrency_naive"] + 1)
+    assert main(args + ["--kv-dtype", "fp4"]) == 2
+
+
 def test_capacity_bad_input_is_one_line_exit_2(capsys):
     assert main(["capacity", "--gpu-memory", "12 potatoes"]) == 2
     err = capsys.readouterr().err.strip()

@@ -17,6 +17,7 @@ from pagebench.engine.sampling import (CompletionOutput, RequestOutput, Sampling
                                        make_generator, sample)
 from pagebench.engine.scheduler import Scheduler, Sequence
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
+from pagebench.kernels.quant import kv_dtype_from_name
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
@@ -44,6 +45,10 @@ class LLMEngine:
     ``num_blocks=None`` sizes the pool from ``kv_cache_memory`` (bytes or a string such as
     "2GiB"); without it, 80% of the free GPU memory, or 256 MiB on the CPU.
 
+    ``kv_cache_dtype``: ``"auto"`` (the model's dtype) or ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (one
+    byte per element: twice the blocks in the same memory). An fp8 cache's per-layer, per-KV-
+    head scales are calibrated on the first step that runs the model (``ModelRunner``).
+
     ``stats`` describes the last ``generate`` call: ``peak_blocks`` / ``mean_blocks`` (blocks in
     use after scheduling, over steps), ``token_utilisation`` (filled slots / slots of blocks in
     use, sampled every 8 steps), ``num_preemptions``, ``prefix_cache_hit_rate`` (prompt tokens
@@ -64,11 +69,15 @@ class LLMEngine:
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  kv_cache_memory=None, max_model_len: int | None = None,
                  check_kernel_inputs: bool = False, fresh_prefill: bool = True,
-                 tensor_parallel_size: int = 1):
+                 tensor_parallel_size: int = 1, kv_cache_dtype="auto"):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
-        self.geometry = KVGeometry.from_config(config, dtype=param.dtype)
+        try:
+            cache_dtype = kv_dtype_from_name(kv_cache_dtype, param.dtype)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.geometry = KVGeometry.from_config(config, dtype=cache_dtype)
         check_positive_int("block_size", block_size)
         if num_blocks is not None:
             check_positive_int("num_blocks", num_blocks)
@@ -88,7 +97,7 @@ class LLMEngine:
                                           deferred_caching=True)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.tp.geometry, num_blocks, block_size, kernel,
-                                  check_kernel_inputs, fresh_prefill)
+                                  check_kernel_inputs, fresh_prefill, cache_dtype)
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
         self.stats: dict = {}

@@ -33,6 +33,10 @@ def register(sub) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="time paged prefill instead (whole prompts, and chunks after a cached "
                    "prefix) against causal SDPA on a contiguous cache; one block size")
+    p.add_argument("--layouts", default="shuffled",
+                   help="block-table layouts of the paged cases, comma-separated: contiguous "
+                   "(arange tables), shuffled (a random permutation of the pool), aged (tables "
+                   "of a block manager that has served a trace with churn); default %(default)s")
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities, then exit")
     p.set_defaults(func=run_bench)
@@ -56,6 +60,7 @@ def run_bench(args) -> int:
     from pagebench.kernels import available_backends
     from pagebench.kernels.prefill_sweep import run_prefill_sweep
     from pagebench.kernels.sweep import run_sweep
+    from pagebench.kernels.testing import TABLE_LAYOUTS
 
     if args.list_backends:
         print(json.dumps(available_backends(), indent=2))
@@ -77,12 +82,19 @@ def run_bench(args) -> int:
         if unknown:
             raise ValueError(f"--backends: not available here: {unknown} "
                              f"(available: {sorted(available_backends())})")
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    unknown = sorted(set(layouts) - set(TABLE_LAYOUTS))
+    if unknown or not layouts:
+        raise ValueError(f"--layouts: unknown {unknown or args.layouts!r} "
+                         f"(use {', '.join(TABLE_LAYOUTS)})")
     quick = args.quick or args.device == "cpu"
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if args.device == "cuda" else torch.float32)
     skipped: list = []
     ranks = SweepRanks(args.device)
     if args.prefill:
+        if layouts != ["shuffled"]:
+            raise ValueError("--layouts: applies to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
@@ -96,9 +108,9 @@ def run_bench(args) -> int:
         df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
                        block_sizes=args.block_sizes, dtype=dtype, include=include,
                        exclude=None if include is None else (), repeat=args.repeat,
-                       skipped=skipped, share=ranks.share)
+                       skipped=skipped, share=ranks.share, layouts=layouts)
         cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
-                "time_us", "gbps"]
+                "time_us", "gbps"] + (["table_layout", "fits_l2"] if len(layouts) > 1 else [])
     df = ranks.merge(df)
     if df is None:  # not rank 0: its rows went to rank 0
         return 0

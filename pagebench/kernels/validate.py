@@ -16,9 +16,12 @@ from numbers import Integral
 
 import torch
 
+from pagebench.kernels.quant import FP8_DTYPES
 from pagebench.kernels.value_checks import CheckedValues
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# a paged cache is q's dtype, or fp8 with per-head scales (pagebench.kernels.quant)
+CACHE_DTYPES = FLOAT_DTYPES + FP8_DTYPES
 INDEX_DTYPES = (torch.int32, torch.int64)
 VALIDATE_MODES = ("cached", "always")
 CHECKED = CheckedValues()  # the value checks that passed, for validate="cached"
@@ -75,10 +78,12 @@ def check_scale(scale, head_dim: int) -> float:
 
 def check_cache(q, k_cache, v_cache) -> tuple[int, int, int, int, int]:
     """q's last two dims against a paged cache; returns (num_blocks, block_size, kv_heads, q_heads, head_dim)."""
-    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
-    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
+    _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    if v_cache.dtype != k_cache.dtype:
+        _fail("v_cache", f"dtype {v_cache.dtype} differs from k_cache's dtype {k_cache.dtype}")
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     if num_blocks < 1 or block_size < 1 or kv_heads < 1 or head_dim < 1:
         _fail("k_cache", f"every dimension must be >= 1, got shape {tuple(k_cache.shape)}")
@@ -94,7 +99,7 @@ def _check_q_against_kv(q, kv_heads: int, head_dim: int, **kv: torch.Tensor):
     if q_heads < 1 or q_heads % kv_heads:
         _fail("q", f"num_q_heads {q_heads} is not a positive multiple of num_kv_heads {kv_heads}")
     for name, x in kv.items():
-        if x.dtype != q.dtype:
+        if x.dtype != q.dtype and x.dtype not in FP8_DTYPES:
             _fail(name, f"dtype {x.dtype} differs from q's dtype {q.dtype}")
         if x.stride(-1) != 1:
             _fail(name, "the last dimension (head_dim) must be contiguous")
@@ -227,8 +232,8 @@ def check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> b
     check_validate(validate)
     _tensor("k", k, 3, FLOAT_DTYPES)
     _tensor("v", v, 3, FLOAT_DTYPES)
-    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
-    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
+    _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     _tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
@@ -240,7 +245,7 @@ def check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> b
             _fail(name, f"shape {tuple(x.shape)} does not match [num_tokens, {kv_heads}, {head_dim}]")
         if x.shape[0] != slot_mapping.shape[0]:
             _fail(name, f"has {x.shape[0]} tokens but slot_mapping has {slot_mapping.shape[0]}")
-        if x.dtype != k_cache.dtype:
+        if x.dtype != k_cache.dtype and k_cache.dtype not in FP8_DTYPES:
             _fail(name, f"dtype {x.dtype} differs from the cache's dtype {k_cache.dtype}")
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not x.is_contiguous():
@@ -268,8 +273,8 @@ def _check_slot_values(slot_mapping, num_slots: int) -> bool:
 
 def check_copy_blocks(k_cache, v_cache, pairs) -> torch.Tensor:
     """Returns pairs as an int64 tensor [n, 2] of (src, dst) on the cache's device."""
-    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
-    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
+    _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
     _same_device("k_cache", k_cache, v_cache=v_cache)

@@ -32,6 +32,9 @@ FILE_KINDS = (
     ("kernels_prefill", "kernels_prefill"),
     ("kernels_equivalence", "kernels_equivalence"),
     ("kernels_tuning", None),  # kernel launch-parameter tuning: not a report dataset
+    # fp8 caches and table layouts (scripts/h200_fp8.py; read by pagebench.report.fp8)
+    ("kernels_fp8", "kernels_fp8"), ("kernels_layout", "kernels_layout"),
+    ("fp8_engine", "fp8_engine"),
     ("kernels", "kernels"),
     ("engine_cow", "engine_cow"),
     ("engine_prefix", "engine_prefix"),

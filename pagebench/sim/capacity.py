@@ -93,7 +93,7 @@ def _bytes(name: str, value) -> int:
 
 def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
                   gpu_memory_utilization: float = 0.9, max_model_len: int = 4096,
-                  block_size: int = 16, dtype="bfloat16", weights_bytes=None,
+                  block_size: int = 16, dtype="bfloat16", kv_dtype=None, weights_bytes=None,
                   overhead_bytes=0, kv_cache_bytes=None, lengths: str = "lognormal:5.5,0.9",
                   num_seqs: int = 2000, seed: int = 0, tensor_parallel_size: int = 1) -> dict:
     """Blocks, cacheable tokens and concurrency for one model on one GPU (see module doc).
@@ -101,16 +101,20 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
     ``model``: preset name, path to a ``config.json`` (or its folder), config dict,
     ``PretrainedConfig`` or a :class:`~pagebench.config.KVGeometry` (then give
     ``weights_bytes``). ``weights_bytes=None`` estimates parameters x dtype bytes.
+    ``kv_dtype`` (default ``dtype``): the KV cache's dtype, e.g. ``"fp8_e4m3"`` (one byte per
+    element: twice the tokens of a bf16 cache in the same memory).
     ``kv_cache_bytes`` skips the memory arithmetic and sizes the cache directly (per GPU).
     Sizes accept ints or strings such as ``"16GiB"`` (binary) and ``"16GB"`` (decimal).
     Returns a flat dict (the JSON of ``pagebench capacity --json``).
     """
     if isinstance(model, KVGeometry):
         geometry, config = model, None
+        if kv_dtype is not None:
+            geometry = geometry.with_dtype(kv_dtype)
     else:
         config = _config_dict(model)
         name = model if isinstance(model, str) else config.get("model_type", "custom")
-        geometry = KVGeometry.from_config(config, dtype=dtype, name=str(name))
+        geometry = KVGeometry.from_config(config, dtype=kv_dtype or dtype, name=str(name))
     for arg, value in (("max_model_len", max_model_len), ("block_size", block_size),
                        ("num_seqs", num_seqs)):
         check_positive_int(arg, value)
@@ -170,7 +174,8 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
         notes.append(f"not one {max_model_len}-token sequence fits under naive reservation")
     tokens = float(sample.mean())
     return {
-        "model": geometry.name, "dtype": geometry.dtype, "num_layers": geometry.num_layers,
+        "model": geometry.name, "dtype": geometry.dtype,  # the KV cache's
+        "weights_dtype": str(dtype), "num_layers": geometry.num_layers,
         "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
         "bytes_per_token": geometry.bytes_per_token, "block_size": block_size,
         "bytes_per_block": bytes_per_block, "gpu_memory_bytes": gpu,
@@ -211,7 +216,7 @@ def format_capacity(plan: dict) -> str:
     """The human-readable form of :func:`capacity_plan`'s result."""
     p = plan
     tp = p["tensor_parallel_size"]
-    lines = [f"model {p['model']} ({p['dtype']}): {p['num_layers']} layers x "
+    lines = [f"model {p['model']} (KV cache {p['dtype']}): {p['num_layers']} layers x "
              f"{p['num_kv_heads']} KV heads x head dim {p['head_dim']}",
              f"  bytes per token           {p['bytes_per_token']:,}",
              f"  bytes per block ({p['block_size']:>3})     {p['bytes_per_block']:,}"]

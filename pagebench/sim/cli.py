@@ -176,7 +176,11 @@ def register_capacity(sub) -> None:
     p.add_argument("--model", default=None,
                    help="preset (qwen2.5-0.5b, qwen2.5-7b, llama-3-8b, llama-3-70b, mistral-7b) "
                    "or path to a config.json (default qwen2.5-0.5b)")
-    p.add_argument("--dtype", default="bfloat16", help="KV cache and weight dtype")
+    p.add_argument("--dtype", default="bfloat16", help="weight dtype (and the KV cache's "
+                   "unless --kv-dtype)")
+    p.add_argument("--kv-dtype", default=None,
+                   help="KV cache dtype, e.g. fp8_e4m3 or fp8_e5m2 (one byte: twice the tokens "
+                   "of bf16); default --dtype")
     p.add_argument("--gpu-memory", default=None, help="e.g. 16GiB or 80GB (default 16GiB)")
     p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.9")
     p.add_argument("--max-model-len", type=int, default=None, help="default 4096")
@@ -208,7 +212,8 @@ def run_capacity(args) -> int:
                 "weights_bytes", "overhead_bytes"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
-    plan = capacity_plan(**base, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
+    plan = capacity_plan(**base, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                         kv_cache_bytes=args.kv_cache_bytes,
                          lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed,
                          tensor_parallel_size=args.tensor_parallel_size)
     print(json.dumps(plan, indent=2) if args.json else format_capacity(plan))

@@ -159,11 +159,4 @@ def real_trace_workload(name: str = REAL_TRACE, num_requests: int = REAL_TRACE_R
     read = getattr(traces, "read_timed_trace", None)
     if read is None:
         raise SkipCase("pagebench.sim.real_traces is not in this commit")
-    import numpy as np
-
-    trace = read(name)
-    keep = np.argsort(trace.arrival_s, kind="stable")[:num_requests]
-    ids = None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in keep.tolist())
-    head = type(trace)(trace.arrival_s[keep], trace.prompt_len[keep], trace.output_len[keep],
-                       ids, name)
-    return head.to_workload()
+    return read(name).head(num_requests).to_workload()

@@ -159,12 +159,9 @@ def test_mooncake_unlimited_hit_rate_equals_leading_shared_ids():
     token). On the whole trace this is 37.4% (the README's figure); here its first 2,000
     requests keep the test fast."""
     from pagebench.sim.dynamic import simulate_allocator
-    from pagebench.sim.real_traces import Trace
 
-    t = read_timed_trace("mooncake-conv")
-    keep = np.argsort(t.arrival_s, kind="stable")[:2000]
-    head = Trace(t.arrival_s[keep], t.prompt_len[keep], t.output_len[keep],
-                 tuple(t.hash_ids[i] for i in keep.tolist()), "head")
+    head = read_timed_trace("mooncake-conv").head(2000)
+    assert head.num_requests == 2000 and head.arrival_s.max() == 669.0  # the first 11 minutes
     seen, hit = set(), 0
     for p, ids in zip(head.prompt_len.tolist(), head.hash_ids):
         ids = tuple(ids.tolist())

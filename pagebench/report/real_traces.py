@@ -43,13 +43,7 @@ def _trace(name: str, quick: bool):
     from pagebench.sim.real_traces import read_timed_trace
 
     trace = read_timed_trace(name)
-    if quick and trace.num_requests > QUICK_REQUESTS:
-        keep = np.argsort(trace.arrival_s, kind="stable")[:QUICK_REQUESTS]
-        ids = None if trace.hash_ids is None else tuple(trace.hash_ids[i] for i in keep.tolist())
-        trace = type(trace)(trace.arrival_s[keep], trace.prompt_len[keep],
-                            trace.output_len[keep], ids,
-                            f"{name} (first {QUICK_REQUESTS:,} requests)")
-    return trace
+    return trace.head(QUICK_REQUESTS) if quick else trace
 
 
 def memory_bound_budget(workload, max_model_len: int) -> int:

@@ -87,6 +87,17 @@ class Trace:
         """The smallest power of two that holds the longest request: clips nothing."""
         return 1 << (int((self.prompt_len + self.output_len).max()) - 1).bit_length()
 
+    def head(self, num_requests: int) -> Trace:
+        """The first ``num_requests`` requests by arrival (the whole trace if it has no more):
+        unlike :meth:`sample`, this keeps the conversations' reuse within the window."""
+        check_positive_int("num_requests", num_requests)
+        if num_requests >= self.num_requests:
+            return self
+        keep = np.argsort(self.arrival_s, kind="stable")[:num_requests]
+        ids = None if self.hash_ids is None else tuple(self.hash_ids[i] for i in keep.tolist())
+        return Trace(self.arrival_s[keep], self.prompt_len[keep], self.output_len[keep], ids,
+                     f"{self.source} (first {num_requests:,} requests)")
+
     def to_workload(self, step_ms: float = DEFAULT_STEP_MS, max_model_len: int | None = None,
                     max_output_len: int | None = None) -> Workload:
         """The trace in decode steps of ``step_ms`` ms (arrival step = floor(seconds * 1000 /

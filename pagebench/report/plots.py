@@ -159,7 +159,7 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
 
 @styled
 def grouped_bars(df: pd.DataFrame, category: str, series: list[str], title: str, ylabel: str,
-                 alt: str) -> Plot | None:
+                 alt: str, logy: bool = False) -> Plot | None:
     """One group of bars per row of ``df`` (labelled by ``category``), one bar per column."""
     if _empty(df):
         return None
@@ -172,6 +172,8 @@ def grouped_bars(df: pd.DataFrame, category: str, series: list[str], title: str,
                   [label(v) for v in df[category]], rotation=20 if len(df) > 3 else 0,
                   ha="right" if len(df) > 3 else "center", fontsize=7 if len(df) > 3 else 8)
     ax.set_ylabel(ylabel)
+    if logy:
+        ax.set_yscale("log")
     ax.legend()
     return to_plot(fig, title, alt)
 
@@ -179,8 +181,10 @@ def grouped_bars(df: pd.DataFrame, category: str, series: list[str], title: str,
 @styled
 def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
           alt: str, *, logx: bool = False, logy: bool = False, hlines: dict | None = None,
-          panel: str | None = None) -> Plot | None:
-    """Line per ``hue`` value of ``y`` against ``x``; one panel per ``panel`` value if given."""
+          panel: str | None = None, spread: tuple[str, str] | None = None) -> Plot | None:
+    """Line per ``hue`` value of ``y`` against ``x``; one panel per ``panel`` value if given;
+    ``spread`` (low, high columns, e.g. min and max over repeats) draws error bars where
+    those columns have values."""
     if _empty(df):
         return None
     panels = list(dict.fromkeys(df[panel])) if panel else [None]
@@ -190,7 +194,13 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         part = df if p is None else df[df[panel] == p]
         for key, g in part.groupby(hue, sort=True):
             g = g.sort_values(x)
-            ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=label(key))
+            line, = ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=label(key))
+            if spread and set(spread) <= set(g.columns) and g[list(spread)].notna().all().all():
+                mid = g[y].astype(float)
+                err = [(mid - g[spread[0]].astype(float)).clip(lower=0),
+                       (g[spread[1]].astype(float) - mid).clip(lower=0)]
+                ax.errorbar(g[x], mid, yerr=err, fmt="none", ecolor=line.get_color(),
+                            capsize=2, linewidth=0.8)
         for name, value in (hlines or {}).items():
             ax.axhline(value, color="k", linestyle="--", linewidth=1)
             ax.annotate(label(name), (0.01, value), xycoords=("axes fraction", "data"),

@@ -322,7 +322,8 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
 def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int = 16,
                             suffix_len: tuple[int, int] = (8, 64), max_tokens: int = 16,
                             block_size: int = 16, seed: int = 0) -> list[dict]:
-    """Requests sharing a system prompt, prefix caching off and on."""
+    """Requests sharing a system prompt, prefix caching off and on, all in one ``generate``
+    call: requests admitted in the same step share the blocks it fills."""
     model = model or tiny_model()
     vocab = model.config.vocab_size
     system = random_prompts(1, system_len, system_len, vocab, seed)[0]
@@ -331,9 +332,7 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
     for on in (False, True):
         engine = LLMEngine(model, block_size=block_size, enable_prefix_caching=on,
                            num_blocks=num_requests * ceil_div(system_len + suffix_len[1] + max_tokens,
-                                                             block_size),
-                           # one prompt's worth a step: later requests find the cached prefix
-                           max_num_batched_tokens=system_len + suffix_len[1])
+                                                             block_size))
         seconds, _ = _wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         s = engine.stats

@@ -33,6 +33,10 @@ def register(sub) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="time paged prefill instead (whole prompts, and chunks after a cached "
                    "prefix) against causal SDPA on a contiguous cache; one block size")
+    p.add_argument("--kv-dtype", default=None,
+                   help="paged caches' dtype, e.g. fp8_e4m3 or fp8_e5m2 (per-head scales; only "
+                   "backends that read it are timed paged; baselines stay in --dtype); "
+                   "default --dtype")
     p.add_argument("--layouts", default="shuffled",
                    help="block-table layouts of the paged cases, comma-separated: contiguous "
                    "(arange tables), shuffled (a random permutation of the pool), aged (tables "
@@ -59,6 +63,7 @@ def run_bench(args) -> int:
     from pagebench.distributed import SweepRanks
     from pagebench.kernels import available_backends
     from pagebench.kernels.prefill_sweep import run_prefill_sweep
+    from pagebench.kernels.quant import kv_dtype_from_name
     from pagebench.kernels.sweep import run_sweep
     from pagebench.kernels.testing import TABLE_LAYOUTS
 
@@ -90,11 +95,12 @@ def run_bench(args) -> int:
     quick = args.quick or args.device == "cpu"
     dtype = getattr(torch, args.dtype) if args.dtype else (
         torch.bfloat16 if args.device == "cuda" else torch.float32)
+    kv_dtype = kv_dtype_from_name(args.kv_dtype, dtype, "--kv-dtype") if args.kv_dtype else None
     skipped: list = []
     ranks = SweepRanks(args.device)
     if args.prefill:
-        if layouts != ["shuffled"]:
-            raise ValueError("--layouts: applies to the decode sweep, not --prefill")
+        if layouts != ["shuffled"] or args.kv_dtype:
+            raise ValueError("--layouts/--kv-dtype: apply to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
@@ -108,10 +114,12 @@ def run_bench(args) -> int:
         df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
                        block_sizes=args.block_sizes, dtype=dtype, include=include,
                        exclude=None if include is None else (), repeat=args.repeat,
-                       skipped=skipped, share=ranks.share, layouts=layouts)
+                       skipped=skipped, share=ranks.share, layouts=layouts,
+                       kv_dtype=kv_dtype)
         cols = ["model_shape", "batch", "context", "block_size", "backend", "cuda_graph",
-                "time_us", "gbps"] + (["table_layout", "fits_l2"] if len(layouts) > 1 else [])
-    df = ranks.merge(df)
+                "time_us", "gbps"] + (["table_layout", "fits_l2"] if len(layouts) > 1 else []) \
+            + (["kv_dtype"] if args.kv_dtype else [])
+    df, skipped = ranks.merge(df, skipped)
     if df is None:  # not rank 0: its rows went to rank 0
         return 0
     if ranks.world > 1:

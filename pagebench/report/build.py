@@ -6,7 +6,7 @@ import datetime as dt
 from pathlib import Path
 
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, fp8, parallel, render, sections
+from pagebench.report import derive, devices, fp8, parallel, render, sections
 from pagebench.report.collect import Results, collect, default_device
 
 DATA_DIR_SUFFIX = "_data"
@@ -81,8 +81,7 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
                     + ". " + claims_mod.tally(claims) + ".")
     html = render.render_html(
         title="pagebench: paged KV-cache report",
-        subtitle=f"device {env.get('device')} ({env.get('device_name')}), commit "
-                 f"{env.get('commit')}",
+        subtitle=f"built on {devices.run_label(env)}, commit {env.get('commit')}",
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         sections=page, warnings=results.warnings, hrefs=hrefs, headline=headline)
     # the page is rendered before anything is written: a failure changes no file

@@ -18,6 +18,7 @@ and optionally ``n`` (parallel samples, default 1).
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from dataclasses import dataclass
@@ -30,6 +31,9 @@ from pagebench.sim.workloads import sample_lengths
 ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time", "timestamp")
 PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "input_len", "input_tokens")
 OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "completion_tokens")
+# The largest token count or arrival step a trace may hold: far beyond any real request, and
+# small enough that the simulators' sums and products of such values stay inside int64.
+MAX_TRACE_VALUE = 1 << 40
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,14 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5
                     source=source + (f", n={n}" if n > 1 else ""))
 
 
+def open_text(path):
+    """A text handle on ``path``, gunzipped if it ends in ``.gz``."""
+    path = str(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8")
+    return open(path, encoding="utf-8")
+
+
 def _pick(columns, names, path, what, required=True):
     for name in names:
         if name in columns:
@@ -152,15 +164,17 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
             and steps_per_unit > 0):
         raise ConfigError(f"steps_per_unit: must be a positive number, got {steps_per_unit!r}")
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    except OSError as e:
+        with open_text(path) as f:
+            text = f.read()
+    except (OSError, EOFError, UnicodeDecodeError) as e:
         raise ConfigError(f"trace: cannot read {path}: {e}") from e
-    if not lines:
+    # (line number in the file, line) of the non-blank lines: errors name the file's lines
+    numbered = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    if not numbered:
         raise ConfigError(f"trace: {path} is empty")
-    if lines[0].lstrip().startswith("{"):
-        rows = []
-        for lineno, line in enumerate(lines, 1):
+    if numbered[0][1].lstrip().startswith("{"):
+        rows, linenos = [], []
+        for lineno, line in numbered:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -168,13 +182,15 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
             if not isinstance(row, dict):
                 raise ConfigError(f"trace: {path} line {lineno}: expected a JSON object")
             rows.append(row)
+            linenos.append(lineno)
         columns = set().union(*rows)
-        first_line = 1
     else:
-        reader = csv.DictReader(lines)
+        reader = csv.DictReader(line for _, line in numbered)
         columns = set(reader.fieldnames or [])
-        rows = list(reader)
-        first_line = 2
+        rows, linenos = [], []
+        for row in reader:  # reader.line_num: the row's last line (a quoted field may span lines)
+            rows.append(row)
+            linenos.append(numbered[reader.line_num - 1][0])
         if not rows:
             raise ConfigError(f"trace: {path} has a header but no requests")
     arrival_col = _pick(columns, ARRIVAL_COLUMNS, path, "arrival")
@@ -182,7 +198,7 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
     output_col = _pick(columns, OUTPUT_COLUMNS, path, "output length")
     n_col = _pick(columns, ("n",), path, "n", required=False)
     values = {"arrival": [], "prompt_len": [], "output_len": [], "n": []}
-    for lineno, row in enumerate(rows, first_line):
+    for lineno, row in zip(linenos, rows):
         for key, col in (("arrival", arrival_col), ("prompt_len", prompt_col),
                          ("output_len", output_col), ("n", n_col)):
             if col is None:
@@ -196,13 +212,17 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
             except (TypeError, ValueError):
                 raise ConfigError(f"trace: {path} line {lineno}: {col} is not a number: "
                                   f"{raw!r}") from None
-            if not math.isfinite(number) or number < (0 if key == "arrival" else 1):
-                raise ConfigError(f"trace: {path} line {lineno}: {col} out of range: {raw!r}")
+            if key == "arrival":
+                number *= steps_per_unit
+            if (not math.isfinite(number) or number < (0 if key == "arrival" else 1)
+                    or number > MAX_TRACE_VALUE):
+                unit = " steps" if key == "arrival" else ""
+                raise ConfigError(f"trace: {path} line {lineno}: {col} out of range: {raw!r} "
+                                  f"(valid: {0 if key == 'arrival' else 1}..{MAX_TRACE_VALUE}"
+                                  f"{unit})")
             if key != "arrival" and number != int(number):
                 raise ConfigError(f"trace: {path} line {lineno}: {col} must be an integer: "
                                   f"{raw!r}")
-            if key == "arrival":
-                number *= steps_per_unit
             values[key].append(int(math.floor(number)))
     workload = Workload(**{k: np.asarray(v, dtype=np.int64) for k, v in values.items()},
                         source=f"trace {path}")

@@ -232,3 +232,15 @@ def test_huge_max_model_len_clips_nothing_and_tiny_step_is_an_error(tmp_path):
     assert w.num_clipped == 0 and w.prompt_len.tolist() == [600, 20]
     with pytest.raises(ConfigError, match="step_ms"):
         load_workload(str(path), step_ms=1e-300)
+
+
+@pytest.mark.parametrize("ids, message", [
+    (([1], [1]), "request 0 has 1 hash_ids for a prompt of 1000 tokens"),
+    (([[1, 2]], [[1, 2]]), "one-dimensional"),
+    ((["a"], ["b"]), "integers"),
+])
+def test_workload_refuses_hash_ids_that_do_not_cover_the_prompt(ids, message):
+    from pagebench.sim.trace import Workload
+
+    with pytest.raises(ConfigError, match=f"hash_ids: .*{message}"):
+        Workload([0, 1], [1000, 1000], [3, 3], [1, 1], hash_ids=ids)

@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from pagebench.errors import ConfigError, check_positive_int
-from pagebench.sim.trace import MAX_TRACE_VALUE, Workload, open_text, read_trace
+from pagebench.sim.trace import (HASH_BLOCK_TOKENS, MAX_TRACE_VALUE, Workload, open_text,
+                                 read_trace)
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
 # name -> file in DATA_DIR
@@ -40,7 +41,6 @@ NAMED_TRACES = {
 }
 # One decode step of the replay: 20 ms, i.e. 50 steps per second.
 DEFAULT_STEP_MS = 20.0
-HASH_BLOCK_TOKENS = 512  # Mooncake's hash_ids name prompt blocks of this many tokens
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length", "hash_ids")
 

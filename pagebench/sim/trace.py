@@ -34,6 +34,7 @@ OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "completion_to
 # The largest token count or arrival step a trace may hold: far beyond any real request, and
 # small enough that the simulators' sums and products of such values stay inside int64.
 MAX_TRACE_VALUE = 1 << 40
+HASH_BLOCK_TOKENS = 512  # Mooncake's hash_ids name prompt blocks of this many tokens
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,8 @@ class Workload:
         if self.hash_ids is not None:
             if len(self.hash_ids) != order.size:
                 raise ConfigError("workload: hash_ids needs one entry per request")
-            ids = tuple(np.asarray(self.hash_ids[i], dtype=np.int64) for i in order.tolist())
+            ids = tuple(_hash_ids(self.hash_ids[i], i, int(self.prompt_len[i]))
+                        for i in order.tolist())
             object.__setattr__(self, "hash_ids", ids)
 
     @property
@@ -97,6 +99,22 @@ class Workload:
                 "last_arrival_step": int(self.arrival[-1]),
                 "duration_s": self.duration_s, "max_model_len": self.max_model_len,
                 "num_clipped": self.num_clipped}
+
+
+def _hash_ids(ids, request: int, prompt_len: int) -> np.ndarray:
+    """Request ``request``'s hash ids as int64, one or more per 512-token span of its prompt."""
+    try:
+        ids = np.asarray(ids, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ConfigError(f"hash_ids: request {request}: expected integers ({e})") from None
+    if ids.ndim != 1:
+        raise ConfigError(f"hash_ids: request {request}: expected a one-dimensional list, got "
+                          f"shape {ids.shape}")
+    spans = -(-prompt_len // HASH_BLOCK_TOKENS)
+    if ids.size < spans:
+        raise ConfigError(f"hash_ids: request {request} has {ids.size} hash_ids for a prompt of "
+                          f"{prompt_len} tokens (needs {spans}, one per {HASH_BLOCK_TOKENS})")
+    return ids
 
 
 def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5.5,0.9", *,

@@ -244,3 +244,14 @@ def test_workload_refuses_hash_ids_that_do_not_cover_the_prompt(ids, message):
 
     with pytest.raises(ConfigError, match=f"hash_ids: .*{message}"):
         Workload([0, 1], [1000, 1000], [3, 3], [1, 1], hash_ids=ids)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("bom.csv", AZURE.replace("\n", "\r\n") + "2023-11-16 18:17:03.97,10,5\r\n"),
+    ("bom.jsonl", mooncake_line()),
+    ("bom_steps.csv", "arrival,prompt_len,output_len\n0,3,4\n"),
+])
+def test_files_saved_with_a_byte_order_mark_read_alike(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_workload(str(path)).num_requests == 1

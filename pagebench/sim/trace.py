@@ -156,11 +156,12 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5
 
 
 def open_text(path):
-    """A text handle on ``path``, gunzipped if it ends in ``.gz``."""
+    """A text handle on ``path``, gunzipped if it ends in ``.gz``; a leading byte order mark
+    (files saved by Excel or PowerShell) is dropped."""
     path = str(path)
     if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")
 
 
 def _pick(columns, names, path, what, required=True):

@@ -337,6 +337,7 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
             held = sh + n * ceil_div(b + s + 1 - sh * bs, bs)
             if cache:
                 keys = held_keys.pop(i)
+                del block_keys[i]  # finished for good: its keys are never matched again
                 held -= len(keys)
                 used -= cache.release(keys)
             free += held

@@ -255,3 +255,10 @@ def test_files_saved_with_a_byte_order_mark_read_alike(tmp_path, name, text):
     path = tmp_path / name
     path.write_bytes(b"\xef\xbb\xbf" + text.encode())
     assert load_workload(str(path)).num_requests == 1
+
+
+def test_workload_checks_hash_ids_against_their_own_request_when_sorting():
+    from pagebench.sim.trace import Workload
+
+    w = Workload([20, 0], [1, 513], [1, 1], [1, 1], hash_ids=([7], [0, 1]))
+    assert w.prompt_len.tolist() == [513, 1] and [h.tolist() for h in w.hash_ids] == [[0, 1], [7]]

@@ -76,7 +76,7 @@ class Workload:
         if self.hash_ids is not None:
             if len(self.hash_ids) != order.size:
                 raise ConfigError("workload: hash_ids needs one entry per request")
-            ids = tuple(_hash_ids(self.hash_ids[i], i, int(self.prompt_len[i]))
+            ids = tuple(_hash_ids(self.hash_ids[i], i, int(arrays[1][i]))  # arrays: as given
                         for i in order.tolist())
             object.__setattr__(self, "hash_ids", ids)
 

@@ -207,7 +207,12 @@ class LLMEngine:
     # ---- generation ----------------------------------------------------------------------
     def generate(self, prompts, sampling_params: SamplingParams | None = None,
                  use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Complete every prompt (token-id lists); outputs in prompt order."""
+        """Complete every prompt (token-id lists); outputs in prompt order.
+
+        A prompt that could never fit the pool, even alone (its prompt and ``max_tokens`` need
+        more than ``num_blocks`` blocks), fails the whole call up front with a ``ConfigError``
+        starting "num_blocks:"; everything else completes, by preemption if the pool runs dry.
+        """
         params = sampling_params or SamplingParams()
         prompts = self._check(prompts, params)
         if use_tqdm is None:

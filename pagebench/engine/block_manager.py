@@ -107,7 +107,8 @@ class BlockManager:
         return self.num_blocks - self.pool.num_free
 
     def ref_count(self, block_id: int) -> int:
-        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+        if isinstance(block_id, bool) or not isinstance(block_id, int) \
+                or not 0 <= block_id < self.num_blocks:
             raise ValueError(f"block_id: {block_id!r} outside 0..{self.num_blocks - 1}")
         return self.pool.ref_cnt[block_id]
 

@@ -132,7 +132,7 @@ def section_equality(ctx):
     rows = []
 
     def row(model, what, engine, out, ref, **extra):
-        rows.append(bench._base(model, experiment="gpu_greedy_equality", check=what,
+        rows.append(bench.base_row(model, experiment="gpu_greedy_equality", check=what,
                                 block_size=engine.block_size, kernel="triton",
                                 prefill_kernel=engine.runner.prefill_backend.name,
                                 cuda_graphs=engine.graphs()["cuda_graphs"],
@@ -227,7 +227,7 @@ def section_breakdown(ctx):
             end.record()
             end.synchronize()
             replay_ms = start.elapsed_time(end) / 20
-        rows.append(bench._base(ctx.model, experiment="step_breakdown", batch_size=b,
+        rows.append(bench.base_row(ctx.model, experiment="step_breakdown", batch_size=b,
                                 block_size=16, cuda_graphs=engine.graphs()["cuda_graphs"],
                                 decode_step_wall_ms=wall_ms, gpu_busy_ms=gpu_ms,
                                 host_ms=wall_ms - gpu_ms, graph_replay_ms=replay_ms,

@@ -191,3 +191,22 @@ def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
     assert outputs(compiled, prompts) == outputs(eager, prompts)
     assert all(type(layer) is transformers.models.qwen2.modeling_qwen2.Qwen2DecoderLayer
                for layer in model.model.layers)
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+def test_graphs_equal_model_generate_fp32_gpu(block_size):
+    model = tiny_model(device="cuda")
+    prompts = random_prompts([1, 9, 33, 120, 300], seed=6)
+    expected = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=16, pad_token_id=0)
+            expected.append([out[0, len(p):].tolist()])
+    engine = LLMEngine(model, kernel="triton", block_size=block_size,
+                       num_blocks=8192 // block_size, max_num_seqs=8)
+    assert engine.graphs()["cuda_graphs"]
+    assert outputs(engine, prompts, max_tokens=16) == expected

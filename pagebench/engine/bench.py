@@ -69,7 +69,8 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def _base(model, **fields) -> dict:
+def base_row(model, **fields) -> dict:
+    """The fields every row carries: environment (device, versions, commit), model, dtype."""
     dev = _device(model)
     cfg = model.config
     return environment(dev) | dict(
@@ -263,7 +264,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
                 time_s=t, outputs_equal_engine=same)
             if is_engine:
                 row |= _spread("decode_tokens_per_s", decode)
-        rows.append(_base(model, experiment="compare_with_transformers", **row))
+        rows.append(base_row(model, experiment="compare_with_transformers", **row))
     return rows
 
 
@@ -290,7 +291,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
                                 max_num_batched_tokens=max(2048, min(8192, b * hi)),
                                 enforce_eager=enforce_eager, compile_model=compile_model)
-            rows.append(_base(model, experiment="throughput_vs_batch", block_size=bs,
+            rows.append(base_row(model, experiment="throughput_vs_batch", block_size=bs,
                               batch_size=b, prompt_len=lo if lo == hi else (lo + hi) / 2, prompt_len_min=lo,
                               prompt_len_max=hi, max_tokens=max_tokens, kernel=kernel,
                               **row))
@@ -312,7 +313,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, n=k, seed=seed,
                                 ignore_eos=True)
         seconds, _ = _wall(lambda: engine.generate(prompts, params), _device(model))
-        rows.append(_base(model, experiment="cow", variant=label, completions=len(prompts) * k,
+        rows.append(base_row(model, experiment="cow", variant=label, completions=len(prompts) * k,
                           prompt_len=prompt_len, max_tokens=max_tokens, block_size=block_size,
                           **_engine_row(engine, seconds)))
     return rows
@@ -336,7 +337,7 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
         seconds, _ = _wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         s = engine.stats
-        rows.append(_base(model, experiment="prefix_cache", prefix_caching=on,
+        rows.append(base_row(model, experiment="prefix_cache", prefix_caching=on,
                           num_requests=num_requests, system_len=system_len,
                           block_size=block_size, hit_rate=s["prefix_cache_hit_rate"],
                           num_prompt_tokens=s["num_prompt_tokens"],
@@ -361,7 +362,7 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
         engine = LLMEngine(model, block_size=block_size, num_blocks=blocks)
         seconds, _ = _wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
-        rows.append(_base(model, experiment="pool_size", pool_fraction=blocks / full,
+        rows.append(base_row(model, experiment="pool_size", pool_fraction=blocks / full,
                           blocks_needed_all=full, num_requests=num_requests,
                           block_size=block_size,
                           recomputed_tokens=engine.stats["num_computed_prompt_tokens"]
@@ -387,7 +388,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     seconds, _ = _wall(lambda: padded_generate(model, prompts, max_tokens,
                                                batch_size=contiguous_batch), dev)
     generated = len(prompts) * max_tokens
-    rows.append(_base(model, experiment="equal_memory", method="padded_generate",
+    rows.append(base_row(model, experiment="equal_memory", method="padded_generate",
                       kv_bytes=kv_bytes, concurrent_seqs=contiguous_batch,
                       num_requests=len(prompts), max_tokens=max_tokens,
                       tokens_per_s=generated / seconds, time_s=seconds))
@@ -396,7 +397,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     seconds, _ = _wall(lambda: engine.generate(prompts, params), dev)
-    rows.append(_base(model, experiment="equal_memory", method="engine", kv_bytes=kv_bytes,
+    rows.append(base_row(model, experiment="equal_memory", method="engine", kv_bytes=kv_bytes,
                       concurrent_seqs=max(x["batch_size"] for x in engine.stats["steps"]),
                       num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,
                       kernel=engine.runner.decode_backend.name,

@@ -6,7 +6,7 @@ import sys
 
 from pagebench.cli import int_list
 
-EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare")
+EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace")
 
 
 def register(sub) -> None:
@@ -27,6 +27,18 @@ def register(sub) -> None:
     p.add_argument("--kernel", default="auto", help="attention backend (default %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="CPU threads (default %(default)s)")
     p.add_argument("--out", default="-", help="CSV path, '-' for stdout (default)")
+    t = p.add_argument_group("trace: replay a sample of a real trace (blocks of 16, prefix "
+                             "caching on), engine vs simulator")
+    t.add_argument("--trace", default="mooncake-conv",
+                   help="azure-code, azure-conv, mooncake-conv or a file (default %(default)s)")
+    t.add_argument("--num-requests", type=int, default=32, help="sample size (default %(default)s)")
+    t.add_argument("--max-model-len", type=int, default=1024,
+                   help="requests clipped to this many tokens (default %(default)s)")
+    t.add_argument("--max-output-len", type=int, default=64,
+                   help="outputs cut to this many tokens first (default %(default)s)")
+    t.add_argument("--step-ms", type=float, default=20.0,
+                   help="trace milliseconds per engine step (default %(default)s)")
+    t.add_argument("--seed", type=int, default=0, help="sample seed (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -63,6 +75,13 @@ def run(args) -> int:
         rows = bench.cow_comparison(model, max_tokens=args.max_tokens, **common)
     elif args.experiment == "prefix":
         rows = bench.prefix_cache_comparison(model, max_tokens=args.max_tokens, **common)
+    elif args.experiment == "trace":
+        from pagebench.engine.trace_replay import replay_trace
+
+        rows = [replay_trace(model, args.trace, args.num_requests,
+                             max_model_len=args.max_model_len,
+                             max_output_len=args.max_output_len, step_ms=args.step_ms,
+                             kernel=args.kernel, seed=args.seed, **common)]
     elif args.experiment == "pool":
         rows = bench.pool_size_sweep(model, max_tokens=args.max_tokens, **common)
     else:

@@ -148,8 +148,10 @@ class DecodeGraphs:
     # ---- one step ------------------------------------------------------------------------
     def fits(self, seqs) -> bool:
         """Whether a decode step of ``seqs`` can run here (bucket and context length)."""
+        width = self.width
         return len(seqs) <= self.max_batch and \
-            all(seq.num_computed < self.max_len for seq in seqs)
+            all(seq.num_computed < self.max_len and len(seq.block_table) <= width
+                for seq in seqs)
 
     @torch.inference_mode()
     def run(self, seqs) -> torch.Tensor:

@@ -171,16 +171,23 @@ class LLMEngine:
         return num_blocks
 
     # ---- validation ----------------------------------------------------------------------
-    def _check(self, prompts, params: SamplingParams) -> list[list[int]]:
-        if not isinstance(params, SamplingParams):
-            raise ConfigError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+    def _check(self, prompts, params_list: list) -> list[list[int]]:
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
             raise ConfigError("prompts: expected a list of token-id lists")
-        if params.n > self.scheduler.max_num_seqs:
-            raise ConfigError(f"n: {params.n} completions exceed max_num_seqs "
-                              f"{self.scheduler.max_num_seqs}")
+        prompts = list(prompts)
+        if len(params_list) == 1:
+            params_list = params_list * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ConfigError(f"sampling_params: {len(params_list)} for {len(prompts)} prompts")
+        for params in params_list:
+            if not isinstance(params, SamplingParams):
+                raise ConfigError(f"sampling_params: expected SamplingParams, "
+                                  f"got {type(params).__name__}")
+            if params.n > self.scheduler.max_num_seqs:
+                raise ConfigError(f"n: {params.n} completions exceed max_num_seqs "
+                                  f"{self.scheduler.max_num_seqs}")
         out = []
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, params) in enumerate(zip(prompts, params_list)):
             if isinstance(prompt, torch.Tensor):
                 prompt = prompt.tolist()
             if isinstance(prompt, (str, bytes)):
@@ -202,39 +209,59 @@ class LLMEngine:
                                   f"{self.block_size} tokens alone, the pool has "
                                   f"{self.num_blocks}")
             out.append(prompt)
-        return out
+        return out, params_list
 
     # ---- generation ----------------------------------------------------------------------
-    def generate(self, prompts, sampling_params: SamplingParams | None = None,
-                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool | None = None,
+                 arrival_steps=None) -> list[RequestOutput]:
         """Complete every prompt (token-id lists); outputs in prompt order.
+
+        ``sampling_params``: one :class:`SamplingParams` for every prompt (default
+        ``SamplingParams()``) or a list, one per prompt. ``arrival_steps`` (optional, one
+        integer >= 0 per prompt): the engine step at which each prompt joins the queue (a
+        replayed trace); by default all arrive at step 0. Steps with nothing to run before
+        the next arrival are skipped (``stats["idle_steps"]``).
 
         A prompt that could never fit the pool, even alone (its prompt and ``max_tokens`` need
         more than ``num_blocks`` blocks), fails the whole call up front with a ``ConfigError``
         starting "num_blocks:"; everything else completes, by preemption if the pool runs dry.
         """
-        params = sampling_params or SamplingParams()
-        prompts = self._check(prompts, params)
+        if isinstance(sampling_params, (list, tuple)):
+            params_list = list(sampling_params)
+        else:
+            params_list = [sampling_params or SamplingParams()]
+        prompts, params_list = self._check(prompts, params_list)
+        arrivals = self._check_arrivals(arrival_steps, len(prompts))
         if use_tqdm is None:
             use_tqdm = sys.stderr.isatty()
         sched, bm = self.scheduler, self.block_manager
         sched.num_preemptions = sched.num_cached_prompt_tokens = 0
         device = self.runner.device
         outputs, pending = [], {}  # pending: request id -> sequences not yet forked
-        for rid, prompt in enumerate(prompts):
+        arriving = []  # (arrival step, request id, first sequence)
+        for rid, (prompt, params) in enumerate(zip(prompts, params_list)):
             gens = [make_generator(params.seed, i, device) if not params.greedy else None
                     for i in range(params.n)]
             seqs = [Sequence(next(self._ids), rid, i, prompt, params, gens[i])
                     for i in range(params.n)]
-            sched.add(seqs[0])
+            arriving.append((arrivals[rid], rid, seqs[0]))
             pending[rid] = seqs[1:]
             outputs.append(RequestOutput(rid, list(prompt),
                                          [CompletionOutput(i) for i in range(params.n)]))
+        arriving.sort(key=lambda a: a[:2], reverse=True)  # next arrival last
         steps, utilisation, computed_prompt, generated = [], [], 0, 0
-        bar = _progress(len(prompts) * params.n, use_tqdm)
+        clock = idle_steps = 0
+        bar = _progress(sum(p.n for p in params_list), use_tqdm)
         t0 = time.perf_counter()
         try:
-            while sched.has_work:
+            while sched.has_work or arriving:
+                while arriving and arriving[-1][0] <= clock:
+                    sched.add(arriving.pop()[2])
+                if not sched.has_work:
+                    idle_steps += arriving[-1][0] - clock
+                    clock = arriving[-1][0]
+                    continue
+                clock += 1
                 step_start = time.perf_counter()
                 batch = sched.schedule()
                 if not batch.seqs:
@@ -268,8 +295,18 @@ class LLMEngine:
                 bar.close()
         elapsed = time.perf_counter() - t0
         self.stats = self._summarise(prompts, steps, utilisation, computed_prompt, generated,
-                                     elapsed)
+                                     elapsed) | {"idle_steps": idle_steps}
         return outputs
+
+    @staticmethod
+    def _check_arrivals(arrival_steps, count: int) -> list[int]:
+        if arrival_steps is None:
+            return [0] * count
+        arrivals = list(arrival_steps)
+        if len(arrivals) != count or not all(
+                isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in arrivals):
+            raise ConfigError(f"arrival_steps: expected {count} integers >= 0, one per prompt")
+        return arrivals
 
     def _sample_and_advance(self, seqs, logits, pending, outputs, bar) -> int:
         # fork siblings of requests whose prompt just finished: they share this row's logits

@@ -331,13 +331,11 @@ class ModelRunner:
         model's own ``forward`` and ``generate`` keep the plain layers); the paged attention is
         left out as a graph break. Compiles on the first step of each shape class (batch 1
         and any other batch), which ``setup_decode_graphs`` does before capturing."""
-        self.compiled_layers = torch.nn.ModuleList(
-            torch.compile(layer, dynamic=True) for layer in self.decoder.layers)
-        if self.decode_graphs is None:
-            return
         t0 = time.perf_counter()
         try:
-            for size in (self.decode_graphs.max_batch, 1):
+            self.compiled_layers = torch.nn.ModuleList(
+                torch.compile(layer, dynamic=True) for layer in self.decoder.layers)
+            for size in ((self.decode_graphs.max_batch, 1) if self.decode_graphs else ()):
                 self.decode_graphs.warm_up(size)
         except Exception as e:  # noqa: BLE001 -- inductor's errors are many types
             self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"

@@ -6,7 +6,7 @@ import datetime as dt
 from pathlib import Path
 
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, devices, fp8, parallel, render, sections
+from pagebench.report import derive, devices, fp8, parallel, real_traces, render, sections
 from pagebench.report.collect import Results, collect, default_device
 
 DATA_DIR_SUFFIX = "_data"
@@ -42,7 +42,7 @@ def guarded_section(results: Results, sid: str, title: str, fn, *args):
 
 
 def build_sections(results: Results, env: dict, options: dict):
-    claims = claims_mod.evaluate(results)
+    claims = claims_mod.evaluate(results) + real_traces.claims(results)
     try:
         rec_section, rec = sections.recommendation(results)
     except Exception as e:  # noqa: BLE001
@@ -55,6 +55,7 @@ def build_sections(results: Results, env: dict, options: dict):
         guarded_section(results, "environment", "Environment", sections.environment, env,
                         options),
         guarded_section(results, "memory", "Memory", sections.memory),
+        guarded_section(results, "real-traces", "Real traces", real_traces.section),
         guarded_section(results, "capacity", "Capacity", sections.capacity),
         guarded_section(results, "kernels", "Kernels", sections.kernels),
         guarded_section(results, "engine", "Engine", sections.engine),

@@ -297,6 +297,10 @@ def batching_beats_gather(results: Results) -> Claim:
             if not same_kind:
                 continue
             kernel = max(same_kind)
+        if "cuda_graphs" in g.columns and g["cuda_graphs"].astype(str).eq("True").any():
+            g = g[g["cuda_graphs"].astype(str).eq("True")]  # the engine's default on a GPU
+            if "compiled_layers" in g.columns:
+                g = g[g["compiled_layers"].astype(str).eq("True")]
         bs = pd.to_numeric(g["block_size"], errors="coerce") if "block_size" in g.columns \
             else None
         if bs is not None and (bs == derive.PRIMARY_BLOCK_SIZE).any():

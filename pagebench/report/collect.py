@@ -441,7 +441,8 @@ def sweep_plan(run_sweeps: bool) -> list[tuple[str, str]]:
     plan = [("memory: static fragmentation", "static_memory"),
             ("memory: block manager tail waste", "block_waste"),
             ("capacity planner", "capacity"),
-            ("memory: time-stepped simulation", "dynamic_memory")]
+            ("memory: time-stepped simulation", "dynamic_memory"),
+            ("memory: real traces", "real_traces")]
     if run_sweeps:
         plan += [("kernels: quick sweep", "kernel_sweep"),
                  ("engine: quick comparisons", "engine_sweeps")]

@@ -240,7 +240,7 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
 
 @styled
 def grouped_bars(df: pd.DataFrame, category: str, series, title: str, ylabel: str, alt: str,
-                 *, xlabel: str | None = None) -> Plot | None:
+                 *, xlabel: str | None = None, logy: bool = False) -> Plot | None:
     """One group of bars per row of ``df`` (labelled by ``category``, axis ``xlabel``), one bar
     per column of ``series`` (column -> legend entry, or a list of columns); every series in
     the unit of ``ylabel``."""
@@ -252,6 +252,8 @@ def grouped_bars(df: pd.DataFrame, category: str, series, title: str, ylabel: st
     bar_group(ax, df, category, series)
     ax.set_xlabel(xlabel or words(category))
     ax.set_ylabel(ylabel)
+    if logy:
+        plain_log_y(ax)
     if len(series) > 1:
         ax.legend()
     return to_plot(fig, title, alt)
@@ -286,9 +288,11 @@ def bar_panels(df: pd.DataFrame, category: str, panels: dict[str, str], title: s
 @styled
 def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
           alt: str, *, legend_title: str | None = None, logx: bool = False, logy: bool = False,
-          hlines: dict | None = None, panel: str | None = None) -> Plot | None:
+          hlines: dict | None = None, panel: str | None = None,
+          spread: tuple[str, str] | None = None) -> Plot | None:
     """Line per ``hue`` value of ``y`` against ``x`` (legend titled ``legend_title``); one
-    panel per ``panel`` value if given, at most three to a row."""
+    panel per ``panel`` value if given, at most three to a row. ``spread`` (low, high columns,
+    e.g. min and max over repeats) draws error bars where those columns have values."""
     if _empty(df):
         return None
     panels = list(dict.fromkeys(df[panel])) if panel else [None]
@@ -302,7 +306,13 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         part = df if p is None else df[df[panel] == p]
         for key, g in part.groupby(hue, sort=True):
             g = g.sort_values(x)
-            ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=label(key))
+            line, = ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=label(key))
+            if spread and set(spread) <= set(g.columns) and g[list(spread)].notna().all().all():
+                mid = g[y].astype(float)
+                err = [(mid - g[spread[0]].astype(float)).clip(lower=0),
+                       (g[spread[1]].astype(float) - mid).clip(lower=0)]
+                ax.errorbar(g[x], mid, yerr=err, fmt="none", ecolor=line.get_color(),
+                            capsize=2, linewidth=0.8)
         for name, value in (hlines or {}).items():
             ax.axhline(value, color="k", linestyle="--", linewidth=1)
             ax.annotate(label(name), (0.01, value), xycoords=("axes fraction", "data"),

@@ -432,11 +432,23 @@ def engine(results: Results) -> Section:
         any_data = True
         hue = "block_size" if "block_size" in batch.columns else "machine"
         panel = "machine" if "machine" in batch.columns else None
-        s.plot(plots.lines(batch, "batch", "tokens_per_s", hue,
-                           "Engine throughput versus batch size", "batch size (sequences)",
-                           "generated tokens/s", "line chart of engine throughput",
-                           legend_title="block size (tokens)" if hue == "block_size"
-                           else "device", logx=True, panel=panel))
+        legend = "block size (tokens)" if hue == "block_size" else "device"
+        if "mode" in batch.columns:  # GPU runs: default (graphs) lines, other modes their own
+            mode = batch["mode"].fillna("").astype(str)
+            batch = batch.assign(series=batch[hue].astype(str).where(
+                mode.isin(["", "graphs"]), batch[hue].astype(str) + " " + mode))
+            hue = "series"
+        s.text("Error bars: min and max over repeats, where the data has them. On a GPU the "
+               "engine replays decode steps from CUDA graphs of compiled layers; 'eager' rows "
+               "run every step from Python.")
+        for y, title in (("tokens_per_s", "Engine throughput versus batch size (end to end)"),
+                         ("decode_tokens_per_s", "Engine decode throughput versus batch size")):
+            if y in batch.columns and batch[y].notna().any():
+                s.plot(plots.lines(batch[batch[y].notna()], "batch", y, hue, title,
+                                   "batch size (sequences)", "generated tokens/s",
+                                   f"line chart of {title.lower()}", legend_title=legend,
+                                   logx=True, logy=True, panel=panel,
+                                   spread=(f"{y}_min", f"{y}_max")))
         s.table(make_table(batch, "Engine throughput versus batch", data="engine_batch"))
     elif batch is None:
         s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
@@ -447,14 +459,20 @@ def engine(results: Results) -> Section:
                "continuous batching with its paged cache (generate_batch) and generate on the "
                "whole left-padded batch (contiguous cache).")
         if {"method", "tokens_per_s"} <= set(cmp_.columns):
-            g = cmp_.groupby(["machine", "method"], as_index=False, sort=False)["tokens_per_s"] \
-                .median()
-            g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
+            rows = cmp_[cmp_["tokens_per_s"].notna()]
+            requests = [c for c in ("batch_size", "num_requests") if c in rows.columns]
+            rows = rows.assign(requests=rows[requests].bfill(axis=1).iloc[:, 0]
+                               if requests else "")
+            g = rows.groupby(["machine", "requests", "method"], as_index=False, sort=False,
+                             dropna=False)["tokens_per_s"].median()
+            g["case"] = (g["machine"].astype(str) + "\n" + g["method"].astype(str) + "\n"
+                         + g["requests"].map(lambda n: f"{n:g} requests" if n != "" else ""))
             s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
                                       "Engine versus transformers: tokens/s",
                                       "generated tokens/s",
                                       "bar chart of engine versus transformers throughput",
-                                      xlabel="device and generation method"))
+                                      xlabel="device, generation method and requests",
+                                      logy=True))
         s.table(make_table(cmp_, "Engine versus transformers", data="engine_compare"))
     eq = results.get("engine_equal_memory")
     if eq is not None:

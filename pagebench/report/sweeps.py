@@ -198,3 +198,10 @@ def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) ->
         frame["machine"] = label
         add_engine_rows(results, frame, f"pagebench.engine.bench.{fn_name} (this run)",
                         default=fn_name)
+
+
+def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> None:
+    """Azure and Mooncake traces replayed in the simulators (and the engine unless quick)."""
+    from pagebench.report.real_traces import trace_sweeps
+
+    trace_sweeps(results, device=device, quick=quick)

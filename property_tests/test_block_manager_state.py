@@ -277,7 +277,8 @@ class BlockManagerMachine(RuleBasedStateMachine):
         for seq, start in self.pending.items():
             for i, b in enumerate(self.bm.block_table(seq)):
                 lo = i * self.bs
-                if b == block and self.tokens[seq][lo:lo + self.bs] == toks and start < lo + self.bs:
+                owns = b == block and self.tokens[seq][lo:lo + self.bs] == toks
+                if owns and start < lo + self.bs:
                     held = self.kv.get(block, [None] * self.bs)
                     if all(held[p - lo] == toks[p - lo] for p in range(lo, start)):
                         return True

@@ -242,7 +242,7 @@ class BlockManager:
                 self._unwritten.update(registered)
 
     def blocks_written(self) -> None:
-        """The step in flight has written its KV: its unwritten blocks are ordinary cached blocks."""
+        """The step in flight has written its KV: its unwritten blocks are plain cached ones."""
         self._unwritten.clear()
 
     def _register(self, seq: _Seq, first: int, end: int) -> list[int]:

@@ -229,8 +229,9 @@ class BlockManager:
 
         Args:
             written: True if their KV is in the cache. False if the step being scheduled
-                writes it: a request that finds such a block must be in that same step, and
-                the blocks count as unwritten until ``blocks_written``.
+                writes it (for some of them, earlier steps may have): a request that finds
+                such a block must be in that same step, and the blocks registered by this call
+                count as unwritten until ``blocks_written``.
         """
         seq = self._seq(seq_id)
         n = len(seq.tokens) if num_computed_tokens is None else num_computed_tokens

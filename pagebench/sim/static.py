@@ -43,11 +43,14 @@ def static_fragmentation(lengths, max_len: int, block_sizes=(1, 8, 16, 32, 128))
     block_sizes = [int(b) for b in block_sizes]
     if any(b < 1 for b in block_sizes):
         raise ConfigError(f"block_sizes: must be positive, got {block_sizes}")
-    n, tokens = int(lengths.size), int(lengths.sum())
+    if max_len > 2**62:
+        raise ConfigError(f"max_len: at most 2**62 (int64 slot counts), got {max_len:,}")
+    # sums as Python ints: 2,000 lengths of 10**16 tokens overflow an int64 sum
+    n, tokens = int(lengths.size), int(lengths.sum(dtype=object))
     rows = []
     plans = [("naive", None), ("pow2", None), ("oracle", None)] + [("paged", b) for b in block_sizes]
     for allocator, bs in plans:
-        slots = int(reserved_slots(allocator, lengths, max_len, bs).sum())
+        slots = int(reserved_slots(allocator, lengths, max_len, bs).sum(dtype=object))
         rows.append({
             "allocator": allocator, "block_size": bs, "allocated_slots": slots,
             "utilisation": tokens / slots, "wasted_slots_per_seq": (slots - tokens) / n,

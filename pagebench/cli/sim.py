@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import csv
-import json
 import sys
 
-from pagebench.cli import int_list
+from pagebench.cli.options import (
+    MAX_INT, add_output_options, check_memory, check_output_file, dumps, int_list, integer,
+    name_list, number, write_results)
 
 STATIC_BLOCK_SIZES = [1, 8, 16, 32, 128]
+# Lengths up to 2**40 tokens: every per-sequence count fits int64 with room for a sum.
+MAX_LEN = 2**40
+# Memory per sequence of the static simulation (its lengths as Python ints and int64 arrays),
+# and per simulated step of the dynamic one (one record of 12 ints, then an int64 table row),
+# measured on CPython 3.11 with some margin: used to refuse work that cannot fit.
+STATIC_BYTES_PER_SEQ = 100
+DYNAMIC_BYTES_PER_STEP = 600
 DYNAMIC_BLOCK_SIZES = [16]
 # dynamic-only options (dest -> flag); given without --dynamic they are an error
 DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "--rate",
@@ -17,13 +25,6 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "allocators": "--allocators", "n": "--n", "max_num_seqs": "--max-num-seqs",
                 "timeline_every": "--timeline-every", "timeline": "--timeline",
                 "steps_per_unit": "--steps-per-unit"}
-
-
-def name_list(text: str) -> list[str]:
-    values = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not values:
-        raise ValueError(f"expected comma-separated names, got {text!r}")
-    return values
 
 
 def register(sub) -> None:
@@ -42,40 +43,42 @@ def register_simulate(sub) -> None:
     p.add_argument("--lengths", default="lognormal:5.5,0.9",
                    help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (with --dynamic: "
                    "each request's final length)")
-    p.add_argument("--num-seqs", type=int, default=None,
+    p.add_argument("--num-seqs", type=integer(), default=None,
                    help="static: number of sequences (default 2000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-len", type=int, default=4096, help="max_model_len")
+    p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
+    p.add_argument("--max-len", type=integer(2, MAX_LEN), default=4096,
+                   help="max_model_len in tokens: lengths are clipped to it (default 4096)")
     p.add_argument("--block-sizes", type=int_list, default=None,
                    help=f"paged block sizes (default {','.join(map(str, STATIC_BLOCK_SIZES))}; "
                    f"with --dynamic {','.join(map(str, DYNAMIC_BLOCK_SIZES))})")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_output_options(p, "per-allocator results")
     d = p.add_argument_group("time-stepped simulation (--dynamic)")
     d.add_argument("--dynamic", action="store_true", help="simulate over time")
     d.add_argument("--trace", metavar="FILE", help="CSV/JSONL trace: arrival (steps), prompt "
                    "length, output length, optional n (instead of Poisson arrivals)")
-    d.add_argument("--steps-per-unit", type=float, default=None,
+    d.add_argument("--steps-per-unit", type=number(0, 1e9), default=None,
                    help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
                    "default 1: arrivals are steps)")
-    d.add_argument("--num-requests", type=int, default=None, help="Poisson: requests "
+    d.add_argument("--num-requests", type=integer(), default=None, help="Poisson: requests "
                    "(default 20000)")
-    d.add_argument("--rate", type=float, default=None, help="Poisson: requests per step "
-                   "(default 20)")
-    d.add_argument("--prompt-fraction", type=float, default=None,
+    d.add_argument("--rate", type=number(0, 1e9), default=None,
+                   help="Poisson: requests per step (default 20)")
+    d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True), default=None,
                    help="share of each length that is prompt (default 0.3)")
     d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately")
     d.add_argument("--output-lengths", metavar="SPEC", help="draw output lengths separately")
-    d.add_argument("--budget-tokens", type=int, default=None,
+    d.add_argument("--budget-tokens", type=integer(1, MAX_LEN), default=None,
                    help="KV budget in token slots (default: the article's 12.4 GB of "
                    "Qwen2.5-0.5B cache, 1,009,104 slots; see `pagebench capacity --article`)")
     d.add_argument("--allocators", type=name_list, default=None,
                    help="subset of naive,pow2,oracle,paged (default all)")
-    d.add_argument("--n", type=int, default=None, help="parallel samples per request "
-                   "(default 1)")
+    d.add_argument("--n", type=integer(1, 1024), default=None,
+                   help="parallel samples per request (default 1)")
     d.add_argument("--cow", action="store_true",
                    help="paged: samples share prompt blocks (copy-on-write)")
-    d.add_argument("--max-num-seqs", type=int, default=None, help="cap on running sequences")
-    d.add_argument("--timeline-every", type=int, default=None,
+    d.add_argument("--max-num-seqs", type=integer(), default=None,
+                   help="cap on running sequences (default: none)")
+    d.add_argument("--timeline-every", type=integer(), default=None,
                    help="record every k-th step (default: at most 2000 rows per allocator)")
     d.add_argument("--timeline", metavar="CSV", help="write the per-step breakdown here")
     p.set_defaults(func=run_simulate)
@@ -92,10 +95,13 @@ def run_simulate(args) -> int:
     from pagebench.sim.workloads import sample_lengths
 
     num_seqs = 2000 if args.num_seqs is None else args.num_seqs
+    check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
+    check_output_file("--out", args.out)
     block_sizes = STATIC_BLOCK_SIZES if args.block_sizes is None else args.block_sizes
     lengths = sample_lengths(args.lengths, num_seqs, args.seed, args.max_len)
     result = static_fragmentation(lengths, args.max_len, block_sizes)
-    print(json.dumps(result, indent=2) if args.json else format_static_table(result))
+    write_results(args.out, result["results"], result)
+    print(dumps(result) if args.json else format_static_table(result))
     return 0
 
 
@@ -106,6 +112,8 @@ def run_dynamic_simulation(args) -> int:
 
     if args.num_seqs is not None:
         raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
+    for option, path in (("--out", args.out), ("--timeline", args.timeline)):
+        check_output_file(option, path)
     if args.trace:
         clashes = [flag for dest, flag in DYNAMIC_ONLY.items()
                    if dest in ("num_requests", "rate", "prompt_fraction", "prompt_lengths",
@@ -125,14 +133,25 @@ def run_dynamic_simulation(args) -> int:
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
             n=1 if args.n is None else args.n, seed=args.seed, max_len=args.max_len)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
+    check_dynamic_memory(workload, len(args.allocators or ALLOCATORS)
+                         + len(args.block_sizes or DYNAMIC_BLOCK_SIZES))
     result = run_dynamic(
         workload, budget, allocators=args.allocators or ALLOCATORS,
         block_sizes=args.block_sizes or DYNAMIC_BLOCK_SIZES, max_len=args.max_len, cow=args.cow,
         max_num_seqs=args.max_num_seqs, timeline_every=args.timeline_every)
     if args.timeline:
         write_timeline_csv(result, args.timeline)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_dynamic_table(result))
+    write_results(args.out, result.summary, result.to_dict())
+    print(dumps(result.to_dict()) if args.json else format_dynamic_table(result))
     return 0
+
+
+def check_dynamic_memory(workload, runs: int) -> None:
+    """Refuse a workload whose step-by-step records cannot fit: every request decodes one token
+    a step after it arrives, so the run lasts at least max(arrival + output_len) steps."""
+    steps = int((workload.arrival + workload.output_len).max())
+    check_memory("--max-len", steps * DYNAMIC_BYTES_PER_STEP,
+                 f"a simulation of at least {steps:,} steps ({runs} allocator runs, one at a time)")
 
 
 def write_timeline_csv(result, path: str) -> None:
@@ -160,9 +179,12 @@ def register_capacity(sub) -> None:
                    "or path to a config.json (default qwen2.5-0.5b)")
     p.add_argument("--dtype", default="bfloat16", help="KV cache and weight dtype")
     p.add_argument("--gpu-memory", default=None, help="e.g. 16GiB or 80GB (default 16GiB)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.9")
-    p.add_argument("--max-model-len", type=int, default=None, help="default 4096")
-    p.add_argument("--block-size", type=int, default=None, help="default 16")
+    p.add_argument("--gpu-memory-utilization", type=number(0, 1), default=None,
+                   help="share of GPU memory vLLM may use (default 0.9)")
+    p.add_argument("--max-model-len", type=integer(1, MAX_LEN), default=None,
+                   help="tokens a sequence may reach (default 4096)")
+    p.add_argument("--block-size", type=integer(1, MAX_INT), default=None,
+                   help="tokens per KV block (default 16)")
     p.add_argument("--weights-bytes", default=None,
                    help="default: estimated as parameters (from the config) x dtype bytes")
     p.add_argument("--overhead-bytes", default=None,
@@ -171,17 +193,20 @@ def register_capacity(sub) -> None:
                    help="size the KV cache directly (skips the memory arithmetic)")
     p.add_argument("--lengths", default="lognormal:5.5,0.9",
                    help="length distribution for the concurrency estimate (default %(default)s)")
-    p.add_argument("--num-seqs", type=int, default=2000, help="lengths drawn (default 2000)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-seqs", type=integer(), default=2000,
+                   help="lengths drawn (default 2000)")
+    p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
     p.add_argument("--article", action="store_true",
                    help="start from the article's case (explicit options override it)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_output_options(p, "capacity plan")
     p.set_defaults(func=run_capacity)
 
 
 def run_capacity(args) -> int:
     from pagebench.sim.capacity import ARTICLE_CASE, capacity_plan, format_capacity
 
+    check_memory("--num-seqs", args.num_seqs * STATIC_BYTES_PER_SEQ, f"{args.num_seqs:,} lengths")
+    check_output_file("--out", args.out)
     base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
                 "weights_bytes", "overhead_bytes"):
@@ -189,5 +214,7 @@ def run_capacity(args) -> int:
             base[key] = getattr(args, key)
     plan = capacity_plan(**base, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
                          lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed)
-    print(json.dumps(plan, indent=2) if args.json else format_capacity(plan))
+    write_results(args.out, [{k: v for k, v in plan.items() if not isinstance(v, (list, dict))}],
+                  plan)
+    print(dumps(plan) if args.json else format_capacity(plan))
     return 0

@@ -11,7 +11,8 @@ import json
 import math
 import os
 import sys
-import tempfile
+
+from pagebench.atomic import atomic_write_text
 
 # Counts and sizes on the command line fit in int32 (the kernels' index type) unless an option
 # says otherwise; larger values are refused by argparse, before anything runs.
@@ -140,22 +141,6 @@ def add_output_options(p, what: str = "results") -> None:
     p.add_argument("--out", metavar="FILE", default=None,
                    help=f"also write the {what} to FILE: JSON if it ends in .json, else CSV "
                    "(tidy rows, full precision)")
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``path`` through a temporary file in its directory: a reader (or a killed run)
-    sees the old file or the new one, never half of one."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=parent, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def to_jsonable(value):

@@ -327,7 +327,8 @@ def bench_compare(repo: Path, base: str, head: str, *, threshold: float = THRESH
               "difference is noise", file=log)
     for path in remove_stale_temp_dirs(repo):
         print(f"bench-compare: removed {path}, left by a killed run", file=log)
-    runs: dict[str, list[dict[str, float]]] = {base_c: [], head_c: []}
+    # keyed by side, not commit: base and head may be the same commit (a noise check)
+    runs: dict[str, list[dict[str, float]]] = {"base": [], "head": []}
     with TerminationAsInterrupt(), Checkouts(repo) as checkouts:
         out_dir = Path(out_dir) if out_dir else checkouts.scratch("results")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -340,15 +341,15 @@ def bench_compare(repo: Path, base: str, head: str, *, threshold: float = THRESH
                                 out_dir / f"{label}-{tag.replace(' ', '-').replace('/', 'of')}.json",
                                 select=k, marks=marks, max_time=max_time,
                                 scratch=checkouts.root)
-                runs[commit].append(timings(doc, stat))
+                runs[label].append(timings(doc, stat))
 
         for i in range(repeat):
             run_both(f"run {i + 1}/{repeat}", select)
-        changes = compare(combine(runs[base_c]), combine(runs[head_c]))
+        changes = compare(combine(runs["base"]), combine(runs["head"]))
         suspects = regressions(changes, threshold)
         for i in range(confirm if suspects else 0):
             run_both(f"confirm {i + 1}/{confirm} ({len(suspects)} suspect)",
                      _select_tests(suspects, select))
         if suspects and confirm:
-            changes = compare(combine(runs[base_c]), combine(runs[head_c]))
+            changes = compare(combine(runs["base"]), combine(runs["head"]))
     return changes, base_c, head_c

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -22,16 +24,17 @@ from hypothesis import strategies as st
 
 from pagebench.cli import main, options
 
-TMP = Path(tempfile.mkdtemp(prefix="pagebench-cli-property-"))
+# the files the examples name; created by the `stubs` fixture and removed after the module
+TMP = Path(tempfile.gettempdir()) / f"pagebench-cli-property-{os.getpid()}"
 A_FILE = TMP / "a_file"
-A_FILE.write_text("x\n")
 TRACE = TMP / "trace.csv"
-TRACE.write_text("arrival,prompt_len,output_len\n0,8,8\n1,4,12\n3,16,4\n")
 LENGTHS = TMP / "lengths.txt"
-LENGTHS.write_text("10\n200\n30\n")
 BENCH_JSON = TMP / "bench.json"
-BENCH_JSON.write_text('{"benchmarks": [{"name": "a", "stats": {"median": 0.01, "min": 0.009, '
-                      '"mean": 0.011}}]}')
+FILES = {A_FILE: "x\n",
+         TRACE: "arrival,prompt_len,output_len\n0,8,8\n1,4,12\n3,16,4\n",
+         LENGTHS: "10\n200\n30\n",
+         BENCH_JSON: '{"benchmarks": [{"name": "a", "stats": {"median": 0.01, "min": 0.009, '
+                     '"mean": 0.011}}]}'}
 
 HUGE = ["99999999999999999999", "2147483648", "1e300", "1" + "0" * 40]
 BAD_NUMBERS = ["-1", "0", "1.5", "nan", "inf", "-inf", "", "x", "1,,", " ", "0x10", "١"]
@@ -176,6 +179,9 @@ def fake_bench_compare(repo, base, head, **kwargs):
 
 @pytest.fixture(scope="module", autouse=True)
 def stubs():
+    TMP.mkdir(exist_ok=True)
+    for path, text in FILES.items():
+        path.write_text(text)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("pagebench.kernels.sweep.run_sweep", fake_sweep)
         mp.setattr("pagebench.kernels.prefill_sweep.run_prefill_sweep", fake_prefill_sweep)
@@ -188,6 +194,7 @@ def stubs():
         # large valid requests are refused by their memory estimate instead of run
         mp.setattr(options, "available_memory_bytes", lambda: 20 * 10**6)
         yield
+    shutil.rmtree(TMP, ignore_errors=True)
 
 
 @given(argvs())

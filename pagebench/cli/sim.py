@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import os
 import sys
 
 from pagebench.cli.options import (
@@ -157,6 +158,7 @@ def check_dynamic_memory(workload, runs: int) -> None:
 def write_timeline_csv(result, path: str) -> None:
     cols = result.timeline_columns
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(cols)

@@ -274,6 +274,9 @@ def run_suite(package_root: Path, bench_dir: Path, out_json: Path, *, select: st
         cmd = [python, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
                "--benchmark-enable", f"--benchmark-json={out_json}",
                f"--benchmark-max-time={max_time}", "--benchmark-min-rounds=5",
+               # a collection's cost depends on everything else alive in the process: with it,
+               # an unchanged 2 ms benchmark read 1.36x slower on another run
+               "--benchmark-disable-gc",
                "--benchmark-warmup=on", "--benchmark-warmup-iterations=1"]
         if select:
             cmd += ["-k", select]

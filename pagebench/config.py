@@ -17,7 +17,8 @@ DTYPE_BYTES = {
     "float32": 4, "fp32": 4, "float": 4,
     "float16": 2, "fp16": 2, "half": 2,
     "bfloat16": 2, "bf16": 2,
-    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "int8": 1,
+    "float8": 1, "fp8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+    "int8": 1,
 }
 
 # Published config.json values of common decoder models (attention-relevant fields plus what
@@ -101,6 +102,27 @@ class KVGeometry:
 
     def bytes_per_block(self, block_size: int) -> int:
         return self.bytes_per_token * check_positive_int("block_size", block_size)
+
+    def per_rank(self, tensor_parallel_size: int) -> KVGeometry:
+        """The share of one rank under tensor parallelism over attention heads.
+
+        Each rank holds ``num_q_heads / tp`` query heads and ``num_kv_heads / tp`` KV heads;
+        when tp exceeds the KV heads, each KV head is replicated on ``tp / num_kv_heads`` ranks
+        (one head per rank), as vLLM does.
+        """
+        tp = check_positive_int("tensor_parallel_size", tensor_parallel_size)
+        if self.num_q_heads % tp:
+            raise ConfigError(f"tensor_parallel_size: {tp} does not divide the "
+                              f"{self.num_q_heads} query heads")
+        if (self.num_kv_heads % tp) if tp <= self.num_kv_heads else (tp % self.num_kv_heads):
+            raise ConfigError(f"tensor_parallel_size: {tp} neither divides the "
+                              f"{self.num_kv_heads} KV heads nor is a multiple of them")
+        return KVGeometry(self.num_layers, max(1, self.num_kv_heads // tp), self.head_dim,
+                          self.num_q_heads // tp, self.dtype, self.name)
+
+    def kv_replication(self, tensor_parallel_size: int) -> int:
+        """Ranks holding a copy of each KV head (1 unless tp exceeds the KV heads)."""
+        return max(1, tensor_parallel_size // self.num_kv_heads)
 
     def with_dtype(self, dtype) -> KVGeometry:
         name = str(dtype).removeprefix("torch.")

@@ -46,7 +46,7 @@ def test_cli_on_json_files_lists_regressions_and_exits_1(tmp_path, capsys):
     (tmp_path / "base.json").write_text(json.dumps(doc(fast=10, slow=10)))
     (tmp_path / "head.json").write_text(json.dumps(doc(fast=10, slow=13)))
     argv = ["bench-compare", "--base-json", str(tmp_path / "base.json"),
-            "--head-json", str(tmp_path / "head.json"), "--stat", "median"]
+            "--head-json", str(tmp_path / "head.json"), "--stat", "median", "--threshold", "0.1"]
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "1 benchmark(s) more than 10% slower" in out and "bench/test.py::slow: 1.30x" in out
@@ -108,9 +108,10 @@ def test_gate_catches_the_slowed_commit(slowed_repo):
     repo, (fast, slow) = slowed_repo
     log = io.StringIO()
     changes, base, head = bench_compare(repo, fast, slow, bench_dir="bench", repeat=1,
-                                        confirm=1, max_time=0.05, stat="min", log=log)
+                                        confirm=1, max_time=0.05, stat="min", log=log,
+                                        threshold=0.5)
     assert (base, head) == (fast, slow)
-    slower = regressions(changes, 0.10)
+    slower = regressions(changes, 0.5)  # 2x slower; the unchanged sleep stays within 1.5x
     assert [c.name for c in slower] == ["bench/test_bench_work.py::test_bench_step"]
     assert slower[0].ratio > 1.5
     # the suspect was confirmed by one more alternating run of its test function only

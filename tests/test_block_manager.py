@@ -103,3 +103,75 @@ def test_append_into_full_pool_raises_and_changes_nothing():
     with pytest.raises(OutOfBlocksError):
         bm.append_token("a", 3)
     assert bm.num_tokens("a") == 2 and bm.block_table("a") == [0]
+
+
+def test_copy_source_freed_in_the_same_step_is_not_reused_as_a_copy_destination():
+    # issue 12 item 3 at the block manager's level: a copies its shared half-full block, the
+    # other sharer is preempted, then b copies too while the pool is dry
+    bm = BlockManager(4, 4)
+    bm.allocate("p", [1, 2])
+    bm.allocate("q", [3, 4])
+    bm.fork("p", "a")
+    bm.fork("q", "b")
+    bm.append_token("a", 5)  # copy-on-write: (p's block, a fresh block)
+    src = bm.block_table("p")[0]
+    bm.free("p")  # preempted: a's pending copy still reads src
+    assert bm.ref_count(src) == 1 and bm.num_free_blocks == 1
+    bm.append_token("b", 6)
+    copies = bm.take_copies()
+    assert {d for _, d in copies}.isdisjoint(s for s, _ in copies), copies
+    assert len(copies) == 2 and src not in {d for _, d in copies}
+    assert bm.ref_count(src) == 0 and bm.num_free_blocks == 1
+
+
+def test_a_copy_into_a_freed_block_is_dropped():
+    bm = BlockManager(4, 4)
+    bm.allocate("p", [1, 2])
+    bm.fork("p", "a")
+    dst = bm.append_token("a", 5)
+    assert bm.pending_copies == [(bm.block_table("p")[0], dst)]
+    bm.free("a")  # preempted before the step ran: nothing to copy
+    assert bm.take_copies() == [] and bm.num_free_blocks == 3
+
+
+def test_bad_token_ids_are_refused_before_any_change():
+    # issue 12 item 6: append_token("a", [5]) used to append, then fail hashing the block
+    for prefix in (False, True):
+        bm = BlockManager(4, 4, enable_prefix_caching=prefix)
+        bm.allocate("a", [1, 2, 3])
+        for bad in ([5], 0.5, True, "5", None):
+            with pytest.raises(ValueError, match="token_id: token ids must be integers"):
+                bm.append_token("a", bad)
+            assert bm.token_ids("a") == [1, 2, 3] and bm.num_free_blocks == 3
+        with pytest.raises(ValueError, match="token_ids: token ids must be integers"):
+            bm.allocate("b", [1, 2.0])
+        assert bm.seq_ids == ["a"] and bm.num_free_blocks == 3
+        bm.append_token("a", 4)
+        assert bm.token_ids("a") == [1, 2, 3, 4]
+
+
+def test_a_block_registered_before_its_kv_exists_is_shared_in_the_same_step():
+    bm = BlockManager(8, 2, enable_prefix_caching=True, deferred_caching=True)
+    a = bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.cache_full_blocks("a", 5, written=False)  # scheduled: this step fills a's two full blocks
+    assert bm.unwritten_blocks == set(a[:2])
+    b = bm.allocate("b", [1, 2, 3, 4, 6])  # admitted later in the same step
+    assert b[:2] == a[:2] and bm.num_cached_tokens("b") == 4
+    bm.blocks_written()
+    assert bm.unwritten_blocks == set()
+
+
+def test_freeing_an_unwritten_block_makes_it_unfindable():
+    bm = BlockManager(8, 2, enable_prefix_caching=True, deferred_caching=True)
+    a = bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.cache_full_blocks("a", 5, written=False)
+    bm.free("a")  # its step never ran: the blocks hold no KV
+    assert bm.prefix_cache_entries() == [] and bm.unwritten_blocks == set()
+    assert bm.num_free_blocks == 8
+    bm.allocate("b", [1, 2, 3, 4, 6])
+    assert bm.num_cached_tokens("b") == 0
+    # a written block stays findable after its sequence is freed
+    bm.cache_full_blocks("b", 4)
+    bm.free("b")
+    bm.allocate("c", [1, 2, 3, 4, 7])
+    assert bm.num_cached_tokens("c") == 4

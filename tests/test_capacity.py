@@ -80,3 +80,50 @@ def test_config_path_and_geometry_inputs(tmp_path):
 def test_bad_input_names_the_argument(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         capacity_plan(**(dict(ARTICLE_CASE) | kwargs))
+
+
+def test_fp8_kv_dtype_doubles_the_cache_and_keeps_the_weights():
+    bf16 = capacity_plan("llama-3-8b", gpu_memory="141GiB", max_model_len=8192)
+    fp8 = capacity_plan("llama-3-8b", gpu_memory="141GiB", max_model_len=8192,
+                        kv_dtype="fp8_e4m3")
+    assert fp8["weights_bytes"] == bf16["weights_bytes"] and fp8["weights_dtype"] == "bfloat16"
+    assert fp8["bytes_per_token"] * 2 == bf16["bytes_per_token"]
+    assert fp8["num_blocks"] in (2 * bf16["num_blocks"], 2 * bf16["num_blocks"] + 1)
+    assert fp8["dtype"] == "fp8_e4m3" and "KV cache fp8_e4m3" in format_capacity(fp8)
+
+
+def test_tensor_parallel_halves_bytes_per_gpu_and_weights():
+    one = capacity_plan("llama-3-8b", gpu_memory="141GB", kv_cache_bytes=None,
+                        overhead_bytes="4GiB")
+    two = capacity_plan("llama-3-8b", gpu_memory="141GB", overhead_bytes="4GiB",
+                        tensor_parallel_size=2)
+    assert two["bytes_per_token"] == one["bytes_per_token"] == 131_072  # the model's
+    assert two["bytes_per_token_per_rank"] == 65_536 and two["kv_heads_per_rank"] == 4
+    assert two["weights_bytes_per_rank"] == one["weights_bytes"] // 2
+    assert two["kv_cache_bytes"] == one["kv_cache_bytes"] + one["weights_bytes"] // 2
+    assert two["num_blocks"] == two["kv_cache_bytes"] // 2**20  # 16 tokens x 64 KiB
+    assert two["num_blocks_tp1"] == one["num_blocks"]
+    assert two["blocks_vs_tp1"] == pytest.approx(two["num_blocks"] / one["num_blocks"])
+    assert two["blocks_vs_tp1"] > 2  # half the KV bytes, and room freed by half the weights
+    assert two["max_concurrency_paged_per_gpu"] == two["max_concurrency_paged"] / 2
+    assert "tensor parallel over 2 GPUs" in format_capacity(two)
+
+
+def test_tensor_parallel_past_the_kv_heads_replicates_them():
+    # equal cache per GPU: 8 KV heads over 16 GPUs hold one head each, like 8 GPUs
+    eight = capacity_plan("llama-3-8b", kv_cache_bytes="1GiB", tensor_parallel_size=8)
+    sixteen = capacity_plan("llama-3-8b", kv_cache_bytes="1GiB", tensor_parallel_size=16)
+    assert sixteen["kv_replication"] == 2 and eight["kv_replication"] == 1
+    assert sixteen["kv_heads_per_rank"] == eight["kv_heads_per_rank"] == 1
+    assert sixteen["num_blocks"] == eight["num_blocks"] == 8 * eight["num_blocks_tp1"]
+    assert "each head on 2 GPUs" in format_capacity(sixteen)
+
+
+def test_tensor_parallel_size_must_divide_the_heads():
+    with pytest.raises(ConfigError, match="tensor_parallel_size: 3"):
+        capacity_plan("llama-3-8b", tensor_parallel_size=3)
+    with pytest.raises(ConfigError, match="tensor_parallel_size"):
+        capacity_plan("llama-3-8b", tensor_parallel_size=0)
+    plan = capacity_plan("llama-3-70b", gpu_memory="80GB", tensor_parallel_size=4)
+    assert plan["blocks_vs_tp1"] is None and "one GPU alone holds no KV cache" in \
+        format_capacity(plan)

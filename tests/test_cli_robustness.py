@@ -171,7 +171,8 @@ def test_the_gate_refuses_results_it_cannot_judge(tmp_path, head, needle):
     (tmp_path / "base.json").write_text(json.dumps(bench_doc(a={"median": 0.01})))
     (tmp_path / "head.json").write_text(json.dumps(head))
     assert_one_line_error(["bench-compare", "--base-json", str(tmp_path / "base.json"),
-                           "--head-json", str(tmp_path / "head.json")], needle)
+                           "--head-json", str(tmp_path / "head.json"), "--stat", "median"],
+                          needle)
 
 
 def test_the_gate_refuses_malformed_json(tmp_path):

@@ -281,3 +281,69 @@ def test_weights_load_from_a_local_directory(model, case, tmp_path):
     assert greedy(engine, prompts[:3], MAX_TOKENS) == expected[:3]
     with pytest.raises(ConfigError, match="not a local model directory"):
         LLMEngine(str(tmp_path / "missing"))
+
+
+def test_prompts_sharing_a_prefix_share_it_within_one_step(model):
+    # issue 13: the four prompts are admitted in one step; the first one's prefix blocks are
+    # findable as soon as it is scheduled, and the others read them after that step writes them
+    system = random_prompts([64], seed=12)[0]
+    prompts = [system + p for p in random_prompts([3, 9, 16, 21], seed=13)]
+    runs = {}
+    for on in (False, True):
+        engine = LLMEngine(model, block_size=16, num_blocks=64, kernel="torch",
+                           enable_prefix_caching=on)
+        runs[on] = (greedy(engine, prompts, 8), engine.stats)
+        assert engine.block_manager.unwritten_blocks == set()
+        assert engine.block_manager.num_free_blocks == 64
+    (out_off, off), (out_on, on) = runs[False], runs[True]
+    assert on["steps"][0]["batch_size"] == 4  # one step admitted them all
+    assert out_on == out_off == reference(model, prompts, 8)
+    assert on["prefix_cache_hit_rate"] == 3 * 64 / on["num_prompt_tokens"]
+    assert on["num_computed_prompt_tokens"] == off["num_computed_prompt_tokens"] - 3 * 64
+    assert on["peak_blocks"] < off["peak_blocks"]
+
+
+def test_a_failed_step_leaves_no_unwritten_block_findable(model, monkeypatch):
+    engine = LLMEngine(model, block_size=4, num_blocks=64, kernel="torch",
+                       enable_prefix_caching=True)
+    prompts = random_prompts([13], seed=14)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("kernel failed")
+
+    monkeypatch.setattr(engine.runner, "execute", boom)
+    with pytest.raises(RuntimeError, match="kernel failed"):
+        engine.generate(prompts, SamplingParams(max_tokens=2))
+    monkeypatch.undo()
+    assert engine.block_manager.prefix_cache_entries() == []  # their KV was never written
+    assert greedy(engine, prompts, 4) == reference(model, prompts, 4)
+    assert engine.stats["prefix_cache_hit_rate"] == 0
+
+
+def test_n3_under_memory_pressure_does_not_crash():
+    # issue 12 item 3, as reported: a block freed by a preemption was reused as a
+    # copy-on-write destination while its own pending copy still had to read it
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    prompts = [[112, 102, 252], [217, 231]]
+    params = SamplingParams(max_tokens=4, n=3, temperature=1.0, seed=0, ignore_eos=True)
+    engine = LLMEngine(model, block_size=4, num_blocks=4, kernel="torch")
+    got = [[o.token_ids for o in r.outputs] for r in engine.generate(prompts, params)]
+    assert engine.stats["num_preemptions"] > 0
+    assert engine.block_manager.num_free_blocks == 4
+    roomy = LLMEngine(model, block_size=4, num_blocks=64, kernel="torch")
+    assert got == [[o.token_ids for o in r.outputs] for r in roomy.generate(prompts, params)]
+
+
+def test_a_tiny_temperature_acts_as_greedy(model):
+    # issue 12 item 5: logits / 1e-45 overflowed to inf, softmax gave NaN, argmax token 0
+    prompts = random_prompts([5, 17], seed=15)
+    engine = LLMEngine(model, block_size=16, num_blocks=64, kernel="torch")
+    expected = greedy(engine, prompts, 6)
+    for temperature in (1e-45, 1e-300, 1e-30):
+        res = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=temperature,
+                                                      seed=0, ignore_eos=True))
+        assert [r.outputs[0].token_ids for r in res] == expected, temperature

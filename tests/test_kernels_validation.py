@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -130,3 +131,17 @@ def test_copy_blocks_rejects_and_leaves_the_cache_unchanged():
         with pytest.raises(ValueError, match="^pairs:"):
             copy_blocks(k_cache, v_cache, pairs)
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+
+
+def test_copy_blocks_refuses_non_integer_block_ids():
+    # issue 12 item 6: floats and bools used to be truncated to block ids (0.7 -> 0, True -> 1)
+    k_cache = torch.randn(4, 2, 1, 4)
+    v_cache = torch.randn(4, 2, 1, 4)
+    before = k_cache.clone(), v_cache.clone()
+    for pairs in ([(0.7, 1.9)], [(True, False)], [(0, 2.0)], [(1, None)],
+                  torch.tensor([[0.0, 1.0]]), torch.tensor([[True, False]])):
+        with pytest.raises(ValueError, match="^pairs: block ids must be integers"):
+            copy_blocks(k_cache, v_cache, pairs)
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
+    copy_blocks(k_cache, v_cache, [(np.int64(0), 1)])  # any integer type is a block id
+    assert torch.equal(k_cache[1], before[0][0])

@@ -59,6 +59,8 @@ NOT_RUN = {
     "asv run -E existing --launch-method spawn -b Cuda --set-commit-hash $(git rev-parse HEAD)":
         "asv on a GPU",
     "asv publish && asv preview ; asv compare A B": "asv, as above; preview serves forever",
+    "torchrun --standalone --nproc-per-node 2 -m pagebench bench --device cuda --out k.csv":
+        "needs 2 GPUs",
 }
 NEEDS_CUDA = ("--device cuda",)
 PASSED: set[tuple[str, ...]] = set()  # argv already run: README lines that become the same run

@@ -93,3 +93,21 @@ def test_abort_all_frees_everything():
     sched.schedule()
     sched.abort_all()
     assert sched.bm.num_used_blocks == 0 and not sched.has_work
+
+
+def test_prefix_blocks_scheduled_in_a_step_are_hits_for_later_admissions_of_that_step():
+    bm = BlockManager(16, 4, enable_prefix_caching=True, deferred_caching=True)
+    sched = Scheduler(bm, 8, 64)
+    prefix = [9, 8, 7, 6, 5, 4, 3, 2]
+    a, b = seq(0, 0), seq(1, 0)
+    a.token_ids, b.token_ids = prefix + [1], prefix + [2, 3]
+    a.prompt_len, b.prompt_len = 9, 10
+    sched.add(a)
+    sched.add(b)
+    batch = sched.schedule()
+    assert batch.seqs == [a, b] and batch.num_new == [9, 2]  # b computes only its own tail
+    assert b.block_table[:2] == a.block_table[:2] and sched.num_cached_prompt_tokens == 8
+    assert bm.unwritten_blocks == set(a.block_table[:2])
+    bm.blocks_written()  # what the engine does once the step has run
+    run_step(sched, batch)
+    assert bm.unwritten_blocks == set()

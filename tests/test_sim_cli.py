@@ -35,6 +35,15 @@ def test_capacity_text_and_default_weight_estimate(capsys):
     assert "cacheable tokens" in text and "paged / naive" in text
 
 
+def test_capacity_kv_dtype_fp8_doubles_the_blocks(capsys):
+    args = ["capacity", "--article", "--json"]
+    bf16, fp8 = run_json(capsys, args), run_json(capsys, args + ["--kv-dtype", "fp8_e4m3"])
+    assert fp8["num_blocks"] in (2 * bf16["num_blocks"], 2 * bf16["num_blocks"] + 1)
+    assert fp8["max_concurrency_naive"] in (2 * bf16["max_concurrency_naive"],
+                                            2 * bf16["max_concurrency_naive"] + 1)
+    assert main(args + ["--kv-dtype", "fp4"]) == 2
+
+
 def test_capacity_bad_input_is_one_line_exit_2(capsys):
     assert main(["capacity", "--gpu-memory", "12 potatoes"]) == 2
     err = capsys.readouterr().err.strip()
@@ -89,3 +98,12 @@ def test_static_simulate_unchanged(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("100 sequences, max_len 4,096") and len(lines) == 7
     assert [ln.split()[0] for ln in lines[3:]] == ["naive", "pow2", "oracle", "paged"]
+
+
+def test_capacity_tensor_parallel_option(capsys):
+    out = run_json(capsys, ["capacity", "--model", "llama-3-8b", "--kv-cache-bytes", "1GiB",
+                            "--tensor-parallel-size", "2", "--json"])
+    assert (out["tensor_parallel_size"], out["kv_heads_per_rank"]) == (2, 4)
+    assert out["num_blocks"] == 2 * out["num_blocks_tp1"] == 2**30 // 2**20
+    assert main(["capacity", "--model", "llama-3-8b", "--tensor-parallel-size", "3"]) != 0
+    assert "tensor_parallel_size: 3" in capsys.readouterr().err

@@ -17,6 +17,7 @@ PREFILL_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
                  ("block_size", "block (tokens)", 0), ("backend", "backend", 0),
                  ("cuda_graph", "CUDA graph", 0), ("time_us", "time (us)", 1),
                  ("tflops", "TFLOP/s", 2)]
+LAYOUT_COLUMNS = [("table_layout", "table layout", 0), ("fits_l2", "fits L2", 0)]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -25,7 +26,9 @@ def register(sub) -> None:
         "bench", help="time paged vs contiguous decode kernels (tidy CSV/JSON)",
         description="Time every registered decode backend (paged and contiguous) over batch, "
         "context and block size. Default on CPU: a quick sweep (torch-paged vs sdpa-contiguous, "
-        "small sizes, < 1 min). On CUDA: the full grid unless --quick.")
+        "small sizes, < 1 min). On CUDA: the full grid unless --quick. Under `torchrun "
+        "--nproc-per-node N` the sweep's points are split over N GPUs (one per rank) and rank 0 "
+        "writes the merged rows, each naming its rank and GPU.")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                    help="where to time (default cpu)")
     p.add_argument("--quick", action="store_true", help="small grid (default on CPU)")
@@ -45,6 +48,10 @@ def register(sub) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="time paged prefill instead (whole prompts, and chunks after a cached "
                    "prefix) against causal SDPA on a contiguous cache; one block size")
+    p.add_argument("--layouts", default="shuffled",
+                   help="block-table layouts of the paged cases, comma-separated: contiguous "
+                   "(arange tables), shuffled (a random permutation of the pool), aged (tables "
+                   "of a block manager that has served a trace with churn); default %(default)s")
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities, then exit")
     p.set_defaults(func=run_bench)
@@ -99,7 +106,9 @@ def run_bench(args) -> int:
 
     import torch
 
+    from pagebench.distributed import SweepRanks
     from pagebench.kernels import available_backends
+    from pagebench.kernels.testing import TABLE_LAYOUTS
 
     if args.list_backends:
         print(json.dumps(available_backends(), indent=2))
@@ -120,13 +129,21 @@ def run_bench(args) -> int:
         if unknown or not include:
             raise ValueError(f"--backends: not available here: {unknown or args.backends!r} "
                              f"(available: {sorted(available_backends())})")
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    unknown = sorted(set(layouts) - set(TABLE_LAYOUTS))
+    if unknown or not layouts:
+        raise ValueError(f"--layouts: unknown {unknown or args.layouts!r} "
+                         f"(use {', '.join(TABLE_LAYOUTS)})")
     quick = args.quick or args.device == "cpu"
     dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     dtype = getattr(torch, dtype_name)
     skipped: list = []
+    ranks = SweepRanks(args.device)
     if args.prefill:
         from pagebench.kernels.prefill_sweep import run_prefill_sweep
 
+        if layouts != ["shuffled"]:
+            raise ValueError("--layouts: applies to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
@@ -137,7 +154,8 @@ def run_bench(args) -> int:
         with progress(None, "prefill points") as bar:
             df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
                                    block_size=block_size, dtype=dtype, include=include,
-                                   repeat=args.repeat, progress=lambda row: bar.update())
+                                   repeat=args.repeat, progress=lambda row: bar.update(),
+                                   share=ranks.share)
         table = PREFILL_TABLE
     else:
         from pagebench.kernels.sweep import run_sweep
@@ -147,8 +165,14 @@ def run_bench(args) -> int:
             df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
                            block_sizes=args.block_sizes, dtype=dtype, include=include,
                            exclude=None if include is None else (), repeat=args.repeat,
-                           skipped=skipped, progress=lambda row: bar.update())
-        table = DECODE_TABLE
+                           skipped=skipped, progress=lambda row: bar.update(),
+                           share=ranks.share, layouts=layouts)
+        table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else [])
+    df = ranks.merge(df)
+    if df is None:  # not rank 0: its rows went to rank 0
+        return 0
+    if ranks.world > 1:
+        table = table + [("gpu", "GPU", 0)]
     skipped_text = [" ".join(map(str, s)) for s in skipped]
     if df.empty:
         why = "; ".join(skipped_text[:3]) or "no backend supports these options here"

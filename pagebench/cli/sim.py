@@ -179,7 +179,11 @@ def register_capacity(sub) -> None:
     p.add_argument("--model", default=None,
                    help="preset (qwen2.5-0.5b, qwen2.5-7b, llama-3-8b, llama-3-70b, mistral-7b) "
                    "or path to a config.json (default qwen2.5-0.5b)")
-    p.add_argument("--dtype", default="bfloat16", help="KV cache and weight dtype")
+    p.add_argument("--dtype", default="bfloat16", help="weight dtype (and the KV cache's "
+                   "unless --kv-dtype)")
+    p.add_argument("--kv-dtype", default=None,
+                   help="KV cache dtype, e.g. fp8_e4m3 or fp8_e5m2 (one byte: twice the tokens "
+                   "of bf16); default --dtype")
     p.add_argument("--gpu-memory", default=None, help="e.g. 16GiB or 80GB (default 16GiB)")
     p.add_argument("--gpu-memory-utilization", type=number(0, 1), default=None,
                    help="share of GPU memory vLLM may use (default 0.9)")
@@ -198,6 +202,9 @@ def register_capacity(sub) -> None:
     p.add_argument("--num-seqs", type=integer(), default=2000,
                    help="lengths drawn (default 2000)")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
+    p.add_argument("--tensor-parallel-size", type=integer(1, 4096), default=1,
+                   help="GPUs the model is split over by attention heads; sizes are then per "
+                   "GPU (default 1)")
     p.add_argument("--article", action="store_true",
                    help="start from the article's case (explicit options override it)")
     add_output_options(p, "capacity plan")
@@ -214,8 +221,10 @@ def run_capacity(args) -> int:
                 "weights_bytes", "overhead_bytes"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
-    plan = capacity_plan(**base, dtype=args.dtype, kv_cache_bytes=args.kv_cache_bytes,
-                         lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed)
+    plan = capacity_plan(**base, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                         kv_cache_bytes=args.kv_cache_bytes,
+                         lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed,
+                         tensor_parallel_size=args.tensor_parallel_size)
     write_results(args.out, [{k: v for k, v in plan.items() if not isinstance(v, (list, dict))}],
                   plan)
     print(dumps(plan) if args.json else format_capacity(plan))

@@ -2,12 +2,23 @@
 
 Copy-on-write: a sequence about to write into a block that others also reference takes a fresh
 block, records a (src, dst) copy for the KV cache to perform (``take_copies``), and repoints its
-table. Prefix caching: every full block is identified by a chained hash of (parent block's hash,
+table. Until the copy is handed out, the sequence's reference stays on the source: its content
+must survive until it is copied, so a block that the other sharers free meanwhile (a preemption
+in the same step) cannot be handed out again, as another copy's destination, before that.
+
+Prefix caching: every full block is identified by a chained hash of (parent block's hash,
 this block's token ids); a new prompt reuses cached blocks for its longest block-aligned prefix,
-capped one token short of the prompt so that the last prompt token is always computed.
+capped one token short of the prompt so that the last prompt token is always computed. An
+engine registers a full block when it schedules the step that fills it (``cache_full_blocks(...,
+written=False)``, vLLM v1's rule), so later requests of the same step already share it: they read
+it only within that step's attention, after every layer has written the whole step's K/V. Such
+a block stays "unwritten" until ``blocks_written``; freeing a sequence that holds one (a step
+that never runs) makes it unfindable, so no later request can hit KV that was never written.
 """
 
 from __future__ import annotations
+
+from numbers import Integral
 
 from pagebench.config import ceil_div
 from pagebench.engine.block_pool import BlockPool
@@ -18,6 +29,16 @@ ROOT_HASH = 0x9E3779B97F4A7C15  # parent hash of a sequence's first block
 
 def block_hash(parent_hash: int, token_ids: tuple) -> int:
     return hash((parent_hash, token_ids))
+
+
+def _token_ids(name: str, token_ids) -> list[int]:
+    tokens = list(token_ids)
+    if not all(type(t) is int for t in tokens):
+        for t in tokens:
+            if isinstance(t, bool) or not isinstance(t, Integral):
+                raise ValueError(f"{name}: token ids must be integers, got {t!r}")
+        tokens = [int(t) for t in tokens]
+    return tokens
 
 
 class _Seq:
@@ -34,8 +55,8 @@ class BlockManager:
     """Block tables for sequences over a pool of ``num_blocks`` blocks of ``block_size`` tokens.
 
     ``deferred_caching=True`` (for engines) makes full blocks findable in the prefix cache only
-    when ``cache_full_blocks`` says their KV has been computed; by default they are findable as
-    soon as they are full.
+    when ``cache_full_blocks`` says their KV has been computed, or is being computed by the
+    step being scheduled; by default they are findable as soon as they are full.
     """
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
@@ -47,7 +68,8 @@ class BlockManager:
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.deferred_caching = bool(deferred_caching)
         self._seqs: dict[object, _Seq] = {}
-        self._copies: list[tuple[int, int]] = []
+        self._copies: dict[int, int] = {}  # pending copy-on-write: dst -> src (src held)
+        self._unwritten: set[int] = set()  # findable, KV written by the step in flight
 
     # ---- queries -------------------------------------------------------------------------
     def __contains__(self, seq_id) -> bool:
@@ -121,12 +143,22 @@ class BlockManager:
         """(hash, block id, parent hash, token ids) of every block findable in the cache."""
         return [(h, b, *self.pool.block_key[b]) for h, b in self.pool.cached_items()]
 
+    @property
+    def unwritten_blocks(self) -> set[int]:
+        """Findable blocks whose KV the step in flight writes (see ``blocks_written``)."""
+        return set(self._unwritten)
+
+    @property
+    def pending_copies(self) -> list[tuple[int, int]]:
+        """Copy-on-write (src, dst) copies not yet handed out by ``take_copies``."""
+        return [(src, dst) for dst, src in self._copies.items()]
+
     # ---- operations ----------------------------------------------------------------------
     def allocate(self, seq_id, token_ids) -> list[int]:
         """Blocks for a new sequence's prompt; full blocks may come from the prefix cache."""
         if seq_id in self._seqs:
             raise SequenceError(f"seq_id: sequence {seq_id!r} already exists")
-        tokens = list(token_ids)
+        tokens = _token_ids("token_ids", token_ids)
         if not tokens:
             raise ValueError(f"token_ids: sequence {seq_id!r} has an empty prompt")
         bs, pool = self.block_size, self.pool
@@ -168,10 +200,8 @@ class BlockManager:
 
     def append_token(self, seq_id, token_id: int) -> int | None:
         """Add one token; returns the block newly taken for it (fresh or copy), else None."""
-        try:
-            seq = self._seqs[seq_id]
-        except KeyError:
-            raise SequenceError(f"seq_id: unknown sequence {seq_id!r}") from None
+        seq = self._seq(seq_id)
+        token_id = _token_ids("token_id", [token_id])[0]
         tokens, blocks = seq.tokens, seq.blocks
         bs = self.block_size
         slot = len(tokens) % bs
@@ -181,10 +211,8 @@ class BlockManager:
             blocks.append(new_block)
         elif self.pool.ref_cnt[blocks[-1]] > 1:  # copy-on-write
             new_block = self.pool.take(1)[0]
-            src = blocks[-1]
-            self.pool.decref(src)
+            self._copies[new_block] = blocks[-1]  # keeps seq's reference until copied
             blocks[-1] = new_block
-            self._copies.append((src, new_block))
         tokens.append(token_id)
         if slot == bs - 1 and self.enable_prefix_caching:
             start = len(tokens) - bs
@@ -194,24 +222,39 @@ class BlockManager:
                 self._register(seq, len(seq.hashes) - 1, len(seq.hashes))
         return new_block
 
-    def cache_full_blocks(self, seq_id, num_computed_tokens: int | None = None) -> None:
-        """Make full blocks whose KV is computed (the first ``num_computed_tokens``) findable."""
-        seq = self._seq(seq_id)
-        if not self.enable_prefix_caching:
-            return
-        n = len(seq.tokens) if num_computed_tokens is None else num_computed_tokens
-        if not 0 <= n <= len(seq.tokens):
-            raise ValueError(f"num_computed_tokens: {n} outside 0..{len(seq.tokens)}")
-        self._register(seq, 0, n // self.block_size)
+    def cache_full_blocks(self, seq_id, num_computed_tokens: int | None = None, *,
+                          written: bool = True) -> None:
+        """Make the full blocks among the first ``num_computed_tokens`` (default: all) findable.
 
-    def _register(self, seq: _Seq, first: int, end: int) -> None:
+        Args:
+            written: True if their KV is in the cache. False if the step being scheduled
+                writes it: a request that finds such a block must be in that same step, and
+                the blocks count as unwritten until ``blocks_written``.
+        """
+        seq = self._seq(seq_id)
+        n = len(seq.tokens) if num_computed_tokens is None else num_computed_tokens
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= len(seq.tokens):
+            raise ValueError(f"num_computed_tokens: {n!r} outside 0..{len(seq.tokens)}")
+        if self.enable_prefix_caching:
+            registered = self._register(seq, 0, n // self.block_size)
+            if not written:
+                self._unwritten.update(registered)
+
+    def blocks_written(self) -> None:
+        """The step in flight has written its KV: its unwritten blocks are ordinary cached blocks."""
+        self._unwritten.clear()
+
+    def _register(self, seq: _Seq, first: int, end: int) -> list[int]:
         bs, pool = self.block_size, self.pool
+        registered = []
         for i in range(first, end):
             if not pool.can_register(seq.blocks[i], seq.hashes[i]):
                 continue  # registered already (cache_full_blocks revisits every full block)
             parent = seq.hashes[i - 1] if i else ROOT_HASH
             pool.register(seq.blocks[i], seq.hashes[i],
                           (parent, tuple(seq.tokens[i * bs:(i + 1) * bs])))
+            registered.append(seq.blocks[i])
+        return registered
 
     def fork(self, parent_id, child_id) -> list[int]:
         """The child shares every block of the parent (refcounts + 1); returns its table."""
@@ -228,14 +271,29 @@ class BlockManager:
         """Drop the sequence; blocks no longer referenced return to the free queue.
 
         Blocks are released tail first, so a cached prefix's tail is evicted before its head.
+        A copy into a block that nobody references any more is dropped; an unwritten block
+        leaves the prefix cache (its step will not run for this sequence).
         """
         seq = self._seqs.pop(seq_id, None)
         if seq is None:
             raise SequenceError(f"seq_id: unknown sequence {seq_id!r}")
+        pool = self.pool
         for b in reversed(seq.blocks):
-            self.pool.decref(b)
+            if b in self._unwritten:
+                self._unwritten.discard(b)
+                pool.unregister(b)
+            pool.decref(b)
+            if pool.ref_cnt[b] == 0 and b in self._copies:
+                pool.decref(self._copies.pop(b))
 
     def take_copies(self) -> list[tuple[int, int]]:
-        """Pending copy-on-write (src, dst) block copies, cleared by this call."""
-        copies, self._copies = self._copies, []
+        """Pending copy-on-write (src, dst) block copies, cleared by this call.
+
+        The sources' references are released here: the caller performs the copies before it
+        takes any block again.
+        """
+        copies = self.pending_copies
+        self._copies = {}
+        for src, _ in copies:
+            self.pool.decref(src)
         return copies

@@ -83,6 +83,16 @@ class BlockPool:
             self.block_hash[block] = block_hash
             self.block_key[block] = key
 
+    def unregister(self, block: int) -> None:
+        """Make a block unfindable (its KV will never be written); a free one becomes plain."""
+        if self.block_hash[block] is None:
+            return
+        del self._cache[self.block_hash[block]]
+        self.block_hash[block] = self.block_key[block] = None
+        if block in self._free_cached:
+            del self._free_cached[block]
+            self._free_plain[block] = None
+
     def is_free(self, block: int) -> bool:
         return block in self._free_plain or block in self._free_cached
 

@@ -12,10 +12,12 @@ import torch
 from pagebench.config import KVGeometry, parse_bytes
 from pagebench.engine.block_manager import BlockManager
 from pagebench.engine.model_runner import ModelRunner
+from pagebench.engine.parallel import setup_tensor_parallel
 from pagebench.engine.sampling import (CompletionOutput, RequestOutput, SamplingParams,
                                        make_generator, sample)
 from pagebench.engine.scheduler import Scheduler, Sequence
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
+from pagebench.kernels.quant import kv_dtype_from_name
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
@@ -47,6 +49,10 @@ class LLMEngine:
     ``num_blocks=None`` sizes the pool from ``kv_cache_memory`` (bytes or a string such as
     "2GiB"); without it, 80% of the free GPU memory, or 256 MiB on the CPU.
 
+    ``kv_cache_dtype``: ``"auto"`` (the model's dtype) or ``"fp8_e4m3"`` / ``"fp8_e5m2"`` (one
+    byte per element: twice the blocks in the same memory). An fp8 cache's per-layer, per-KV-
+    head scales are calibrated on the first step that runs the model (``ModelRunner``).
+
     ``stats`` describes the last ``generate`` call: ``peak_blocks`` / ``mean_blocks`` (blocks in
     use after scheduling, over steps), ``token_utilisation`` (filled slots / slots of blocks in
     use, sampled every 8 steps), ``num_preemptions``, ``prefix_cache_hit_rate`` (prompt tokens
@@ -55,21 +61,34 @@ class LLMEngine:
     after preemption included), ``num_generated_tokens``, ``tokens_per_s`` (generated tokens /
     wall time of the call), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
     blocks_used, num_preempted).
+
+    ``tensor_parallel_size=N`` runs SPMD under ``torchrun --nproc-per-node N``: the model is
+    sharded in place by attention heads and MLP columns, each rank's cache holds
+    ``kv_heads_per_rank`` heads, and every rank returns the same outputs (see
+    ``pagebench.engine.parallel``). ``kv_cache_memory`` is then per rank.
     """
 
     def __init__(self, model, block_size: int = 16, num_blocks: int | None = None,
                  kernel: str = "auto", enable_prefix_caching: bool = False,
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  kv_cache_memory=None, max_model_len: int | None = None,
-                 check_kernel_inputs: bool = False, fresh_prefill: bool = True):
+                 check_kernel_inputs: bool = False, fresh_prefill: bool = True,
+                 tensor_parallel_size: int = 1, kv_cache_dtype="auto"):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
-        self.geometry = KVGeometry.from_config(config, dtype=param.dtype)
+        try:
+            cache_dtype = kv_dtype_from_name(kv_cache_dtype, param.dtype)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        self.geometry = KVGeometry.from_config(config, dtype=cache_dtype)
         check_positive_int("block_size", block_size)
+        if num_blocks is not None:
+            check_positive_int("num_blocks", num_blocks)
+        self.tp = setup_tensor_parallel(self.model, self.geometry, tensor_parallel_size)
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
-        check_positive_int("num_blocks", num_blocks)
+        num_blocks = self.tp.agree_min(num_blocks)  # every rank's pool the same size
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None) \
             or 2**31 - 1
         self.vocab_size = config.vocab_size
@@ -81,8 +100,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching,
                                           deferred_caching=True)
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
-        self.runner = ModelRunner(self.model, self.geometry, num_blocks, block_size, kernel,
-                                  check_kernel_inputs, fresh_prefill)
+        self.runner = ModelRunner(self.model, self.tp.geometry, num_blocks, block_size, kernel,
+                                  check_kernel_inputs, fresh_prefill, cache_dtype)
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
         self.stats: dict = {}
@@ -92,6 +111,10 @@ class LLMEngine:
     def num_blocks(self) -> int:
         return self.block_manager.num_blocks
 
+    @property
+    def kv_heads_per_rank(self) -> int:
+        return self.tp.geometry.num_kv_heads
+
     def _blocks_from_memory(self, kv_cache_memory, block_size: int, device) -> int:
         if kv_cache_memory is None:
             if device.type == "cuda":
@@ -100,10 +123,11 @@ class LLMEngine:
             else:
                 kv_cache_memory = DEFAULT_CPU_KV_MEMORY
         budget = parse_bytes(kv_cache_memory)
-        num_blocks = budget // self.geometry.bytes_per_block(block_size)
+        block_bytes = self.tp.geometry.bytes_per_block(block_size)
+        num_blocks = budget // block_bytes
         if num_blocks < 1:
             raise ConfigError(f"kv_cache_memory: {budget} bytes hold no block of {block_size} "
-                              f"tokens ({self.geometry.bytes_per_block(block_size)} bytes each)")
+                              f"tokens ({block_bytes} bytes each)")
         return num_blocks
 
     # ---- validation ----------------------------------------------------------------------
@@ -162,7 +186,6 @@ class LLMEngine:
             outputs.append(RequestOutput(rid, list(prompt),
                                          [CompletionOutput(i) for i in range(params.n)]))
         steps, utilisation, computed_prompt, generated = [], [], 0, 0
-        bs = self.block_size
         bar = _progress(len(prompts) * params.n, use_tqdm)
         t0 = time.perf_counter()
         try:
@@ -170,15 +193,15 @@ class LLMEngine:
                 batch = sched.schedule()
                 if not batch.seqs:
                     raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
-                self.runner.copy_blocks(bm.take_copies())
+                copies = bm.take_copies()
+                self.tp.check_step(batch.seqs, batch.num_new, copies)
+                self.runner.copy_blocks(copies)
                 logits, rows = self.runner.execute(batch.seqs, batch.num_new)
+                bm.blocks_written()
                 for seq, n in zip(batch.seqs, batch.num_new):
                     computed_prompt += max(0, min(seq.num_computed + n, seq.prompt_len)
                                            - seq.num_computed)
                     seq.num_computed += n
-                    if bm.enable_prefix_caching and \
-                            (seq.num_computed - n) // bs < seq.num_computed // bs:
-                        bm.cache_full_blocks(seq.seq_id, seq.num_computed)  # now findable
                 steps.append(dict(step=len(steps), batch_size=len(batch.seqs),
                                   num_batched_tokens=batch.num_tokens,
                                   blocks_used=bm.num_used_blocks,
@@ -214,6 +237,7 @@ class LLMEngine:
         if len(rows) != len(seqs):
             logits = logits[torch.tensor(rows, device=logits.device)]
         tokens = sample(logits, [s.params for s in all_seqs], [s.generator for s in all_seqs])
+        tokens = self.tp.broadcast_tokens(tokens)  # rank 0's draw: every rank's tables agree
         for seq, token in zip(all_seqs, tokens):
             seq.token_ids.append(token)
             params = seq.params

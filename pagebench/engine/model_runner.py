@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from pagebench.errors import ConfigError
 from pagebench.kernels.cache_ops import store_kv
+from pagebench.kernels.quant import calibrated_scales, is_fp8
 
 ATTN_NAME = "pagebench"
 _active: ModelRunner | None = None  # the runner whose step is in flight
@@ -86,10 +87,17 @@ class ModelRunner:
     entry points (each checks shapes and bounds, reading values back from the device); the
     default calls the resolved backend directly, since the runner builds its metadata from the
     block manager's tables.
+
+    ``kv_cache_dtype`` (default the model's dtype) may be fp8: then each layer's per-KV-head
+    scales are calibrated on the first step that reaches it (``quant.calibrated_scales`` of
+    that step's K and V: the largest magnitude with 2x headroom; later outliers saturate), as
+    vLLM's ``calculate_kv_scales`` does, and stay fixed since the cache holds values stored
+    with them. A "fresh" prompt chunk attends to its own unquantised K/V; everything read back
+    from the cache is fp8.
     """
 
     def __init__(self, model, geometry, num_blocks: int, block_size: int, kernel: str = "auto",
-                 check_inputs: bool = False, fresh_prefill: bool = True):
+                 check_inputs: bool = False, fresh_prefill: bool = True, kv_cache_dtype=None):
         from pagebench import kernels
 
         self.kernels = kernels
@@ -112,8 +120,9 @@ class ModelRunner:
         self.device, self.dtype = param.device, param.dtype
         self.check_inputs = check_inputs
         self.fresh_prefill = fresh_prefill
+        self.kv_cache_dtype = kv_cache_dtype or self.dtype
         try:
-            args = (self.device, self.dtype, block_size, self.head_dim)
+            args = (self.device, self.dtype, block_size, self.head_dim, self.kv_cache_dtype)
             self.decode_backend = kernels.resolve("decode", kernel, *args)
             has_prefill = kernel == "auto" or kernels.get_backend(kernel).prefill is not None
             # a backend without a prefill kernel (decode-only) leaves prompts to the best other
@@ -122,7 +131,11 @@ class ModelRunner:
         except ValueError as e:
             raise ConfigError(f"kernel: {e}") from None
         shape = (self.num_layers, 2, num_blocks, block_size, self.num_kv_heads, self.head_dim)
-        self.kv = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        # fp8: [layer, K/V, kv_head] scales, filled per layer by its first step
+        self.kv_scales = torch.ones(self.num_layers, 2, self.num_kv_heads, dtype=torch.float32,
+                                    device=self.device) if is_fp8(self.kv_cache_dtype) else None
+        self.calibrated = [False] * self.num_layers
         self.meta: StepMetadata | None = None
         _register()
 
@@ -141,16 +154,29 @@ class ModelRunner:
         scale = self.head_dim ** -0.5 if scale is None else scale
         meta, kern = self.meta, self.kernels
         k_cache, v_cache = self.kv[layer, 0], self.kv[layer, 1]
-        write = kern.write_kv if self.check_inputs else store_kv
-        write(k_cache, v_cache, k, v, meta.slot_mapping)
+        scales = self._layer_scales(layer, k, v)
+        if self.check_inputs:
+            kern.write_kv(k_cache, v_cache, k, v, meta.slot_mapping, **scales)
+        else:
+            store_kv(k_cache, v_cache, k, v, meta.slot_mapping, **scales)
         if len(meta.groups) == 1:
-            return self._attend_group(meta.groups[0], q, k, v, k_cache, v_cache, scale)
+            return self._attend_group(meta.groups[0], q, k, v, k_cache, v_cache, scale, scales)
         out = torch.empty_like(q)
         for g in meta.groups:
-            out[g.rows] = self._attend_group(g, q, k, v, k_cache, v_cache, scale)
+            out[g.rows] = self._attend_group(g, q, k, v, k_cache, v_cache, scale, scales)
         return out
 
-    def _attend_group(self, g: AttentionGroup, q, k, v, k_cache, v_cache, scale):
+    def _layer_scales(self, layer: int, k, v) -> dict:
+        """``k_scale``/``v_scale`` keywords of an fp8 layer (calibrated on its first step)."""
+        if self.kv_scales is None:
+            return {}
+        if not self.calibrated[layer]:
+            self.kv_scales[layer, 0] = calibrated_scales(k, self.kv_cache_dtype)
+            self.kv_scales[layer, 1] = calibrated_scales(v, self.kv_cache_dtype)
+            self.calibrated[layer] = True
+        return {"k_scale": self.kv_scales[layer, 0], "v_scale": self.kv_scales[layer, 1]}
+
+    def _attend_group(self, g: AttentionGroup, q, k, v, k_cache, v_cache, scale, scales):
         kern, checked = self.kernels, self.check_inputs
         if g.kind == "fresh":
             return _padded_causal_attention(q, k, v, g.index, g.valid, scale)
@@ -158,15 +184,15 @@ class ModelRunner:
         if g.kind == "decode":
             if checked:
                 return kern.paged_decode(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
-                                         scale=scale, backend=self.decode_backend.name)
+                                         scale=scale, backend=self.decode_backend.name, **scales)
             return self.decode_backend.decode(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
-                                              scale)
+                                              scale, **scales)
         if checked:
             return kern.paged_prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
                                       g.query_lens, scale=scale,
-                                      backend=self.prefill_backend.name)
+                                      backend=self.prefill_backend.name, **scales)
         return self.prefill_backend.prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
-                                            g.query_lens, scale)
+                                            g.query_lens, scale, **scales)
 
     def prepare(self, seqs, num_new: list[int]):
         """Packed input ids and positions, the step's metadata, and the rows to sample."""

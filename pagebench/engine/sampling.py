@@ -75,8 +75,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams],
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if rows:
         index = torch.tensor(rows, device=logits.device)
-        temp = torch.tensor([params[i].temperature for i in rows], device=logits.device)
-        probs = torch.softmax(logits[index].float() / temp[:, None], dim=-1)
+        temp = torch.tensor([params[i].temperature for i in rows], dtype=torch.float32,
+                            device=logits.device).clamp_min(torch.finfo(torch.float32).tiny)
+        # shifted to max 0 first: a tiny temperature then sends the rest to -inf, never the
+        # top to +inf (inf - inf would be NaN), so it acts as greedy
+        shifted = logits[index].float()
+        shifted = shifted - shifted.amax(dim=-1, keepdim=True)
+        probs = torch.softmax(shifted / temp[:, None], dim=-1)
         top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
         if (top_p < 1).any():
             sorted_p, order = probs.sort(dim=-1, descending=True)

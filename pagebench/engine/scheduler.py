@@ -6,6 +6,12 @@ one for a decoding sequence, a chunk of its prompt (bounded by the token budget)
 prefilling one. When a decoding sequence needs a new block and the pool is dry, the most
 recently admitted running sequence is preempted by recompute: its blocks are freed and it
 goes back to the front of the waiting queue, to be prefilled again (prompt + output so far).
+
+With prefix caching, the full blocks a step will fill become findable as it is scheduled, so a
+request admitted later in the same step reuses them (see ``block_manager``). That is sound
+because a sequence scheduled in a step is never preempted in that step: victims are taken from
+the back of the running list, behind the sequence being scheduled, and nothing is admitted
+in a step that preempted.
 """
 
 from __future__ import annotations
@@ -115,10 +121,13 @@ class Scheduler:
             budget -= batch.num_new[-1]
         return batch
 
-    @staticmethod
-    def _take(batch: ScheduledBatch, seq: Sequence, budget: int) -> None:
+    def _take(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> None:
+        num_new = min(len(seq.token_ids) - seq.num_computed, budget)
         batch.seqs.append(seq)
-        batch.num_new.append(min(len(seq.token_ids) - seq.num_computed, budget))
+        batch.num_new.append(num_new)
+        end, bs = seq.num_computed + num_new, self.bm.block_size
+        if self.bm.enable_prefix_caching and seq.num_computed // bs < end // bs:
+            self.bm.cache_full_blocks(seq.seq_id, end, written=False)  # filled by this step
 
     def _append_slot(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """A slot for seq's newest token, preempting from the back; False if seq was preempted."""

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 
 import torch
 
+from pagebench.kernels.quant import FP8_DTYPES
 from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_decode,
                                          torch_paged_prefill)
 from pagebench.kernels.registry import register_backend
 
 
+@functools.lru_cache(maxsize=1)  # asked on every call that resolves a backend
 def _has_triton() -> bool:
     if importlib.util.find_spec("triton") is None:
         return False
@@ -19,14 +22,18 @@ def _has_triton() -> bool:
     return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None,
+                   v_scale=None):
     from pagebench.kernels.triton_decode import triton_paged_decode
-    return triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+    return triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale,
+                               v_scale)
 
 
-def _triton_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale):
+def _triton_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+                    k_scale=None, v_scale=None):
     from pagebench.kernels.triton_prefill import triton_paged_prefill
-    return triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
+    return triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+                                k_scale, v_scale)
 
 
 def _triton_contiguous(q, k, v, seq_lens, scale):
@@ -34,6 +41,7 @@ def _triton_contiguous(q, k, v, seq_lens, scale):
     return triton_contiguous_decode(q, k, v, seq_lens, scale)
 
 
+@functools.lru_cache(maxsize=1)
 def _flex_available() -> bool:
     from pagebench.kernels.flex import flex_available
     return flex_available()
@@ -44,19 +52,24 @@ def _flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
     return flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+FLOAT_AND_FP8 = (torch.float32, torch.float16, torch.bfloat16, *FP8_DTYPES)
+
 register_backend(
     "torch", decode=torch_paged_decode, prefill=torch_paged_prefill, priority=10,
-    description="gather each sequence's K/V out of its blocks, then dense attention (SDPA)")
+    cache_dtypes=FLOAT_AND_FP8,
+    description="gather each sequence's K/V out of its blocks (an fp8 cache dequantised on the "
+    "way), then dense attention (SDPA)")
 register_backend(
     "sdpa", contiguous=sdpa_contiguous_decode, priority=10, nan_safe=False,
     description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")
 register_backend(
     "triton", decode=_triton_decode, prefill=_triton_prefill, contiguous=_triton_contiguous,
-    priority=20,
+    priority=20, cache_dtypes=FLOAT_AND_FP8,
     auto_devices=("cuda",), is_available=_has_triton,
     head_dims="1..256 (padded to a power of two)", supports_head_dim=lambda d: 1 <= d <= 256,
     description="Triton paged decode (GQA-packed programs, online softmax over KV tiles, "
-    "split-KV with a combine step) and causal paged prefill (CPU: interpreted, for tests)")
+    "split-KV with a combine step) and causal paged prefill, both reading fp8 caches "
+    "(CPU: interpreted, for tests)")
 register_backend(
     "flex", decode=_flex_decode, priority=0, is_available=_flex_available,
     block_sizes="multiples of 16 (FlexAttention's KV block = page size)",

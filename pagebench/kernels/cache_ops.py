@@ -4,24 +4,37 @@ from __future__ import annotations
 
 import torch
 
+from pagebench.kernels.quant import check_kv_scales, is_fp8, quantize
 from pagebench.kernels.validate import check_copy_blocks, check_write_kv
 
 
-def write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
+def write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached", *, k_scale=None,
+             v_scale=None) -> None:
     """Store token ``i``'s K/V (``k``, ``v``: ``[num_tokens, num_kv_heads, head_dim]``) at
     slot ``slot_mapping[i] = block * block_size + offset``, in place. A slot of -1 skips that
-    token (padding). Slots must be distinct; the cache must be contiguous."""
-    check_write_kv(k_cache, v_cache, k, v, slot_mapping)
+    token (padding). Slots must be distinct; the cache must be contiguous. ``validate`` as in
+    ``paged_decode``.
+
+    An fp8 cache stores ``k / k_scale`` and ``v / v_scale`` (per KV head; required for fp8,
+    refused otherwise), saturated to the format's finite range (``quant.quantize``)."""
+    no_padding = check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate)
+    k_scale, v_scale = check_kv_scales(k_cache, k_scale, v_scale)
     slots = slot_mapping.to(torch.int64)
-    keep = slots >= 0
-    if not bool(keep.all()):
+    if not no_padding:
+        keep = slots >= 0
         slots, k, v = slots[keep], k[keep], v[keep]
-    store_kv(k_cache, v_cache, k, v, slots)
+    store_kv(k_cache, v_cache, k, v, slots, k_scale, v_scale)
 
 
-def store_kv(k_cache, v_cache, k, v, slots) -> None:
-    """``write_kv`` without its checks: ``slots`` int64, every one valid and distinct. For
-    callers that build the slots themselves (the engine's model runner)."""
+def store_kv(k_cache, v_cache, k, v, slots, k_scale=None, v_scale=None) -> None:
+    """``write_kv`` without its checks: ``slots`` int64, every one valid and distinct; for an
+    fp8 cache, scales as float32 tensors [num_kv_heads]. For callers that build the slots
+    themselves (the engine's model runner)."""
+    if is_fp8(k_cache.dtype):
+        # fp8 has no index_copy_ kernel on every device: copy the bytes
+        k = quantize(k, k_scale, k_cache.dtype).view(torch.uint8)
+        v = quantize(v, v_scale, v_cache.dtype).view(torch.uint8)
+        k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
 

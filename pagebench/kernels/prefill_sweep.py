@@ -10,9 +10,12 @@ which leaves out the host's launch work (the torch backend reads lengths back, s
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
+from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.sweep import CPU_EXCLUDED, SHAPES, _paged_case
 from pagebench.kernels.validate import check_prefill
@@ -68,9 +71,10 @@ def _prefill_case(batch, query_len, cached, shape, block_size, dtype, device, se
 
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_size=16,
-                      dtype=None, include=None, repeat=None, progress=None):
+                      dtype=None, include=None, repeat=None, progress=None, share=(0, 1)):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
-    returns a pandas DataFrame with ``PREFILL_COLUMNS``."""
+    returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
+    this rank's (shape, point) pairs (``pagebench.distributed.take_share``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"
@@ -101,9 +105,12 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
             if progress:
                 progress(row)
 
+    units = itertools.count()
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
         for point in points:
+            if not take_share(next(units), share):
+                continue
             record(shape_name, shape, point, "sdpa-contiguous", "contiguous",
                    _sdpa_causal(*point, shape, dtype, device, seed=3))
             case = _prefill_case(*point, shape, block_size, dtype, device, seed=3)

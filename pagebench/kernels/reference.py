@@ -4,12 +4,15 @@ cache, and the float64 reference every backend is tested against.
 Gather-then-attend is what a framework without a paged kernel does: copy each sequence's K/V
 out of its blocks into a contiguous tensor, then call dense attention. It is correct by
 construction and costs an extra write and read of all K/V -- the cost a real paged kernel avoids.
+An fp8 cache is dequantised (to q's dtype) as it is gathered.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from pagebench.kernels.quant import dequantize
 
 
 # How SDPA sees GQA decode: "groups" lays the G query heads of a KV head out as G query
@@ -43,8 +46,10 @@ def attend_decode(q, k, v, valid, scale, mode=None):
     return out.reshape(num_seqs, q_heads, head_dim)
 
 
-def gather_kv(k_cache, v_cache, block_tables, seq_lens):
+def gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale=None, v_scale=None,
+              dtype=None):
     """Copy each sequence's K/V out of its blocks, head-major: ([S, Hkv, L, D] x2, valid [S, L]).
+    An fp8 cache (``k_scale``, ``v_scale`` given) comes out dequantised to ``dtype``.
 
     Whole blocks are gathered (one index per block, not per token), and the transpose to
     head-major and the zeroing of positions at or beyond a sequence's length (poisoned or stale
@@ -67,34 +72,51 @@ def gather_kv(k_cache, v_cache, block_tables, seq_lens):
     keep = valid[:, None, :, None]
     num_seqs = block_tables.shape[0]
 
-    def gather(cache):
-        blocks = cache.reshape(num_blocks, -1).index_select(0, table)  # [S*blocks, bs*Hkv*D]
+    def gather(cache, cache_scale):
+        raw = _bytes_of_fp8(cache, cache_scale)
+        blocks = raw.reshape(num_blocks, -1).index_select(0, table)  # [S*blocks, bs*Hkv*D]
         x = blocks.view(num_seqs, length, kv_heads, head_dim).transpose(1, 2)
+        if cache_scale is not None:
+            x = dequantize(x.view(cache.dtype), cache_scale, dtype, head_axis=1)
         return torch.where(keep, x, x.new_zeros(()))  # contiguous [S, Hkv, L, D]
 
-    return gather(k_cache), gather(v_cache), valid
+    return gather(k_cache, k_scale), gather(v_cache, v_scale), valid
 
 
-def torch_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
-    k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens)
+def torch_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None,
+                       v_scale=None):
+    k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, q.dtype)
     return attend_decode(q, k, v, valid, scale)
 
 
-def _seq_kv(k_cache, v_cache, table_row, length):
+def _seq_kv(k_cache, v_cache, table_row, length, k_scale=None, v_scale=None, dtype=None):
+    """One sequence's K/V [n, Hkv, D] (an fp8 cache dequantised to ``dtype``)."""
     block_size = k_cache.shape[1]
     pos = torch.arange(length, device=k_cache.device)
     blocks = table_row.to(torch.int64)[pos // block_size]
-    return k_cache[blocks, pos % block_size], v_cache[blocks, pos % block_size]  # [n, Hkv, D]
+    k = _bytes_of_fp8(k_cache, k_scale)[blocks, pos % block_size]
+    v = _bytes_of_fp8(v_cache, v_scale)[blocks, pos % block_size]
+    if k_scale is not None:
+        k = dequantize(k.view(k_cache.dtype), k_scale, dtype)
+        v = dequantize(v.view(v_cache.dtype), v_scale, dtype)
+    return k, v
 
 
-def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale):
+def _bytes_of_fp8(cache, cache_scale):
+    """An fp8 cache (``cache_scale`` given) as bytes: indexing kernels do not cover fp8 on
+    every device, and gathering bytes is the same copy."""
+    return cache if cache_scale is None else cache.view(torch.uint8)
+
+
+def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+                        k_scale=None, v_scale=None):
     """q packed in sequence order [sum(query_lens), Hq, D]; causal over the cached prefix."""
     out = torch.empty_like(q)
     q_heads, kv_heads = q.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
     start = 0
     for s, (n, ql) in enumerate(zip(seq_lens.tolist(), query_lens.tolist())):
-        k, v = _seq_kv(k_cache, v_cache, block_tables[s], n)
+        k, v = _seq_kv(k_cache, v_cache, block_tables[s], n, k_scale, v_scale, q.dtype)
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
         qs = q[start:start + ql].transpose(0, 1)  # [Hq, ql, D]
@@ -123,15 +145,24 @@ def _softmax_attend64(q, k, v, mask, scale):
     return torch.einsum("hmn,hnd->hmd", torch.softmax(scores, dim=-1), v)
 
 
-def reference_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None):
+def reference_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, k_scale=None,
+                     v_scale=None):
     """Paged decode in float64 on the CPU, one sequence at a time from its logical K/V."""
     return reference_prefill(q, k_cache, v_cache, block_tables, seq_lens,
-                             torch.ones_like(seq_lens), scale)
+                             torch.ones_like(seq_lens), scale, k_scale=k_scale, v_scale=v_scale)
 
 
-def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None):
-    """float64 CPU result [sum(query_lens), Hq, D]; queries are the last query_lens positions."""
+def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None, *,
+                      k_scale=None, v_scale=None):
+    """float64 CPU result [sum(query_lens), Hq, D]; queries are the last query_lens positions.
+    An fp8 cache is dequantised exactly (in float64) with its per-head scales (numbers or
+    tensors [num_kv_heads])."""
     q64, kc, vc = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
+    kv_heads = k_cache.shape[2]
+    if k_scale is not None:
+        kc = kc * _scales64(k_scale, kv_heads)[:, None]
+    if v_scale is not None:
+        vc = vc * _scales64(v_scale, kv_heads)[:, None]
     tables = block_tables.detach().cpu()
     head_dim = q.shape[-1]
     scale = head_dim ** -0.5 if scale is None else float(scale)
@@ -146,6 +177,10 @@ def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, s
         outs.append(_softmax_attend64(qs, k, v, mask, scale).transpose(0, 1))
         start += ql
     return torch.cat(outs) if outs else q64.new_empty(q.shape)
+
+
+def _scales64(s, kv_heads: int) -> torch.Tensor:
+    return torch.as_tensor(s, dtype=torch.float64).detach().cpu().expand(kv_heads)
 
 
 def reference_contiguous(q, k, v, seq_lens, scale=None):

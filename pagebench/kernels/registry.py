@@ -8,6 +8,11 @@ tensors and a resolved float ``scale``:
 - ``contiguous(q, k, v, seq_lens, scale) -> out`` (contiguous cache; ``seq_lens`` is None when
   every sequence fills the cache's max_len)
 
+A backend that reads fp8 caches lists them in ``cache_dtypes``; it is then called with
+keywords ``k_scale=``, ``v_scale=`` (float32 tensors ``[num_kv_heads]``, see
+``pagebench.kernels.quant``) for such a cache, and without them otherwise, so backends that
+only read unquantised caches need not know about scales.
+
 Once registered, a backend is used by ``backend="<name>"`` (and by ``"auto"`` by priority),
 checked by the property tests and timed by the sweep, with no other change.
 """
@@ -54,16 +59,25 @@ class Backend:
     # False: the kernel may multiply non-finite values in slots it must not use by zero weights
     # (NaN * 0 = NaN), so tests poison those slots with large finite values instead of NaN
     nan_safe: bool = True
+    # dtypes the paged cache may have: q's own dtype (one of ``dtypes``), or an fp8 dtype read
+    # with per-head scales; None: q's dtype only
+    cache_dtypes: tuple[torch.dtype, ...] | None = None
 
     def operations(self) -> tuple[str, ...]:
         return tuple(op for op in OPERATIONS if getattr(self, op) is not None)
 
+    def supports_cache_dtype(self, cache_dtype, dtype) -> bool:
+        """Whether a paged cache of ``cache_dtype`` can be read with queries of ``dtype``."""
+        return cache_dtype == dtype or cache_dtype in (self.cache_dtypes or ())
+
     def supports(self, op: str, device, dtype, block_size: int | None = None,
-                 head_dim: int | None = None) -> bool:
+                 head_dim: int | None = None, cache_dtype=None) -> bool:
         device_type = torch.device(device).type
         return (getattr(self, op, None) is not None
                 and device_type in self.devices
                 and dtype in self.dtypes
+                and (cache_dtype is None or op == "contiguous"
+                     or self.supports_cache_dtype(cache_dtype, dtype))
                 and (head_dim is None or self.supports_head_dim(head_dim))
                 and (block_size is None or self.supports_block_size(block_size)))
 
@@ -72,6 +86,8 @@ class Backend:
             "operations": list(self.operations()),
             "devices": list(self.devices),
             "dtypes": [str(d).replace("torch.", "") for d in self.dtypes],
+            "cache_dtypes": [str(d).replace("torch.", "")
+                             for d in (self.cache_dtypes or self.dtypes)],
             "block_sizes": self.block_sizes,
             "head_dims": self.head_dims,
             "priority": self.priority,
@@ -90,8 +106,10 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
                      supports_block_size: Callable[[int], bool] = _any_block_size,
                      is_available: Callable[[], bool] = _always, priority: int = 0,
                      description: str = "", auto_devices=None, nan_safe: bool = True,
-                     replace: bool = False) -> Backend:
-    """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite."""
+                     cache_dtypes=None, replace: bool = False) -> Backend:
+    """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite.
+    ``cache_dtypes``: the paged cache dtypes it reads (default: q's dtype only; list fp8
+    dtypes to be called with ``k_scale``/``v_scale`` on fp8 caches)."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name: must be a non-empty string other than 'auto', got {name!r}")
     if name in _REGISTRY and not replace:
@@ -107,7 +125,8 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
     backend = Backend(name, decode, prefill, contiguous, tuple(devices), tuple(dtypes),
                       str(head_dims), supports_head_dim, block_sizes, supports_block_size,
                       is_available, priority, description,
-                      None if auto_devices is None else tuple(auto_devices), bool(nan_safe))
+                      None if auto_devices is None else tuple(auto_devices), bool(nan_safe),
+                      None if cache_dtypes is None else tuple(cache_dtypes))
     _REGISTRY[name] = backend
     return backend
 
@@ -152,8 +171,10 @@ def available_backends() -> dict[str, dict]:
     return out
 
 
-def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None) -> Backend:
-    """The backend to run ``op``: the one named, checked against the input, or the best for it."""
+def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None,
+            cache_dtype=None) -> Backend:
+    """The backend to run ``op``: the one named, checked against the input, or the best for it.
+    ``cache_dtype``: the paged cache's dtype when it may differ from q's (fp8)."""
     if not isinstance(backend, str):
         raise ValueError(f"backend: expected a backend name or 'auto', got {backend!r}")
     device_type = torch.device(device).type
@@ -161,16 +182,20 @@ def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None
         b = get_backend(backend)
         if getattr(b, op) is None:
             raise ValueError(f"backend: {backend!r} has no {op} kernel (it has {list(b.operations())})")
-        if not b.supports(op, device, dtype, block_size, head_dim):
+        if not b.supports(op, device, dtype, block_size, head_dim, cache_dtype):
+            cache = "" if cache_dtype in (None, dtype) else \
+                f", cache {str(cache_dtype).replace('torch.', '')}"
             raise ValueError(
                 f"backend: {backend!r} does not support this input ({device_type}, "
-                f"{str(dtype).replace('torch.', '')}, block_size={block_size}, head_dim={head_dim}); "
-                f"it supports {b.capabilities()}")
+                f"{str(dtype).replace('torch.', '')}{cache}, block_size={block_size}, "
+                f"head_dim={head_dim}); it supports {b.capabilities()}")
         return b
     candidates = [b for b in _REGISTRY.values()
                   if (b.auto_devices is None or device_type in b.auto_devices)
-                  and _available(b) and b.supports(op, device, dtype, block_size, head_dim)]
+                  and _available(b)
+                  and b.supports(op, device, dtype, block_size, head_dim, cache_dtype)]
     if not candidates:
         raise ValueError(f"backend: no registered backend runs {op} for {device_type}, "
-                         f"{dtype}, block_size={block_size}, head_dim={head_dim}")
+                         f"{dtype} (cache {cache_dtype or dtype}), block_size={block_size}, "
+                         f"head_dim={head_dim}")
     return max(candidates, key=lambda b: b.priority)

@@ -5,17 +5,24 @@ backend with a paged ``decode`` is timed as ``<name>-paged``, every ``contiguous
 ``<name>-contiguous``, so a registered third-party kernel is swept with no other change.
 The timed body calls the backend's kernel directly on inputs validated once beforehand (the
 public functions validate on every call, which reads scalars back from the GPU).
+
+The paged cases' block tables follow ``layouts`` (``kernels.testing.TABLE_LAYOUTS``: contiguous,
+shuffled, aged; column ``table_layout``). Every row records the unique K/V bytes the step
+reads (``footprint_bytes``) and whether they fit in the GPU's L2 (``fits_l2``): such a point
+measures the cache hierarchy more than the kernel, and is flagged rather than compared.
 """
 
 from __future__ import annotations
 
-import math
+import itertools
 from dataclasses import dataclass
 
 import torch
 
+from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.reference import identity_tables
+from pagebench.kernels.testing import adjacent_fraction, layout_tables
 from pagebench.kernels.validate import check_contiguous, check_decode
 from pagebench.timing import cpu_threads, environment, measure
 
@@ -23,8 +30,11 @@ COLUMNS = [
     "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "context",
     "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us", "kv_bytes",
-    "gbps", "copy_gbps",
+    "gbps", "copy_gbps", "table_layout", "adjacent_fraction", "footprint_bytes", "l2_bytes",
+    "fits_l2",
 ]
+# L2 of the H200 where the device does not say (CPU runs: the flag is then about the H200)
+DEFAULT_L2_BYTES = 60 * 10**6
 
 # name -> (num_q_heads, num_kv_heads, head_dim)
 SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
@@ -85,16 +95,26 @@ def measure_copy_gbps(device: str, nbytes: int = 2 * 2**30) -> float:
     return 2 * nbytes / (t.median_us * 1e-6) / 1e9
 
 
-def _paged_case(batch, context, shape, block_size, dtype, device, seed):
+def l2_bytes(device) -> int:
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
+    return DEFAULT_L2_BYTES
+
+
+def footprint_bytes(tables, block_size: int, num_kv_heads: int, head_dim: int, dtype) -> int:
+    """Unique K and V bytes behind ``tables`` (every entry used): what a step reads at least."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * int(torch.unique(tables).numel()) * block_size * num_kv_heads * head_dim * element
+
+
+def _paged_case(batch, context, shape, block_size, dtype, device, seed, layout="shuffled"):
     num_q, num_kv, head_dim = shape
-    blocks_per_seq = math.ceil(context / block_size)
-    num_blocks = batch * blocks_per_seq
+    tables, num_blocks = layout_tables(layout, batch, context, block_size, seed=seed)
     gen = torch.Generator(device=device).manual_seed(seed)
     k_cache = torch.randn(num_blocks, block_size, num_kv, head_dim, device=device, dtype=dtype,
                           generator=gen)
     v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(num_blocks, device=device, generator=gen).to(torch.int32)
-    tables = tables.view(batch, blocks_per_seq)  # scattered: every block anywhere in the cache
+    tables = tables.to(device)
     lens = torch.full((batch,), context, dtype=torch.int32, device=device)
     q = torch.randn(batch, num_q, head_dim, device=device, dtype=dtype, generator=gen)
     return q, k_cache, v_cache, tables, lens
@@ -146,15 +166,18 @@ def _gather_bytes(variant: Variant, batch, context, shape, dtype) -> int:
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=None, include=None, exclude=None, graph_batch1=None,
               repeat=None, copy_gbps=None, progress=None, skipped=None,
-              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True):
+              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True, share=(0, 1),
+              layouts=("shuffled",)):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
-    ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU.
+    ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
+    block-table layouts (``kernels.testing.layout_tables``); contiguous variants ignore it.
     ``quick`` on CPU: two small shapes, a handful of points, torch-paged vs sdpa-contiguous,
     well under a minute on two cores. On CUDA (quick=False) the full H200 grid of the issue.
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
     On CUDA, ``graph_all`` times every point with and without a CUDA graph (else batch 1 only,
-    ``graph_batch1``).
+    ``graph_batch1``). ``share=(rank, world)`` times only this rank's (shape, point) pairs
+    (``pagebench.distributed.take_share``), for a sweep split over GPUs.
     """
     import pandas as pd
 
@@ -182,8 +205,10 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         copy_gbps = measure_copy_gbps(device) if on_cuda else float("nan")
     skipped = skipped if skipped is not None else []
     rows = []
+    l2 = l2_bytes(device)
 
-    def record(v, shape_name, shape, batch, context, block_size, fn, graph):
+    def record(v, shape_name, shape, batch, context, block_size, fn, graph, table_layout=None,
+               tables=None):
         try:
             with cpu_threads(None if on_cuda else 1):  # one thread: steadier on a shared CPU
                 t = measure(fn, device=device, warmup=3, repeat=repeat, cuda_graph=graph)
@@ -194,6 +219,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                 torch.cuda.synchronize()
             return
         nbytes = kv_bytes(batch, context, shape[1], shape[2], dtype)
+        footprint = nbytes if tables is None else footprint_bytes(
+            tables, block_size, shape[1], shape[2], dtype)
         rows.append({**{k: env[k] for k in COLUMNS[:6]},
                      "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
                      "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
@@ -201,7 +228,9 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                      "backend": v.label, "layout": v.layout, "cuda_graph": graph,
                      "time_us": t.median_us, "q20_us": t.q20_us, "q80_us": t.q80_us,
                      "kv_bytes": nbytes, "gbps": nbytes / (t.median_us * 1e-6) / 1e9,
-                     "copy_gbps": copy_gbps})
+                     "copy_gbps": copy_gbps, "table_layout": table_layout,
+                     "adjacent_fraction": None if tables is None else adjacent_fraction(tables),
+                     "footprint_bytes": footprint, "l2_bytes": l2, "fits_l2": footprint <= l2})
         if progress:
             progress(rows[-1])
 
@@ -210,9 +239,12 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             return (False, True)
         return (False, True) if graph_batch1 and batch == 1 else (False,)
 
+    units = itertools.count()
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
         for batch, context in points:
+            if not take_share(next(units), share):
+                continue
             contiguous = [v for v in vs if v.layout == "contiguous"]
             need = 2 * kv_bytes(batch, context, shape[1], shape[2], dtype)
             if contiguous and _fits(device, need):
@@ -231,25 +263,32 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                          and (v.backend != "flex" or block_size in flex_block_sizes)]
                 if not paged:
                     continue
-                if not _fits(device, need + need // block_size):
-                    skipped.append(((shape_name, batch, context, block_size), "paged", "memory"))
-                    continue
-                case = _paged_case(batch, context, shape, block_size, dtype, device, seed=batch)
-                check_decode(*case, scale)
-                for var in paged:
-                    if not _fits(device, _gather_bytes(var, batch, context, shape, dtype)):
-                        skipped.append(((shape_name, batch, context, block_size), var.label,
-                                        "memory"))
+                for table_layout in layouts:
+                    # an aged pool holds other requests' blocks too
+                    pool = need * (5 if table_layout == "aged" else 4) // 4
+                    if not _fits(device, pool + need // block_size):
+                        skipped.append(((shape_name, batch, context, block_size, table_layout),
+                                        "paged", "memory"))
                         continue
-                    try:
-                        fn = _paged_callable(var, *case, scale)
-                    except Exception as e:  # noqa: BLE001
-                        skipped.append(((shape_name, batch, context, block_size), var.label,
-                                        f"{type(e).__name__}: {str(e)[:160]}"))
-                        continue
-                    for graph in graphs(batch):
-                        record(var, shape_name, shape, batch, context, block_size, fn, graph)
-                del case
+                    case = _paged_case(batch, context, shape, block_size, dtype, device,
+                                       seed=batch, layout=table_layout)
+                    check_decode(*case, scale)
+                    for var in paged:
+                        if not _fits(device, _gather_bytes(var, batch, context, shape, dtype)):
+                            skipped.append(((shape_name, batch, context, block_size,
+                                             table_layout), var.label, "memory"))
+                            continue
+                        try:
+                            fn = _paged_callable(var, *case, scale)
+                        except Exception as e:  # noqa: BLE001
+                            skipped.append(((shape_name, batch, context, block_size,
+                                             table_layout), var.label,
+                                            f"{type(e).__name__}: {str(e)[:160]}"))
+                            continue
+                        for graph in graphs(batch):
+                            record(var, shape_name, shape, batch, context, block_size, fn, graph,
+                                   table_layout, case[3])
+                    del case
                 if on_cuda:
                     torch.cuda.empty_cache()
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from pagebench.config import ceil_div
+from pagebench.kernels.quant import fp8_max, quantize
 
 
 @dataclass
@@ -16,9 +17,17 @@ class PagedInputs:
     v_cache: torch.Tensor
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
     seq_lens: torch.Tensor  # int32 [num_seqs]
+    k_scale: torch.Tensor | None = None  # fp8 caches: float32 [num_kv_heads]
+    v_scale: torch.Tensor | None = None
 
     def args(self):
         return self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens
+
+    def scales(self) -> dict:
+        """``k_scale``/``v_scale`` keywords for an fp8 cache, else nothing."""
+        if self.k_scale is None:
+            return {}
+        return {"k_scale": self.k_scale, "v_scale": self.v_scale}
 
 
 def make_paged_inputs(seq_lens, num_q_heads: int, num_kv_heads: int, head_dim: int,
@@ -66,6 +75,43 @@ def make_paged_inputs(seq_lens, num_q_heads: int, num_kv_heads: int, head_dim: i
                        torch.tensor(lens, dtype=torch.int32, device=device))
 
 
+def quantized_inputs(inp: PagedInputs, cache_dtype, *, seed: int = 0,
+                     spread: float = 16.0) -> PagedInputs:
+    """``inp`` with its caches quantised to fp8 ``cache_dtype``. Each KV head's values are
+    first multiplied by its own magnitude (log-uniform within ``spread``x of 1, so a kernel
+    that applied another head's scale would be far off), then stored with a per-head scale
+    that maps the head's largest finite value to the format's largest. Poisoned slots stay NaN
+    (or their large finite value, saturated). Returns new tensors; ``inp`` is unchanged. The
+    unquantised caches with the same per-head magnitudes are ``unquantized_caches``."""
+    k_real, v_real, k_amax, v_amax = _scaled_real_caches(inp, seed, spread)
+    k_scale, v_scale = k_amax / fp8_max(cache_dtype), v_amax / fp8_max(cache_dtype)
+    return PagedInputs(inp.q, quantize(k_real, k_scale, cache_dtype),
+                       quantize(v_real, v_scale, cache_dtype), inp.block_tables, inp.seq_lens,
+                       k_scale, v_scale)
+
+
+def unquantized_caches(inp: PagedInputs, *, seed: int = 0, spread: float = 16.0):
+    """The (k, v) caches that ``quantized_inputs`` with the same ``seed`` quantises, in the
+    input's dtype: what an fp8 result is compared with to measure the quantisation error."""
+    k_real, v_real, _, _ = _scaled_real_caches(inp, seed, spread)
+    return k_real.to(inp.k_cache.dtype), v_real.to(inp.v_cache.dtype)
+
+
+def _scaled_real_caches(inp: PagedInputs, seed: int, spread: float):
+    kv_heads = inp.k_cache.shape[2]
+    gen = torch.Generator().manual_seed(seed)
+    device = inp.k_cache.device
+    out = []
+    for cache in (inp.k_cache, inp.v_cache):
+        magnitude = spread ** (2 * torch.rand(kv_heads, generator=gen) - 1)
+        real = cache.to(torch.float32) * magnitude.to(device)[:, None]
+        finite = torch.where(torch.isfinite(real), real.abs(), 0.0)
+        out.append(real)
+        out.append(finite.amax(dim=(0, 1, 3)).clamp_min(1e-6))
+    k_real, k_amax, v_real, v_amax = out
+    return k_real, v_real, k_amax, v_amax  # amax: each head's largest finite magnitude
+
+
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     """||out - ref|| / ||ref|| in float64 (NaN if out has any NaN)."""
     diff = out.detach().to("cpu", torch.float64) - ref.detach().to("cpu", torch.float64)
@@ -73,3 +119,141 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-2, torch.bfloat16: 2e-2}
+
+
+# Memory layouts a caller's tensor may have, each holding the same values: the kernels must
+# read every one that validation accepts.
+LAYOUTS = ("contiguous", "offset", "padded", "strided", "transposed")
+
+
+def with_layout(x: torch.Tensor, layout: str, junk=0) -> torch.Tensor:
+    """A view of a copy of ``x`` equal to ``x`` in ``layout``, with ``junk`` in the memory
+    around it: ``offset`` starts one row into its storage; ``padded`` leaves a gap after each
+    row (dimension 1 twice as wide underneath); ``strided`` takes every other element of the
+    last dimension; ``transposed`` is column-major (the dimensions' order reversed in memory).
+    A 1-D tensor has no rows: there ``padded`` and ``transposed`` are ``strided``."""
+    if layout == "contiguous":
+        return x.clone()
+    if layout == "offset":
+        return torch.cat([torch.full_like(x[:1], junk), x])[1:]
+    if layout == "padded" and x.dim() >= 2:
+        wide = torch.full((x.shape[0], 2 * x.shape[1], *x.shape[2:]), junk, dtype=x.dtype,
+                          device=x.device)
+        wide[:, :x.shape[1]] = x
+        return wide[:, :x.shape[1]]
+    if layout == "transposed" and x.dim() >= 2:
+        order = tuple(reversed(range(x.dim())))
+        return x.permute(order).contiguous().permute(order)
+    if layout in ("strided", "padded", "transposed"):
+        wide = torch.full((*x.shape[:-1], 2 * x.shape[-1]), junk, dtype=x.dtype, device=x.device)
+        wide[..., ::2] = x
+        return wide[..., ::2]
+    raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
+
+
+# ---- block-table layouts (what the timed kernel reads) -----------------------------------
+
+TABLE_LAYOUTS = ("contiguous", "shuffled", "aged")
+AGED_BACKGROUND = 0.25  # other requests' share of the pool, relative to the measured ones
+
+
+def layout_tables(layout: str, batch: int, context: int, block_size: int, *, seed: int = 0):
+    """Block tables int32 ``[batch, ceil(context / block_size)]`` of a layout, and the pool
+    size (``num_blocks``) they index:
+
+    - ``contiguous``: sequence s owns blocks ``s * n .. s * n + n - 1`` in order (``arange``
+      tables, as SGLang's and FlashAttention's benchmarks use);
+    - ``shuffled``: every block of the pool anywhere, a random permutation;
+    - ``aged``: the tables a block manager hands out after serving traffic (``aged_tables``).
+    """
+    per_seq = ceil_div(context, block_size)
+    if layout == "contiguous":
+        tables = torch.arange(batch * per_seq, dtype=torch.int32).view(batch, per_seq)
+        return tables, batch * per_seq
+    if layout == "shuffled":
+        gen = torch.Generator().manual_seed(seed)
+        tables = torch.randperm(batch * per_seq, generator=gen).to(torch.int32)
+        return tables.view(batch, per_seq), batch * per_seq
+    if layout == "aged":
+        return aged_tables(batch, context, block_size, seed=seed)
+    raise ValueError(f"layout: unknown {layout!r} (use one of {', '.join(TABLE_LAYOUTS)})")
+
+
+def aged_tables(batch: int, context: int, block_size: int, *, seed: int = 0,
+                background: float = AGED_BACKGROUND):
+    """Tables from ``engine.BlockManager`` after it has served a trace with churn.
+
+    The pool holds the ``batch`` measured sequences plus ``background`` as much again for other
+    requests (prompt lengths log-normal, median ~400 tokens, each living 1/16 to 1/2 of the
+    measured sequences' growth, in decode steps, so the pool turns over a few times).
+    First the other requests alone churn through the pool (allocate, free) until its free
+    queue is in a served order; then the measured sequences start from one token and grow in
+    lockstep, one token each per decode step (``append_token``), while other requests finish
+    and arrive between steps, and the oldest are evicted when the measured ones need their
+    blocks. Returns (tables int32 ``[batch, ceil(context / block_size)]``, num_blocks).
+    """
+    import heapq
+    import random
+    from collections import OrderedDict
+
+    from pagebench.engine.block_manager import BlockManager
+
+    rng = random.Random(seed)
+    per_seq = ceil_div(context, block_size)
+    num_blocks = batch * per_seq + max(1, int(batch * per_seq * background))
+    bm = BlockManager(num_blocks, block_size)
+    others: OrderedDict[int, None] = OrderedDict()  # live background requests, oldest first
+    ends: list[tuple[int, int]] = []  # (step it finishes, request)
+    ids = iter(range(-1, -(1 << 62), -1))  # negative: never a measured sequence's id
+    life = (max(16, context // 16), max(32, context // 2))
+
+    def arrive(step: int, free_to_keep: int) -> None:
+        while True:
+            tokens = max(1, min(int(rng.lognormvariate(6.0, 0.8)), 8192))
+            if bm.num_free_blocks - bm.blocks_needed(tokens) < free_to_keep:
+                return
+            name = next(ids)
+            bm.allocate(name, [0] * tokens)
+            others[name] = None
+            heapq.heappush(ends, (step + rng.randint(*life), name))
+
+    def finish(step: int) -> None:
+        while ends and ends[0][0] <= step:
+            name = heapq.heappop(ends)[1]
+            if name in others:  # else evicted already
+                bm.free(name)
+                del others[name]
+
+    def evict_until(free_blocks: int) -> None:
+        while bm.num_free_blocks < free_blocks:
+            name = others.popitem(last=False)[0]
+            bm.free(name)
+
+    warmup = 2 * life[1]
+    for step in range(0, warmup, max(1, warmup // 64)):  # other traffic alone: a served pool
+        finish(step)
+        arrive(step, num_blocks // 10)
+    step = warmup
+    evict_until(batch)
+    for s in range(batch):
+        bm.allocate(s, [0])
+    for length in range(1, context):
+        if length % block_size == 0:  # each measured sequence takes a block this step
+            evict_until(batch)
+        for s in range(batch):
+            bm.append_token(s, 0)
+        step += 1
+        finish(step)
+        # newcomers take only what the measured sequences will not need
+        arrive(step, batch * (per_seq - bm.blocks_needed(length + 1)))
+    tables = torch.tensor([bm.block_table(s) for s in range(batch)], dtype=torch.int32)
+    return tables, num_blocks
+
+
+def adjacent_fraction(tables: torch.Tensor) -> float:
+    """Fraction of neighbouring table entries that are neighbouring blocks (b, b + 1): 1.0 for
+    contiguous tables, about 0 for shuffled ones."""
+    if tables.shape[1] < 2:
+        return float("nan")
+    t = tables.to(torch.int64)
+    return float(((t[:, 1:] - t[:, :-1]) == 1).double().mean())

@@ -6,7 +6,10 @@ each K/V row is read from memory once per group. It walks its split's token rang
 ``TILE_N`` tokens; each token's physical slot is ``block_tables[s, p // BLOCK_SIZE]`` *
 BLOCK_SIZE + ``p % BLOCK_SIZE``, so the tile size is independent of the block size and any
 block size >= 1 works. Scores and the running max / sum / output are fp32 whatever the input
-dtype. With one split the program normalises and writes ``out`` directly; with several, it
+dtype. An fp8 cache (``FP8``) is converted to q's dtype as it is loaded (exact: every e4m3
+and e5m2 value is a bf16, fp16 and fp32 value) and its per-KV-head scales are applied where
+they cost nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
+accumulator once at the end. With one split the program normalises and writes ``out`` directly; with several, it
 writes its unnormalised partial output and (max, sum), and a second kernel merges the splits
 (flash-decoding), so one long sequence at batch 1 still fills the GPU.
 
@@ -24,6 +27,7 @@ import triton
 import triton.language as tl
 
 from pagebench.config import ceil_div
+from pagebench.kernels.quant import is_fp8
 
 # Triton's interpreter (3.9) computes bf16 tl.dot wrongly: it runs the dots in fp32 there.
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -65,7 +69,7 @@ def attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.const
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, TABLES, SEQ_LENS, OUT, PART,
+    Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE,
     scale_log2e, tokens_per_split, ml_offset,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -76,10 +80,13 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, PAGE_TILES: tl.constexpr,
+    FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    if FP8:  # scores of the stored K times k_scale are the real scores
+        scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
     seq_len = tl.load(SEQ_LENS + seq)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
@@ -118,11 +125,13 @@ def _decode_split_kernel(
             v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
         k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
-                    mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
+                    mask=kv_mask, other=0.0).to(q.dtype)  # [TILE_N, DIM_PAD]
         v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
-                    mask=kv_mask, other=0.0)
+                    mask=kv_mask, other=0.0).to(q.dtype)
         m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
                                     IEEE_DOT)
+    if FP8:  # the output is linear in V: one multiply instead of one per element loaded
+        acc = acc * tl.load(V_SCALE + kv_head)
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if DIRECT:
@@ -270,7 +279,7 @@ class _Launcher:
     scalars here never change, so only the tensors' 16-byte alignment (a specialisation Triton
     makes) can pick a different compiled kernel: the first launch of each alignment pattern goes
     through Triton, which compiles and returns the kernel; later ones call its launcher
-    directly.
+    directly. A launcher serves one plan, whose key fixes every tensor's dtype.
     """
 
     def __init__(self, kernel, grid, scalars, constexprs, options, num_tensors):
@@ -307,6 +316,7 @@ class DecodePlan:
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
                  num_warps, num_stages, page_aligned):
+        check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
         capacity = tables.shape[1] * block_size
@@ -322,7 +332,8 @@ class DecodePlan:
             DIRECT=False,
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
             PAGE_TILES=page_tiles_mode(block_size, tile_n, PAGE_ALIGNED_TILES
-                                       if page_aligned is None else page_aligned))
+                                       if page_aligned is None else page_aligned),
+            FP8=is_fp8(k_cache.dtype))
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
@@ -335,12 +346,12 @@ class DecodePlan:
             if INTERPRETED or q.device.type != "cuda":
                 slots = INTERPRETED_SLOTS
             else:
-                key = (q.device.index, q.dtype, k_cache.dtype, *constexprs.values(),
-                       *options.values())
+                key = (q.device.index, q.dtype, k_cache.dtype, v_cache.dtype, tables.dtype,
+                       seq_lens.dtype, *constexprs.values(), *options.values())
                 if key not in _SLOTS:  # compile without running: occupancy needs the binary
                     part = torch.empty(16, device=q.device, dtype=torch.float32)
                     compiled = _decode_split_kernel.warmup(
-                        q, k_cache, v_cache, tables, seq_lens, q, part,
+                        q, k_cache, v_cache, tables, seq_lens, q, part, part, part,
                         *scalars(2, tile_n, 16), grid=(1,), **constexprs, **options)
                     _SLOTS[key] = _slots(compiled, q.device.index or 0)
                 slots = _SLOTS[key]
@@ -353,7 +364,7 @@ class DecodePlan:
         self.split = _Launcher(
             _decode_split_kernel, (num_seqs, kv_heads, num_splits),
             scalars(num_splits, tokens_per_split, parts * dim_pad),
-            {**constexprs, "DIRECT": num_splits == 1}, options, num_tensors=7)
+            {**constexprs, "DIRECT": num_splits == 1}, options, num_tensors=9)
         self.combine = None
         if num_splits > 1:
             self.combine = _Launcher(
@@ -364,17 +375,30 @@ class DecodePlan:
                      CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
                      HEAD_DIM=head_dim, DIM_PAD=dim_pad), dict(num_warps=4), num_tensors=2)
 
-    def __call__(self, q, k_cache, v_cache, tables, seq_lens):
+    def __call__(self, q, k_cache, v_cache, tables, seq_lens, k_scale=None, v_scale=None):
         out = torch.empty(self.out_shape, device=q.device, dtype=q.dtype)
         if self.num_seqs == 0:
             return out
-        if self.combine is None:
-            self.split(q, k_cache, v_cache, tables, seq_lens, out, out)  # writes out directly
+        if k_scale is None:  # not read (FP8 is off): any pointer will do
+            k_scale = v_scale = seq_lens
+        if self.combine is None:  # writes out directly
+            self.split(q, k_cache, v_cache, tables, seq_lens, out, out, k_scale, v_scale)
             return out
         part = torch.empty(self.part_numel, device=q.device, dtype=torch.float32)
-        self.split(q, k_cache, v_cache, tables, seq_lens, out, part)
+        self.split(q, k_cache, v_cache, tables, seq_lens, out, part, k_scale, v_scale)
         self.combine(part, out)
         return out
+
+
+def check_plan_layout(q, k_cache, v_cache, tables, seq_lens) -> None:
+    """The layouts the kernel reads: it takes the strides of q's first two dimensions, of the
+    caches' first three and of the table's rows, and assumes unit stride elsewhere."""
+    for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
+                    ("block_tables", tables)):
+        if x.stride(-1) != 1:
+            raise ValueError(f"{name}: the last dimension must have unit stride")
+    if not seq_lens.is_contiguous():
+        raise ValueError("seq_lens: must be contiguous")
 
 
 _PLANS: dict = {}
@@ -386,11 +410,13 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_warps: int | None = None, num_stages: int = 2,
                 page_aligned: bool | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
-    first such call). Arguments as ``triton_paged_decode``; q and the table must have unit
-    stride in their last dimension."""
-    key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(),
-           v_cache.stride(), k_cache.dtype, block_tables.shape, block_tables.stride(0),
-           seq_lens.dtype, scale, num_splits, tile_n, num_warps, num_stages, page_aligned)
+    first such call). Arguments as ``triton_paged_decode``, in the layouts
+    ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
+    # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
+    # specialisations, which its launchers do not re-derive per call (``_Launcher``).
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, page_aligned,
+           *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
+                                                       seq_lens)))
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= MAX_PLANS:
@@ -400,8 +426,10 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
     return plan
 
 
-def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, **options):
-    """Paged decode; arguments as ``pagebench.kernels.paged_decode`` (already validated).
+def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None,
+                        v_scale=None, **options):
+    """Paged decode; arguments as ``pagebench.kernels.paged_decode`` (already validated; an
+    fp8 cache's scales as float32 tensors ``[num_kv_heads]``).
 
     ``options`` (``decode_plan``'s keywords): ``num_splits`` defaults to ``choose_num_splits``
     on the table's capacity and the kernel's occupancy (no device sync, so the call can be
@@ -412,5 +440,6 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, **op
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     plan = decode_plan(q, k_cache, v_cache, tables, seq_lens, scale, **options)
-    return plan(q, k_cache, v_cache, tables, seq_lens)
+    return plan(q, k_cache, v_cache, tables, seq_lens, k_scale, v_scale)

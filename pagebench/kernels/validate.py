@@ -1,17 +1,30 @@
 """Input checks shared by every backend: run before anything is launched.
 
 Each failed check raises ``ValueError`` whose message starts with the offending argument's name.
-Shape, dtype and device checks cost nothing; the value checks (sequence lengths, the block
-indices a sequence will read) read a few scalars back from the device once per call, and are
-skipped while a CUDA graph is being captured (a capture cannot synchronise).
+Shape, dtype and device checks run on every call and cost only host time. The value checks
+(sequence lengths, the block indices a sequence will read, slots) read a few scalars back from
+the device, a sync on a GPU, so there they run once per unchanged set of tensors
+(``validate="cached"``, the default: ``value_checks.CheckedValues`` says what "unchanged"
+means) or on every call (``validate="always"``). On the CPU, where reading a value back costs
+nothing, they run on every call. While a CUDA graph is being captured they are skipped (a
+capture cannot synchronise).
 """
 
 from __future__ import annotations
 
+from numbers import Integral
+
 import torch
 
+from pagebench.kernels.quant import FP8_DTYPES
+from pagebench.kernels.value_checks import CheckedValues
+
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# a paged cache is q's dtype, or fp8 with per-head scales (pagebench.kernels.quant)
+CACHE_DTYPES = FLOAT_DTYPES + FP8_DTYPES
 INDEX_DTYPES = (torch.int32, torch.int64)
+VALIDATE_MODES = ("cached", "always")
+CHECKED = CheckedValues()  # the value checks that passed, for validate="cached"
 
 
 def _fail(name: str, message: str):
@@ -38,6 +51,19 @@ def _capturing(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
 
+def check_validate(validate) -> None:
+    if not isinstance(validate, str) or validate not in VALIDATE_MODES:
+        _fail("validate", f"expected one of {VALIDATE_MODES}, got {validate!r}")
+
+
+def _check_values(validate: str, device: torch.device, check, tensors: tuple, params: tuple):
+    """``check(*tensors, *params)`` now, or its remembered result (validate="cached" off the
+    CPU) while the tensors are unchanged."""
+    if validate == "always" or device.type == "cpu":
+        return check(*tensors, *params)
+    return CHECKED.run(check, tensors, params)
+
+
 def check_scale(scale, head_dim: int) -> float:
     if scale is None:
         return head_dim ** -0.5
@@ -52,10 +78,12 @@ def check_scale(scale, head_dim: int) -> float:
 
 def check_cache(q, k_cache, v_cache) -> tuple[int, int, int, int, int]:
     """q's last two dims against a paged cache; returns (num_blocks, block_size, kv_heads, q_heads, head_dim)."""
-    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
-    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
+    _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    if v_cache.dtype != k_cache.dtype:
+        _fail("v_cache", f"dtype {v_cache.dtype} differs from k_cache's dtype {k_cache.dtype}")
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     if num_blocks < 1 or block_size < 1 or kv_heads < 1 or head_dim < 1:
         _fail("k_cache", f"every dimension must be >= 1, got shape {tuple(k_cache.shape)}")
@@ -71,14 +99,14 @@ def _check_q_against_kv(q, kv_heads: int, head_dim: int, **kv: torch.Tensor):
     if q_heads < 1 or q_heads % kv_heads:
         _fail("q", f"num_q_heads {q_heads} is not a positive multiple of num_kv_heads {kv_heads}")
     for name, x in kv.items():
-        if x.dtype != q.dtype:
+        if x.dtype != q.dtype and x.dtype not in FP8_DTYPES:
             _fail(name, f"dtype {x.dtype} differs from q's dtype {q.dtype}")
         if x.stride(-1) != 1:
             _fail(name, "the last dimension (head_dim) must be contiguous")
 
 
 def check_tables(block_tables, seq_lens, num_seqs: int, num_blocks: int, block_size: int,
-                 device: torch.device) -> None:
+                 device: torch.device, validate: str = "cached") -> None:
     _tensor("block_tables", block_tables, 2, INDEX_DTYPES)
     _tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
     if block_tables.shape[0] != num_seqs:
@@ -91,6 +119,12 @@ def check_tables(block_tables, seq_lens, num_seqs: int, num_blocks: int, block_s
         _fail("seq_lens", f"is on {seq_lens.device} but q is on {device}")
     if num_seqs == 0 or _capturing(device):
         return
+    _check_values(validate, device, _check_table_values, (block_tables, seq_lens),
+                  (num_blocks, block_size))
+
+
+def _check_table_values(block_tables, seq_lens, num_blocks: int, block_size: int) -> None:
+    device = seq_lens.device
     max_blocks = block_tables.shape[1]
     # One device->host read for all value checks.
     lens = seq_lens.to(torch.int64)
@@ -115,17 +149,21 @@ def check_tables(block_tables, seq_lens, num_seqs: int, num_blocks: int, block_s
               f"(valid: 0..{num_blocks - 1})")
 
 
-def check_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+def check_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, validate="cached"):
     """Validate paged-decode arguments; returns the resolved scale."""
+    check_validate(validate)
     _tensor("q", q, 3, FLOAT_DTYPES)
     _, block_size, _, _, head_dim = check_cache(q, k_cache, v_cache)
     _same_device("q", q, k_cache=k_cache, v_cache=v_cache)
-    check_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], block_size, q.device)
+    check_tables(block_tables, seq_lens, q.shape[0], k_cache.shape[0], block_size, q.device,
+                 validate)
     return check_scale(scale, head_dim)
 
 
-def check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale):
-    """Validate paged-prefill arguments; returns (scale, seq_lens list, query_lens list)."""
+def check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+                  validate="cached"):
+    """Validate paged-prefill arguments; returns the resolved scale."""
+    check_validate(validate)
     _tensor("q", q, 3, FLOAT_DTYPES)
     _, block_size, _, _, head_dim = check_cache(q, k_cache, v_cache)
     _same_device("q", q, k_cache=k_cache, v_cache=v_cache)
@@ -133,19 +171,27 @@ def check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale
     num_seqs = query_lens.shape[0]
     if query_lens.device != q.device:
         _fail("query_lens", f"is on {query_lens.device} but q is on {q.device}")
-    check_tables(block_tables, seq_lens, num_seqs, k_cache.shape[0], block_size, q.device)
-    qlens, slens = query_lens.tolist(), seq_lens.tolist()
+    check_tables(block_tables, seq_lens, num_seqs, k_cache.shape[0], block_size, q.device,
+                 validate)
+    if not _capturing(q.device):
+        _check_values(validate, q.device, _check_query_values, (query_lens, seq_lens),
+                      (q.shape[0],))
+    return check_scale(scale, head_dim)
+
+
+def _check_query_values(query_lens, seq_lens, total: int) -> None:
+    qlens, slens = torch.stack([query_lens.to(torch.int64), seq_lens.to(torch.int64)]).tolist()
     for s, (ql, sl) in enumerate(zip(qlens, slens)):
         if ql < 1 or ql > sl:
             _fail("query_lens", f"sequence {s}: query length {ql} must be in 1..seq_len ({sl})")
-    if sum(qlens) != q.shape[0]:
-        _fail("q", f"has {q.shape[0]} query tokens but query_lens sums to {sum(qlens)}")
-    return check_scale(scale, head_dim), slens, qlens
+    if sum(qlens) != total:
+        _fail("q", f"has {total} query tokens but query_lens sums to {sum(qlens)}")
 
 
-def check_contiguous(q, k, v, seq_lens, scale):
+def check_contiguous(q, k, v, seq_lens, scale, validate="cached"):
     """Validate contiguous-decode arguments; returns (scale, all_full) where all_full says
     every sequence uses the whole max_len (so no mask is needed)."""
+    check_validate(validate)
     _tensor("q", q, 3, FLOAT_DTYPES)
     _tensor("k", k, 4, FLOAT_DTYPES)
     _tensor("v", v, 4, FLOAT_DTYPES)
@@ -165,60 +211,90 @@ def check_contiguous(q, k, v, seq_lens, scale):
         _fail("seq_lens", f"is on {seq_lens.device} but q is on {q.device}")
     all_full = False
     if num_seqs and not _capturing(q.device):
-        lo, hi = torch.stack([seq_lens.min(), seq_lens.max()]).tolist()
-        if lo < 1:
-            _fail("seq_lens", f"every sequence length must be >= 1, got {lo}")
-        if hi > max_len:
-            _fail("seq_lens", f"length {hi} exceeds the cache's max_len {max_len}")
-        all_full = lo == max_len
+        all_full = _check_values(validate, q.device, _check_contiguous_values, (seq_lens,),
+                                 (max_len,))
     return check_scale(scale, head_dim), all_full
 
 
-def check_write_kv(k_cache, v_cache, k, v, slot_mapping) -> None:
+def _check_contiguous_values(seq_lens, max_len: int) -> bool:
+    """Whether every sequence fills max_len."""
+    lo, hi = torch.stack([seq_lens.min(), seq_lens.max()]).tolist()
+    if lo < 1:
+        _fail("seq_lens", f"every sequence length must be >= 1, got {lo}")
+    if hi > max_len:
+        _fail("seq_lens", f"length {hi} exceeds the cache's max_len {max_len}")
+    return lo == max_len
+
+
+def check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> bool:
+    """Validate ``write_kv``'s arguments; returns whether every slot is >= 0 (no padding to
+    skip; also True while a CUDA graph is captured, when nothing is read back)."""
+    check_validate(validate)
     _tensor("k", k, 3, FLOAT_DTYPES)
     _tensor("v", v, 3, FLOAT_DTYPES)
-    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
-    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
+    _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     _tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
+    if v_cache.dtype != k_cache.dtype:
+        _fail("v_cache", f"dtype {v_cache.dtype} differs from k_cache's dtype {k_cache.dtype}")
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     for name, x in (("k", k), ("v", v)):
         if tuple(x.shape[1:]) != (kv_heads, head_dim):
             _fail(name, f"shape {tuple(x.shape)} does not match [num_tokens, {kv_heads}, {head_dim}]")
         if x.shape[0] != slot_mapping.shape[0]:
             _fail(name, f"has {x.shape[0]} tokens but slot_mapping has {slot_mapping.shape[0]}")
-        if x.dtype != k_cache.dtype:
+        if x.dtype != k_cache.dtype and k_cache.dtype not in FP8_DTYPES:
             _fail(name, f"dtype {x.dtype} differs from the cache's dtype {k_cache.dtype}")
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not x.is_contiguous():
             _fail(name, "must be contiguous")
     _same_device("k_cache", k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping)
     if slot_mapping.numel() == 0 or _capturing(k_cache.device):
-        return
-    slots = slot_mapping.to(torch.int64)
-    valid = slots[slots >= 0]
-    lo, hi = int(slots.min()), int(slots.max())
-    if lo < -1 or hi >= num_blocks * block_size:
+        return True
+    return _check_values(validate, k_cache.device, _check_slot_values, (slot_mapping,),
+                         (num_blocks * block_size,))
+
+
+def _check_slot_values(slot_mapping, num_slots: int) -> bool:
+    """Whether every slot is >= 0 (no padding)."""
+    slots = torch.sort(slot_mapping.to(torch.int64)).values
+    repeated = (slots[1:] == slots[:-1]) & (slots[1:] >= 0)
+    lo, hi, twice = torch.stack([slots[0], slots[-1], repeated.any().long()]).tolist()
+    if lo < -1 or hi >= num_slots:
         bad = lo if lo < -1 else hi
-        _fail("slot_mapping", f"slot {bad} outside the cache's {num_blocks * block_size} slots "
-              f"(valid: 0..{num_blocks * block_size - 1}, or -1 to skip a token)")
-    if valid.numel() != torch.unique(valid).numel():
+        _fail("slot_mapping", f"slot {bad} outside the cache's {num_slots} slots "
+              f"(valid: 0..{num_slots - 1}, or -1 to skip a token)")
+    if twice:
         _fail("slot_mapping", "the same slot appears twice in one write")
+    return lo >= 0
 
 
 def check_copy_blocks(k_cache, v_cache, pairs) -> torch.Tensor:
     """Returns pairs as an int64 tensor [n, 2] of (src, dst) on the cache's device."""
-    _tensor("k_cache", k_cache, 4, FLOAT_DTYPES)
-    _tensor("v_cache", v_cache, 4, FLOAT_DTYPES)
+    _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
+    _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
     _same_device("k_cache", k_cache, v_cache=v_cache)
+    if isinstance(pairs, torch.Tensor):
+        if pairs.dtype == torch.bool or pairs.is_floating_point() or pairs.is_complex():
+            _fail("pairs", f"block ids must be integers, got dtype {pairs.dtype}")
+    else:
+        try:
+            pairs = [tuple(p) for p in pairs]
+        except TypeError as e:
+            _fail("pairs", f"expected (src, dst) integer pairs: {e}")
+        for block in (b for p in pairs for b in p):
+            # a float or a bool would silently become some other block's id
+            if isinstance(block, bool) or not isinstance(block, Integral):
+                _fail("pairs", f"block ids must be integers, got {block!r}")
     try:
         if isinstance(pairs, torch.Tensor):
             table = pairs.detach().to("cpu", torch.int64)
         else:
-            table = torch.tensor([tuple(p) for p in pairs], dtype=torch.int64)
+            table = torch.tensor(pairs, dtype=torch.int64)
     except (TypeError, ValueError, RuntimeError) as e:
         _fail("pairs", f"expected (src, dst) integer pairs: {e}")
     if table.numel() == 0:

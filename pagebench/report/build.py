@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, render, sections
+from pagebench.report import derive, fp8, parallel, render, sections
 from pagebench.report.collect import Results, collect, default_device
 
 DATA_DIR_SUFFIX = "_data"
@@ -59,6 +59,8 @@ def build_sections(results: Results, env: dict, options: dict):
         guarded_section(results, "capacity", "Capacity", sections.capacity),
         guarded_section(results, "kernels", "Kernels", sections.kernels),
         guarded_section(results, "engine", "Engine", sections.engine),
+        guarded_section(results, "fp8", "fp8 KV cache and block-table layout", fp8.section),
+        guarded_section(results, "parallel", "Past one GPU", parallel.section),
         guarded_section(results, "benchmarks", "Benchmark histories", sections.benchmarks),
     ]
     return page, claims, rec

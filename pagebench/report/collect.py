@@ -34,6 +34,9 @@ FILE_KINDS = (
     ("kernels_prefill", "kernels_prefill"),
     ("kernels_equivalence", "kernels_equivalence"),
     ("kernels_tuning", None),  # kernel launch-parameter tuning: not a report dataset
+    # fp8 caches and table layouts (scripts/h200_fp8.py; read by pagebench.report.fp8)
+    ("kernels_fp8", "kernels_fp8"), ("kernels_layout", "kernels_layout"),
+    ("fp8_engine", "fp8_engine"),
     ("kernels", "kernels"),
     ("engine_cow", "engine_cow"),
     ("engine_prefix", "engine_prefix"),
@@ -46,6 +49,11 @@ FILE_KINDS = (
     ("capacity", "capacity"),
     ("dynamic", "memory_dynamic_summary"),
     ("copy_bandwidth", "copy_bandwidth"),
+    # two GPUs (scripts/h200x2_tp.py; read by pagebench.report.parallel)
+    ("tp_equality", "tp_equality"), ("tp_capacity", "tp_capacity"),
+    ("tp_throughput", "tp_throughput"), ("tp_allreduce", "tp_allreduce"),
+    ("tp_attention", "tp_attention"), ("sweep_wall", "sweep_wall"),
+    ("sweep_rows", None),  # the split sweep's own rows: not a decode-kernel dataset here
 )
 # columns a dataset must have to be usable; a file missing any of them is reported, not used
 REQUIRED_COLUMNS = {

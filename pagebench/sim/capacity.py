@@ -11,14 +11,22 @@ graphs, allocator slack); it is cut into blocks of ``block_size`` tokens;
   a sequence of the length distribution holds at its final length (next power of two, its
   length, or its length rounded up to whole blocks). This is the expected number of finished-
   length sequences that fit at once; sequences still growing hold less.
+
+Tensor parallelism over ``tensor_parallel_size`` GPUs (``gpu_memory`` is then per GPU): each
+GPU holds ``1 / tp`` of the weights (vLLM shards embeddings and LM head too) and
+``num_kv_heads / tp`` KV heads of every block, so a block costs each GPU ``1 / tp`` of its
+bytes, unless tp exceeds the KV heads: then each GPU holds one whole head, replicated on
+``tp / num_kv_heads`` GPUs. Blocks are counted per GPU; every GPU holds a slice of the same
+blocks, so the group caches ``num_blocks * block_size`` tokens. ``blocks_vs_tp1`` compares the
+blocks one GPU of the same memory holds alone (None when the weights leave it no cache).
 """
 
 from __future__ import annotations
 
 import os
 
-from pagebench.config import (PRESETS, KVGeometry, config_json_path, dtype_bytes, parse_bytes,
-                              preset_key, read_config_json)
+from pagebench.config import (PRESETS, KVGeometry, ceil_div, config_json_path, dtype_bytes,
+                              parse_bytes, preset_key, read_config_json)
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.static import reserved_slots
 from pagebench.sim.workloads import sample_lengths
@@ -85,31 +93,38 @@ def _bytes(name: str, value) -> int:
 
 def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
                   gpu_memory_utilization: float = 0.9, max_model_len: int = 4096,
-                  block_size: int = 16, dtype="bfloat16", weights_bytes=None,
+                  block_size: int = 16, dtype="bfloat16", kv_dtype=None, weights_bytes=None,
                   overhead_bytes=0, kv_cache_bytes=None, lengths: str = "lognormal:5.5,0.9",
-                  num_seqs: int = 2000, seed: int = 0) -> dict:
+                  num_seqs: int = 2000, seed: int = 0, tensor_parallel_size: int = 1) -> dict:
     """Blocks, cacheable tokens and concurrency for one model on one GPU (see module doc).
 
     ``model``: preset name, path to a ``config.json`` (or its folder), config dict,
     ``PretrainedConfig`` or a :class:`~pagebench.config.KVGeometry` (then give
     ``weights_bytes``). ``weights_bytes=None`` estimates parameters x dtype bytes.
-    ``kv_cache_bytes`` skips the memory arithmetic and sizes the cache directly.
+    ``kv_dtype`` (default ``dtype``): the KV cache's dtype, e.g. ``"fp8_e4m3"`` (one byte per
+    element: twice the tokens of a bf16 cache in the same memory).
+    ``kv_cache_bytes`` skips the memory arithmetic and sizes the cache directly (per GPU).
     Sizes accept ints or strings such as ``"16GiB"`` (binary) and ``"16GB"`` (decimal).
     Returns a flat dict (the JSON of ``pagebench capacity --json``).
     """
     if isinstance(model, KVGeometry):
         geometry, config = model, None
+        if kv_dtype is not None:
+            geometry = geometry.with_dtype(kv_dtype)
     else:
         config = _config_dict(model)
         name = model if isinstance(model, str) else config.get("model_type", "custom")
-        geometry = KVGeometry.from_config(config, dtype=dtype, name=str(name))
+        geometry = KVGeometry.from_config(config, dtype=kv_dtype or dtype, name=str(name))
     for arg, value in (("max_model_len", max_model_len), ("block_size", block_size),
                        ("num_seqs", num_seqs)):
         check_positive_int(arg, value)
+    tp = tensor_parallel_size
+    rank_geometry = geometry.per_rank(tp)  # validates tp against the heads
     notes = []
+    cache_tp1 = None
     if kv_cache_bytes is not None:
         cache = _bytes("kv_cache_bytes", kv_cache_bytes)
-        gpu = usable = weights = overhead = None
+        gpu = usable = weights = rank_weights = overhead = None
         num_params, weights_source = None, "not used (kv_cache_bytes given)"
     else:
         if not (isinstance(gpu_memory_utilization, (int, float))
@@ -130,7 +145,9 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
         else:
             weights = _bytes("weights_bytes", weights_bytes)
             weights_source = "given"
-        cache = usable - weights - overhead
+        rank_weights = ceil_div(weights, tp)
+        cache = usable - rank_weights - overhead
+        cache_tp1 = usable - weights - overhead
         if cache <= 0:
             raise ConfigError(f"gpu_memory: {gpu:,} B x {gpu_memory_utilization} leaves no room "
                               f"for the KV cache after {weights:,} B of weights and {overhead:,} "
@@ -139,9 +156,14 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
             notes.append("overhead_bytes is 0: activations, CUDA graphs and allocator slack "
                          "usually take some GiB; compare with vLLM's startup log")
     bytes_per_block = geometry.bytes_per_block(block_size)
-    num_blocks = cache // bytes_per_block
+    rank_block = rank_geometry.bytes_per_block(block_size)
+    num_blocks = cache // rank_block
+    if kv_cache_bytes is not None:
+        cache_tp1 = cache
+    blocks_tp1 = (max(0, cache_tp1) // bytes_per_block
+                  if cache_tp1 is not None else None)
     if num_blocks < 1:
-        raise ConfigError(f"kv_cache_bytes: {cache:,} B holds no block of {bytes_per_block:,} B")
+        raise ConfigError(f"kv_cache_bytes: {cache:,} B holds no block of {rank_block:,} B")
     cacheable = num_blocks * block_size
     sample = sample_lengths(lengths, num_seqs, seed, max_model_len)
     mean_slots = {a: float(reserved_slots(a, sample, max_model_len, block_size).mean())
@@ -152,7 +174,8 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
         notes.append(f"not one {max_model_len}-token sequence fits under naive reservation")
     tokens = float(sample.mean())
     return {
-        "model": geometry.name, "dtype": geometry.dtype, "num_layers": geometry.num_layers,
+        "model": geometry.name, "dtype": geometry.dtype,  # the KV cache's
+        "weights_dtype": str(dtype), "num_layers": geometry.num_layers,
         "num_kv_heads": geometry.num_kv_heads, "head_dim": geometry.head_dim,
         "bytes_per_token": geometry.bytes_per_token, "block_size": block_size,
         "bytes_per_block": bytes_per_block, "gpu_memory_bytes": gpu,
@@ -171,6 +194,14 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
         "token_utilisation_naive": tokens / max_model_len,
         "token_utilisation_pow2": tokens / mean_slots["pow2"],
         "token_utilisation_paged": tokens / mean_slots["paged"],
+        "tensor_parallel_size": tp, "weights_bytes_per_rank": rank_weights,
+        "kv_heads_per_rank": rank_geometry.num_kv_heads,
+        "kv_replication": geometry.kv_replication(tp),
+        "bytes_per_token_per_rank": rank_geometry.bytes_per_token,
+        "bytes_per_block_per_rank": rank_block,
+        "max_concurrency_paged_per_gpu": concurrency["paged"] / tp,
+        "num_blocks_tp1": blocks_tp1,
+        "blocks_vs_tp1": num_blocks / blocks_tp1 if blocks_tp1 else None,
         "notes": notes,
     }
 
@@ -184,15 +215,24 @@ def _size(value) -> str:
 def format_capacity(plan: dict) -> str:
     """The human-readable form of :func:`capacity_plan`'s result."""
     p = plan
-    lines = [f"model {p['model']} ({p['dtype']}): {p['num_layers']} layers x "
+    tp = p["tensor_parallel_size"]
+    lines = [f"model {p['model']} (KV cache {p['dtype']}): {p['num_layers']} layers x "
              f"{p['num_kv_heads']} KV heads x head dim {p['head_dim']}",
              f"  bytes per token           {p['bytes_per_token']:,}",
              f"  bytes per block ({p['block_size']:>3})     {p['bytes_per_block']:,}"]
+    if tp > 1:
+        lines[0] += f"; tensor parallel over {tp} GPUs (memory and blocks per GPU)"
+        lines += [f"  KV heads per GPU          {p['kv_heads_per_rank']}"
+                  + (f"  (each head on {p['kv_replication']} GPUs)"
+                     if p["kv_replication"] > 1 else ""),
+                  f"  bytes per token per GPU   {p['bytes_per_token_per_rank']:,}",
+                  f"  bytes per block per GPU   {p['bytes_per_block_per_rank']:,}"]
     if p["gpu_memory_bytes"] is not None:
         lines += [f"  GPU memory                {_size(p['gpu_memory_bytes'])}",
                   f"  x utilisation {p['gpu_memory_utilization']:<10} {_size(p['usable_bytes'])}",
-                  f"  - weights                 {_size(p['weights_bytes'])}  "
-                  f"[{p['weights_source']}]",
+                  (f"  - weights                 {_size(p['weights_bytes'])}  " if tp == 1 else
+                   f"  - weights / {tp:<13} {_size(p['weights_bytes_per_rank'])}  ")
+                  + f"[{p['weights_source']}]",
                   f"  - overhead                {_size(p['overhead_bytes'])}"]
     lines += [f"  = KV cache                {_size(p['kv_cache_bytes'])}",
               f"  blocks                    {p['num_blocks']:,}",
@@ -209,6 +249,12 @@ def format_capacity(plan: dict) -> str:
               f"   token utilisation {p['token_utilisation_paged']:.1%}",
               "  paged / naive                   "
               + (f"{p['paged_vs_naive']:>8.1f}x" if p["paged_vs_naive"] else "       -")]
+    if tp > 1:
+        alone = (f"{p['num_blocks_tp1']:,} blocks on one GPU alone, "
+                 f"{p['blocks_vs_tp1']:.2f}x per GPU at tp={tp}" if p["blocks_vs_tp1"]
+                 else "one GPU alone holds no KV cache")
+        lines += [f"  paged per GPU                   {p['max_concurrency_paged_per_gpu']:>10,.1f}",
+                  f"  equal per-GPU memory: {alone}"]
     lines += [f"note: {n}" for n in p["notes"]]
     return "\n".join(lines)
 

@@ -1,0 +1,211 @@
+"""The report's "fp8 KV cache and block-table layout" section, with its verdicts.
+
+Datasets (``scripts/h200_fp8.py``, committed under ``reports/data/h200/``): ``kernels_fp8``
+(Triton decode and prefill, bf16 vs fp8 caches: time, bytes, fraction of the copy bandwidth,
+error against the bf16 cache), ``kernels_layout`` (Triton bf16 decode over contiguous,
+shuffled and aged block tables: time, unique K/V footprint, L2 flag) and ``fp8_engine`` (the
+engine's pool and greedy agreement, bf16 vs fp8 cache). The capacity planner's bf16 vs fp8
+arithmetic is computed here, on any machine.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pagebench.report.claims import FAILS, HOLDS, Claim, judge
+from pagebench.report.collect import Results
+from pagebench.report.sections import Section, Table, make_table
+
+DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
+SOURCE = "reports/data/h200/ (scripts/h200_fp8.py)"
+VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
+PLANNER_CASES = (("llama-3-8b", "141GB", 8192), ("qwen2.5-7b", "80GB", 32768),
+                 ("mistral-7b", "141GB", 32768))
+FP8 = "float8_e4m3fn"
+# a decode is "long context" here at batch >= 32 x 4096 tokens or one sequence of 65,536
+LONG_CONTEXT_TOKENS = 32 * 4096
+HALF_TIME_BOUND = 0.6  # fp8 / bf16 time: half the bytes, with some slack for fixed costs
+LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
+
+
+def _device(frame: pd.DataFrame | None) -> str:
+    if frame is None or "device_name" not in frame:
+        return "GPU"
+    return ", ".join(frame["device_name"].dropna().astype(str).unique()) or "GPU"
+
+
+def planner_rows() -> pd.DataFrame:
+    """Blocks and naive concurrency for bf16 and fp8 (e4m3) caches, bf16 weights, 0.9 of the
+    GPU, 4 GiB overhead, block 16."""
+    from pagebench.sim.capacity import capacity_plan
+
+    rows = []
+    for model, gpu, max_len in PLANNER_CASES:
+        plans = {kv: capacity_plan(model, gpu_memory=gpu, max_model_len=max_len,
+                                   overhead_bytes="4GiB", kv_dtype=kv, num_seqs=500)
+                 for kv in ("bfloat16", "fp8_e4m3")}
+        bf16, fp8 = plans["bfloat16"], plans["fp8_e4m3"]
+        rows.append({"model": model, "gpu_memory": gpu, "max_model_len": max_len,
+                     "blocks_bf16": bf16["num_blocks"], "blocks_fp8": fp8["num_blocks"],
+                     "blocks_ratio": fp8["num_blocks"] / bf16["num_blocks"],
+                     "concurrency_bf16": bf16["max_concurrency_naive"],
+                     "concurrency_fp8": fp8["max_concurrency_naive"]})
+    return pd.DataFrame(rows)
+
+
+def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """One row per decode point: bf16 and e4m3 times, their ratio, fp8's copy fraction and
+    error against the bf16 cache."""
+    if frame is None or not {"op", "cache_dtype", "batch", "context", "block_size",
+                             "time_us"} <= set(frame.columns):
+        return None
+    dec = frame[frame["op"] == "decode"]
+    keys = ["batch", "context", "block_size"]
+    bf16 = dec[dec["cache_dtype"] == "bfloat16"].set_index(keys)
+    fp8 = dec[dec["cache_dtype"] == FP8].set_index(keys)
+    both = bf16.index.intersection(fp8.index)
+    if not len(both):
+        return None
+    out = pd.DataFrame({"bf16_us": bf16.loc[both, "time_us"], "fp8_us": fp8.loc[both, "time_us"]})
+    out["fp8_over_bf16"] = out["fp8_us"] / out["bf16_us"]
+    for col, name in (("copy_fraction", "bf16_copy_fraction"), ):
+        if col in bf16:
+            out[name] = bf16.loc[both, col]
+    for col in ("copy_fraction", "err_vs_bf16_cache", "err_vs_dequantised"):
+        if col in fp8:
+            out[f"fp8_{col}"] = fp8.loc[both, col]
+    return out.reset_index().sort_values(["block_size", "context", "batch"])
+
+
+def fp8_doubles_capacity(results: Results) -> Claim:
+    c = Claim("fp8_capacity", "fp8 KV doubles capacity.",
+              "KV blocks fp8 / bf16 within 1.95–2.05× in the capacity planner (bf16 weights, "
+              "0.9 of the GPU, 4 GiB overhead) and in the engine's pool at equal KV memory "
+              "where measured", data=["fp8_engine"])
+    plan = planner_rows()
+    lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
+    parts = [f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})"]
+    ok = 1.95 <= lo and hi <= 2.05
+    device = "arithmetic (any machine)"
+    engine = results.get("fp8_engine")
+    if engine is not None and "blocks_ratio" in engine:
+        ratio = float(engine["blocks_ratio"].iloc[0])
+        parts.append(f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
+                     f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)")
+        ok = ok and 1.95 <= ratio <= 2.05
+        device += f"; engine: {_device(engine)}"
+    c.measured, c.device, c.verdict = "; ".join(parts), device, judge(ok)
+    return c
+
+
+def fp8_halves_long_decode(results: Results) -> Claim:
+    c = Claim("fp8_decode_time", "fp8 KV halves decode time at long context.",
+              f"Triton decode, e4m3 / bf16 time ≤ {HALF_TIME_BOUND}× at every block-16 point of "
+              "batch ≥ 32 × 4,096 and 1 × 65,536 (Llama-3-8B shape, CUDA graphs); blocks 1 "
+              "and 128 shown, not judged", data=["kernels_fp8"])
+    ratios = decode_ratios(results.get("kernels_fp8"))
+    if ratios is None:
+        return c
+    long = ratios[ratios["batch"] * ratios["context"] >= LONG_CONTEXT_TOKENS]
+    judged = long[long["block_size"] == 16]
+    if judged.empty:
+        return c
+    parts = [f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: {r.fp8_over_bf16:.2f}×"
+             for r in long.itertuples()]
+    c.measured = ", ".join(parts)
+    c.device = _device(results.get("kernels_fp8"))
+    c.verdict = judge(bool((judged["fp8_over_bf16"] <= HALF_TIME_BOUND).all()))
+    return c
+
+
+def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """Per point: each layout's time, slowest / fastest, and whether the point fits in L2."""
+    if frame is None or not {"table_layout", "batch", "context", "block_size",
+                             "time_us"} <= set(frame.columns):
+        return None
+    keys = ["batch", "context", "block_size"]
+    wide = frame.pivot_table(index=keys, columns="table_layout", values="time_us",
+                             aggfunc="median")
+    wide.columns = [f"{c}_us" for c in wide.columns]
+    wide["slowest_over_fastest"] = wide.max(axis=1) / wide.min(axis=1)
+    if "fits_l2" in frame:
+        wide["fits_l2"] = frame.groupby(keys)["fits_l2"].max()
+    if "footprint_bytes" in frame:
+        wide["footprint_mb"] = frame.groupby(keys)["footprint_bytes"].max() / 1e6
+    return wide.reset_index()
+
+
+def layout_does_not_matter(results: Results) -> Claim:
+    c = Claim("layout_cost", "Block-table layout does not matter to the kernel.",
+              f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "
+              f"{LAYOUT_SPREAD_BOUND}× at every point whose K/V does not fit in L2 (points "
+              "that fit are flagged and left out)", data=["kernels_layout"])
+    spread = layout_spread(results.get("kernels_layout"))
+    if spread is None:
+        return c
+    judged = spread[~spread["fits_l2"].astype(bool)] if "fits_l2" in spread else spread
+    if judged.empty:
+        return c
+    worst = judged.loc[judged["slowest_over_fastest"].idxmax()]
+    flagged = int(len(spread) - len(judged))
+    c.measured = (f"worst {worst['slowest_over_fastest']:.2f}× at {int(worst['batch'])}×"
+                  f"{int(worst['context'])} block {int(worst['block_size'])}; median "
+                  f"{judged['slowest_over_fastest'].median():.2f}× over {len(judged)} points"
+                  + (f" ({flagged} L2-resident points left out)" if flagged else ""))
+    c.device = _device(results.get("kernels_layout"))
+    c.verdict = judge(bool((judged["slowest_over_fastest"] <= LAYOUT_SPREAD_BOUND).all()))
+    return c
+
+
+VERDICTS = (fp8_doubles_capacity, fp8_halves_long_decode, layout_does_not_matter)
+
+
+def section(results: Results) -> Section:
+    s = Section("fp8", "fp8 KV cache and block-table layout")
+    s.text("An fp8 cache (`torch.float8_e4m3fn` or `float8_e5m2`) stores K/V divided by a "
+           "scale per KV head: `paged_decode(..., k_scale=, v_scale=)`, `paged_prefill` and "
+           "`write_kv` take them; `write_kv` quantises with saturation; the torch backend "
+           "dequantises while it gathers, the Triton kernels convert on load and fold the scales "
+           "into the softmax scale and the output. `LLMEngine(..., kv_cache_dtype=\"fp8_e4m3\")` "
+           "calibrates each layer's scales on its first step; `pagebench capacity --kv-dtype "
+           "fp8_e4m3` plans with one byte per element. Correctness: property tests against a "
+           "float64 reference on the dequantised cache (both formats, every backend that "
+           "declares fp8, Triton interpreted on the CPU). The block-table layout is a sweep "
+           "axis (`pagebench bench --layouts contiguous,shuffled,aged`); aged tables come from "
+           "the block manager after it served a trace with churn.")
+    claims = [fn(results) for fn in VERDICTS]
+    s.table(Table("Verdicts", ["claim", "measured", "device", "verdict", "criterion", "data"],
+                  [[c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)]
+                   for c in claims], None,
+                  [["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
+                    "criterion", "links"] for c in claims]))
+    s.table(make_table(planner_rows(), "Capacity planner, bf16 vs fp8 (e4m3) KV cache: bf16 "
+                       "weights, 0.9 of the GPU, 4 GiB overhead, block 16; concurrency at "
+                       "max_model_len (naive reservation)"))
+    if all(results.get(d) is None for d in DATASETS):
+        s.nodata(f"fp8 and layout measurements ({SOURCE})")
+        return s
+    fp8 = results.get("kernels_fp8")
+    s.table(make_table(decode_ratios(fp8), "Triton paged decode, bf16 vs e4m3 cache (Llama-3-8B "
+                       "shape 32/8 × 128, CUDA graphs): copy fraction = bytes read (fp8 counted "
+                       "in fp8 bytes) / time / measured copy bandwidth; error = relative error "
+                       "of the output against the bf16 cache's (standard-normal K/V, scale = "
+                       "per-head max / 448) and against float32 on the dequantised cache"))
+    if fp8 is not None and "op" in fp8:
+        s.table(make_table(fp8[fp8["op"] == "prefill"], "Triton paged prefill, bf16 vs e4m3 "
+                           "cache (block 16)",
+                           ["cache_dtype", "batch", "query_len", "cached", "time_us",
+                            "err_vs_bf16_cache", "err_vs_dequantised"], "kernels_fp8"))
+        e5 = fp8[(fp8["op"] == "decode") & (fp8["cache_dtype"] == "float8_e5m2")]
+        s.table(make_table(e5, "Decode with an e5m2 cache (block 16)",
+                           ["batch", "context", "time_us", "copy_fraction", "err_vs_bf16_cache",
+                            "err_vs_dequantised"], "kernels_fp8"))
+    s.table(make_table(results.get("fp8_engine"), "Engine, random-weight Qwen2.5-0.5B, bf16 vs "
+                       "fp8_e4m3 cache at equal KV memory: pool, greedy agreement (tokens up to "
+                       "each sequence's first difference / all), logit error over the first "
+                       "steps", None, "fp8_engine"))
+    s.table(make_table(layout_spread(results.get("kernels_layout")), "Triton bf16 decode by "
+                       "block-table layout (Llama-3-8B shape, CUDA graphs); fits_l2: the unique "
+                       "K/V footprint fits in the GPU's L2, so the point measures the cache, "
+                       "not the layout, and is not judged"))
+    return s

@@ -1,0 +1,136 @@
+"""fp8 KV caches: every backend that declares an fp8 cache dtype equals a float64 reference
+computed from the dequantised cache, on any input.
+
+The cases are the bf16/fp16/fp32 suite's (``test_kernel_equivalence``: any block size, GQA
+ratio, head_dim, lengths at block boundaries, scattered tables, NaN-poisoned slots and table
+entries), with the cache quantised to e4m3 or e5m2 and per-KV-head scales over a 256x range of
+magnitudes, so a scale applied to the wrong head shows. q (and the output) keep the drawn
+dtype. Each example also measures the error against the unquantised cache: what fp8 costs,
+bounded here (``QUANTISATION_BOUND``) and reported at real sizes by scripts/h200_fp8.py.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import hypothesis.strategies as st
+import pytest
+import torch
+from hypothesis import given, note, settings
+from test_kernel_equivalence import decode_cases, examples_for, prefill_cases
+
+from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
+from pagebench.kernels.reference import reference_decode, reference_prefill
+from pagebench.kernels.registry import _available
+from pagebench.kernels.testing import (TOLERANCE, make_paged_inputs, quantized_inputs,
+                                       relative_error, unquantized_caches)
+
+# relative error of the output against the unquantised cache's float64 result (e4m3 keeps 3
+# mantissa bits, e5m2 2: about 2-6% per element before attention averages it)
+QUANTISATION_BOUND = {torch.float8_e4m3fn: 0.1, torch.float8_e5m2: 0.2}
+
+
+def fp8_backends_for(device: str, op: str) -> list[str]:
+    return sorted(name for name, b in registered_backends().items()
+                  if getattr(b, op) is not None and device in b.devices and _available(b)
+                  and any(d in (b.cache_dtypes or ()) for d in FP8_DTYPES))
+
+
+def fp8_examples(backend: str) -> int:
+    return max(1, examples_for(backend) // 3)
+
+
+def _inputs(backend, case, cache_dtype, device):
+    assert registered_backends()[backend].nan_safe  # fp8 caches are poisoned with NaN
+    inp = make_paged_inputs(case["lengths"], case["q_heads"], case["kv_heads"], case["head_dim"],
+                            case["block_size"], case["dtype"], device, seed=case["seed"])
+    return inp, quantized_inputs(inp, cache_dtype, seed=case["seed"])
+
+
+def check_decode_fp8(backend, case, cache_dtype, device="cpu", decode=None):
+    inp, fp8 = _inputs(backend, case, cache_dtype, device)
+    note(f"cache={cache_dtype} tables={inp.block_tables.tolist()} k_scale={fp8.k_scale.tolist()}")
+    run = decode or functools.partial(paged_decode, backend=backend)
+    out = run(*fp8.args(), **fp8.scales())
+    assert out.shape == inp.q.shape and out.dtype == inp.q.dtype
+    assert not torch.isnan(out).any(), "NaN in the output: a poisoned slot or entry was read"
+    err = relative_error(out, reference_decode(*fp8.args(), **fp8.scales()))
+    assert err < TOLERANCE[case["dtype"]], f"relative error {err:.2e} vs the dequantised cache"
+    k, v = unquantized_caches(inp, seed=case["seed"])
+    loss = relative_error(out, reference_decode(inp.q, k, v, inp.block_tables, inp.seq_lens))
+    note(f"error vs the unquantised cache: {loss:.3e}")
+    assert loss < QUANTISATION_BOUND[cache_dtype], f"quantisation error {loss:.2e}"
+
+
+def check_prefill_fp8(backend, case, query_lens, cache_dtype, device="cpu"):
+    inp, fp8 = _inputs(backend, case, cache_dtype, device)
+    gen = torch.Generator().manual_seed(case["seed"])
+    q = torch.randn(sum(query_lens), case["q_heads"], case["head_dim"], generator=gen)
+    q = q.to(device, case["dtype"])
+    qlens = torch.tensor(query_lens, dtype=torch.int32, device=device)
+    args = (q, fp8.k_cache, fp8.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    note(f"cache={cache_dtype} query_lens={query_lens} tables={inp.block_tables.tolist()}")
+    out = paged_prefill(*args, backend=backend, **fp8.scales())
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert not torch.isnan(out).any(), "NaN in the output: a poisoned slot or entry was read"
+    err = relative_error(out, reference_prefill(*args, **fp8.scales()))
+    assert err < TOLERANCE[case["dtype"]], f"relative error {err:.2e} vs the dequantised cache"
+    k, v = unquantized_caches(inp, seed=case["seed"])
+    loss = relative_error(out, reference_prefill(q, k, v, *args[3:]))
+    assert loss < QUANTISATION_BOUND[cache_dtype], f"quantisation error {loss:.2e}"
+
+
+@pytest.mark.parametrize("backend", fp8_backends_for("cpu", "decode"))
+def test_paged_decode_fp8_matches_float64_reference_cpu(backend):
+    @settings(max_examples=fp8_examples(backend), deadline=None)
+    @given(case=decode_cases(backend), cache_dtype=st.sampled_from(FP8_DTYPES))
+    def prop(case, cache_dtype):
+        check_decode_fp8(backend, case, cache_dtype)
+    prop()
+
+
+@pytest.mark.parametrize("backend", fp8_backends_for("cpu", "prefill"))
+def test_paged_prefill_fp8_matches_float64_reference_cpu(backend):
+    @settings(max_examples=fp8_examples(backend), deadline=None)
+    @given(drawn=prefill_cases(backend), cache_dtype=st.sampled_from(FP8_DTYPES))
+    def prop(drawn, cache_dtype):
+        check_prefill_fp8(backend, *drawn, cache_dtype)
+    prop()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", fp8_backends_for("cuda", "decode"))
+def test_paged_decode_fp8_matches_float64_reference_cuda(backend):
+    @settings(max_examples=10, deadline=None)
+    @given(case=decode_cases(backend, large=True), cache_dtype=st.sampled_from(FP8_DTYPES))
+    def prop(case, cache_dtype):
+        check_decode_fp8(backend, case, cache_dtype, device="cuda")
+    prop()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("backend", fp8_backends_for("cuda", "prefill"))
+def test_paged_prefill_fp8_matches_float64_reference_cuda(backend):
+    @settings(max_examples=10, deadline=None)
+    @given(drawn=prefill_cases(backend, large=True), cache_dtype=st.sampled_from(FP8_DTYPES))
+    def prop(drawn, cache_dtype):
+        check_prefill_fp8(backend, *drawn, cache_dtype, device="cuda")
+    prop()
+
+
+def test_triton_fp8_split_kv_matches_reference():
+    """The split-KV path (partials scaled by v_scale before the combine), forced on the CPU."""
+    if "triton" not in fp8_backends_for("cpu", "decode"):
+        pytest.skip("triton not installed")
+    from pagebench.kernels.triton_decode import triton_paged_decode
+
+    @settings(max_examples=fp8_examples("triton"), deadline=None)
+    @given(case=decode_cases("triton"), cache_dtype=st.sampled_from(FP8_DTYPES),
+           splits=st.integers(2, 5), tile_n=st.sampled_from([16, 32]))
+    def prop(case, cache_dtype, splits, tile_n):
+        check_decode_fp8("triton", case, cache_dtype, decode=lambda *args, **scales:
+                         triton_paged_decode(*args, case["head_dim"] ** -0.5, **scales,
+                                             num_splits=splits, tile_n=tile_n))
+    prop()

@@ -1,0 +1,136 @@
+"""fp8 KV caches: the public API's scale checks, write_kv's quantisation, capabilities."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagebench.kernels import (available_backends, paged_decode, paged_prefill,
+                               register_backend, resolve, unregister_backend, write_kv)
+from pagebench.kernels.quant import (calibrated_scales, check_kv_scales, dequantize,
+                                     kv_dtype_from_name, quantize)
+from pagebench.kernels.reference import reference_decode
+from pagebench.kernels.testing import make_paged_inputs, quantized_inputs, relative_error
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def _fp8_case(cache_dtype=E4M3, dtype=torch.float32):
+    inp = make_paged_inputs([3, 9], 4, 2, 16, 4, dtype, poison=False)
+    return quantized_inputs(inp, cache_dtype, seed=1)
+
+
+def test_backends_list_their_cache_dtypes():
+    caps = available_backends()
+    assert {"float8_e4m3fn", "float8_e5m2"} <= set(caps["torch"]["cache_dtypes"])
+    assert "float8_e4m3fn" not in caps["sdpa"]["cache_dtypes"]
+    assert resolve("decode", "auto", "cpu", torch.bfloat16, 16, 64, E5M2).name in (
+        "torch", "triton")
+
+
+def test_a_backend_without_fp8_is_refused_and_never_auto_picked():
+    register_backend("unquantised-only", decode=lambda *a, **k: None, priority=1000)
+    try:
+        assert "float8_e4m3fn" not in available_backends()["unquantised-only"]["cache_dtypes"]
+        with pytest.raises(ValueError, match="backend: 'unquantised-only' does not support.*"
+                           "cache float8_e4m3fn"):
+            resolve("decode", "unquantised-only", "cpu", torch.float32, 16, 64, E4M3)
+        assert resolve("decode", "auto", "cpu", torch.float32, 16, 64, E4M3).name != \
+            "unquantised-only"
+        inp = _fp8_case()
+        with pytest.raises(ValueError, match="backend: 'unquantised-only'"):
+            paged_decode(*inp.args(), backend="unquantised-only", **inp.scales())
+    finally:
+        unregister_backend("unquantised-only")
+
+
+@pytest.mark.parametrize("cache_dtype", [E4M3, E5M2])
+def test_scales_as_numbers_or_tensors_give_the_same_result(cache_dtype):
+    inp = _fp8_case(cache_dtype)
+    k = float(inp.k_scale[0])
+    uniform = dict(k_scale=torch.full((2,), k), v_scale=torch.full((2,), k))
+    a = paged_decode(*inp.args(), backend="torch", k_scale=k, v_scale=k)
+    b = paged_decode(*inp.args(), backend="torch", **uniform)
+    c = paged_decode(*inp.args(), backend="torch", k_scale=torch.tensor(k), v_scale=k)
+    assert torch.equal(a, b) and torch.equal(a, c)
+    ref = reference_decode(*inp.args(), k_scale=k, v_scale=k)
+    assert relative_error(a, ref) < 1e-5
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({}, "k_scale: required"),
+    ({"k_scale": 1.0}, "v_scale: required"),
+    ({"k_scale": 0.0, "v_scale": 1.0}, "k_scale: must be finite and positive"),
+    ({"k_scale": 1.0, "v_scale": float("nan")}, "v_scale: must be finite"),
+    ({"k_scale": torch.ones(3), "v_scale": 1.0}, r"k_scale: expected shape \[num_kv_heads\]"),
+    ({"k_scale": torch.ones(2, dtype=torch.float64), "v_scale": 1.0}, "k_scale: expected a float32"),
+    ({"k_scale": torch.tensor([1.0, -1.0]), "v_scale": 1.0}, "k_scale: every scale"),
+    ({"k_scale": "1", "v_scale": 1.0}, "k_scale: expected a number"),
+])
+def test_bad_scales_are_value_errors_naming_the_argument(kwargs, match):
+    inp = _fp8_case()
+    with pytest.raises(ValueError, match=match):
+        paged_decode(*inp.args(), backend="torch", **kwargs)
+    qlens = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(ValueError, match=match):
+        paged_prefill(*inp.args(), qlens, backend="torch", **kwargs)
+
+
+def test_scales_on_an_unquantised_cache_are_refused():
+    inp = make_paged_inputs([3], 4, 2, 16, 4, poison=False)
+    with pytest.raises(ValueError, match="k_scale: scales apply to fp8 caches only"):
+        paged_decode(*inp.args(), k_scale=1.0, v_scale=1.0)
+
+
+def test_mixed_cache_dtypes_are_refused():
+    inp = _fp8_case()
+    with pytest.raises(ValueError, match="v_cache: dtype"):
+        paged_decode(inp.q, inp.k_cache, inp.v_cache.to(torch.float32), *inp.args()[3:],
+                     **inp.scales())
+
+
+def test_quantize_saturates_and_keeps_nan():
+    for dtype in (E4M3, E5M2):
+        big = torch.finfo(dtype).max
+        x = torch.tensor([[[1e9, -1e9, float("inf"), float("nan"), 1.0]]])
+        y = quantize(x, torch.ones(1), dtype).to(torch.float32)
+        assert y[0, 0, :3].tolist() == [big, -big, big]
+        assert torch.isnan(y[0, 0, 3]) and y[0, 0, 4] == 1.0
+
+
+def test_write_kv_quantises_with_per_head_scales():
+    cache = torch.zeros(3, 4, 2, 8, dtype=E4M3)
+    v_cache = torch.zeros_like(cache)
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(5, 2, 8, generator=gen) * torch.tensor([1.0, 100.0])[:, None]
+    v = torch.randn(5, 2, 8, generator=gen)
+    k_scale = calibrated_scales(k, E4M3)
+    v_scale = torch.tensor([0.01, 0.02])
+    slots = torch.tensor([0, 5, 6, -1, 11])
+    write_kv(cache, v_cache, k.to(torch.bfloat16), v, slots, k_scale=k_scale, v_scale=v_scale)
+    flat_k = dequantize(cache.view(-1, 2, 8), k_scale, torch.float32)
+    flat_v = dequantize(v_cache.view(-1, 2, 8), v_scale, torch.float32)
+    keep = [0, 1, 2, 4]
+    stored = torch.tensor([0, 5, 6, 11])
+    assert relative_error(flat_k[stored], k[keep]) < 0.05
+    assert relative_error(flat_v[stored], v[keep]) < 0.05
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[stored] = False
+    assert not flat_k[untouched].any()
+    with pytest.raises(ValueError, match="k_scale: required"):
+        write_kv(cache, v_cache, k, v, slots)
+
+
+def test_calibrated_scales_map_the_largest_value_inside_the_range():
+    x = torch.tensor([[[3.0, -5.0], [0.0, 0.0]]])  # one token, heads 0 and 1
+    s = calibrated_scales(x, E4M3, headroom=2.0)
+    assert s[0] == pytest.approx(10.0 / 448) and s[1] == pytest.approx(2.0 / 448)
+    check_kv_scales(torch.zeros(1, 1, 2, 2, dtype=E4M3), s, s)
+
+
+def test_kv_dtype_names():
+    assert kv_dtype_from_name("fp8_e4m3", torch.bfloat16) is E4M3
+    assert kv_dtype_from_name("fp8_e5m2", torch.bfloat16) is E5M2
+    assert kv_dtype_from_name("auto", torch.float16) is torch.float16
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        kv_dtype_from_name("int4", torch.bfloat16)

@@ -1,0 +1,194 @@
+"""Tensor parallelism: per-rank KV geometry, configuration errors, and the tp=2 engine under
+``torchrun`` with gloo on the CPU (tests/tp_worker.py) against the single-process engine."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pagebench.config import KVGeometry
+from pagebench.engine.parallel import step_digest
+from pagebench.errors import ConfigError
+
+transformers = pytest.importorskip("transformers")
+LLAMA_8B = KVGeometry(32, 8, 128, 32, "bfloat16")
+
+
+@pytest.mark.parametrize("tp, kv_heads, q_heads, replication",
+                         [(1, 8, 32, 1), (2, 4, 16, 1), (8, 1, 4, 1), (16, 1, 2, 2),
+                          (32, 1, 1, 4)])
+def test_per_rank_geometry_splits_heads_and_replicates_past_the_kv_heads(tp, kv_heads, q_heads,
+                                                                        replication):
+    rank = LLAMA_8B.per_rank(tp)
+    assert (rank.num_kv_heads, rank.num_q_heads) == (kv_heads, q_heads)
+    assert rank.bytes_per_token * tp == LLAMA_8B.bytes_per_token * replication
+    assert LLAMA_8B.kv_replication(tp) == replication
+
+
+@pytest.mark.parametrize("tp, match", [(3, "query heads"), (0, "positive"),
+                                       (64, "query heads")])
+def test_per_rank_geometry_rejects_a_split_that_does_not_divide_the_heads(tp, match):
+    with pytest.raises(ConfigError, match=f"tensor_parallel_size.*{match}"):
+        LLAMA_8B.per_rank(tp)
+    with pytest.raises(ConfigError, match="KV heads"):
+        KVGeometry(2, 6, 64, 12).per_rank(4)  # 4 divides 12 query heads, not 6 KV heads
+
+
+def tiny(kv_heads=2, q_heads=4):
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+        num_attention_heads=q_heads, num_key_value_heads=kv_heads)).eval()
+
+
+def test_engine_rejects_tensor_parallelism_outside_torchrun_before_sharding(monkeypatch):
+    from pagebench.engine import LLMEngine
+
+    for var in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    model = tiny()
+    before = model.model.layers[0].self_attn.q_proj.weight.shape
+    with pytest.raises(ConfigError, match="torchrun --nproc-per-node 2"):
+        LLMEngine(model, num_blocks=8, tensor_parallel_size=2)
+    with pytest.raises(ConfigError, match="does not divide the 4 query heads"):
+        LLMEngine(model, num_blocks=8, tensor_parallel_size=3)
+    assert model.model.layers[0].self_attn.q_proj.weight.shape == before  # not sharded
+    assert not hasattr(model, "pagebench_tensor_parallel")
+
+
+def test_step_digest_changes_with_any_table_entry():
+    class Seq:
+        def __init__(self, table):
+            self.seq_id, self.num_computed, self.block_table = 0, 4, table
+
+    base = step_digest([Seq([1, 2])], [1], [])
+    assert base == step_digest([Seq([1, 2])], [1], [])
+    assert base != step_digest([Seq([1, 3])], [1], [])
+    assert base != step_digest([Seq([1, 2])], [2], [])
+    assert base != step_digest([Seq([1, 2])], [1], [(2, 5)])
+
+
+@pytest.fixture(scope="module")
+def torchrun_results(tmp_path_factory):
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path_factory.mktemp("tp")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    # --standalone: a rendezvous on localhost at a free port
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(root, "tests", "tp_worker.py"), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+
+
+@pytest.mark.slow  # torchrun: two processes
+@pytest.mark.parametrize("case", ["kv2", "kv1"])
+def test_tp2_engine_equals_the_single_process_engine(torchrun_results, case):
+    for rank in torchrun_results:
+        single, parallel = rank[case]["single"], rank[case]["parallel"]
+        assert parallel["greedy"] == single["greedy"]
+        assert parallel["sampled"] == single["sampled"]  # seeded n=2: forks, copy-on-write
+        assert parallel["preemptions"] == single["preemptions"] >= 1
+        assert parallel["prefix_hit_rate"] == single["prefix_hit_rate"] > 0
+        assert parallel["num_blocks"] == single["num_blocks"]
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_tp2_ranks_return_the_same_outputs_even_unseeded(torchrun_results):
+    a, b = torchrun_results
+    for case in ("kv2", "kv1"):
+        assert a[case]["parallel"] == b[case]["parallel"]
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_tp2_ranks_hold_half_the_kv_heads_or_a_replica(torchrun_results):
+    for rank in torchrun_results:
+        assert rank["kv2"]["parallel"]["kv_heads_per_rank"] == 1
+        assert rank["kv2"]["parallel"]["cache_heads"] == 1
+        assert rank["kv2"]["single"]["cache_heads"] == 2
+        assert rank["kv2"]["replication"] == 1
+        assert rank["kv1"]["parallel"]["cache_heads"] == 1
+        assert rank["kv1"]["replication"] == 2
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_tp2_errors_name_the_world_and_catch_diverging_tables(torchrun_results):
+    for rank in torchrun_results:
+        assert "world has 2 process" in rank["too_many_ranks"]
+        assert "ranks scheduled different steps" in rank["diverged"]
+
+
+def test_take_share_partitions_the_work_units():
+    from pagebench.distributed import take_share
+
+    for world in (1, 2, 3):
+        owners = [[r for r in range(world) if take_share(i, (r, world))] for i in range(10)]
+        assert all(len(o) == 1 for o in owners)
+        assert {o[0] for o in owners} == set(range(world))
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_bench_under_torchrun_splits_points_and_merges_one_csv(tmp_path):
+    import pandas as pd
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+               PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "sweep.csv"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "pagebench", "bench", "--device", "cpu", "--shape", "tiny=4/2/16",
+           "--batches", "1,2", "--contexts", "32,64", "--block-sizes", "16", "--repeat", "1",
+           "--backends", "torch,sdpa", "--out", str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    df = pd.read_csv(out)
+    points = df.groupby(["batch", "context"])["rank"].unique()
+    assert len(points) == 4 and all(len(r) == 1 for r in points)  # each point on one rank
+    assert set(df["rank"]) == {0, 1} and set(df["gpu"]) == {"cpu"}
+    assert len(df) == 4 * 2 and not df.duplicated(["batch", "context", "backend"]).any()
+
+
+def test_check_shardable_names_what_does_not_split():
+    from pagebench.engine.parallel import check_shardable
+
+    check_shardable(tiny(), 2)
+    with pytest.raises(ConfigError, match="intermediate_size 96"):
+        check_shardable(tiny(), 5)
+    qwen_moe_like = tiny()
+    del qwen_moe_like.model.layers[0].mlp.gate_proj
+    with pytest.raises(ConfigError, match="layer 0 has no mlp.gate_proj"):
+        check_shardable(qwen_moe_like, 2)
+
+
+def test_shards_sum_to_the_whole_layer():
+    """Rank 0's and rank 1's halves of the MLP add up to the unsharded MLP (the all-reduce's
+    job), and each rank keeps its own heads' rows of q/k/v."""
+    from pagebench.engine.parallel import TensorParallel, shard_model
+
+    full = tiny(kv_heads=2, q_heads=4)
+    geometry = KVGeometry.from_config(full.config, dtype=torch.float32)
+    x = torch.randn(3, 64)
+    with torch.no_grad():
+        want = full.model.layers[0].mlp(x)
+        parts = []
+        for rank in (0, 1):
+            model = tiny(kv_heads=2, q_heads=4)
+            shard_model(model, TensorParallel(2, rank, geometry.per_rank(2), torch.device("cpu")),
+                        geometry)
+            for handle in model.pagebench_reduce_hooks:  # no process group here: sum by hand
+                handle.remove()
+            parts.append(model.model.layers[0].mlp(x))
+            attn, whole = model.model.layers[0].self_attn, full.model.layers[0].self_attn
+            assert torch.equal(attn.q_proj.weight, whole.q_proj.weight[rank * 32:(rank + 1) * 32])
+            assert torch.equal(attn.k_proj.weight, whole.k_proj.weight[rank * 16:(rank + 1) * 16])
+            columns = whole.o_proj.weight[:, rank * 32:(rank + 1) * 32]
+            assert torch.equal(attn.o_proj.weight, columns)
+    torch.testing.assert_close(parts[0] + parts[1], want)

@@ -1,0 +1,85 @@
+"""The report's fp8 and layout section: verdicts computed from the data, both ways."""
+
+from pathlib import Path
+
+import pandas as pd
+
+from pagebench.report import fp8
+from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.report.collect import Results, classify
+
+ENV = {"device": "cuda", "device_name": "NVIDIA H200"}
+
+
+def decode_frame(fp8_over_bf16: float) -> pd.DataFrame:
+    rows = []
+    for batch, context in ((32, 4096), (128, 4096), (1, 65536), (1, 1024)):
+        for block in (1, 16):
+            base = 100.0 * batch * context / 4096
+            rows.append({**ENV, "op": "decode", "cache_dtype": "bfloat16", "batch": batch,
+                         "context": context, "block_size": block, "time_us": base,
+                         "copy_fraction": 0.8})
+            rows.append({**ENV, "op": "decode", "cache_dtype": "float8_e4m3fn", "batch": batch,
+                         "context": context, "block_size": block,
+                         "time_us": base * (1.0 if context == 1024 else fp8_over_bf16),
+                         "copy_fraction": 0.7, "err_vs_bf16_cache": 0.03,
+                         "err_vs_dequantised": 0.002})
+    return pd.DataFrame(rows)
+
+
+def layout_frame(aged_slowdown: float, l2_slowdown: float) -> pd.DataFrame:
+    rows = []
+    for batch, foot, slow in ((64, 10**9, aged_slowdown), (1, 10**7, l2_slowdown)):
+        for layout in ("contiguous", "shuffled", "aged"):
+            rows.append({**ENV, "table_layout": layout, "batch": batch, "context": 4096,
+                         "block_size": 16, "footprint_bytes": foot, "fits_l2": foot < 6e7,
+                         "time_us": 100.0 * (slow if layout == "aged" else 1.0)})
+    return pd.DataFrame(rows)
+
+
+def results_with(**frames) -> Results:
+    r = Results()
+    for name, frame in frames.items():
+        r.add(name, frame, "test")
+    return r
+
+
+def test_fp8_time_claim_both_ways():
+    assert fp8.fp8_halves_long_decode(Results()).verdict == UNMEASURED
+    assert fp8.fp8_halves_long_decode(
+        results_with(kernels_fp8=decode_frame(0.52))).verdict == HOLDS
+    c = fp8.fp8_halves_long_decode(results_with(kernels_fp8=decode_frame(0.8)))
+    assert c.verdict == FAILS and "32×4096 b16: 0.80×" in c.measured
+    assert "1024" not in c.measured  # short contexts are not part of the claim
+
+
+def test_layout_claim_leaves_l2_resident_points_out():
+    ok = fp8.layout_does_not_matter(results_with(kernels_layout=layout_frame(1.05, 3.0)))
+    assert ok.verdict == HOLDS and "1 L2-resident points left out" in ok.measured
+    bad = fp8.layout_does_not_matter(results_with(kernels_layout=layout_frame(1.3, 1.0)))
+    assert bad.verdict == FAILS and "worst 1.30×" in bad.measured
+
+
+def test_capacity_claim_from_the_planner_and_the_engine_pool():
+    assert fp8.fp8_doubles_capacity(Results()).verdict == HOLDS  # arithmetic alone
+    engine = pd.DataFrame([{**ENV, "blocks_bf16": 1000, "blocks_fp8": 1500,
+                            "blocks_ratio": 1.5}])
+    c = fp8.fp8_doubles_capacity(results_with(fp8_engine=engine))
+    assert c.verdict == FAILS and "1.50×" in c.measured
+
+
+def test_section_renders_with_and_without_data():
+    empty = fp8.section(Results())
+    assert any(i.kind == "nodata" for i in empty.items)
+    full = fp8.section(results_with(kernels_fp8=decode_frame(0.5),
+                                    kernels_layout=layout_frame(1.0, 1.0)))
+    captions = [i.table.caption for i in full.items if i.table is not None]
+    assert any(c.startswith("Triton paged decode, bf16 vs e4m3") for c in captions)
+    assert any(c.startswith("Triton bf16 decode by block-table layout") for c in captions)
+
+
+def test_file_names_classify_to_their_datasets():
+    assert classify(Path("h200/kernels_fp8.csv")) == "kernels_fp8"
+    assert classify(Path("h200/kernels_layout.csv")) == "kernels_layout"
+    assert classify(Path("h200/fp8_engine.csv")) == "fp8_engine"
+    assert classify(Path("h200/kernels.csv")) == "kernels"

@@ -1,0 +1,70 @@
+"""The report's "Past one GPU" section: verdicts from two-GPU data, "No data" without it."""
+
+import pandas as pd
+import pytest
+
+from pagebench.report import parallel
+from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.report.collect import Results, load_data_dir
+
+GPU = dict(device="cuda:0", device_name="NVIDIA H200")
+
+
+def write_h200x2(root, attention_ratio=0.5):
+    d = root / "h200x2"
+    d.mkdir(parents=True)
+    pd.DataFrame([GPU | dict(tp=1, kv_heads_per_gpu=8, num_blocks_per_gpu=8192),
+                  GPU | dict(tp=2, kv_heads_per_gpu=4, num_blocks_per_gpu=16384)]
+                 ).to_csv(d / "tp_capacity.csv", index=False)
+    pd.DataFrame([GPU | dict(tp=tp, batch=b, per_step_us=100.0 * b * (attention_ratio
+                                                                     if tp == 2 else 1))
+                  for b in (1, 256) for tp in (1, 2)]).to_csv(d / "tp_attention.csv",
+                                                              index=False)
+    pd.DataFrame([GPU | dict(tp=tp, batch=b, tokens_per_s=10.0 * b * tp, time_s=1.0)
+                  for b in (1, 16) for tp in (1, 2)]).to_csv(d / "tp_throughput.csv",
+                                                             index=False)
+    pd.DataFrame([dict(gpus=1, wall_s=100.0, rows=10, points=4),
+                  dict(gpus=2, wall_s=55.0, rows=10, points=4)]).to_csv(d / "sweep_wall.csv",
+                                                                       index=False)
+    pd.DataFrame([GPU | dict(batch=1, context=4096, backend="x", time_us=1.0)]).to_csv(
+        d / "sweep_rows.csv", index=False)
+
+
+def loaded(root) -> Results:
+    results = Results()
+    load_data_dir(results, root)
+    return results
+
+
+def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
+    write_h200x2(tmp_path)
+    results = loaded(tmp_path)
+    assert results.get("kernels") is None  # the split sweep's rows are not decode data here
+    capacity, attention = (fn(results) for fn in parallel.VERDICTS)
+    assert capacity.verdict == HOLDS and "8,192 → 16,384" in capacity.measured
+    assert capacity.device == "NVIDIA H200"
+    assert attention.verdict == HOLDS and "batch 256: 0.50×" in attention.measured
+    s = parallel.section(results)
+    assert not [i for i in s.items if i.kind == "nodata"]
+    assert len(s.plots) == 1
+    wall = next(i.table for i in s.items if i.kind == "table" and i.table.data == "sweep_wall")
+    assert wall.rows[1][wall.columns.index("speedup")] == "1.82"
+
+
+def test_attention_that_does_not_halve_fails(tmp_path):
+    write_h200x2(tmp_path, attention_ratio=0.9)
+    assert parallel.attention_halves(loaded(tmp_path)).verdict == FAILS
+
+
+def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
+    results = loaded(tmp_path)
+    s = parallel.section(results)
+    assert [i.text for i in s.items if i.kind == "nodata"] == [
+        f"No data: two-GPU measurements ({parallel.SOURCE})"]
+    verdicts = next(i.table for i in s.items if i.kind == "table")
+    assert [r[3] for r in verdicts.rows] == [UNMEASURED, UNMEASURED]
+    planner = parallel.planner_rows()
+    eight = planner[(planner["model"] == "llama-3-8b")]
+    assert eight.set_index("tensor_parallel_size")["kv_replication"].to_dict()[16] == 2
+    assert float(eight.set_index("tensor_parallel_size").loc[2, "blocks_vs_tp1"]) == \
+        pytest.approx(2.15, abs=0.01)

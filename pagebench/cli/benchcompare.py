@@ -22,13 +22,14 @@ def register(sub) -> None:
     p.add_argument("--threshold", type=number(0, 10), default=d.THRESHOLD,
                    help=f"slowdown that fails, as a fraction (default: {d.THRESHOLD})")
     p.add_argument("--repeat", type=integer(1, 100), default=d.REPEAT,
-                   help=f"alternating runs per commit, combined by their median "
-                   f"(default: {d.REPEAT})")
+                   help=f"alternating runs per commit (default: {d.REPEAT})")
     p.add_argument("--confirm", type=integer(0, 100), default=d.CONFIRM,
                    help=f"extra alternating runs of benchmarks that look slower "
                    f"(default: {d.CONFIRM})")
     p.add_argument("--stat", choices=d.STATS, default=d.STAT,
-                   help=f"statistic of each run's rounds that is compared (default: {d.STAT})")
+                   help=f"statistic of the rounds that is compared: min over every round of "
+                   f"every run, or the median or mean of each run's rounds combined by the median "
+                   f"of runs (default: {d.STAT})")
     p.add_argument("--repo", default=".", help="repository (default: the current one)")
     p.add_argument("--bench-dir", default="tests/benchmarks",
                    help="benchmark files inside the head commit (default: tests/benchmarks)")

@@ -8,8 +8,8 @@ files are the head commit's, run against both packages: the same measurement, tw
 
 Runs alternate base, head, base, head... (``--repeat``); each benchmark's statistic (the minimum
 of its rounds by default) is combined over the runs: the minimum over all of them for ``min``,
-else the median. Benchmarks that look slower are then run ``--confirm`` more times on both commits before the verdict: on a shared
-machine a single lucky or unlucky run must not decide it.
+else the median. Benchmarks that look slower are then run ``--confirm`` more times on both
+commits before the verdict: on a shared machine a single lucky or unlucky run must not decide it.
 
 The gate passes only what it can judge: results without benchmarks, with no benchmark common
 to both commits, or with a missing or non-finite statistic are errors, not a pass. Temporary

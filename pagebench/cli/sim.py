@@ -8,16 +8,18 @@ import sys
 
 from pagebench.cli.options import (
     MAX_INT, add_output_options, check_memory, check_output_file, dumps, int_list, integer,
-    name_list, number, write_results)
+    name_list, number, progress, write_results)
 
 STATIC_BLOCK_SIZES = [1, 8, 16, 32, 128]
 # Lengths up to 2**40 tokens: every per-sequence count fits int64 with room for a sum.
 MAX_LEN = 2**40
 # Memory per sequence of the static simulation (its lengths as Python ints and int64 arrays),
-# and per simulated step of the dynamic one (one record of 12 ints, then an int64 table row),
-# measured on CPython 3.11 with some margin: used to refuse work that cannot fit.
+# and per simulated step of the dynamic one (a run's record of 12 Python ints while it runs, and
+# the 12 int64 it keeps until all runs are done), on CPython 3.11 with some margin: used to
+# refuse work that cannot fit.
 STATIC_BYTES_PER_SEQ = 100
 DYNAMIC_BYTES_PER_STEP = 600
+DYNAMIC_BYTES_PER_KEPT_STEP = 100
 DYNAMIC_BLOCK_SIZES = [16]
 # dynamic-only options (dest -> flag); given without --dynamic they are an error
 DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "--rate",
@@ -134,12 +136,15 @@ def run_dynamic_simulation(args) -> int:
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
             n=1 if args.n is None else args.n, seed=args.seed, max_len=args.max_len)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
-    check_dynamic_memory(workload, len(args.allocators or ALLOCATORS)
-                         + len(args.block_sizes or DYNAMIC_BLOCK_SIZES))
-    result = run_dynamic(
-        workload, budget, allocators=args.allocators or ALLOCATORS,
-        block_sizes=args.block_sizes or DYNAMIC_BLOCK_SIZES, max_len=args.max_len, cow=args.cow,
-        max_num_seqs=args.max_num_seqs, timeline_every=args.timeline_every)
+    allocators = args.allocators or ALLOCATORS
+    block_sizes = args.block_sizes or DYNAMIC_BLOCK_SIZES
+    runs = len([a for a in allocators if a != "paged"]) + ("paged" in allocators) * len(block_sizes)
+    check_dynamic_memory(workload, runs)
+    with progress(runs, "allocator runs") as bar:
+        result = run_dynamic(
+            workload, budget, allocators=allocators, block_sizes=block_sizes,
+            max_len=args.max_len, cow=args.cow, max_num_seqs=args.max_num_seqs,
+            timeline_every=args.timeline_every, progress=lambda label: bar.update())
     if args.timeline:
         write_timeline_csv(result, args.timeline)
     write_results(args.out, result.summary, result.to_dict())
@@ -151,8 +156,8 @@ def check_dynamic_memory(workload, runs: int) -> None:
     """Refuse a workload whose step-by-step records cannot fit: every request decodes one token
     a step after it arrives, so the run lasts at least max(arrival + output_len) steps."""
     steps = int((workload.arrival + workload.output_len).max())
-    check_memory("--max-len", steps * DYNAMIC_BYTES_PER_STEP,
-                 f"a simulation of at least {steps:,} steps ({runs} allocator runs, one at a time)")
+    check_memory("--max-len", steps * (DYNAMIC_BYTES_PER_STEP + runs * DYNAMIC_BYTES_PER_KEPT_STEP),
+                 f"a simulation of at least {steps:,} steps ({runs} allocator runs)")
 
 
 def write_timeline_csv(result, path: str) -> None:

@@ -73,12 +73,12 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
 
 
 # ---- end to end on a temporary repository ---------------------------------------------------
-WORK = "import time\n\n\ndef step():\n    time.sleep({delay})\n"
-# test_bench_unchanged sleeps 2 ms in both commits: its best time is stable, a micro-second
-# benchmark's is not (a 1 us body can vary by 40% between runs on a busy machine)
-BENCH = ("import time\n\nimport work\n\n\ndef test_bench_step(benchmark):\n"
+# CPU-bound bodies: the gate times CPU time, which a sleep does not use
+WORK = "def spin(n):\n    return sum(range(n))\n\n\ndef step():\n    return spin({iterations})\n"
+# test_bench_unchanged does the same ~1 ms of work in both commits
+BENCH = ("import work\n\n\ndef test_bench_step(benchmark):\n"
          "    benchmark(work.step)\n\n\ndef test_bench_unchanged(benchmark):\n"
-         "    benchmark(time.sleep, 0.002)\n")
+         "    benchmark(work.spin, 50_000)\n")
 
 
 def git(repo, *args):
@@ -88,7 +88,7 @@ def git(repo, *args):
 
 @pytest.fixture(scope="module")
 def slowed_repo(tmp_path_factory):
-    """Commit 1: step() sleeps 3 ms. Commit 2: the same step, artificially slowed to 6 ms."""
+    """Commit 1: step() sums 50,000 numbers. Commit 2: the same step, slowed to 100,000."""
     if shutil.which("git") is None:
         pytest.skip("git is not installed")
     repo = tmp_path_factory.mktemp("repo")
@@ -96,10 +96,11 @@ def slowed_repo(tmp_path_factory):
     (repo / "bench").mkdir()
     (repo / "bench" / "test_bench_work.py").write_text(BENCH)
     commits = []
-    for delay in (0.003, 0.006):
-        (repo / "work.py").write_text(WORK.format(delay=delay))
+    for iterations in (50_000, 100_000):
+        (repo / "work.py").write_text(WORK.format(iterations=iterations))
         git(repo, "add", ".")
-        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", f"{delay}")
+        git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m",
+            f"{iterations}")
         commits.append(git(repo, "rev-parse", "HEAD"))
     return repo, commits
 

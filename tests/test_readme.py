@@ -61,6 +61,7 @@ NOT_RUN = {
     "asv publish && asv preview ; asv compare A B": "asv, as above; preview serves forever",
     "torchrun --standalone --nproc-per-node 2 -m pagebench bench --device cuda --out k.csv":
         "needs 2 GPUs",
+    "torchrun --standalone --nproc-per-node 2 my_script.py": "needs 2 GPUs and a script",
 }
 NEEDS_CUDA = ("--device cuda",)
 PASSED: set[tuple[str, ...]] = set()  # argv already run: README lines that become the same run

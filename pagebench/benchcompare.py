@@ -51,6 +51,9 @@ MAX_TIME = 0.5
 # stretched an unchanged 200 ms benchmark's fastest wall-clock round to 1.53x between runs.
 # (A benchmark that sleeps or waits on a device is not measured by it.)
 TIMER = "time.process_time"
+# A round repeats a fast body for at least this much CPU time: the process clock advances in
+# steps, and a 6 us body timed alone once read 0.0 s.
+MIN_ROUND_S = 0.001
 WORKTREE = "."  # --head . : the working tree as it is, uncommitted changes included
 
 
@@ -281,7 +284,7 @@ def run_suite(package_root: Path, bench_dir: Path, out_json: Path, *, select: st
         cmd = [python, "-m", "pytest", str(suite), "-q", "-p", "no:cacheprovider",
                "--benchmark-enable", f"--benchmark-json={out_json}",
                f"--benchmark-max-time={max_time}", "--benchmark-min-rounds=5",
-               f"--benchmark-timer={TIMER}",
+               f"--benchmark-timer={TIMER}", f"--benchmark-min-time={MIN_ROUND_S}",
                "--benchmark-warmup=on", "--benchmark-warmup-iterations=1"]
         if select:
             cmd += ["-k", select]

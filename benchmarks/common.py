@@ -145,3 +145,18 @@ def dynamic_results(num_requests: int = REFERENCE_NUM_SEQS):
     except NotImplementedError:
         return None
     return {r["label"]: r for r in result.summary}
+
+
+# ---- real traces ---------------------------------------------------------------------------
+REAL_TRACE = "mooncake-conv"  # the one real trace the suites track: it carries prefix sharing
+REAL_TRACE_REQUESTS = 2000  # its first requests, in arrival order (a few seconds per run)
+
+
+def real_trace_workload(name: str = REAL_TRACE, num_requests: int = REAL_TRACE_REQUESTS):
+    """The first ``num_requests`` of a shipped trace as a simulator workload (20 ms per step,
+    the trace's own max_model_len), or SkipCase when this commit ships no traces."""
+    traces = optional("pagebench.sim.real_traces")
+    read = getattr(traces, "read_timed_trace", None)
+    if read is None:
+        raise SkipCase("pagebench.sim.real_traces is not in this commit")
+    return read(name).head(num_requests).to_workload()

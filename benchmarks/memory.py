@@ -102,3 +102,55 @@ class Capacity:
         return plans[block_size]["max_concurrency_naive"]
 
     track_max_concurrency_naive.unit = "sequences"
+
+
+class RealTraceMemory:
+    """The first 2,000 requests of the Mooncake conversation trace in the article's budget:
+    token-state share (%) per allocator, and paged block 16's prefix-cache hit rate (%) with an
+    unlimited budget (the trace's own sharing) and with the article's budget."""
+
+    params = [["naive", "pow2", "oracle", "paged-16"]]
+    param_names = ["allocator"]
+    timeout = 600
+
+    def setup_cache(self):
+        from .common import real_trace_workload
+
+        try:
+            dynamic = require("pagebench.sim.dynamic", "run_dynamic")
+            capacity = require("pagebench.sim.capacity", "article_budget_tokens")
+            w = real_trace_workload()
+        except (SkipCase, ImportError):
+            return {}
+        budget = capacity.article_budget_tokens()
+        run = dynamic.run_dynamic(w, budget, block_sizes=(16,), max_len=w.max_model_len,
+                                  prefix_caching=True)
+        out = {r["label"]: dict(r) for r in run.summary}
+        unlimited = dynamic.run_dynamic(w, int(w.length.sum()), allocators=("paged",),
+                                        block_sizes=(16,), max_len=w.max_model_len,
+                                        prefix_caching=True)
+        out["paged-16"]["unlimited_hit_rate"] = unlimited.summary[0]["prefix_cache_hit_rate"]
+        return out
+
+    def setup(self, results, allocator):
+        if allocator not in results:
+            raise SkipCase("real traces are not in this commit")
+
+    def track_token_state_pct(self, results, allocator):
+        return 100.0 * results[allocator]["token_state_fraction"]
+
+    track_token_state_pct.unit = "%"
+
+    def track_prefix_hit_rate_pct(self, results, allocator):
+        if allocator != "paged-16":
+            raise SkipCase("prefix caching is a paged feature")
+        return 100.0 * results[allocator]["prefix_cache_hit_rate"]
+
+    track_prefix_hit_rate_pct.unit = "%"
+
+    def track_unlimited_prefix_hit_rate_pct(self, results, allocator):
+        if allocator != "paged-16":
+            raise SkipCase("prefix caching is a paged feature")
+        return 100.0 * results[allocator]["unlimited_hit_rate"]
+
+    track_unlimited_prefix_hit_rate_pct.unit = "%"

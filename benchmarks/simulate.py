@@ -60,3 +60,28 @@ class Dynamic:
 
     def time_dynamic(self, num_requests):
         self.run()
+
+
+class RealTrace:
+    """The time-stepped simulation on the first 2,000 requests of the Mooncake conversation
+    trace: every allocator, and paged block 16 with prefix caching, in the article's budget."""
+
+    params = [[False, True]]
+    param_names = ["prefix_caching"]
+    timeout = 600
+    number = 1
+    repeat = (1, 3, 30.0)
+
+    def setup(self, prefix_caching):
+        from .common import real_trace_workload
+
+        self.dynamic = require("pagebench.sim.dynamic", "run_dynamic")
+        capacity = require("pagebench.sim.capacity", "article_budget_tokens")
+        self.workload = real_trace_workload()
+        self.budget = capacity.article_budget_tokens()
+        self.allocators = ("paged",) if prefix_caching else self.dynamic.ALLOCATORS
+
+    def time_real_trace(self, prefix_caching):
+        self.dynamic.run_dynamic(self.workload, self.budget, allocators=self.allocators,
+                                 block_sizes=(16,), max_len=self.workload.max_model_len,
+                                 prefix_caching=prefix_caching)

@@ -48,8 +48,9 @@ class SweepRanks:
     def share(self) -> tuple[int, int]:
         return self.rank, self.world
 
-    def merge(self, frame):
-        """Every rank's rows on rank 0, each row naming its rank and GPU; None on other ranks.
+    def merge(self, frame, skipped: list):
+        """Every rank's rows (each naming its rank and GPU) and skipped points, on rank 0:
+        ``(frame, skipped)``; ``(None, None)`` on the other ranks.
 
         The last collective: a group this object started is shut down here (a gloo group left
         to the interpreter's exit can abort the process)."""
@@ -57,17 +58,18 @@ class SweepRanks:
 
         frame = frame.assign(rank=self.rank, gpu=self.gpu)
         if self.world == 1:
-            return frame
+            return frame, skipped
         import torch.distributed as dist
 
-        frames = [None] * self.world if self.rank == 0 else None
-        dist.gather_object(frame, frames, dst=0)
+        parts = [None] * self.world if self.rank == 0 else None
+        dist.gather_object((frame, skipped), parts, dst=0)
         if self.owns_group:
             dist.barrier()
             dist.destroy_process_group()
         if self.rank != 0:
-            return None
-        return pd.concat(frames, ignore_index=True)
+            return None, None
+        return (pd.concat([f for f, _ in parts], ignore_index=True),
+                [s for _, part in parts for s in part])
 
 
 def take_share(index: int, share: tuple[int, int]) -> bool:

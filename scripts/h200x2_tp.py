@@ -33,8 +33,8 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 GPU = dict(device="cuda", batches=(1, 16, 64, 256), kv_memory="16GiB",  # KV per GPU
            prompt_len=128, max_tokens=64, context=2048, kernel="triton",
            heads={1: (32, 8), 2: (16, 4)},
-           sweep=["--batches", "1,16,64,256", "--contexts", "4096", "--block-sizes", "16",
-                  "--backends", "triton,sdpa", "--repeat", "20"])
+           sweep=["--batches", "1,4,16,64,256", "--contexts", "4096",
+                  "--block-sizes", "8,16,32,128", "--backends", "triton,sdpa", "--repeat", "20"])
 SMOKE = dict(device="cpu", batches=(1, 4), kv_memory="2MiB", prompt_len=16, max_tokens=6,
              context=64, kernel="torch", heads={1: (4, 2), 2: (2, 1)},
              sweep=["--shape", "tiny=4/2/16", "--batches", "1,2", "--contexts", "32",
@@ -78,7 +78,7 @@ def torchrun(nproc, args, timeout, extra_env=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/h200x2_tp"))
-    ap.add_argument("--budget-s", type=float, default=330)
+    ap.add_argument("--budget-s", type=float, default=340)
     ap.add_argument("--smoke", action="store_true", help="CPU check of the script (gloo)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -95,9 +95,9 @@ def main():
         log(f"torch {torch.__version__}, {torch.cuda.device_count()} x "
             f"{torch.cuda.get_device_name(0)}")
     rc, out, wall = torchrun(2, [os.path.abspath(__file__), "--worker", "--out", args.out,
-                                 "--budget-s", str(args.budget_s - 100)]
+                                 "--budget-s", str(args.budget_s - 115)]
                              + (["--smoke"] if args.smoke else []),
-                             timeout=max(60, args.budget_s - 80))
+                             timeout=max(60, args.budget_s - 95))
     if rc == 0:
         print(out[-6000:], flush=True)
     log(f"engine worker: rc {rc}, {wall:.0f} s")
@@ -110,6 +110,9 @@ def sweeps(args):
     import pandas as pd
 
     walls, frames = [], []
+    # the fixed cost in each wall time: starting torchrun, python and pagebench
+    rc, _, startup = torchrun(1, ["-m", "pagebench", "bench", "--list-backends"], timeout=60)
+    log(f"startup (pagebench bench --list-backends under torchrun): {startup:.1f} s")
     for gpus in (1, 2):
         left = args.budget_s - (time.time() - T0)
         if left < 40:
@@ -124,7 +127,8 @@ def sweeps(args):
                                    extra_env={"TRITON_CACHE_DIR": os.path.join(tmp, "triton")})
             if rc == 0 and os.path.exists(csv):
                 frames.append(pd.read_csv(csv).assign(gpus=gpus))
-                walls.append(dict(gpus=gpus, wall_s=wall, rows=len(frames[-1]),
+                walls.append(dict(gpus=gpus, wall_s=wall, startup_s=startup,
+                                  rows=len(frames[-1]),
                                   points=frames[-1].groupby(["model_shape", "batch",
                                                              "context"]).ngroups))
         log(f"sweep on {gpus} GPU(s): rc {rc}, {wall:.1f} s")
@@ -145,7 +149,7 @@ def summary(out):
                        ("tp_allreduce.csv", ["batch", "step_ms", "allreduce_ms_per_step",
                                              "allreduce_share", "isolated_allreduce_share"]),
                        ("tp_attention.csv", ["tp", "batch", "context", "per_step_us"]),
-                       ("sweep_wall.csv", ["gpus", "wall_s", "rows", "points"])):
+                       ("sweep_wall.csv", ["gpus", "wall_s", "startup_s", "rows", "points"])):
         path = os.path.join(out, name)
         if os.path.exists(path):
             df = pd.read_csv(path)
@@ -168,20 +172,38 @@ def worker(args):
         device = torch.device(f"cuda:{int(os.environ['LOCAL_RANK'])}")
         torch.cuda.set_device(device)
         dist.init_process_group("nccl", device_id=device)
-    left = lambda: args.budget_s - (time.time() - T0)  # noqa: E731
+    budget = Budget(args.budget_s)
     # the engine runs that could hang (a collective in a captured graph) come last
     sections = [("equality", equality), ("attention", attention), ("llama", llama)]
     for name, fn in sections:
-        if left() < 30:
+        if not budget.agreed(30):
             log(f"rank {rank}: skip {name}: budget")
             continue
         try:
-            fn(args, rank, device, left)
+            fn(args, rank, device, budget)
         except Exception as e:  # noqa: BLE001 -- one failing section must not lose the others
             log(f"rank {rank}: {name} failed: {type(e).__name__}: {e}")
         dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+class Budget:
+    """Seconds left to this worker. ``agreed`` is rank 0's answer on every rank: a rank that
+    skipped a tp=2 run alone would leave the other waiting in its collectives."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def left(self) -> float:
+        return self.seconds - (time.time() - T0)
+
+    def agreed(self, need_s: float) -> bool:
+        import torch.distributed as dist
+
+        box = [self.left() >= need_s]
+        dist.broadcast_object_list(box, src=0)
+        return bool(box[0])
 
 
 def save(args, rank, rows, name):
@@ -202,13 +224,17 @@ def has_eager() -> bool:
 
 
 def engine_kwargs(**kw):
-    """Engine options, with ``enforce_eager`` only where this engine has the option."""
-    if not has_eager():
-        kw.pop("enforce_eager", None)
-    return kw
+    """The options this engine has. torch.compile of the layers is left out (where the engine
+    would do it): it costs a minute per 8B engine, and the 8B decode step is weight-bound."""
+    import inspect
+
+    from pagebench.engine import LLMEngine
+
+    known = inspect.signature(LLMEngine).parameters
+    return {k: v for k, v in (kw | {"compile_model": False}).items() if k in known}
 
 
-def equality(args, rank, device, left):
+def equality(args, rank, device, budget):
     import torch.distributed as dist
 
     from pagebench.engine import LLMEngine, SamplingParams, bench
@@ -220,7 +246,7 @@ def equality(args, rank, device, left):
     rows = []
     for prefix in (False, True):
         kw = dict(block_size=16, num_blocks=512, kernel=kernel, enable_prefix_caching=prefix,
-                  max_num_seqs=16)
+                  max_num_seqs=16, **engine_kwargs())
         single = LLMEngine(bench.tiny_model(device=device), **kw)
         ref = [r.outputs[0].token_ids for r in single.generate(prompts, params)]
         engine = LLMEngine(bench.tiny_model(device=device), tensor_parallel_size=2, **kw)
@@ -236,7 +262,7 @@ def equality(args, rank, device, left):
     save(args, rank, rows, "tp_equality.csv")
 
 
-def llama(args, rank, device, left):
+def llama(args, rank, device, budget):
     import gc
 
     import torch
@@ -280,7 +306,8 @@ def llama(args, rank, device, left):
         for eager in (True, False) if has_eager() else (False,):
             engine = engine_for(tp, eager)
             graphs = bool(engine.stats.get("cuda_graphs", False))
-            mode = f"tp={tp}, " + ("CUDA graphs" if graphs else "eager")
+            mode = f"tp={tp}, " + ("eager" if eager else "CUDA graphs" if graphs
+                                   else "default (no graphs)")
             if not capacity or capacity[-1]["tp"] != tp:
                 capacity.append(base | dict(
                     tp=tp, kv_heads_per_gpu=engine.kv_heads_per_rank,
@@ -290,7 +317,7 @@ def llama(args, rank, device, left):
                     num_blocks_per_gpu=engine.num_blocks))
             timed(engine, 16)  # warm-up: kernels compiled, allocator grown
             for b in batches:
-                if left() < 60:
+                if not budget.agreed(60):
                     log(f"rank {rank}: skip {mode} batch {b}: budget")
                     continue
                 seconds = timed(engine, b)
@@ -302,8 +329,8 @@ def llama(args, rank, device, left):
                     num_blocks_per_gpu=engine.num_blocks,
                     num_preemptions=stats["num_preemptions"]))
                 log(f"rank {rank}: {mode} batch {b}: {b * max_tokens / seconds:.0f} tok/s")
-            if tp == 2 and (eager or not has_eager()) and left() > 60:
-                shares = allreduce_share(engine, timed, base, model, batches, left)
+            if tp == 2 and (eager or not has_eager()) and budget.agreed(60):
+                shares = allreduce_share(engine, timed, base, model, batches, budget)
             del engine
             gc.collect()
             if device.type == "cuda":
@@ -320,7 +347,7 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def allreduce_share(engine, timed, base, model, batches, left):
+def allreduce_share(engine, timed, base, model, batches, budget):
     """All-reduce time per step: CUDA events around every all-reduce of an eager run, and
     one all-reduce of a decode step's hidden states [batch, hidden] timed alone."""
     import torch
@@ -332,7 +359,7 @@ def allreduce_share(engine, timed, base, model, batches, left):
     hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
     rows = []
     for b in batches:
-        if left() < 45:
+        if not budget.agreed(45):
             break
         engine.tp.collective_times = []
         seconds = timed(engine, b)
@@ -353,7 +380,7 @@ def allreduce_share(engine, timed, base, model, batches, left):
     return rows
 
 
-def attention(args, rank, device, left):
+def attention(args, rank, device, budget):
     import torch
 
     from pagebench.kernels import resolve
@@ -365,7 +392,7 @@ def attention(args, rank, device, left):
         context, layers = cfg["context"], 32
         for b in cfg["batches"]:
             for tp, (hq, hkv) in cfg["heads"].items():
-                if left() < 20:
+                if budget.left() < 20:  # rank 0 alone: no collective here
                     break
                 per_seq = context // 16
                 k = torch.randn(b * per_seq, 16, hkv, 128, dtype=torch.bfloat16, device=device)

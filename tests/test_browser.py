@@ -1,16 +1,21 @@
 """The report in a real browser: headless Chromium (Debian's package, `make browser-deps`) opens
 it from disk; nothing leaves the machine, no console errors, the claims table and every plot
-are there. A screenshot is written to reports/test-artifacts/ as a test artefact."""
+are there, every plot's axes are labelled in words (no raw column names), and every device is
+named in the one scheme of pagebench.report.devices. A screenshot is written to
+reports/test-artifacts/ as a test artefact."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
-from pagebench.report import build
+from pagebench.report import build, devices
 from pagebench.report.demo import synthetic_results
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -26,17 +31,26 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
 def report(tmp_path_factory):
     """A report on small synthetic data: every section and plot present, seconds to build."""
     results = synthetic_results()
+    # committed CPU rows under a raw machine name: the page must show them by their label
+    results.add("engine_cow", pd.DataFrame({
+        "n": [1, 4], "peak_blocks": [30, 36], "machine": "cpu", "device": "cpu",
+        "device_name": "x86_64", "cpu_count": 2}), "reports/data/cpu/engine_cow.csv")
     results.warn("synthetic data: this page is the browser test's fixture")
     out = tmp_path_factory.mktemp("site") / "index.html"
     build.write_report(results, out, env={"device": "cpu", "device_name": "test"}, options={})
     page, claims, _ = build.build_sections(results, {"device": "cpu"}, {})
-    return out, sum(len(s.plots) for s in page), len(claims)
+    columns = set()
+    for frame in build.derived_frames(results, None, claims).values():
+        columns.update(map(str, frame.columns))
+    for frame in results.frames.values():
+        columns.update(map(str, frame.columns))
+    return out, sum(len(s.plots) for s in page), len(claims), columns
 
 
 def test_report_opens_offline_without_errors(report):
     assert CHROMIUM, "chromium not installed (make browser-deps installs Debian's package)"
     from playwright import sync_api
-    out, num_plots, num_claims = report
+    out, num_plots, num_claims, _ = report
     # a page that does fetch something, to show the request check below can fail
     leaky = out.with_name("leaky.html")
     leaky.write_text(out.read_text().replace("</main>", '<img src="http://127.0.0.1:9/x.png"></main>'))
@@ -77,3 +91,85 @@ def test_report_opens_offline_without_errors(report):
                   "Engine", "Warnings"):
         assert any(h.startswith(title) for h in headings), (title, headings)
     assert (ARTIFACTS / "report.png").stat().st_size > 10_000
+
+
+# what a raw column name looks like: snake_case, or one lower-case word a dataset uses as-is
+SNAKE = re.compile(r"[a-z0-9]+(_[a-z0-9]+)+")
+OLD_DEVICE_NAMES = re.compile(r"this machine|\[(h200|cpu|synthetic)|^(cpu|vm|h200)$|NVIDIA H200")
+
+
+def read_page(out: Path) -> dict:
+    """What the browser shows: each plot's recorded axes, the device cells of every table (those
+    of verdict tables apart), and the verdict tables' measured and device cells."""
+    from playwright import sync_api
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            page = browser.new_page()
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(
+                ("file:", "data:")) else route.abort())
+            page.goto(out.as_uri(), wait_until="load")
+            return page.evaluate("""() => {
+                const figures = Array.from(document.querySelectorAll("figure")).map(f => ({
+                    caption: f.querySelector("figcaption").innerText,
+                    alt: f.querySelector("img").alt, axes: f.dataset.axes}));
+                const deviceCells = [], claims = [];
+                for (const table of document.querySelectorAll("table")) {
+                    const heads = Array.from(table.querySelectorAll("thead th"))
+                        .map(th => th.innerText.trim());
+                    const col = heads.indexOf("device");
+                    if (col < 0) continue;
+                    for (const tr of table.querySelectorAll("tbody tr")) {
+                        const cells = tr.querySelectorAll("td");
+                        if (heads.includes("verdict")) {  // the claims, and sections' verdicts
+                            const measured = cells[heads.indexOf("measured")];
+                            claims.push({device: cells[col].innerText.trim(),
+                                         main: table.id === "claims-table",
+                                         glance: measured.firstChild.textContent.trim(),
+                                         details: measured.querySelector("details") !== null});
+                        } else deviceCells.push(cells[col].innerText.trim());
+                    }
+                }
+                return {figures, deviceCells, claims};
+            }""")
+        finally:
+            browser.close()
+
+
+def test_every_plot_is_labelled_in_words_and_devices_use_one_scheme(report):
+    assert CHROMIUM, "chromium not installed (make browser-deps installs Debian's package)"
+    out, num_plots, _, columns = report
+    seen = read_page(out)
+    assert len(seen["figures"]) == num_plots
+    labelled_devices = set()
+    for fig in seen["figures"]:
+        axes = json.loads(fig["axes"])
+        drawn = [a for a in axes if a["y"] is not None]
+        assert drawn, fig["caption"]
+        for a in axes:
+            texts = [t for t in (a["x"], a["y"]) if t is not None]
+            assert all(t.strip() for t in texts), (fig["caption"], a)  # every axis labelled
+            for text in texts:  # an axis label is never a column's name
+                assert text not in columns and not SNAKE.fullmatch(text), (fig["caption"], text)
+            for text in a["legend"]:  # a legend entry may be a word ("free"), not an identifier
+                assert not SNAKE.fullmatch(text), (fig["caption"], text)
+            for text in a["legend"] + [a["title"]]:
+                assert not OLD_DEVICE_NAMES.search(text), (fig["caption"], text)
+        assert all(a["y"] in fig["alt"] for a in drawn), fig  # and said in the alt text
+    assert seen["deviceCells"], "no table shows a device column"
+    for cell in filter(None, seen["deviceCells"]):  # empty: not measured on any device
+        assert devices.is_device_label(cell), cell
+        labelled_devices.add(cell)
+    assert {"Synthetic GPU", "CPU (2-core x86_64)"} <= labelled_devices
+    assert seen["claims"]
+    for claim in seen["claims"]:
+        if not claim["device"] or claim["device"].startswith("any machine ("):
+            continue
+        for label in claim["device"].split(", "):
+            assert devices.is_device_label(label), claim
+            # the claims table's cell names every device it judged
+            assert label in claim["glance"] or not claim["main"], claim
+    assert any(c["details"] for c in seen["claims"])  # details one click away
+    html = out.read_text(encoding="utf-8")
+    for old in ("this machine (", "[h200]", "x86_64 [", "NVIDIA H200 ["):
+        assert old not in html, old

@@ -1,5 +1,5 @@
-"""LLMEngine with an fp8 KV cache: one byte per element (twice a bf16 pool's blocks), calibrated scales, and
-greedy output close to the unquantised cache's on a tiny random model."""
+"""LLMEngine with an fp8 KV cache: one byte per element (twice a bf16 pool's blocks),
+calibrated scales, and greedy output close to the unquantised cache's on a tiny random model."""
 
 import pytest
 import torch
@@ -44,3 +44,15 @@ def test_fp8_cache_doubles_the_pool_and_keeps_greedy_output_close(kv_cache_dtype
 def test_unknown_kv_cache_dtype_is_a_config_error():
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         LLMEngine(tiny_model(), num_blocks=8, kv_cache_dtype="int3")
+
+
+def test_fp8_cache_through_triton_equals_torch():
+    """Both backends read the same stored fp8 values with the same scales: equal greedy tokens
+    (float32 model), through decode and through a chunked prefill that reads the cache."""
+    pytest.importorskip("triton")
+    model = tiny_model()
+    prompts = random_prompts([5, 40])
+    runs = [greedy(LLMEngine(model, block_size=8, kv_cache_memory="1MiB", kernel=kernel,
+                             kv_cache_dtype="fp8_e4m3", max_num_batched_tokens=32), prompts, 6)
+            for kernel in ("torch", "triton")]
+    assert runs[0] == runs[1]

@@ -63,7 +63,8 @@ def test_scales_as_numbers_or_tensors_give_the_same_result(cache_dtype):
     ({"k_scale": 0.0, "v_scale": 1.0}, "k_scale: must be finite and positive"),
     ({"k_scale": 1.0, "v_scale": float("nan")}, "v_scale: must be finite"),
     ({"k_scale": torch.ones(3), "v_scale": 1.0}, r"k_scale: expected shape \[num_kv_heads\]"),
-    ({"k_scale": torch.ones(2, dtype=torch.float64), "v_scale": 1.0}, "k_scale: expected a float32"),
+    ({"k_scale": torch.ones(2, dtype=torch.float64), "v_scale": 1.0},
+     "k_scale: expected a float32"),
     ({"k_scale": torch.tensor([1.0, -1.0]), "v_scale": 1.0}, "k_scale: every scale"),
     ({"k_scale": "1", "v_scale": 1.0}, "k_scale: expected a number"),
 ])
@@ -134,3 +135,22 @@ def test_kv_dtype_names():
     assert kv_dtype_from_name("auto", torch.float16) is torch.float16
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         kv_dtype_from_name("int4", torch.bfloat16)
+
+
+def test_sweep_times_fp8_caches_with_their_bytes():
+    from pagebench.kernels.sweep import run_sweep
+
+    df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(2, 32)],
+                   block_sizes=(4,), include=["torch", "sdpa"], repeat=1, kv_dtype=E4M3)
+    paged = df[df["layout"] == "paged"].iloc[0]
+    base = df[df["layout"] == "contiguous"].iloc[0]
+    assert paged["kv_dtype"] == "float8_e4m3fn" and base["kv_dtype"] == "float32"
+    assert paged["kv_bytes"] * 4 == base["kv_bytes"]
+
+
+def test_bench_cli_kv_dtype_errors_name_the_option(capsys):
+    from pagebench.cli import main
+
+    assert main(["bench", "--kv-dtype", "fp9"]) == 2
+    assert "--kv-dtype: unknown 'fp9'" in capsys.readouterr().err
+    assert main(["bench", "--prefill", "--kv-dtype", "fp8_e4m3"]) == 2

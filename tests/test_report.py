@@ -70,7 +70,7 @@ def test_data_dir_classifies_files_and_warns_on_bad_ones(tmp_path):
     results = Results()
     collect.load_data_dir(results, tmp_path)
     assert set(results.frames) == {"kernels", "engine_cow"}
-    assert (results.get("kernels")["machine"] == "h200").all()
+    assert (results.get("kernels")["machine"] == "Synthetic GPU").all()  # the device label
     assert any("engine_pool" in w and "engine_pool.csv" in w for w in results.warnings)
 
 
@@ -281,7 +281,7 @@ def test_cli_quick_report_with_committed_data(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "engine_cow.json: cannot parse" in err
     html = out.read_text()
-    assert "synthetic-gpu" in html  # the committed kernel data made it in
+    assert "Synthetic GPU" in html  # the committed kernel data made it in
     c = pd.read_csv(out.parent / "index_data" / "claims.csv").set_index("key")
     assert c.loc["naive_utilisation", "verdict"] == HOLDS
     assert c.loc["batch1_slower", "verdict"] == HOLDS
@@ -327,7 +327,7 @@ def test_kernel_claims_are_judged_on_the_gpu_when_one_measured_them():
     cpu.loc[slow, "time_us"] = cpu.loc[slow, "time_us"] * 5  # a CPU gather: 5x slower
     results.add("kernels", cpu, "cpu sweep")
     c = by_key(results)["batch1_slower"]
-    assert c.verdict == HOLDS and "synthetic-gpu" in c.device and "x86_64" not in c.device
+    assert c.verdict == HOLDS and c.device == "Synthetic GPU"
     assert "CPU; not judged" in c.measured
     # CPU data alone is judged as it is
     alone = Results()

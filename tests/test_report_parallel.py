@@ -42,7 +42,7 @@ def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
     assert results.get("kernels") is None  # the split sweep's rows are not decode data here
     capacity, attention = (fn(results) for fn in parallel.VERDICTS)
     assert capacity.verdict == HOLDS and "8,192 → 16,384" in capacity.measured
-    assert capacity.device == "NVIDIA H200"
+    assert capacity.device == "H200"  # the device label (pagebench.report.devices)
     assert attention.verdict == HOLDS and "batch 256: 0.50×" in attention.measured
     s = parallel.section(results)
     assert not [i for i in s.items if i.kind == "nodata"]
@@ -68,3 +68,17 @@ def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
     assert eight.set_index("tensor_parallel_size")["kv_replication"].to_dict()[16] == 2
     assert float(eight.set_index("tensor_parallel_size").loc[2, "blocks_vs_tp1"]) == \
         pytest.approx(2.15, abs=0.01)
+
+
+def test_allreduce_set_against_the_graph_decode_step(tmp_path):
+    write_h200x2(tmp_path)
+    d = tmp_path / "h200x2"
+    pd.DataFrame([GPU | dict(tp=2, mode="tp=2, CUDA graphs", batch=16, tokens_per_s=1.0,
+                             decode_tokens_per_s=1600.0)]).to_csv(d / "tp_throughput.csv",
+                                                                  index=False)
+    pd.DataFrame([GPU | dict(batch=16, step_ms=20.0, allreduce_calls_per_step=64,
+                             isolated_allreduce_us=25.0)]).to_csv(d / "tp_allreduce.csv",
+                                                                  index=False)
+    frame = parallel.allreduce_frame(loaded(tmp_path))
+    assert frame["graph_decode_step_ms"].iloc[0] == pytest.approx(10.0)  # 16 / 1600 tokens/s
+    assert frame["isolated_share_of_graph_step"].iloc[0] == pytest.approx(0.16)  # 64 x 25 us

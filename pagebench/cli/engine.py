@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, format_table, int_list, integer, progress,
-    write_results)
+    add_output_options, check_output_file, dumps, format_table, int_list, integer, number,
+    progress, write_results)
 
-EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare")
+EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace")
+TRACE_OPTIONS = {"trace", "num_requests", "max_model_len", "max_output_len", "step_ms", "seed"}
 # the options each experiment reads (besides --model/--preset/--device/--threads/--json/--out);
 # any other given explicitly is refused rather than silently ignored
 USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel"},
         "cow": {"prompt_len", "max_tokens"},
         "prefix": {"max_tokens"},
         "pool": {"max_tokens"},
-        "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel"}}
+        "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel"},
+        "trace": {"kernel"} | TRACE_OPTIONS}
 DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": [8, 16, 32, 128], "prompt_len": 64,
-            "max_tokens": 32, "kernel": "auto"}
+            "max_tokens": 32, "kernel": "auto", "trace": "mooncake-conv", "num_requests": 32,
+            "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0}
 TABLES = {
     "throughput": [("block_size", "block (tokens)", 0), ("batch_size", "batch", 0),
                    ("prompt_len", "prompt (tokens)", 0), ("kernel", "kernel", 0)],
@@ -26,6 +29,12 @@ TABLES = {
              ("num_preemptions", "preemptions", 0), ("recomputed_tokens", "recomputed tokens", 0)],
     "compare": [("method", "method", 0), ("num_requests", "requests", 0),
                 ("outputs_equal_engine", "outputs equal engine's", 0)],
+    "trace": [("trace", "trace", 0), ("num_requests", "requests", 0),
+              ("engine_prefix_cache_hit_rate", "hit rate engine", 3),
+              ("sim_prefix_cache_hit_rate", "hit rate simulator", 3),
+              ("engine_num_preemptions", "preemptions engine", 0),
+              ("sim_num_preemptions", "preemptions simulator", 0),
+              ("engine_peak_blocks", "peak blocks", 0)],
 }
 COMMON_TABLE = [("peak_blocks", "peak blocks", 0), ("tokens_per_s", "tokens/s", 1),
                 ("time_s", "time (s)", 3)]
@@ -39,7 +48,8 @@ def register(sub) -> None:
         "(one row per run). throughput: tokens/s per batch and block size; cow: n=1, n=4 "
         "sharing the prompt (copy-on-write) and 4 separate requests; prefix: prefix caching off "
         "and on; pool: pool sizes below what all requests need; compare: the engine against "
-        "transformers' padded generate on the same greedy requests.")
+        "transformers' padded generate on the same greedy requests; trace: replay a sample of a "
+        "real trace, engine against simulator.")
     p.add_argument("experiment", choices=EXPERIMENTS, help="what to measure")
     p.add_argument("--model", default=None, help="local model directory (default: a tiny "
                    "random Qwen2 model, 2 layers, hidden 128)")
@@ -62,6 +72,19 @@ def register(sub) -> None:
     p.add_argument("--threads", type=integer(1, 1024), default=1,
                    help="CPU threads (default %(default)s)")
     add_output_options(p, "runs")
+    t = p.add_argument_group("trace: replay a sample of a real trace (blocks of 16, prefix "
+                             "caching on), engine vs simulator")
+    t.add_argument("--trace", default=None,
+                   help="azure-code, azure-conv, mooncake-conv or a file (default mooncake-conv)")
+    t.add_argument("--num-requests", type=integer(1, 100_000), default=None,
+                   help="sample size (default 32)")
+    t.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None,
+                   help="requests clipped to this many tokens (default 1024)")
+    t.add_argument("--max-output-len", type=integer(1, 1_000_000), default=None,
+                   help="outputs cut to this many tokens first (default 64)")
+    t.add_argument("--step-ms", type=number(0, 1e6), default=None,
+                   help="trace milliseconds per engine step (default 20)")
+    t.add_argument("--seed", type=integer(0), default=None, help="sample seed (default 0)")
     p.set_defaults(func=run)
 
 
@@ -116,7 +139,7 @@ def run(args) -> int:
     if "kernel" in opts:
         opts["kernel"] = _kernel(opts["kernel"])
     model = _model(args, _device(args.device))
-    common = dict(threads=args.threads, max_tokens=opts["max_tokens"])
+    common = dict(threads=args.threads, max_tokens=opts.get("max_tokens"))
     if args.experiment == "throughput":
         rows = []
         points = [(bs, b) for bs in opts["block_sizes"] for b in opts["batch_sizes"]]
@@ -131,6 +154,13 @@ def run(args) -> int:
         rows = bench.prefix_cache_comparison(model, **common)
     elif args.experiment == "pool":
         rows = bench.pool_size_sweep(model, **common)
+    elif args.experiment == "trace":
+        from pagebench.engine.trace_replay import replay_trace
+
+        rows = [replay_trace(model, opts["trace"], opts["num_requests"],
+                             max_model_len=opts["max_model_len"],
+                             max_output_len=opts["max_output_len"], step_ms=opts["step_ms"],
+                             kernel=opts["kernel"], seed=opts["seed"], threads=args.threads)]
     else:
         prompts = bench.random_prompts(max(opts["batch_sizes"]), 16, 4 * opts["prompt_len"],
                                        model.config.vocab_size, seed=1)

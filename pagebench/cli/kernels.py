@@ -48,6 +48,10 @@ def register(sub) -> None:
     p.add_argument("--prefill", action="store_true",
                    help="time paged prefill instead (whole prompts, and chunks after a cached "
                    "prefix) against causal SDPA on a contiguous cache; one block size")
+    p.add_argument("--kv-dtype", default=None,
+                   help="paged caches' dtype, e.g. fp8_e4m3 or fp8_e5m2 (per-head scales; only "
+                   "backends that read it are timed paged; baselines stay in --dtype); "
+                   "default --dtype")
     p.add_argument("--layouts", default="shuffled",
                    help="block-table layouts of the paged cases, comma-separated: contiguous "
                    "(arange tables), shuffled (a random permutation of the pool), aged (tables "
@@ -108,6 +112,7 @@ def run_bench(args) -> int:
 
     from pagebench.distributed import SweepRanks
     from pagebench.kernels import available_backends
+    from pagebench.kernels.quant import kv_dtype_from_name
     from pagebench.kernels.testing import TABLE_LAYOUTS
 
     if args.list_backends:
@@ -137,13 +142,14 @@ def run_bench(args) -> int:
     quick = args.quick or args.device == "cpu"
     dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
     dtype = getattr(torch, dtype_name)
+    kv_dtype = kv_dtype_from_name(args.kv_dtype, dtype, "--kv-dtype") if args.kv_dtype else None
     skipped: list = []
     ranks = SweepRanks(args.device)
     if args.prefill:
         from pagebench.kernels.prefill_sweep import run_prefill_sweep
 
-        if layouts != ["shuffled"]:
-            raise ValueError("--layouts: applies to the decode sweep, not --prefill")
+        if layouts != ["shuffled"] or args.kv_dtype:
+            raise ValueError("--layouts/--kv-dtype: apply to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
@@ -166,9 +172,10 @@ def run_bench(args) -> int:
                            block_sizes=args.block_sizes, dtype=dtype, include=include,
                            exclude=None if include is None else (), repeat=args.repeat,
                            skipped=skipped, progress=lambda row: bar.update(),
-                           share=ranks.share, layouts=layouts)
-        table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else [])
-    df = ranks.merge(df)
+                           share=ranks.share, layouts=layouts, kv_dtype=kv_dtype)
+        table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else []) \
+            + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
+    df, skipped = ranks.merge(df, skipped)
     if df is None:  # not rank 0: its rows went to rank 0
         return 0
     if ranks.world > 1:

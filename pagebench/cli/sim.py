@@ -27,7 +27,8 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "output_lengths": "--output-lengths", "budget_tokens": "--budget-tokens",
                 "allocators": "--allocators", "n": "--n", "max_num_seqs": "--max-num-seqs",
                 "timeline_every": "--timeline-every", "timeline": "--timeline",
-                "steps_per_unit": "--steps-per-unit"}
+                "steps_per_unit": "--steps-per-unit", "step_ms": "--step-ms"}
+DEFAULT_MAX_LEN = 4096
 
 
 def register(sub) -> None:
@@ -49,16 +50,24 @@ def register_simulate(sub) -> None:
     p.add_argument("--num-seqs", type=integer(), default=None,
                    help="static: number of sequences (default 2000)")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
-    p.add_argument("--max-len", type=integer(2, MAX_LEN), default=4096,
-                   help="max_model_len in tokens: lengths are clipped to it (default 4096)")
+    p.add_argument("--max-len", "--max-model-len", type=integer(2, MAX_LEN), default=None,
+                   help="max_model_len in tokens (default 4096; for a named trace its own, "
+                   "which clips nothing; longer trace requests are clipped and counted)")
     p.add_argument("--block-sizes", type=int_list, default=None,
                    help=f"paged block sizes (default {','.join(map(str, STATIC_BLOCK_SIZES))}; "
                    f"with --dynamic {','.join(map(str, DYNAMIC_BLOCK_SIZES))})")
     add_output_options(p, "per-allocator results")
     d = p.add_argument_group("time-stepped simulation (--dynamic)")
     d.add_argument("--dynamic", action="store_true", help="simulate over time")
-    d.add_argument("--trace", metavar="FILE", help="CSV/JSONL trace: arrival (steps), prompt "
-                   "length, output length, optional n (instead of Poisson arrivals)")
+    d.add_argument("--trace", metavar="NAME|FILE", help="replay a trace instead of Poisson "
+                   "arrivals: azure-code, azure-conv, mooncake-conv (shipped), an Azure or "
+                   "Mooncake file (.gz allowed), or a CSV/JSONL of arrival (steps), prompt "
+                   "length, output length, optional n")
+    d.add_argument("--step-ms", type=number(0, 1e6), default=None,
+                   help="Azure/Mooncake traces: milliseconds per decode step (default 20)")
+    d.add_argument("--prefix-caching", action="store_true",
+                   help="paged: share prompt blocks between requests by the trace's hash_ids "
+                   "(Mooncake), keep them cached, evict least recently used")
     d.add_argument("--steps-per-unit", type=number(0, 1e9), default=None,
                    help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
                    "default 1: arrivals are steps)")
@@ -92,6 +101,7 @@ def run_simulate(args) -> int:
         return run_dynamic_simulation(args)
     given = [flag for dest, flag in DYNAMIC_ONLY.items() if getattr(args, dest) is not None]
     given += ["--cow"] if args.cow else []
+    given += ["--prefix-caching"] if args.prefix_caching else []
     if given:
         raise ValueError(f"{', '.join(given)}: only with --dynamic")
     from pagebench.sim.static import format_static_table, static_fragmentation
@@ -101,8 +111,9 @@ def run_simulate(args) -> int:
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
     check_output_file("--out", args.out)
     block_sizes = STATIC_BLOCK_SIZES if args.block_sizes is None else args.block_sizes
-    lengths = sample_lengths(args.lengths, num_seqs, args.seed, args.max_len)
-    result = static_fragmentation(lengths, args.max_len, block_sizes)
+    max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
+    lengths = sample_lengths(args.lengths, num_seqs, args.seed, max_len)
+    result = static_fragmentation(lengths, max_len, block_sizes)
     write_results(args.out, result["results"], result)
     print(dumps(result) if args.json else format_static_table(result))
     return 0
@@ -111,7 +122,8 @@ def run_simulate(args) -> int:
 def run_dynamic_simulation(args) -> int:
     from pagebench.sim.capacity import article_budget_tokens
     from pagebench.sim.dynamic import ALLOCATORS, REFERENCE, format_dynamic_table, run_dynamic
-    from pagebench.sim.trace import poisson_workload, read_trace
+    from pagebench.sim.real_traces import load_workload
+    from pagebench.sim.trace import poisson_workload
 
     if args.num_seqs is not None:
         raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
@@ -123,18 +135,22 @@ def run_dynamic_simulation(args) -> int:
                                "output_lengths", "n") and getattr(args, dest) is not None]
         if clashes:
             raise ValueError(f"{', '.join(clashes)}: not with --trace (the trace gives them)")
-        workload = read_trace(args.trace, args.max_len,
-                              1.0 if args.steps_per_unit is None else args.steps_per_unit)
+        workload = load_workload(args.trace, step_ms=args.step_ms, max_model_len=args.max_len,
+                                 steps_per_unit=args.steps_per_unit)
+        max_len = args.max_len or workload.max_model_len or DEFAULT_MAX_LEN
     else:
-        if args.steps_per_unit is not None:
-            raise ValueError("--steps-per-unit: only with --trace")
+        for flag, value in (("--steps-per-unit", args.steps_per_unit),
+                            ("--step-ms", args.step_ms)):
+            if value is not None:
+                raise ValueError(f"{flag}: only with --trace")
+        max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
         workload = poisson_workload(
             20000 if args.num_requests is None else args.num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, args.lengths,
             prompt_fraction=(REFERENCE["prompt_fraction"] if args.prompt_fraction is None
                              else args.prompt_fraction),
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
-            n=1 if args.n is None else args.n, seed=args.seed, max_len=args.max_len)
+            n=1 if args.n is None else args.n, seed=args.seed, max_len=max_len)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
     allocators = args.allocators or ALLOCATORS
     block_sizes = args.block_sizes or DYNAMIC_BLOCK_SIZES
@@ -142,9 +158,9 @@ def run_dynamic_simulation(args) -> int:
     check_dynamic_memory(workload, runs)
     with progress(runs, "allocator runs") as bar:
         result = run_dynamic(
-            workload, budget, allocators=allocators, block_sizes=block_sizes,
-            max_len=args.max_len, cow=args.cow, max_num_seqs=args.max_num_seqs,
-            timeline_every=args.timeline_every, progress=lambda label: bar.update())
+            workload, budget, allocators=allocators, block_sizes=block_sizes, max_len=max_len,
+            cow=args.cow, max_num_seqs=args.max_num_seqs, timeline_every=args.timeline_every,
+            prefix_caching=args.prefix_caching, progress=lambda label: bar.update())
     if args.timeline:
         write_timeline_csv(result, args.timeline)
     write_results(args.out, result.summary, result.to_dict())

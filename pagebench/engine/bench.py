@@ -15,7 +15,7 @@ import torch
 from pagebench.config import ceil_div
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
-from pagebench.timing import cpu_threads, environment, measure
+from pagebench.timing import cpu_threads, environment
 
 TINY = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
@@ -69,20 +69,13 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def _base(model, **fields) -> dict:
+def base_row(model, **fields) -> dict:
+    """The fields every row carries: environment (device, versions, commit), model, dtype."""
     dev = _device(model)
     cfg = model.config
     return environment(dev) | dict(
         model=f"{cfg.model_type}-L{cfg.num_hidden_layers}-H{cfg.hidden_size}",
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."), **fields)
-
-
-def _timed(fn, device, repeat: int):
-    """Median wall time of ``fn()`` in seconds, and the last call's result."""
-    box = {}
-    timing = measure(lambda: box.__setitem__("out", fn()), device=str(device), warmup=1,
-                     repeat=repeat, flush_l2=False)
-    return timing.median_us / 1e6, box["out"]
 
 
 def _wall(fn, device):
@@ -101,29 +94,73 @@ def _wall(fn, device):
 def _engine_row(engine: LLMEngine, seconds: float) -> dict:
     s = engine.stats
     return dict(tokens_per_s=s["num_generated_tokens"] / seconds, time_s=seconds,
+                decode_tokens_per_s=s["decode_tokens_per_s"],
+                decode_step_ms=1e3 * s["decode_time_s"] / max(1, s["num_decode_steps"]),
                 num_generated_tokens=s["num_generated_tokens"], peak_blocks=s["peak_blocks"],
                 mean_blocks=s["mean_blocks"], num_blocks=engine.num_blocks,
                 token_utilisation=s["token_utilisation"], num_preemptions=s["num_preemptions"],
                 fresh_prefill=engine.runner.fresh_prefill,
                 prefill_kernel=engine.runner.prefill_backend.name,
                 num_steps=len(s["steps"]), max_batch=max((x["batch_size"] for x in s["steps"]),
-                                                         default=0))
+                                                         default=0),
+                cuda_graphs=s["cuda_graphs"], graph_capture_s=s.get("graph_capture_s"),
+                graph_memory_bytes=s.get("graph_memory_bytes"),
+                compiled_layers=s["compiled_layers"], compile_s=s["compile_s"])
+
+
+def _spread(name: str, values: list[float]) -> dict:
+    """Median, min and max of one measure over repeats."""
+    v = sorted(values)
+    return {name: v[len(v) // 2], f"{name}_min": v[0], f"{name}_max": v[-1]}
 
 
 def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs):
-    """(row, outputs) of ``LLMEngine(model, **engine_kwargs).generate`` timed, greedy."""
+    """(row, outputs) of ``LLMEngine(model, **engine_kwargs).generate`` timed, greedy: one
+    warm-up, then ``repeat`` calls; tokens/s end to end and in decode steps as the median over
+    the calls, with their min and max (``*_min``, ``*_max``)."""
     engine = LLMEngine(model, **engine_kwargs)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    seconds, outs = _timed(lambda: engine.generate(prompts, params), _device(model), repeat)
-    return _engine_row(engine, seconds), [o.outputs[0].token_ids for o in outs]
+    dev = _device(model)
+    engine.generate(prompts, params)
+    times, decode, outs = [], [], None
+    for _ in range(repeat):
+        seconds, outs = _wall(lambda: engine.generate(prompts, params), dev)
+        times.append(seconds)
+        decode.append(engine.stats["decode_tokens_per_s"])
+    seconds = sorted(times)[len(times) // 2]
+    generated = engine.stats["num_generated_tokens"]
+    row = _engine_row(engine, seconds) | _spread("tokens_per_s", [generated / t for t in times]) \
+        | _spread("decode_tokens_per_s", decode) | dict(repeats=repeat)
+    return row, [o.outputs[0].token_ids for o in outs]
+
+
+def decode_bytes_per_step(model, prompts, max_tokens: int) -> float:
+    """Bytes a decode step of all ``prompts`` must read at least, on average over the
+    ``max_tokens`` steps: every weight once (tied ones once) plus every sequence's K/V (its
+    context half-way through generation)."""
+    from pagebench.config import KVGeometry
+
+    dtype = next(model.parameters()).dtype
+    params = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
+    kv = KVGeometry.from_config(model.config, dtype=dtype).bytes_per_token
+    return sum(params.values()) + kv * sum(len(p) + max_tokens / 2 for p in prompts)
 
 
 # ---- baselines: transformers' own generation ---------------------------------------------------
 
-def padded_generate(model, prompts, max_tokens: int, batch_size: int | None = None):
-    """transformers ``generate`` on left-padded batches (contiguous cache); greedy outputs."""
+def padded_generate(model, prompts, max_tokens: int, batch_size: int | None = None,
+                    compile_mode: str | None = None):
+    """transformers ``generate`` on left-padded batches (contiguous cache); greedy outputs.
+    ``compile_mode``: a static cache (``cache_implementation="static"``) with the forward
+    compiled by ``torch.compile(mode=compile_mode)``, transformers' fastest single stream."""
     dev = _device(model)
     batch_size = batch_size or len(prompts)
+    extra = {}
+    if compile_mode is not None:
+        from transformers import CompileConfig
+
+        extra = dict(cache_implementation="static",
+                     compile_config=CompileConfig(mode=compile_mode))
     outs = []
     with torch.inference_mode():
         for i in range(0, len(prompts), batch_size):
@@ -136,18 +173,20 @@ def padded_generate(model, prompts, max_tokens: int, batch_size: int | None = No
                 mask[j, width - len(p):] = 1
             out = model.generate(ids.to(dev), attention_mask=mask.to(dev), do_sample=False,
                                  max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                 pad_token_id=0)
+                                 pad_token_id=0, **extra)
             outs.extend(out[:, width:].tolist())
     return outs
 
 
 def generate_batch(model, prompts, max_tokens: int):
-    """transformers' continuous batching (``model.generate_batch``, its paged cache)."""
+    """transformers' continuous batching (``model.generate_batch``, its paged cache). Under
+    ``torch.no_grad``: transformers 5.17 fails under ``inference_mode`` ("Inplace update to
+    inference tensor outside InferenceMode")."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(max_new_tokens=max_tokens, min_new_tokens=max_tokens,
                               do_sample=False, eos_token_id=None, pad_token_id=0)
-    with torch.inference_mode():
+    with torch.no_grad():
         res = model.generate_batch(prompts, generation_config=config, progress_bar=False)
     by_id = list(res.values())
     if len(by_id) != len(prompts):
@@ -157,45 +196,75 @@ def generate_batch(model, prompts, max_tokens: int):
     return [list(o.generated_tokens) for _, o in ordered]
 
 
+TRANSFORMERS_METHODS = ("padded_generate", "generate_batch", "generate_static_compile")
+
+
 @_threads
 def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int = 3,
                               methods=("engine", "padded_generate", "generate_batch"),
-                              **engine_kwargs) -> list[dict]:
+                              compile_mode: str = "default", **engine_kwargs) -> list[dict]:
     """Tokens/s of the engine and of transformers' generation on the same greedy requests,
-    measured interleaved (one repeat of each method in turn), with each method's outputs
-    checked token for token against the engine's."""
+    measured interleaved (one repeat of each method in turn, after one warm-up call each),
+    with each method's outputs checked token for token against the engine's.
+    ``generate_static_compile`` is ``padded_generate(compile_mode=compile_mode)``. A method
+    that raises gets a row with its ``error`` and no timing."""
     dev = _device(model)
     engine = LLMEngine(model, **engine_kwargs)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     runs = {
-        "engine": lambda: [o.outputs[0].token_ids for o in engine.generate(prompts, params)],
-        "padded_generate": lambda: padded_generate(model, prompts, max_tokens),
-        "generate_batch": lambda: generate_batch(model, prompts, max_tokens),
+        "engine": lambda p=prompts, n=max_tokens: [
+            o.outputs[0].token_ids for o in engine.generate(p, SamplingParams(
+                max_tokens=n, ignore_eos=True))],
+        "padded_generate": lambda p=prompts, n=max_tokens: padded_generate(model, p, n),
+        "generate_batch": lambda p=prompts, n=max_tokens: generate_batch(model, p, n),
+        "generate_static_compile": lambda p=prompts, n=max_tokens: padded_generate(
+            model, p, n, compile_mode=compile_mode),
     }
+    # warm-ups: the engine and the compiled path on the real requests (a static cache is
+    # compiled for its shape); the dynamic ones on a few short ones
+    small = dict(p=prompts[:4], n=8)
+    warm = {"engine": {}, "generate_static_compile": {}, "padded_generate": small,
+            "generate_batch": small}
     times: dict[str, list[float]] = {m: [] for m in methods}
-    outputs = {}
-    for m in methods:  # warm-up
-        runs[m]()
+    decode: list[float] = []
+    outputs, errors = {}, {}
+    for m in methods:  # warm-up (and compilation)
+        try:
+            runs[m](**warm[m])
+        except Exception as e:  # noqa: BLE001 -- a peer that fails is a result, not a crash
+            errors[m] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     for _ in range(repeat):
         for m in methods:
+            if m in errors:
+                continue
             seconds, outputs[m] = _wall(runs[m], dev)
             times[m].append(seconds)
+            if m == "engine":
+                decode.append(engine.stats["decode_tokens_per_s"])
     reference = outputs.get("engine")
     generated = len(prompts) * max_tokens
     rows = []
     for m in methods:
-        t = sorted(times[m])[len(times[m]) // 2]
-        same = None if reference is None else sum(a == b for a, b in zip(outputs[m], reference))
-        rows.append(_base(model, experiment="compare_with_transformers", method=m,
-                          num_requests=len(prompts),
-                          prompt_len_min=min(map(len, prompts)),
-                          prompt_len_max=max(map(len, prompts)), max_tokens=max_tokens,
-                          block_size=engine.block_size if m == "engine" else None,
-                          kernel=engine.runner.decode_backend.name if m == "engine" else None,
-                          fresh_prefill=engine.runner.fresh_prefill if m == "engine" else None,
-                          tokens_per_s=generated / t, time_s=t, repeats=repeat,
-                          outputs_equal_engine=same,
-                          timing="perf_counter, median of interleaved repeats"))
+        is_engine = m == "engine"
+        row = dict(method=m, batch_size=len(prompts), num_requests=len(prompts),
+                   prompt_len_min=min(map(len, prompts)),
+                   prompt_len_max=max(map(len, prompts)), max_tokens=max_tokens,
+                   block_size=engine.block_size if is_engine else None,
+                   kernel=engine.runner.decode_backend.name if is_engine else None,
+                   fresh_prefill=engine.runner.fresh_prefill if is_engine else None,
+                   cuda_graphs=engine.stats.get("cuda_graphs") if is_engine else None,
+                   compiled_layers=engine.stats.get("compiled_layers") if is_engine else None,
+                   compile_mode=compile_mode if m == "generate_static_compile" else None,
+                   repeats=len(times[m]), error=errors.get(m),
+                   timing="perf_counter, median of interleaved repeats")
+        if times[m]:
+            t = sorted(times[m])[len(times[m]) // 2]
+            same = None if reference is None else \
+                sum(a == b for a, b in zip(outputs[m], reference))
+            row |= _spread("tokens_per_s", [generated / x for x in times[m]]) | dict(
+                time_s=t, outputs_equal_engine=same)
+            if is_engine:
+                row |= _spread("decode_tokens_per_s", decode)
+        rows.append(base_row(model, experiment="compare_with_transformers", **row))
     return rows
 
 
@@ -203,22 +272,29 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
 
 @_threads
 def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 16, 32, 128),
-                        prompt_len: int = 64, max_tokens: int = 32, kernel: str = "auto",
-                        repeat: int = 1, num_blocks: int | None = None) -> list[dict]:
+                        prompt_len: int | tuple[int, int] = 64, max_tokens: int = 32,
+                        kernel: str = "auto", repeat: int = 1, num_blocks: int | None = None,
+                        enforce_eager: bool = False, compile_model: bool = True,
+                        seed: int | None = None) -> list[dict]:
     """Decode-heavy throughput of the engine for each (block size, batch size): ``batch_size``
-    requests of ``prompt_len`` tokens, ``max_tokens`` each, all admitted at once."""
+    requests of ``prompt_len`` tokens (or lengths drawn from ``(min, max)``), ``max_tokens``
+    each, all admitted at once. ``enforce_eager`` and ``compile_model`` as ``LLMEngine``'s."""
     model = model or tiny_model()
+    lo, hi = prompt_len if isinstance(prompt_len, tuple) else (prompt_len, prompt_len)
     rows = []
     for bs in block_sizes:
         for b in batch_sizes:
-            prompts = random_prompts(b, prompt_len, prompt_len, model.config.vocab_size, seed=b)
-            need = b * ceil_div(prompt_len + max_tokens, bs)
+            prompts = random_prompts(b, lo, hi, model.config.vocab_size,
+                                     seed=b if seed is None else seed)
+            need = sum(ceil_div(len(p) + max_tokens, bs) for p in prompts)
             row, _ = run_engine(model, prompts, max_tokens, repeat, block_size=bs,
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
-                                max_num_batched_tokens=max(2048, b * prompt_len))
-            rows.append(_base(model, experiment="throughput_vs_batch", block_size=bs,
-                              batch_size=b, prompt_len=prompt_len, max_tokens=max_tokens,
-                              kernel=kernel, **row))
+                                max_num_batched_tokens=max(2048, min(8192, b * hi)),
+                                enforce_eager=enforce_eager, compile_model=compile_model)
+            rows.append(base_row(model, experiment="throughput_vs_batch", block_size=bs,
+                              batch_size=b, prompt_len=lo if lo == hi else (lo + hi) / 2, prompt_len_min=lo,
+                              prompt_len_max=hi, max_tokens=max_tokens, kernel=kernel,
+                              **row))
     return rows
 
 
@@ -237,7 +313,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, n=k, seed=seed,
                                 ignore_eos=True)
         seconds, _ = _wall(lambda: engine.generate(prompts, params), _device(model))
-        rows.append(_base(model, experiment="cow", variant=label, completions=len(prompts) * k,
+        rows.append(base_row(model, experiment="cow", variant=label, completions=len(prompts) * k,
                           prompt_len=prompt_len, max_tokens=max_tokens, block_size=block_size,
                           **_engine_row(engine, seconds)))
     return rows
@@ -247,7 +323,8 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
 def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int = 16,
                             suffix_len: tuple[int, int] = (8, 64), max_tokens: int = 16,
                             block_size: int = 16, seed: int = 0) -> list[dict]:
-    """Requests sharing a system prompt, prefix caching off and on."""
+    """Requests sharing a system prompt, prefix caching off and on, all in one ``generate``
+    call: requests admitted in the same step share the blocks it fills."""
     model = model or tiny_model()
     vocab = model.config.vocab_size
     system = random_prompts(1, system_len, system_len, vocab, seed)[0]
@@ -256,13 +333,11 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
     for on in (False, True):
         engine = LLMEngine(model, block_size=block_size, enable_prefix_caching=on,
                            num_blocks=num_requests * ceil_div(system_len + suffix_len[1] + max_tokens,
-                                                             block_size),
-                           # one prompt's worth a step: later requests find the cached prefix
-                           max_num_batched_tokens=system_len + suffix_len[1])
+                                                             block_size))
         seconds, _ = _wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         s = engine.stats
-        rows.append(_base(model, experiment="prefix_cache", prefix_caching=on,
+        rows.append(base_row(model, experiment="prefix_cache", prefix_caching=on,
                           num_requests=num_requests, system_len=system_len,
                           block_size=block_size, hit_rate=s["prefix_cache_hit_rate"],
                           num_prompt_tokens=s["num_prompt_tokens"],
@@ -287,7 +362,7 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
         engine = LLMEngine(model, block_size=block_size, num_blocks=blocks)
         seconds, _ = _wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
-        rows.append(_base(model, experiment="pool_size", pool_fraction=blocks / full,
+        rows.append(base_row(model, experiment="pool_size", pool_fraction=blocks / full,
                           blocks_needed_all=full, num_requests=num_requests,
                           block_size=block_size,
                           recomputed_tokens=engine.stats["num_computed_prompt_tokens"]
@@ -313,7 +388,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     seconds, _ = _wall(lambda: padded_generate(model, prompts, max_tokens,
                                                batch_size=contiguous_batch), dev)
     generated = len(prompts) * max_tokens
-    rows.append(_base(model, experiment="equal_memory", method="padded_generate",
+    rows.append(base_row(model, experiment="equal_memory", method="padded_generate",
                       kv_bytes=kv_bytes, concurrent_seqs=contiguous_batch,
                       num_requests=len(prompts), max_tokens=max_tokens,
                       tokens_per_s=generated / seconds, time_s=seconds))
@@ -322,7 +397,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     seconds, _ = _wall(lambda: engine.generate(prompts, params), dev)
-    rows.append(_base(model, experiment="equal_memory", method="engine", kv_bytes=kv_bytes,
+    rows.append(base_row(model, experiment="equal_memory", method="engine", kv_bytes=kv_bytes,
                       concurrent_seqs=max(x["batch_size"] for x in engine.stats["steps"]),
                       num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,
                       kernel=engine.runner.decode_backend.name,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import sys
 import time
@@ -22,6 +23,7 @@ from pagebench.kernels.quant import kv_dtype_from_name
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
 UTILISATION_EVERY = 8  # steps between samples of the pool's token utilisation
+log = logging.getLogger(__name__)
 
 
 def load_model(model, dtype=None, device=None):
@@ -59,8 +61,15 @@ class LLMEngine:
     found cached at first admission / prompt tokens), ``num_prompt_tokens``,
     ``num_computed_prompt_tokens`` (prompt positions run through the model, recomputation
     after preemption included), ``num_generated_tokens``, ``tokens_per_s`` (generated tokens /
-    wall time of the call), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
-    blocks_used, num_preempted).
+    wall time of the call), ``decode_tokens_per_s`` (tokens sampled in decode-only steps /
+    those steps' wall time), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
+    blocks_used, num_preempted, time_s). It also holds ``graphs()``, the CUDA-graph setup.
+
+    On CUDA, decode steps replay CUDA graphs captured at start-up for batch sizes 1, 2, 4, 8,
+    then every 16 up to ``max_num_seqs`` (``decode_graphs``), after ``torch.compile`` of the
+    decoder layers (``compile_model``; fused kernels make the graphs shorter); ``enforce_eager=
+    True`` runs every step eagerly and uncompiled, as on the CPU. ``check_kernel_inputs=True``
+    implies eager.
 
     ``tensor_parallel_size=N`` runs SPMD under ``torchrun --nproc-per-node N``: the model is
     sharded in place by attention heads and MLP columns, each rank's cache holds
@@ -73,7 +82,8 @@ class LLMEngine:
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 2048,
                  kv_cache_memory=None, max_model_len: int | None = None,
                  check_kernel_inputs: bool = False, fresh_prefill: bool = True,
-                 tensor_parallel_size: int = 1, kv_cache_dtype="auto"):
+                 tensor_parallel_size: int = 1, kv_cache_dtype="auto",
+                 enforce_eager: bool = False, compile_model: bool = True):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
@@ -104,12 +114,46 @@ class LLMEngine:
                                   check_kernel_inputs, fresh_prefill, cache_dtype)
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
-        self.stats: dict = {}
+        # a sharded model all-reduces inside its layers, an fp8 cache calibrates its scales on
+        # the first real step: both stay eager (not yet captured or measured with graphs)
+        if not enforce_eager and not check_kernel_inputs and param.device.type == "cuda":
+            if self.tp.size > 1 or self.runner.kv_scales is not None:
+                self.runner.graph_error = ("not captured: tensor parallel" if self.tp.size > 1
+                                           else "not captured: fp8 KV cache")
+            else:
+                self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len,
+                                                compile_layers=compile_model)
+        log.info("LLMEngine: %s", self.describe())
+        self.stats: dict = self.graphs()
         self._ids = itertools.count()
 
     @property
     def num_blocks(self) -> int:
         return self.block_manager.num_blocks
+
+    def graphs(self) -> dict:
+        """cuda_graphs (bool), and when on: graph_batch_sizes, graph_max_len (the longest
+        context a graph step holds), graph_capture_s, graph_memory_bytes; when a capture
+        failed: graph_error."""
+        return self.runner.describe_graphs()
+
+    def describe(self) -> str:
+        g = self.graphs()
+        kv = self.runner.kv_cache_bytes / 2**30
+        line = (f"{self.num_blocks} blocks of {self.block_size} tokens ({kv:.2f} GiB KV), "
+                f"decode kernel {self.runner.decode_backend.name}, ")
+        if g["compiled_layers"]:
+            line += f"decoder layers compiled in {g['compile_s']:.1f} s, "
+        elif g["compile_error"]:
+            line += f"compile failed ({g['compile_error']}), "
+        if g["cuda_graphs"]:
+            sizes = g["graph_batch_sizes"]
+            return line + (f"CUDA graphs for batch 1..{max(sizes)} ({len(sizes)} graphs, "
+                           f"contexts <= {g['graph_max_len']}, "
+                           f"{g['graph_memory_bytes'] / 2**20:.0f} MiB, "
+                           f"captured in {g['graph_capture_s']:.1f} s)")
+        return line + "eager" + (f" ({g['graph_error']})"
+                                 if g.get("graph_error") else "")
 
     @property
     def kv_heads_per_rank(self) -> int:
@@ -131,16 +175,23 @@ class LLMEngine:
         return num_blocks
 
     # ---- validation ----------------------------------------------------------------------
-    def _check(self, prompts, params: SamplingParams) -> list[list[int]]:
-        if not isinstance(params, SamplingParams):
-            raise ConfigError(f"sampling_params: expected SamplingParams, got {type(params).__name__}")
+    def _check(self, prompts, params_list: list) -> list[list[int]]:
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
             raise ConfigError("prompts: expected a list of token-id lists")
-        if params.n > self.scheduler.max_num_seqs:
-            raise ConfigError(f"n: {params.n} completions exceed max_num_seqs "
-                              f"{self.scheduler.max_num_seqs}")
+        prompts = list(prompts)
+        if len(params_list) == 1:
+            params_list = params_list * len(prompts)
+        if len(params_list) != len(prompts):
+            raise ConfigError(f"sampling_params: {len(params_list)} for {len(prompts)} prompts")
+        for params in params_list:
+            if not isinstance(params, SamplingParams):
+                raise ConfigError(f"sampling_params: expected SamplingParams, "
+                                  f"got {type(params).__name__}")
+            if params.n > self.scheduler.max_num_seqs:
+                raise ConfigError(f"n: {params.n} completions exceed max_num_seqs "
+                                  f"{self.scheduler.max_num_seqs}")
         out = []
-        for i, prompt in enumerate(prompts):
+        for i, (prompt, params) in enumerate(zip(prompts, params_list)):
             if isinstance(prompt, torch.Tensor):
                 prompt = prompt.tolist()
             if isinstance(prompt, (str, bytes)):
@@ -162,34 +213,56 @@ class LLMEngine:
                                   f"{self.block_size} tokens alone, the pool has "
                                   f"{self.num_blocks}")
             out.append(prompt)
-        return out
+        return out, params_list
 
     # ---- generation ----------------------------------------------------------------------
-    def generate(self, prompts, sampling_params: SamplingParams | None = None,
-                 use_tqdm: bool | None = None) -> list[RequestOutput]:
-        """Complete every prompt (token-id lists); outputs in prompt order."""
-        params = sampling_params or SamplingParams()
-        prompts = self._check(prompts, params)
+    def generate(self, prompts, sampling_params=None, use_tqdm: bool | None = None,
+                 arrival_steps=None) -> list[RequestOutput]:
+        """Complete every prompt (token-id lists); outputs in prompt order.
+
+        ``sampling_params``: one :class:`SamplingParams` for every prompt (default
+        ``SamplingParams()``) or a list, one per prompt. ``arrival_steps`` (optional, one
+        integer >= 0 per prompt): the engine step at which each prompt joins the queue (a
+        replayed trace); by default all arrive at step 0. Steps with nothing to run before
+        the next arrival are skipped (``stats["idle_steps"]``).
+        """
+        if isinstance(sampling_params, (list, tuple)):
+            params_list = list(sampling_params)
+        else:
+            params_list = [sampling_params or SamplingParams()]
+        prompts, params_list = self._check(prompts, params_list)
+        arrivals = self._check_arrivals(arrival_steps, len(prompts))
         if use_tqdm is None:
             use_tqdm = sys.stderr.isatty()
         sched, bm = self.scheduler, self.block_manager
         sched.num_preemptions = sched.num_cached_prompt_tokens = 0
         device = self.runner.device
         outputs, pending = [], {}  # pending: request id -> sequences not yet forked
-        for rid, prompt in enumerate(prompts):
+        arriving = []  # (arrival step, request id, first sequence)
+        for rid, (prompt, params) in enumerate(zip(prompts, params_list)):
             gens = [make_generator(params.seed, i, device) if not params.greedy else None
                     for i in range(params.n)]
             seqs = [Sequence(next(self._ids), rid, i, prompt, params, gens[i])
                     for i in range(params.n)]
-            sched.add(seqs[0])
+            arriving.append((arrivals[rid], rid, seqs[0]))
             pending[rid] = seqs[1:]
             outputs.append(RequestOutput(rid, list(prompt),
                                          [CompletionOutput(i) for i in range(params.n)]))
+        arriving.sort(key=lambda a: a[:2], reverse=True)  # next arrival last
         steps, utilisation, computed_prompt, generated = [], [], 0, 0
-        bar = _progress(len(prompts) * params.n, use_tqdm)
+        clock = idle_steps = 0
+        bar = _progress(sum(p.n for p in params_list), use_tqdm)
         t0 = time.perf_counter()
         try:
-            while sched.has_work:
+            while sched.has_work or arriving:
+                while arriving and arriving[-1][0] <= clock:
+                    sched.add(arriving.pop()[2])
+                if not sched.has_work:
+                    idle_steps += arriving[-1][0] - clock
+                    clock = arriving[-1][0]
+                    continue
+                clock += 1
+                step_start = time.perf_counter()
                 batch = sched.schedule()
                 if not batch.seqs:
                     raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
@@ -209,9 +282,10 @@ class LLMEngine:
                 if len(steps) % UTILISATION_EVERY == 1:  # O(blocks): sampled, not every step
                     utilisation.append(bm.token_utilisation)
                 sampled_seqs = [batch.seqs[r] for r in rows]
-                if sampled_seqs:
-                    generated += self._sample_and_advance(sampled_seqs, logits, pending,
-                                                          outputs, bar)
+                num_sampled = self._sample_and_advance(sampled_seqs, logits, pending, outputs,
+                                                       bar) if sampled_seqs else 0
+                generated += num_sampled
+                steps[-1].update(time_s=time.perf_counter() - step_start, num_sampled=num_sampled)
         except BaseException:
             sched.abort_all()
             bm.take_copies()
@@ -221,8 +295,18 @@ class LLMEngine:
                 bar.close()
         elapsed = time.perf_counter() - t0
         self.stats = self._summarise(prompts, steps, utilisation, computed_prompt, generated,
-                                     elapsed)
+                                     elapsed) | {"idle_steps": idle_steps}
         return outputs
+
+    @staticmethod
+    def _check_arrivals(arrival_steps, count: int) -> list[int]:
+        if arrival_steps is None:
+            return [0] * count
+        arrivals = list(arrival_steps)
+        if len(arrivals) != count or not all(
+                isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in arrivals):
+            raise ConfigError(f"arrival_steps: expected {count} integers >= 0, one per prompt")
+        return arrivals
 
     def _sample_and_advance(self, seqs, logits, pending, outputs, bar) -> int:
         # fork siblings of requests whose prompt just finished: they share this row's logits
@@ -257,7 +341,10 @@ class LLMEngine:
         num_prompt = sum(len(p) for p in prompts)
         blocks = [s["blocks_used"] for s in steps] or [0]
         util = util or [0.0]
-        return dict(
+        decode = [s for s in steps if s["num_batched_tokens"] == s["batch_size"]]
+        decode_s = sum(s["time_s"] for s in decode)
+        decode_tokens = sum(s["num_sampled"] for s in decode)
+        return self.graphs() | dict(
             peak_blocks=max(blocks),
             mean_blocks=sum(blocks) / len(blocks),
             token_utilisation=sum(util) / len(util),
@@ -269,6 +356,10 @@ class LLMEngine:
             num_generated_tokens=generated,
             elapsed_s=elapsed,
             tokens_per_s=generated / elapsed if elapsed > 0 else 0.0,
+            num_decode_steps=len(decode),
+            decode_time_s=decode_s,
+            num_decode_tokens=decode_tokens,
+            decode_tokens_per_s=decode_tokens / decode_s if decode_s > 0 else 0.0,
             num_blocks=self.num_blocks,
             block_size=self.block_size,
             steps=steps,

@@ -11,6 +11,7 @@ transformers builds no mask for an attention implementation it has no mask funct
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -51,7 +52,11 @@ def _padded_causal_attention(q, k, v, index, valid, scale):
 def _register() -> None:
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTN_NAME, _paged_attention)
+    # left out of torch.compile'd layers (compile_decoder_layers) as a graph break: it reads
+    # the runner's step state and launches its own kernels. Registered this way for every
+    # runner, so that a runner built later cannot swap the function under compiled layers
+    # (which would make dynamo recompile them, tracing into it)
+    AttentionInterface.register(ATTN_NAME, torch.compiler.disable(_paged_attention))
 
 
 @dataclass(slots=True)
@@ -137,6 +142,11 @@ class ModelRunner:
                                     device=self.device) if is_fp8(self.kv_cache_dtype) else None
         self.calibrated = [False] * self.num_layers
         self.meta: StepMetadata | None = None
+        self.decode_graphs = None  # setup_decode_graphs
+        self.graph_error: str | None = None
+        self.compiled_layers: torch.nn.ModuleList | None = None
+        self.compile_s = 0.0
+        self.compile_error: str | None = None
         _register()
 
     @property
@@ -254,12 +264,90 @@ class ModelRunner:
     def execute(self, seqs, num_new: list[int]) -> tuple[torch.Tensor, list[int]]:
         """Run one step; returns float32 logits [R, vocab] and the indices (into ``seqs``)
         of the R sequences whose known tokens are now all computed."""
-        input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new)
+        graphs = self.decode_graphs
+        if graphs is not None and all(n == 1 for n in num_new) and graphs.fits(seqs):
+            hidden = graphs.run(seqs)  # one token row per sequence
+            rows = [i for i, seq in enumerate(seqs) if seq.num_computed + 1 == len(seq.token_ids)]
+            sampled = rows
+        else:
+            input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new)
+            hidden = self.forward(input_ids, positions, meta)
+        if not rows:
+            return hidden.new_empty(0, 0), sampled
+        if len(rows) < hidden.shape[0]:
+            hidden = hidden[torch.tensor(rows, device=hidden.device)]
+        return self.lm_head(hidden).float(), sampled
+
+    def forward(self, input_ids, positions, meta: StepMetadata) -> torch.Tensor:
+        """The decoder on one packed step (``input_ids``, ``positions`` [T]): hidden [T, H]."""
         with self._active(meta):
-            hidden = self.decoder(input_ids=input_ids[None], position_ids=positions[None],
-                                  use_cache=False).last_hidden_state[0]
-        logits = self.lm_head(hidden[rows]).float() if rows else hidden.new_empty(0, 0)
-        return logits, sampled
+            return self.decoder(input_ids=input_ids[None], position_ids=positions[None],
+                                use_cache=False).last_hidden_state[0]
+
+    def forward_decode(self, input_ids, positions, slots, block_tables, seq_lens):
+        """A decode step: one token per sequence, attended by the decode kernel alone."""
+        group = AttentionGroup("decode", None, block_tables, seq_lens)
+        return self.forward(input_ids, positions, StepMetadata(slots, [group]))
+
+    def setup_decode_graphs(self, max_num_seqs: int, max_model_len: int,
+                            capture: bool = True, compile_layers: bool = False) -> None:
+        """Run decode steps from static buffers (``decode_graphs.DecodeGraphs``), captured
+        into CUDA graphs if ``capture`` (CUDA only). Adds a scratch block past the pool for
+        the padding rows, so call it before the first step. A decode kernel that cannot be
+        captured (it reads device values back) leaves the runner eager, with the reason in
+        ``graph_error``.
+
+        ``compile_layers``: first ``torch.compile`` the decoder layers for this runner's steps
+        (``compile_decoder_layers``), so that each graph holds fused kernels: a decode step of
+        a small model at small batch is a thousand tiny kernels, which even a graph replays
+        at a microsecond or two each. A compile that fails leaves the layers as they are, with
+        the reason in ``compile_error``."""
+        from pagebench.engine.decode_graphs import DecodeGraphs
+
+        if self.check_inputs:
+            raise ConfigError("check_kernel_inputs: the checked kernels read values back "
+                              "from the device, which a CUDA graph cannot; use eager mode")
+        num_blocks = self.kv.shape[2]
+        shape = list(self.kv.shape)
+        shape[2] = num_blocks + 1
+        self.kv = None  # freed first: the pool may be most of the device's memory
+        self.kv = torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        if self.attention_window:
+            max_model_len = min(max_model_len, self.attention_window)
+        self.decode_graphs = DecodeGraphs(self, max_num_seqs, max_model_len, num_blocks)
+        if compile_layers:
+            self.compile_decoder_layers()
+        if capture:
+            try:
+                self.decode_graphs.capture()
+            except RuntimeError as e:  # e.g. a backend that syncs with the host
+                self.graph_error = f"capture failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+                self.decode_graphs = None
+                torch.cuda.synchronize(self.device)
+
+    def compile_decoder_layers(self) -> None:
+        """``torch.compile`` each decoder layer (one compiled code serves them all: the layers
+        share their code, and their weights are inputs), used in this runner's steps only (the
+        model's own ``forward`` and ``generate`` keep the plain layers); the paged attention is
+        left out as a graph break. Compiles on the first step of each shape class (batch 1
+        and any other batch), which ``setup_decode_graphs`` does before capturing."""
+        t0 = time.perf_counter()
+        try:
+            self.compiled_layers = torch.nn.ModuleList(
+                torch.compile(layer, dynamic=True) for layer in self.decoder.layers)
+            for size in ((self.decode_graphs.max_batch, 1) if self.decode_graphs else ()):
+                self.decode_graphs.warm_up(size)
+        except Exception as e:  # noqa: BLE001 -- inductor's errors are many types
+            self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.compiled_layers = None
+        self.compile_s = time.perf_counter() - t0
+
+    def describe_graphs(self) -> dict:
+        compiled = dict(compiled_layers=self.compiled_layers is not None,
+                        compile_s=self.compile_s, compile_error=self.compile_error)
+        if self.decode_graphs is None:
+            return dict(cuda_graphs=False, graph_error=self.graph_error) | compiled
+        return self.decode_graphs.describe() | compiled
 
     @contextlib.contextmanager
     def _active(self, meta: StepMetadata):
@@ -268,8 +356,12 @@ class ModelRunner:
         saved = config._attn_implementation
         config._attn_implementation = ATTN_NAME
         self.meta, _active = meta, self
+        layers = self.decoder.layers
+        if self.compiled_layers is not None:
+            self.decoder.layers = self.compiled_layers
         try:
             yield
         finally:
+            self.decoder.layers = layers
             config._attn_implementation = saved
             self.meta, _active = None, None

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from pagebench.config import KVGeometry
 from pagebench.distributed import world_from_environment
@@ -57,8 +58,6 @@ class TensorParallel:
     collective_times: list | None = field(default=None, repr=False)
 
     def all_reduce(self, x: torch.Tensor) -> None:
-        import torch.distributed as dist
-
         if self.collective_times is None:
             dist.all_reduce(x, group=self.group)
             return
@@ -85,8 +84,6 @@ class TensorParallel:
         """Rank 0's sampled tokens on every rank (seedless sampling differs between ranks)."""
         if self.size == 1:
             return tokens
-        import torch.distributed as dist
-
         t = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         dist.broadcast(t, src=self.src, group=self.group)
         return t.tolist()
@@ -95,8 +92,6 @@ class TensorParallel:
         """The smallest of every rank's ``value`` (e.g. blocks that fit in each GPU's memory)."""
         if self.size == 1:
             return value
-        import torch.distributed as dist
-
         t = torch.tensor([value], dtype=torch.int64, device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
@@ -105,8 +100,6 @@ class TensorParallel:
         """With ``check_tables``: raise unless every rank scheduled the same step."""
         if self.size == 1 or not self.check_tables:
             return
-        import torch.distributed as dist
-
         mine = step_digest(seqs, num_new, copies)
         t = torch.tensor([mine], dtype=torch.int64, device=self.device)
         every = [torch.empty_like(t) for _ in range(self.size)]
@@ -142,8 +135,6 @@ def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParal
         raise ConfigError(f"model: already sharded as rank {done[0]} of {done[1]}; load it again")
     if size == 1:
         return TensorParallel(1, 0, rank_geometry, device)
-    import torch.distributed as dist
-
     rank, world = world_from_environment()
     if size > world:
         raise ConfigError(f"tensor_parallel_size: {size} ranks asked for, the world has {world} "
@@ -172,8 +163,6 @@ def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParal
 
 
 def _destroy_group() -> None:
-    import torch.distributed as dist
-
     if dist.is_initialized():
         dist.destroy_process_group()
 

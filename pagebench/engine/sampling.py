@@ -70,25 +70,40 @@ def make_generator(seed: int | None, index: int, device) -> torch.Generator | No
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
            generators: list[torch.Generator | None]) -> list[int]:
-    """One token per row of ``logits`` [rows, vocab]; greedy rows take the argmax."""
+    """One token per row of ``logits`` [rows, vocab]; greedy rows take the argmax. The tokens
+    are drawn on the logits' device; reading them is the step's one device-to-host copy."""
+    return sample_on_device(logits, params, generators).tolist()
+
+
+def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
+                     generators: list[torch.Generator | None]) -> torch.Tensor:
+    """``sample`` without the copy: the tokens [rows] int64, on the logits' device. Reads
+    nothing back from the device: what differs between rows comes from ``params``."""
     tokens = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
-    if rows:
-        index = torch.tensor(rows, device=logits.device)
-        temp = torch.tensor([params[i].temperature for i in rows], dtype=torch.float32,
-                            device=logits.device).clamp_min(torch.finfo(torch.float32).tiny)
-        # shifted to max 0 first: a tiny temperature then sends the rest to -inf, never the
-        # top to +inf (inf - inf would be NaN), so it acts as greedy
-        shifted = logits[index].float()
-        shifted = shifted - shifted.amax(dim=-1, keepdim=True)
-        probs = torch.softmax(shifted / temp[:, None], dim=-1)
-        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device)
-        if (top_p < 1).any():
-            sorted_p, order = probs.sort(dim=-1, descending=True)
-            drop = (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # keeps at least the top
-            probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-        noise = torch.stack([torch.rand(probs.shape[-1], generator=generators[i],
-                                        device=logits.device) for i in rows])
-        race = probs / (-torch.log1p(-noise)).clamp_min(1e-20)  # p / Exp(1)
-        tokens[index] = race.argmax(dim=-1)
-    return tokens.tolist()
+    if not rows:
+        return tokens
+    dev = logits.device
+    # temperature and top_p of the sampled rows, in one copy to the device
+    settings = torch.tensor([[params[i].temperature for i in rows],
+                             [params[i].top_p for i in rows]],
+                            dtype=torch.float32).to(dev, non_blocking=True)
+    temp, top_p = settings[0].clamp_min(torch.finfo(torch.float32).tiny), settings[1]
+    every = len(rows) == len(params)
+    index = None if every else torch.tensor(rows).to(dev, non_blocking=True)
+    # shifted to max 0 first: a tiny temperature then sends the rest to -inf, never the top to
+    # +inf (inf - inf would be NaN), so it acts as greedy
+    shifted = (logits if every else logits[index]).float()
+    shifted = shifted - shifted.amax(dim=-1, keepdim=True)
+    probs = torch.softmax(shifted / temp[:, None], dim=-1)
+    if any(params[i].top_p < 1 for i in rows):
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = (sorted_p.cumsum(-1) - sorted_p) > top_p[:, None]  # keeps at least the top
+        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    noise = torch.stack([torch.rand(probs.shape[-1], generator=generators[i], device=dev)
+                         for i in rows])
+    race = probs / (-torch.log1p(-noise)).clamp_min(1e-20)  # p / Exp(1)
+    if every:
+        return race.argmax(dim=-1)
+    tokens[index] = race.argmax(dim=-1)
+    return tokens

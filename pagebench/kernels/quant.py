@@ -36,9 +36,10 @@ def fp8_max(dtype) -> float:
     return float(torch.finfo(dtype).max)
 
 
-def kv_dtype_from_name(name, default: torch.dtype) -> torch.dtype:
+def kv_dtype_from_name(name, default: torch.dtype, arg: str = "kv_cache_dtype") -> torch.dtype:
     """A cache dtype from ``"auto"`` (``default``), an fp8 name (``"fp8_e4m3"``,
-    ``"fp8_e5m2"``), a float name or a torch dtype; anything else is a ``ValueError``."""
+    ``"fp8_e5m2"``), a float name or a torch dtype; anything else is a ``ValueError`` naming
+    ``arg``."""
     if isinstance(name, torch.dtype):
         dtype = name
     elif name in (None, "auto"):
@@ -48,10 +49,10 @@ def kv_dtype_from_name(name, default: torch.dtype) -> torch.dtype:
     elif isinstance(name, str) and isinstance(getattr(torch, name, None), torch.dtype):
         dtype = getattr(torch, name)
     else:
-        raise ValueError(f"kv_cache_dtype: unknown {name!r} (use 'auto', "
+        raise ValueError(f"{arg}: unknown {name!r} (use 'auto', "
                          f"{', '.join(repr(n) for n in KV_DTYPE_NAMES)} or a float dtype)")
     if dtype not in (torch.float32, torch.float16, torch.bfloat16, *FP8_DTYPES):
-        raise ValueError(f"kv_cache_dtype: {dtype} is not a float or fp8 dtype")
+        raise ValueError(f"{arg}: {dtype} is not a float or fp8 dtype")
     return dtype
 
 

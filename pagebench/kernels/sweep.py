@@ -21,6 +21,7 @@ import torch
 
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
+from pagebench.kernels.quant import calibrated_scales, check_kv_scales, is_fp8, quantize
 from pagebench.kernels.reference import identity_tables
 from pagebench.kernels.testing import adjacent_fraction, layout_tables
 from pagebench.kernels.validate import check_contiguous, check_decode
@@ -31,7 +32,7 @@ COLUMNS = [
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "context",
     "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us", "kv_bytes",
     "gbps", "copy_gbps", "table_layout", "adjacent_fraction", "footprint_bytes", "l2_bytes",
-    "fits_l2",
+    "fits_l2", "kv_dtype",
 ]
 # L2 of the H200 where the device does not say (CPU runs: the flag is then about the H200)
 DEFAULT_L2_BYTES = 60 * 10**6
@@ -120,6 +121,19 @@ def _paged_case(batch, context, shape, block_size, dtype, device, seed, layout="
     return q, k_cache, v_cache, tables, lens
 
 
+def quantized_case(case, kv_dtype):
+    """A paged case with its caches in fp8 ``kv_dtype`` (each head's largest value mapped to
+    the format's largest), and the scales as keywords; unchanged (and ``{}``) otherwise."""
+    q, k_cache, v_cache, tables, lens = case
+    if not is_fp8(kv_dtype):
+        return case, {}
+    heads = k_cache.shape[2:]
+    ks = calibrated_scales(k_cache.view(-1, *heads), kv_dtype, 1.0)
+    vs = calibrated_scales(v_cache.view(-1, *heads), kv_dtype, 1.0)
+    case = (q, quantize(k_cache, ks, kv_dtype), quantize(v_cache, vs, kv_dtype), tables, lens)
+    return case, {"k_scale": ks, "v_scale": vs}
+
+
 def _contiguous_case(batch, context, shape, dtype, device, seed):
     num_q, num_kv, head_dim = shape
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -130,8 +144,10 @@ def _contiguous_case(batch, context, shape, dtype, device, seed):
     return q, k, v, lens
 
 
-def _paged_callable(variant: Variant, q, k_cache, v_cache, tables, lens, scale):
+def _paged_callable(variant: Variant, q, k_cache, v_cache, tables, lens, scale, scales=None):
     b = registry.get_backend(variant.backend)
+    if scales:
+        return lambda: b.decode(q, k_cache, v_cache, tables, lens, scale, **scales)
     if variant.backend == "flex":
         from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
         mask = flex_block_mask(tables, lens, k_cache.shape[0], k_cache.shape[1])
@@ -167,11 +183,14 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
               dtype=None, include=None, exclude=None, graph_batch1=None,
               repeat=None, copy_gbps=None, progress=None, skipped=None,
               flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True, share=(0, 1),
-              layouts=("shuffled",)):
+              layouts=("shuffled",), kv_dtype=None):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
     block-table layouts (``kernels.testing.layout_tables``); contiguous variants ignore it.
+    ``kv_dtype`` (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn``
+    (scales: each head's largest value maps to the format's); only backends that declare it
+    are timed paged, and the contiguous baselines stay in ``dtype``.
     ``quick`` on CPU: two small shapes, a handful of points, torch-paged vs sdpa-contiguous,
     well under a minute on two cores. On CUDA (quick=False) the full H200 grid of the issue.
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
@@ -207,8 +226,11 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     rows = []
     l2 = l2_bytes(device)
 
+    kv_dtype = kv_dtype or dtype
+
     def record(v, shape_name, shape, batch, context, block_size, fn, graph, table_layout=None,
                tables=None):
+        cache_dtype = dtype if v.layout == "contiguous" else kv_dtype
         try:
             with cpu_threads(None if on_cuda else 1):  # one thread: steadier on a shared CPU
                 t = measure(fn, device=device, warmup=3, repeat=repeat, cuda_graph=graph)
@@ -218,9 +240,9 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             if on_cuda:
                 torch.cuda.synchronize()
             return
-        nbytes = kv_bytes(batch, context, shape[1], shape[2], dtype)
+        nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
         footprint = nbytes if tables is None else footprint_bytes(
-            tables, block_size, shape[1], shape[2], dtype)
+            tables, block_size, shape[1], shape[2], cache_dtype)
         rows.append({**{k: env[k] for k in COLUMNS[:6]},
                      "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
                      "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
@@ -230,7 +252,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                      "kv_bytes": nbytes, "gbps": nbytes / (t.median_us * 1e-6) / 1e9,
                      "copy_gbps": copy_gbps, "table_layout": table_layout,
                      "adjacent_fraction": None if tables is None else adjacent_fraction(tables),
-                     "footprint_bytes": footprint, "l2_bytes": l2, "fits_l2": footprint <= l2})
+                     "footprint_bytes": footprint, "l2_bytes": l2, "fits_l2": footprint <= l2,
+                     "kv_dtype": str(cache_dtype).replace("torch.", "")})
         if progress:
             progress(rows[-1])
 
@@ -260,6 +283,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             for block_size in block_sizes:
                 paged = [v for v in vs if v.layout == "paged"
                          and registry.get_backend(v.backend).supports_block_size(block_size)
+                         and registry.get_backend(v.backend).supports_cache_dtype(kv_dtype, dtype)
                          and (v.backend != "flex" or block_size in flex_block_sizes)]
                 if not paged:
                     continue
@@ -270,16 +294,18 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                         skipped.append(((shape_name, batch, context, block_size, table_layout),
                                         "paged", "memory"))
                         continue
-                    case = _paged_case(batch, context, shape, block_size, dtype, device,
-                                       seed=batch, layout=table_layout)
+                    case, scales = quantized_case(
+                        _paged_case(batch, context, shape, block_size, dtype, device,
+                                    seed=batch, layout=table_layout), kv_dtype)
                     check_decode(*case, scale)
+                    check_kv_scales(case[1], scales.get("k_scale"), scales.get("v_scale"))
                     for var in paged:
                         if not _fits(device, _gather_bytes(var, batch, context, shape, dtype)):
                             skipped.append(((shape_name, batch, context, block_size,
                                              table_layout), var.label, "memory"))
                             continue
                         try:
-                            fn = _paged_callable(var, *case, scale)
+                            fn = _paged_callable(var, *case, scale, scales)
                         except Exception as e:  # noqa: BLE001
                             skipped.append(((shape_name, batch, context, block_size,
                                              table_layout), var.label,

@@ -9,9 +9,9 @@ block size >= 1 works. Scores and the running max / sum / output are fp32 whatev
 dtype. An fp8 cache (``FP8``) is converted to q's dtype as it is loaded (exact: every e4m3
 and e5m2 value is a bf16, fp16 and fp32 value) and its per-KV-head scales are applied where
 they cost nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
-accumulator once at the end. With one split the program normalises and writes ``out`` directly; with several, it
-writes its unnormalised partial output and (max, sum), and a second kernel merges the splits
-(flash-decoding), so one long sequence at batch 1 still fills the GPU.
+accumulator once at the end. With one split the program normalises and writes ``out``
+directly; with several, it writes its unnormalised partial output and (max, sum), and a second
+kernel merges the splits (flash-decoding), so one long sequence at batch 1 still fills the GPU.
 
 On a machine without a GPU, ``import pagebench`` sets ``TRITON_INTERPRET=1`` before Triton is
 imported, so the kernels run interpreted on CPU tensors.

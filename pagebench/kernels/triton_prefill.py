@@ -97,8 +97,9 @@ def default_rows(head_dim: int, dtype: torch.dtype, device: torch.device) -> int
 
 
 def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
-                         k_scale=None, v_scale=None, *, rows: int | None = None, tile_n: int | None = None,
-                         num_warps: int | None = None, num_stages: int = 2):
+                         k_scale=None, v_scale=None, *, rows: int | None = None,
+                         tile_n: int | None = None, num_warps: int | None = None,
+                         num_stages: int = 2):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).

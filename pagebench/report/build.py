@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, fp8, parallel, render, sections
+from pagebench.report import derive, devices, fp8, parallel, real_traces, render, sections
 from pagebench.report.collect import Results, collect, default_device
 
 DATA_DIR_SUFFIX = "_data"
@@ -43,7 +43,7 @@ def guarded_section(results: Results, sid: str, title: str, fn, *args):
 
 
 def build_sections(results: Results, env: dict, options: dict):
-    claims = claims_mod.evaluate(results)
+    claims = claims_mod.evaluate(results) + real_traces.claims(results)
     try:
         rec_section, rec = sections.recommendation(results)
     except Exception as e:  # noqa: BLE001
@@ -56,6 +56,7 @@ def build_sections(results: Results, env: dict, options: dict):
         guarded_section(results, "environment", "Environment", sections.environment, env,
                         options),
         guarded_section(results, "memory", "Memory", sections.memory),
+        guarded_section(results, "real-traces", "Real traces", real_traces.section),
         guarded_section(results, "capacity", "Capacity", sections.capacity),
         guarded_section(results, "kernels", "Kernels", sections.kernels),
         guarded_section(results, "engine", "Engine", sections.engine),
@@ -82,8 +83,7 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
                     + ". " + claims_mod.tally(claims) + ".")
     html = render.render_html(
         title="pagebench: paged KV-cache report",
-        subtitle=f"device {env.get('device')} ({env.get('device_name')}), commit "
-                 f"{env.get('commit')}",
+        subtitle=f"built on {devices.run_label(env)}, commit {env.get('commit')}",
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         sections=page, warnings=results.warnings, hrefs=hrefs, headline=headline)
     # the page is rendered before anything is written: a failure changes no file; the data

@@ -3,6 +3,10 @@
 A verdict is computed from the data, never written in: ``holds``, ``does not hold`` (said
 plainly, with the number that contradicts it) or ``not measured here`` (no data for it). The
 tolerances each claim uses are stated in its ``criterion``.
+
+``headline`` is what the claims table shows at a glance: the number each judged device
+measured, named by its device label (:mod:`pagebench.report.devices`); ``measured`` holds every
+detail, shown one click away. ``device`` lists the devices the verdict was judged on.
 """
 
 from __future__ import annotations
@@ -26,11 +30,22 @@ class Claim:
     measured: str = "no data"
     device: str = ""
     data: list[str] = field(default_factory=list)  # dataset names (CSV files beside the report)
+    headline: str = ""  # the measured number(s) at a glance; empty: ``measured`` is short
+
+    @property
+    def summary(self) -> str:
+        """What the table cell shows: the headline, or all of ``measured`` if it has none."""
+        return self.headline or self.measured
 
     def to_row(self) -> dict:
-        return {"key": self.key, "claim": self.claim, "measured": self.measured,
-                "device": self.device, "verdict": self.verdict, "criterion": self.criterion,
-                "data": " ".join(self.data)}
+        return {"key": self.key, "claim": self.claim, "headline": self.summary,
+                "measured": self.measured, "device": self.device, "verdict": self.verdict,
+                "criterion": self.criterion, "data": " ".join(self.data)}
+
+
+def per_device(parts: dict[str, str]) -> str:
+    """'H200: 1.00–1.25×; CPU (2-core x86_64): 1.18×': one headline number per device."""
+    return "; ".join(f"{device}: {text}" for device, text in parts.items())
 
 
 def judge(ok: bool) -> str:
@@ -53,7 +68,7 @@ def _static_util(results: Results, allocator: str, block_size=None, max_len=None
     return float(rows["utilisation"].iloc[0]) if len(rows) else None
 
 
-SIM = "simulation (deterministic; any machine)"
+SIM = "any machine (simulation)"
 
 
 # ---- memory ------------------------------------------------------------------------------
@@ -139,7 +154,7 @@ def prior_systems(results: Results) -> Claim:
         c.measured = "reserve-max never became memory-bound in this run"
         return c
     others = frame[alloc.isin(("pow2", "oracle"))]
-    c.device = SIM
+    c.device, c.headline = SIM, f"reserve-max {pct(v)} of KV memory holds tokens"
     c.measured = f"reserve-max {pct(v)}" + "".join(
         f", {a} {pct(float(x))}" for a, x in zip(others["allocator"], others[col]))
     c.verdict = judge(0.20 <= v <= 0.40)
@@ -177,10 +192,15 @@ def worst_case_waste(results: Results) -> Claim:
     frame = results.get("block_waste")
     if frame is None:
         return c
-    c.device = "pagebench.engine.BlockManager (any machine)"
+    c.device = "any machine (BlockManager)"
     c.measured = ", ".join(f"bs {int(b)}: max {int(w)} (bound {int(b) - 1})" for b, w in
                            zip(frame["block_size"], frame["max_waste_slots"]))
-    c.verdict = judge(bool((frame["max_waste_slots"] <= frame["block_size"] - 1).all()))
+    within = frame["max_waste_slots"] <= frame["block_size"] - 1
+    c.verdict = judge(bool(within.all()))
+    sizes = frame["block_size"].astype(int)
+    c.headline = (f"within the bound at all {len(frame)} block sizes "
+                  f"({sizes.min()}–{sizes.max()})" if within.all() else
+                  "over the bound at block size " + ", ".join(map(str, sizes[~within])))
     return c
 
 
@@ -198,7 +218,7 @@ def batch1_slower(results: Results) -> Claim:
     if ratio.empty:
         return c
     judged = derive.judged_labels(ratio["device_label"], results.get("kernels"))
-    parts, ok, faster = [], True, False
+    parts, ok, faster, heads = [], True, False, {}
     for label, g in ratio.groupby("device_label"):
         lo, hi = g["ratio"].min(), g["ratio"].max()
         per_shape = ", ".join(f"{shape} {x['ratio'].min():.2f}–{x['ratio'].max():.2f}×"
@@ -209,7 +229,9 @@ def batch1_slower(results: Results) -> Claim:
         if label in judged:
             ok &= bool(lo > 1.0 and hi <= 1.3)
             faster |= bool(lo <= 1.0)
+            heads[label] = f"paged {lo:.2f}–{hi:.2f}× contiguous"
     c.device = ", ".join(sorted(judged))
+    c.headline = per_device(heads)
     c.measured = "; ".join(parts)
     c.verdict = judge(ok)
     if faster:
@@ -275,6 +297,10 @@ def batching_beats_gather(results: Results) -> Claim:
             if not same_kind:
                 continue
             kernel = max(same_kind)
+        if "cuda_graphs" in g.columns and g["cuda_graphs"].astype(str).eq("True").any():
+            g = g[g["cuda_graphs"].astype(str).eq("True")]  # the engine's default on a GPU
+            if "compiled_layers" in g.columns:
+                g = g[g["compiled_layers"].astype(str).eq("True")]
         bs = pd.to_numeric(g["block_size"], errors="coerce") if "block_size" in g.columns \
             else None
         if bs is not None and (bs == derive.PRIMARY_BLOCK_SIZE).any():
@@ -285,7 +311,7 @@ def batching_beats_gather(results: Results) -> Claim:
     if not pairs:
         return c
     judged_gpu = any(gpu for _, gpu, *_ in pairs)
-    parts, ok, devices = [], True, []
+    parts, ok, devices, heads = [], True, [], {}
     for machine, gpu, gain, tps, (slowdown, kdev, _) in pairs:
         judged = gpu or not judged_gpu
         parts.append(f"{machine}: engine batch {int(tps.index[0])}→{int(tps.index[-1])} gives "
@@ -294,7 +320,9 @@ def batching_beats_gather(results: Results) -> Claim:
         if judged:
             ok &= gain >= 4 * max(slowdown, 1.0)
             devices.append(machine)
+            heads[machine] = f"batching {gain:.1f}× tokens/s, gather ≤ {slowdown:.2f}×"
     c.device, c.measured, c.verdict = ", ".join(devices), "; ".join(parts), judge(bool(ok))
+    c.headline = per_device(heads)
     return c
 
 
@@ -314,6 +342,7 @@ def block16_sweet_spot(results: Results) -> Claim:
     judged = derive.judged_labels(cost16["device_label"], results.get("kernels"))
     parts = [f"utilisation 16: {pct(u16)} vs 1: {pct(u1)}"]
     ok = (u1 - u16) <= 0.03
+    heads = {}
     for label, t in zip(cost16["device_label"], cost16["relative_time"]):
         smallest = cost[cost["device_label"] == label].sort_values("block_size").iloc[0]
         parts.append(f"{label}: block 16 at {t:.2f}× the best block's kernel time "
@@ -321,7 +350,9 @@ def block16_sweet_spot(results: Results) -> Claim:
                      + ("" if label in judged else " (CPU; not judged)"))
         if label in judged:
             ok &= t <= 1.15
+            heads[label] = f"{t:.2f}× the best block's kernel time"
     c.device = ", ".join(sorted(judged))
+    c.headline = f"utilisation {pct(u16)} (block 1: {pct(u1)}); " + per_device(heads)
     c.measured, c.verdict = "; ".join(parts), judge(bool(ok))
     return c
 
@@ -336,15 +367,17 @@ def cow_not_quadruple(results: Results) -> Claim:
     blocks = first_column(frame, "peak_blocks", "mean_blocks") if frame is not None else None
     if frame is None or blocks is None or "n" not in frame.columns:
         return c
-    parts, ok, devices = [], True, []
+    parts, ok, devices, heads = [], True, [], {}
     for machine, g in frame.groupby("machine"):
         n = pd.to_numeric(g["n"], errors="coerce")
         one, four = g[n == 1], g[n == 4]
         if one.empty or four.empty:
             continue
         ratio = float(four[blocks].astype(float).mean() / one[blocks].astype(float).mean())
-        text = (f"{machine}: {blocks} n=4 / n=1 = {ratio:.2f}× ({four[blocks].iloc[0]:,.0f} "
+        words = blocks.replace("_", " ")
+        text = (f"{machine}: {words} n=4 / n=1 = {ratio:.2f}× ({four[blocks].iloc[0]:,.0f} "
                 f"vs {one[blocks].iloc[0]:,.0f})")
+        heads[str(machine)] = f"n=4 takes {ratio:.2f}× the blocks of n=1"
         if "variant" in g.columns:
             separate = g[g["variant"].astype(str).str.contains("separate")]
             if len(separate):
@@ -354,6 +387,7 @@ def cow_not_quadruple(results: Results) -> Claim:
         devices.append(str(machine))
     if parts:
         c.device, c.measured, c.verdict = ", ".join(devices), "; ".join(parts), judge(ok)
+        c.headline = per_device(heads)
     return c
 
 
@@ -369,7 +403,7 @@ def prefix_sharing(results: Results) -> Claim:
     frame = results.get("engine_prefix")
     if frame is None or "enable_prefix_caching" not in frame.columns:
         return c
-    parts, ok, devices = [], True, []
+    parts, ok, devices, heads = [], True, [], {}
     for machine, g in frame.groupby("machine"):
         on, off = g[_flag(g["enable_prefix_caching"])], g[~_flag(g["enable_prefix_caching"])]
         if on.empty or off.empty:
@@ -378,16 +412,21 @@ def prefix_sharing(results: Results) -> Claim:
             if "prefix_cache_hit_rate" in on.columns else 0.0
         comp = first_column(g, "num_computed_prompt_tokens", "peak_blocks")
         text = f"{machine}: hit rate {pct(hit)}"
+        heads[str(machine)] = f"hit rate {pct(hit)}"
         fewer = True
         if comp:
             a, b = float(on[comp].astype(float).mean()), float(off[comp].astype(float).mean())
-            text += f", {comp} {a:,.0f} on vs {b:,.0f} off"
+            words = {"num_computed_prompt_tokens": "prompt tokens computed",
+                     "peak_blocks": "peak blocks"}[comp]
+            text += f", {words} {a:,.0f} on vs {b:,.0f} off"
+            heads[str(machine)] += f", {words} {a:,.0f} vs {b:,.0f}"
             fewer = a < b
         parts.append(text)
         ok &= hit > 0 and fewer
         devices.append(str(machine))
     if parts:
         c.device, c.measured, c.verdict = ", ".join(devices), "; ".join(parts), judge(ok)
+        c.headline = per_device(heads)
     return c
 
 
@@ -403,7 +442,7 @@ def preemption_signal(results: Results) -> Claim:
     tps = first_column(frame, "tokens_per_s") if frame is not None else None
     if frame is None or pre is None or "num_blocks" not in frame.columns:
         return c
-    parts, ok, devices = [], True, []
+    parts, ok, devices, heads = [], True, [], {}
     for machine, g in frame.groupby("machine"):
         g = g.assign(num_blocks=pd.to_numeric(g["num_blocks"], errors="coerce")) \
             .dropna(subset=["num_blocks"]).sort_values("num_blocks")
@@ -412,6 +451,9 @@ def preemption_signal(results: Results) -> Claim:
         p = g[pre].astype(float)
         text = (f"{machine}: {int(p.iloc[0])} preemptions at {int(g['num_blocks'].iloc[0])} "
                 f"blocks, {int(p.iloc[-1])} at {int(g['num_blocks'].iloc[-1])}")
+        heads[str(machine)] = (f"{int(p.iloc[0])} → {int(p.iloc[-1])} preemptions as the pool "
+                               f"grows {int(g['num_blocks'].iloc[0])} → "
+                               f"{int(g['num_blocks'].iloc[-1])} blocks")
         good = p.iloc[0] > 0 and p.iloc[-1] == 0 and bool((p.diff().dropna() <= 0).all())
         if "recomputed_tokens" in g.columns:
             rec = g.loc[p > 0, "recomputed_tokens"].astype(float)
@@ -424,6 +466,7 @@ def preemption_signal(results: Results) -> Claim:
         devices.append(str(machine))
     if parts:
         c.device, c.measured, c.verdict = ", ".join(devices), "; ".join(parts), judge(ok)
+        c.headline = per_device(heads)
     return c
 
 
@@ -436,7 +479,7 @@ def memory_buys_throughput(results: Results) -> Claim:
     frame = results.get("engine_equal_memory")
     if frame is None or not {"method", "tokens_per_s", "concurrent_seqs"} <= set(frame.columns):
         return c
-    parts, ok, devices = [], True, []
+    parts, ok, devices, heads = [], True, [], {}
     for machine, g in frame.groupby("machine"):
         eng = g[g["method"].astype(str) == "engine"]
         pad = g[g["method"].astype(str) != "engine"]
@@ -446,10 +489,13 @@ def memory_buys_throughput(results: Results) -> Claim:
         e_tps, p_tps = float(eng["tokens_per_s"].max()), float(pad["tokens_per_s"].max())
         parts.append(f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once, "
                      f"{e_tps:,.0f} vs {p_tps:,.0f} tokens/s ({e_tps / p_tps:.1f}×)")
+        heads[str(machine)] = (f"{e_seq:,.0f} vs {p_seq:,.0f} sequences, "
+                               f"{e_tps / p_tps:.1f}× tokens/s")
         ok &= e_seq > p_seq and e_tps > p_tps
         devices.append(str(machine))
     if parts:
         c.device, c.measured, c.verdict = ", ".join(devices), "; ".join(parts), judge(bool(ok))
+        c.headline = per_device(heads)
     return c
 
 
@@ -467,7 +513,7 @@ def qwen_geometry(results: Results) -> Claim:
     if row.empty:
         return c
     per_token, per_block = int(row["bytes_per_token"].iloc[0]), int(row["bytes_per_block_16"].iloc[0])
-    c.device = "arithmetic on the config (any machine)"
+    c.device = "any machine (arithmetic)"
     c.measured = f"{per_token:,} B/token, {per_block:,} B/block"
     c.verdict = judge(per_token == 12 * 1024 and per_block == 192 * 1024)
     return c
@@ -483,7 +529,7 @@ def about_250_requests(results: Results) -> Claim:
         return c
     row = frame.iloc[0]
     n = int(row["max_concurrency_naive"])
-    c.device = "arithmetic (any machine)"
+    c.device = "any machine (arithmetic)"
     c.measured = (f"{int(row['num_blocks']):,} blocks × 16 = {int(row['cacheable_tokens']):,} "
                   f"tokens → {n} requests of 4,096")
     c.verdict = judge(225 <= n <= 275)
@@ -510,6 +556,7 @@ def capacity_ratio(results: Results) -> Claim:
             if naive > 0:
                 ratio = paged / naive
                 parts.append(f"planner: {paged:,.0f} paged vs {naive:,.0f} naive = {ratio:.1f}×")
+                c.headline = f"planner {ratio:.1f}×"
                 verdict = judge(2 <= ratio <= 4)
                 if ratio > 4:
                     parts[-1] += " (larger than the article says on this workload)"
@@ -522,6 +569,7 @@ def capacity_ratio(results: Results) -> Claim:
         if len(paged) and len(naive) and float(naive["mean_concurrency"].iloc[0]) > 0:
             r = float(paged["mean_concurrency"].iloc[0]) / float(naive["mean_concurrency"].iloc[0])
             parts.append(f"time-stepped: mean concurrency paged / reserve-max = {r:.1f}×")
+            c.headline += ("; " if c.headline else "") + f"time-stepped {r:.1f}×"
             if verdict is None:
                 verdict = judge(2 <= r <= 4)
     if parts:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 
 from pagebench.errors import PagebenchError
+from pagebench.report import devices
 
 # file-name prefix (under a data directory) -> dataset name; first match wins
 FILE_KINDS = (
@@ -91,6 +92,9 @@ class Results:
         frame = frame.copy()
         if "source" not in frame.columns:
             frame["source"] = source
+        labels = devices.frame_labels(frame)
+        if labels.notna().any():  # one device naming scheme in every table, plot and claim
+            frame["machine"] = labels
         old = self.frames.get(name)
         self.frames[name] = frame if old is None else pd.concat([old, frame], ignore_index=True)
         self.sources.setdefault(name, []).append(source)
@@ -274,11 +278,20 @@ def _asv_units(results_dir: Path) -> dict:
         return {}
 
 
+def _asv_machine_info(machine_dir: Path) -> dict:
+    try:
+        info = json.loads((machine_dir / "machine.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
 def asv_rows(doc: dict, path, units: dict) -> list[dict]:
     """Tidy rows from one asv result file (format version 2: values over the params product)."""
     import itertools
 
     machine = (doc.get("params") or {}).get("machine", Path(path).parent.name)
+    machine = devices.label_from_asv_machine(_asv_machine_info(Path(path).parent), machine)
     columns = doc.get("result_columns") or ["result", "params"]
     rows = []
     for bench, entry in (doc.get("results") or {}).items():
@@ -302,7 +315,10 @@ def asv_rows(doc: dict, path, units: dict) -> list[dict]:
 
 def pytest_benchmark_rows(doc: dict) -> list[dict]:
     commit = (doc.get("commit_info") or {}).get("id", "")
-    machine = (doc.get("machine_info") or {}).get("node", "")
+    info = doc.get("machine_info") or {}
+    cpu = info.get("cpu") or {}
+    machine = devices.device_label("cpu", cpu.get("arch_string_raw") or info.get("machine", ""),
+                                   cpu.get("count"))
     rows = []
     for b in doc.get("benchmarks") or []:
         stats = b.get("stats") or {}
@@ -444,7 +460,8 @@ def sweep_plan(run_sweeps: bool) -> list[tuple[str, str]]:
     plan = [("memory: static fragmentation", "static_memory"),
             ("memory: block manager tail waste", "block_waste"),
             ("capacity planner", "capacity"),
-            ("memory: time-stepped simulation", "dynamic_memory")]
+            ("memory: time-stepped simulation", "dynamic_memory"),
+            ("memory: real traces", "real_traces")]
     if run_sweeps:
         plan += [("kernels: quick sweep", "kernel_sweep"),
                  ("engine: quick comparisons", "engine_sweeps")]

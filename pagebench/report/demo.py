@@ -1,8 +1,8 @@
 """Small synthetic results in the shapes the real sources produce, for tests and layout previews.
 
-Every row is labelled ``synthetic`` (device name, machine, source): nothing here is a
-measurement. ``synthetic_results(paged_ratio=..., cow_ratio=...)`` lets a test make a claim
-hold or fail on purpose.
+Every row is labelled ``synthetic`` (source, workload) and its device ``Synthetic GPU``:
+nothing here is a measurement. ``synthetic_results(paged_ratio=..., cow_ratio=...)`` lets a
+test make a claim hold or fail on purpose.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pandas as pd
 from pagebench.report.collect import Results
 
 SYNTHETIC = "synthetic"
+DEVICE = "Synthetic GPU"  # the device label every synthetic measurement carries
 # block size -> paged time / contiguous time of the synthetic kernel
 DEFAULT_PAGED_RATIO = {1: 2.4, 8: 1.15, 16: 1.08, 32: 1.06, 128: 1.05}
 
@@ -29,7 +30,7 @@ def _kernel_rows(paged_ratio: dict) -> pd.DataFrame:
         cases += [("torch-paged", "paged", bs, contiguous_us * r * 2.8) for bs, r in
                   paged_ratio.items()]
         for backend, layout, bs, t in cases:
-            rows.append({"device": "cuda", "device_name": "synthetic-gpu", "torch_version": "0",
+            rows.append({"device": "cuda", "device_name": DEVICE, "torch_version": "0",
                          "triton_version": "0", "pagebench_version": "0", "commit": SYNTHETIC,
                          "dtype": "bfloat16", "model_shape": shape[0], "num_q_heads": shape[1],
                          "num_kv_heads": shape[2], "head_dim": shape[3], "batch": batch,
@@ -37,7 +38,7 @@ def _kernel_rows(paged_ratio: dict) -> pd.DataFrame:
                          "layout": layout, "cuda_graph": batch == 1, "time_us": t,
                          "q20_us": t * 0.98, "q80_us": t * 1.02, "kv_bytes": kv_bytes,
                          "gbps": kv_bytes / (t * 1e-6) / 1e9, "copy_gbps": 4300.0,
-                         "machine": SYNTHETIC})
+                         "machine": DEVICE})
     return pd.DataFrame(rows)
 
 
@@ -90,33 +91,33 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
         "max_concurrency_naive": 280, "max_concurrency_paged": 840}]), src)
     r.add("kernels", _kernel_rows(paged_ratio or DEFAULT_PAGED_RATIO), src)
     r.add("kernels_prefill", pd.DataFrame([
-        {"device": "cuda", "device_name": "synthetic-gpu", "model_shape": "llama-3-8b",
+        {"device": "cuda", "device_name": DEVICE, "model_shape": "llama-3-8b",
          "batch": 1, "query_len": 2048, "cached": cached, "backend": backend,
          "layout": "contiguous" if backend.startswith("sdpa") else "paged", "cuda_graph": False,
-         "time_us": t, "tflops": 2.2e12 * (cached + 1024) / t / 1e12, "machine": label}
+         "time_us": t, "tflops": 2.2e12 * (cached + 1024) / t / 1e12, "machine": DEVICE}
         for cached in (0, 2048)
         for backend, t in (("sdpa-contiguous", 90.0), ("triton-paged", 200.0),
                            ("torch-paged", 4000.0))]), src)
     r.add("engine_cow", pd.DataFrame({"n": [1, 4], "peak_blocks": [100, 100 * cow_ratio],
-                                      "machine": label}), src)
+                                      "machine": DEVICE}), src)
     r.add("engine_prefix", pd.DataFrame({
         "enable_prefix_caching": [False, True], "prefix_cache_hit_rate": [0.0, 0.6],
         "num_computed_prompt_tokens": [4000, 1600], "peak_blocks": [300, 180],
-        "machine": label}), src)
+        "machine": DEVICE}), src)
     r.add("engine_pool", pd.DataFrame({
         "num_blocks": [64, 128, 256, 512], "num_preemptions": [12, 4, 0, 0],
         "tokens_per_s": [700.0, 1100.0, 1500.0, 1510.0], "recomputed_tokens": [900, 300, 0, 0],
-        "machine": label}), src)
+        "machine": DEVICE}), src)
     r.add("engine_batch", pd.DataFrame({
         "batch": [1, 4, 16] * 2, "block_size": [16] * 3 + [32] * 3,
-        "tokens_per_s": [100.0, 380.0, 1400.0, 98.0, 370.0, 1350.0], "machine": label}), src)
+        "tokens_per_s": [100.0, 380.0, 1400.0, 98.0, 370.0, 1350.0], "machine": DEVICE}), src)
     r.add("engine_equal_memory", pd.DataFrame({
         "method": ["padded_generate", "engine"], "concurrent_seqs": [8, 40],
-        "tokens_per_s": [900.0, 3100.0], "machine": label}), src)
-    r.add("asv", pd.DataFrame([{"machine": label, "commit": "abc", "date": 1,
+        "tokens_per_s": [900.0, 3100.0], "machine": DEVICE}), src)
+    r.add("asv", pd.DataFrame([{"machine": DEVICE, "commit": "abc", "date": 1,
                                 "benchmark": "attention.Decode.track_time", "params": "16",
                                 "value": 12.5, "unit": "us"}]), src)
-    r.add("pytest_benchmark", pd.DataFrame([{"machine": label, "commit": "abc", "date": "x",
+    r.add("pytest_benchmark", pd.DataFrame([{"machine": DEVICE, "commit": "abc", "date": "x",
                                              "benchmark": "test_append", "params": "",
                                              "median_us": 1.2, "iqr_us": 0.1, "rounds": 5}]), src)
     return r

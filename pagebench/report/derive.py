@@ -9,6 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pagebench.report import devices
+
 PRIMARY_BLOCK_SIZE = 16
 
 
@@ -16,11 +18,9 @@ def _num(series) -> pd.Series:
     return pd.to_numeric(series, errors="coerce")
 
 
-def device_label(df: pd.DataFrame) -> pd.Series:
-    """'NVIDIA H200 (h200)' style label: the device name, and where the data came from."""
-    name = df["device_name"].astype(str) if "device_name" in df.columns else df["device"].astype(str)
-    machine = df["machine"].astype(str) if "machine" in df.columns else pd.Series("", index=df.index)
-    return name.where(machine == "", name + " [" + machine + "]")
+def row_labels(df: pd.DataFrame) -> pd.Series:
+    """Each row's device label (:func:`pagebench.report.devices.frame_labels`), never empty."""
+    return devices.frame_labels(df).fillna("unknown device").astype(str)
 
 
 def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -37,7 +37,7 @@ def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
         df["paged"] = df["layout"].astype(str).str.lower().eq("paged")
     else:
         df["paged"] = df["backend"].astype(str).str.contains("paged")
-    df["device_label"] = device_label(df)
+    df["device_label"] = row_labels(df)
     df["gpu"] = df["device"].astype(str).str.startswith("cuda") if "device" in df.columns \
         else ~df["device_label"].str.lower().str.contains("cpu")
     if "model_shape" in df.columns:
@@ -67,7 +67,7 @@ def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
     graph = df["cuda_graph"].astype(str).str.lower().isin(("true", "1")) \
         if "cuda_graph" in df.columns else pd.Series(False, index=df.index)
     df["variant"] = df["backend"].astype(str) + graph.map({True: " graph", False: ""})
-    df["device_label"] = device_label(df)
+    df["device_label"] = row_labels(df)
     df["shape"] = df["model_shape"].astype(str) if "model_shape" in df.columns else "default"
     keys = ["device_label", "shape", "batch", "query_len", "cached"]
     out = df.pivot_table(index=keys, columns="variant", values="time_us", aggfunc="median")

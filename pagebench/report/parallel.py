@@ -13,20 +13,20 @@ from __future__ import annotations
 import pandas as pd
 
 from pagebench.report import plots
-from pagebench.report.claims import FAILS, HOLDS, Claim, judge
+from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
-from pagebench.report.sections import Section, Table, make_table
+from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
 SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.py)"
-VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 PLANNER_CASES = (("llama-3-8b", (1, 2, 4, 8, 16)), ("llama-3-70b", (2, 4, 8)))
 
 
 def _device(frame: pd.DataFrame) -> str:
-    names = frame["device_name"].dropna().astype(str).unique() if "device_name" in frame else []
-    return ", ".join(names) or "GPU"
+    """The frame's device labels (pagebench.report.devices), as Results.add set them."""
+    labels = frame["machine"].dropna().astype(str).unique() if "machine" in frame else []
+    return ", ".join(labels) or "GPU"
 
 
 def capacity_doubles(results: Results) -> Claim:
@@ -77,6 +77,26 @@ def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
 VERDICTS = (capacity_doubles, attention_halves)
 
 
+def allreduce_frame(results: Results) -> pd.DataFrame | None:
+    """``tp_allreduce`` with the isolated all-reduce time set against the decode step of the
+    tp=2 CUDA-graph run (``tp_throughput``'s decode_tokens_per_s), where there is one."""
+    frame, tput = results.get("tp_allreduce"), results.get("tp_throughput")
+    if frame is None or tput is None or not {"mode", "decode_tokens_per_s"} <= set(tput.columns):
+        return frame
+    graphs = tput[(tput["tp"] == 2) & tput["mode"].astype(str).str.endswith("CUDA graphs")]
+    if graphs.empty:
+        return frame
+    rate = pd.to_numeric(graphs.groupby("batch")["decode_tokens_per_s"].median(),
+                         errors="coerce")
+    out = frame.assign(graph_decode_step_ms=frame["batch"].map(rate.index.to_series() / rate
+                                                                * 1e3))
+    if "isolated_allreduce_us" in frame and "allreduce_calls_per_step" in frame:
+        out["isolated_share_of_graph_step"] = (frame["isolated_allreduce_us"] / 1e3
+                                               * frame["allreduce_calls_per_step"]
+                                               / out["graph_decode_step_ms"])
+    return out
+
+
 def planner_rows() -> pd.DataFrame:
     """The capacity planner on a 141 GB GPU (0.9 utilisation, 4 GiB overhead) for each tp."""
     from pagebench.errors import ConfigError
@@ -108,11 +128,7 @@ def section(results: Results) -> Section:
            "--nproc-per-node N`; `pagebench bench` under torchrun splits its points over the "
            "GPUs.")
     claims = [fn(results) for fn in VERDICTS]
-    s.table(Table("Verdicts", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  [[c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)]
-                   for c in claims], None,
-                  [["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
-                    "criterion", "links"] for c in claims]))
+    s.table(claims_table(claims, "Verdicts"))
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"two-GPU measurements ({SOURCE})")
     else:
@@ -136,8 +152,10 @@ def _measured_part(s: Section, results: Results) -> None:
     if tput is not None and {"tp", "batch", "tokens_per_s"} <= set(tput.columns):
         hue = "mode" if "mode" in tput.columns else "tp"  # mode: tp and eager / CUDA graphs
         s.plot(plots.lines(tput, "batch", "tokens_per_s", hue, "Engine tokens/s vs batch: "
-                           "tp=1 (one GPU) and tp=2 (two GPUs)", "batch", "tokens/s",
+                           "tp=1 (one GPU) and tp=2 (two GPUs)", "batch size (sequences)",
+                           "generated tokens/s",
                            "line chart of tokens per second against batch for tp 1 and 2",
+                           legend_title="run" if hue == "mode" else "tensor-parallel GPUs",
                            logx=True))
         s.table(make_table(tput, "Engine throughput (random-weight Llama-3-8B, bf16; prompts "
                            "of 128 tokens, 64 generated)",
@@ -146,12 +164,15 @@ def _measured_part(s: Section, results: Results) -> None:
                            "tp_throughput"))
     else:
         s.nodata(f"engine throughput at tp=1 and tp=2 ({SOURCE})")
-    s.table(make_table(results.get("tp_allreduce"), "All-reduce per step at tp=2 (eager run: "
-                       "CUDA events around every all-reduce; 'isolated': one all-reduce of the "
-                       "step's hidden states timed alone × calls per step)",
+    s.table(make_table(allreduce_frame(results), "All-reduce per step at tp=2. Eager run: "
+                       "CUDA events around every all-reduce (steps of a whole generate call, "
+                       "mostly decode); 'isolated': one all-reduce of a decode step's hidden "
+                       "states timed alone × calls per step, also against the decode step "
+                       "replayed from a CUDA graph where the engine has them",
                        ["machine", "batch", "step_ms", "allreduce_calls_per_step",
                         "allreduce_ms_per_step", "allreduce_share", "isolated_allreduce_us",
-                        "isolated_allreduce_share"], "tp_allreduce"))
+                        "isolated_allreduce_share", "graph_decode_step_ms",
+                        "isolated_share_of_graph_step"], "tp_allreduce"))
     s.table(make_table(results.get("tp_attention"), "Paged decode attention per step (× 32 "
                        "layers) on one GPU's heads",
                        ["machine", "backend", "tp", "num_q_heads", "num_kv_heads", "batch",
@@ -161,5 +182,7 @@ def _measured_part(s: Section, results: Results) -> None:
         one = wall.loc[wall["gpus"] == 1, "wall_s"]
         wall = wall.assign(speedup=float(one.iloc[0]) / wall["wall_s"] if len(one) else None)
     s.table(make_table(wall, "Kernel sweep (`pagebench bench --device cuda` under torchrun, "
-                       "cold Triton cache) on 1 and 2 GPUs",
-                       ["machine", "gpus", "wall_s", "speedup", "points", "rows"], "sweep_wall"))
+                       "cold Triton cache) on 1 and 2 GPUs; startup_s: starting torchrun and "
+                       "pagebench alone, a fixed cost in both",
+                       ["machine", "gpus", "wall_s", "speedup", "startup_s", "points", "rows"],
+                       "sweep_wall"))

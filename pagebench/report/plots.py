@@ -2,6 +2,8 @@
 
 Every function takes tidy DataFrames and returns a :class:`Plot` (or ``None`` when the frame
 holds nothing to draw). Labels come from data; matplotlib draws them as text, never as markup.
+Axis labels are words with units, given by the caller; each :class:`Plot` records the labels it
+drew (``axes``) so the page, and the browser test, can read them.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import base64
 import functools
 import io
+import textwrap
 from dataclasses import dataclass
 
 import matplotlib
@@ -32,6 +35,19 @@ def label(value) -> str:
     return str(value).replace("$", r"\$")
 
 
+# result columns -> words with units, for a caller that names no label
+WORDS = {"tokens_per_s": "tokens/s", "block_size": "block size (tokens)",
+         "batch": "batch size (sequences)", "context": "context (tokens)",
+         "device_label": "device", "machine": "device", "num_preemptions": "preemptions",
+         "time_us": "time (µs)", "gbps": "GB/s", "num_blocks": "KV blocks",
+         "peak_blocks": "peak KV blocks", "tp": "tensor-parallel GPUs"}
+
+
+def words(column: str) -> str:
+    """A column's name as an axis or legend label: words (with a unit where known)."""
+    return WORDS.get(column, str(column).replace("_", " "))
+
+
 def styled(fn):
     """Draw under the report's style without changing matplotlib's global settings."""
     @functools.wraps(fn)
@@ -46,6 +62,58 @@ class Plot:
     title: str
     data_uri: str
     alt: str
+    # per drawn axes: {"x": x label, "y": y label, "legend": [title and entries], "title": ...};
+    # "x" is None on an axes whose x axis is not drawn (the right-hand axes of a twin plot)
+    axes: tuple = ()
+    small: bool = False  # laid out two to a row
+
+
+def axes_labels(fig) -> tuple:
+    """The labels each visible axes of ``fig`` draws; an axes sharing x or y with one that is
+    labelled (panels in a row or column) counts as labelled."""
+    out = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        x = ax.get_xlabel() or next((o.get_xlabel() for o in
+                                     ax.get_shared_x_axes().get_siblings(ax)
+                                     if o.get_xlabel()), "")
+        y = ax.get_ylabel() or next((o.get_ylabel() for o in
+                                     ax.get_shared_y_axes().get_siblings(ax)
+                                     if o.get_ylabel()), "")
+        legend = ax.get_legend()
+        entries = [] if legend is None else \
+            [legend.get_title().get_text()] + [t.get_text() for t in legend.get_texts()]
+        out.append({"x": x if ax.xaxis.get_visible() else None, "y": y,
+                    "legend": [e for e in entries if e], "title": ax.get_title()})
+    for legend in fig.legends:
+        out.append({"x": None, "y": None, "title": "",
+                    "legend": [t.get_text() for t in legend.get_texts() if t.get_text()]})
+    return tuple(out)
+
+
+def small_png(png: bytes, colors: int = 96) -> bytes:
+    """The PNG with a palette of ``colors``: charts use few colours, and the page carries
+    dozens of them inline (about a quarter of the size, no visible change)."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    out = io.BytesIO()
+    image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(out, "PNG",
+                                                                         optimize=True)
+    return out.getvalue()
+
+
+def wrapped(text: str, width: int = 42) -> str:
+    """A panel title on lines of at most ``width`` characters, broken at its " · " separators
+    where it can be, so neighbouring panels' titles never meet."""
+    lines = []
+    for part in label(text).split(" · "):
+        if lines and len(lines[-1]) + 3 + len(part) <= width:
+            lines[-1] += " · " + part
+        else:
+            lines.extend(textwrap.wrap(part, width) or [""])
+    return "\n".join(lines) or " "
 
 
 def log2_axis(ax, values, axis: str = "x") -> None:
@@ -60,14 +128,25 @@ def log2_axis(ax, values, axis: str = "x") -> None:
         ax.set_yticks(ticks, [f"{t:,}" for t in ticks])
 
 
-def to_plot(fig, title: str, alt: str, tight: bool = True) -> Plot:
+def plain_log_y(ax) -> None:
+    """Log-10 y scale ticked at 1, 2 and 5 per decade, labelled as plain numbers (200, 5000)."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+        lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def to_plot(fig, title: str, alt: str, tight: bool = True, small: bool = False) -> Plot:
     buf = io.BytesIO()
     if tight:
         fig.tight_layout()
+    labels = axes_labels(fig)
     fig.savefig(buf, format="png")
     plt.close(fig)
-    uri = "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
-    return Plot(title, uri, alt)
+    uri = "data:image/png;base64," + base64.b64encode(small_png(buf.getvalue())).decode("ascii")
+    drawn = "; ".join(f"x: {a['x']}, y: {a['y']}" for a in labels if a["y"])
+    return Plot(title, uri, f"{alt} ({drawn})" if drawn else alt, labels, small)
 
 
 def _empty(df) -> bool:
@@ -88,6 +167,7 @@ def utilisation_bars(static: pd.DataFrame) -> Plot | None:
     for i, u in enumerate(util):
         ax.text(i, u + 1, f"{u:.1f}", ha="center", fontsize=7)
     ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_xlabel("allocator (paged: block size in tokens)")
     ax.set_ylabel("KV slots holding tokens (%)")
     ax.set_ylim(0, 110)
     return to_plot(fig, "Utilisation per allocator and block size",
@@ -105,7 +185,7 @@ def max_len_lines(sweep: pd.DataFrame) -> Plot | None:
         ax.plot(g["max_len"], g["utilisation"].astype(float) * 100, marker="o", label=label(name))
     log2_axis(ax, sweep["max_len"])
     ax.set_xlabel("max_model_len (tokens)")
-    ax.set_ylabel("utilisation (%)")
+    ax.set_ylabel("KV slots holding tokens (%)")
     ax.set_ylim(0, 105)
     ax.legend(ncol=3)
     return to_plot(fig, "Utilisation versus max_model_len",
@@ -144,12 +224,13 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
         ax.stackplot(g["step"], [g[c].astype(float) / budget * 100 for c in cats],
                      labels=[BREAKDOWN[c][0] for c in cats],
                      colors=[BREAKDOWN[c][1] for c in cats])
-        ax.set_title(label(name), fontsize=9)
+        ax.set_title(wrapped(name, 36), fontsize=9)
         ax.set_ylim(0, 100)
-        ax.set_xlabel("step")
+        ax.set_xlabel("simulation step")
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    axes[0][0].set_ylabel("% of KV budget")
+    for row in axes:
+        row[0].set_ylabel("share of the KV budget (%)")
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=7)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
@@ -158,39 +239,80 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
 
 
 @styled
-def grouped_bars(df: pd.DataFrame, category: str, series: list[str], title: str, ylabel: str,
-                 alt: str) -> Plot | None:
-    """One group of bars per row of ``df`` (labelled by ``category``), one bar per column."""
+def grouped_bars(df: pd.DataFrame, category: str, series, title: str, ylabel: str, alt: str,
+                 *, xlabel: str | None = None, logy: bool = False) -> Plot | None:
+    """One group of bars per row of ``df`` (labelled by ``category``, axis ``xlabel``), one bar
+    per column of ``series`` (column -> legend entry, or a list of columns); every series in
+    the unit of ``ylabel``."""
     if _empty(df):
         return None
+    if not isinstance(series, dict):
+        series = {col: words(col) for col in series}
     fig, ax = plt.subplots(figsize=(6.5, 3))
+    bar_group(ax, df, category, series)
+    ax.set_xlabel(xlabel or words(category))
+    ax.set_ylabel(ylabel)
+    if logy:
+        plain_log_y(ax)
+    if len(series) > 1:
+        ax.legend()
+    return to_plot(fig, title, alt)
+
+
+def bar_group(ax, df: pd.DataFrame, category: str, series: dict[str, str]) -> None:
     width = 0.8 / max(1, len(series))
-    for i, col in enumerate(series):
+    for i, (col, name) in enumerate(series.items()):
         xs = [j + i * width for j in range(len(df))]
-        ax.bar(xs, df[col].astype(float), width=width, label=label(col))
+        ax.bar(xs, df[col].astype(float), width=width, label=label(name))
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(df))],
                   [label(v) for v in df[category]], rotation=20 if len(df) > 3 else 0,
                   ha="right" if len(df) > 3 else "center", fontsize=7 if len(df) > 3 else 8)
-    ax.set_ylabel(ylabel)
-    ax.legend()
+
+
+@styled
+def bar_panels(df: pd.DataFrame, category: str, panels: dict[str, str], title: str,
+               xlabel: str, alt: str) -> Plot | None:
+    """One panel per column of ``panels`` (column -> y label with its unit): quantities in
+    different units (tokens, blocks) never share an axis."""
+    if _empty(df):
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels) + 0.6, 3),
+                             squeeze=False)
+    for ax, (col, ylabel) in zip(axes[0], panels.items()):
+        bar_group(ax, df, category, {col: ylabel})
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
     return to_plot(fig, title, alt)
 
 
 @styled
 def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
-          alt: str, *, logx: bool = False, logy: bool = False, hlines: dict | None = None,
-          panel: str | None = None) -> Plot | None:
-    """Line per ``hue`` value of ``y`` against ``x``; one panel per ``panel`` value if given."""
+          alt: str, *, legend_title: str | None = None, logx: bool = False, logy: bool = False,
+          hlines: dict | None = None, panel: str | None = None,
+          spread: tuple[str, str] | None = None) -> Plot | None:
+    """Line per ``hue`` value of ``y`` against ``x`` (legend titled ``legend_title``); one
+    panel per ``panel`` value if given, at most three to a row. ``spread`` (low, high columns,
+    e.g. min and max over repeats) draws error bars where those columns have values."""
     if _empty(df):
         return None
     panels = list(dict.fromkeys(df[panel])) if panel else [None]
-    fig, axes = plt.subplots(1, len(panels), figsize=(min(4.2 * len(panels), 13), 3.2),
+    cols = min(3, len(panels))
+    rows = ceil_div(len(panels), cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(max(4.4 * cols, 6.5), 3.4 * rows),
                              squeeze=False)
-    for ax, p in zip(axes[0], panels):
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax, p in zip(axes.flat, panels):
         part = df if p is None else df[df[panel] == p]
         for key, g in part.groupby(hue, sort=True):
             g = g.sort_values(x)
-            ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=label(key))
+            line, = ax.plot(g[x], g[y].astype(float), marker="o", markersize=3, label=label(key))
+            if spread and set(spread) <= set(g.columns) and g[list(spread)].notna().all().all():
+                mid = g[y].astype(float)
+                err = [(mid - g[spread[0]].astype(float)).clip(lower=0),
+                       (g[spread[1]].astype(float) - mid).clip(lower=0)]
+                ax.errorbar(g[x], mid, yerr=err, fmt="none", ecolor=line.get_color(),
+                            capsize=2, linewidth=0.8)
         for name, value in (hlines or {}).items():
             ax.axhline(value, color="k", linestyle="--", linewidth=1)
             ax.annotate(label(name), (0.01, value), xycoords=("axes fraction", "data"),
@@ -198,38 +320,106 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         if logx:
             log2_axis(ax, part[x])
         if logy:
-            ax.set_yscale("log")
+            plain_log_y(ax)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         if p is not None:
-            ax.set_title(label(p), fontsize=9)
-        ax.legend(title=label(hue), fontsize=7, title_fontsize=7)
+            ax.set_title(wrapped(p), fontsize=9)
+        ax.legend(title=label(legend_title or words(hue)), fontsize=7, title_fontsize=7)
     return to_plot(fig, title, alt)
 
 
 @styled
 def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlabel: str,
-               alt: str, hue: str | None = None, logx: bool = False) -> Plot | None:
-    """``left`` (solid) and ``right`` (dashed, second axis) against ``x``."""
+               alt: str, *, left_label: str | None = None, right_label: str | None = None,
+               hue: str | None = None, logx: bool = False) -> Plot | None:
+    """``left`` (solid, axis ``left_label``) and ``right`` (dashed, second axis
+    ``right_label``) against ``x``; one colour per ``hue`` value."""
     if _empty(df):
         return None
+    left_label, right_label = left_label or words(left), right_label or words(right)
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     ax2 = ax.twinx()
     groups = df.groupby(hue, sort=True) if hue else [(None, df)]
     for i, (key, g) in enumerate(groups):
         g = g.sort_values(x)
         color = f"C{i}"
-        suffix = "" if key is None else f" ({key})"
-        ax.plot(g[x], g[left].astype(float), marker="o", color=color, label=label(left + suffix))
+        suffix = "" if key is None else f", {key}"
+        ax.plot(g[x], g[left].astype(float), marker="o", color=color,
+                label=label(left_label + suffix))
         ax2.plot(g[x], g[right].astype(float), marker="s", linestyle="--", color=color,
-                 label=label(right + suffix))
+                 label=label(right_label + suffix))
     if logx:
         log2_axis(ax, df[x])
     ax.set_xlabel(xlabel)
-    ax.set_ylabel(label(left))
-    ax2.set_ylabel(label(right))
+    ax.set_ylabel(label(left_label))
+    ax2.set_ylabel(label(right_label))
     ax2.grid(False)
     h1, l1 = ax.get_legend_handles_labels()
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=7)
     return to_plot(fig, title, alt)
+
+
+# asv units -> (scale, unit shown): times are shown in the unit that suits their size
+TIME_UNITS = ((1e-6, 1e6, "µs"), (1e-3, 1e3, "ms"), (float("inf"), 1.0, "s"))
+
+
+def history_axis_label(benchmark: str, unit: str, values: pd.Series) -> tuple[float, str]:
+    """(factor, y label in words with unit) for one asv benchmark's values."""
+    method = str(benchmark).rsplit(".", 1)[-1]
+    if unit == "seconds" or method.startswith("time_"):
+        median = float(values.abs().median()) if len(values) else 0.0
+        factor, shown = next((f, u) for limit, f, u in TIME_UNITS if median < limit * 1e3)
+        return factor, f"time per call ({shown})"
+    words = method.removeprefix("track_").replace("_", " ")
+    for tail, noun in ((" tokens per s", " throughput"), (" per s", " rate"),
+                       (" ms", " time"), (" us", " time"), (" pct", "")):
+        if (" " + words).endswith(tail):
+            words = (" " + words)[:-len(tail)] + noun
+            break
+    return 1.0, f"{words.strip()} ({unit})" if unit else words.strip()
+
+
+@styled
+def history(df: pd.DataFrame, benchmark: str, alt: str) -> Plot | None:
+    """One asv benchmark over commits: a panel per machine (commits in date order), a line per
+    parameter set (one colour per set across panels, one legend below). ``df``: rows of
+    ``collect.asv_rows`` for this benchmark."""
+    if _empty(df):
+        return None
+    unit = str(df["unit"].iloc[0]) if "unit" in df.columns else ""
+    factor, ylabel = history_axis_label(benchmark, unit, df["value"].astype(float))
+    machines = list(dict.fromkeys(df["machine"]))
+    params = sorted(df["params"].astype(str).unique())
+    color = {p: f"C{i % 10}" for i, p in enumerate(params)}
+    marker = {p: "os^v"[i // 10 % 4] for i, p in enumerate(params)}
+    legend_cols = 1 if len(params) <= 3 else 2 if len(params) <= 12 else 3
+    legend_rows = ceil_div(len(params), legend_cols)
+    height = 2.5 + 0.13 * legend_rows
+    fig, axes = plt.subplots(1, len(machines), figsize=(5.6 * len(machines), height),
+                             squeeze=False)
+    handles = {}
+    for ax, machine in zip(axes[0], machines):
+        part = df[df["machine"] == machine]
+        commits = list(dict.fromkeys(part.sort_values("date")["commit"].astype(str)))
+        position = {c: i for i, c in enumerate(commits)}
+        for p, g in part.groupby(part["params"].astype(str), sort=True):
+            g = g.assign(pos=g["commit"].astype(str).map(position)).sort_values("pos")
+            (line,) = ax.plot(g["pos"], g["value"].astype(float) * factor, marker=marker[p],
+                              markersize=3, color=color[p])
+            handles[p] = line
+        values = part["value"].astype(float) * factor
+        if len(values) and values.min() > 0 and values.max() / values.min() > 20:
+            plain_log_y(ax)
+        ax.set_xticks(range(len(commits)), [c[:7] for c in commits], rotation=30, ha="right",
+                      fontsize=7)
+        ax.set_xlim(-0.5, len(commits) - 0.5)
+        ax.set_xlabel("commit (oldest to newest)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(wrapped(machine, 60), fontsize=9)
+    names = [label(p.replace("'", "") or "(no parameters)") for p in handles]
+    fig.legend(list(handles.values()), names, loc="lower center", ncol=legend_cols,
+               fontsize=6, title="parameters", title_fontsize=6)
+    fig.tight_layout(rect=(0, (0.13 * legend_rows + 0.25) / height, 1, 1))
+    return to_plot(fig, benchmark, alt, tight=False, small=len(machines) == 1)

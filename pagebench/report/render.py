@@ -38,6 +38,7 @@ td { font-variant-numeric: tabular-nums; }
 .scroll { overflow-x: auto; max-width: 100%; }
 figure { margin: 10px 0 18px; }
 figure img { max-width: 100%; border: 1px solid #e5e7eb; }
+figure.small { display: inline-block; width: 49%; margin: 6px 0; vertical-align: top; }
 figcaption { font-size: 12px; color: #555; }
 .nodata { background: #fff8e1; border-left: 4px solid #f0b400; padding: 6px 10px; margin: 8px 0; }
 .warnings { background: #fdecea; border-left: 4px solid #c62828; padding: 6px 14px; }
@@ -51,6 +52,10 @@ figcaption { font-size: 12px; color: #555; }
 #claims-table td:nth-child(2) { min-width: 240px; }
 #claims-table td.datalink { word-break: break-all; min-width: 90px; }
 details { margin: 8px 0 18px; }
+details.more { margin: 4px 0 0; font-size: 11.5px; color: #444; }
+details.more summary { font-weight: 400; color: #1f3b5a; }
+#claims-table td.device { min-width: 110px; }
+table:not(#claims-table) td.device { white-space: nowrap; }
 summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 .datalink { font-size: 11.5px; }
 .recommendation { font-size: 16px; background: #e8f0fe; padding: 10px 14px; border-radius: 4px; }
@@ -71,7 +76,7 @@ summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 {% for item in s.items %}
 {% if item.kind == "text" %}<p>{{ item.text }}</p>
 {% elif item.kind == "nodata" %}<p class="nodata">{{ item.text }}</p>
-{% elif item.kind == "plot" %}<figure><img src="{{ item.plot.data_uri }}" alt="{{ item.plot.alt }}"><figcaption>{{ item.plot.title }}</figcaption></figure>
+{% elif item.kind == "plot" %}<figure class="plot{% if item.plot.small %} small{% endif %}" data-axes='{{ item.plot.axes|tojson }}'><img src="{{ item.plot.data_uri }}" alt="{{ item.plot.alt }}"><figcaption>{{ item.plot.title }}</figcaption></figure>
 {% elif item.kind == "table" %}{% set t = item.table %}
 {% if t.rows|length > 15 and s.id != "claims" %}<details><summary>{{ t.caption }} ({{ t.rows|length }} rows)</summary>{% endif %}
 <div class="scroll"><table{% if s.id == "claims" %} id="claims-table"{% endif %}>
@@ -80,7 +85,7 @@ summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 <tbody>
 {% for row in t.rows %}{% set rowloop = loop %}<tr>{% for cell in row %}{% set cls = t.classes[rowloop.index0][loop.index0] if t.classes else "" %}
 {% if cls == "links" %}<td class="datalink">{% for name in cell.split() %}{% if name in hrefs %}<a href="{{ hrefs[name] }}">{{ name }}</a>{% else %}{{ name }}{% endif %}{% if not loop.last %}, {% endif %}{% endfor %}</td>
-{% else %}<td{% if cls %} class="{{ cls }}"{% endif %}>{{ cell }}</td>{% endif %}{% endfor %}</tr>
+{% else %}<td{% if cls %} class="{{ cls }}"{% endif %}>{{ cell }}{% set more = t.details[rowloop.index0][loop.index0] if t.details else "" %}{% if more %}<details class="more"><summary>details</summary>{{ more }}</details>{% endif %}</td>{% endif %}{% endfor %}</tr>
 {% endfor %}</tbody></table></div>
 {% if t.rows|length > 15 and s.id != "claims" %}</details>{% endif %}
 {% endif %}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pagebench.report import derive, plots
+from pagebench.report import derive, devices, plots
 from pagebench.report.claims import FAILS, HOLDS, Claim, tally
 from pagebench.report.collect import Results, first_column
 
@@ -23,6 +23,7 @@ class Table:
     rows: list[list[str]]
     data: str | None = None  # dataset name: the CSV beside the report
     classes: list[list[str]] | None = None  # per-cell CSS class (claims verdicts)
+    details: list[list[str]] | None = None  # per-cell text shown one click away ("" for none)
 
 
 @dataclass(slots=True)
@@ -62,6 +63,7 @@ class Section:
 
 # ---- formatting --------------------------------------------------------------------------
 
+DEVICE_COLUMNS = ("machine", "device_label")  # hold labels of pagebench.report.devices
 PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
 # shown once per dataset in the environment section, not in every table (all kept in the CSVs)
 PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
@@ -104,7 +106,10 @@ def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | 
     rows = [[fmt(v, c) for c, v in zip(cols, rec)] for rec in shown.itertuples(index=False)]
     if len(df) > max_rows:
         caption += f" (first {max_rows} of {len(df)} rows; all in the CSV)"
-    return Table(caption, [str(c) for c in cols], rows, data)
+    # the device label column reads "device" (the CSV keeps its name)
+    header = ["device" if c in DEVICE_COLUMNS else str(c) for c in cols]
+    classes = [["device" if c in DEVICE_COLUMNS else "" for c in cols]] * len(rows)
+    return Table(caption, header, rows, data, classes)
 
 
 # ---- sections ----------------------------------------------------------------------------
@@ -112,26 +117,22 @@ def make_table(df: pd.DataFrame | None, caption: str, columns=None, data: str | 
 def environment(results: Results, env: dict, options: dict) -> Section:
     s = Section("environment", "Environment")
     s.text("Measured on this machine with the settings below; committed data (e.g. H200 runs) "
-           "keeps the device and versions it was measured with, shown per data source.")
-    rows = [[k, fmt(v)] for k, v in env.items()]
+           "keeps the device and versions it was measured with. Every table, plot and claim "
+           "names a device by its short label; the devices table below says what each is.")
+    rows = [["device label", devices.run_label(env) + devices.THIS_RUN]]
+    rows += [["torch device" if k == "device" else k, fmt(v)] for k, v in env.items()]
     rows += [[k, fmt(v)] for k, v in options.items()]
     s.table(Table("This run", ["field", "value"], rows))
+    s.table(devices_table(results))
     srcs = []
     for name, frame in sorted(results.frames.items()):
-        devices = ", ".join(dict.fromkeys(derive.device_label(frame))) \
-            if ("device_name" in frame.columns or "device" in frame.columns) else ""
-        versions = ""
-        if "torch_version" in frame.columns:
-            versions = "torch " + ", ".join(dict.fromkeys(frame["torch_version"].astype(str)))
-        if "triton_version" in frame.columns:
-            versions += "; triton " + ", ".join(dict.fromkeys(frame["triton_version"].astype(str)))
-        commits = ", ".join(dict.fromkeys(frame["commit"].astype(str))) \
-            if "commit" in frame.columns else ""
-        srcs.append([name, str(len(frame)), devices, versions, commits,
+        labels = ", ".join(dict.fromkeys(frame["machine"].dropna().astype(str))) \
+            if "machine" in frame.columns else ""
+        srcs.append([name, str(len(frame)), labels,
                      "; ".join(dict.fromkeys(results.sources.get(name, [])))])
     if srcs:
         s.table(Table("Data sources (every dataset is a CSV beside this page)",
-                      ["dataset", "rows", "device", "versions", "commit", "from"], srcs))
+                      ["dataset", "rows", "devices", "from"], srcs))
     methods = set()
     for frame in results.frames.values():
         if "timing_method" in frame.columns:
@@ -141,6 +142,33 @@ def environment(results: Results, env: dict, options: dict) -> Section:
            "cases also replayed from a CUDA graph."
            + (" Methods in the data: " + "; ".join(sorted(methods)) + "." if methods else ""))
     return s
+
+
+def devices_table(results: Results) -> Table | None:
+    """One row per device label: what the device is, the versions and commits its data was
+    measured with, and the datasets that hold it."""
+    info: dict[str, dict[str, dict]] = {}
+    for name, frame in sorted(results.frames.items()):
+        if "machine" not in frame.columns:
+            continue
+        for label, g in frame.groupby(frame["machine"].astype(str), sort=False):
+            d = info.setdefault(label, {k: {} for k in ("device", "device_name", "cpu_count",
+                                                        "torch_version", "triton_version",
+                                                        "commit", "datasets")})
+            d["datasets"][name] = None
+            for col in ("device", "device_name", "cpu_count", "torch_version",
+                        "triton_version", "commit"):
+                if col in g.columns:
+                    values = (fmt(v) for v in g[col].dropna().unique())
+                    if col == "commit":  # asv keeps 10 hex digits, the rest 7
+                        values = (v[:7] for v in values)
+                    d[col].update(dict.fromkeys(values))
+    if not info:
+        return None
+    rows = [[label] + [", ".join(v for v in d[col] if v) for col in d] for label, d in info.items()]
+    return Table("Devices: the full description behind each label",
+                 ["device", "kind", "name / architecture", "CPUs", "torch", "triton", "commit",
+                  "datasets"], rows, classes=[["device"] + [""] * 7] * len(rows))
 
 
 DYNAMIC_COLUMNS = ("label", "budget_tokens", "num_requests", "token_state_fraction_saturated",
@@ -222,9 +250,12 @@ def capacity(results: Results) -> Section:
             label = cap.apply(lambda r: f"{r.get('model', '')}\n{r.get('gpu_memory', '')}, "
                               f"{r.get('max_model_len', '')}", axis=1)
             s.plot(plots.grouped_bars(cap.assign(case=label), "case",
-                                      ["max_concurrency_naive", "max_concurrency_paged"],
+                                      {"max_concurrency_naive": "naive reservation",
+                                       "max_concurrency_paged": "paged (block 16)"},
                                       "Concurrent sequences: naive reservation versus paging",
-                                      "sequences", "bar chart of naive versus paged concurrency"))
+                                      "concurrent sequences",
+                                      "bar chart of naive versus paged concurrency",
+                                      xlabel="model, GPU memory, max_model_len"))
         s.table(make_table(cap, "Capacity planner cases (gpu_memory_utilization 0.9, block 16, "
                            "lengths lognormal(5.5, 0.9))", CAPACITY_COLUMNS, "capacity"))
     return s
@@ -248,21 +279,23 @@ def kernels(results: Results) -> Section:
         s.nodata("kernel sweep (run without --quick on this machine, or commit "
                  "reports/data/<gpu>/kernels.csv)")
         return s
-    devices = raw.groupby("device_label").size()
-    s.text("Devices in this data: " + "; ".join(f"{d} ({n} rows)" for d, n in devices.items())
-           + ". The name in brackets says where the rows came from: a directory under "
-           "reports/data (committed runs) or this machine (the sweep this report ran). CPU "
-           "timings show the harness works; GPU behaviour needs GPU data.")
+    labels = raw.groupby("device_label").size()
+    fresh = any(devices.THIS_RUN in str(d) for d in labels.index)
+    s.text("Devices in this data: " + "; ".join(f"{d} ({n} rows)" for d, n in labels.items())
+           + (" (\"this run\": measured by the run that built this page; the others are "
+              "committed data)" if fresh else "") + ". Each device is described under "
+           "Environment. CPU timings show the harness works; GPU behaviour needs GPU data.")
     ratio = derive.batch1_ratio(results.get("kernels"))
     if ratio.empty:
         s.nodata("batch-1 paged versus contiguous pairs")
     else:
         s.text("Batch 1: fastest paged backend / fastest contiguous backend, per block size and "
                "context. Above 1 means paging costs time.")
-        s.plot(plots.lines(ratio.assign(panel=ratio["device_label"] + " " + ratio["shape"]),
+        s.plot(plots.lines(ratio.assign(panel=ratio["device_label"] + " · " + ratio["shape"]),
                            "block_size", "ratio", "context",
-                           "Batch-1 paged / contiguous time versus block size", "block size",
-                           "paged / contiguous time", "line chart of batch-1 time ratio",
+                           "Batch-1 paged / contiguous time versus block size",
+                           "block size (tokens)", "paged / contiguous time (×)",
+                           "line chart of batch-1 time ratio", legend_title="context (tokens)",
                            logx=True, hlines={"contiguous": 1.0}, panel="panel"))
         s.table(make_table(ratio, "Batch-1 paged/contiguous ratio", data="kernels_batch1_ratio"))
     tput = derive.throughput(results.get("kernels"))
@@ -275,11 +308,14 @@ def kernels(results: Results) -> Section:
                "alone reads each sequence's own K/V, so it scales with batch only while "
                "launch-bound; the engine section shows whole-model throughput.")
         shown = tput[tput["primary"]]
-        s.plot(plots.lines(shown.assign(panel=shown["device_label"] + " " + shown["shape"]
-                                        + " ctx " + shown["context"].astype(int).astype(str)),
+        s.plot(plots.lines(shown.assign(panel=shown["device_label"] + " · " + shown["shape"]
+                                        + " · context " + shown["context"].astype(int)
+                                        .map("{:,}".format)),
                            "batch", "tokens_per_s", "series",
-                           "Decode throughput versus batch size", "batch size", "tokens/s",
-                           "line chart of throughput versus batch", logx=True, logy=True,
+                           "Decode throughput versus batch size", "batch size (sequences)",
+                           "decode tokens/s (attention only)",
+                           "line chart of throughput versus batch",
+                           legend_title="backend (bs: block size)", logx=True, logy=True,
                            panel="panel"))
         s.table(make_table(tput, "Throughput versus batch", ["device_label", "shape", "context",
                            "series", "batch", "time_us", "tokens_per_s"], "kernels_throughput"))
@@ -293,8 +329,9 @@ def kernels(results: Results) -> Section:
             hl = {f"copy ceiling {ceiling.median():,.0f} GB/s": float(ceiling.median())} \
                 if len(ceiling) else None
             s.plot(plots.lines(g.assign(panel=g["shape"]), "batch", "gbps", "backend",
-                               f"Achieved GB/s versus the copy ceiling: {label}", "batch size",
-                               "GB/s (K/V bytes / time)", "line chart of achieved bandwidth",
+                               f"Achieved GB/s versus the copy ceiling: {label}",
+                               "batch size (sequences)", "K/V bytes read / time (GB/s)",
+                               "line chart of achieved bandwidth", legend_title="backend",
                                logx=True, hlines=hl, panel="panel"))
         s.table(make_table(bw, "Achieved bandwidth (block 16 paged and contiguous)",
                            ["device_label", "shape", "backend", "block_size", "batch", "context",
@@ -303,8 +340,10 @@ def kernels(results: Results) -> Section:
     if not cost.empty:
         s.plot(plots.lines(cost, "block_size", "relative_time", "device_label",
                            "Paged kernel time per block size (1.0 = best block size)",
-                           "block size", "relative time (median over cases)",
-                           "line chart of kernel cost per block size", logx=True))
+                           "block size (tokens)",
+                           "kernel time / best block size's (median over cases)",
+                           "line chart of kernel cost per block size", legend_title="device",
+                           logx=True))
         s.table(make_table(cost, "Kernel cost per block size", data="kernels_block_cost"))
     prefill_part(s, results)
     return s
@@ -345,8 +384,11 @@ def engine(results: Results) -> Section:
             g = cow.groupby(["machine", key], as_index=False, sort=False)[col].mean()
             g["case"] = g["machine"].astype(str) + "\n" + (g[key].astype(str) if key == "variant"
                                                           else "n=" + g[key].astype(str))
-            s.plot(plots.grouped_bars(g, "case", [col], "KV blocks: n = 1 versus n = 4",
-                                      "blocks", "bar chart of blocks for n=1 and n=4"))
+            s.plot(plots.grouped_bars(g, "case", {col: col.replace("_", " ")},
+                                      "KV blocks: n = 1 versus n = 4",
+                                      "peak KV blocks" if col == "peak_blocks" else
+                                      "mean KV blocks", "bar chart of blocks for n=1 and n=4",
+                                      xlabel="device and request"))
         s.table(make_table(cow, "Copy-on-write comparison", data="engine_cow"))
     else:
         s.nodata("copy-on-write comparison (pagebench.engine.bench.cow_comparison)")
@@ -354,12 +396,18 @@ def engine(results: Results) -> Section:
     if pre is not None:
         any_data = True
         s.text("Prefix caching: requests sharing a system prompt, caching on versus off.")
-        cols = [c for c in ("num_computed_prompt_tokens", "peak_blocks") if c in pre.columns]
-        if cols and "enable_prefix_caching" in pre.columns:
-            g = pre.groupby(["machine", "enable_prefix_caching"], as_index=False)[cols].mean()
-            g["case"] = g["machine"].astype(str) + " caching=" + g["enable_prefix_caching"].astype(str)
-            s.plot(plots.grouped_bars(g, "case", cols, "Prefix caching on versus off",
-                                      "count", "bar chart of prefix caching effect"))
+        panels = {c: words for c, words in (
+            ("num_computed_prompt_tokens", "prompt tokens computed (tokens)"),
+            ("peak_blocks", "peak KV blocks (blocks)")) if c in pre.columns}
+        if panels and "enable_prefix_caching" in pre.columns:
+            g = pre.groupby(["machine", "enable_prefix_caching"], as_index=False)[
+                list(panels)].mean()
+            on = g["enable_prefix_caching"].astype(str).str.lower().isin(("true", "1"))
+            g["case"] = g["machine"].astype(str) + "\ncaching " + on.map({True: "on",
+                                                                         False: "off"})
+            s.plot(plots.bar_panels(g, "case", panels, "Prefix caching on versus off",
+                                    "device and prefix caching",
+                                    "bar charts of prefix caching effect"))
         s.table(make_table(pre, "Prefix caching comparison", data="engine_prefix"))
     else:
         s.nodata("prefix caching comparison (pagebench.engine.bench.prefix_cache_comparison)")
@@ -373,8 +421,9 @@ def engine(results: Results) -> Section:
         if pcol and tcol and "num_blocks" in pool.columns:
             s.plot(plots.twin_lines(pool, "num_blocks", tcol, pcol,
                                     "Throughput and preemptions versus pool size",
-                                    "pool size (blocks)", "line chart of the capacity cliff",
-                                    hue="machine"))
+                                    "pool size (KV blocks)", "line chart of the capacity cliff",
+                                    left_label="generated tokens/s (solid)",
+                                    right_label="preemptions (dashed)", hue="machine"))
         s.table(make_table(pool, "Pool size sweep", data="engine_pool"))
     else:
         s.nodata("pool size sweep (pagebench.engine.bench.pool_size_sweep)")
@@ -383,10 +432,23 @@ def engine(results: Results) -> Section:
         any_data = True
         hue = "block_size" if "block_size" in batch.columns else "machine"
         panel = "machine" if "machine" in batch.columns else None
-        s.plot(plots.lines(batch, "batch", "tokens_per_s", hue,
-                           "Engine throughput versus batch size", "batch size (sequences)",
-                           "tokens/s", "line chart of engine throughput", logx=True,
-                           panel=panel))
+        legend = "block size (tokens)" if hue == "block_size" else "device"
+        if "mode" in batch.columns:  # GPU runs: default (graphs) lines, other modes their own
+            mode = batch["mode"].fillna("").astype(str)
+            batch = batch.assign(series=batch[hue].astype(str).where(
+                mode.isin(["", "graphs"]), batch[hue].astype(str) + " " + mode))
+            hue = "series"
+        s.text("Error bars: min and max over repeats, where the data has them. On a GPU the "
+               "engine replays decode steps from CUDA graphs of compiled layers; 'eager' rows "
+               "run every step from Python.")
+        for y, title in (("tokens_per_s", "Engine throughput versus batch size (end to end)"),
+                         ("decode_tokens_per_s", "Engine decode throughput versus batch size")):
+            if y in batch.columns and batch[y].notna().any():
+                s.plot(plots.lines(batch[batch[y].notna()], "batch", y, hue, title,
+                                   "batch size (sequences)", "generated tokens/s",
+                                   f"line chart of {title.lower()}", legend_title=legend,
+                                   logx=True, logy=True, panel=panel,
+                                   spread=(f"{y}_min", f"{y}_max")))
         s.table(make_table(batch, "Engine throughput versus batch", data="engine_batch"))
     elif batch is None:
         s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
@@ -397,12 +459,20 @@ def engine(results: Results) -> Section:
                "continuous batching with its paged cache (generate_batch) and generate on the "
                "whole left-padded batch (contiguous cache).")
         if {"method", "tokens_per_s"} <= set(cmp_.columns):
-            g = cmp_.groupby(["machine", "method"], as_index=False, sort=False)["tokens_per_s"] \
-                .median()
-            g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
-            s.plot(plots.grouped_bars(g, "case", ["tokens_per_s"],
-                                      "Engine versus transformers: tokens/s", "tokens/s",
-                                      "bar chart of engine versus transformers throughput"))
+            rows = cmp_[cmp_["tokens_per_s"].notna()]
+            requests = [c for c in ("batch_size", "num_requests") if c in rows.columns]
+            rows = rows.assign(requests=rows[requests].bfill(axis=1).iloc[:, 0]
+                               if requests else "")
+            g = rows.groupby(["machine", "requests", "method"], as_index=False, sort=False,
+                             dropna=False)["tokens_per_s"].median()
+            g["case"] = (g["machine"].astype(str) + "\n" + g["method"].astype(str) + "\n"
+                         + g["requests"].map(lambda n: f"{n:g} requests" if n != "" else ""))
+            s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
+                                      "Engine versus transformers: tokens/s",
+                                      "generated tokens/s",
+                                      "bar chart of engine versus transformers throughput",
+                                      xlabel="device, generation method and requests",
+                                      logy=True))
         s.table(make_table(cmp_, "Engine versus transformers", data="engine_compare"))
     eq = results.get("engine_equal_memory")
     if eq is not None:
@@ -412,8 +482,10 @@ def engine(results: Results) -> Section:
         if {"method", "tokens_per_s"} <= set(eq.columns):
             g = eq.groupby(["machine", "method"], as_index=False)["tokens_per_s"].max()
             g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
-            s.plot(plots.grouped_bars(g, "case", ["tokens_per_s"], "Same KV memory: tokens/s",
-                                      "tokens/s", "bar chart of throughput at equal memory"))
+            s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
+                                      "Same KV memory: tokens/s", "generated tokens/s",
+                                      "bar chart of throughput at equal memory",
+                                      xlabel="device and generation method"))
         s.table(make_table(eq, "Equal-memory comparison", data="engine_equal_memory"))
     other = results.get("engine")
     if other is not None:
@@ -437,7 +509,11 @@ def benchmarks(results: Results) -> Section:
         latest = asv.sort_values("date").groupby(["machine", "benchmark", "params"],
                                                  as_index=False).last()
         s.text(f"asv: {asv['commit'].nunique()} commit(s) on {asv['machine'].nunique()} "
-               "machine(s); latest value per benchmark below, every commit in the CSV.")
+               "device(s). One plot per benchmark: its value at each commit measured, one "
+               "panel per device, one line per parameter set; the latest values are in the "
+               "table below and every commit in the CSV.")
+        for bench, g in asv.groupby("benchmark", sort=True):
+            s.plot(plots.history(g, str(bench), f"line chart of {bench} over commits"))
         s.table(make_table(latest, "asv, latest per benchmark", ["machine", "commit",
                            "benchmark", "params", "value", "unit"], "asv"))
     pyb = results.get("pytest_benchmark")
@@ -471,8 +547,11 @@ def recommendation(results: Results) -> tuple[Section, dict | None]:
         s.plot(plots.twin_lines(curve, "block_size", "utilisation %",
                                 "relative_kernel_time", "What a block size buys (utilisation) "
                                 "and costs (paged kernel time, 1.0 = best block size)",
-                                "block size", "line chart of utilisation and kernel time "
-                                "versus block size", logx=True))
+                                "block size (tokens)", "line chart of utilisation and kernel "
+                                "time versus block size",
+                                left_label="KV slots holding tokens (%)",
+                                right_label="paged kernel time / best block size's (×)",
+                                logx=True))
     s.table(make_table(rec["table"], "Score = utilisation / relative kernel time",
                        data="recommendation"))
     return s, rec
@@ -487,11 +566,18 @@ def claims_section(claims: list[Claim]) -> Section:
            "the criterion shown; a claim the data contradicts is marked 'does not hold' with "
            "the numbers that contradict it. Kernel claims are judged on GPU data when a GPU "
            "measured them.")
-    rows, classes = [], []
-    for c in claims:
-        rows.append([c.claim, c.measured, c.device, c.verdict, c.criterion, " ".join(c.data)])
-        classes.append(["", "", "", "verdict " + VERDICT_CLASS.get(c.verdict, "unmeasured"),
-                        "criterion", "links"])
-    s.table(Table("Claims", ["claim", "measured", "device", "verdict", "criterion", "data"],
-                  rows, "claims", classes))
+    s.table(claims_table(claims, "Claims", "claims"))
     return s
+
+
+def claims_table(claims: list[Claim], caption: str, data: str | None = None) -> Table:
+    """Claims as a table: each verdict coloured, the measured headline in the cell with every
+    detail one click away (the claims section and the sections with verdicts of their own)."""
+    rows, classes, details = [], [], []
+    for c in claims:
+        rows.append([c.claim, c.summary, c.device, c.verdict, c.criterion, " ".join(c.data)])
+        classes.append(["", "measured", "device", "verdict " + VERDICT_CLASS.get(
+            c.verdict, "unmeasured"), "criterion", "links"])
+        details.append(["", c.measured if c.summary != c.measured else "", "", "", "", ""])
+    return Table(caption, ["claim", "measured", "device", "verdict", "criterion", "data"],
+                 rows, data, classes, details)

@@ -12,6 +12,7 @@ import pandas as pd
 
 from pagebench.config import ceil_div
 from pagebench.report.collect import Results, as_frame, call_with_supported
+from pagebench.report.devices import device_label
 
 WORKLOAD = "lognormal:5.5,0.9"  # the article's length distribution
 NUM_SEQS, SEED, MAX_LEN = 2000, 0, 4096
@@ -20,7 +21,13 @@ MAX_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
 def here(device: str) -> str:
-    return f"this machine ({device})"
+    """The device label of rows this report run measures (see :mod:`pagebench.report.devices`)."""
+    import os
+
+    from pagebench.timing import environment
+
+    return device_label(device, environment(device)["device_name"], os.cpu_count(),
+                        this_run=True)
 
 
 def _label(allocator, block_size) -> str:
@@ -38,7 +45,7 @@ def static_memory(results: Results, device: str = "cpu", quick: bool = False) ->
         workload=WORKLOAD, num_seqs=res["num_seqs"], max_len=res["max_len"],
         tokens_stored=res["tokens_stored"], seed=SEED)
     static["block_size"] = static["block_size"].astype("Int64")
-    results.add("memory_static", static, "pagebench.sim.static (" + here("cpu") + ")")
+    results.add("memory_static", static, "pagebench.sim.static")
 
     rows = []
     for max_len in MAX_LENS:
@@ -52,7 +59,7 @@ def static_memory(results: Results, device: str = "cpu", quick: bool = False) ->
                          "workload": WORKLOAD, "num_seqs": NUM_SEQS, "seed": SEED})
     sweep = pd.DataFrame(rows)
     sweep["block_size"] = sweep["block_size"].astype("Int64")
-    results.add("memory_max_len", sweep, "pagebench.sim.static (" + here("cpu") + ")")
+    results.add("memory_max_len", sweep, "pagebench.sim.static")
 
 
 def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> None:
@@ -158,7 +165,7 @@ def kernel_sweep(results: Results, device: str = "cpu", quick: bool = False) -> 
 
     frame = as_frame(call_with_supported(run_sweep, device=device, quick=True))
     frame["machine"] = here(device)
-    results.add("kernels", frame, "pagebench.kernels.sweep.run_sweep (" + here(device) + ")")
+    results.add("kernels", frame, "pagebench.kernels.sweep.run_sweep (this run)")
 
 
 # (function in pagebench.engine.bench, keyword arguments) sized for ~1 minute on 2 CPU cores with
@@ -177,6 +184,7 @@ def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) ->
 
     # on CPU each comparison builds its own tiny model; elsewhere one, on that device
     model = {} if device == "cpu" else {"model": bench.tiny_model(device=device)}
+    label = here(device)
     for fn_name, kwargs in ENGINE_SWEEPS:
         fn = getattr(bench, fn_name, None)
         if fn is None:
@@ -187,6 +195,13 @@ def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) ->
         except Exception as e:  # noqa: BLE001 -- one failed comparison keeps the others
             results.warn(f"engine: {fn_name} failed ({type(e).__name__}: {e})")
             continue
-        frame["machine"] = here(device)
-        add_engine_rows(results, frame, f"pagebench.engine.bench.{fn_name} ({here(device)})",
+        frame["machine"] = label
+        add_engine_rows(results, frame, f"pagebench.engine.bench.{fn_name} (this run)",
                         default=fn_name)
+
+
+def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> None:
+    """Azure and Mooncake traces replayed in the simulators (and the engine unless quick)."""
+    from pagebench.report.real_traces import trace_sweeps
+
+    trace_sweeps(results, device=device, quick=quick)

@@ -27,6 +27,13 @@ Allocators
   ``ceil(tokens / block_size)`` blocks, taken one at a time as it grows. With ``cow=True`` and
   ``n > 1`` the samples share the prompt's full blocks (copy-on-write: the partly filled last
   prompt block is copied for all but one sample, counted in ``cow_copies``).
+  With ``prefix_caching=True`` (one sample per request) full prompt blocks are shared between
+  requests by the workload's ``hash_ids`` and kept cached after their requests end, under the
+  rule and LRU policy of :mod:`pagebench.sim.prefix_cache`: at admission a request takes the
+  leading cached blocks of its prompt (never its last prompt token) and allocates the rest;
+  cached blocks that no running request holds are evicted, least recently used first, when
+  an allocation needs them (before anyone is preempted) and count as ``free`` below. A
+  workload without ``hash_ids`` shares nothing (hit rate 0).
 
 Memory breakdown (token slots; the five parts sum to ``budget_tokens`` at every step)
 -------------------------------------------------------------------------------------
@@ -67,7 +74,11 @@ output tokens of the whole workload / ``num_steps``; ``num_preemptions``,
 ``num_refused``: requests refused at the head of the queue at least once (memory, not the
 ``max_num_seqs`` cap); ``refused_with_enough_free``: those refused at least once while the total
 free memory would have held them; ``cow_copies``; ``mean_wait_steps``, ``max_wait_steps``
-(arrival to first admission).
+(arrival to first admission). With ``prefix_caching``: ``prefix_caching`` (True for paged
+rows), ``prefix_cache_hit_rate`` (prompt tokens taken from the cache at each request's first
+admission / all prompt tokens) and ``prefix_blocks_saved`` (blocks taken from the cache instead
+of allocated, over all admissions, re-admissions after preemption included); None on
+contiguous rows.
 """
 
 from __future__ import annotations
@@ -82,6 +93,7 @@ import numpy as np
 from pagebench.config import ceil_div
 from pagebench.errors import ConfigError
 from pagebench.sim.address_space import FirstFitSpace
+from pagebench.sim.prefix_cache import PrefixBlockCache, PrefixNames
 from pagebench.sim.static import reserved_slots
 from pagebench.sim.trace import Workload
 
@@ -108,6 +120,8 @@ class _RunStats:
     num_preemptions: int = 0
     recomputed_tokens: int = 0
     cow_copies: int = 0
+    prefix_hit_tokens: int = 0
+    prefix_blocks_saved: int = 0
 
 
 def _simulate_contiguous(w: Workload, budget: int, allocator: str, max_len: int,
@@ -198,8 +212,12 @@ def _simulate_contiguous(w: Workload, budget: int, allocator: str, max_len: int,
 
 
 def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
-                    max_num_seqs: int | None):
+                    max_num_seqs: int | None, prefix_caching: bool = False):
     bs = block_size
+    cache = PrefixBlockCache() if prefix_caching else None
+    names = PrefixNames()
+    block_keys: dict[int, list[int]] = {}  # request -> its full prompt blocks' keys
+    held_keys: dict[int, list[int]] = {}  # running request -> cached blocks it references
     num_blocks, remainder = divmod(budget, bs)
     length = w.length
     shared = np.where(cow & (w.n > 1), w.prompt_len // bs, 0)  # shared prompt blocks
@@ -231,10 +249,14 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
         if running:
             due = (-s) % bs
             need = phase_count[due]
-            while need > free:
+            while need > free + (cache.num_evictable if cache else 0):
                 i, (a, b) = running.popitem()  # newest
                 n, sh = nseq[i], shared_blocks[i]
                 held = sh + n * ceil_div(b + s - sh * bs, bs)  # tokens at step s-1: b + s
+                if cache:
+                    keys = held_keys.pop(i)
+                    held -= len(keys)
+                    used -= cache.release(keys)
                 free += held
                 used -= held
                 if b % bs == due:
@@ -252,6 +274,9 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
                 stats.num_preemptions += 1
                 stats.recomputed_tokens += n * (b + s) - (n - 1) * sh * bs
                 preempted = True
+            if need > free:
+                cache.evict(need - free)
+                free = need
             free -= need
             used += need
         while waiting and not preempted:
@@ -260,7 +285,26 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
             if max_num_seqs is not None and S + n > max_num_seqs:
                 break
             blocks = sh + n * ceil_div(prompt[i] + 1 - sh * bs, bs)
-            if blocks > free:
+            if cache:
+                keys = block_keys.get(i)
+                if keys is None:
+                    keys = block_keys[i] = names.block_keys(
+                        w.hash_ids[i] if w.hash_ids else None, prompt[i], bs)
+                hits, revived = cache.match(keys, (prompt[i] - 1) // bs)
+                if blocks - hits > free + cache.num_evictable - revived:
+                    refused[i] = 1
+                    break
+                cache.acquire(keys, hits)
+                used += revived
+                blocks -= hits
+                if blocks > free:
+                    cache.evict(blocks - free)
+                    free = blocks
+                held_keys[i] = keys[:hits] + cache.register(keys[hits:])
+                stats.prefix_blocks_saved += hits
+                if stats.first_admit[i] < 0:
+                    stats.prefix_hit_tokens += hits * bs
+            elif blocks > free:
                 refused[i] = 1
                 break
             waiting.popleft()
@@ -278,8 +322,10 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
                 stats.first_admit[i] = s
                 if sh and (prompt[i] % bs):
                     stats.cow_copies += n - 1
-        records.append((s, s, A, S, used * bs + remainder, 0, 0, free * bs, conc,
-                        len(waiting), 0, key))
+        shared = cache.shared_extra * bs if cache else 0  # shared tokens count once
+        evictable = cache.num_evictable if cache else 0  # cached, unreferenced: reclaimable
+        records.append((s, s, A - shared, S, used * bs + remainder, 0, 0,
+                        (free + evictable) * bs, conc, len(waiting), 0, key))
         while finishing and finishing[0][0] <= s:
             _, v, i = heapq.heappop(finishing)
             if v != version[i]:
@@ -287,6 +333,10 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
             a, b = running.pop(i)
             n, sh = nseq[i], shared_blocks[i]
             held = sh + n * ceil_div(b + s + 1 - sh * bs, bs)
+            if cache:
+                keys = held_keys.pop(i)
+                held -= len(keys)
+                used -= cache.release(keys)
             free += held
             used -= held
             phase_count[b % bs] -= n
@@ -303,8 +353,10 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
             s = arrival[nxt]
         else:
             break
-    if used or free != num_blocks:
-        raise AssertionError(f"paged simulation leaked blocks: used={used}, free={free}")
+    cached = cache.num_evictable if cache else 0
+    if used or free + cached != num_blocks or (cache and cache.num_cached != cached):
+        raise AssertionError(f"paged simulation leaked blocks: used={used}, free={free}, "
+                             f"cached={cached}")
     stats.refused = sum(refused)
     return records, stats
 
@@ -391,9 +443,12 @@ def _timeline(win, paged: bool, every: int, with_key: bool) -> dict[str, np.ndar
     return cols
 
 
-def _validate(w, budget, allocators, block_sizes, max_len, max_num_seqs):
+def _validate(w, budget, allocators, block_sizes, max_len, max_num_seqs, cow=False,
+              prefix_caching=False):
     if not isinstance(w, Workload):
         raise ConfigError(f"workload: expected a Workload, got {type(w).__name__}")
+    if prefix_caching and (cow or int(w.n.max()) > 1):
+        raise ConfigError("prefix_caching: models one sample per request, without cow")
     if not isinstance(budget, (int, np.integer)) or budget < 1:
         raise ConfigError(f"budget_tokens: must be a positive integer, got {budget!r}")
     unknown = [a for a in allocators if a not in ALLOCATORS]
@@ -456,10 +511,12 @@ def label(allocator: str, block_size: int | None) -> str:
     return f"{allocator}-{block_size}" if allocator == "paged" else allocator
 
 
-def _run_one(workload, budget, allocator, block_size, max_len, cow, max_num_seqs):
+def _run_one(workload, budget, allocator, block_size, max_len, cow, max_num_seqs,
+             prefix_caching=False):
     paged = allocator == "paged"
     if paged:
-        records, stats = _simulate_paged(workload, budget, int(block_size), cow, max_num_seqs)
+        records, stats = _simulate_paged(workload, budget, int(block_size), cow, max_num_seqs,
+                                         prefix_caching)
     else:
         records, stats = _simulate_contiguous(workload, budget, allocator, max_len, max_num_seqs)
     win = _windows(records)
@@ -467,13 +524,19 @@ def _run_one(workload, budget, allocator, block_size, max_len, cow, max_num_seqs
            "label": label(allocator, block_size), "budget_tokens": budget,
            "num_requests": workload.num_requests, "cow": bool(cow and paged)}
     row |= _summarise(win, paged, budget, workload, stats)
+    if prefix_caching:
+        row["prefix_caching"] = paged
+        prompt_tokens = int(workload.prompt_len.sum())
+        row["prefix_cache_hit_rate"] = stats.prefix_hit_tokens / prompt_tokens if paged else None
+        row["prefix_blocks_saved"] = stats.prefix_blocks_saved if paged else None
     return row, win
 
 
 def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
                        block_size: int | None = None, *, max_len: int = 4096, cow: bool = False,
                        max_num_seqs: int | None = None, timeline_every: int = 1,
-                       with_running_key: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
+                       with_running_key: bool = False,
+                       prefix_caching: bool = False) -> tuple[dict, dict[str, np.ndarray]]:
     """One allocator on one workload: ``(summary row, timeline columns)``; see the module doc.
 
     The timeline columns here are those of ``TIMELINE_COLUMNS`` without ``allocator``,
@@ -481,10 +544,10 @@ def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
     order-independent fingerprint of which requests run and how many tokens each holds).
     """
     _validate(workload, budget_tokens, (allocator,), (block_size,) if allocator == "paged"
-              else (), max_len, max_num_seqs)
+              else (), max_len, max_num_seqs, cow, prefix_caching)
     _check_every(timeline_every)
     row, win = _run_one(workload, int(budget_tokens), allocator, block_size, max_len, cow,
-                        max_num_seqs)
+                        max_num_seqs, prefix_caching)
     return row, _timeline(win, allocator == "paged", int(timeline_every), with_running_key)
 
 
@@ -497,7 +560,7 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
                 block_sizes=(16,), *, max_len: int = 4096, cow: bool = False,
                 max_num_seqs: int | None = None, timeline_every: int | None = None,
                 max_timeline_rows: int = 2000, with_running_key: bool = False,
-                progress=None) -> DynamicResult:
+                prefix_caching: bool = False, progress=None) -> DynamicResult:
     """Simulate every allocator (``paged`` once per block size) on ``workload``.
 
     ``timeline_every``: record every k-th step in the timeline (summaries always use every
@@ -509,7 +572,8 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
     """
     allocators = tuple(allocators)
     block_sizes = tuple(int(b) if isinstance(b, (int, np.integer)) else b for b in block_sizes)
-    _validate(workload, budget_tokens, allocators, block_sizes, max_len, max_num_seqs)
+    _validate(workload, budget_tokens, allocators, block_sizes, max_len, max_num_seqs, cow,
+              prefix_caching)
     if timeline_every is not None:
         _check_every(timeline_every)
     plans = [(a, None) for a in dict.fromkeys(allocators) if a != "paged"]
@@ -517,7 +581,8 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
         plans += [("paged", b) for b in dict.fromkeys(block_sizes)]
     runs = []
     for a, b in plans:
-        runs.append(_run_one(workload, int(budget_tokens), a, b, max_len, cow, max_num_seqs))
+        runs.append(_run_one(workload, int(budget_tokens), a, b, max_len, cow, max_num_seqs,
+                             prefix_caching))
         if progress:
             progress(label(a, b))
     every = timeline_every
@@ -562,8 +627,11 @@ def reference_run(num_requests: int = 20_000, block_sizes=(16,), **kwargs) -> Dy
 def format_dynamic_table(result: DynamicResult) -> str:
     """Human-readable summary of a :class:`DynamicResult` (fractions of the budget)."""
     wl = result.workload
+    clipped = (f", {wl['num_clipped']:,} clipped to max_model_len {wl['max_model_len']:,}"
+               if wl.get("num_clipped") else "")
     lines = [f"{wl['num_requests']:,} requests ({wl['source']}), mean length "
-             f"{wl['mean_length']:.0f} tokens; budget {result.budget_tokens:,} token slots", "",
+             f"{wl['mean_length']:.0f} tokens{clipped}; budget {result.budget_tokens:,} token "
+             f"slots", "",
              "mean share of the budget over all steps:",
              f"{'allocator':<18}{'tokens':>8}{'reserved':>10}{'internal':>10}{'external':>10}"
              f"{'free':>7}{'util':>7}{'conc':>8}{'peak':>6}{'tok/step':>10}{'refused':>9}"
@@ -591,6 +659,11 @@ def format_dynamic_table(result: DynamicResult) -> str:
             f"{r['internal_fragmentation_fraction_saturated']:>10.1%}"
             f"{r['external_fragmentation_fraction_saturated']:>10.1%}"
             f"{r['free_fraction_saturated']:>7.1%}{r['saturated_step_fraction']:>16.1%}")
+    cached = [r for r in result.summary if r.get("prefix_cache_hit_rate") is not None]
+    if cached:
+        lines += ["", "prefix caching (prompt tokens served from cache / prompt tokens):"]
+        lines += [f"{r['label']:<18}hit rate {r['prefix_cache_hit_rate']:.1%}, "
+                  f"{r['prefix_blocks_saved']:,} blocks taken from the cache" for r in cached]
     lines += ["", "tokens = token states, reserved = reserved for future tokens, internal/external "
               "= fragmentation, util = tokens / allocated, frag-ref = requests refused while "
               "enough total memory was free"]

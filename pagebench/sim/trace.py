@@ -38,6 +38,11 @@ class Workload:
     """Requests sorted by ``arrival`` (int64 arrays of equal length).
 
     ``length = prompt_len + output_len`` is each sample's final length in tokens.
+    ``hash_ids`` (optional, one int64 array per request): the prompt's 512-token blocks, named
+    so that equal leading ids mean a shared prefix (the Mooncake trace format; see
+    :mod:`pagebench.sim.prefix_cache`). Workloads replayed from timed traces also carry the
+    trace's ``duration_s``, the ``max_model_len`` they were clipped to, how many requests that
+    clipped (``num_clipped``) and the mean prompt and output lengths as read (``read_means``).
     """
 
     arrival: np.ndarray
@@ -45,6 +50,11 @@ class Workload:
     output_len: np.ndarray
     n: np.ndarray
     source: str = "custom"
+    hash_ids: tuple | None = None
+    duration_s: float | None = None
+    max_model_len: int | None = None
+    num_clipped: int = 0
+    read_means: tuple[float, float] | None = None
 
     def __post_init__(self):
         arrays = [np.asarray(getattr(self, f), dtype=np.int64)
@@ -59,6 +69,11 @@ class Workload:
         order = np.argsort(arrays[0], kind="stable")
         for f, a in zip(("arrival", "prompt_len", "output_len", "n"), arrays):
             object.__setattr__(self, f, a[order])
+        if self.hash_ids is not None:
+            if len(self.hash_ids) != order.size:
+                raise ConfigError("workload: hash_ids needs one entry per request")
+            ids = tuple(np.asarray(self.hash_ids[i], dtype=np.int64) for i in order.tolist())
+            object.__setattr__(self, "hash_ids", ids)
 
     @property
     def num_requests(self) -> int:
@@ -70,12 +85,15 @@ class Workload:
 
     def describe(self) -> dict:
         length = self.length
+        prompt_mean, output_mean = self.read_means or (float(self.prompt_len.mean()),
+                                                       float(self.output_len.mean()))
         return {"source": self.source, "num_requests": self.num_requests,
-                "mean_prompt_len": float(self.prompt_len.mean()),
-                "mean_output_len": float(self.output_len.mean()),
+                "mean_prompt_len": prompt_mean, "mean_output_len": output_mean,
                 "mean_length": float(length.mean()), "max_length": int(length.max()),
                 "mean_n": float(self.n.mean()),
-                "last_arrival_step": int(self.arrival[-1])}
+                "last_arrival_step": int(self.arrival[-1]),
+                "duration_s": self.duration_s, "max_model_len": self.max_model_len,
+                "num_clipped": self.num_clipped}
 
 
 def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5.5,0.9", *,

@@ -1,0 +1,36 @@
+"""The report's Real traces part: frames from the shipped traces, section, claims rows."""
+
+from __future__ import annotations
+
+from pagebench.report import real_traces
+from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.report.collect import Results
+
+
+def test_quick_sweep_section_and_claims(monkeypatch):
+    monkeypatch.setattr(real_traces, "QUICK_REQUESTS", 300)
+    monkeypatch.setattr(real_traces, "PREFIX_BUDGET_MULTIPLES", (1.0, 0.25))
+    results = Results()
+    real_traces.trace_sweeps(results, quick=True)
+    static = results.get("real_traces_static")
+    assert set(static["trace"]) == set(real_traces.TRACES)
+    assert (static[static["allocator"] == "oracle"]["utilisation"] == 1.0).all()
+    dynamic = results.get("real_traces_dynamic")
+    assert set(dynamic["label"]) == {"naive", "pow2", "oracle", "paged-16", "paged-128"}
+    assert (dynamic["num_requests"] == 300).all()
+    prefix = results.get("real_traces_prefix")
+    assert set(prefix["trace"]) == {"mooncake-conv"} and prefix["unlimited"].sum() == 1
+    unlimited = prefix[prefix["unlimited"]]["prefix_cache_hit_rate"].iloc[0]
+    assert (prefix["prefix_cache_hit_rate"] <= unlimited + 1e-12).all() and unlimited > 0.05
+    section = real_traces.section(results)
+    assert len(section.plots) == 5  # utilisation bars, 3 memory timelines, hit rate
+    rows = real_traces.claims(results)
+    assert [c.key for c in rows] == ["real_traces_static", "real_traces_dynamic"]
+    assert all(c.verdict in (HOLDS, FAILS) and "mooncake-conv" in c.measured for c in rows)
+
+
+def test_section_and_claims_without_data():
+    results = Results()
+    section = real_traces.section(results)
+    assert [i.kind for i in section.items] == ["nodata"]
+    assert all(c.verdict == UNMEASURED for c in real_traces.claims(results))

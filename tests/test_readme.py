@@ -37,6 +37,7 @@ QUICK = {
     "pagebench engine-bench compare": ["--batch-sizes", "2", "--prompt-len", "8",
                                        "--max-tokens", "2"],
     "pagebench engine-bench cow": ["--prompt-len", "16", "--max-tokens", "2"],
+    "pagebench engine-bench trace": ["--num-requests", "4", "--max-output-len", "4"],
     "pagebench engine-bench": ["--max-tokens", "2"],
     "pagebench report": ["--quick", "--no-progress"],
 }

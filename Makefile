@@ -1,18 +1,18 @@
-# pagebench: `make report` runs the main job, `make test` runs the whole test suite.
-# Both create .venv on first use and install the project into it from this repository.
+# pagebench: `make setup` creates .venv, `make report` runs the main job, `make test` runs the
+# whole test suite. Every target creates .venv on first use and installs the project into it.
 
 PYTHON  ?= python3
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.pagebench-installed
-# A CPU-only machine must never pull a multi-GB CUDA build: torch is installed first, pinned.
-# Elsewhere, point pip at the wheel you want, e.g.
-#   make test TORCH_PIP_ARGS="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
+# torch is installed first, pinned. From plain PyPI the pin is the CUDA build (several GB, also on
+# a CPU-only machine); for the CPU-only build point pip at its index, e.g.
+#   make setup TORCH_PIP_ARGS="torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu"
 TORCH_PIP_ARGS ?= torch==2.13.0
 REPORT_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: report test bench bench-compare asv-quick clean-venv browser-deps
+.PHONY: setup report test bench bench-compare asv-quick clean-venv browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install --quiet $(TORCH_PIP_ARGS)
 	$(PY) -m pip install --quiet -e ".[all]"
 	touch $(STAMP)
+
+setup: $(STAMP)
 
 report: $(STAMP)
 	$(PY) -m pagebench report $(REPORT_ARGS)
@@ -37,14 +39,17 @@ clean-venv:
 	rm -rf $(VENV)
 
 # ---- benchmarks ---------------------------------------------------------------------------
-# `make bench`: time the pytest-benchmark micro-benchmarks, JSON for `pagebench report`.
-# `make bench-compare BASE=main [HEAD_REV=HEAD]`: regression gate, exit 1 if any is >10% slower.
+# `make bench`: time the pytest-benchmark micro-benchmarks, JSON for `pagebench report` (under
+# reports/bench/, ignored; BENCH_JSON=reports/data/cpu/pytest-benchmark.json updates the committed
+# data). `make bench-compare BASE=main [HEAD_REV=HEAD] [THRESHOLD=0.2]`: the regression gate,
+# exit 1 on a regression (its defaults are the command's: `pagebench bench-compare --help`).
 # `make asv-quick`: asv over the last two commits (HEAD~2..HEAD), each built offline into .asv/env.
-BENCH_JSON ?= reports/data/cpu/pytest-benchmark.json
+BENCH_JSON ?= reports/bench/pytest-benchmark.json
 BASE ?= HEAD~1
 HEAD_REV ?= HEAD
-THRESHOLD ?= 0.10
+THRESHOLD ?=
 ASV := $(VENV)/bin/asv
+# results land in asv_results/$(ASV_MACHINE)/: git-ignored unless that machine's are committed
 ASV_MACHINE ?= $(shell hostname)
 ASV_RANGE ?= HEAD~2..HEAD
 # asv installs asv_runner and pympler into each environment: .asv/wheelhouse has them offline
@@ -55,7 +60,8 @@ bench: $(STAMP)
 	$(PY) -m pytest tests/benchmarks --benchmark-enable --benchmark-json=$(BENCH_JSON) -q
 
 bench-compare: $(STAMP)
-	$(PY) -m pagebench bench-compare --base $(BASE) --head $(HEAD_REV) --threshold $(THRESHOLD)
+	$(PY) -m pagebench bench-compare --base $(BASE) --head $(HEAD_REV) \
+	  $(if $(THRESHOLD),--threshold $(THRESHOLD))
 
 .asv/wheelhouse: $(STAMP)
 	$(PY) scripts/asv_wheelhouse.py --dest .asv/wheelhouse

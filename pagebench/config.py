@@ -146,6 +146,8 @@ class KVGeometry:
         try:
             layers = int(get("num_hidden_layers"))
             q_heads = int(get("num_attention_heads"))
+            if q_heads < 1:  # checked here: head_dim below divides by it
+                raise ValueError(f"num_attention_heads must be >= 1, got {q_heads}")
             kv_heads = int(get("num_key_value_heads") or q_heads)
             head_dim = get("head_dim") or int(get("hidden_size")) // q_heads
         except (TypeError, ValueError) as e:

@@ -50,6 +50,8 @@ def main():
     ap.add_argument("--budget-s", type=float, default=450)
     ap.add_argument("--sections", default=SECTIONS, help="comma-separated subset to run")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--peer-batches", default=",".join(map(str, BATCHES)),
+                    help="batch sizes of the peers section")
     ap.add_argument("--quick", action="store_true", help="smoke run: few points, 1 repeat")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -289,7 +291,7 @@ def section_batch(ctx):
 def section_peers(ctx):
     quick = ctx.args.quick
     rows = []
-    for b in ((1, 16) if quick else BATCHES):
+    for b in ((1, 16) if quick else map(int, ctx.args.peer_batches.split(","))):
         if ctx.left() < 45:
             log(f"skip peers batch {b}: budget")
             continue

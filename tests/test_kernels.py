@@ -246,8 +246,11 @@ def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
     import pandas as pd
     df = pd.read_csv(out)
     assert len(df) == 4 and set(df.model_shape) == {"t"}
-    assert (tmp_path / "k.json").exists()
-    assert "wrote 4 rows" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "wrote 4 rows" in captured.err
+    table = captured.out.splitlines()
+    assert table[0].split()[:4] == ["shape", "batch", "context", "(tokens)"]
+    assert " 8 " in table[3] and "NaN" not in captured.out and "8.0" not in captured.out
 
 
 def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):

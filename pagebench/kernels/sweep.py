@@ -42,6 +42,10 @@ SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
 FULL_POINTS = sorted({(1, c) for c in (1024, 4096, 16384, 65536)}
                      | {(b, 4096) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)})
 FULL_BLOCK_SIZES = (1, 8, 16, 32, 128)
+QUICK_POINTS = [(1, 4096), (8, 4096), (1, 16384)]
+# quick on CPU: small sizes, well under a minute on two cores
+CPU_QUICK_POINTS = [(1, 256), (1, 1024), (4, 256), (8, 512)]
+CPU_QUICK_BLOCK_SIZES = (1, 16, 128)
 # CPU: interpreted Triton and eager FlexAttention are not meaningful to time there
 CPU_EXCLUDED = ("triton", "flex")
 
@@ -202,12 +206,12 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         raise ValueError("device: CUDA requested but torch.cuda.is_available() is False")
     if quick and not on_cuda:
         shapes = shapes or {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
-        points = points or [(1, 256), (1, 1024), (4, 256), (8, 512)]
-        block_sizes = block_sizes or (1, 16, 128)
+        points = points or CPU_QUICK_POINTS
+        block_sizes = block_sizes or CPU_QUICK_BLOCK_SIZES
         repeat = repeat or 5
     dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
     shapes = shapes or SHAPES
-    points = points or (FULL_POINTS if not quick else [(1, 4096), (8, 4096), (1, 16384)])
+    points = points or (FULL_POINTS if not quick else QUICK_POINTS)
     block_sizes = block_sizes or (FULL_BLOCK_SIZES if not quick else (16,))
     repeat = repeat or 30
     exclude = exclude if exclude is not None else (() if on_cuda else CPU_EXCLUDED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from pagebench.atomic import replace_dir
 from pagebench.report import claims as claims_mod
 from pagebench.report import derive, devices, fp8, parallel, real_traces, render, sections
 from pagebench.report.collect import Results, collect, default_device
@@ -68,9 +69,9 @@ def build_sections(results: Results, env: dict, options: dict):
 
 def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     """Write ``out`` (HTML) and ``<out stem>_data/*.csv``; returns the page's path."""
+    if str(out).endswith(("/", "\\")) or Path(out).is_dir():  # before Path drops the "/"
+        out = Path(out) / "index.html"
     out = Path(out)
-    if out.is_dir() or str(out).endswith(("/", "\\")):
-        out = out / "index.html"
     data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
     page, claims, rec = build_sections(results, env, options)
     frames = dict(results.frames) | derived_frames(results, rec, claims)
@@ -85,8 +86,9 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
         subtitle=f"built on {devices.run_label(env)}, commit {env.get('commit')}",
         generated=dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         sections=page, warnings=results.warnings, hrefs=hrefs, headline=headline)
-    # the page is rendered before anything is written: a failure changes no file
-    render.write_datasets(frames, data_dir)
+    # the page is rendered before anything is written: a failure changes no file; the data
+    # directory is built beside the old one and swapped in just before the page
+    replace_dir(data_dir, lambda new_dir: render.write_datasets(frames, new_dir))
     render.atomic_write_text(out, html)
     return out
 

@@ -13,7 +13,9 @@ named in a warning and its section says "no data".
 
 from __future__ import annotations
 
+import csv
 import inspect
+import io
 import json
 import math
 import sys
@@ -133,6 +135,7 @@ def read_table(path, required=()) -> pd.DataFrame:
     suffix = path.suffix.lower()
     try:
         if suffix == ".csv":
+            check_csv_complete(path)
             frame = pd.read_csv(path)
         elif suffix in (".json", ".jsonl"):
             text = path.read_text(encoding="utf-8")
@@ -153,6 +156,22 @@ def read_table(path, required=()) -> pd.DataFrame:
     if missing:
         raise DataError(f"{path}: missing column(s) {', '.join(missing)}")
     return frame
+
+
+def check_csv_complete(path: Path) -> None:
+    """Refuse a CSV cut short by an interrupted write: one whose last line has no newline (a
+    ``time_us`` of ``17.52`` may have become ``1``), or a row with fewer or more fields than the
+    header (pandas would fill or shift them silently)."""
+    text = path.read_text(encoding="utf-8")
+    if text and not text.endswith("\n"):
+        raise DataError(f"{path}: the last line does not end with a newline (a truncated "
+                        "write?); file skipped")
+    rows = csv.reader(io.StringIO(text))
+    header = next(rows, [])
+    for lineno, row in enumerate(rows, 2):
+        if row and len(row) != len(header):
+            raise DataError(f"{path}: line {lineno} has {len(row)} fields, the header "
+                            f"{len(header)}; file skipped")
 
 
 def classify(path: Path) -> str | None:

@@ -8,11 +8,12 @@ moved into place with ``os.replace``, so an interrupted run leaves the previous 
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import jinja2
 import pandas as pd
+
+from pagebench.atomic import atomic_write_text  # noqa: F401 -- the page's writer, re-exported
 
 TEMPLATE = r"""<!DOCTYPE html>
 <html lang="en">
@@ -109,32 +110,6 @@ def render_html(*, title: str, subtitle: str, generated: str, sections, warnings
     return env.from_string(TEMPLATE).render(
         title=title, subtitle=subtitle, generated=generated, sections=sections,
         warnings=warnings, hrefs=hrefs, headline=headline)
-
-
-def atomic_write_text(path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and ``os.replace``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def dataset_hrefs(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -> dict:

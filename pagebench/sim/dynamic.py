@@ -566,14 +566,15 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
                 block_sizes=(16,), *, max_len: int = 4096, cow: bool = False,
                 max_num_seqs: int | None = None, timeline_every: int | None = None,
                 max_timeline_rows: int = 2000, with_running_key: bool = False,
-                prefix_caching: bool = False) -> DynamicResult:
+                prefix_caching: bool = False, progress=None) -> DynamicResult:
     """Simulate every allocator (``paged`` once per block size) on ``workload``.
 
     ``timeline_every``: record every k-th step in the timeline (summaries always use every
     step); ``None`` picks the smallest k that keeps the longest run within
     ``max_timeline_rows`` rows. All runs share the same sampled steps.
     Returns a :class:`DynamicResult`; ``block_size`` is None (summary) or 0 (timeline) for
-    contiguous allocators, and both carry a ``label`` such as ``paged-16``.
+    contiguous allocators, and both carry a ``label`` such as ``paged-16``. ``progress``, if
+    given, is called with each run's label when it is done.
     """
     allocators = tuple(allocators)
     block_sizes = tuple(int(b) if isinstance(b, (int, np.integer)) else b for b in block_sizes)
@@ -584,8 +585,12 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
     plans = [(a, None) for a in dict.fromkeys(allocators) if a != "paged"]
     if "paged" in allocators:
         plans += [("paged", b) for b in dict.fromkeys(block_sizes)]
-    runs = [_run_one(workload, int(budget_tokens), a, b, max_len, cow, max_num_seqs,
-                     prefix_caching) for a, b in plans]
+    runs = []
+    for a, b in plans:
+        runs.append(_run_one(workload, int(budget_tokens), a, b, max_len, cow, max_num_seqs,
+                             prefix_caching))
+        if progress:
+            progress(label(a, b))
     every = timeline_every
     if every is None:
         longest = max(row["num_steps"] for row, _ in runs)

@@ -41,13 +41,19 @@ def static_fragmentation(lengths, max_len: int, block_sizes=(1, 8, 16, 32, 128))
     if lengths.min() < 1 or lengths.max() > max_len:
         raise ConfigError(f"lengths: every length must lie in 1..max_len={max_len}")
     block_sizes = [int(b) for b in block_sizes]
-    if any(b < 1 for b in block_sizes):
-        raise ConfigError(f"block_sizes: must be positive, got {block_sizes}")
-    n, tokens = int(lengths.size), int(lengths.sum())
+    if any(not 1 <= b <= 2**62 for b in block_sizes):
+        raise ConfigError(f"block_sizes: must lie in 1..2**62, got {block_sizes}")
+    if max_len > 2**62:
+        raise ConfigError(f"max_len: at most 2**62 (int64 slot counts), got {max_len:,}")
+    n = int(lengths.size)
+    # a sequence reserves at most max_len + block_size slots: sum in int64 when n of them
+    # cannot overflow it, else as Python ints (2,000 lengths of 10**16 tokens wrap int64)
+    exact = np.int64 if n * (max_len + max(block_sizes, default=0)) < 2**63 else object
+    tokens = int(lengths.sum(dtype=exact))
     rows = []
     plans = [("naive", None), ("pow2", None), ("oracle", None)] + [("paged", b) for b in block_sizes]
     for allocator, bs in plans:
-        slots = int(reserved_slots(allocator, lengths, max_len, bs).sum())
+        slots = int(reserved_slots(allocator, lengths, max_len, bs).sum(dtype=exact))
         rows.append({
             "allocator": allocator, "block_size": bs, "allocated_slots": slots,
             "utilisation": tokens / slots, "wasted_slots_per_seq": (slots - tokens) / n,

@@ -31,8 +31,9 @@ from pagebench.sim.workloads import sample_lengths
 ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time", "timestamp")
 PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "input_len", "input_tokens")
 OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "completion_tokens")
-# The largest token count or arrival step a trace may hold: far beyond any real request, and
-# small enough that the simulators' sums and products of such values stay inside int64.
+# The largest token count or arrival step a trace may hold: far beyond any real request, held
+# exactly as a float, and small enough that the simulators' sums and products of such values
+# stay inside int64.
 MAX_TRACE_VALUE = 1 << 40
 HASH_BLOCK_TOKENS = 512  # Mooncake's hash_ids name prompt blocks of this many tokens
 
@@ -231,17 +232,16 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
             except (TypeError, ValueError):
                 raise ConfigError(f"trace: {path} line {lineno}: {col} is not a number: "
                                   f"{raw!r}") from None
-            if key == "arrival":
-                number *= steps_per_unit
-            if (not math.isfinite(number) or number < (0 if key == "arrival" else 1)
-                    or number > MAX_TRACE_VALUE):
-                unit = " steps" if key == "arrival" else ""
-                raise ConfigError(f"trace: {path} line {lineno}: {col} out of range: {raw!r} "
-                                  f"(valid: {0 if key == 'arrival' else 1}..{MAX_TRACE_VALUE}"
-                                  f"{unit})")
+            if not (0 if key == "arrival" else 1) <= number <= MAX_TRACE_VALUE:
+                raise ConfigError(f"trace: {path} line {lineno}: {col} out of range: {raw!r}")
             if key != "arrival" and number != int(number):
                 raise ConfigError(f"trace: {path} line {lineno}: {col} must be an integer: "
                                   f"{raw!r}")
+            if key == "arrival":
+                number *= steps_per_unit
+                if number > MAX_TRACE_VALUE:
+                    raise ConfigError(f"trace: {path} line {lineno}: {col} x steps_per_unit "
+                                      f"out of range: {raw!r}")
             values[key].append(int(math.floor(number)))
     workload = Workload(**{k: np.asarray(v, dtype=np.int64) for k, v in values.items()},
                         source=f"trace {path}")

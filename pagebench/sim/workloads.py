@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import random
 
@@ -29,7 +30,19 @@ def _numbers(spec: str, args: str, count: int) -> list[float]:
         values = []
     if len(values) != count:
         raise ConfigError(f"lengths: {spec!r} needs {count} comma-separated numbers")
+    if not all(map(math.isfinite, values)):
+        raise ConfigError(f"lengths: {spec!r} holds a number that is not finite")
     return values
+
+
+def _lognormal(r: random.Random, mu: float, sigma: float, max_len: int) -> int:
+    """``min(max_len, int(r.lognormvariate(mu, sigma)))``, also when the draw overflows a float
+    (``lognormal:1000,1``): the stream of draws is the same either way."""
+    try:
+        value = r.lognormvariate(mu, sigma)
+    except OverflowError:
+        value = math.inf
+    return int(min(value, max_len))
 
 
 def sample_lengths(spec: str, num_seqs: int, seed: int = 0, max_len: int = 4096) -> np.ndarray:
@@ -43,8 +56,7 @@ def sample_lengths(spec: str, num_seqs: int, seed: int = 0, max_len: int = 4096)
         mu, sigma = _numbers(spec, args, 2)
         if sigma < 0:
             raise ConfigError(f"lengths: sigma must be >= 0 in {spec!r}")
-        draw = r.lognormvariate
-        values = [min(max_len, int(draw(mu, sigma))) for _ in range(num_seqs)]
+        values = [_lognormal(r, mu, sigma, max_len) for _ in range(num_seqs)]
     elif kind == "uniform":
         a, b = (int(x) for x in _numbers(spec, args, 2))
         if not 1 <= a <= b:
@@ -61,7 +73,8 @@ def sample_lengths(spec: str, num_seqs: int, seed: int = 0, max_len: int = 4096)
     else:
         raise ConfigError(f"lengths: unknown spec {spec!r}; use lognormal:MU,SIGMA, "
                           "uniform:A,B, fixed:N or a file of lengths")
-    return np.clip(np.asarray(values, dtype=np.int64), 1, max_len)
+    # clipped as Python ints: a length beyond int64 (``fixed:1e300``) is clipped, not wrapped
+    return np.asarray([min(max(int(v), 1), max_len) for v in values], dtype=np.int64)
 
 
 def read_lengths_file(path: str) -> list[int]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import sys
+
+from pagebench.cli.options import check_input_dir, check_output_file
 
 
 def register(sub) -> None:
@@ -19,15 +22,28 @@ def register(sub) -> None:
                    help="extra directory of results (CSV/JSON, asv, pytest-benchmark); repeatable")
     p.add_argument("--data-dir", default=None, metavar="DIR",
                    help="committed data directory (default: reports/data in the repository)")
-    p.add_argument("--out", default="reports/index.html", help="output page (default: %(default)s)")
+    p.add_argument("--out", default="reports/index.html",
+                   help="output page, or a directory for its index.html (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
     p.set_defaults(func=run_report)
 
 
+def page_path(out: str) -> str:
+    """``out``, or ``out/index.html`` when it names a directory (existing, or ending in /)."""
+    if out.endswith(("/", os.sep)) or os.path.isdir(out):
+        return os.path.join(out, "index.html")
+    return out
+
+
 def run_report(args) -> int:
+    for path in args.results:
+        check_input_dir("--results", path)
+    check_input_dir("--data-dir", args.data_dir)
+    out = page_path(args.out)
+    check_output_file("--out", out)
     from pagebench.report.build import build_report
 
-    path, results = build_report(args.out, device=args.device, quick=args.quick,
+    path, results = build_report(out, device=args.device, quick=args.quick,
                                  results_dirs=args.results, data_dir=args.data_dir,
                                  progress=not args.no_progress)
     for w in results.warnings:

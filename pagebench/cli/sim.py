@@ -3,12 +3,23 @@
 from __future__ import annotations
 
 import csv
-import json
+import os
 import sys
 
-from pagebench.cli import int_list
+from pagebench.cli.options import (
+    MAX_INT, add_output_options, check_memory, check_output_file, dumps, int_list, integer,
+    name_list, number, progress, write_results)
 
 STATIC_BLOCK_SIZES = [1, 8, 16, 32, 128]
+# Lengths up to 2**40 tokens: every per-sequence count fits int64 with room for a sum.
+MAX_LEN = 2**40
+# Memory per sequence of the static simulation (its lengths as Python ints and int64 arrays),
+# and per simulated step of the dynamic one (a run's record of 12 Python ints while it runs, and
+# the 12 int64 it keeps until all runs are done), on CPython 3.11 with some margin: used to
+# refuse work that cannot fit.
+STATIC_BYTES_PER_SEQ = 100
+DYNAMIC_BYTES_PER_STEP = 600
+DYNAMIC_BYTES_PER_KEPT_STEP = 100
 DYNAMIC_BLOCK_SIZES = [16]
 # dynamic-only options (dest -> flag); given without --dynamic they are an error
 DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "--rate",
@@ -18,13 +29,6 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "timeline_every": "--timeline-every", "timeline": "--timeline",
                 "steps_per_unit": "--steps-per-unit", "step_ms": "--step-ms"}
 DEFAULT_MAX_LEN = 4096
-
-
-def name_list(text: str) -> list[str]:
-    values = [x.strip() for x in str(text).split(",") if x.strip()]
-    if not values:
-        raise ValueError(f"expected comma-separated names, got {text!r}")
-    return values
 
 
 def register(sub) -> None:
@@ -43,49 +47,50 @@ def register_simulate(sub) -> None:
     p.add_argument("--lengths", default="lognormal:5.5,0.9",
                    help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (with --dynamic: "
                    "each request's final length)")
-    p.add_argument("--num-seqs", type=int, default=None,
+    p.add_argument("--num-seqs", type=integer(), default=None,
                    help="static: number of sequences (default 2000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-len", "--max-model-len", type=int, default=None,
-                   help="max_model_len (default 4096; for a named trace its own, which clips "
-                   "nothing; longer trace requests are clipped and counted)")
+    p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
+    p.add_argument("--max-len", "--max-model-len", type=integer(2, MAX_LEN), default=None,
+                   help="max_model_len in tokens (default 4096; for a named trace its own, "
+                   "which clips nothing; longer trace requests are clipped and counted)")
     p.add_argument("--block-sizes", type=int_list, default=None,
                    help=f"paged block sizes (default {','.join(map(str, STATIC_BLOCK_SIZES))}; "
                    f"with --dynamic {','.join(map(str, DYNAMIC_BLOCK_SIZES))})")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_output_options(p, "per-allocator results")
     d = p.add_argument_group("time-stepped simulation (--dynamic)")
     d.add_argument("--dynamic", action="store_true", help="simulate over time")
     d.add_argument("--trace", metavar="NAME|FILE", help="replay a trace instead of Poisson "
                    "arrivals: azure-code, azure-conv, mooncake-conv (shipped), an Azure or "
                    "Mooncake file (.gz allowed), or a CSV/JSONL of arrival (steps), prompt "
                    "length, output length, optional n")
-    d.add_argument("--step-ms", type=float, default=None,
+    d.add_argument("--step-ms", type=number(0, 1e6), default=None,
                    help="Azure/Mooncake traces: milliseconds per decode step (default 20)")
     d.add_argument("--prefix-caching", action="store_true",
                    help="paged: share prompt blocks between requests by the trace's hash_ids "
                    "(Mooncake), keep them cached, evict least recently used")
-    d.add_argument("--steps-per-unit", type=float, default=None,
+    d.add_argument("--steps-per-unit", type=number(0, 1e9), default=None,
                    help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
                    "default 1: arrivals are steps)")
-    d.add_argument("--num-requests", type=int, default=None, help="Poisson: requests "
+    d.add_argument("--num-requests", type=integer(), default=None, help="Poisson: requests "
                    "(default 20000)")
-    d.add_argument("--rate", type=float, default=None, help="Poisson: requests per step "
-                   "(default 20)")
-    d.add_argument("--prompt-fraction", type=float, default=None,
+    d.add_argument("--rate", type=number(0, 1e9), default=None,
+                   help="Poisson: requests per step (default 20)")
+    d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True), default=None,
                    help="share of each length that is prompt (default 0.3)")
     d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately")
     d.add_argument("--output-lengths", metavar="SPEC", help="draw output lengths separately")
-    d.add_argument("--budget-tokens", type=int, default=None,
+    d.add_argument("--budget-tokens", type=integer(1, MAX_LEN), default=None,
                    help="KV budget in token slots (default: the article's 12.4 GB of "
                    "Qwen2.5-0.5B cache, 1,009,104 slots; see `pagebench capacity --article`)")
     d.add_argument("--allocators", type=name_list, default=None,
                    help="subset of naive,pow2,oracle,paged (default all)")
-    d.add_argument("--n", type=int, default=None, help="parallel samples per request "
-                   "(default 1)")
+    d.add_argument("--n", type=integer(1, 1024), default=None,
+                   help="parallel samples per request (default 1)")
     d.add_argument("--cow", action="store_true",
                    help="paged: samples share prompt blocks (copy-on-write)")
-    d.add_argument("--max-num-seqs", type=int, default=None, help="cap on running sequences")
-    d.add_argument("--timeline-every", type=int, default=None,
+    d.add_argument("--max-num-seqs", type=integer(), default=None,
+                   help="cap on running sequences (default: none)")
+    d.add_argument("--timeline-every", type=integer(), default=None,
                    help="record every k-th step (default: at most 2000 rows per allocator)")
     d.add_argument("--timeline", metavar="CSV", help="write the per-step breakdown here")
     p.set_defaults(func=run_simulate)
@@ -103,11 +108,14 @@ def run_simulate(args) -> int:
     from pagebench.sim.workloads import sample_lengths
 
     num_seqs = 2000 if args.num_seqs is None else args.num_seqs
+    check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
+    check_output_file("--out", args.out)
     block_sizes = STATIC_BLOCK_SIZES if args.block_sizes is None else args.block_sizes
     max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
     lengths = sample_lengths(args.lengths, num_seqs, args.seed, max_len)
     result = static_fragmentation(lengths, max_len, block_sizes)
-    print(json.dumps(result, indent=2) if args.json else format_static_table(result))
+    write_results(args.out, result["results"], result)
+    print(dumps(result) if args.json else format_static_table(result))
     return 0
 
 
@@ -119,6 +127,8 @@ def run_dynamic_simulation(args) -> int:
 
     if args.num_seqs is not None:
         raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
+    for option, path in (("--out", args.out), ("--timeline", args.timeline)):
+        check_output_file(option, path)
     if args.trace:
         clashes = [flag for dest, flag in DYNAMIC_ONLY.items()
                    if dest in ("num_requests", "rate", "prompt_fraction", "prompt_lengths",
@@ -142,20 +152,34 @@ def run_dynamic_simulation(args) -> int:
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
             n=1 if args.n is None else args.n, seed=args.seed, max_len=max_len)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
-    result = run_dynamic(
-        workload, budget, allocators=args.allocators or ALLOCATORS,
-        block_sizes=args.block_sizes or DYNAMIC_BLOCK_SIZES, max_len=max_len, cow=args.cow,
-        max_num_seqs=args.max_num_seqs, timeline_every=args.timeline_every,
-        prefix_caching=args.prefix_caching)
+    allocators = args.allocators or ALLOCATORS
+    block_sizes = args.block_sizes or DYNAMIC_BLOCK_SIZES
+    runs = len([a for a in allocators if a != "paged"]) + ("paged" in allocators) * len(block_sizes)
+    check_dynamic_memory(workload, runs)
+    with progress(runs, "allocator runs") as bar:
+        result = run_dynamic(
+            workload, budget, allocators=allocators, block_sizes=block_sizes, max_len=max_len,
+            cow=args.cow, max_num_seqs=args.max_num_seqs, timeline_every=args.timeline_every,
+            prefix_caching=args.prefix_caching, progress=lambda label: bar.update())
     if args.timeline:
         write_timeline_csv(result, args.timeline)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else format_dynamic_table(result))
+    write_results(args.out, result.summary, result.to_dict())
+    print(dumps(result.to_dict()) if args.json else format_dynamic_table(result))
     return 0
+
+
+def check_dynamic_memory(workload, runs: int) -> None:
+    """Refuse a workload whose step-by-step records cannot fit: every request decodes one token
+    a step after it arrives, so the run lasts at least max(arrival + output_len) steps."""
+    steps = int((workload.arrival + workload.output_len).max())
+    check_memory("--max-len", steps * (DYNAMIC_BYTES_PER_STEP + runs * DYNAMIC_BYTES_PER_KEPT_STEP),
+                 f"a simulation of at least {steps:,} steps ({runs} allocator runs)")
 
 
 def write_timeline_csv(result, path: str) -> None:
     cols = result.timeline_columns
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path, "w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f)
             writer.writerow(cols)
@@ -182,9 +206,12 @@ def register_capacity(sub) -> None:
                    help="KV cache dtype, e.g. fp8_e4m3 or fp8_e5m2 (one byte: twice the tokens "
                    "of bf16); default --dtype")
     p.add_argument("--gpu-memory", default=None, help="e.g. 16GiB or 80GB (default 16GiB)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=None, help="default 0.9")
-    p.add_argument("--max-model-len", type=int, default=None, help="default 4096")
-    p.add_argument("--block-size", type=int, default=None, help="default 16")
+    p.add_argument("--gpu-memory-utilization", type=number(0, 1), default=None,
+                   help="share of GPU memory vLLM may use (default 0.9)")
+    p.add_argument("--max-model-len", type=integer(1, MAX_LEN), default=None,
+                   help="tokens a sequence may reach (default 4096)")
+    p.add_argument("--block-size", type=integer(1, MAX_INT), default=None,
+                   help="tokens per KV block (default 16)")
     p.add_argument("--weights-bytes", default=None,
                    help="default: estimated as parameters (from the config) x dtype bytes")
     p.add_argument("--overhead-bytes", default=None,
@@ -193,20 +220,23 @@ def register_capacity(sub) -> None:
                    help="size the KV cache directly (skips the memory arithmetic)")
     p.add_argument("--lengths", default="lognormal:5.5,0.9",
                    help="length distribution for the concurrency estimate (default %(default)s)")
-    p.add_argument("--num-seqs", type=int, default=2000, help="lengths drawn (default 2000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tensor-parallel-size", type=int, default=1,
+    p.add_argument("--num-seqs", type=integer(), default=2000,
+                   help="lengths drawn (default 2000)")
+    p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
+    p.add_argument("--tensor-parallel-size", type=integer(1, 4096), default=1,
                    help="GPUs the model is split over by attention heads; sizes are then per "
                    "GPU (default 1)")
     p.add_argument("--article", action="store_true",
                    help="start from the article's case (explicit options override it)")
-    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_output_options(p, "capacity plan")
     p.set_defaults(func=run_capacity)
 
 
 def run_capacity(args) -> int:
     from pagebench.sim.capacity import ARTICLE_CASE, capacity_plan, format_capacity
 
+    check_memory("--num-seqs", args.num_seqs * STATIC_BYTES_PER_SEQ, f"{args.num_seqs:,} lengths")
+    check_output_file("--out", args.out)
     base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
                 "weights_bytes", "overhead_bytes"):
@@ -216,5 +246,7 @@ def run_capacity(args) -> int:
                          kv_cache_bytes=args.kv_cache_bytes,
                          lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed,
                          tensor_parallel_size=args.tensor_parallel_size)
-    print(json.dumps(plan, indent=2) if args.json else format_capacity(plan))
+    write_results(args.out, [{k: v for k, v in plan.items() if not isinstance(v, (list, dict))}],
+                  plan)
+    print(dumps(plan) if args.json else format_capacity(plan))
     return 0

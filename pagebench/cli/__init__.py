@@ -1,0 +1,95 @@
+"""`pagebench` command line: one module per subsystem registers its subcommands.
+
+Building the parser imports only the standard library (``--help`` answers at once); a command
+imports torch, pandas or matplotlib when it runs. Errors a user can fix print one line on stderr
+and exit with status 2; output to a closed pipe (``pagebench ... | head``) ends quietly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from pagebench.errors import PagebenchError
+
+# module -> its `register(subparsers)` adds one or more subcommands
+COMMAND_MODULES = (
+    "pagebench.cli.sim",
+    "pagebench.cli.kernels",
+    "pagebench.cli.engine",
+    "pagebench.cli.report",
+    "pagebench.cli.benchcompare",
+)
+# what a user can fix: one line and exit status 2 (anything else is a bug: a traceback)
+USER_ERRORS = (PagebenchError, ValueError, OSError, OverflowError, MemoryError)
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line (``pagebench simulate: error: ...``), exit status 2."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import pagebench
+
+    parser = Parser(
+        prog="pagebench", description="Benchmarks and regression harness for paged KV-cache "
+        "attention: memory simulation, capacity planning, kernels, engine, reports.")
+    parser.add_argument("--version", action="version", version=f"pagebench {pagebench.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def error_line(error: BaseException) -> str:
+    """One line for a user error; an OSError names its file."""
+    if isinstance(error, OSError) and error.strerror:
+        where = f"{error.filename}: " if error.filename else ""
+        return f"{where}{error.strerror}"
+    if isinstance(error, MemoryError):
+        return f"not enough memory{': ' + str(error) if str(error) else ''}"
+    text = str(error).strip() or type(error).__name__
+    return " ".join(text.split())  # one line, even from a library's multi-line message
+
+
+def main(argv=None) -> int:
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # the reader (e.g. `head`) has what it wanted: stop quietly, and keep Python's own
+        # flush at exit from failing again on the same pipe
+        if sys.stdout is sys.__stdout__:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _run(argv) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error already printed
+        return e.code if isinstance(e.code, int) else 2
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except BrokenPipeError:
+        raise
+    except USER_ERRORS as e:
+        print(f"pagebench {args.command}: error: {error_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"pagebench {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

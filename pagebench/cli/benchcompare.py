@@ -1,0 +1,105 @@
+"""`pagebench bench-compare`: the regression gate (see :mod:`pagebench.benchcompare`)."""
+
+from __future__ import annotations
+
+import json
+
+from pagebench import benchcompare as d  # standard library only: cheap to import
+from pagebench.cli.options import atomic_write_text, check_output_file, integer, number
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench-compare", help="regression gate: benchmarks on two commits, fail if slower",
+        description="Run the quick benchmark suite (tests/benchmarks) on two commits of this "
+        "repository and exit 1 when any benchmark is more than --threshold slower on --head. "
+        "With --base-json/--head-json, compare two existing pytest-benchmark JSON files instead. "
+        "Exit status: 0 no regression, 1 regressions, 2 an error or results it cannot judge.")
+    p.add_argument("--base", help="base revision (e.g. main, HEAD~1)")
+    p.add_argument("--head", default="HEAD", help="head revision, or '.' for the working tree "
+                   "with uncommitted changes (default: HEAD; refused when the working tree has "
+                   "uncommitted changes)")
+    p.add_argument("--threshold", type=number(0, 10), default=d.THRESHOLD,
+                   help=f"slowdown that fails, as a fraction (default: {d.THRESHOLD})")
+    p.add_argument("--repeat", type=integer(1, 100), default=d.REPEAT,
+                   help=f"alternating runs per commit (default: {d.REPEAT})")
+    p.add_argument("--confirm", type=integer(0, 100), default=d.CONFIRM,
+                   help=f"extra alternating runs of benchmarks that look slower "
+                   f"(default: {d.CONFIRM})")
+    p.add_argument("--stat", choices=d.STATS, default=d.STAT,
+                   help=f"statistic of the rounds that is compared: min over every round of "
+                   f"every run, or the median or mean of each run's rounds combined by the median "
+                   f"of runs (default: {d.STAT})")
+    p.add_argument("--repo", default=".", help="repository (default: the current one)")
+    p.add_argument("--bench-dir", default="tests/benchmarks",
+                   help="benchmark files inside the head commit (default: tests/benchmarks)")
+    p.add_argument("-k", dest="select", help="only benchmarks matching this pytest -k expression")
+    p.add_argument("-m", dest="marks", default="not slow",
+                   help="pytest -m marker expression (default: 'not slow')")
+    p.add_argument("--max-time", type=number(0, 600), default=d.MAX_TIME,
+                   help=f"seconds per benchmark per run (pytest-benchmark --benchmark-max-time; "
+                   f"default: {d.MAX_TIME})")
+    p.add_argument("--out-dir", help="keep the raw pytest-benchmark JSON of every run here")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument("--out", metavar="FILE", help="also write the comparison (JSON) to FILE")
+    p.add_argument("--base-json", metavar="FILE",
+                   help="compare this pytest-benchmark JSON (base) ...")
+    p.add_argument("--head-json", metavar="FILE", help="... with this one (head); runs nothing")
+    p.set_defaults(func=run)
+
+
+def _load(path: str) -> dict:
+    from pathlib import Path
+
+    from pagebench.errors import ConfigError
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"results: cannot read {path}: {e.strerror}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ConfigError(f"results: {path} is not JSON ({e})") from None
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from pagebench.benchcompare import bench_compare, compare, format_table, regressions, timings
+    from pagebench.errors import ConfigError
+
+    check_output_file("--out", args.out)
+    if args.base_json or args.head_json:
+        if not (args.base_json and args.head_json):
+            raise ConfigError("base-json: give both --base-json and --head-json")
+        changes = compare(timings(_load(args.base_json), args.stat),
+                          timings(_load(args.head_json), args.stat))
+        base_label, head_label = Path(args.base_json).stem, Path(args.head_json).stem
+    else:
+        if not args.base:
+            raise ConfigError("base: give --base REV (or --base-json/--head-json)")
+        changes, base_label, head_label = bench_compare(
+            Path(args.repo), args.base, args.head, threshold=args.threshold, repeat=args.repeat,
+            confirm=args.confirm, stat=args.stat, bench_dir=args.bench_dir, select=args.select,
+            marks=args.marks, max_time=args.max_time, out_dir=args.out_dir)
+    slower = regressions(changes, args.threshold)
+    doc = {"base": base_label, "head": head_label, "threshold": args.threshold,
+           "stat": args.stat, "changes": [c.to_dict(args.threshold) for c in changes],
+           "regressions": [c.name for c in slower]}
+    if args.out:
+        atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return 1 if slower else 0
+    print(format_table(changes, args.threshold, base_label, head_label))
+    unjudged = [c for c in changes if c.ratio is None]
+    if unjudged:
+        print(f"\n{len(unjudged)} benchmark(s) on one side only (new or missing): not judged")
+    if slower:
+        print(f"\n{len(slower)} benchmark(s) more than {args.threshold:.0%} slower on "
+              f"{head_label[:12]} than on {base_label[:12]}:")
+        for c in slower:
+            print(f"  {c.name}: {c.ratio:.2f}x")
+    else:
+        print(f"\nno benchmark more than {args.threshold:.0%} slower "
+              f"({len(changes) - len(unjudged)} compared)")
+    return 1 if slower else 0

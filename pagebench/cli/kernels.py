@@ -1,0 +1,197 @@
+"""`pagebench bench`: time paged vs contiguous decode (or prefill) kernels."""
+
+from __future__ import annotations
+
+import math
+
+from pagebench.cli.options import (
+    add_output_options, check_memory, check_output_file, dumps, format_table, int_list, integer,
+    progress, write_results)
+
+DECODE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
+                ("context", "context (tokens)", 0), ("block_size", "block (tokens)", 0),
+                ("backend", "backend", 0), ("cuda_graph", "CUDA graph", 0),
+                ("time_us", "time (us)", 1), ("gbps", "K/V read (GB/s)", 1)]
+PREFILL_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
+                 ("query_len", "query (tokens)", 0), ("cached", "cached (tokens)", 0),
+                 ("block_size", "block (tokens)", 0), ("backend", "backend", 0),
+                 ("cuda_graph", "CUDA graph", 0), ("time_us", "time (us)", 1),
+                 ("tflops", "TFLOP/s", 2)]
+LAYOUT_COLUMNS = [("table_layout", "table layout", 0), ("fits_l2", "fits L2", 0)]
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="time paged vs contiguous decode kernels (tidy CSV/JSON)",
+        description="Time every registered decode backend (paged and contiguous) over batch, "
+        "context and block size. Default on CPU: a quick sweep (torch-paged vs sdpa-contiguous, "
+        "small sizes, < 1 min). On CUDA: the full grid unless --quick. Under `torchrun "
+        "--nproc-per-node N` the sweep's points are split over N GPUs (one per rank) and rank 0 "
+        "writes the merged rows, each naming its rank and GPU.")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                   help="where to time (default cpu)")
+    p.add_argument("--quick", action="store_true", help="small grid (default on CPU)")
+    p.add_argument("--shape", action="append", metavar="NAME=HQ/HKV/D",
+                   help="attention shape, e.g. llama-3-8b=32/8/128 (repeatable; default: the "
+                   "Llama-3-8B and Qwen2.5-0.5B shapes)")
+    p.add_argument("--batches", type=int_list, help="with --contexts: the grid's batch sizes")
+    p.add_argument("--contexts", type=int_list, help="context lengths in tokens (with --batches)")
+    p.add_argument("--block-sizes", type=int_list,
+                   help="paged block sizes in tokens (default: 1,16,128 on CPU)")
+    p.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES),
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--backends", help="comma-separated backend names (default: all that run here)")
+    p.add_argument("--repeat", type=integer(1, 10_000), default=None,
+                   help="timed repeats per point (default 5 on CPU, 30 on CUDA)")
+    add_output_options(p, "timings (one row per measurement)")
+    p.add_argument("--prefill", action="store_true",
+                   help="time paged prefill instead (whole prompts, and chunks after a cached "
+                   "prefix) against causal SDPA on a contiguous cache; one block size")
+    p.add_argument("--kv-dtype", default=None,
+                   help="paged caches' dtype, e.g. fp8_e4m3 or fp8_e5m2 (per-head scales; only "
+                   "backends that read it are timed paged; baselines stay in --dtype); "
+                   "default --dtype")
+    p.add_argument("--layouts", default="shuffled",
+                   help="block-table layouts of the paged cases, comma-separated: contiguous "
+                   "(arange tables), shuffled (a random permutation of the pool), aged (tables "
+                   "of a block manager that has served a trace with churn); default %(default)s")
+    p.add_argument("--list-backends", action="store_true",
+                   help="print available backends and their capabilities, then exit")
+    p.set_defaults(func=run_bench)
+
+
+def _parse_shape(text: str) -> tuple[str, tuple[int, int, int]]:
+    try:
+        name, dims = text.split("=", 1)
+        hq, hkv, d = (int(x) for x in dims.split("/"))
+    except ValueError:
+        raise ValueError(f"--shape: expected NAME=HQ/HKV/D, got {text!r}") from None
+    if min(hq, hkv, d) < 1 or hq % hkv or max(hq, d) > 1024:
+        raise ValueError(f"--shape: heads and head dim must be 1..1024 and HQ a multiple of "
+                         f"HKV, got {text!r}")
+    return name, (hq, hkv, d)
+
+
+def sweep_bytes(shapes, points, block_sizes, dtype: str) -> int:
+    """Largest memory one point of the decode sweep holds: a paged K/V cache rounded up to whole
+    blocks, plus the contiguous copy that the gather-then-attend backend makes of it."""
+    worst = 0
+    for _, kv_heads, head_dim in shapes.values():
+        for batch, context in points:
+            for bs in block_sizes:
+                slots = batch * math.ceil(context / bs) * bs
+                worst = max(worst, 2 * (slots + batch * context) * kv_heads * head_dim)
+    return worst * DTYPE_BYTES[dtype]
+
+
+def _check_sweep_memory(args, shapes, points, quick: bool, dtype: str) -> None:
+    import torch
+
+    from pagebench.kernels import sweep
+
+    if not (points or args.block_sizes):
+        return  # the built-in grids are sized for the device
+    on_cpu = args.device == "cpu"
+    shapes = shapes or sweep.SHAPES
+    points = points or (sweep.CPU_QUICK_POINTS if on_cpu else
+                        sweep.QUICK_POINTS if quick else sweep.FULL_POINTS)
+    block_sizes = args.block_sizes or (sweep.CPU_QUICK_BLOCK_SIZES if on_cpu else
+                                       sweep.FULL_BLOCK_SIZES)
+    available = None if on_cpu else torch.cuda.mem_get_info()[0]
+    check_memory("--contexts" if args.contexts else "--block-sizes",
+                 sweep_bytes(shapes, points, block_sizes, dtype),
+                 "the largest point of this sweep", available,
+                 "this machine" if on_cpu else "the GPU")
+
+
+def run_bench(args) -> int:
+    import json
+
+    import torch
+
+    from pagebench.distributed import SweepRanks
+    from pagebench.kernels import available_backends
+    from pagebench.kernels.quant import kv_dtype_from_name
+    from pagebench.kernels.testing import TABLE_LAYOUTS
+
+    if args.list_backends:
+        print(json.dumps(available_backends(), indent=2))
+        return 0
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested but no CUDA device is available")
+    check_output_file("--out", args.out)
+    shapes = dict(_parse_shape(s) for s in args.shape) if args.shape else None
+    points = None
+    if args.batches or args.contexts:
+        if not (args.batches and args.contexts):
+            raise ValueError("--batches/--contexts: give both (the grid is their product)")
+        points = [(b, c) for b in args.batches for c in args.contexts]
+    include = None
+    if args.backends:
+        include = [b.strip() for b in args.backends.split(",") if b.strip()]
+        unknown = sorted(set(include) - set(available_backends()))
+        if unknown or not include:
+            raise ValueError(f"--backends: not available here: {unknown or args.backends!r} "
+                             f"(available: {sorted(available_backends())})")
+    layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    unknown = sorted(set(layouts) - set(TABLE_LAYOUTS))
+    if unknown or not layouts:
+        raise ValueError(f"--layouts: unknown {unknown or args.layouts!r} "
+                         f"(use {', '.join(TABLE_LAYOUTS)})")
+    quick = args.quick or args.device == "cpu"
+    dtype_name = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    dtype = getattr(torch, dtype_name)
+    kv_dtype = kv_dtype_from_name(args.kv_dtype, dtype, "--kv-dtype") if args.kv_dtype else None
+    skipped: list = []
+    ranks = SweepRanks(args.device)
+    if args.prefill:
+        from pagebench.kernels.prefill_sweep import run_prefill_sweep
+
+        if layouts != ["shuffled"] or args.kv_dtype:
+            raise ValueError("--layouts/--kv-dtype: apply to the decode sweep, not --prefill")
+        if points or (args.block_sizes and len(args.block_sizes) > 1):
+            raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
+                             "give no --batches/--contexts and at most one --block-sizes")
+        block_size = args.block_sizes[0] if args.block_sizes else 16
+        if block_size > 16384:
+            raise ValueError(f"--block-sizes: at most 16,384 tokens for --prefill, got "
+                             f"{block_size:,}")
+        with progress(None, "prefill points") as bar:
+            df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
+                                   block_size=block_size, dtype=dtype, include=include,
+                                   repeat=args.repeat, progress=lambda row: bar.update(),
+                                   share=ranks.share)
+        table = PREFILL_TABLE
+    else:
+        from pagebench.kernels.sweep import run_sweep
+
+        _check_sweep_memory(args, shapes, points, quick, dtype_name)
+        with progress(None, "decode points") as bar:
+            df = run_sweep(args.device, quick=quick, shapes=shapes, points=points,
+                           block_sizes=args.block_sizes, dtype=dtype, include=include,
+                           exclude=None if include is None else (), repeat=args.repeat,
+                           skipped=skipped, progress=lambda row: bar.update(),
+                           share=ranks.share, layouts=layouts, kv_dtype=kv_dtype)
+        table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else []) \
+            + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
+    df, skipped = ranks.merge(df, skipped)
+    if df is None:  # not rank 0: its rows went to rank 0
+        return 0
+    if ranks.world > 1:
+        table = table + [("gpu", "GPU", 0)]
+    skipped_text = [" ".join(map(str, s)) for s in skipped]
+    if df.empty:
+        why = "; ".join(skipped_text[:3]) or "no backend supports these options here"
+        raise ValueError(f"--backends/--block-sizes: nothing was measured ({why})")
+    records = [{k: (None if isinstance(v, float) and math.isnan(v) else v)
+                for k, v in r.items()} for r in df.to_dict("records")]
+    doc = {"rows": records, "skipped": skipped_text}
+    write_results(args.out, records, doc)
+    if args.json:
+        print(dumps(doc))
+        return 0
+    print(format_table(records, table))
+    for s in skipped_text:
+        print("skipped:", s)
+    return 0

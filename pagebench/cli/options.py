@@ -1,0 +1,241 @@
+"""What every subcommand shares: bounded argument types, output paths checked before any work,
+memory estimates checked before allocating, tables for people, JSON/CSV for programs, progress.
+
+Standard library only at module level: the parser must build without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+from pagebench.atomic import atomic_write_text
+
+# Counts and sizes on the command line fit in int32 (the kernels' index type) unless an option
+# says otherwise; larger values are refused by argparse, before anything runs.
+MAX_INT = 2**31 - 1
+# A process may plan to use at most this share of the memory available when it starts.
+MEMORY_SHARE = 0.8
+
+
+def integer(least: int = 1, most: int = MAX_INT):
+    """argparse type: an integer in ``least..most``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(str(text).strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not least <= value <= most:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer in {least:,}..{most:,}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(least: float = 0.0, most: float = 1e12, *, inclusive: bool = False):
+    """argparse type: a finite float above ``least`` (or equal, with ``inclusive``), at most
+    ``most``."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        low_ok = value >= least if inclusive else value > least
+        if not (math.isfinite(value) and low_ok and value <= most):
+            side = ">=" if inclusive else ">"
+            raise argparse.ArgumentTypeError(
+                f"expected a number {side} {least:g} and <= {most:g}, got {text!r}")
+        return value
+
+    parse.__name__ = "number"
+    return parse
+
+
+def int_list(text: str) -> list[int]:
+    """argparse type for options such as ``--block-sizes 1,8,16``: integers in 1..MAX_INT."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1 or max(values) > MAX_INT:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers in 1..{MAX_INT:,}, got {text!r}")
+    return values
+
+
+def name_list(text: str) -> list[str]:
+    """argparse type: comma-separated names."""
+    values = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected comma-separated names, got {text!r}")
+    return values
+
+
+# ---- files and memory, checked before the work starts --------------------------------------
+def check_output_file(option: str, path: str | None) -> None:
+    """``path`` can be created as a file: not a directory, and its nearest existing ancestor is
+    a writable directory (so a sweep of minutes does not fail at its last line)."""
+    if path is None or path == "-":
+        return
+    if path.endswith(("/", os.sep)) or os.path.isdir(path):
+        raise ValueError(f"{option}: {path} is a directory; give a file name")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ValueError(f"{option}: cannot create {path}: {parent} is a file")
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{option}: cannot create {path}: {parent} is not writable")
+
+
+def check_input_dir(option: str, path: str | None) -> None:
+    if path is not None and not os.path.isdir(path):
+        raise ValueError(f"{option}: {path} is not a directory"
+                         if os.path.exists(path) else f"{option}: {path} not found")
+
+
+def available_memory_bytes() -> int:
+    """Memory this process may take now (Linux MemAvailable; else physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2**63
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if abs(n) < 1000 or unit == "PB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n /= 1000
+    raise AssertionError("unreachable")
+
+
+def check_memory(option: str, need_bytes: float, what: str, available: int | None = None,
+                 where: str = "this machine") -> None:
+    """Refuse, before allocating, work whose estimated memory exceeds what is available."""
+    available = available_memory_bytes() if available is None else available
+    if need_bytes > MEMORY_SHARE * available:
+        raise ValueError(f"{option}: {what} needs about {format_bytes(need_bytes)}; "
+                         f"{where} has {format_bytes(available)} available")
+
+
+# ---- output --------------------------------------------------------------------------------
+def add_output_options(p, what: str = "results") -> None:
+    """``--json`` and ``--out``, the same on every subcommand that produces results."""
+    p.add_argument("--json", action="store_true",
+                   help=f"print the {what} as JSON instead of a table")
+    p.add_argument("--out", metavar="FILE", default=None,
+                   help=f"also write the {what} to FILE: JSON if it ends in .json, else CSV "
+                   "(tidy rows, full precision)")
+
+
+def to_jsonable(value):
+    """Numbers a JSON reader understands: NaN and infinities become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        return to_jsonable(value.item())
+    return value
+
+
+def dumps(doc) -> str:
+    return json.dumps(to_jsonable(doc), indent=2, allow_nan=False, default=str)
+
+
+def write_results(path: str | None, records: list[dict], doc=None) -> None:
+    """Write ``records`` (tidy rows) to ``path``: JSON (``doc`` when given, else the rows) if it
+    ends in .json, else CSV with a header."""
+    if path is None:
+        return
+    if path.endswith(".json"):
+        text = dumps(records if doc is None else doc) + "\n"
+    else:
+        import csv
+        import io
+
+        columns = list(dict.fromkeys(k for r in records for k in r))
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, columns, lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(records)
+        text = buf.getvalue()
+    atomic_write_text(path, text)
+    print(f"wrote {len(records)} rows to {path}", file=sys.stderr)
+
+
+def format_value(value, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        if value.is_integer() and digits == 0:
+            return f"{int(value):,}"
+        return f"{value:,.{digits}f}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def format_table(records: list[dict], columns: list[tuple[str, str, int]]) -> str:
+    """A table for people: ``columns`` lists (key, header with its unit, decimals); numbers
+    right-aligned with thousands separators, integers as integers, missing values as ``-``."""
+    cells = [[format_value(r.get(key), digits) for key, _, digits in columns] for r in records]
+    headers = [header for _, header, _ in columns]
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
+    numeric = [all(_is_number(r.get(key)) for r in records) for key, _, _ in columns]
+
+    def line(values):
+        return "  ".join(v.rjust(w) if num else v.ljust(w)
+                         for v, w, num in zip(values, widths, numeric)).rstrip()
+
+    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
+
+
+def _is_number(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def progress(total: int, desc: str):
+    """A tqdm bar on stderr when it is a terminal; otherwise an object whose ``update`` does
+    nothing (logs and pipes stay clean)."""
+    if sys.stderr.isatty():
+        try:
+            from tqdm import tqdm
+
+            return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
+        except ImportError:
+            pass
+    return _NoProgress()
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

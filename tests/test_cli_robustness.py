@@ -1,0 +1,268 @@
+"""Issue 12's command-line reproductions, run as written: each is one line on stderr and exit
+status 2 (or a correct answer), never a traceback, a silent wrong answer or an ignored option."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pagebench import benchcompare
+from pagebench.cli import main, options
+from pagebench.report import build, collect
+from pagebench.report.collect import DataError, read_table
+from pagebench.report.demo import synthetic_results
+from pagebench.sim.static import static_fragmentation
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_one_line_error(argv, *needles):
+    code, _, err = run(argv)
+    assert code == 2, (argv, code, err)
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "trace_1e300.csv").write_text("arrival,prompt_len,output_len\n0,1e300,5\n")
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_attention_heads": 0, "num_key_value_heads": 0, "hidden_size": 64,
+         "num_hidden_layers": 2, "vocab_size": 10}))
+    (tmp_path / "huge_request.csv").write_text(
+        "arrival,prompt_len,output_len\n0,10,1000000000\n")
+    return tmp_path
+
+
+# ---- item 9 and the huge numbers ------------------------------------------------------------
+def test_item9_huge_fixed_lengths_are_refused_and_the_library_sums_exactly():
+    assert_one_line_error(["simulate", "--lengths", "fixed:10000000000000000",
+                           "--max-len", "10000000000000000"], "--max-len")
+    result = static_fragmentation([10**16] * 2000, 10**16, [1, 16])
+    assert result["tokens_stored"] == 2 * 10**19  # an int64 sum wraps to a negative number
+    assert all(r["allocated_slots"] == 2 * 10**19 for r in result["results"][:3])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["simulate", "--block-sizes", "99999999999999999999"], "--block-sizes"),
+    (["simulate", "--max-len", "99999999999999999999"], "--max-len"),
+    (["simulate", "--dynamic", "--budget-tokens", "99999999999999999999"], "--budget-tokens"),
+    (["capacity", "--max-model-len", "99999999999999999999"], "--max-model-len"),
+    (["capacity", "--block-size", "99999999999999999999"], "--block-size"),
+    (["bench", "--contexts", "99999999999999999999", "--batches", "1"], "--contexts"),
+    (["engine-bench", "throughput", "--prompt-len", "99999999999999999999"], "--prompt-len"),
+    (["bench-compare", "--base", "HEAD", "--repeat", "99999999999999999999"], "--repeat"),
+])
+def test_huge_integers_are_usage_errors(argv, needle):
+    assert_one_line_error(argv, needle)
+
+
+def test_lognormal_overflow_is_clipped_to_max_len():
+    code, out, _ = run(["simulate", "--lengths", "lognormal:1000,1", "--num-seqs", "10",
+                        "--json"])
+    assert code == 0 and json.loads(out)["tokens_stored"] == 10 * 4096
+    code, out, _ = run(["simulate", "--dynamic", "--lengths", "lognormal:1000,1",
+                        "--num-requests", "10", "--budget-tokens", "100000", "--json"])
+    assert code == 0 and json.loads(out)["workload"]["max_length"] == 4096
+
+
+def test_bad_trace_values_and_configs_are_one_line(files):
+    assert_one_line_error(["simulate", "--dynamic", "--trace", str(files / "trace_1e300.csv")],
+                          "prompt_len out of range")
+    assert_one_line_error(["capacity", "--model", str(files / "config.json")],
+                          "num_attention_heads")
+
+
+# ---- devices, sizes, paths -----------------------------------------------------------------
+@pytest.mark.skipif(os.path.exists("/dev/nvidia0"), reason="needs a machine without a GPU")
+def test_cuda_on_a_cpu_machine_is_refused():
+    assert_one_line_error(["engine-bench", "cow", "--device", "cuda"], "--device")
+    assert_one_line_error(["bench", "--device", "cuda"], "--device")
+
+
+def test_unknown_devices_are_refused():
+    assert_one_line_error(["engine-bench", "cow", "--device", "gpu"], "--device")
+
+
+def test_a_huge_kernel_sweep_is_refused_with_its_size_before_allocating():
+    line = assert_one_line_error(["bench", "--contexts", "100000000", "--batches", "1"],
+                                 "--contexts", "needs about")
+    assert "TB" in line
+
+
+def test_unbounded_simulations_are_refused_with_an_estimate(files, monkeypatch):
+    monkeypatch.setattr(options, "available_memory_bytes", lambda: 16 * 10**9)
+    assert_one_line_error(["simulate", "--num-seqs", "1000000000"], "--num-seqs",
+                          "needs about 100.0 GB", "16.0 GB available")
+    assert_one_line_error(["simulate", "--dynamic", "--trace", str(files / "huge_request.csv"),
+                           "--max-len", "2000000000"], "1,000,000,000 steps", "needs about")
+
+
+@pytest.mark.parametrize("command", [
+    ["simulate"], ["capacity"], ["bench", "--contexts", "16", "--batches", "1"],
+    ["engine-bench", "cow"], ["report", "--quick"],
+])
+def test_out_under_an_existing_file_is_refused_before_any_work(files, command):
+    assert_one_line_error(command + ["--out", str(files / "a_file" / "x.csv")],
+                          "--out", "is a file")
+
+
+@pytest.mark.parametrize("option", ["--results", "--data-dir"])
+def test_report_input_directories_must_exist(option):
+    assert_one_line_error(["report", "--quick", option, "/nonexistent"], option, "not found")
+
+
+def test_options_an_experiment_would_ignore_are_refused():
+    for experiment in ("cow", "prefix", "pool"):
+        for flag, value in (("--kernel", "torch"), ("--block-sizes", "8"),
+                            ("--batch-sizes", "2")):
+            assert_one_line_error(["engine-bench", experiment, flag, value], flag,
+                                  f"not used by engine-bench {experiment}")
+    for experiment in ("prefix", "pool"):
+        assert_one_line_error(["engine-bench", experiment, "--prompt-len", "8"], "--prompt-len")
+
+
+def test_a_sweep_that_measures_nothing_is_an_error():
+    assert_one_line_error(["bench", "--backends", "flex", "--block-sizes", "8"], "--backends")
+
+
+def test_output_to_a_closed_pipe_is_silent():
+    proc = subprocess.Popen([sys.executable, "-m", "pagebench", "simulate", "--num-seqs", "50"],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # closed before the command writes: its first write meets EPIPE
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and err == ""
+
+
+# ---- item 7: the regression gate -----------------------------------------------------------
+def bench_doc(**stats) -> dict:
+    return {"benchmarks": [{"name": n, "fullname": f"b.py::{n}", "stats": s}
+                           for n, s in stats.items()]}
+
+
+@pytest.mark.parametrize("head, needle", [
+    ({"benchmarks": []}, "no benchmarks"),
+    (bench_doc(other={"median": 0.01}), "no benchmark is in both"),
+    (bench_doc(a=None), "no median"),
+    (bench_doc(a={"median": float("nan")}), "not a positive time"),
+    (bench_doc(a={"median": "fast"}), "no median"),
+    ({"benchmarks": [1, 2]}, "has no name"),
+])
+def test_the_gate_refuses_results_it_cannot_judge(tmp_path, head, needle):
+    (tmp_path / "base.json").write_text(json.dumps(bench_doc(a={"median": 0.01})))
+    (tmp_path / "head.json").write_text(json.dumps(head))
+    assert_one_line_error(["bench-compare", "--base-json", str(tmp_path / "base.json"),
+                           "--head-json", str(tmp_path / "head.json"), "--stat", "median"],
+                          needle)
+
+
+def test_the_gate_refuses_malformed_json(tmp_path):
+    (tmp_path / "bad.json").write_bytes(b"\xff{not json")
+    assert_one_line_error(["bench-compare", "--base-json", str(tmp_path / "bad.json"),
+                           "--head-json", str(tmp_path / "bad.json")], "not JSON")
+
+
+def git(repo, *args):
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+@pytest.fixture
+def tiny_repo(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "work.py").write_text("x = 1\n")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "one")
+    return repo
+
+
+def test_the_gate_refuses_head_when_the_working_tree_has_changes(tiny_repo):
+    (tiny_repo / "work.py").write_text("x = 2\n")
+    assert_one_line_error(["bench-compare", "--repo", str(tiny_repo), "--base", "HEAD",
+                           "--head", "HEAD"], "uncommitted changes", "--head .")
+
+
+def test_a_killed_runs_temp_dir_and_worktree_are_removed_by_the_next(tiny_repo, tmp_path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / (benchcompare.TEMP_PREFIX + "stale")
+    stale.mkdir()
+    (stale / "pid").write_text(str(dead.pid))
+    git(tiny_repo, "worktree", "add", "--detach", "--quiet", str(stale / "wt"), "HEAD")
+    live = tmp_path / (benchcompare.TEMP_PREFIX + "live")
+    live.mkdir()
+    (live / "pid").write_text(str(os.getpid()))
+    assert benchcompare.remove_stale_temp_dirs(tiny_repo, str(tmp_path)) == [stale]
+    assert not stale.exists() and live.exists()
+    assert "wt" not in git(tiny_repo, "worktree", "list")
+
+
+def test_checkouts_leave_nothing_behind(tiny_repo, monkeypatch, tmp_path):
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(scratch))
+    with pytest.raises(KeyboardInterrupt):
+        with benchcompare.TerminationAsInterrupt(), benchcompare.Checkouts(tiny_repo) as c:
+            c.get(git(tiny_repo, "rev-parse", "HEAD"))
+            c.scratch("results")
+            os.kill(os.getpid(), signal.SIGTERM)  # `kill` of a running gate
+    assert list(scratch.iterdir()) == []
+    assert git(tiny_repo, "worktree", "list").count("\n") == 0
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# ---- item 8: the report's inputs and outputs ----------------------------------------------
+def test_a_truncated_csv_is_named_and_skipped(tmp_path):
+    good = "backend,time_us\nsdpa,17.52\ntorch,20.1\n"
+    (tmp_path / "cut.csv").write_text(good[:-4])  # "20.1\n" became "2"
+    with pytest.raises(DataError, match="does not end with a newline"):
+        read_table(tmp_path / "cut.csv")
+    (tmp_path / "short.csv").write_text("backend,time_us\nsdpa\n")
+    with pytest.raises(DataError, match="line 2 has 1 fields, the header 2"):
+        read_table(tmp_path / "short.csv")
+    (tmp_path / "ok.csv").write_text(good)
+    assert list(read_table(tmp_path / "ok.csv").time_us) == [17.52, 20.1]
+
+
+def test_the_data_directory_is_replaced_whole(tmp_path, monkeypatch):
+    out = tmp_path / "index.html"
+    build.write_report(synthetic_results(), out, env={"device": "cpu"}, options={})
+    data = tmp_path / "index_data"
+    before = {p.name: p.read_text() for p in data.iterdir()}
+
+    def write_half(frames, data_dir):
+        (data_dir / "claims.csv").write_text("half")
+        raise KeyboardInterrupt  # killed between two CSVs
+
+    monkeypatch.setattr(build.render, "write_datasets", write_half)
+    with pytest.raises(KeyboardInterrupt):
+        build.write_report(collect.Results(), out, env={"device": "cpu"}, options={})
+    assert {p.name: p.read_text() for p in data.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "index_data"]
+
+
+def test_report_out_with_a_trailing_slash_is_a_directory(tmp_path):
+    out = build.write_report(collect.Results(), f"{tmp_path}/site/", env={"device": "cpu"},
+                             options={})
+    assert out == tmp_path / "site" / "index.html" and out.is_file()

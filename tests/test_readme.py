@@ -1,0 +1,145 @@
+"""Every shell and Python example of the README runs (an example that stops working fails here).
+
+The fenced ``bash`` and ``python`` blocks are extracted. ``pagebench`` commands run in-process
+from a scratch directory that sees the repository's ``examples/`` and ``reports/data/``, with the
+quick arguments of QUICK appended (a later option overrides an earlier one); ``make`` commands
+are checked with ``make -n`` (what they would run, not running it). NOT_RUN lists, with the
+reason, the few commands that are not run here; a README command in neither fails the test.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pagebench.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text(encoding="utf-8")
+
+# README command prefix -> arguments appended so that the example runs in seconds on a CPU
+QUICK = {
+    "pagebench simulate --dynamic --trace": [],
+    "pagebench simulate --dynamic": ["--num-requests", "300"],
+    "pagebench bench --prefill": ["--repeat", "1"],
+    "pagebench bench --shape": ["--contexts", "64", "--repeat", "1"],
+    "pagebench bench": ["--repeat", "1"],
+    "pagebench engine-bench throughput": ["--batch-sizes", "1,2", "--block-sizes", "8",
+                                          "--prompt-len", "8", "--max-tokens", "2"],
+    "pagebench engine-bench compare": ["--batch-sizes", "2", "--prompt-len", "8",
+                                       "--max-tokens", "2"],
+    "pagebench engine-bench cow": ["--prompt-len", "16", "--max-tokens", "2"],
+    "pagebench engine-bench trace": ["--num-requests", "4", "--max-output-len", "4"],
+    "pagebench engine-bench": ["--max-tokens", "2"],
+    "pagebench report": ["--quick", "--no-progress"],
+}
+# README command -> why the test does not run it
+NOT_RUN = {
+    "git clone https://github.com/pagebench/pagebench && cd pagebench":
+        "needs the network; the test runs in the clone",
+    ". .venv/bin/activate": "changes the calling shell; `make setup` (checked) creates it",
+    "pagebench bench-compare --base main --head HEAD":
+        "times the suite on two commits (minutes); tests/test_benchcompare.py runs the gate end "
+        "to end on a small repository",
+    "pagebench bench-compare --base HEAD --head .": "as above",
+    ".venv/bin/python scripts/asv_wheelhouse.py --dest .asv/wheelhouse":
+        "downloads wheels; tests/test_asv_suites.py checks the suites",
+    'export PIP_FIND_LINKS="$PIP_FIND_LINKS $PWD/.asv/wheelhouse"': "changes the calling shell",
+    "asv machine --yes --machine my-box": "asv: builds environments, minutes (make asv-quick)",
+    "asv run --quick -b '^(?!.*Cuda)' HEAD~3..HEAD": "asv, as above",
+    "asv continuous main HEAD": "asv, as above",
+    "asv run -E existing --quick --set-commit-hash $(git rev-parse HEAD)": "asv, as above",
+    "asv run -E existing --launch-method spawn -b Cuda --set-commit-hash $(git rev-parse HEAD)":
+        "asv on a GPU",
+    "asv publish && asv preview ; asv compare A B": "asv, as above; preview serves forever",
+    "torchrun --standalone --nproc-per-node 2 -m pagebench bench --device cuda --out k.csv":
+        "needs 2 GPUs",
+    "torchrun --standalone --nproc-per-node 2 my_script.py": "needs 2 GPUs and a script",
+}
+NEEDS_CUDA = ("--device cuda",)
+PASSED: set[tuple[str, ...]] = set()  # argv already run: README lines that become the same run
+# text replaced in the README's Python blocks before they run
+PYTHON_QUICK = {"max_tokens=16": "max_tokens=4"}
+
+
+def shell_commands() -> list[str]:
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+        text = block.replace("\\\n", " ")
+        for line in text.splitlines():
+            command = re.split(r"\s+#\s", " " + line.strip(), maxsplit=1)[0].strip()
+            if command and not command.startswith("#"):
+                commands.append(" ".join(command.split()))
+    return commands
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, re.S)
+
+
+def test_every_readme_command_is_run_or_explained():
+    commands = shell_commands()
+    unexplained = [c for c in commands if not c.startswith(("pagebench ", "make "))
+                   and c not in NOT_RUN]
+    assert not unexplained
+    stale = [c for c in NOT_RUN if c not in commands]
+    assert not stale, "NOT_RUN names commands the README no longer has"
+
+
+@pytest.fixture
+def scratch(tmp_path, monkeypatch):
+    """A working directory that sees the repository's examples and committed data."""
+    (tmp_path / "examples").symlink_to(REPO / "examples")
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "reports" / "data").symlink_to(REPO / "reports" / "data")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", [c for c in shell_commands() if c.startswith("pagebench ")])
+def test_readme_pagebench_command_runs(command, scratch):
+    if any(flag in command for flag in NEEDS_CUDA):
+        import torch
+
+        if not torch.cuda.is_available():
+            pytest.skip("needs a CUDA device")
+    if command in NOT_RUN:
+        pytest.skip(NOT_RUN[command])
+    argv = shlex.split(command.replace("/tmp/", f"{scratch}/tmp/"))[1:]
+    prefix = max((p for p in QUICK if command.startswith(p)), key=len, default=None)
+    argv += QUICK.get(prefix, [])
+    if argv[0] == "report" and "--out" not in argv:
+        argv += ["--out", str(scratch / "site" / "index.html")]
+    key = tuple(a.replace(str(scratch), "") for a in argv)
+    if key in PASSED:
+        return
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    assert code == 0, f"{command}\n{err.getvalue()}"
+    PASSED.add(key)
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+@pytest.mark.parametrize("command", [c for c in shell_commands() if c.startswith("make ")])
+def test_readme_make_command_is_a_target(command):
+    argv = shlex.split(command)
+    proc = subprocess.run(["make", "-n", *argv[1:]], cwd=REPO, capture_output=True, text=True,
+                          env=dict(os.environ, MAKEFLAGS=""))
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("index", range(len(python_blocks())))
+def test_readme_python_example_runs(index, scratch, capsys):
+    code = python_blocks()[index]
+    for old, new in PYTHON_QUICK.items():
+        code = code.replace(old, new)
+    exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "readme"})

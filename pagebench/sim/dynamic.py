@@ -83,18 +83,14 @@ contiguous rows.
 
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from pagebench.config import ceil_div
 from pagebench.errors import ConfigError
-from pagebench.sim.address_space import FirstFitSpace
-from pagebench.sim.prefix_cache import PrefixBlockCache, PrefixNames
-from pagebench.sim.static import reserved_slots
+from pagebench.sim.dynamic_loops import RunStats, Window, simulate_contiguous, simulate_paged
 from pagebench.sim.trace import MAX_TRACE_VALUE, Workload
 
 CONTIGUOUS = ("naive", "pow2", "oracle")
@@ -104,271 +100,10 @@ CATEGORIES = ("token_state", "reserved_unused", "internal_frag", "external_frag"
 MAX_BUDGET_TOKENS = 1 << 62
 TIMELINE_COLUMNS = ("step", "allocator", "block_size", "label", "budget_tokens") + CATEGORIES + (
     "concurrency", "running_seqs", "waiting")
-_KEY_MOD = (1 << 61) - 1
-# window record: (start, end, A, S, allocated, final, ext, free, conc, waiting, stranded, key)
-# tokens(t) = A + S * (t + 1) for every step t of the window [start, end].
-
-
-def _key(i: int, b: int) -> int:
-    """Fingerprint of request ``i`` holding ``b + t + 1`` tokens per sample at step ``t``."""
-    return (((i + 1) * 0x9E3779B97F4A7C15) ^ ((b + (1 << 40)) * 0xBF58476D1CE4E5B9)) % _KEY_MOD
-
-
-@dataclass
-class _RunStats:
-    first_admit: np.ndarray
-    refused: int = 0
-    refused_with_enough_free: int = 0
-    num_preemptions: int = 0
-    recomputed_tokens: int = 0
-    cow_copies: int = 0
-    prefix_hit_tokens: int = 0
-    prefix_blocks_saved: int = 0
-
-
-def _simulate_contiguous(w: Workload, budget: int, allocator: str, max_len: int,
-                         max_num_seqs: int | None):
-    length = w.length
-    reserve = reserved_slots(allocator, length, max_len)
-    if int((reserve * w.n).max()) > budget:
-        i = int((reserve * w.n).argmax())
-        raise ConfigError(f"budget_tokens: {budget} slots cannot hold request {i} under "
-                          f"{allocator} ({int(w.n[i])} x {int(reserve[i])} slots)")
-    arrival, prompt, output = w.arrival.tolist(), w.prompt_len.tolist(), w.output_len.tolist()
-    nseq, final_len, res = w.n.tolist(), length.tolist(), reserve.tolist()
-    count = len(arrival)
-    space = FirstFitSpace(budget)
-    stats = _RunStats(first_admit=np.full(count, -1, dtype=np.int64))
-    refused = bytearray(count)
-    refused_enough = bytearray(count)
-    waiting: deque[int] = deque()
-    finishing: list[tuple[int, int]] = []
-    addresses: dict[int, list[int]] = {}
-    records = []
-    A = S = allocated = final = conc = key = 0
-    nxt, s = 0, arrival[0]
-    while True:
-        while nxt < count and arrival[nxt] <= s:
-            waiting.append(nxt)
-            nxt += 1
-        blocked_with_enough_free = False
-        while waiting:
-            i = waiting[0]
-            n, r = nseq[i], res[i]
-            if max_num_seqs is not None and S + n > max_num_seqs:
-                break
-            got = []
-            for _ in range(n):
-                address = space.allocate(r)
-                if address is None:
-                    break
-                got.append(address)
-            if len(got) < n:
-                for address in got:
-                    space.release(address, r)
-                refused[i] = 1
-                if space.free >= n * r:
-                    refused_enough[i] = 1
-                    blocked_with_enough_free = True
-                break
-            waiting.popleft()
-            addresses[i] = got
-            stats.first_admit[i] = s
-            b = prompt[i] - s
-            heapq.heappush(finishing, (s + output[i] - 1, i, b))
-            A += n * b
-            S += n
-            allocated += n * r
-            final += n * final_len[i]
-            conc += 1
-            key = (key + _key(i, b)) % _KEY_MOD
-        if not finishing:
-            if waiting:  # cannot happen: an empty space fits any validated request
-                raise AssertionError("contiguous simulation stalled with an empty space")
-            if nxt >= count:
-                break
-        end = finishing[0][0] if finishing else arrival[nxt] - 1
-        if nxt < count:
-            end = min(end, arrival[nxt] - 1)
-        ext = space.free if blocked_with_enough_free else 0
-        stranded = space.free - space.largest_hole
-        records.append((s, end, A, S, allocated, final, ext, space.free - ext, conc,
-                        len(waiting), stranded, key))
-        while finishing and finishing[0][0] == end:
-            _, i, b = heapq.heappop(finishing)
-            n, r = nseq[i], res[i]
-            for address in addresses.pop(i):
-                space.release(address, r)
-            A -= n * b
-            S -= n
-            allocated -= n * r
-            final -= n * final_len[i]
-            conc -= 1
-            key = (key - _key(i, b)) % _KEY_MOD
-        if not finishing and not waiting and nxt >= count:
-            break
-        s = end + 1
-    stats.refused = sum(refused)
-    stats.refused_with_enough_free = sum(refused_enough)
-    return records, stats
-
-
-def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
-                    max_num_seqs: int | None, prefix_caching: bool = False):
-    bs = block_size
-    cache = PrefixBlockCache() if prefix_caching else None
-    names = PrefixNames()
-    block_keys: dict[int, list[int]] = {}  # request -> its full prompt blocks' keys
-    held_keys: dict[int, list[int]] = {}  # running request -> cached blocks it references
-    num_blocks, remainder = divmod(budget, bs)
-    length = w.length
-    shared = np.where(cow & (w.n > 1), w.prompt_len // bs, 0)  # shared prompt blocks
-    need_final = shared + w.n * ceil_div(length - shared * bs, bs)
-    if num_blocks < 1 or int(need_final.max()) > num_blocks:
-        i = int(need_final.argmax())
-        raise ConfigError(f"budget_tokens: {budget} slots ({num_blocks} blocks of {bs}) cannot "
-                          f"hold request {i} ({int(need_final[i])} blocks)")
-    arrival, nseq = w.arrival.tolist(), w.n.tolist()
-    prompt, remaining = w.prompt_len.tolist(), w.output_len.tolist()  # change on preemption
-    shared_blocks = shared.tolist()
-    count = len(arrival)
-    stats = _RunStats(first_admit=np.full(count, -1, dtype=np.int64))
-    refused = bytearray(count)
-    version = [0] * count
-    waiting: deque[int] = deque()
-    finishing: list[tuple[int, int, int]] = []
-    running: dict[int, tuple[int, int]] = {}  # i -> (admitted at, b); insertion order = age
-    phase_count = [0] * bs  # samples whose b % bs == phase: they take a block at t = -b mod bs
-    records = []
-    free, used = num_blocks, 0
-    A = S = conc = key = 0
-    nxt, s = 0, arrival[0]
-    while True:
-        while nxt < count and arrival[nxt] <= s:
-            waiting.append(nxt)
-            nxt += 1
-        preempted = False
-        if running:
-            due = (-s) % bs
-            need = phase_count[due]
-            while need > free + (cache.num_evictable if cache else 0):
-                i, (a, b) = running.popitem()  # newest
-                n, sh = nseq[i], shared_blocks[i]
-                held = sh + n * ceil_div(b + s - sh * bs, bs)  # tokens at step s-1: b + s
-                if cache:
-                    keys = held_keys.pop(i)
-                    held -= len(keys)
-                    used -= cache.release(keys)
-                free += held
-                used -= held
-                if b % bs == due:
-                    need -= n
-                phase_count[b % bs] -= n
-                A -= n * b - (n - 1) * sh * bs
-                S -= n
-                conc -= 1
-                key = (key - _key(i, b)) % _KEY_MOD
-                done = s - a
-                prompt[i] += done
-                remaining[i] -= done
-                version[i] += 1
-                waiting.appendleft(i)
-                stats.num_preemptions += 1
-                stats.recomputed_tokens += n * (b + s) - (n - 1) * sh * bs
-                preempted = True
-            if need > free:
-                cache.evict(need - free)
-                free = need
-            free -= need
-            used += need
-        while waiting and not preempted:
-            i = waiting[0]
-            n, sh = nseq[i], shared_blocks[i]
-            if max_num_seqs is not None and S + n > max_num_seqs:
-                break
-            blocks = sh + n * ceil_div(prompt[i] + 1 - sh * bs, bs)
-            if cache:
-                keys = block_keys.get(i)
-                if keys is None:
-                    keys = block_keys[i] = names.block_keys(
-                        w.hash_ids[i] if w.hash_ids else None, prompt[i], bs)
-                hits, revived = cache.match(keys, (prompt[i] - 1) // bs)
-                if blocks - hits > free + cache.num_evictable - revived:
-                    refused[i] = 1
-                    break
-                cache.acquire(keys, hits)
-                used += revived
-                blocks -= hits
-                if blocks > free:
-                    cache.evict(blocks - free)
-                    free = blocks
-                held_keys[i] = keys[:hits] + cache.register(keys[hits:])
-                stats.prefix_blocks_saved += hits
-                if stats.first_admit[i] < 0:
-                    stats.prefix_hit_tokens += hits * bs
-            elif blocks > free:
-                refused[i] = 1
-                break
-            waiting.popleft()
-            free -= blocks
-            used += blocks
-            b = prompt[i] - s
-            running[i] = (s, b)
-            phase_count[b % bs] += n
-            A += n * b - (n - 1) * sh * bs
-            S += n
-            conc += 1
-            key = (key + _key(i, b)) % _KEY_MOD
-            heapq.heappush(finishing, (s + remaining[i] - 1, version[i], i))
-            if stats.first_admit[i] < 0:
-                stats.first_admit[i] = s
-                if sh and (prompt[i] % bs):
-                    stats.cow_copies += n - 1
-        shared = cache.shared_extra * bs if cache else 0  # shared tokens count once
-        evictable = cache.num_evictable if cache else 0  # cached, unreferenced: reclaimable
-        records.append((s, s, A - shared, S, used * bs + remainder, 0, 0,
-                        (free + evictable) * bs, conc, len(waiting), 0, key))
-        while finishing and finishing[0][0] <= s:
-            _, v, i = heapq.heappop(finishing)
-            if v != version[i]:
-                continue  # preempted since; its new finish step is in the heap too
-            a, b = running.pop(i)
-            n, sh = nseq[i], shared_blocks[i]
-            held = sh + n * ceil_div(b + s + 1 - sh * bs, bs)
-            if cache:
-                keys = held_keys.pop(i)
-                del block_keys[i]  # finished for good: its keys are never matched again
-                held -= len(keys)
-                used -= cache.release(keys)
-            free += held
-            used -= held
-            phase_count[b % bs] -= n
-            A -= n * b - (n - 1) * sh * bs
-            S -= n
-            conc -= 1
-            key = (key - _key(i, b)) % _KEY_MOD
-        if running or waiting:
-            s += 1
-        elif nxt < count:
-            if arrival[nxt] > s + 1:  # idle gap: everything free
-                records.append((s + 1, arrival[nxt] - 1, 0, 0, remainder, 0, 0,
-                                num_blocks * bs, 0, 0, 0, 0))
-            s = arrival[nxt]
-        else:
-            break
-    cached = cache.num_evictable if cache else 0
-    if used or free + cached != num_blocks or (cache and cache.num_cached != cached):
-        raise AssertionError(f"paged simulation leaked blocks: used={used}, free={free}, "
-                             f"cached={cached}")
-    stats.refused = sum(refused)
-    return records, stats
-
-
-def _windows(records) -> dict[str, np.ndarray]:
-    names = ("start", "end", "A", "S", "allocated", "final", "ext", "free", "conc", "waiting",
-             "stranded", "key")
-    table = np.array(records, dtype=np.int64).reshape(-1, len(names))
-    return {name: table[:, j] for j, name in enumerate(names)}
+def _windows(records: list[Window]) -> dict[str, np.ndarray]:
+    """The records as int64 columns named by :class:`Window`'s fields."""
+    table = np.array(records, dtype=np.int64).reshape(-1, len(Window._fields))
+    return {name: table[:, j] for j, name in enumerate(Window._fields)}
 
 
 def _breakdown(paged: bool, tokens, allocated, final, ext, free) -> dict:
@@ -384,15 +119,15 @@ def _breakdown(paged: bool, tokens, allocated, final, ext, free) -> dict:
     }
 
 
-def _summarise(win, paged: bool, budget: int, w: Workload, stats: _RunStats) -> dict:
+def _summarise(win, paged: bool, budget: int, w: Workload, stats: RunStats) -> dict:
     start, end = win["start"], win["end"]
     width = (end - start + 1).astype(np.float64)
     steps = float(width.sum())
     # sum over t in [start, end] of (t + 1) = T(end + 1) - T(start), T(x) = x (x + 1) / 2
     step_sum = ((end + 1.0) * (end + 2.0) - start * (start + 1.0)) / 2.0
-    tokens = width * win["A"] + win["S"] * step_sum
+    tokens = width * win["token_base"] + win["running_seqs"] * step_sum
     totals = _breakdown(paged, tokens, width * win["allocated"], width * win["final"],
-                        width * win["ext"], width * win["free"])
+                        width * win["external_frag"], width * win["free"])
     saturated = win["waiting"] > 0
     sat_steps = float(width[saturated].sum())
     row = {"num_steps": int(steps)}
@@ -406,13 +141,13 @@ def _summarise(win, paged: bool, budget: int, w: Workload, stats: _RunStats) -> 
                                     if sat_steps else None)
     held = totals["token_state"] + totals["reserved_unused"] + totals["internal_frag"]
     row["allocated_utilisation"] = float(tokens.sum() / held.sum()) if held.sum() else None
-    row["stranded_free_fraction"] = float((width * win["stranded"]).sum() / (steps * budget))
-    peak_tokens = win["A"] + win["S"] * (end + 1)
+    row["stranded_free_fraction"] = float((width * win["stranded_free"]).sum() / (steps * budget))
+    peak_tokens = win["token_base"] + win["running_seqs"] * (end + 1)
     row["peak_token_state_fraction"] = float(peak_tokens.max() / budget)
     row["saturated_step_fraction"] = sat_steps / steps
-    row["mean_concurrency"] = float((width * win["conc"]).sum() / steps)
-    row["peak_concurrency"] = int(win["conc"].max())
-    row["mean_running_seqs"] = float((width * win["S"]).sum() / steps)
+    row["mean_concurrency"] = float((width * win["concurrency"]).sum() / steps)
+    row["peak_concurrency"] = int(win["concurrency"].max())
+    row["mean_running_seqs"] = float((width * win["running_seqs"]).sum() / steps)
     row["tokens_per_step"] = float((w.output_len * w.n).sum() / steps)
     row["num_preemptions"] = stats.num_preemptions
     row["recomputed_tokens"] = stats.recomputed_tokens
@@ -432,17 +167,17 @@ def _timeline(win, paged: bool, every: int, with_key: bool) -> dict[str, np.ndar
     idx = np.repeat(np.arange(start.size), counts)
     offsets = np.arange(idx.size) - np.repeat(np.cumsum(counts) - counts, counts)
     step = first[idx] + offsets * every
-    tokens = win["A"][idx] + win["S"][idx] * (step + 1)
+    tokens = win["token_base"][idx] + win["running_seqs"][idx] * (step + 1)
     cols = {
         "step": step,
-        **_breakdown(paged, tokens, win["allocated"][idx], win["final"][idx], win["ext"][idx],
+        **_breakdown(paged, tokens, win["allocated"][idx], win["final"][idx], win["external_frag"][idx],
                      win["free"][idx]),
-        "concurrency": win["conc"][idx],
-        "running_seqs": win["S"][idx],
+        "concurrency": win["concurrency"][idx],
+        "running_seqs": win["running_seqs"][idx],
         "waiting": win["waiting"][idx],
     }
     if with_key:
-        cols["running_key"] = win["key"][idx]
+        cols["running_key"] = win["running_key"][idx]
     return cols
 
 
@@ -521,10 +256,10 @@ def _run_one(workload, budget, allocator, block_size, max_len, cow, max_num_seqs
              prefix_caching=False):
     paged = allocator == "paged"
     if paged:
-        records, stats = _simulate_paged(workload, budget, int(block_size), cow, max_num_seqs,
+        records, stats = simulate_paged(workload, budget, int(block_size), cow, max_num_seqs,
                                          prefix_caching)
     else:
-        records, stats = _simulate_contiguous(workload, budget, allocator, max_len, max_num_seqs)
+        records, stats = simulate_contiguous(workload, budget, allocator, max_len, max_num_seqs)
     win = _windows(records)
     row = {"allocator": allocator, "block_size": int(block_size) if paged else None,
            "label": label(allocator, block_size), "budget_tokens": budget,

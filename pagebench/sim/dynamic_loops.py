@@ -109,81 +109,122 @@ class RunningTotals:
         self.running_key = (self.running_key - request_key(request, token_base)) % RUNNING_KEY_MOD
 
 
+class ContiguousSimulation:
+    """The contiguous step loop: one window per stretch of steps without admission or finish
+    (between those events a contiguous allocator's memory only fills its reservations)."""
+
+    def __init__(self, w: Workload, budget: int, allocator: str, max_len: int,
+                 max_num_seqs: int | None):
+        reserve = reserved_slots(allocator, w.length, max_len)
+        if int((reserve * w.n).max()) > budget:
+            i = int((reserve * w.n).argmax())
+            raise ConfigError(f"budget_tokens: {budget} slots cannot hold request {i} under "
+                              f"{allocator} ({int(w.n[i])} x {int(reserve[i])} slots)")
+        self.max_num_seqs = max_num_seqs
+        self.arrival, self.prompt = w.arrival.tolist(), w.prompt_len.tolist()
+        self.output, self.samples = w.output_len.tolist(), w.n.tolist()
+        self.final_len, self.reservation = w.length.tolist(), reserve.tolist()
+        count = self.count = len(self.arrival)
+        self.space = FirstFitSpace(budget)
+        self.stats = RunStats(first_admit=np.full(count, -1, dtype=np.int64))
+        self.refused = bytearray(count)
+        self.refused_with_enough_free = bytearray(count)
+        self.next_arrival = 0
+        self.waiting: deque[int] = deque()
+        self.finishing: list[ContiguousFinish] = []
+        self.addresses: dict[int, list[int]] = {}
+        self.records: list[Window] = []
+        self.totals = RunningTotals()
+        self.allocated = self.final = 0
+        self.blocked_with_enough_free = False
+
+    def run(self) -> tuple[list[Window], RunStats]:
+        step = self.arrival[0]
+        while True:
+            self.enqueue_arrivals(step)
+            self.admit_waiting(step)
+            if not self.finishing:
+                if self.waiting:  # cannot happen: an empty space fits any validated request
+                    raise AssertionError("contiguous simulation stalled with an empty space")
+                if self.next_arrival >= self.count:
+                    break
+            end = self.window_end()
+            self.record(step, end)
+            self.finish_at(end)
+            if not self.finishing and not self.waiting and self.next_arrival >= self.count:
+                break
+            step = end + 1
+        self.stats.refused = sum(self.refused)
+        self.stats.refused_with_enough_free = sum(self.refused_with_enough_free)
+        return self.records, self.stats
+
+    def enqueue_arrivals(self, step: int) -> None:
+        arrival, count, nxt = self.arrival, self.count, self.next_arrival
+        while nxt < count and arrival[nxt] <= step:
+            self.waiting.append(nxt)
+            nxt += 1
+        self.next_arrival = nxt
+
+    def admit_waiting(self, step: int) -> None:
+        """First come, first served, until the head of the queue does not fit."""
+        self.blocked_with_enough_free = False
+        waiting = self.waiting
+        while waiting and self.admit(waiting[0], step):
+            waiting.popleft()
+
+    def admit(self, i: int, step: int) -> bool:
+        """Reserve a run per sample of request ``i`` if they fit. Refused although the free
+        slots add up to enough, it sets ``blocked_with_enough_free`` (external fragmentation)."""
+        n, r = self.samples[i], self.reservation[i]
+        if self.max_num_seqs is not None and self.totals.running_seqs + n > self.max_num_seqs:
+            return False
+        got = reserve_runs(self.space, n, r)
+        if got is None:
+            self.refused[i] = 1
+            if self.space.free >= n * r:
+                self.refused_with_enough_free[i] = 1
+                self.blocked_with_enough_free = True
+            return False
+        self.addresses[i] = got
+        self.stats.first_admit[i] = step
+        b = self.prompt[i] - step
+        heapq.heappush(self.finishing, ContiguousFinish(step + self.output[i] - 1, i, b))
+        self.totals.add(i, b, n, n * b)
+        self.allocated += n * r
+        self.final += n * self.final_len[i]
+        return True
+
+    def window_end(self) -> int:
+        """The last step before the next finish or arrival changes memory."""
+        nxt = self.next_arrival
+        end = self.finishing[0].step if self.finishing else self.arrival[nxt] - 1
+        if nxt < self.count:
+            end = min(end, self.arrival[nxt] - 1)
+        return end
+
+    def record(self, start: int, end: int) -> None:
+        space, totals = self.space, self.totals
+        ext = space.free if self.blocked_with_enough_free else 0  # no hole fits the head
+        self.records.append(Window(start, end, totals.token_base, totals.running_seqs,
+                                   self.allocated, self.final, ext, space.free - ext,
+                                   totals.concurrency, len(self.waiting),
+                                   space.free - space.largest_hole, totals.running_key))
+
+    def finish_at(self, step: int) -> None:
+        finishing = self.finishing
+        while finishing and finishing[0].step == step:
+            _, i, b = heapq.heappop(finishing)
+            n, r = self.samples[i], self.reservation[i]
+            for address in self.addresses.pop(i):
+                self.space.release(address, r)
+            self.totals.remove(i, b, n, n * b)
+            self.allocated -= n * r
+            self.final -= n * self.final_len[i]
+
+
 def simulate_contiguous(w: Workload, budget: int, allocator: str, max_len: int,
                         max_num_seqs: int | None) -> tuple[list[Window], RunStats]:
-    """One window per stretch of steps without admission or finish: between those events a
-    contiguous allocator's memory only fills its reservations."""
-    length = w.length
-    reserve = reserved_slots(allocator, length, max_len)
-    if int((reserve * w.n).max()) > budget:
-        i = int((reserve * w.n).argmax())
-        raise ConfigError(f"budget_tokens: {budget} slots cannot hold request {i} under "
-                          f"{allocator} ({int(w.n[i])} x {int(reserve[i])} slots)")
-    arrival, prompt, output = w.arrival.tolist(), w.prompt_len.tolist(), w.output_len.tolist()
-    nseq, final_len, res = w.n.tolist(), length.tolist(), reserve.tolist()
-    count = len(arrival)
-    space = FirstFitSpace(budget)
-    stats = RunStats(first_admit=np.full(count, -1, dtype=np.int64))
-    refused = bytearray(count)
-    refused_enough = bytearray(count)
-    waiting: deque[int] = deque()
-    finishing: list[ContiguousFinish] = []
-    addresses: dict[int, list[int]] = {}
-    records: list[Window] = []
-    totals = RunningTotals()
-    allocated = final = 0
-    nxt, s = 0, arrival[0]
-    while True:
-        while nxt < count and arrival[nxt] <= s:
-            waiting.append(nxt)
-            nxt += 1
-        blocked_with_enough_free = False
-        while waiting:
-            i = waiting[0]
-            n, r = nseq[i], res[i]
-            if max_num_seqs is not None and totals.running_seqs + n > max_num_seqs:
-                break
-            got = reserve_runs(space, n, r)
-            if got is None:
-                refused[i] = 1
-                if space.free >= n * r:
-                    refused_enough[i] = 1
-                    blocked_with_enough_free = True
-                break
-            waiting.popleft()
-            addresses[i] = got
-            stats.first_admit[i] = s
-            b = prompt[i] - s
-            heapq.heappush(finishing, ContiguousFinish(s + output[i] - 1, i, b))
-            totals.add(i, b, n, n * b)
-            allocated += n * r
-            final += n * final_len[i]
-        if not finishing:
-            if waiting:  # cannot happen: an empty space fits any validated request
-                raise AssertionError("contiguous simulation stalled with an empty space")
-            if nxt >= count:
-                break
-        end = finishing[0].step if finishing else arrival[nxt] - 1
-        if nxt < count:
-            end = min(end, arrival[nxt] - 1)
-        ext = space.free if blocked_with_enough_free else 0
-        records.append(Window(s, end, totals.token_base, totals.running_seqs, allocated, final,
-                              ext, space.free - ext, totals.concurrency, len(waiting),
-                              space.free - space.largest_hole, totals.running_key))
-        while finishing and finishing[0].step == end:
-            _, i, b = heapq.heappop(finishing)
-            n, r = nseq[i], res[i]
-            for address in addresses.pop(i):
-                space.release(address, r)
-            totals.remove(i, b, n, n * b)
-            allocated -= n * r
-            final -= n * final_len[i]
-        if not finishing and not waiting and nxt >= count:
-            break
-        s = end + 1
-    stats.refused = sum(refused)
-    stats.refused_with_enough_free = sum(refused_enough)
-    return records, stats
+    return ContiguousSimulation(w, budget, allocator, max_len, max_num_seqs).run()
 
 
 def reserve_runs(space: FirstFitSpace, runs: int, size: int) -> list[int] | None:
@@ -284,6 +325,8 @@ class PagedSimulation:
         requests while the pool (cache evictions included) cannot; True if any was."""
         due = (-step) % self.block_size
         need = self.phase_samples[due]
+        if not need:
+            return False
         preempted = False
         while need > self.free + self.evictable():
             i, admission = self.running.popitem()  # newest

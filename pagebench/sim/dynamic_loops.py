@@ -284,14 +284,16 @@ class PagedSimulation:
         self.held_keys: dict[int, list[int]] = {}  # running request -> cached blocks it holds
 
     def run(self) -> tuple[list[Window], RunStats]:
+        running, waiting, finishing = self.running, self.waiting, self.finishing
         step = self.arrival[0]
         while True:
             self.enqueue_arrivals(step)
-            if not (self.running and self.grow(step)):
+            if not (running and self.grow(step)) and waiting:
                 self.admit_waiting(step)
             self.record(step)
-            self.finish_due(step)
-            if self.running or self.waiting:
+            if finishing and finishing[0].step <= step:
+                self.finish_due(step)
+            if running or waiting:
                 step += 1
             elif self.next_arrival < self.count:
                 step = self.skip_idle(step)
@@ -312,7 +314,7 @@ class PagedSimulation:
         return self.cache.num_evictable if self.cache else 0
 
     def tokens(self, i: int, token_base: int) -> int:
-        """Request ``i``'s share of the window's ``token_base`` (a cow-shared prompt block once)."""
+        """Request ``i``'s share of the window's ``token_base`` (cow-shared prompt blocks once)."""
         n = self.samples[i]
         return n * token_base - (n - 1) * self.shared_blocks[i] * self.block_size
 

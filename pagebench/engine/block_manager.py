@@ -9,8 +9,8 @@ in the same step) cannot be handed out again, as another copy's destination, bef
 Prefix caching: every full block is identified by a chained hash of (parent block's hash,
 this block's token ids); a new prompt reuses cached blocks for its longest block-aligned prefix,
 capped one token short of the prompt so that the last prompt token is always computed. An
-engine registers a full block when it schedules the step that fills it (``cache_full_blocks(...,
-written=False)``, vLLM v1's rule), so later requests of the same step already share it: they read
+engine registers a full block when it schedules the step that fills it (``schedule_step``, i.e.
+``cache_full_blocks(..., written=False)``, vLLM v1's rule), so later requests of the same step already share it: they read
 it only within that step's attention, after every layer has written the whole step's K/V. Such
 a block stays "unwritten" until ``blocks_written``; freeing a sequence that holds one (a step
 that never runs) makes it unfindable, so no later request can hit KV that was never written.

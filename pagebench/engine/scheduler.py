@@ -1,9 +1,10 @@
 """Continuous batching over a paged KV cache: token budget, chunked prefill, preemption.
 
 Every sequence holds its known tokens and how many of them have KV in the cache
-(``num_computed``). A step gives each scheduled sequence the next ``num_new`` uncomputed tokens:
-one for a decoding sequence, a chunk of its prompt (bounded by the token budget) for a
-prefilling one. When a decoding sequence needs a new block and the pool is dry, the most
+(``num_computed``); its block table lives in the block manager alone, which hands each step's
+table back as ``KVBlocks`` (``ScheduledBatch.blocks``). A step gives each scheduled sequence
+the next ``num_new`` uncomputed tokens: one for a decoding sequence, a chunk of its prompt
+(bounded by the token budget) for a prefilling one. When a decoding sequence needs a new block and the pool is dry, the most
 recently admitted running sequence is preempted by recompute: its blocks are freed and it
 goes back to the front of the waiting queue, to be prefilled again (prompt + output so far).
 

@@ -119,6 +119,7 @@ def completions(outputs):
     return [[o.token_ids for o in r.outputs] for r in outputs]
 
 
+@pytest.mark.slow  # about 10 s under the ci profile on 2 cores; 15-25 min under long
 @given(case=cases())
 def test_engine_serves_any_small_configuration(case):
     note(case)

@@ -148,6 +148,9 @@ def test_bad_token_ids_are_refused_before_any_change():
         assert bm.seq_ids == ["a"] and bm.num_free_blocks == 3
         bm.append_token("a", 4)
         assert bm.token_ids("a") == [1, 2, 3, 4]
+        for bad in (True, 1.0, -1, 4):
+            with pytest.raises(ValueError, match="block_id"):
+                bm.ref_count(bad)
 
 
 def test_a_block_registered_before_its_kv_exists_is_shared_in_the_same_step():

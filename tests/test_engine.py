@@ -283,15 +283,18 @@ def test_weights_load_from_a_local_directory(model, case, tmp_path):
         LLMEngine(str(tmp_path / "missing"))
 
 
-def test_prompts_sharing_a_prefix_share_it_within_one_step(model):
+@pytest.mark.parametrize("fresh_prefill", [True, False], ids=["fresh", "paged"])
+def test_prompts_sharing_a_prefix_share_it_within_one_step(model, fresh_prefill):
     # issue 13: the four prompts are admitted in one step; the first one's prefix blocks are
     # findable as soon as it is scheduled, and the others read them after that step writes them
+    # (the first prompt attends to its own K/V, fresh or through the cache; the others through
+    # the cache, in a paged-prefill group)
     system = random_prompts([64], seed=12)[0]
     prompts = [system + p for p in random_prompts([3, 9, 16, 21], seed=13)]
     runs = {}
     for on in (False, True):
         engine = LLMEngine(model, block_size=16, num_blocks=64, kernel="torch",
-                           enable_prefix_caching=on)
+                           enable_prefix_caching=on, fresh_prefill=fresh_prefill)
         runs[on] = (greedy(engine, prompts, 8), engine.stats)
         assert engine.block_manager.unwritten_blocks == set()
         assert engine.block_manager.num_free_blocks == 64

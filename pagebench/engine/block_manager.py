@@ -107,7 +107,8 @@ class BlockManager:
         return self.num_blocks - self.pool.num_free
 
     def ref_count(self, block_id: int) -> int:
-        if not isinstance(block_id, int) or not 0 <= block_id < self.num_blocks:
+        if isinstance(block_id, bool) or not isinstance(block_id, int) \
+                or not 0 <= block_id < self.num_blocks:
             raise ValueError(f"block_id: {block_id!r} outside 0..{self.num_blocks - 1}")
         return self.pool.ref_cnt[block_id]
 
@@ -228,8 +229,9 @@ class BlockManager:
 
         Args:
             written: True if their KV is in the cache. False if the step being scheduled
-                writes it: a request that finds such a block must be in that same step, and
-                the blocks count as unwritten until ``blocks_written``.
+                writes it (for some of them, earlier steps may have): a request that finds
+                such a block must be in that same step, and the blocks registered by this call
+                count as unwritten until ``blocks_written``.
         """
         seq = self._seq(seq_id)
         n = len(seq.tokens) if num_computed_tokens is None else num_computed_tokens
@@ -241,7 +243,7 @@ class BlockManager:
                 self._unwritten.update(registered)
 
     def blocks_written(self) -> None:
-        """The step in flight has written its KV: its unwritten blocks are ordinary cached blocks."""
+        """The step in flight has written its KV: its unwritten blocks are plain cached ones."""
         self._unwritten.clear()
 
     def _register(self, seq: _Seq, first: int, end: int) -> list[int]:

@@ -225,6 +225,10 @@ class LLMEngine:
         integer >= 0 per prompt): the engine step at which each prompt joins the queue (a
         replayed trace); by default all arrive at step 0. Steps with nothing to run before
         the next arrival are skipped (``stats["idle_steps"]``).
+
+        A prompt that could never fit the pool, even alone (its prompt and ``max_tokens`` need
+        more than ``num_blocks`` blocks), fails the whole call up front with a ``ConfigError``
+        starting "num_blocks:"; everything else completes, by preemption if the pool runs dry.
         """
         if isinstance(sampling_params, (list, tuple)):
             params_list = list(sampling_params)

@@ -43,8 +43,6 @@ QUICK = {
 }
 # README command -> why the test does not run it
 NOT_RUN = {
-    "git clone https://github.com/pagebench/pagebench && cd pagebench":
-        "needs the network; the test runs in the clone",
     ". .venv/bin/activate": "changes the calling shell; `make setup` (checked) creates it",
     "pagebench bench-compare --base main --head HEAD":
         "times the suite on two commits (minutes); tests/test_benchcompare.py runs the gate end "

@@ -156,8 +156,8 @@ class DecodeGraphs:
     @torch.inference_mode()
     def run(self, seqs, tables) -> torch.Tensor:
         """Decode one token of each of ``seqs``, whose block ids are ``tables`` (``fits`` must
-        hold); their final hidden
-        states [n, hidden] (a view of a static buffer, valid until the next step)."""
+        hold); their final hidden states [n, hidden] (a view of a static buffer, valid until
+        the next step)."""
         n = len(seqs)
         size = bucket_for(n, self.sizes)
         if self.copied is not None:  # the staging buffer is free once its last copy is done

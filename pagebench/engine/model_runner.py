@@ -263,8 +263,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, seqs, num_new: list[int], tables) -> tuple[torch.Tensor, list[int]]:
-        """Run one step (``tables``: each sequence's block ids); returns float32 logits [R, vocab] and the indices (into ``seqs``)
-        of the R sequences whose known tokens are now all computed."""
+        """Run one step (``tables``: each sequence's block ids); returns float32 logits
+        [R, vocab] and the indices (into ``seqs``) of the R sequences whose known tokens are now
+        all computed."""
         graphs = self.decode_graphs
         if graphs is not None and all(n == 1 for n in num_new) and graphs.fits(seqs, tables):
             hidden = graphs.run(seqs, tables)  # one token row per sequence

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from pagebench.sim.dynamic import run_dynamic
 from pagebench.sim.prefix_cache import PrefixBlockCache, PrefixNames
-from pagebench.sim.real_traces import HASH_BLOCK_TOKENS
+from pagebench.sim.trace import HASH_BLOCK_TOKENS
 from pagebench.sim.trace import Workload
 
 

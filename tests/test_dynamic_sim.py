@@ -120,6 +120,9 @@ def test_run_dynamic_result_shapes():
     (dict(max_len=8), "max_len"),
     (dict(max_num_seqs=0), "max_num_seqs"),
     (dict(timeline_every=0), "timeline_every"),
+    (dict(budget_tokens=10**30), "budget_tokens"),
+    (dict(max_len=10**30), "max_len"),
+    (dict(block_sizes=(10**30,)), "block_sizes"),
 ])
 def test_bad_arguments_name_the_argument(kwargs, message):
     w = workload([(0, 10, 10)])

@@ -98,7 +98,7 @@ def test_azure_malformed_rows(tmp_path, text, message):
     (mooncake_line() + '{"timestamp": 1, "input_length": 5, "hash_ids": [1]}\n',
      "line 2: missing output_length"),
     (mooncake_line() + mooncake_line(ids=(1,)), "line 2: hash_ids has 1 ids for input_length 600"),
-    (mooncake_line() + mooncake_line(t=-1), "line 2: timestamp must be a number of ms >= 0"),
+    (mooncake_line() + mooncake_line(t=-1), "line 2: timestamp must be a number of ms in 0"),
     (mooncake_line() + mooncake_line(ids=(1, "x")), "line 2: hash_ids must be a list"),
     (mooncake_line() + mooncake_line(o=0), "line 2: output_length must be >= 1"),
     (mooncake_line() + "[1, 2]\n", "line 2: expected a JSON object"),
@@ -185,3 +185,80 @@ def test_simulate_table_reports_clipping_and_hit_rate(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "3 clipped to max_model_len 1,024" in out
     assert "paged-16          hit rate 65.9%" in out  # 2 x 62 blocks of 16 / (3 x 1,004)
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("huge.csv", AZURE + "2023-11-16 18:17:03,10,5\n2023-11-16 18:17:04,1e300,5\n",
+     "line 3: ContextTokens"),
+    ("huge.csv", AZURE + "2023-11-16 18:17:03,10,99999999999999999999999\n",
+     "line 2: GeneratedTokens"),
+    ("huge.jsonl", mooncake_line() + mooncake_line(p=10**300, ids=(1,)), "line 2: input_length"),
+    ("huge.jsonl", mooncake_line() + mooncake_line(p=5, ids=(2**63,)), "line 2: hash_ids"),
+    ("huge.jsonl", mooncake_line() + mooncake_line(t=1e300), "line 2: timestamp"),
+    ("huge_steps.csv", "arrival,prompt_len,output_len\n0,5,3\n0,1e300,3\n", "line 3: prompt_len"),
+    ("huge_steps.csv", "arrival,prompt_len,output_len\n1e300,5,3\n", "line 2: arrival"),
+])
+def test_huge_values_are_errors_naming_file_and_line(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message) as err:
+        load_workload(str(path))
+    assert name in str(err.value)
+
+
+def test_step_schema_errors_count_blank_lines(tmp_path):
+    path = tmp_path / "blank.csv"
+    path.write_text("arrival,prompt_len,output_len\n0,3,4\n\n\n0,x,4\n")
+    with pytest.raises(ConfigError, match="line 5: prompt_len"):
+        load_workload(str(path))
+    path = tmp_path / "blank.jsonl"
+    path.write_text('{"arrival": 0, "prompt_len": 5, "output_len": 3}\n\n'
+                    '{"arrival": 0, "prompt_len": 5, "output_len": 0}\n')
+    with pytest.raises(ConfigError, match="line 3: output_len"):
+        load_workload(str(path))
+
+
+def test_step_schema_gzip_file(tmp_path):
+    path = tmp_path / "s.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write("arrival,prompt_len,output_len\n0,5,3\n4,2,2\n")
+    assert load_workload(str(path)).prompt_len.tolist() == [5, 2]
+
+
+def test_huge_max_model_len_clips_nothing_and_tiny_step_is_an_error(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text(mooncake_line(0, 600, 5) + mooncake_line(3000, 20, 5, (1,)))
+    w = load_workload(str(path), max_model_len=10**30)
+    assert w.num_clipped == 0 and w.prompt_len.tolist() == [600, 20]
+    with pytest.raises(ConfigError, match="step_ms"):
+        load_workload(str(path), step_ms=1e-300)
+
+
+@pytest.mark.parametrize("ids, message", [
+    (([1], [1]), "request 0 has 1 hash_ids for a prompt of 1000 tokens"),
+    (([[1, 2]], [[1, 2]]), "one-dimensional"),
+    ((["a"], ["b"]), "integers"),
+])
+def test_workload_refuses_hash_ids_that_do_not_cover_the_prompt(ids, message):
+    from pagebench.sim.trace import Workload
+
+    with pytest.raises(ConfigError, match=f"hash_ids: .*{message}"):
+        Workload([0, 1], [1000, 1000], [3, 3], [1, 1], hash_ids=ids)
+
+
+@pytest.mark.parametrize("name, text", [
+    ("bom.csv", AZURE.replace("\n", "\r\n") + "2023-11-16 18:17:03.97,10,5\r\n"),
+    ("bom.jsonl", mooncake_line()),
+    ("bom_steps.csv", "arrival,prompt_len,output_len\n0,3,4\n"),
+])
+def test_files_saved_with_a_byte_order_mark_read_alike(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    assert load_workload(str(path)).num_requests == 1
+
+
+def test_workload_checks_hash_ids_against_their_own_request_when_sorting():
+    from pagebench.sim.trace import Workload
+
+    w = Workload([20, 0], [1, 513], [1, 1], [1, 1], hash_ids=([7], [0, 1]))
+    assert w.prompt_len.tolist() == [513, 1] and [h.tolist() for h in w.hash_ids] == [[0, 1], [7]]

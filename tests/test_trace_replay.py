@@ -3,6 +3,8 @@ the engine's prefix-cache hit rate agrees with the simulator's on the same sampl
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -47,11 +49,16 @@ def test_engine_bench_trace_cli(capsys, model, monkeypatch):
     from pagebench.engine import bench
 
     monkeypatch.setattr(bench, "tiny_model", lambda **kw: model)
-    assert main(["engine-bench", "trace", "--trace", "azure-code", "--num-requests", "4",
-                 "--max-model-len", "256", "--max-output-len", "4", "--device", "cpu"]) == 0
-    out = capsys.readouterr().out
-    assert "engine_prefix_cache_hit_rate" in out.splitlines()[0]
-    assert out.splitlines()[1].count(",") == out.splitlines()[0].count(",")
+    argv = ["engine-bench", "trace", "--trace", "azure-code", "--num-requests", "4",
+            "--max-model-len", "256", "--max-output-len", "4", "--device", "cpu"]
+    assert main(argv + ["--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert {"engine_prefix_cache_hit_rate", "sim_prefix_cache_hit_rate",
+            "engine_peak_blocks", "tokens_per_s", "elapsed_s"} <= row.keys()
+    assert main(argv) == 0
+    table = capsys.readouterr().out
+    assert table.count("peak blocks") == 1 and "time (s)" in table
+    assert " - " not in table.splitlines()[2] + " "  # every cell filled
 
 
 def test_generate_honours_arrival_steps_and_per_prompt_lengths(model):

@@ -40,6 +40,14 @@ COMMON_TABLE = [("peak_blocks", "peak blocks", 0), ("tokens_per_s", "tokens/s", 
                 ("time_s", "time (s)", 3)]
 
 
+def table_columns(experiment: str) -> list:
+    """The printed table of an experiment: its own columns, then the common ones it has (a
+    trace replay names its peak blocks and time after the engine and the simulator)."""
+    if experiment == "trace":
+        return TABLES["trace"] + [("tokens_per_s", "tokens/s", 1), ("elapsed_s", "time (s)", 3)]
+    return TABLES[experiment] + COMMON_TABLE
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "engine-bench", help="engine tokens/s vs batch and block size, CoW, prefix caching, "
@@ -168,5 +176,5 @@ def run(args) -> int:
                                                methods=("engine", "padded_generate"),
                                                kernel=opts["kernel"], **common)
     write_results(args.out, rows)
-    print(dumps(rows) if args.json else format_table(rows, TABLES[args.experiment] + COMMON_TABLE))
+    print(dumps(rows) if args.json else format_table(rows, table_columns(args.experiment)))
     return 0

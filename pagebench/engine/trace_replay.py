@@ -24,8 +24,8 @@ import numpy as np
 
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
-from pagebench.sim.real_traces import DEFAULT_STEP_MS, HASH_BLOCK_TOKENS, read_timed_trace
-from pagebench.sim.trace import Workload
+from pagebench.sim.real_traces import DEFAULT_STEP_MS, read_timed_trace
+from pagebench.sim.trace import HASH_BLOCK_TOKENS, Workload
 from pagebench.timing import cpu_threads, environment
 
 _MASK = (1 << 64) - 1

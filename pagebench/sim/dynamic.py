@@ -95,11 +95,13 @@ from pagebench.errors import ConfigError
 from pagebench.sim.address_space import FirstFitSpace
 from pagebench.sim.prefix_cache import PrefixBlockCache, PrefixNames
 from pagebench.sim.static import reserved_slots
-from pagebench.sim.trace import Workload
+from pagebench.sim.trace import MAX_TRACE_VALUE, Workload
 
 CONTIGUOUS = ("naive", "pow2", "oracle")
 ALLOCATORS = CONTIGUOUS + ("paged",)
 CATEGORIES = ("token_state", "reserved_unused", "internal_frag", "external_frag", "free")
+# budgets (token slots) whose per-step records and sums stay inside int64
+MAX_BUDGET_TOKENS = 1 << 62
 TIMELINE_COLUMNS = ("step", "allocator", "block_size", "label", "budget_tokens") + CATEGORIES + (
     "concurrency", "running_seqs", "waiting")
 _KEY_MOD = (1 << 61) - 1
@@ -335,6 +337,7 @@ def _simulate_paged(w: Workload, budget: int, block_size: int, cow: bool,
             held = sh + n * ceil_div(b + s + 1 - sh * bs, bs)
             if cache:
                 keys = held_keys.pop(i)
+                del block_keys[i]  # finished for good: its keys are never matched again
                 held -= len(keys)
                 used -= cache.release(keys)
             free += held
@@ -449,17 +452,20 @@ def _validate(w, budget, allocators, block_sizes, max_len, max_num_seqs, cow=Fal
         raise ConfigError(f"workload: expected a Workload, got {type(w).__name__}")
     if prefix_caching and (cow or int(w.n.max()) > 1):
         raise ConfigError("prefix_caching: models one sample per request, without cow")
-    if not isinstance(budget, (int, np.integer)) or budget < 1:
-        raise ConfigError(f"budget_tokens: must be a positive integer, got {budget!r}")
+    if not isinstance(budget, (int, np.integer)) or not 1 <= budget <= MAX_BUDGET_TOKENS:
+        raise ConfigError(f"budget_tokens: must be an integer in 1..{MAX_BUDGET_TOKENS}, got "
+                          f"{budget!r}")
     unknown = [a for a in allocators if a not in ALLOCATORS]
     if unknown or not allocators:
         raise ConfigError(f"allocators: unknown {unknown or allocators}; use {', '.join(ALLOCATORS)}")
     if "paged" in allocators:
-        if not block_sizes or any(not isinstance(b, (int, np.integer)) or b < 1
-                                  for b in block_sizes):
-            raise ConfigError(f"block_sizes: need positive integers, got {block_sizes!r}")
-    if not isinstance(max_len, (int, np.integer)) or max_len < 2:
-        raise ConfigError(f"max_len: must be an integer >= 2, got {max_len!r}")
+        if not block_sizes or any(not isinstance(b, (int, np.integer))
+                                  or not 1 <= b <= MAX_TRACE_VALUE for b in block_sizes):
+            raise ConfigError(f"block_sizes: need integers in 1..{MAX_TRACE_VALUE}, got "
+                              f"{block_sizes!r}")
+    if not isinstance(max_len, (int, np.integer)) or not 2 <= max_len <= MAX_TRACE_VALUE:
+        raise ConfigError(f"max_len: must be an integer in 2..{MAX_TRACE_VALUE}, got "
+                          f"{max_len!r}")
     if int(w.length.max()) > max_len:
         raise ConfigError(f"max_len: a request of {int(w.length.max())} tokens exceeds "
                           f"max_len={max_len}")

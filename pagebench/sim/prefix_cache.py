@@ -27,7 +27,7 @@ from collections import deque
 
 import numpy as np
 
-from pagebench.sim.real_traces import HASH_BLOCK_TOKENS
+from pagebench.sim.trace import HASH_BLOCK_TOKENS
 
 KEY_POSITION_BITS = 32  # key = prefix id << 32 | block index
 

@@ -20,7 +20,6 @@ Files may be gzip-compressed (``.gz``). The shipped traces live in ``pagebench/d
 from __future__ import annotations
 
 import csv
-import gzip
 import json
 import math
 from dataclasses import dataclass
@@ -30,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from pagebench.errors import ConfigError, check_positive_int
-from pagebench.sim.trace import Workload, read_trace
+from pagebench.sim.trace import (HASH_BLOCK_TOKENS, MAX_TRACE_VALUE, Workload, open_text,
+                                 read_trace)
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data" / "traces"
 # name -> file in DATA_DIR
@@ -41,7 +41,6 @@ NAMED_TRACES = {
 }
 # One decode step of the replay: 20 ms, i.e. 50 steps per second.
 DEFAULT_STEP_MS = 20.0
-HASH_BLOCK_TOKENS = 512  # Mooncake's hash_ids name prompt blocks of this many tokens
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length", "hash_ids")
 
@@ -119,6 +118,9 @@ class Trace:
         if ids is not None and clipped.any():
             keep = -(-prompt // HASH_BLOCK_TOKENS)
             ids = tuple(h[:k] for h, k in zip(ids, keep.tolist()))
+        if not self.duration_s * 1000.0 / step_ms <= MAX_TRACE_VALUE:
+            raise ConfigError(f"step_ms: {step_ms:g} ms per step makes the trace's "
+                              f"{self.duration_s:g} s more than {MAX_TRACE_VALUE} steps")
         # rounded first: 0.06 s at 20 ms is step 3, not 2.9999999
         arrival = np.floor(np.round(self.arrival_s * (1000.0 / step_ms), 9)).astype(np.int64)
         return Workload(arrival, prompt, output, np.ones_like(prompt),
@@ -136,17 +138,11 @@ def clip_lengths(prompt_len, output_len, max_model_len: int):
     if not isinstance(max_model_len, (int, np.integer)) or max_model_len < 2:
         raise ConfigError(f"max_model_len: must be an integer >= 2, got {max_model_len!r}")
     prompt_len, output_len = np.asarray(prompt_len), np.asarray(output_len)
-    output = np.minimum(output_len, max_model_len - 1)
-    prompt = np.minimum(prompt_len, max_model_len - output)
+    # a limit above every request clips nothing (and may not fit int64)
+    limit = min(int(max_model_len), int((prompt_len + output_len).max(initial=2)))
+    output = np.minimum(output_len, limit - 1)
+    prompt = np.minimum(prompt_len, limit - output)
     return prompt, output, (prompt != prompt_len) | (output != output_len)
-
-
-def open_text(path):
-    """A text handle on ``path``, gunzipped if it ends in ``.gz``."""
-    path = str(path)
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
 
 
 def trace_path(name_or_path: str) -> tuple[Path, str]:
@@ -226,6 +222,8 @@ def _length(path, lineno, name, raw) -> int:
         raise _bad(path, lineno, f"{name} must be an integer: {raw!r}")
     if value < 1:
         raise _bad(path, lineno, f"{name} must be >= 1, got {raw!r}")
+    if value > MAX_TRACE_VALUE:
+        raise _bad(path, lineno, f"{name} must be <= {MAX_TRACE_VALUE}, got {raw!r}")
     return int(value)
 
 
@@ -286,13 +284,15 @@ def read_mooncake(path, source: str | None = None) -> Trace:
                 raise _bad(path, lineno, f"missing {', '.join(missing)}")
             t = row["timestamp"]
             if (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t)
-                    or t < 0):
-                raise _bad(path, lineno, f"timestamp must be a number of ms >= 0, got {t!r}")
+                    or not 0 <= t <= MAX_TRACE_VALUE):
+                raise _bad(path, lineno, f"timestamp must be a number of ms in "
+                                         f"0..{MAX_TRACE_VALUE}, got {t!r}")
             p = _length(path, lineno, "input_length", row["input_length"])
             ids = row["hash_ids"]
             if not isinstance(ids, list) or not all(
-                    isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids):
-                raise _bad(path, lineno, "hash_ids must be a list of integers >= 0")
+                    isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 1 << 63
+                    for x in ids):
+                raise _bad(path, lineno, "hash_ids must be a list of integers in 0..2**63-1")
             blocks = -(-p // HASH_BLOCK_TOKENS)
             if len(ids) != blocks:
                 raise _bad(path, lineno, f"hash_ids has {len(ids)} ids for input_length {p} "

@@ -18,6 +18,7 @@ and optionally ``n`` (parallel samples, default 1).
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 from dataclasses import dataclass
@@ -30,7 +31,11 @@ from pagebench.sim.workloads import sample_lengths
 ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time", "timestamp")
 PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "input_len", "input_tokens")
 OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "completion_tokens")
-MAX_TRACE_VALUE = 2.0**53  # every value held exactly as a float and as an int64
+# The largest token count or arrival step a trace may hold: far beyond any real request, held
+# exactly as a float, and small enough that the simulators' sums and products of such values
+# stay inside int64.
+MAX_TRACE_VALUE = 1 << 40
+HASH_BLOCK_TOKENS = 512  # Mooncake's hash_ids name prompt blocks of this many tokens
 
 
 @dataclass(frozen=True)
@@ -72,7 +77,8 @@ class Workload:
         if self.hash_ids is not None:
             if len(self.hash_ids) != order.size:
                 raise ConfigError("workload: hash_ids needs one entry per request")
-            ids = tuple(np.asarray(self.hash_ids[i], dtype=np.int64) for i in order.tolist())
+            ids = tuple(_hash_ids(self.hash_ids[i], i, int(arrays[1][i]))  # arrays: as given
+                        for i in order.tolist())
             object.__setattr__(self, "hash_ids", ids)
 
     @property
@@ -94,6 +100,22 @@ class Workload:
                 "last_arrival_step": int(self.arrival[-1]),
                 "duration_s": self.duration_s, "max_model_len": self.max_model_len,
                 "num_clipped": self.num_clipped}
+
+
+def _hash_ids(ids, request: int, prompt_len: int) -> np.ndarray:
+    """Request ``request``'s hash ids as int64, one or more per 512-token span of its prompt."""
+    try:
+        ids = np.asarray(ids, dtype=np.int64)
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ConfigError(f"hash_ids: request {request}: expected integers ({e})") from None
+    if ids.ndim != 1:
+        raise ConfigError(f"hash_ids: request {request}: expected a one-dimensional list, got "
+                          f"shape {ids.shape}")
+    spans = -(-prompt_len // HASH_BLOCK_TOKENS)
+    if ids.size < spans:
+        raise ConfigError(f"hash_ids: request {request} has {ids.size} hash_ids for a prompt of "
+                          f"{prompt_len} tokens (needs {spans}, one per {HASH_BLOCK_TOKENS})")
+    return ids
 
 
 def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5.5,0.9", *,
@@ -134,6 +156,15 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5
                     source=source + (f", n={n}" if n > 1 else ""))
 
 
+def open_text(path):
+    """A text handle on ``path``, gunzipped if it ends in ``.gz``; a leading byte order mark
+    (files saved by Excel or PowerShell) is dropped."""
+    path = str(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return open(path, encoding="utf-8-sig")
+
+
 def _pick(columns, names, path, what, required=True):
     for name in names:
         if name in columns:
@@ -153,15 +184,17 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
             and steps_per_unit > 0):
         raise ConfigError(f"steps_per_unit: must be a positive number, got {steps_per_unit!r}")
     try:
-        with open(path, encoding="utf-8") as f:
-            lines = [ln for ln in f.read().splitlines() if ln.strip()]
-    except OSError as e:
+        with open_text(path) as f:
+            text = f.read()
+    except (OSError, EOFError, UnicodeDecodeError) as e:
         raise ConfigError(f"trace: cannot read {path}: {e}") from e
-    if not lines:
+    # (line number in the file, line) of the non-blank lines: errors name the file's lines
+    numbered = [(n, ln) for n, ln in enumerate(text.splitlines(), 1) if ln.strip()]
+    if not numbered:
         raise ConfigError(f"trace: {path} is empty")
-    if lines[0].lstrip().startswith("{"):
-        rows = []
-        for lineno, line in enumerate(lines, 1):
+    if numbered[0][1].lstrip().startswith("{"):
+        rows, linenos = [], []
+        for lineno, line in numbered:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
@@ -169,13 +202,15 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
             if not isinstance(row, dict):
                 raise ConfigError(f"trace: {path} line {lineno}: expected a JSON object")
             rows.append(row)
+            linenos.append(lineno)
         columns = set().union(*rows)
-        first_line = 1
     else:
-        reader = csv.DictReader(lines)
+        reader = csv.DictReader(line for _, line in numbered)
         columns = set(reader.fieldnames or [])
-        rows = list(reader)
-        first_line = 2
+        rows, linenos = [], []
+        for row in reader:  # reader.line_num: the row's last line (a quoted field may span lines)
+            rows.append(row)
+            linenos.append(numbered[reader.line_num - 1][0])
         if not rows:
             raise ConfigError(f"trace: {path} has a header but no requests")
     arrival_col = _pick(columns, ARRIVAL_COLUMNS, path, "arrival")
@@ -183,7 +218,7 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
     output_col = _pick(columns, OUTPUT_COLUMNS, path, "output length")
     n_col = _pick(columns, ("n",), path, "n", required=False)
     values = {"arrival": [], "prompt_len": [], "output_len": [], "n": []}
-    for lineno, row in enumerate(rows, first_line):
+    for lineno, row in zip(linenos, rows):
         for key, col in (("arrival", arrival_col), ("prompt_len", prompt_col),
                          ("output_len", output_col), ("n", n_col)):
             if col is None:

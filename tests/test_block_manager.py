@@ -178,3 +178,23 @@ def test_freeing_an_unwritten_block_makes_it_unfindable():
     bm.free("b")
     bm.allocate("c", [1, 2, 3, 4, 7])
     assert bm.num_cached_tokens("c") == 4
+
+
+def test_schedule_step_registers_only_the_blocks_the_step_fills_and_returns_the_table():
+    bm = BlockManager(8, 2, enable_prefix_caching=True, deferred_caching=True)
+    a = bm.allocate("a", [1, 2, 3, 4, 5])
+    step = bm.schedule_step("a", 0, 1)  # fills no block: nothing findable
+    assert step.block_ids == tuple(a) and bm.prefix_cache_entries() == []
+    step = bm.schedule_step("a", 1, 3)  # tokens 1..3 fill blocks 0 and 1
+    assert step.block_ids == tuple(a) and bm.unwritten_blocks == set(a[:2])
+    bm.blocks_written()
+    bm.append_token("a", 6)
+    assert bm.schedule_step("a", 4, 2).block_ids == tuple(bm.block_table("a"))
+    assert bm.unwritten_blocks == {bm.block_table("a")[2]}
+    before = (bm.block_table("a"), bm.unwritten_blocks, bm.prefix_cache_entries())
+    for args, name in (((0, -1), "num_new"), ((True, 1), "num_computed"), ((5, 2), "num_new")):
+        with pytest.raises(ValueError, match=name):
+            bm.schedule_step("a", *args)
+    assert (bm.block_table("a"), bm.unwritten_blocks, bm.prefix_cache_entries()) == before
+    with pytest.raises(SequenceError, match="seq_id"):
+        bm.schedule_step("zz", 0, 1)

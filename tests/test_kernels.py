@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pandas as pd
+
 import pytest
 import torch
 
@@ -250,7 +252,12 @@ def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
     assert "wrote 4 rows" in captured.err
     table = captured.out.splitlines()
     assert table[0].split()[:4] == ["shape", "batch", "context", "(tokens)"]
-    assert " 8 " in table[3] and "NaN" not in captured.out and "8.0" not in captured.out
+    # columns are the runs of dashes under the header; block size is the fourth
+    spans = [m.span() for m in re.finditer(r"-+", table[1])]
+    assert table[0][slice(*spans[3])].strip() == "block (tokens)"
+    # 8 on paged rows, "-" on contiguous ones (never 8.0 or NaN)
+    assert {row[slice(*spans[3])].strip() for row in table[2:]} == {"8", "-"}
+    assert "NaN" not in captured.out
 
 
 def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):

@@ -61,14 +61,14 @@ def test_engine_rejects_tensor_parallelism_outside_torchrun_before_sharding(monk
 
 def test_step_digest_changes_with_any_table_entry():
     class Seq:
-        def __init__(self, table):
-            self.seq_id, self.num_computed, self.block_table = 0, 4, table
+        seq_id, num_computed = 0, 4
 
-    base = step_digest([Seq([1, 2])], [1], [])
-    assert base == step_digest([Seq([1, 2])], [1], [])
-    assert base != step_digest([Seq([1, 3])], [1], [])
-    assert base != step_digest([Seq([1, 2])], [2], [])
-    assert base != step_digest([Seq([1, 2])], [1], [(2, 5)])
+    seqs = [Seq()]
+    base = step_digest(seqs, [1], [(1, 2)], [])
+    assert base == step_digest(seqs, [1], [(1, 2)], [])
+    assert base != step_digest(seqs, [1], [(1, 3)], [])
+    assert base != step_digest(seqs, [2], [(1, 2)], [])
+    assert base != step_digest(seqs, [1], [(1, 2)], [(2, 5)])
 
 
 @pytest.fixture(scope="module")

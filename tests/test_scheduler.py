@@ -106,8 +106,10 @@ def test_prefix_blocks_scheduled_in_a_step_are_hits_for_later_admissions_of_that
     sched.add(b)
     batch = sched.schedule()
     assert batch.seqs == [a, b] and batch.num_new == [9, 2]  # b computes only its own tail
-    assert b.block_table[:2] == a.block_table[:2] and sched.num_cached_prompt_tokens == 8
-    assert bm.unwritten_blocks == set(a.block_table[:2])
+    table_a, table_b = batch.block_tables
+    assert table_a == tuple(bm.block_table(a.seq_id)) and table_b == tuple(bm.block_table(b.seq_id))
+    assert table_b[:2] == table_a[:2] and sched.num_cached_prompt_tokens == 8
+    assert bm.unwritten_blocks == set(table_a[:2])
     bm.blocks_written()  # what the engine does once the step has run
     run_step(sched, batch)
     assert bm.unwritten_blocks == set()

@@ -9,8 +9,8 @@ in the same step) cannot be handed out again, as another copy's destination, bef
 Prefix caching: every full block is identified by a chained hash of (parent block's hash,
 this block's token ids); a new prompt reuses cached blocks for its longest block-aligned prefix,
 capped one token short of the prompt so that the last prompt token is always computed. An
-engine registers a full block when it schedules the step that fills it (``cache_full_blocks(...,
-written=False)``, vLLM v1's rule), so later requests of the same step already share it: they read
+engine registers a full block when it schedules the step that fills it (``schedule_step``, i.e.
+``cache_full_blocks(..., written=False)``, vLLM v1's rule), so later requests of the same step already share it: they read
 it only within that step's attention, after every layer has written the whole step's K/V. Such
 a block stays "unwritten" until ``blocks_written``; freeing a sequence that holds one (a step
 that never runs) makes it unfindable, so no later request can hit KV that was never written.
@@ -18,6 +18,7 @@ that never runs) makes it unfindable, so no later request can hit KV that was ne
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from numbers import Integral
 
 from pagebench.config import ceil_div
@@ -39,6 +40,15 @@ def _token_ids(name: str, token_ids) -> list[int]:
                 raise ValueError(f"{name}: token ids must be integers, got {t!r}")
         tokens = [int(t) for t in tokens]
     return tokens
+
+
+@dataclass(frozen=True, slots=True)
+class KVBlocks:
+    """A sequence's block table as one scheduled step sees it: the block ids, and none of the
+    manager's internals (hashes, refcounts, its copy of the tokens), so that schedulers and
+    model runners read the table from its one owner (vLLM v1's ``KVCacheBlocks`` idea)."""
+
+    block_ids: tuple[int, ...]
 
 
 class _Seq:
@@ -241,6 +251,26 @@ class BlockManager:
             registered = self._register(seq, 0, n // self.block_size)
             if not written:
                 self._unwritten.update(registered)
+
+    def schedule_step(self, seq_id, num_computed: int, num_new: int) -> KVBlocks:
+        """The step being scheduled computes ``num_new`` tokens after the first ``num_computed``.
+
+        With prefix caching, the blocks this step fills become findable at once, as unwritten
+        (``cache_full_blocks(..., written=False)``), so later requests of the same step share
+        them. Returns the sequence's table for the step.
+        """
+        seq = self._seq(seq_id)
+        end = num_computed + num_new
+        for name, value in (("num_computed", num_computed), ("num_new", num_new)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+        if end > len(seq.tokens):
+            raise ValueError(f"num_new: {num_computed} + {num_new} tokens exceed the "
+                             f"{len(seq.tokens)} of sequence {seq_id!r}")
+        bs = self.block_size
+        if self.enable_prefix_caching and num_computed // bs < end // bs:
+            self.cache_full_blocks(seq_id, end, written=False)
+        return KVBlocks(tuple(seq.blocks))
 
     def blocks_written(self) -> None:
         """The step in flight has written its KV: its unwritten blocks are plain cached ones."""

@@ -146,22 +146,23 @@ class DecodeGraphs:
         self.hidden[:size].copy_(hidden)
 
     # ---- one step ------------------------------------------------------------------------
-    def fits(self, seqs) -> bool:
+    def fits(self, seqs, tables) -> bool:
         """Whether a decode step of ``seqs`` can run here (bucket and context length)."""
         width = self.width
         return len(seqs) <= self.max_batch and \
-            all(seq.num_computed < self.max_len and len(seq.block_table) <= width
-                for seq in seqs)
+            all(seq.num_computed < self.max_len and len(table) <= width
+                for seq, table in zip(seqs, tables))
 
     @torch.inference_mode()
-    def run(self, seqs) -> torch.Tensor:
-        """Decode one token of each of ``seqs`` (``fits`` must hold); their final hidden
-        states [n, hidden] (a view of a static buffer, valid until the next step)."""
+    def run(self, seqs, tables) -> torch.Tensor:
+        """Decode one token of each of ``seqs``, whose block ids are ``tables`` (``fits`` must
+        hold); their final hidden states [n, hidden] (a view of a static buffer, valid until
+        the next step)."""
         n = len(seqs)
         size = bucket_for(n, self.sizes)
         if self.copied is not None:  # the staging buffer is free once its last copy is done
             self.copied.synchronize()
-        full_index, full_value = self._stage(seqs)
+        full_index, full_value = self._stage(seqs, tables)
         self._pad(n, size)
         if full_index:  # whole rows, before the step's own updates
             dev = self.runner.device
@@ -179,15 +180,14 @@ class DecodeGraphs:
             self._forward(size)
         return self.hidden[:n]
 
-    def _stage(self, seqs):
+    def _stage(self, seqs, tables):
         """Fill the host inputs for ``seqs``; returns the whole-row writes (flat indices into
         the store, values) that must precede the step."""
         width1 = self.width + 1
         ids, positions, rows, upd_index, upd_value = [], [], [], [], []
         full_index, full_value = [], []
-        for seq in seqs:
+        for seq, table in zip(seqs, tables):
             pos = seq.num_computed
-            table = seq.block_table
             ids.append(seq.token_ids[pos])
             positions.append(pos)
             entry = self._row(seq, seqs)

@@ -271,9 +271,10 @@ class LLMEngine:
                 if not batch.seqs:
                     raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
                 copies = bm.take_copies()
-                self.tp.check_step(batch.seqs, batch.num_new, copies)
+                tables = batch.block_tables
+                self.tp.check_step(batch.seqs, batch.num_new, tables, copies)
                 self.runner.copy_blocks(copies)
-                logits, rows = self.runner.execute(batch.seqs, batch.num_new)
+                logits, rows = self.runner.execute(batch.seqs, batch.num_new, tables)
                 bm.blocks_written()
                 for seq, n in zip(batch.seqs, batch.num_new):
                     computed_prompt += max(0, min(seq.num_computed + n, seq.prompt_len)

@@ -204,23 +204,24 @@ class ModelRunner:
         return self.prefill_backend.prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
                                             g.query_lens, scale, **scales)
 
-    def prepare(self, seqs, num_new: list[int]):
-        """Packed input ids and positions, the step's metadata, and the rows to sample."""
+    def prepare(self, seqs, num_new: list[int], tables):
+        """Packed input ids and positions, the step's metadata, and the rows to sample.
+
+        ``tables``: each sequence's block ids (``ScheduledBatch.block_tables``)."""
         bs = self.block_size
-        ids, starts, tables, sample_rows, sample_seqs = [], [], [], [], []
+        ids, starts, sample_rows, sample_seqs = [], [], [], []
         end_of_row = -1
         for i, (seq, n) in enumerate(zip(seqs, num_new)):
             start = seq.num_computed
             ids.extend(seq.token_ids[start:start + n])
             starts.append(start)
-            tables.append(seq.block_table)
             end_of_row += n
             if start + n == len(seq.token_ids):  # all known tokens computed: sample the next
                 sample_rows.append(end_of_row)
                 sample_seqs.append(i)
         width = max(len(t) for t in tables)
         # built on the host, one copy each to the device
-        block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables],
+        block_tables = torch.tensor([[*t] + [0] * (width - len(t)) for t in tables],
                                     dtype=torch.int32)
         query_lens = torch.tensor(num_new, dtype=torch.int32)
         start_t = torch.tensor(starts, dtype=torch.int64)
@@ -261,16 +262,17 @@ class ModelRunner:
         return input_ids, positions.to(dev), meta, sample_rows, sample_seqs
 
     @torch.inference_mode()
-    def execute(self, seqs, num_new: list[int]) -> tuple[torch.Tensor, list[int]]:
-        """Run one step; returns float32 logits [R, vocab] and the indices (into ``seqs``)
-        of the R sequences whose known tokens are now all computed."""
+    def execute(self, seqs, num_new: list[int], tables) -> tuple[torch.Tensor, list[int]]:
+        """Run one step (``tables``: each sequence's block ids); returns float32 logits
+        [R, vocab] and the indices (into ``seqs``) of the R sequences whose known tokens are now
+        all computed."""
         graphs = self.decode_graphs
-        if graphs is not None and all(n == 1 for n in num_new) and graphs.fits(seqs):
-            hidden = graphs.run(seqs)  # one token row per sequence
+        if graphs is not None and all(n == 1 for n in num_new) and graphs.fits(seqs, tables):
+            hidden = graphs.run(seqs, tables)  # one token row per sequence
             rows = [i for i, seq in enumerate(seqs) if seq.num_computed + 1 == len(seq.token_ids)]
             sampled = rows
         else:
-            input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new)
+            input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new, tables)
             hidden = self.forward(input_ids, positions, meta)
         if not rows:
             return hidden.new_empty(0, 0), sampled

@@ -1,9 +1,10 @@
 """Continuous batching over a paged KV cache: token budget, chunked prefill, preemption.
 
 Every sequence holds its known tokens and how many of them have KV in the cache
-(``num_computed``). A step gives each scheduled sequence the next ``num_new`` uncomputed tokens:
-one for a decoding sequence, a chunk of its prompt (bounded by the token budget) for a
-prefilling one. When a decoding sequence needs a new block and the pool is dry, the most
+(``num_computed``); its block table lives in the block manager alone, which hands each step's
+table back as ``KVBlocks`` (``ScheduledBatch.blocks``). A step gives each scheduled sequence
+the next ``num_new`` uncomputed tokens: one for a decoding sequence, a chunk of its prompt
+(bounded by the token budget) for a prefilling one. When a decoding sequence needs a new block and the pool is dry, the most
 recently admitted running sequence is preempted by recompute: its blocks are freed and it
 goes back to the front of the waiting queue, to be prefilled again (prompt + output so far).
 
@@ -19,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from pagebench.engine.block_manager import BlockManager
+from pagebench.engine.block_manager import BlockManager, KVBlocks
 from pagebench.engine.sampling import SamplingParams
 from pagebench.errors import OutOfBlocksError, check_positive_int
 
@@ -28,7 +29,7 @@ class Sequence:
     """One completion of one request: its tokens, its cache progress, its sampling state."""
 
     __slots__ = ("seq_id", "request_id", "index", "params", "generator", "token_ids",
-                 "prompt_len", "num_computed", "block_table", "finish_reason", "forked",
+                 "prompt_len", "num_computed", "finish_reason", "forked",
                  "num_admissions")
 
     def __init__(self, seq_id, request_id: int, index: int, prompt: list[int],
@@ -41,7 +42,6 @@ class Sequence:
         self.token_ids = list(prompt)
         self.prompt_len = len(prompt)
         self.num_computed = 0  # tokens whose KV is in the cache
-        self.block_table: list[int] = []
         self.finish_reason: str | None = None
         self.forked = params.n == 1  # n > 1: siblings are forked once the prompt is computed
         self.num_admissions = 0
@@ -59,11 +59,16 @@ class Sequence:
 class ScheduledBatch:
     seqs: list[Sequence]
     num_new: list[int]  # tokens computed this step, per sequence
+    blocks: list[KVBlocks]  # each sequence's table, from the block manager
     num_preempted: int = 0
 
     @property
     def num_tokens(self) -> int:
         return sum(self.num_new)
+
+    @property
+    def block_tables(self) -> list[tuple[int, ...]]:
+        return [b.block_ids for b in self.blocks]
 
 
 class Scheduler:
@@ -88,7 +93,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch([], [])
+        batch = ScheduledBatch([], [], [])
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -111,7 +116,6 @@ class Scheduler:
             except OutOfBlocksError:
                 break
             self.waiting.popleft()
-            seq.block_table = self.bm.block_table(seq.seq_id)
             seq.num_computed = self.bm.num_cached_tokens(seq.seq_id)
             if seq.num_admissions == 0:
                 self.num_cached_prompt_tokens += seq.num_computed
@@ -125,9 +129,7 @@ class Scheduler:
         num_new = min(len(seq.token_ids) - seq.num_computed, budget)
         batch.seqs.append(seq)
         batch.num_new.append(num_new)
-        end, bs = seq.num_computed + num_new, self.bm.block_size
-        if self.bm.enable_prefix_caching and seq.num_computed // bs < end // bs:
-            self.bm.cache_full_blocks(seq.seq_id, end, written=False)  # filled by this step
+        batch.blocks.append(self.bm.schedule_step(seq.seq_id, seq.num_computed, num_new))
 
     def _append_slot(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """A slot for seq's newest token, preempting from the back; False if seq was preempted."""
@@ -137,15 +139,13 @@ class Scheduler:
             batch.num_preempted += 1
             if victim is seq:
                 return False
-        if self.bm.append_token(seq.seq_id, seq.token_ids[-1]) is not None:
-            seq.block_table = self.bm.block_table(seq.seq_id)  # new block or copy-on-write
+        self.bm.append_token(seq.seq_id, seq.token_ids[-1])
         return True
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.bm.free(seq.seq_id)
         seq.num_computed = 0
-        seq.block_table = []
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
@@ -158,7 +158,6 @@ class Scheduler:
         self.bm.fork(parent.seq_id, child.seq_id)
         child.token_ids = list(parent.token_ids)
         child.num_computed = parent.num_computed
-        child.block_table = list(parent.block_table)
         child.forked = True
         child.num_admissions = 1
         self.running.append(child)

@@ -15,7 +15,8 @@ running request is preempted by recompute: its blocks are freed and it rejoins t
 the queue, to recompute its prompt and generated tokens when re-admitted); (3) waiting requests
 are admitted first-come first-served while memory allows, stopping at the first that does not
 fit (no admissions in a step that preempted, as in vLLM); (4) the memory breakdown of the step
-is recorded; (5) requests that produced their last token release their memory.
+is recorded; (5) requests that produced their last token release their memory. The step loops
+live in :mod:`pagebench.sim.dynamic_loops`; this module validates, summarises and tabulates.
 
 Allocators
 ----------
@@ -170,8 +171,8 @@ def _timeline(win, paged: bool, every: int, with_key: bool) -> dict[str, np.ndar
     tokens = win["token_base"][idx] + win["running_seqs"][idx] * (step + 1)
     cols = {
         "step": step,
-        **_breakdown(paged, tokens, win["allocated"][idx], win["final"][idx], win["external_frag"][idx],
-                     win["free"][idx]),
+        **_breakdown(paged, tokens, win["allocated"][idx], win["final"][idx],
+                     win["external_frag"][idx], win["free"][idx]),
         "concurrency": win["concurrency"][idx],
         "running_seqs": win["running_seqs"][idx],
         "waiting": win["waiting"][idx],

@@ -91,7 +91,8 @@ import numpy as np
 
 from pagebench.config import ceil_div
 from pagebench.errors import ConfigError
-from pagebench.sim.dynamic_loops import RunStats, Window, simulate_contiguous, simulate_paged
+from pagebench.sim.dynamic_loops import (WINDOW_FIELDS, RunStats, Window, simulate_contiguous,
+                                         simulate_paged)
 from pagebench.sim.trace import MAX_TRACE_VALUE, Workload
 
 CONTIGUOUS = ("naive", "pow2", "oracle")
@@ -101,10 +102,12 @@ CATEGORIES = ("token_state", "reserved_unused", "internal_frag", "external_frag"
 MAX_BUDGET_TOKENS = 1 << 62
 TIMELINE_COLUMNS = ("step", "allocator", "block_size", "label", "budget_tokens") + CATEGORIES + (
     "concurrency", "running_seqs", "waiting")
+
+
 def _windows(records: list[Window]) -> dict[str, np.ndarray]:
     """The records as int64 columns named by :class:`Window`'s fields."""
-    table = np.array(records, dtype=np.int64).reshape(-1, len(Window._fields))
-    return {name: table[:, j] for j, name in enumerate(Window._fields)}
+    table = np.array(records, dtype=np.int64).reshape(-1, len(WINDOW_FIELDS))
+    return {name: table[:, j] for j, name in enumerate(WINDOW_FIELDS)}
 
 
 def _breakdown(paged: bool, tokens, allocated, final, ext, free) -> dict:

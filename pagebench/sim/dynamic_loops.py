@@ -47,6 +47,9 @@ class Window(NamedTuple):
     running_key: int
 
 
+WINDOW_FIELDS = Window._fields
+
+
 class PagedFinish(NamedTuple):
     """Heap entry: request ``request`` finishes at ``step`` unless preempted since (its
     ``version`` then no longer matches)."""

@@ -77,10 +77,13 @@ def request_key(request: int, token_base: int) -> int:
             ^ ((token_base + (1 << 40)) * 0xBF58476D1CE4E5B9)) % RUNNING_KEY_MOD
 
 
-@dataclass
+@dataclass(slots=True)
 class RunStats:
-    first_admit: np.ndarray
-    refused: int = 0
+    """Counts of one run, for its summary row (the module doc of :mod:`pagebench.sim.dynamic`
+    defines them)."""
+
+    first_admit: np.ndarray  # step of each request's first admission
+    refused: int = 0  # requests refused at the head of the queue at least once
     refused_with_enough_free: int = 0
     num_preemptions: int = 0
     recomputed_tokens: int = 0

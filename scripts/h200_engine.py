@@ -199,9 +199,9 @@ def section_breakdown(ctx):
         engine.generate(prompts, params)  # warm-up
         run = engine.runner.execute
 
-        def traced(seqs, num_new, run=run):
+        def traced(seqs, num_new, tables, run=run):
             with record_function("decode_step" if all(n == 1 for n in num_new) else "other"):
-                return run(seqs, num_new)
+                return run(seqs, num_new, tables)
 
         engine.runner.execute = traced
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

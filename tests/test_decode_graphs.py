@@ -168,8 +168,11 @@ def test_graph_logits_match_eager_logits_gpu():
     for engine in engines:
         captured = []
         execute = engine.runner.execute
-        engine.runner.execute = lambda seqs, num_new, f=execute: captured.append(
-            f(seqs, num_new)) or captured[-1]
+        def recording(*args, f=execute, captured=captured):
+            captured.append(f(*args))
+            return captured[-1]
+
+        engine.runner.execute = recording
         outputs(engine, prompts, max_tokens=6)
         logits.append(torch.cat([out for out, _ in captured[1:]]))  # decode steps
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)

@@ -17,25 +17,16 @@ import json
 import os
 import pstats
 import sys
-import time
 
 import torch
 
 from pagebench.kernels import reference, triton_decode
 from pagebench.kernels.sweep import SHAPES, _contiguous_case, _paged_case
-from pagebench.timing import environment, measure
+from pagebench.timing import enqueue_us, environment, measure
 
 
-def host_us(fn, calls=300) -> float:
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(400_000_000)  # GPU busy for the whole loop: calls only enqueue
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return dt
+def host_us(fn) -> float:
+    return enqueue_us(fn, calls=300, busy_cycles=400_000_000)
 
 
 def main() -> int:

@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import pandas as pd
 import torch
 import triton
 
 from pagebench.kernels import contiguous_decode, get_backend, paged_decode
-from pagebench.timing import environment
+from pagebench.timing import enqueue_us, environment
 
 SHAPE = (32, 8, 128)  # query heads, KV heads, head_dim (Llama-3-8B)
 BLOCK_SIZE = 16
@@ -50,16 +49,8 @@ def contiguous_case(batch, context, dtype=torch.bfloat16, device="cuda", seed=0)
     return q, k, torch.randn_like(k), lens
 
 
-def host_us(fn, calls=200) -> float:
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(300_000_000)  # the GPU busy for the whole loop: calls only enqueue
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return dt
+def host_us(fn) -> float:
+    return enqueue_us(fn, calls=200, busy_cycles=300_000_000)
 
 
 def main() -> int:

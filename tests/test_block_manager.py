@@ -166,7 +166,7 @@ def test_a_block_registered_before_its_kv_exists_is_shared_in_the_same_step():
 
 def test_freeing_an_unwritten_block_makes_it_unfindable():
     bm = BlockManager(8, 2, enable_prefix_caching=True, deferred_caching=True)
-    a = bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.allocate("a", [1, 2, 3, 4, 5])
     bm.cache_full_blocks("a", 5, written=False)
     bm.free("a")  # its step never ran: the blocks hold no KV
     assert bm.prefix_cache_entries() == [] and bm.unwritten_blocks == set()

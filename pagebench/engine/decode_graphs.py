@@ -28,7 +28,6 @@ import bisect
 import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from pagebench.config import ceil_div

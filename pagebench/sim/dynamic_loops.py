@@ -115,7 +115,19 @@ class RunningTotals:
         self.running_key = (self.running_key - request_key(request, token_base)) % RUNNING_KEY_MOD
 
 
-class ContiguousSimulation:
+class ArrivalQueue:
+    """What both step loops share: requests (sorted by ``arrival``) join ``waiting`` once their
+    arrival step has come."""
+
+    def enqueue_arrivals(self, step: int) -> None:
+        arrival, count, nxt = self.arrival, self.count, self.next_arrival
+        while nxt < count and arrival[nxt] <= step:
+            self.waiting.append(nxt)
+            nxt += 1
+        self.next_arrival = nxt
+
+
+class ContiguousSimulation(ArrivalQueue):
     """The contiguous step loop: one window per stretch of steps without admission or finish
     (between those events a contiguous allocator's memory only fills its reservations)."""
 
@@ -163,13 +175,6 @@ class ContiguousSimulation:
         self.stats.refused = sum(self.refused)
         self.stats.refused_with_enough_free = sum(self.refused_with_enough_free)
         return self.records, self.stats
-
-    def enqueue_arrivals(self, step: int) -> None:
-        arrival, count, nxt = self.arrival, self.count, self.next_arrival
-        while nxt < count and arrival[nxt] <= step:
-            self.waiting.append(nxt)
-            nxt += 1
-        self.next_arrival = nxt
 
     def admit_waiting(self, step: int) -> None:
         """First come, first served, until the head of the queue does not fit."""
@@ -246,7 +251,7 @@ def reserve_runs(space: FirstFitSpace, runs: int, size: int) -> list[int] | None
     return got
 
 
-class PagedSimulation:
+class PagedSimulation(ArrivalQueue):
     """The paged step loop. Blocks are counted, not named: ``free`` blocks in the pool,
     ``used`` blocks held by running requests or cached (prefix caching), and the cache's
     evictable blocks count as free memory.
@@ -308,13 +313,6 @@ class PagedSimulation:
         self.check_no_leak()
         self.stats.refused = sum(self.refused)
         return self.records, self.stats
-
-    def enqueue_arrivals(self, step: int) -> None:
-        arrival, count, nxt = self.arrival, self.count, self.next_arrival
-        while nxt < count and arrival[nxt] <= step:
-            self.waiting.append(nxt)
-            nxt += 1
-        self.next_arrival = nxt
 
     def evictable(self) -> int:
         return self.cache.num_evictable if self.cache else 0

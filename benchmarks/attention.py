@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import os
 
-from .common import (SHAPES, SkipCase, cpu_median_us, gpu_median_us, optional, require,
-                     require_cpu, require_gpu)
+from .common import (SHAPES, SkipCase, cpu_median_us, gpu_median_us, optional, public,
+                     require, require_cpu, require_gpu)
 
 CPU_PAGED = ["torch-paged"]
 CPU_CONTIGUOUS = ["sdpa-contiguous"]
@@ -95,11 +95,11 @@ def _kernel_call(kernels, name, layout, q, k, v, table, seq_lens, scale):
     if get_backend is None:
         return None
     sweep = optional("pagebench.kernels.sweep")
-    if sweep is not None and hasattr(sweep, "_paged_callable"):
+    if sweep is not None and public(sweep, "paged_callable") is not None:
         variant = sweep.Variant(f"{name}-{layout}", name, layout)
         if layout == "paged":
-            return sweep._paged_callable(variant, q, k, v, table, seq_lens, scale)
-        return sweep._contiguous_callable(variant, q, k, v, scale)
+            return public(sweep, "paged_callable")(variant, q, k, v, table, seq_lens, scale)
+        return public(sweep, "contiguous_callable")(variant, q, k, v, scale)
     backend = get_backend(name)  # a commit before the sweep: the backend's plain entry points
     if layout == "paged":
         return lambda: backend.decode(q, k, v, table, seq_lens, scale)
@@ -237,7 +237,7 @@ class PrefillCase:
     def __init__(self, shape, batch, query_len, cached, backend, device):
         import torch
 
-        sweep = require("pagebench.kernels.prefill_sweep", "_prefill_case", "_sdpa_causal")
+        sweep = require("pagebench.kernels.prefill_sweep", "prefill_case", "sdpa_causal")
         kernels = require("pagebench.kernels", "available_backends", "get_backend")
         name, _, layout = backend.rpartition("-")
         info = kernels.available_backends().get(name, {})
@@ -247,9 +247,10 @@ class PrefillCase:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         point = (batch, query_len, cached)
         if layout == "contiguous":
-            self.call = sweep._sdpa_causal(*point, SHAPES[shape], dtype, device, seed=3)
+            self.call = public(sweep, "sdpa_causal")(*point, SHAPES[shape], dtype, device, seed=3)
             return
-        case = sweep._prefill_case(*point, SHAPES[shape], DEFAULT_BLOCK, dtype, device, seed=3)
+        prefill_case = public(sweep, "prefill_case")
+        case = prefill_case(*point, SHAPES[shape], DEFAULT_BLOCK, dtype, device, seed=3)
         prefill, scale = kernels.get_backend(name).prefill, SHAPES[shape][2] ** -0.5
         self.call = lambda: prefill(*case, scale)
 

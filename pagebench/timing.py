@@ -137,7 +137,7 @@ def enqueue_us(fn: Callable[[], object], calls: int = 200,
     return dt
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     """The checkout's short HEAD; ``PAGEBENCH_COMMIT`` overrides it (a copy of the tree whose
     .git is stale or absent, such as a remote GPU machine's)."""
     if os.environ.get("PAGEBENCH_COMMIT"):
@@ -163,7 +163,7 @@ def environment(device="cpu") -> dict:
         "triton_version": None,
         "pagebench_version": pagebench.__version__,
         "python_version": platform.python_version(),
-        "commit": _git_commit(),
+        "commit": git_commit(),
     }
     if str(device).startswith("cuda") and torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name()

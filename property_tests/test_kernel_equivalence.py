@@ -21,7 +21,7 @@ from hypothesis import given, note, settings
 
 from pagebench.kernels import paged_decode, paged_prefill, registered_backends
 from pagebench.kernels.reference import reference_decode, reference_prefill
-from pagebench.kernels.registry import _available
+from pagebench.kernels.registry import backend_available
 from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -33,7 +33,7 @@ DEFAULT_CI_EXAMPLES = 12
 def backends_for(device: str, op: str = "decode") -> list[str]:
     """Registered, available backends with a paged ``op`` kernel that runs on ``device``."""
     return sorted(name for name, b in registered_backends().items()
-                  if getattr(b, op) is not None and device in b.devices and _available(b))
+                  if getattr(b, op) is not None and device in b.devices and backend_available(b))
 
 
 def examples_for(backend: str) -> int:

@@ -21,7 +21,7 @@ from test_kernel_equivalence import decode_cases, examples_for, prefill_cases
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
 from pagebench.kernels.reference import reference_decode, reference_prefill
-from pagebench.kernels.registry import _available
+from pagebench.kernels.registry import backend_available
 from pagebench.kernels.testing import (TOLERANCE, make_paged_inputs, quantized_inputs,
                                        relative_error, unquantized_caches)
 
@@ -32,7 +32,7 @@ QUANTISATION_BOUND = {torch.float8_e4m3fn: 0.1, torch.float8_e5m2: 0.2}
 
 def fp8_backends_for(device: str, op: str) -> list[str]:
     return sorted(name for name, b in registered_backends().items()
-                  if getattr(b, op) is not None and device in b.devices and _available(b)
+                  if getattr(b, op) is not None and device in b.devices and backend_available(b)
                   and any(d in (b.cache_dtypes or ()) for d in FP8_DTYPES))
 
 

@@ -109,7 +109,7 @@ def tuning_grid(device, repeat=15) -> list[dict]:
     (both GQA layouts) and, at short batch-1 contexts, Flex. One row per measurement."""
     from pagebench.kernels import reference, triton_decode
     from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
-    from pagebench.kernels.sweep import _contiguous_case, _paged_case, kv_bytes
+    from pagebench.kernels.sweep import contiguous_case, paged_case, kv_bytes
 
     def compiled(plan):  # the split kernel the plan launched (registers, shared memory)
         return next(iter(plan.split.compiled.values()), (None,))[0]
@@ -133,12 +133,12 @@ def tuning_grid(device, repeat=15) -> list[dict]:
                              "gbps": nb / t.median_us / 1e3})
                 return rows[-1]
 
-            q, k, v, _ = _contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
+            q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
             for mode in ("gqa", "groups"):
                 timed(lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode),
                       backend=f"sdpa-{mode}")
             del q, k, v
-            case = _paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=4)
+            case = paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=4)
             if batch == 1 and context <= 4096:
                 mask = flex_block_mask(case[3], case[4], case[1].shape[0], 16)
                 timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), backend="flex")

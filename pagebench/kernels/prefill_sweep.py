@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.sweep import CPU_EXCLUDED, SHAPES, _paged_case
+from pagebench.kernels.sweep import CPU_EXCLUDED, SHAPES, paged_case
 from pagebench.kernels.validate import check_prefill
 from pagebench.timing import environment, measure
 
@@ -41,7 +41,7 @@ def causal_flops(batch: int, query_len: int, cached: int, num_q_heads: int,
     return 4.0 * batch * num_q_heads * head_dim * pairs
 
 
-def _sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
+def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
     """Causal SDPA on a contiguous cache: the baseline (queries at the end of the context)."""
     num_q, num_kv, head_dim = shape
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -59,9 +59,9 @@ def _sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
                                                   enable_gqa=num_q != num_kv)
 
 
-def _prefill_case(batch, query_len, cached, shape, block_size, dtype, device, seed):
+def prefill_case(batch, query_len, cached, shape, block_size, dtype, device, seed):
     q_heads, _, head_dim = shape
-    _, k_cache, v_cache, tables, lens = _paged_case(batch, cached + query_len, shape, block_size,
+    _, k_cache, v_cache, tables, lens = paged_case(batch, cached + query_len, shape, block_size,
                                                     dtype, device, seed)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     q = torch.randn(batch * query_len, q_heads, head_dim, device=device, dtype=dtype,
@@ -86,7 +86,7 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
     excluded = () if on_cuda or include is not None else CPU_EXCLUDED
     backends = [name for name, b in registry.registered_backends().items()
                 if b.prefill is not None and torch.device(device).type in b.devices
-                and registry._available(b) and (include is None or name in include)
+                and registry.backend_available(b) and (include is None or name in include)
                 and name not in excluded]
     env = environment(device)
     rows = []
@@ -112,8 +112,8 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
             if not take_share(next(units), share):
                 continue
             record(shape_name, shape, point, "sdpa-contiguous", "contiguous",
-                   _sdpa_causal(*point, shape, dtype, device, seed=3))
-            case = _prefill_case(*point, shape, block_size, dtype, device, seed=3)
+                   sdpa_causal(*point, shape, dtype, device, seed=3))
+            case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
             check_prefill(*case, scale)  # once: the timed calls go to the kernels directly
             for name in backends:
                 prefill = registry.get_backend(name).prefill

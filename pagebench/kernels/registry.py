@@ -137,7 +137,7 @@ def unregister_backend(name: str) -> None:
     del _REGISTRY[name]
 
 
-def _available(b: Backend) -> bool:
+def backend_available(b: Backend) -> bool:
     try:
         return bool(b.is_available())
     except Exception:  # noqa: BLE001 -- a broken optional dependency means "not available"
@@ -152,7 +152,7 @@ def get_backend(name: str) -> Backend:
     backend = _REGISTRY.get(name)
     if backend is None:
         raise ValueError(f"backend: unknown backend {name!r} (registered: {sorted(_REGISTRY)})")
-    if not _available(backend):
+    if not backend_available(backend):
         raise ValueError(f"backend: {name!r} is registered but not available on this machine")
     return backend
 
@@ -162,7 +162,7 @@ def available_backends() -> dict[str, dict]:
     has_cuda = torch.cuda.is_available()
     out = {}
     for name, b in sorted(_REGISTRY.items(), key=lambda kv: -kv[1].priority):
-        if not _available(b):
+        if not backend_available(b):
             continue
         caps = b.capabilities()
         caps["devices"] = [d for d in b.devices if d == "cpu" or has_cuda]
@@ -192,7 +192,7 @@ def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None
         return b
     candidates = [b for b in _REGISTRY.values()
                   if (b.auto_devices is None or device_type in b.auto_devices)
-                  and _available(b)
+                  and backend_available(b)
                   and b.supports(op, device, dtype, block_size, head_dim, cache_dtype)]
     if not candidates:
         raise ValueError(f"backend: no registered backend runs {op} for {device_type}, "

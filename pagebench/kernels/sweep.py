@@ -71,7 +71,7 @@ def variants(device: str, include=None, exclude=()) -> list[Variant]:
     for name, b in registry.registered_backends().items():
         if name in exclude or (include is not None and name not in include):
             continue
-        if device_type not in b.devices or not registry._available(b):
+        if device_type not in b.devices or not registry.backend_available(b):
             continue
         if b.decode is not None:
             out.append(Variant(f"{name}-paged", name, "paged"))
@@ -108,7 +108,7 @@ def footprint_bytes(tables, block_size: int, num_kv_heads: int, head_dim: int, d
     return 2 * int(torch.unique(tables).numel()) * block_size * num_kv_heads * head_dim * element
 
 
-def _paged_case(batch, context, shape, block_size, dtype, device, seed, layout="shuffled"):
+def paged_case(batch, context, shape, block_size, dtype, device, seed, layout="shuffled"):
     num_q, num_kv, head_dim = shape
     tables, num_blocks = layout_tables(layout, batch, context, block_size, seed=seed)
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -134,7 +134,7 @@ def quantized_case(case, kv_dtype):
     return case, {"k_scale": ks, "v_scale": vs}
 
 
-def _contiguous_case(batch, context, shape, dtype, device, seed):
+def contiguous_case(batch, context, shape, dtype, device, seed):
     num_q, num_kv, head_dim = shape
     gen = torch.Generator(device=device).manual_seed(seed)
     k = torch.randn(batch, context, num_kv, head_dim, device=device, dtype=dtype, generator=gen)
@@ -144,7 +144,7 @@ def _contiguous_case(batch, context, shape, dtype, device, seed):
     return q, k, v, lens
 
 
-def _paged_callable(variant: Variant, q, k_cache, v_cache, tables, lens, scale, scales=None):
+def paged_callable(variant: Variant, q, k_cache, v_cache, tables, lens, scale, scales=None):
     b = registry.get_backend(variant.backend)
     if scales:
         return lambda: b.decode(q, k_cache, v_cache, tables, lens, scale, **scales)
@@ -155,7 +155,7 @@ def _paged_callable(variant: Variant, q, k_cache, v_cache, tables, lens, scale, 
     return lambda: b.decode(q, k_cache, v_cache, tables, lens, scale)
 
 
-def _contiguous_callable(variant: Variant, q, k, v, scale):
+def contiguous_callable(variant: Variant, q, k, v, scale):
     b = registry.get_backend(variant.backend)
     if variant.backend == "triton":
         from pagebench.kernels.contiguous import triton_contiguous_decode
@@ -271,10 +271,10 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             contiguous = [v for v in vs if v.layout == "contiguous"]
             need = 2 * kv_bytes(batch, context, shape[1], shape[2], dtype)
             if contiguous and _fits(device, need):
-                q, k, v_, lens = _contiguous_case(batch, context, shape, dtype, device, seed=batch)
+                q, k, v_, lens = contiguous_case(batch, context, shape, dtype, device, seed=batch)
                 check_contiguous(q, k, v_, lens, scale)
                 for var in contiguous:
-                    fn = _contiguous_callable(var, q, k, v_, scale)
+                    fn = contiguous_callable(var, q, k, v_, scale)
                     for graph in graphs(batch):
                         record(var, shape_name, shape, batch, context, None, fn, graph)
                 del q, k, v_, lens
@@ -295,7 +295,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                                         "paged", "memory"))
                         continue
                     case, scales = quantized_case(
-                        _paged_case(batch, context, shape, block_size, dtype, device,
+                        paged_case(batch, context, shape, block_size, dtype, device,
                                     seed=batch, layout=table_layout), kv_dtype)
                     check_decode(*case, scale)
                     check_kv_scales(case[1], scales.get("k_scale"), scales.get("v_scale"))
@@ -305,7 +305,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                                              table_layout), var.label, "memory"))
                             continue
                         try:
-                            fn = _paged_callable(var, *case, scale, scales)
+                            fn = paged_callable(var, *case, scale, scales)
                         except Exception as e:  # noqa: BLE001
                             skipped.append(((shape_name, batch, context, block_size,
                                              table_layout), var.label,

@@ -471,6 +471,7 @@ def sweep_plan(run_sweeps: bool) -> list[tuple[str, str]]:
 def collect(*, device: str = "cpu", quick: bool = False, run_sweeps: bool = True,
             data_dir=None, results_dirs=(), progress: bool = True) -> Results:
     """Everything the report shows: sweeps run here, committed data, benchmark histories."""
+    # Imported here, not at the top: sweeps.py imports Results and as_frame from this module.
     from pagebench.report import sweeps
 
     results = Results()

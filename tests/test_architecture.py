@@ -12,8 +12,8 @@
    file is `X.py` or that lies in a package directory `X/` (the module or package it tests).
    Dunder names are not private.
 
-Run `python tests/test_architecture.py` to print the import graph of `pagebench` (module-level
-imports, grouped by package); docs/architecture.md shows that output.
+Run `python tests/test_architecture.py` to print the import graph of `pagebench` (by package,
+then by module); docs/architecture.md shows that output.
 """
 
 from __future__ import annotations
@@ -93,14 +93,14 @@ def _module_level(body):
                 yield from _module_level(block)
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module-level imports among pagebench modules: module -> modules it imports."""
+def import_graph(top_level_only: bool = True) -> dict[str, set[str]]:
+    """Imports among pagebench modules (module-level ones unless told): module -> imported."""
     known = _known_modules()
     graph: dict[str, set[str]] = {}
     for path in python_files((PACKAGE,)):
         src = module_name(path)
         targets = graph.setdefault(src, set())
-        for _, module, _, _ in imports(path, top_level_only=True):
+        for _, module, _, _ in imports(path, top_level_only):
             if module.startswith(PACKAGE) and module in known and module != src:
                 targets.add(module)
     return graph
@@ -224,5 +224,20 @@ def format_graph(graph: dict[str, set[str]]) -> str:
     return "\n".join(lines)
 
 
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to subpackages (cli, engine, ...) and top-level modules."""
+    def group(module: str) -> str:
+        parts = module.split(".")
+        return ".".join(parts[:2])
+    out: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        out.setdefault(group(module), set()).update(
+            group(t) for t in targets if group(t) != group(module))
+    return out
+
+
 if __name__ == "__main__":
-    print(format_graph(import_graph()))
+    print("# packages, module-level imports\n" + format_graph(package_graph(import_graph())))
+    print("\n# packages, imports inside functions included\n"
+          + format_graph(package_graph(import_graph(top_level_only=False))))
+    print("\n# modules\n" + format_graph(import_graph()))

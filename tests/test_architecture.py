@@ -44,7 +44,7 @@ def _is_package(path: Path) -> bool:
 
 
 def _absolute(path: Path, node: ast.ImportFrom) -> str:
-    """The absolute module an ImportFrom names (resolves `from . import x` / `from ..a import b`)."""
+    """The absolute module an ImportFrom names (resolves `from . import x`, `from ..a import b`)."""
     if node.level == 0:
         return node.module or ""
     base = module_name(path).split(".")
@@ -181,7 +181,8 @@ def private_imports() -> list[str]:
                     and node.value.id in aliases and _is_private(node.attr)):
                 module = aliases[node.value.id]
                 if module != src and not _tested_module_allowed(path, module):
-                    violations.append(f"{path.relative_to(ROOT)}:{node.lineno}: {module}.{node.attr}")
+                    where = f"{path.relative_to(ROOT)}:{node.lineno}"
+                    violations.append(f"{where}: {module}.{node.attr}")
     return sorted(set(violations))
 
 

@@ -45,9 +45,11 @@ def test_bad_geometry_and_sizes():
 def test_environment_commit_can_be_overridden(monkeypatch):
     """A copied tree (a remote GPU machine's) may carry a stale .git: PAGEBENCH_COMMIT wins."""
     from pagebench import timing
+    timing.git_commit.cache_clear()
     monkeypatch.setenv("PAGEBENCH_COMMIT", "feedbee")
     try:
         assert timing.environment()["commit"] == "feedbee"
     finally:
         monkeypatch.delenv("PAGEBENCH_COMMIT")
+        timing.git_commit.cache_clear()
     assert timing.environment()["commit"] != "feedbee"

@@ -118,7 +118,6 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
     return _summarise(samples, method)
 
 
-@functools.lru_cache(maxsize=None)
 def enqueue_us(fn: Callable[[], object], calls: int = 200,
                busy_cycles: int = 300_000_000) -> float:
     """Host time of one call of ``fn`` in microseconds, on CUDA: the GPU is kept busy for the
@@ -137,6 +136,7 @@ def enqueue_us(fn: Callable[[], object], calls: int = 200,
     return dt
 
 
+@functools.lru_cache(maxsize=None)
 def git_commit() -> str:
     """The checkout's short HEAD; ``PAGEBENCH_COMMIT`` overrides it (a copy of the tree whose
     .git is stale or absent, such as a remote GPU machine's)."""

@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 
 from pagebench.report import plots
-from pagebench.report.claims import FAILS, HOLDS, Claim, judge, pct
+from pagebench.report.claims import FAILS, HOLDS, SIM, Claim, judge, pct
 from pagebench.report.collect import Results
 from pagebench.report.sections import Section, make_table
 
@@ -36,7 +36,6 @@ QUICK_REQUESTS = 2000
 PREFIX_TRACE = "mooncake-conv"
 # budgets of the prefix-cache sweep, as multiples of the article's 12.4 GB (1,009,104 slots)
 PREFIX_BUDGET_MULTIPLES = (64.0, 8.0, 2.0, 1.0, 0.5, 0.25)
-SIM = "simulation (deterministic; any machine)"
 
 
 def _trace(name: str, quick: bool):

@@ -24,7 +24,7 @@ are added with ``register_backend``.
 
 from __future__ import annotations
 
-from pagebench.kernels import builtin as _builtin  # registers the built-in backends
+from pagebench.kernels import builtin  # noqa: F401 (importing it registers the built-in backends)
 from pagebench.kernels.cache_ops import copy_blocks, write_kv
 from pagebench.kernels.quant import FP8_DTYPES, check_kv_scales
 from pagebench.kernels.registry import (
@@ -37,7 +37,7 @@ __all__ = [
     "available_backends", "register_backend", "unregister_backend", "registered_backends",
     "get_backend", "Backend", "FP8_DTYPES",
 ]
-del _builtin
+del builtin
 
 
 def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, backend="auto",

@@ -236,6 +236,17 @@ def _verdicts(parts: list[tuple[str, bool | None, str]]) -> tuple[str, str]:
     return (HOLDS if all(ok for _, ok, _ in judged) else FAILS), measured
 
 
+def paged_and_naive(frame: pd.DataFrame, column: str):
+    """Per trace, in order: (trace, paged block 16's value, naive's value) of ``column``, for
+    the traces that have both rows."""
+    for name, g in frame.groupby("trace", sort=False):
+        bs = pd.to_numeric(g["block_size"], errors="coerce")
+        paged = g[(g["allocator"] == "paged") & (bs == 16)][column]
+        naive = g[g["allocator"] == "naive"][column]
+        if not (paged.empty or naive.empty):
+            yield name, float(paged.iloc[0]), float(naive.iloc[0])
+
+
 def static_claim(results: Results) -> Claim:
     c = Claim("real_traces_static", "On real traces: paged (block 16) keeps about 96% or more "
               "of KV memory as token state, far above naive reservation.",
@@ -244,15 +255,8 @@ def static_claim(results: Results) -> Claim:
     frame = results.get("real_traces_static")
     if frame is None:
         return c
-    parts = []
-    for name, g in frame.groupby("trace", sort=False):
-        bs = pd.to_numeric(g["block_size"], errors="coerce")
-        paged = g[(g["allocator"] == "paged") & (bs == 16)]["utilisation"]
-        naive = g[g["allocator"] == "naive"]["utilisation"]
-        if paged.empty or naive.empty:
-            continue
-        p, n = float(paged.iloc[0]), float(naive.iloc[0])
-        parts.append((name, p >= 0.96 and n < 0.5, f"paged {pct(p)}, naive {pct(n)}"))
+    parts = [(name, p >= 0.96 and n < 0.5, f"paged {pct(p)}, naive {pct(n)}")
+             for name, p, n in paged_and_naive(frame, "utilisation")]
     c.verdict, c.measured = _verdicts(parts)
     c.device = SIM
     return c
@@ -268,14 +272,7 @@ def dynamic_claim(results: Results) -> Claim:
     if frame is None:
         return c
     parts = []
-    col = "token_state_fraction_saturated"
-    for name, g in frame.groupby("trace", sort=False):
-        bs = pd.to_numeric(g["block_size"], errors="coerce")
-        paged = g[(g["allocator"] == "paged") & (bs == 16)][col]
-        naive = g[g["allocator"] == "naive"][col]
-        if paged.empty or naive.empty:
-            continue
-        p, n = float(paged.iloc[0]), float(naive.iloc[0])
+    for name, p, n in paged_and_naive(frame, "token_state_fraction_saturated"):
         if p != p or n != n:
             parts.append((name, None, "never memory-bound"))
             continue

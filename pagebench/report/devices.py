@@ -115,6 +115,14 @@ def frame_labels(frame: pd.DataFrame) -> pd.Series:
     return pd.Series([labels[k] for k in keys], index=frame.index, dtype=object)
 
 
+def frame_devices(frame: pd.DataFrame | None, default: str = "GPU") -> str:
+    """The device labels of a frame's rows (its ``machine`` column, as ``Results.add`` set
+    them), joined; ``default`` where there are none."""
+    if frame is None or "machine" not in frame:
+        return default
+    return ", ".join(frame["machine"].dropna().astype(str).unique()) or default
+
+
 def _label(row: dict):
     machine = row.get("machine", "")
     if is_device_label(machine):

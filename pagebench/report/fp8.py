@@ -14,6 +14,7 @@ import pandas as pd
 
 from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
+from pagebench.report.devices import frame_devices
 from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
@@ -25,13 +26,6 @@ FP8 = "float8_e4m3fn"
 LONG_BATCH, LONG_BATCH_CONTEXT, LONG_CONTEXT = 32, 4096, 65536
 HALF_TIME_BOUND = 0.6  # fp8 / bf16 time: half the bytes, with some slack for fixed costs
 LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
-
-
-def _device(frame: pd.DataFrame | None) -> str:
-    """The frame's device labels (pagebench.report.devices), as Results.add set them."""
-    if frame is None or "machine" not in frame:
-        return "GPU"
-    return ", ".join(frame["machine"].dropna().astype(str).unique()) or "GPU"
 
 
 def planner_rows() -> pd.DataFrame:
@@ -95,7 +89,7 @@ def fp8_doubles_capacity(results: Results) -> Claim:
         parts.append(f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
                      f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)")
         ok = ok and 1.95 <= ratio <= 2.05
-        device += f"; engine: {_device(engine)}"
+        device += f"; engine: {frame_devices(engine)}"
     c.measured, c.device, c.verdict = "; ".join(parts), device, judge(ok)
     return c
 
@@ -116,7 +110,7 @@ def fp8_halves_long_decode(results: Results) -> Claim:
     parts = [f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: {r.fp8_over_bf16:.2f}×"
              for r in long.itertuples()]
     c.measured = ", ".join(parts)
-    c.device = _device(results.get("kernels_fp8"))
+    c.device = frame_devices(results.get("kernels_fp8"))
     c.verdict = judge(bool((judged["fp8_over_bf16"] <= HALF_TIME_BOUND).all()))
     return c
 
@@ -155,7 +149,7 @@ def layout_does_not_matter(results: Results) -> Claim:
                   f"{int(worst['context'])} block {int(worst['block_size'])}; median "
                   f"{judged['slowest_over_fastest'].median():.2f}× over {len(judged)} points"
                   + (f" ({flagged} L2-resident points left out)" if flagged else ""))
-    c.device = _device(results.get("kernels_layout"))
+    c.device = frame_devices(results.get("kernels_layout"))
     c.verdict = judge(bool((judged["slowest_over_fastest"] <= LAYOUT_SPREAD_BOUND).all()))
     return c
 

@@ -15,18 +15,13 @@ import pandas as pd
 from pagebench.report import plots
 from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
+from pagebench.report.devices import frame_devices
 from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
 SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.py)"
 PLANNER_CASES = (("llama-3-8b", (1, 2, 4, 8, 16)), ("llama-3-70b", (2, 4, 8)))
-
-
-def _device(frame: pd.DataFrame) -> str:
-    """The frame's device labels (pagebench.report.devices), as Results.add set them."""
-    labels = frame["machine"].dropna().astype(str).unique() if "machine" in frame else []
-    return ", ".join(labels) or "GPU"
 
 
 def capacity_doubles(results: Results) -> Claim:
@@ -45,7 +40,7 @@ def capacity_doubles(results: Results) -> Claim:
     c.measured = (f"{int(blocks[1]):,} → {int(blocks[2]):,} blocks per GPU ({ratio:.2f}×)"
                   + (f"; KV heads per GPU {int(heads[1])} → {int(heads[2])}"
                      if heads is not None else ""))
-    c.device, c.verdict = _device(frame), judge(1.9 <= ratio <= 2.1)
+    c.device, c.verdict = frame_devices(frame), judge(1.9 <= ratio <= 2.1)
     return c
 
 
@@ -59,7 +54,7 @@ def attention_halves(results: Results) -> Claim:
         return c
     parts = [f"batch {int(b)}: {r:.2f}×" for b, r in ratios.items()]
     c.measured = "tp=2 / tp=1 per step: " + ", ".join(parts)
-    c.device = _device(results.get("tp_attention"))
+    c.device = frame_devices(results.get("tp_attention"))
     c.verdict = judge(0.4 <= ratios.iloc[-1] <= 0.6)
     return c
 

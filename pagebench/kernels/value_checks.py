@@ -13,8 +13,7 @@ check and the tensors it read, and skips it while those same tensors are unchang
 
 Writes that bypass torch's version counter are not seen: through ``.data``, the tensor's
 storage (``untyped_storage().copy_``), DLPack / NumPy aliases, a custom kernel, or a CUDA graph
-replay writing into the tensor. Pass
-``validate="always"`` for tensors written that way. Tensors made under ``torch.inference_mode``
+replay writing into the tensor. Pass ``validate="always"`` for tensors written that way. Tensors made under ``torch.inference_mode``
 have no version counter, so their checks always run. A failed check raises and records nothing.
 """
 

@@ -169,7 +169,7 @@ def fake_rows(*args, **kwargs):
 
 
 def fake_build_report(out, **kwargs):
-    from pagebench.report.collect import Results
+    from pagebench.results import Results
 
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text("<html></html>")

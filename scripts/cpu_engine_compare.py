@@ -53,7 +53,7 @@ def main():
                                             block_sizes=(8, 16, 32, 128), prompt_len=64,
                                             max_tokens=32, kernel="torch", repeat=args.repeat),
                   "engine_throughput_vs_batch.csv")
-        print(df.pivot(index="batch_size", columns="block_size", values="tokens_per_s").round(0))
+        print(df.pivot(index="batch", columns="block_size", values="tokens_per_s").round(0))
     if "tables" in only:
         for name, fn in (("engine_cow.csv", bench.cow_comparison),
                          ("engine_prefix_cache.csv", bench.prefix_cache_comparison),

@@ -31,6 +31,7 @@ import pandas as pd
 import torch
 
 from pagebench.engine import LLMEngine, SamplingParams, bench
+from pagebench.results import datasets
 
 T0 = time.time()
 PROMPTS = (16, 400)
@@ -134,8 +135,8 @@ def section_equality(ctx):
     rows = []
 
     def row(model, what, engine, out, ref, **extra):
-        rows.append(bench.base_row(model, experiment="gpu_greedy_equality", check=what,
-                                block_size=engine.block_size, kernel="triton",
+        rows.append(bench.base_row(model, datasets.ENGINE, experiment="gpu_greedy_equality",
+                                check=what, block_size=engine.block_size, kernel="triton",
                                 prefill_kernel=engine.runner.prefill_backend.name,
                                 cuda_graphs=engine.graphs()["cuda_graphs"],
                                 num_prompts=len(ref),
@@ -150,7 +151,7 @@ def section_equality(ctx):
             eng = LLMEngine(tiny, block_size=bs, num_blocks=8192 // bs, kernel="triton",
                             enable_prefix_caching=prefix, max_num_seqs=8)
             row(tiny, "engine vs model.generate", eng, _outputs(eng, prompts, 16), ref,
-                prefix_caching=prefix)
+                enable_prefix_caching=prefix)
     for bs in (1, 16):
         eager = LLMEngine(tiny, block_size=bs, num_blocks=8192 // bs, kernel="triton",
                           max_num_seqs=8, enforce_eager=True)
@@ -159,7 +160,7 @@ def section_equality(ctx):
             graphs = LLMEngine(tiny, block_size=bs, num_blocks=8192 // bs, kernel="triton",
                                max_num_seqs=8, compile_model=compiled)
             row(tiny, "graphs vs eager", graphs, _outputs(graphs, prompts, 32), expected,
-                prefix_caching=False, compiled_layers=compiled)
+                enable_prefix_caching=False, compiled_layers=compiled)
     del tiny
     # the real shape in fp32, and in bf16 (agreement only: near-ties flip the argmax)
     for dtype in (torch.float32, torch.bfloat16):
@@ -169,11 +170,11 @@ def section_equality(ctx):
         eng = LLMEngine(model, block_size=16, kernel="triton", max_num_seqs=4,
                         kv_cache_memory="4GiB")
         row(model, "engine vs model.generate", eng, _outputs(eng, prompts, 24), ref,
-            prefix_caching=False)
+            enable_prefix_caching=False)
         del model, eng
         torch.cuda.empty_cache()
     df = ctx.save(rows, "engine_gpu_equality.csv")
-    ctx.summary.append(df[["model", "dtype", "check", "block_size", "prefix_caching",
+    ctx.summary.append(df[["model", "dtype", "check", "block_size", "enable_prefix_caching",
                            "compiled_layers", "prompts_equal", "num_prompts",
                            "token_agreement"]].to_string())
 
@@ -229,7 +230,7 @@ def section_breakdown(ctx):
             end.record()
             end.synchronize()
             replay_ms = start.elapsed_time(end) / 20
-        rows.append(bench.base_row(ctx.model, experiment="step_breakdown", batch_size=b,
+        rows.append(bench.base_row(ctx.model, datasets.ENGINE, experiment="step_breakdown", batch=b,
                                 block_size=16, cuda_graphs=engine.graphs()["cuda_graphs"],
                                 decode_step_wall_ms=wall_ms, gpu_busy_ms=gpu_ms,
                                 host_ms=wall_ms - gpu_ms, graph_replay_ms=replay_ms,
@@ -241,7 +242,7 @@ def section_breakdown(ctx):
             f"{gpu_ms:.2f} ms, graph replay {replay_ms}")
         del engine
     df = ctx.save(rows, "engine_step_breakdown.csv")
-    ctx.summary.append(df[["batch_size", "cuda_graphs", "decode_step_wall_ms", "gpu_busy_ms",
+    ctx.summary.append(df[["batch", "cuda_graphs", "decode_step_wall_ms", "gpu_busy_ms",
                            "host_ms", "graph_replay_ms"]].round(3).to_string())
 
 
@@ -279,10 +280,10 @@ def section_batch(ctx):
     df = ctx.save(rows, "engine_throughput_vs_batch.csv")
     g = df[df["mode"] == "graphs"]
     ctx.summary.append("decode tokens/s (graphs), block x batch\n" + g.pivot(
-        index="batch_size", columns="block_size", values="decode_tokens_per_s").round(0)
+        index="batch", columns="block_size", values="decode_tokens_per_s").round(0)
         .to_string())
     ctx.summary.append(df[df.block_size == 16][[
-        "batch_size", "mode", "decode_tokens_per_s", "decode_tokens_per_s_min",
+        "batch", "mode", "decode_tokens_per_s", "decode_tokens_per_s_min",
         "decode_tokens_per_s_max", "tokens_per_s", "decode_step_ms",
         "bandwidth_fraction" if "bandwidth_fraction" in df else "decode_step_ms"]]
         .round(3).to_string())
@@ -315,7 +316,7 @@ def section_static_compile(ctx):
     for mode in ("default", "max-autotune-no-cudagraphs"):
         if ctx.left() < 50:
             log(f"skip static compile ({mode}): budget")
-            rows.append(dict(method="generate_static_compile", batch_size=1, compile_mode=mode,
+            rows.append(dict(method="generate_static_compile", batch=1, compile_mode=mode,
                              error="not run: out of the run's time budget"))
             break
         limit = int(ctx.left() - 15)
@@ -327,7 +328,7 @@ def section_static_compile(ctx):
                 repeat=ctx.args.repeat, methods=("generate_static_compile",),
                 compile_mode=mode, block_size=16, kernel="triton", max_num_seqs=1)
         except TimeoutError:
-            r = [dict(method="generate_static_compile", batch_size=1, compile_mode=mode,
+            r = [dict(method="generate_static_compile", batch=1, compile_mode=mode,
                       error=f"not finished within the run's remaining {limit} s")]
         finally:
             signal.alarm(0)
@@ -345,7 +346,7 @@ def _out_of_time(signum, frame):
 
 def _save_peers(ctx):
     df = ctx.save(ctx.peers, "engine_vs_transformers_h200.csv")
-    cols = [c for c in ("batch_size", "method", "compile_mode", "tokens_per_s", "repeats",
+    cols = [c for c in ("batch", "method", "compile_mode", "tokens_per_s", "repeats",
                         "outputs_equal_engine", "error") if c in df]
     ctx.summary = [x for x in ctx.summary if not x.startswith("peers:")]
     ctx.summary.append("peers:\n" + df[cols].to_string())

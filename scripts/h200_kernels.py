@@ -183,7 +183,7 @@ def acceptance(df) -> list[str]:
 
     def t(backend, batch, context, bs, graph=False):
         sel = d[(d.backend == backend) & (d.batch == batch) & (d.context == context)
-                & (d.cuda_graph == graph)]
+                & (d.cuda_graphs == graph)]
         sel = sel[sel.block_size == bs] if bs is not None else sel[sel.block_size.isna()]
         return float(sel.time_us.iloc[0]) if len(sel) else float("nan")
 
@@ -199,7 +199,7 @@ def acceptance(df) -> list[str]:
             fl = t("flex-paged", batch, context, 16, graph)
             to = t("torch-paged", batch, context, 16, graph)
             sel = d[(d.backend == "triton-paged") & (d.batch == batch) & (d.context == context)
-                    & (d.block_size == 16) & (d.cuda_graph == graph)]
+                    & (d.block_size == 16) & (d.cuda_graphs == graph)]
             lines.append(f"{batch:>5}x{context:<6} {str(graph):>5} {tri:8.1f} {sd:8.1f} "
                          f"{tri / sd:6.2f} {tc:8.1f} {fl:8.1f} {fl / tri:6.2f} {to:8.1f} "
                          f"{to / tri:7.2f} {float(sel.gbps.iloc[0]):6.0f}")

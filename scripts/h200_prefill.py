@@ -118,13 +118,13 @@ def main() -> int:
     df.to_csv(os.path.join(args.out, "kernels_prefill.csv"), index=False)
     print(f"sweep: {len(df)} rows ({time.time() - t0:.0f}s)")
     key = ["model_shape", "batch", "query_len", "cached"]
-    p = df.pivot_table(index=key, columns=["backend", "cuda_graph"], values="time_us")
+    p = df.pivot_table(index=key, columns=["backend", "cuda_graphs"], values="time_us")
     p.columns = [f"{b}{' graph' if g else ''}" for b, g in p.columns]
     if "triton-paged" in p:
         p["torch/triton"] = p["torch-paged"] / p["triton-paged"]
         p["triton/sdpa"] = p["triton-paged"] / p["sdpa-contiguous"]
         p["triton/sdpa graph"] = p["triton-paged graph"] / p["sdpa-contiguous graph"]
-        graph = df[(df.backend == "triton-paged") & df.cuda_graph.astype(bool)]
+        graph = df[(df.backend == "triton-paged") & df.cuda_graphs.astype(bool)]
         p["triton TFLOP/s graph"] = graph.set_index(key).tflops
     print(p.round(2).to_string())
     return 0

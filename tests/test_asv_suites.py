@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from pagebench.report.collect import read_asv_conf
+from pagebench.results.history import read_asv_conf
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SUITES = ("attention", "engine", "block_manager", "simulate", "memory")

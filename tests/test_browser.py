@@ -1,7 +1,7 @@
 """The report in a real browser: headless Chromium (Debian's package, `make browser-deps`) opens
 it from disk; nothing leaves the machine, no console errors, the claims table and every plot
 are there, every plot's axes are labelled in words (no raw column names), and every device is
-named in the one scheme of pagebench.report.devices. A screenshot is written to
+named in the one scheme of pagebench.results.devices. A screenshot is written to
 reports/test-artifacts/ as a test artefact."""
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def test_engine_bench_prints_a_rounded_table_by_default(tmp_path):
     tokens_per_s = row.split()[-2]
     assert len(tokens_per_s.replace(",", "").split(".")[1]) == 1  # one decimal
     saved = json.loads((tmp_path / "t.json").read_text())
-    assert saved[0]["batch_size"] == 2 and saved[0]["block_size"] == 8
+    assert saved[0]["batch"] == 2 and saved[0]["block_size"] == 8
 
 
 def test_format_table_rounds_and_keeps_integers():

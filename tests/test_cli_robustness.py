@@ -16,8 +16,8 @@ import pytest
 
 from pagebench import benchcompare
 from pagebench.cli import main, options
-from pagebench.report import build, collect
-from pagebench.report.collect import DataError, read_table
+from pagebench.report import build
+from pagebench.results import DataError, Results, read_table
 from pagebench.report.demo import synthetic_results
 from pagebench.sim.static import static_fragmentation
 
@@ -257,12 +257,12 @@ def test_the_data_directory_is_replaced_whole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(build.render, "write_datasets", write_half)
     with pytest.raises(KeyboardInterrupt):
-        build.write_report(collect.Results(), out, env={"device": "cpu"}, options={})
+        build.write_report(Results(), out, env={"device": "cpu"}, options={})
     assert {p.name: p.read_text() for p in data.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "index_data"]
 
 
 def test_report_out_with_a_trailing_slash_is_a_directory(tmp_path):
-    out = build.write_report(collect.Results(), f"{tmp_path}/site/", env={"device": "cpu"},
+    out = build.write_report(Results(), f"{tmp_path}/site/", env={"device": "cpu"},
                              options={})
     assert out == tmp_path / "site" / "index.html" and out.is_file()

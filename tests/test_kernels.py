@@ -269,7 +269,7 @@ def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
     assert list(df.columns) == PREFILL_COLUMNS
     expected = {"sdpa-contiguous", "torch-paged"} | ({"triton-paged"} if HAS_TRITON else set())
     assert set(df.backend) == expected and len(df) == 2 * len(expected)
-    assert not df.cuda_graph.any()  # CPU: no graph rows
+    assert not df.cuda_graphs.any()  # CPU: no graph rows
     row = df[(df.backend == "torch-paged") & (df.cached == 5)].iloc[0]
     assert row.tflops == pytest.approx(causal_flops(2, 3, 5, 4, 16) / row.time_us / 1e6)
     assert row.block_size == 4 and pd.isna(df[df.backend == "sdpa-contiguous"].block_size).all()

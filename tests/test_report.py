@@ -13,7 +13,9 @@ import pytest
 from pagebench.cli import main
 from pagebench.report import build, claims, collect, derive, render, sections, sweeps
 from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
-from pagebench.report.collect import DataError, Results, read_table
+from pagebench.results import DataError, Results, classify, load_data_dir, read_table
+from pagebench.results.datasets import KERNELS
+from pagebench.results.history import load_benchmark_json
 from pagebench.report.demo import synthetic_results
 
 
@@ -39,7 +41,7 @@ def test_read_table_names_missing_and_malformed_files(tmp_path):
     cols = tmp_path / "kernels.csv"
     cols.write_text("device,batch\ncpu,1\n")
     with pytest.raises(DataError, match="missing column.*time_us"):
-        read_table(cols, collect.REQUIRED_COLUMNS["kernels"])
+        read_table(cols, KERNELS.required)
     with pytest.raises(DataError, match="unsupported format"):
         read_table(_touch(tmp_path / "x.pkl"))
 
@@ -63,12 +65,12 @@ def test_data_dir_classifies_files_and_warns_on_bad_ones(tmp_path):
     gpu.mkdir()
     kernels = synthetic_results().get("kernels").drop(columns=["machine", "source"])
     kernels.to_csv(gpu / "kernels.csv", index=False)
-    pd.DataFrame({"n": [1, 4], "peak_blocks": [10, 13]}).to_csv(gpu / "engine_cow.csv",
+    pd.DataFrame({"n": [1, 4], "variant": ["n=1", "n=4 shared"], "peak_blocks": [10, 13]}).to_csv(gpu / "engine_cow.csv",
                                                                 index=False)
     (gpu / "engine_pool.csv").write_text("")  # empty: malformed
     (gpu / "notes.csv").write_text("a\n1\n")  # not a known kind: ignored
     results = Results()
-    collect.load_data_dir(results, tmp_path)
+    load_data_dir(results, tmp_path)
     assert set(results.frames) == {"kernels", "engine_cow"}
     assert (results.get("kernels")["machine"] == "Synthetic GPU").all()  # the device label
     assert any("engine_pool" in w and "engine_pool.csv" in w for w in results.warnings)
@@ -90,7 +92,7 @@ def test_asv_and_pytest_benchmark_json_become_tidy_rows(tmp_path):
         "benchmarks": [{"name": "test_x", "fullname": "t::test_x",
                         "stats": {"median": 2e-6, "iqr": 1e-7, "rounds": 9}}]}))
     results = Results()
-    collect.load_benchmark_json(results, [tmp_path])
+    load_benchmark_json(results, [tmp_path])
     asv = results.get("asv")
     assert len(asv) == 3  # the None (failed) combination is dropped
     assert asv["params"].tolist() == ["1, 'a'", "16, 'a'", "16, 'b'"]
@@ -295,22 +297,28 @@ def test_cli_rejects_a_bad_device(capsys):
 
 
 def test_unexpected_columns_degrade_to_a_warning_not_a_crash(tmp_path):
-    results = synthetic_results()
-    results.frames["kernels"] = results.get("kernels").drop(columns=["layout"]).assign(
-        batch="one")  # unusable numbers
-    results.frames["engine_pool"] = pd.DataFrame({"num_blocks": ["many", "few"],
-                                                  "num_preemptions": [1, 0]})
+    demo = synthetic_results()
+    results = Results()
+    results.add("kernels", demo.get("kernels").drop(columns=["layout"]), "no layout")
+    results.add("engine_pool", pd.DataFrame({"num_blocks": ["many", "few"],
+                                             "num_preemptions": [1, 0],
+                                             "tokens_per_s": [1.0, 2.0],
+                                             "recomputed_tokens": [1, 0]}), "pool.csv")
+    assert results.get("kernels") is None and results.get("engine_pool") is None
+    assert results.warnings == [
+        "kernels: no layout: missing column(s) layout; not used",
+        "engine_pool: pool.csv: column num_blocks: 'many' is not a number; not used"]
     html = write_page(results, tmp_path)
     assert 'id="kernels"' in html and 'id="claims-table"' in html
     assert "No data: kernel sweep" in html
-    assert any("preemption_signal" in w for w in results.warnings)
 
 
 def test_a_frame_without_required_columns_is_refused_with_a_warning():
     results = Results()
     results.add("kernels", pd.DataFrame({"device": ["cpu"], "time_us": [1.0]}), "sweep")
     assert results.get("kernels") is None
-    assert "missing column(s) batch, context, block_size, backend" in results.warnings[0]
+    assert "missing column(s) dtype, model_shape, batch, context, block_size, backend" in \
+        results.warnings[0]
 
 
 def test_batching_claim_fails_when_batching_buys_little():
@@ -335,29 +343,31 @@ def test_kernel_claims_are_judged_on_the_gpu_when_one_measured_them():
     assert by_key(alone)["batch1_slower"].verdict == FAILS
 
 
-def test_engine_bench_rows_are_routed_and_normalised(tmp_path):
-    """Rows as pagebench.engine.bench writes them: one file, an ``experiment`` column."""
-    rows = [
-        {"experiment": "cow", "variant": "n=1", "peak_blocks": 17},
-        {"experiment": "cow", "variant": "n=4 shared", "peak_blocks": 20},
-        {"experiment": "cow", "variant": "4 separate requests", "peak_blocks": 68},
-        {"experiment": "prefix_cache", "prefix_caching": False, "hit_rate": 0.0,
-         "num_computed_prompt_tokens": 2360},
-        {"experiment": "prefix_cache", "prefix_caching": True, "hit_rate": 0.65,
-         "num_computed_prompt_tokens": 824},
-        {"experiment": "pool_size", "num_blocks": 34, "num_preemptions": 6,
-         "recomputed_tokens": 500, "tokens_per_s": 100.0},
-        {"experiment": "pool_size", "num_blocks": 113, "num_preemptions": 0,
-         "recomputed_tokens": 0, "tokens_per_s": 70.0},
-        {"experiment": "throughput_vs_batch", "batch_size": 1, "block_size": 16,
-         "tokens_per_s": 10.0},
-        {"experiment": "throughput_vs_batch", "batch_size": 16, "block_size": 16,
-         "tokens_per_s": 260.0},
-    ]
+def test_engine_rows_are_read_by_file_name(tmp_path):
+    """Rows as pagebench.engine.bench writes them, one file per dataset."""
+    files = {
+        "engine_cow": [{"variant": "n=1", "n": 1, "peak_blocks": 17},
+                       {"variant": "n=4 shared", "n": 4, "peak_blocks": 20},
+                       {"variant": "4 separate requests", "n": None, "peak_blocks": 68}],
+        "engine_prefix_cache": [
+            {"enable_prefix_caching": False, "prefix_cache_hit_rate": 0.0,
+             "num_computed_prompt_tokens": 2360},
+            {"enable_prefix_caching": True, "prefix_cache_hit_rate": 0.65,
+             "num_computed_prompt_tokens": 824}],
+        "engine_pool_size": [
+            {"num_blocks": 34, "num_preemptions": 6, "recomputed_tokens": 500,
+             "tokens_per_s": 100.0},
+            {"num_blocks": 113, "num_preemptions": 0, "recomputed_tokens": 0,
+             "tokens_per_s": 70.0}],
+        "engine_throughput_vs_batch": [{"batch": 1, "block_size": 16, "tokens_per_s": 10.0},
+                                       {"batch": 16, "block_size": 16, "tokens_per_s": 260.0}],
+    }
     (tmp_path / "cpu").mkdir()
-    pd.DataFrame(rows).to_csv(tmp_path / "cpu" / "engine.csv", index=False)
+    for stem, rows in files.items():
+        pd.DataFrame(rows).to_csv(tmp_path / "cpu" / f"{stem}.csv", index=False)
     results = Results()
-    collect.load_data_dir(results, tmp_path)
+    load_data_dir(results, tmp_path)
+    assert not results.warnings
     assert {"engine_cow", "engine_prefix", "engine_pool", "engine_batch"} <= set(results.frames)
     assert results.get("engine_batch")["batch"].tolist() == [1, 16]
     c = by_key(results)
@@ -386,7 +396,7 @@ def test_a_json_twin_of_a_csv_and_smoke_runs_are_not_read_twice(tmp_path):
         {"meta": {}, "rows": kernels.to_dict("records")}))
     kernels.to_csv(tmp_path / "h200" / "kernels_smoke.csv", index=False)
     results = Results()
-    collect.load_data_dir(results, tmp_path)
+    load_data_dir(results, tmp_path)
     assert len(results.get("kernels")) == len(kernels)
 
 
@@ -416,17 +426,21 @@ def test_out_may_name_a_directory(tmp_path):
 def test_prefill_data_is_read_summarised_and_shown(tmp_path):
     """kernels_prefill*.csv are their own datasets (not decode sweeps); the kernels section
     shows each point's times and ratios."""
-    assert collect.classify(Path("kernels_prefill.csv")) == "kernels_prefill"
-    assert collect.classify(Path("kernels_prefill_equivalence.csv")) == \
+    assert classify("kernels_prefill") == "kernels_prefill"
+    assert classify("kernels_prefill_equivalence") == \
         "kernels_prefill_equivalence"
-    assert collect.classify(Path("kernels_prefill_tuning.csv")) is None
+    assert classify("kernels_prefill_tuning") is None
     base = {"device": "cuda", "device_name": "GPU", "model_shape": "m", "batch": 1,
             "query_len": 512, "cached": 0}
-    rows = [dict(base, backend="sdpa-contiguous", cuda_graph=False, time_us=10.0),
-            dict(base, backend="sdpa-contiguous", cuda_graph=True, time_us=8.0),
-            dict(base, backend="triton-paged", cuda_graph=False, time_us=30.0, tflops=1.0),
-            dict(base, backend="triton-paged", cuda_graph=True, time_us=20.0, tflops=1.5),
-            dict(base, backend="torch-paged", cuda_graph=False, time_us=300.0)]
+    sdpa = dict(base, backend="sdpa-contiguous", kernel="sdpa", layout="contiguous",
+                block_size=None)
+    triton = dict(base, backend="triton-paged", kernel="triton", layout="paged", block_size=16)
+    rows = [dict(sdpa, cuda_graphs=False, time_us=10.0),
+            dict(sdpa, cuda_graphs=True, time_us=8.0),
+            dict(triton, cuda_graphs=False, time_us=30.0, tflops=1.0),
+            dict(triton, cuda_graphs=True, time_us=20.0, tflops=1.5),
+            dict(triton, backend="torch-paged", kernel="torch", cuda_graphs=False,
+                 time_us=300.0)]
     summary = derive.prefill_summary(pd.DataFrame(rows))
     assert len(summary) == 1
     r = summary.iloc[0]

@@ -1,4 +1,4 @@
-"""The report's one device naming scheme (pagebench.report.devices)."""
+"""The report's one device naming scheme (pagebench.results.devices)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import json
 
 import pandas as pd
 
-from pagebench.report import collect, devices
-from pagebench.report.collect import Results
+from pagebench.results import devices
+from pagebench.results.history import load_benchmark_json
+from pagebench.results import Results
 
 
 def test_device_labels_are_short_and_one_scheme():
@@ -34,11 +35,15 @@ def test_machine_names_alone_become_labels():
 def test_every_dataset_gets_labels_when_added():
     r = Results()
     r.add("engine_cow", pd.DataFrame({
-        "n": [1, 4, 1], "machine": ["cpu", "cpu", "CPU (2-core x86_64) · this run"],
+        "n": [1, 4, 1], "variant": ["n=1", "n=4 shared", "n=1"], "peak_blocks": [3, 4, 3],
+        "machine": ["cpu", "cpu", "CPU (2-core x86_64) · this run"],
         "device": ["cpu"] * 3, "device_name": ["x86_64"] * 3, "cpu_count": [2, 2, 2]}), "x")
     r.add("kernels", pd.DataFrame({"device": ["cuda"], "device_name": ["NVIDIA H200"],
                                    "batch": [1], "context": [1], "block_size": [16],
-                                   "backend": ["b"], "time_us": [1.0]}), "y")
+                                   "backend": ["b-paged"], "kernel": ["b"],
+                                   "layout": ["paged"], "cuda_graphs": [False],
+                                   "dtype": ["bfloat16"], "model_shape": ["m"],
+                                   "time_us": [1.0]}), "y")
     assert r.get("engine_cow")["machine"].tolist() == [
         "CPU (2-core x86_64)", "CPU (2-core x86_64)", "CPU (2-core x86_64) · this run"]
     assert r.get("kernels")["machine"].tolist() == ["H200"]
@@ -57,6 +62,6 @@ def test_benchmark_machines_are_labelled(tmp_path):
         "commit_info": {"id": "f"}, "datetime": "d",
         "benchmarks": [{"name": "t", "stats": {"median": 1e-6}}]}))
     r = Results()
-    collect.load_benchmark_json(r, [tmp_path])
+    load_benchmark_json(r, [tmp_path])
     assert r.get("asv")["machine"].tolist() == ["H100 80GB HBM3"]
     assert r.get("pytest_benchmark")["machine"].tolist() == ["CPU (4-core aarch64)"]

@@ -6,7 +6,7 @@ import pandas as pd
 
 from pagebench.report import fp8
 from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
-from pagebench.report.collect import Results, classify
+from pagebench.results import Results, classify
 
 ENV = {"device": "cuda", "device_name": "NVIDIA H200"}
 

@@ -5,7 +5,7 @@ import pytest
 
 from pagebench.report import parallel
 from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
-from pagebench.report.collect import Results, load_data_dir
+from pagebench.results import Results, load_data_dir
 
 GPU = dict(device="cuda:0", device_name="NVIDIA H200")
 
@@ -42,7 +42,7 @@ def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
     assert results.get("kernels") is None  # the split sweep's rows are not decode data here
     capacity, attention = (fn(results) for fn in parallel.VERDICTS)
     assert capacity.verdict == HOLDS and "8,192 → 16,384" in capacity.measured
-    assert capacity.device == "H200"  # the device label (pagebench.report.devices)
+    assert capacity.device == "H200"  # the device label (pagebench.results.devices)
     assert attention.verdict == HOLDS and "batch 256: 0.50×" in attention.measured
     s = parallel.section(results)
     assert not [i for i in s.items if i.kind == "nodata"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagebench.report import real_traces
 from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
-from pagebench.report.collect import Results
+from pagebench.results import Results
 
 
 def test_quick_sweep_section_and_claims(monkeypatch):

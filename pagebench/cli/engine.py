@@ -20,10 +20,11 @@ DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": [8, 16, 32, 128], "pro
             "max_tokens": 32, "kernel": "auto", "trace": "mooncake-conv", "num_requests": 32,
             "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0}
 TABLES = {
-    "throughput": [("block_size", "block (tokens)", 0), ("batch_size", "batch", 0),
+    "throughput": [("block_size", "block (tokens)", 0), ("batch", "batch", 0),
                    ("prompt_len", "prompt (tokens)", 0), ("kernel", "kernel", 0)],
     "cow": [("variant", "variant", 0), ("completions", "completions", 0)],
-    "prefix": [("prefix_caching", "prefix caching", 0), ("hit_rate", "hit rate", 2),
+    "prefix": [("enable_prefix_caching", "prefix caching", 0),
+               ("prefix_cache_hit_rate", "hit rate", 2),
                ("num_computed_prompt_tokens", "prompt tokens computed", 0)],
     "pool": [("pool_fraction", "pool / needed", 2), ("num_blocks", "blocks", 0),
              ("num_preemptions", "preemptions", 0), ("recomputed_tokens", "recomputed tokens", 0)],

@@ -10,12 +10,12 @@ from pagebench.cli.options import (
 
 DECODE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
                 ("context", "context (tokens)", 0), ("block_size", "block (tokens)", 0),
-                ("backend", "backend", 0), ("cuda_graph", "CUDA graph", 0),
+                ("backend", "backend", 0), ("cuda_graphs", "CUDA graph", 0),
                 ("time_us", "time (us)", 1), ("gbps", "K/V read (GB/s)", 1)]
 PREFILL_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
                  ("query_len", "query (tokens)", 0), ("cached", "cached (tokens)", 0),
                  ("block_size", "block (tokens)", 0), ("backend", "backend", 0),
-                 ("cuda_graph", "CUDA graph", 0), ("time_us", "time (us)", 1),
+                 ("cuda_graphs", "CUDA graph", 0), ("time_us", "time (us)", 1),
                  ("tflops", "TFLOP/s", 2)]
 LAYOUT_COLUMNS = [("table_layout", "table layout", 0), ("fits_l2", "fits L2", 0)]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}

@@ -15,6 +15,8 @@ import torch
 from pagebench.config import ceil_div
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
+from pagebench.results import datasets
+from pagebench.results.schema import Schema
 from pagebench.timing import cpu_threads, environment
 
 TINY = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
@@ -69,13 +71,16 @@ def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def base_row(model, **fields) -> dict:
-    """The fields every row carries: environment (device, versions, commit), model, dtype."""
+def base_row(model, dataset: Schema, **fields) -> dict:
+    """A row of ``dataset`` (one of :mod:`pagebench.results.datasets`' engine datasets): the
+    environment (device, versions, commit), model, dtype, ``experiment`` (the dataset's name
+    unless ``fields`` names it: the catch-all ``engine`` dataset's rows do) and ``fields``."""
     dev = _device(model)
     cfg = model.config
-    return environment(dev) | dict(
+    return dataset.row(**environment(dev) | dict(
         model=f"{cfg.model_type}-L{cfg.num_hidden_layers}-H{cfg.hidden_size}",
-        dtype=str(next(model.parameters()).dtype).removeprefix("torch."), **fields)
+        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        experiment=dataset.name) | fields)
 
 
 def _wall(fn, device):
@@ -245,7 +250,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
     rows = []
     for m in methods:
         is_engine = m == "engine"
-        row = dict(method=m, batch_size=len(prompts), num_requests=len(prompts),
+        row = dict(method=m, batch=len(prompts), num_requests=len(prompts),
                    prompt_len_min=min(map(len, prompts)),
                    prompt_len_max=max(map(len, prompts)), max_tokens=max_tokens,
                    block_size=engine.block_size if is_engine else None,
@@ -254,7 +259,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
                    cuda_graphs=engine.stats.get("cuda_graphs") if is_engine else None,
                    compiled_layers=engine.stats.get("compiled_layers") if is_engine else None,
                    compile_mode=compile_mode if m == "generate_static_compile" else None,
-                   repeats=len(times[m]), error=errors.get(m),
+                   repeats=len(times[m]), error=errors.get(m), tokens_per_s=None,
                    timing="perf_counter, median of interleaved repeats")
         if times[m]:
             t = sorted(times[m])[len(times[m]) // 2]
@@ -264,7 +269,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
                 time_s=t, outputs_equal_engine=same)
             if is_engine:
                 row |= _spread("decode_tokens_per_s", decode)
-        rows.append(base_row(model, experiment="compare_with_transformers", **row))
+        rows.append(base_row(model, datasets.ENGINE_COMPARE, **row))
     return rows
 
 
@@ -291,9 +296,9 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
                                 max_num_batched_tokens=max(2048, min(8192, b * hi)),
                                 enforce_eager=enforce_eager, compile_model=compile_model)
-            rows.append(base_row(model, experiment="throughput_vs_batch", block_size=bs,
-                              batch_size=b, prompt_len=lo if lo == hi else (lo + hi) / 2, prompt_len_min=lo,
-                              prompt_len_max=hi, max_tokens=max_tokens, kernel=kernel,
+            rows.append(base_row(model, datasets.ENGINE_BATCH, block_size=bs,
+                              batch=b, prompt_len=lo if lo == hi else (lo + hi) / 2,
+                              prompt_len_min=lo, prompt_len_max=hi, max_tokens=max_tokens, kernel=kernel,
                               **row))
     return rows
 
@@ -308,12 +313,13 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
     engine = LLMEngine(model, block_size=block_size,
                        num_blocks=(n + 1) * ceil_div(prompt_len + max_tokens, block_size))
     rows = []
-    for label, prompts, k in (("n=1", [prompt], 1), (f"n={n} shared", [prompt], n),
-                              (f"{n} separate requests", [prompt] * n, 1)):
+    for label, prompts, k, shared in (("n=1", [prompt], 1, 1), (f"n={n} shared", [prompt], n, n),
+                                      (f"{n} separate requests", [prompt] * n, 1, None)):
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, n=k, seed=seed,
                                 ignore_eos=True)
         seconds, _ = _wall(lambda: engine.generate(prompts, params), _device(model))
-        rows.append(base_row(model, experiment="cow", variant=label, completions=len(prompts) * k,
+        rows.append(base_row(model, datasets.ENGINE_COW, variant=label, n=shared,
+                             completions=len(prompts) * k,
                           prompt_len=prompt_len, max_tokens=max_tokens, block_size=block_size,
                           **_engine_row(engine, seconds)))
     return rows
@@ -337,9 +343,9 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
         seconds, _ = _wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         s = engine.stats
-        rows.append(base_row(model, experiment="prefix_cache", prefix_caching=on,
+        rows.append(base_row(model, datasets.ENGINE_PREFIX, enable_prefix_caching=on,
                           num_requests=num_requests, system_len=system_len,
-                          block_size=block_size, hit_rate=s["prefix_cache_hit_rate"],
+                          block_size=block_size, prefix_cache_hit_rate=s["prefix_cache_hit_rate"],
                           num_prompt_tokens=s["num_prompt_tokens"],
                           num_computed_prompt_tokens=s["num_computed_prompt_tokens"],
                           **_engine_row(engine, seconds)))
@@ -362,7 +368,7 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
         engine = LLMEngine(model, block_size=block_size, num_blocks=blocks)
         seconds, _ = _wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
-        rows.append(base_row(model, experiment="pool_size", pool_fraction=blocks / full,
+        rows.append(base_row(model, datasets.ENGINE_POOL, pool_fraction=blocks / full,
                           blocks_needed_all=full, num_requests=num_requests,
                           block_size=block_size,
                           recomputed_tokens=engine.stats["num_computed_prompt_tokens"]
@@ -388,7 +394,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     seconds, _ = _wall(lambda: padded_generate(model, prompts, max_tokens,
                                                batch_size=contiguous_batch), dev)
     generated = len(prompts) * max_tokens
-    rows.append(base_row(model, experiment="equal_memory", method="padded_generate",
+    rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="padded_generate",
                       kv_bytes=kv_bytes, concurrent_seqs=contiguous_batch,
                       num_requests=len(prompts), max_tokens=max_tokens,
                       tokens_per_s=generated / seconds, time_s=seconds))
@@ -397,7 +403,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     seconds, _ = _wall(lambda: engine.generate(prompts, params), dev)
-    rows.append(base_row(model, experiment="equal_memory", method="engine", kv_bytes=kv_bytes,
+    rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="engine", kv_bytes=kv_bytes,
                       concurrent_seqs=max(x["batch_size"] for x in engine.stats["steps"]),
                       num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,
                       kernel=engine.runner.decode_backend.name,

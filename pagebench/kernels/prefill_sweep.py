@@ -24,8 +24,8 @@ from pagebench.timing import environment, measure
 PREFILL_COLUMNS = [
     "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "query_len",
-    "cached", "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us",
-    "tflops",
+    "cached", "block_size", "backend", "kernel", "layout", "cuda_graphs", "time_us", "q20_us",
+    "q80_us", "tflops",
 ]
 GRAPH_CAPTURABLE = ("sdpa-contiguous", "triton-paged")
 # (batch, query_len, cached): whole prompts, then chunks after a cached prefix
@@ -91,14 +91,16 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
     env = environment(device)
     rows = []
 
-    def record(shape_name, shape, point, backend, layout, fn):
+    def record(shape_name, shape, point, kernel, layout, fn):
+        backend = f"{kernel}-{layout}"
         for graph in (False, True) if on_cuda and backend in GRAPH_CAPTURABLE else (False,):
             t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
             row = {**env, "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
                    "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
                    "batch": point[0], "query_len": point[1], "cached": point[2],
                    "block_size": block_size if layout == "paged" else None, "backend": backend,
-                   "layout": layout, "cuda_graph": graph, "time_us": t.median_us,
+                   "kernel": kernel, "layout": layout, "cuda_graphs": graph,
+                   "time_us": t.median_us,
                    "q20_us": t.q20_us, "q80_us": t.q80_us,
                    "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6}
             rows.append(row)
@@ -111,13 +113,13 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
         for point in points:
             if not take_share(next(units), share):
                 continue
-            record(shape_name, shape, point, "sdpa-contiguous", "contiguous",
+            record(shape_name, shape, point, "sdpa", "contiguous",
                    sdpa_causal(*point, shape, dtype, device, seed=3))
             case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
             check_prefill(*case, scale)  # once: the timed calls go to the kernels directly
             for name in backends:
                 prefill = registry.get_backend(name).prefill
-                record(shape_name, shape, point, f"{name}-paged", "paged",
+                record(shape_name, shape, point, name, "paged",
                        lambda: prefill(*case, scale))
             del case
             if on_cuda:

@@ -30,9 +30,9 @@ from pagebench.timing import cpu_threads, environment, measure
 COLUMNS = [
     "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "context",
-    "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us", "kv_bytes",
-    "gbps", "copy_gbps", "table_layout", "adjacent_fraction", "footprint_bytes", "l2_bytes",
-    "fits_l2", "kv_dtype",
+    "block_size", "backend", "kernel", "layout", "cuda_graphs", "time_us", "q20_us", "q80_us",
+    "kv_bytes", "gbps", "copy_gbps", "table_layout", "adjacent_fraction", "footprint_bytes",
+    "l2_bytes", "fits_l2", "kv_dtype",
 ]
 # L2 of the H200 where the device does not say (CPU runs: the flag is then about the H200)
 DEFAULT_L2_BYTES = 60 * 10**6
@@ -247,7 +247,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                      "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
                      "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
                      "batch": batch, "context": context, "block_size": block_size,
-                     "backend": v.label, "layout": v.layout, "cuda_graph": graph,
+                     "backend": v.label, "kernel": v.backend, "layout": v.layout,
+                     "cuda_graphs": graph,
                      "time_us": t.median_us, "q20_us": t.q20_us, "q80_us": t.q80_us,
                      "kv_bytes": nbytes, "gbps": nbytes / (t.median_us * 1e-6) / 1e9,
                      "copy_gbps": copy_gbps, "table_layout": table_layout,

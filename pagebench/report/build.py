@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, devices, fp8, parallel, real_traces, render, sections
+from pagebench.report import derive, fp8, parallel, real_traces, render, sections
+from pagebench.results import devices
 from pagebench.report.collect import Results, collect, default_device
 
 DATA_DIR_SUFFIX = "_data"

@@ -5,7 +5,7 @@ plainly, with the number that contradicts it) or ``not measured here`` (no data 
 tolerances each claim uses are stated in its ``criterion``.
 
 ``headline`` is what the claims table shows at a glance: the number each judged device
-measured, named by its device label (:mod:`pagebench.report.devices`); ``measured`` holds every
+measured, named by its device label (:mod:`pagebench.results.devices`); ``measured`` holds every
 detail, shown one click away. ``device`` lists the devices the verdict was judged on.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pagebench.report import derive
-from pagebench.report.collect import Results, first_column
+from pagebench.report.collect import Results
 
 HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured here"
 
@@ -130,7 +130,7 @@ def _dynamic(results: Results):
     frame = results.get("memory_dynamic_summary")
     if frame is None:
         return None, None
-    return frame, first_column(frame, "token_state_fraction_saturated", "token_state_fraction")
+    return frame, "token_state_fraction_saturated"
 
 
 NAIVE_NAMES = ("naive", "reserve-max", "reserve_max")
@@ -244,15 +244,14 @@ def batch1_slower(results: Results) -> Claim:
 
 def _same_kernel_paging_cost(kernels) -> str:
     """'triton 1.00–1.04× (NVIDIA H200 [h200])': batch 1, block 16, a paged backend against
-    its own contiguous twin (same name before the '-'), fastest variant of each."""
+    its own contiguous twin (the same ``kernel``), fastest variant of each."""
     df = derive.kernel_rows(kernels)
     if df is None:
         return ""
     df = df[(df["batch"] == 1) & (df["gpu"] | ~df["gpu"].any())]
-    df = df.assign(family=df["backend"].astype(str).str.split("-").str[0])
-    ratio = derive.paged_over_contiguous(df, ["device_label", "family", "shape", "context"])
-    return "; ".join(f"{family} {r.min():.2f}–{r.max():.2f}× ({label})"
-                     for (label, family), r in ratio.groupby(level=["device_label", "family"]))
+    ratio = derive.paged_over_contiguous(df, ["device_label", "kernel", "shape", "context"])
+    return "; ".join(f"{kernel} {r.min():.2f}–{r.max():.2f}× ({label})"
+                     for (label, kernel), r in ratio.groupby(level=["device_label", "kernel"]))
 
 
 def _gather_slowdown(results: Results) -> dict:
@@ -364,8 +363,8 @@ def cow_not_quadruple(results: Results) -> Claim:
               "(prompt blocks are shared, copy-on-write).",
               "engine peak blocks, n = 4 / n = 1 < 4 (per device)", data=["engine_cow"])
     frame = results.get("engine_cow")
-    blocks = first_column(frame, "peak_blocks", "mean_blocks") if frame is not None else None
-    if frame is None or blocks is None or "n" not in frame.columns:
+    blocks = "peak_blocks"
+    if frame is None:
         return c
     parts, ok, devices, heads = [], True, [], {}
     for machine, g in frame.groupby("machine"):
@@ -410,7 +409,7 @@ def prefix_sharing(results: Results) -> Claim:
             continue
         hit = float(on["prefix_cache_hit_rate"].astype(float).mean()) \
             if "prefix_cache_hit_rate" in on.columns else 0.0
-        comp = first_column(g, "num_computed_prompt_tokens", "peak_blocks")
+        comp = "num_computed_prompt_tokens"
         text = f"{machine}: hit rate {pct(hit)}"
         heads[str(machine)] = f"hit rate {pct(hit)}"
         fewer = True
@@ -438,9 +437,8 @@ def preemption_signal(results: Results) -> Claim:
               "preempted (tokens/s shown, not judged: one timed run each)",
               data=["engine_pool"])
     frame = results.get("engine_pool")
-    pre = first_column(frame, "num_preemptions") if frame is not None else None
-    tps = first_column(frame, "tokens_per_s") if frame is not None else None
-    if frame is None or pre is None or "num_blocks" not in frame.columns:
+    pre, tps = "num_preemptions", "tokens_per_s"
+    if frame is None:
         return c
     parts, ok, devices, heads = [], True, [], {}
     for machine, g in frame.groupby("machine"):

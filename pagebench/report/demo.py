@@ -25,17 +25,18 @@ def _kernel_rows(paged_ratio: dict) -> pd.DataFrame:
     for batch, context in points:
         kv_bytes = 2 * batch * context * shape[2] * shape[3] * 2
         contiguous_us = 8.0 + kv_bytes / 4.0e12 * 1e6  # 8 us launch + K/V read at 4 TB/s
-        cases = [("sdpa-contiguous", "contiguous", None, contiguous_us)]
-        cases += [("triton-paged", "paged", bs, contiguous_us * r) for bs, r in paged_ratio.items()]
-        cases += [("torch-paged", "paged", bs, contiguous_us * r * 2.8) for bs, r in
+        cases = [("sdpa", "contiguous", None, contiguous_us)]
+        cases += [("triton", "paged", bs, contiguous_us * r) for bs, r in paged_ratio.items()]
+        cases += [("torch", "paged", bs, contiguous_us * r * 2.8) for bs, r in
                   paged_ratio.items()]
-        for backend, layout, bs, t in cases:
+        for kernel, layout, bs, t in cases:
             rows.append({"device": "cuda", "device_name": DEVICE, "torch_version": "0",
                          "triton_version": "0", "pagebench_version": "0", "commit": SYNTHETIC,
                          "dtype": "bfloat16", "model_shape": shape[0], "num_q_heads": shape[1],
                          "num_kv_heads": shape[2], "head_dim": shape[3], "batch": batch,
-                         "context": context, "block_size": bs, "backend": backend,
-                         "layout": layout, "cuda_graph": batch == 1, "time_us": t,
+                         "context": context, "block_size": bs,
+                         "backend": f"{kernel}-{layout}", "kernel": kernel, "layout": layout,
+                         "cuda_graphs": batch == 1, "time_us": t,
                          "q20_us": t * 0.98, "q80_us": t * 1.02, "kv_bytes": kv_bytes,
                          "gbps": kv_bytes / (t * 1e-6) / 1e9, "copy_gbps": 4300.0,
                          "machine": DEVICE})
@@ -75,30 +76,37 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     timeline = []
     for name, tok, res, internal in (("naive", 0.2, 0.1, 0.6), ("paged 16", 0.9, 0.0, 0.02)):
         for s in steps:
-            timeline.append({"label": name, "step": int(s), "budget_tokens": 1000,
+            timeline.append({"label": name, "allocator": name.split()[0],
+                             "block_size": 16 if name.startswith("paged") else None,
+                             "step": int(s), "budget_tokens": 1000,
                              "token_state": tok * 1000, "reserved_unused": res * 1000,
                              "internal_frag": internal * 1000, "external_frag": 0,
                              "free": (1 - tok - res - internal) * 1000})
     r.add("memory_dynamic_timeline", pd.DataFrame(timeline), src)
-    r.add("kv_geometry", pd.DataFrame([{"model": "qwen2.5-0.5b", "bytes_per_token": 12288,
+    r.add("kv_geometry", pd.DataFrame([{"model": "qwen2.5-0.5b", "dtype": "bfloat16",
+                                        "bytes_per_token": 12288,
                                         "bytes_per_block_16": 196608}]), src)
     r.add("capacity_article", pd.DataFrame([{
         "model": "qwen2.5-0.5b", "kv_cache_bytes": 12_400_000_000, "num_blocks": 63069,
         "cacheable_tokens": 1_009_104, "max_model_len": 4096, "max_concurrency_naive": 246,
-        "max_concurrency_paged": 738, "paged_vs_naive": 3.0}]), src)
+        "max_concurrency_paged": 738, "paged_vs_naive": 3.0, "block_size": 16,
+        "bytes_per_token": 12288}]), src)
     r.add("capacity", pd.DataFrame([{
         "model": "qwen2.5-0.5b", "gpu_memory": "16GiB", "max_model_len": 4096,
-        "max_concurrency_naive": 280, "max_concurrency_paged": 840}]), src)
+        "max_concurrency_naive": 280, "max_concurrency_paged": 840, "block_size": 16,
+        "kv_cache_bytes": 13_000_000_000, "num_blocks": 66000}]), src)
     r.add("kernels", _kernel_rows(paged_ratio or DEFAULT_PAGED_RATIO), src)
     r.add("kernels_prefill", pd.DataFrame([
         {"device": "cuda", "device_name": DEVICE, "model_shape": "llama-3-8b",
-         "batch": 1, "query_len": 2048, "cached": cached, "backend": backend,
-         "layout": "contiguous" if backend.startswith("sdpa") else "paged", "cuda_graph": False,
+         "batch": 1, "query_len": 2048, "cached": cached, "backend": f"{kernel}-{layout}",
+         "kernel": kernel, "layout": layout,
+         "block_size": None if layout == "contiguous" else 16, "cuda_graphs": False,
          "time_us": t, "tflops": 2.2e12 * (cached + 1024) / t / 1e12, "machine": DEVICE}
         for cached in (0, 2048)
-        for backend, t in (("sdpa-contiguous", 90.0), ("triton-paged", 200.0),
-                           ("torch-paged", 4000.0))]), src)
-    r.add("engine_cow", pd.DataFrame({"n": [1, 4], "peak_blocks": [100, 100 * cow_ratio],
+        for kernel, layout, t in (("sdpa", "contiguous", 90.0), ("triton", "paged", 200.0),
+                                  ("torch", "paged", 4000.0))]), src)
+    r.add("engine_cow", pd.DataFrame({"n": [1, 4], "variant": ["n=1", "n=4 shared"],
+                                      "peak_blocks": [100, round(100 * cow_ratio)],
                                       "machine": DEVICE}), src)
     r.add("engine_prefix", pd.DataFrame({
         "enable_prefix_caching": [False, True], "prefix_cache_hit_rate": [0.0, 0.6],

@@ -1,7 +1,6 @@
-"""Derived tables: the curves the sections plot and the claims judge, computed from tidy data.
-
-Kernel rows name a ``backend`` (e.g. ``triton-paged``, ``sdpa-contiguous``) and usually a
-``layout`` (``paged`` / ``contiguous``); "paged" rows read K/V through a block table.
+"""Derived tables: the curves the sections plot and the claims judge, computed from the
+datasets of :mod:`pagebench.results.datasets` (kernel rows: ``backend`` = ``<kernel>-<layout>``,
+``layout`` paged or contiguous, ``block_size`` empty when contiguous).
 """
 
 from __future__ import annotations
@@ -9,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from pagebench.report import devices
+from pagebench.results import devices
 
 PRIMARY_BLOCK_SIZE = 16
 
@@ -19,7 +18,7 @@ def _num(series) -> pd.Series:
 
 
 def row_labels(df: pd.DataFrame) -> pd.Series:
-    """Each row's device label (:func:`pagebench.report.devices.frame_labels`), never empty."""
+    """Each row's device label (:func:`pagebench.results.devices.frame_labels`), never empty."""
     return devices.frame_labels(df).fillna("unknown device").astype(str)
 
 
@@ -33,22 +32,10 @@ def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
             df[col] = _num(df[col])
     df = df.dropna(subset=["batch", "context", "time_us"])
     df = df[df["time_us"] > 0]
-    if "layout" in df.columns:
-        df["paged"] = df["layout"].astype(str).str.lower().eq("paged")
-    else:
-        df["paged"] = df["backend"].astype(str).str.contains("paged")
+    df["paged"] = df["layout"].astype(str).str.lower().eq("paged")
     df["device_label"] = row_labels(df)
-    df["gpu"] = df["device"].astype(str).str.startswith("cuda") if "device" in df.columns \
-        else ~df["device_label"].str.lower().str.contains("cpu")
-    if "model_shape" in df.columns:
-        df["shape"] = df["model_shape"].astype(str)
-    elif {"num_q_heads", "num_kv_heads", "head_dim"} <= set(df.columns):
-        df["shape"] = (df["num_q_heads"].astype(str) + "/" + df["num_kv_heads"].astype(str) + "x"
-                       + df["head_dim"].astype(str))
-    else:
-        df["shape"] = "default"
-    if "status" in df.columns:  # rows recording a failed or skipped case
-        df = df[df["status"].astype(str).str.lower().isin(("ok", "nan", "", "none"))]
+    df["gpu"] = df["device"].astype(str).str.startswith("cuda")
+    df["shape"] = df["model_shape"].astype(str)
     return df if len(df) else None
 
 
@@ -64,11 +51,11 @@ def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
     df = df.dropna(subset=["batch", "query_len", "cached", "time_us"])
     if len(df) == 0:
         return pd.DataFrame()
-    graph = df["cuda_graph"].astype(str).str.lower().isin(("true", "1")) \
-        if "cuda_graph" in df.columns else pd.Series(False, index=df.index)
-    df["variant"] = df["backend"].astype(str) + graph.map({True: " graph", False: ""})
+    df["variant"] = df["backend"].astype(str) + df["cuda_graphs"].map({True: " graph",
+                                                                         False: ""})
     df["device_label"] = row_labels(df)
-    df["shape"] = df["model_shape"].astype(str) if "model_shape" in df.columns else "default"
+    df["shape"] = df["model_shape"].fillna("default").astype(str) \
+        if "model_shape" in df.columns else "default"
     keys = ["device_label", "shape", "batch", "query_len", "cached"]
     out = df.pivot_table(index=keys, columns="variant", values="time_us", aggfunc="median")
     out.columns = [str(c) for c in out.columns]

@@ -14,7 +14,7 @@ import pandas as pd
 
 from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
-from pagebench.report.devices import frame_devices
+from pagebench.results.devices import frame_devices
 from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")

@@ -15,7 +15,7 @@ import pandas as pd
 from pagebench.report import plots
 from pagebench.report.claims import Claim, judge
 from pagebench.report.collect import Results
-from pagebench.report.devices import frame_devices
+from pagebench.results.devices import frame_devices
 from pagebench.report.sections import Section, claims_table, make_table
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from pagebench.report import derive, devices, plots
+from pagebench.report import derive, plots
 from pagebench.report.claims import FAILS, HOLDS, Claim, tally
-from pagebench.report.collect import Results, first_column
+from pagebench.report.collect import Results
+from pagebench.results import devices
 
 
 @dataclass(slots=True)
@@ -63,7 +64,7 @@ class Section:
 
 # ---- formatting --------------------------------------------------------------------------
 
-DEVICE_COLUMNS = ("machine", "device_label")  # hold labels of pagebench.report.devices
+DEVICE_COLUMNS = ("machine", "device_label")  # hold labels of pagebench.results.devices
 PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
 # shown once per dataset in the environment section, not in every table (all kept in the CSVs)
 PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
@@ -376,7 +377,7 @@ def engine(results: Results) -> Section:
     cow = results.get("engine_cow")
     if cow is not None:
         any_data = True
-        col = first_column(cow, "peak_blocks", "mean_blocks")
+        col = "peak_blocks"
         s.text("Copy-on-write: one prompt, n = 1 versus n = 4 completions. The prompt's blocks "
                "are shared; only divergent tokens take new blocks.")
         key = "variant" if "variant" in cow.columns else "n" if "n" in cow.columns else None
@@ -414,8 +415,7 @@ def engine(results: Results) -> Section:
     pool = results.get("engine_pool")
     if pool is not None:
         any_data = True
-        pcol = first_column(pool, "num_preemptions")
-        tcol = first_column(pool, "tokens_per_s")
+        pcol, tcol = "num_preemptions", "tokens_per_s"
         s.text("Pool size sweep: as the pool shrinks, preemptions start and throughput falls "
                "— the capacity cliff.")
         if pcol and tcol and "num_blocks" in pool.columns:
@@ -460,7 +460,7 @@ def engine(results: Results) -> Section:
                "whole left-padded batch (contiguous cache).")
         if {"method", "tokens_per_s"} <= set(cmp_.columns):
             rows = cmp_[cmp_["tokens_per_s"].notna()]
-            requests = [c for c in ("batch_size", "num_requests") if c in rows.columns]
+            requests = [c for c in ("batch", "num_requests") if c in rows.columns]
             rows = rows.assign(requests=rows[requests].bfill(axis=1).iloc[:, 0]
                                if requests else "")
             g = rows.groupby(["machine", "requests", "method"], as_index=False, sort=False,

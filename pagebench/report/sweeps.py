@@ -11,8 +11,8 @@ import numpy as np
 import pandas as pd
 
 from pagebench.config import ceil_div
-from pagebench.report.collect import Results, as_frame, call_with_supported
-from pagebench.report.devices import device_label
+from pagebench.results import Results
+from pagebench.results.devices import device_label
 
 WORKLOAD = "lognormal:5.5,0.9"  # the article's length distribution
 NUM_SEQS, SEED, MAX_LEN = 2000, 0, 4096
@@ -21,7 +21,7 @@ MAX_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
 def here(device: str) -> str:
-    """The device label of rows this report run measures (see :mod:`pagebench.report.devices`)."""
+    """The device label of rows this report run measures (see :mod:`pagebench.results.devices`)."""
     import os
 
     from pagebench.timing import environment
@@ -163,13 +163,13 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
 def kernel_sweep(results: Results, device: str = "cpu", quick: bool = False) -> None:
     from pagebench.kernels.sweep import run_sweep
 
-    frame = as_frame(call_with_supported(run_sweep, device=device, quick=True))
+    frame = pd.DataFrame(run_sweep(device=device, quick=True))
     frame["machine"] = here(device)
     results.add("kernels", frame, "pagebench.kernels.sweep.run_sweep (this run)")
 
 
 # (function in pagebench.engine.bench, keyword arguments) sized for ~1 minute on 2 CPU cores with
-# the bench's tiny random-weight model; each returns tidy rows with an ``experiment`` column.
+# the bench's tiny random-weight model; each returns rows of one dataset (their ``experiment``).
 ENGINE_SWEEPS = (
     ("cow_comparison", dict(prompt_len=256, max_tokens=16)),
     ("prefix_cache_comparison", dict(num_requests=8, max_tokens=8)),
@@ -180,24 +180,19 @@ ENGINE_SWEEPS = (
 
 def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) -> None:
     from pagebench.engine import bench
-    from pagebench.report.collect import add_engine_rows
 
     # on CPU each comparison builds its own tiny model; elsewhere one, on that device
     model = {} if device == "cpu" else {"model": bench.tiny_model(device=device)}
     label = here(device)
     for fn_name, kwargs in ENGINE_SWEEPS:
-        fn = getattr(bench, fn_name, None)
-        if fn is None:
-            results.warn(f"engine: pagebench.engine.bench has no {fn_name}()")
-            continue
         try:
-            frame = as_frame(call_with_supported(fn, **kwargs, **model))
+            frame = pd.DataFrame(getattr(bench, fn_name)(**kwargs, **model))
         except Exception as e:  # noqa: BLE001 -- one failed comparison keeps the others
             results.warn(f"engine: {fn_name} failed ({type(e).__name__}: {e})")
             continue
         frame["machine"] = label
-        add_engine_rows(results, frame, f"pagebench.engine.bench.{fn_name} (this run)",
-                        default=fn_name)
+        results.add(frame["experiment"].iloc[0], frame,
+                    f"pagebench.engine.bench.{fn_name} (this run)")
 
 
 def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> None:

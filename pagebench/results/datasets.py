@@ -1,0 +1,293 @@
+"""Every dataset the report reads: one :class:`~pagebench.results.schema.Schema` each.
+
+Conventions shared by all of them:
+- ``block_size`` is the paged block size in tokens; a row that does not page (a contiguous
+  kernel, a naive allocator, transformers' generate) leaves it empty. That is its one encoding
+  of "contiguous"; ``layout`` says the same in words where a dataset mixes both.
+- ``backend`` is the timed kernel variant, ``<kernel>-<layout>`` (``triton-paged``);
+  ``kernel`` is the registry's backend name (``triton``), the same column engine rows carry.
+- ``batch`` is the number of sequences decoded (or requests) together.
+- Engine rows carry ``experiment`` = their dataset's name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pagebench.results.schema import Column, Schema, optional
+
+C = Column
+
+ENVIRONMENT = optional(
+    C("device", "str", "cpu or cuda[:n]"),
+    C("device_name", "str", "GPU name, or the CPU's architecture"),
+    C("torch_version", "str", "torch version"), C("triton_version", "str", "Triton version"),
+    C("pagebench_version", "str", "pagebench version"),
+    C("python_version", "str", "Python version"), C("commit", "str", "pagebench git commit"),
+    C("cpu_count", "int", "logical CPUs"), C("torch_threads", "int", "torch intra-op threads"),
+    C("machine", "str", "device label (pagebench.results.devices)"),
+    C("source", "str", "file or function the row came from"), C("note", "str", "free text"),
+)
+BLOCK_SIZE = C("block_size", "int", "paged block size in tokens; empty: not paged")
+KERNEL = C("kernel", "str", "registry backend name (triton, torch, flex, sdpa)")
+LAYOUT = C("layout", "str", "paged or contiguous KV cache")
+BACKEND = C("backend", "str", "timed variant, <kernel>-<layout>")
+CUDA_GRAPHS = C("cuda_graphs", "bool", "replayed from CUDA graphs")
+TIME_US = C("time_us", "float", "median time per call, microseconds")
+TOKENS_PER_S = C("tokens_per_s", "float", "generated tokens per second, end to end")
+MODEL = C("model", "str", "model name or <type>-L<layers>-H<hidden>")
+DTYPE = C("dtype", "str", "element type of the model or K/V cache")
+SHAPE = optional(
+    C("model_shape", "str", "preset whose attention shape was used"),
+    C("num_q_heads", "int", "query heads"), C("num_kv_heads", "int", "KV heads"),
+    C("head_dim", "int", "head dimension"))
+
+
+def schema(name: str, meaning: str, *columns: Column, environment: bool = True) -> Schema:
+    """A schema of ``columns`` (+ the environment columns); a column named twice keeps its
+    first declaration (a dataset's own ``block_size`` over the shared optional one)."""
+    first: dict[str, Column] = {}
+    for c in columns + (ENVIRONMENT if environment else ()):
+        first.setdefault(c.name, c)
+    return Schema(name, meaning, tuple(first.values()))
+
+
+# ---- kernels -----------------------------------------------------------------------------
+
+KERNELS = schema(
+    "kernels", "one timed decode step of one kernel variant (kernels.sweep.run_sweep)",
+    C("device", "str", "cpu or cuda[:n]"), DTYPE, C("model_shape", "str", "attention shape"),
+    C("batch", "int", "sequences"), C("context", "int", "cached tokens per sequence"),
+    BLOCK_SIZE, BACKEND, KERNEL, LAYOUT, CUDA_GRAPHS, TIME_US,
+    *optional(C("q20_us", "float", "20th percentile"), C("q80_us", "float", "80th percentile"),
+              C("kv_bytes", "int", "K/V bytes a step reads"),
+              C("gbps", "float", "kv_bytes / time, GB/s"),
+              C("copy_gbps", "float", "device copy bandwidth, GB/s"),
+              C("table_layout", "str", "block-table layout: contiguous, shuffled, aged"),
+              C("adjacent_fraction", "float", "share of consecutive table entries adjacent"),
+              C("footprint_bytes", "int", "unique K/V bytes touched"),
+              C("l2_bytes", "int", "L2 size"), C("fits_l2", "bool", "footprint <= L2"),
+              C("kv_dtype", "str", "K/V cache element type")),
+    *SHAPE[1:])
+EQUIVALENCE_COLUMNS = (
+    C("backend", "str", "variant checked"), C("ok", "bool", "within tolerance"),
+    *optional(DTYPE, C("shape", "str", "(q heads, kv heads, head dim)"), BLOCK_SIZE,
+              C("rel_err", "float", "relative error against float64"),
+              C("tolerance", "float", "allowed relative error"),
+              C("error", "str", "exception raised, if any")))
+KERNELS_EQUIVALENCE = schema(
+    "kernels_equivalence", "one decode case against the float64 reference",
+    *EQUIVALENCE_COLUMNS, environment=False)
+KERNELS_PREFILL = schema(
+    "kernels_prefill", "one timed prefill call (kernels.prefill_sweep.run_prefill_sweep)",
+    C("batch", "int", "sequences"), C("query_len", "int", "new tokens per sequence"),
+    C("cached", "int", "tokens already cached per sequence"), BLOCK_SIZE, BACKEND, KERNEL,
+    LAYOUT, CUDA_GRAPHS, TIME_US,
+    *optional(DTYPE, C("q20_us", "float", "20th percentile"),
+              C("q80_us", "float", "80th percentile"), C("tflops", "float", "achieved TFLOP/s")),
+    *SHAPE)
+KERNELS_PREFILL_EQUIVALENCE = schema(
+    "kernels_prefill_equivalence", "one prefill case against the float64 reference",
+    *EQUIVALENCE_COLUMNS, environment=False)
+KERNELS_FP8 = schema(
+    "kernels_fp8", "one timed decode or prefill call with a bf16 or fp8 cache",
+    C("op", "str", "decode or prefill"), C("cache_dtype", "str", "K/V cache element type"),
+    C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE, TIME_US,
+    *optional(C("launch", "str", "launch configuration"), C("kv_bytes", "float", "bytes read"),
+              C("gbps", "float", "GB/s"), C("copy_gbps", "float", "copy GB/s"),
+              C("copy_fraction", "float", "gbps / copy_gbps"),
+              C("err_vs_dequantised", "float", "error against the dequantised cache"),
+              C("err_vs_bf16_cache", "float", "error against a bf16 cache"),
+              C("query_len", "int", "prefill chunk"), C("cached", "int", "cached tokens")))
+KERNELS_LAYOUT = schema(
+    "kernels_layout", "one timed decode step over a given block-table layout",
+    C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE,
+    C("table_layout", "str", "contiguous, shuffled or aged"), TIME_US,
+    *optional(BACKEND, C("cache_dtype", "str", "K/V element type"),
+              C("fits_l2", "bool", "footprint fits in L2"),
+              C("adjacent_fraction", "float", "adjacent table entries"),
+              C("footprint_bytes", "int", "unique K/V bytes"), C("l2_bytes", "int", "L2 size"),
+              C("gbps", "float", "GB/s")))
+
+# ---- engine ------------------------------------------------------------------------------
+
+ENGINE_RUN = optional(
+    MODEL, DTYPE, BLOCK_SIZE, KERNEL, TOKENS_PER_S, CUDA_GRAPHS,
+    C("time_s", "float", "wall seconds"),
+    C("decode_tokens_per_s", "float", "tokens/s in decode steps"),
+    C("num_generated_tokens", "int", "tokens generated"),
+    C("peak_blocks", "int", "most KV blocks in use at once"),
+    C("mean_blocks", "float", "mean KV blocks in use"), C("num_blocks", "int", "pool size"),
+    C("num_preemptions", "int", "sequences preempted"),
+    C("prefill_kernel", "str", "prefill backend"), C("max_batch", "int", "largest step batch"),
+    C("num_requests", "int", "requests"), C("max_tokens", "int", "tokens per request"),
+    C("method", "str", "engine or a transformers generation method"))
+
+
+EXPERIMENT = C("experiment", "str", "the dataset's name; in ``engine``, the measurement's")
+
+
+def engine_schema(name: str, meaning: str, *columns: Column) -> Schema:
+    return schema(name, meaning, *columns, *optional(EXPERIMENT), *ENGINE_RUN)
+
+
+ENGINE_BATCH = engine_schema(
+    "engine_batch", "engine throughput at one (block size, batch) (engine.bench."
+    "throughput_vs_batch)", C("batch", "int", "requests admitted at once"), BLOCK_SIZE,
+    TOKENS_PER_S, *optional(C("mode", "str", "graphs, eager, ...: how decode steps ran")))
+ENGINE_COW = engine_schema(
+    "engine_cow", "blocks used by one request with n completions (engine.bench.cow_comparison)",
+    C("variant", "str", "n=1, n=4 shared, or 4 separate requests"),
+    C("n", "int", "completions sharing one prompt; empty for separate requests"),
+    C("peak_blocks", "int", "most KV blocks in use at once"))
+ENGINE_PREFIX = engine_schema(
+    "engine_prefix", "one run with prefix caching on or off (engine.bench."
+    "prefix_cache_comparison)", C("enable_prefix_caching", "bool", "prefix caching on"),
+    C("prefix_cache_hit_rate", "float", "prompt tokens served from the cache / prompt tokens"),
+    C("num_computed_prompt_tokens", "int", "prompt tokens computed"))
+ENGINE_POOL = engine_schema(
+    "engine_pool", "one run at a pool size (engine.bench.pool_size_sweep)",
+    C("num_blocks", "int", "pool size in blocks"), C("num_preemptions", "int", "preemptions"),
+    TOKENS_PER_S, C("recomputed_tokens", "int", "prompt tokens computed again after preemption"))
+ENGINE_EQUAL_MEMORY = engine_schema(
+    "engine_equal_memory", "the engine or padded generate in the same KV bytes",
+    C("method", "str", "engine or padded_generate"), TOKENS_PER_S,
+    C("concurrent_seqs", "int", "sequences at once"))
+ENGINE_COMPARE = engine_schema(
+    "engine_compare", "the engine or a transformers method on the same requests",
+    C("method", "str", "engine, padded_generate, generate_batch, ..."),
+    C("batch", "int", "requests"), C("tokens_per_s", "float", "tokens/s; empty if it failed"))
+ENGINE = engine_schema("engine", "other engine measurements, one table per experiment",
+                       EXPERIMENT)
+
+# ---- memory and capacity (pagebench.sim) -------------------------------------------------
+
+ALLOCATOR = C("allocator", "str", "naive, pow2, oracle or paged")
+UTILISATION = C("utilisation", "float", "tokens stored / slots reserved")
+MEMORY_STATIC = schema(
+    "memory_static", "one allocator's reservation for a sampled workload (sim.static)",
+    ALLOCATOR, BLOCK_SIZE, UTILISATION, C("allocated_slots", "int", "slots reserved"),
+    C("wasted_slots_per_seq", "float", "reserved but unused slots per sequence"),
+    C("workload", "str", "length distribution"), C("num_seqs", "int", "sequences"),
+    C("max_len", "int", "max_model_len"), C("tokens_stored", "int", "tokens of all sequences"),
+    C("seed", "int", "sampling seed"))
+MEMORY_MAX_LEN = schema(
+    "memory_max_len", "utilisation at one max_model_len", C("max_len", "int", "max_model_len"),
+    C("label", "str", "allocator, or paged <block size>"), ALLOCATOR, BLOCK_SIZE, UTILISATION,
+    *optional(C("wasted_slots_per_seq", "float", "unused slots per sequence")))
+DYNAMIC_COLUMNS = (
+    ALLOCATOR, BLOCK_SIZE, C("label", "str", "allocator, or paged <block size>"),
+    C("token_state_fraction", "float", "mean share of the budget holding tokens"),
+    C("token_state_fraction_saturated", "float", "the same while requests wait for memory"),
+    C("num_preemptions", "int", "preemptions"))
+MEMORY_DYNAMIC_SUMMARY = schema(
+    "memory_dynamic_summary", "one allocator over a time-stepped run (sim.dynamic)",
+    *DYNAMIC_COLUMNS)
+MEMORY_DYNAMIC_TIMELINE = schema(
+    "memory_dynamic_timeline", "the budget's breakdown at one step", C("step", "int", "step"),
+    ALLOCATOR, BLOCK_SIZE, C("token_state", "int", "tokens stored"))
+BLOCK_WASTE = schema(
+    "block_waste", "tail waste per sequence as the BlockManager allocates", BLOCK_SIZE,
+    C("max_waste_slots", "int", "worst sequence"), C("bound_slots", "int", "block_size - 1"),
+    C("mean_waste_slots", "float", "mean over sequences"))
+KV_GEOMETRY = schema(
+    "kv_geometry", "KV bytes of one preset", MODEL, DTYPE,
+    C("bytes_per_token", "int", "K and V bytes per token, all layers"))
+CAPACITY_CASE = (
+    MODEL, C("max_model_len", "int", "longest sequence"), BLOCK_SIZE,
+    C("kv_cache_bytes", "int", "bytes left for the KV cache"),
+    C("num_blocks", "int", "blocks in that memory"),
+    C("max_concurrency_naive", "int", "sequences with a max_model_len reservation each"),
+    C("max_concurrency_paged", "int", "sequences paged (mean length)"))
+CAPACITY = schema("capacity", "one capacity-planner case (sim.capacity.capacity_plan)",
+                  C("gpu_memory", "str", "GPU memory, e.g. 80GiB"), *CAPACITY_CASE)
+CAPACITY_ARTICLE = schema("capacity_article", "the article's 250-request arithmetic",
+                          *CAPACITY_CASE, C("bytes_per_token", "int", "KV bytes per token"))
+
+# ---- real traces (report/real_traces.py over pagebench/data/traces) ----------------------
+
+TRACE = C("trace", "str", "azure-code, azure-conv, mooncake-conv or a file")
+REAL_TRACES_STATIC = schema("real_traces_static", "sim.static on one trace", TRACE, ALLOCATOR,
+                            BLOCK_SIZE, UTILISATION)
+REAL_TRACES_DYNAMIC = schema("real_traces_dynamic", "sim.dynamic on one trace", TRACE,
+                             *DYNAMIC_COLUMNS)
+REAL_TRACES_TIMELINE = schema("real_traces_timeline", "one step of a trace's run", TRACE,
+                              C("step", "int", "step"), ALLOCATOR, BLOCK_SIZE)
+REAL_TRACES_PREFIX = schema("real_traces_prefix", "prefix-cache hit rate at one budget",
+                            TRACE, C("prefix_cache_hit_rate", "float", "hit rate"))
+REAL_TRACES_ENGINE = schema("real_traces_engine", "the engine replaying a trace sample", TRACE,
+                            BLOCK_SIZE)
+
+# ---- fp8 and two GPUs (scripts/h200_fp8.py, scripts/h200x2_tp.py) ------------------------
+
+FP8_ENGINE = schema("fp8_engine", "engine pool and agreement with a bf16 and an fp8 cache",
+                    C("blocks_bf16", "int", "pool with bf16"),
+                    C("blocks_fp8", "int", "pool with fp8"),
+                    C("blocks_ratio", "float", "blocks_fp8 / blocks_bf16"), *optional(MODEL))
+TP = C("tp", "int", "tensor-parallel size")
+TP_EQUALITY = schema("tp_equality", "greedy outputs at tp=2 against tp=1",
+                     C("num_prompts", "int", "prompts"), C("prompts_equal", "int", "equal"),
+                     *optional(TP))
+TP_CAPACITY = schema("tp_capacity", "KV blocks per GPU at a tensor-parallel size", TP,
+                     C("num_blocks_per_gpu", "int", "blocks per GPU"),
+                     *optional(C("kv_heads_per_gpu", "int", "KV heads per GPU")))
+TP_THROUGHPUT = schema("tp_throughput", "engine tokens/s at a tensor-parallel size", TP,
+                       C("batch", "int", "requests"), TOKENS_PER_S,
+                       *optional(C("mode", "str", "how decode ran"),
+                                 C("decode_tokens_per_s", "float", "decode tokens/s")))
+TP_ALLREDUCE = schema("tp_allreduce", "all-reduce share of a tp=2 decode step",
+                      C("batch", "int", "requests"),
+                      *optional(TP, C("allreduce_calls_per_step", "int", "all-reduces per step"),
+                                C("isolated_allreduce_us", "float", "one all-reduce alone")))
+TP_ATTENTION = schema("tp_attention", "paged attention per decode step, one GPU's heads", TP,
+                      C("batch", "int", "sequences"), C("per_step_us", "float", "all layers"))
+SWEEP_WALL = schema("sweep_wall", "wall time of the kernel sweep on 1 or 2 GPUs",
+                    C("gpus", "int", "GPUs"), C("wall_s", "float", "seconds"))
+
+# ---- benchmark histories (pagebench.results.history) -------------------------------------
+
+HISTORY = (C("machine", "str", "device label"), C("commit", "str", "commit measured"),
+           C("benchmark", "str", "benchmark name"), C("params", "str", "parameters"),
+           *optional(C("date", "str", "when")))
+ASV = schema("asv", "one asv benchmark value at one commit", *HISTORY,
+             C("value", "float", "result"), C("unit", "str", "its unit"), environment=False)
+PYTEST_BENCHMARK = schema(
+    "pytest_benchmark", "one pytest-benchmark result", *HISTORY,
+    C("median_us", "float", "median"), C("iqr_us", "float", "interquartile range"),
+    C("rounds", "int", "rounds"), environment=False)
+
+DATASETS: dict[str, Schema] = {s.name: s for s in (
+    KERNELS, KERNELS_EQUIVALENCE, KERNELS_PREFILL, KERNELS_PREFILL_EQUIVALENCE, KERNELS_FP8,
+    KERNELS_LAYOUT, ENGINE_BATCH, ENGINE_COW, ENGINE_PREFIX, ENGINE_POOL, ENGINE_EQUAL_MEMORY,
+    ENGINE_COMPARE, ENGINE, MEMORY_STATIC, MEMORY_MAX_LEN, MEMORY_DYNAMIC_SUMMARY,
+    MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
+    REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE, REAL_TRACES_PREFIX,
+    REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
+    TP_ATTENTION, SWEEP_WALL, ASV, PYTEST_BENCHMARK)}
+
+# file-name prefix under reports/data/<machine>/ -> dataset; first match wins; None: a file the
+# report does not read
+FILE_KINDS = (
+    ("kernels_prefill_equivalence", "kernels_prefill_equivalence"),
+    ("kernels_prefill_tuning", None), ("kernels_prefill", "kernels_prefill"),
+    ("kernels_equivalence", "kernels_equivalence"), ("kernels_tuning", None),
+    ("kernels_fp8", "kernels_fp8"), ("kernels_layout", "kernels_layout"),
+    ("fp8_engine", "fp8_engine"), ("kernels", "kernels"),
+    ("engine_cow", "engine_cow"), ("engine_prefix", "engine_prefix"),
+    ("engine_pool", "engine_pool"), ("engine_batch", "engine_batch"),
+    ("engine_throughput", "engine_batch"), ("engine_equal_memory", "engine_equal_memory"),
+    ("engine_vs_transformers", "engine_compare"), ("engine", "engine"),
+    ("capacity", "capacity"), ("dynamic", "memory_dynamic_summary"),
+    ("tp_equality", "tp_equality"), ("tp_capacity", "tp_capacity"),
+    ("tp_throughput", "tp_throughput"), ("tp_allreduce", "tp_allreduce"),
+    ("tp_attention", "tp_attention"), ("sweep_wall", "sweep_wall"),
+    ("sweep_rows", None),  # the split sweep's own rows: not a decode-kernel dataset here
+)
+
+
+def classify(path) -> str | None:
+    """The dataset a results file holds, by its name (None: not report data)."""
+    stem = Path(path).stem.lower()
+    if "smoke" in stem:  # a quick check run beside the full one
+        return None
+    return next((name for prefix, name in FILE_KINDS if stem.startswith(prefix)), None)

@@ -1,0 +1,113 @@
+"""A dataset's schema: its columns, each with a type and a meaning, and the one check that a
+table (a file read back, or rows a sweep just measured) has them.
+
+Writers build rows with :meth:`Schema.row`, readers pass frames through :meth:`Schema.validate`;
+both read the same :class:`Column` list, so a renamed column fails at the writer, not in a report
+section months later. Extra columns (the environment, notes) are kept: tidy rows may carry
+context the schema does not name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from pagebench.errors import PagebenchError
+
+DTYPES = ("str", "int", "float", "bool")
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "1.0", "yes", "on"), ("false", "0", "0.0", "no", "off")
+
+
+class DataError(PagebenchError, ValueError):
+    """A results file or frame that cannot be used; the message names the source and column."""
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column: ``dtype`` is ``str``, ``int`` (a missing value allowed: a contiguous row's
+    ``block_size``), ``float`` or ``bool``."""
+
+    name: str
+    dtype: str
+    meaning: str
+    required: bool = True
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+
+
+def optional(*columns: Column) -> tuple[Column, ...]:
+    """The same columns, not required (a row may leave them out)."""
+    return tuple(Column(c.name, c.dtype, c.meaning, required=False) for c in columns)
+
+
+@dataclass(frozen=True)
+class Schema:
+    """A dataset: its name (the report's key, and the ``experiment`` of engine rows), what one
+    row is, and its columns."""
+
+    name: str
+    meaning: str
+    columns: tuple[Column, ...]
+
+    def __post_init__(self):
+        names = [c.name for c in self.columns]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"columns: {self.name} names {', '.join(twice)} twice")
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    @property
+    def required(self) -> list[str]:
+        return [c.name for c in self.columns if c.required]
+
+    def row(self, **fields) -> dict:
+        """One row of this dataset; ``ValueError`` naming the required fields left out."""
+        missing = [n for n in self.required if n not in fields]
+        if missing:
+            raise ValueError(f"{self.name} row: missing {', '.join(missing)}")
+        return fields
+
+    def validate(self, frame: pd.DataFrame, source: str) -> pd.DataFrame:
+        """``frame`` with every declared column coerced to its type; :class:`DataError` naming
+        ``source`` and the column when a required column is missing or a value has the wrong
+        type."""
+        missing = [n for n in self.required if n not in frame.columns]
+        if missing:
+            raise DataError(f"{self.name}: {source}: missing column(s) {', '.join(missing)}")
+        frame = frame.copy()
+        for col in self.columns:
+            if col.name in frame.columns:
+                frame[col.name] = coerce(frame[col.name], col, f"{self.name}: {source}")
+        return frame
+
+
+def coerce(values: pd.Series, col: Column, where: str) -> pd.Series:
+    if col.dtype == "str":
+        return values
+    if col.dtype == "bool":
+        if values.dtype == bool:
+            return values
+        words = values.map(lambda v: v if pd.isna(v) else str(v).strip().lower())
+        bad = words.notna() & ~words.isin(TRUE_WORDS + FALSE_WORDS)
+        if bad.any():
+            raise DataError(f"{where}: column {col.name}: {values[bad].iloc[0]!r} is not a "
+                            "boolean")
+        return words.map(lambda w: w if pd.isna(w) else w in TRUE_WORDS).astype("boolean")
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = numbers.isna() & values.notna() & (values.astype(str).str.strip() != "")
+    if bad.any():
+        raise DataError(f"{where}: column {col.name}: {values[bad].iloc[0]!r} is not a number")
+    if col.dtype == "float":
+        return numbers.astype(float)
+    fractional = numbers.notna() & (numbers != numbers.round())
+    if fractional.any():
+        raise DataError(f"{where}: column {col.name}: {numbers[fractional].iloc[0]:g} is not "
+                        "an integer")
+    # plain int64 where nothing is missing (what pandas reads back), nullable Int64 otherwise
+    return numbers.astype("int64" if numbers.notna().all() else "Int64")

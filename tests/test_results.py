@@ -1,0 +1,145 @@
+"""pagebench.results: one schema per dataset, that writers' rows meet and readers enforce."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from pagebench.engine import bench
+from pagebench.kernels.prefill_sweep import run_prefill_sweep
+from pagebench.kernels.sweep import run_sweep
+from pagebench.report import sweeps
+from pagebench.results import DATASETS, DataError, Results, classify, load_data_dir
+from pagebench.results.datasets import ENGINE_COW, FILE_KINDS, KERNELS
+from pagebench.results.read import data_files
+from pagebench.results.schema import Column, Schema
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_SHAPE = {"t": (4, 2, 16)}
+
+
+def validated(name: str, rows) -> pd.DataFrame:
+    """``rows`` checked against ``name``'s schema (raises DataError naming the column)."""
+    return DATASETS[name].validate(pd.DataFrame(rows), "writer")
+
+
+# ---- writers -----------------------------------------------------------------------------
+
+def test_kernel_sweeps_write_their_schemas():
+    decode = validated("kernels", run_sweep("cpu", quick=True, shapes=TINY_SHAPE,
+                                            points=[(2, 32)], block_sizes=(8,), repeat=1))
+    assert set(decode["layout"]) == {"paged", "contiguous"}
+    assert (decode["backend"] == decode["kernel"] + "-" + decode["layout"]).all()
+    assert decode.loc[decode["layout"] == "contiguous", "block_size"].isna().all()
+    assert (decode.loc[decode["layout"] == "paged", "block_size"] == 8).all()
+    prefill = validated("kernels_prefill", run_prefill_sweep(
+        "cpu", shapes=TINY_SHAPE, points=[(1, 3, 5)], block_size=4, repeat=1,
+        include=["torch"]))
+    assert (prefill["backend"] == prefill["kernel"] + "-" + prefill["layout"]).all()
+    assert prefill.loc[prefill["layout"] == "contiguous", "block_size"].isna().all()
+
+
+ENGINE_WRITERS = {  # dataset -> a call of pagebench.engine.bench sized for a CI second
+    "engine_batch": lambda m: bench.throughput_vs_batch(m, batch_sizes=(1, 2), block_sizes=(4,),
+                                                        prompt_len=8, max_tokens=2),
+    "engine_cow": lambda m: bench.cow_comparison(m, prompt_len=8, max_tokens=2, n=2,
+                                                 block_size=4),
+    "engine_prefix": lambda m: bench.prefix_cache_comparison(
+        m, system_len=8, num_requests=2, suffix_len=(1, 4), max_tokens=2, block_size=4),
+    "engine_pool": lambda m: bench.pool_size_sweep(m, pool_fractions=(0.5, 1.0),
+                                                   num_requests=2, prompt_len=(4, 8),
+                                                   max_tokens=2, block_size=4),
+    "engine_compare": lambda m: bench.compare_with_transformers(
+        m, bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2, repeat=1,
+        methods=("engine", "padded_generate"), block_size=4),
+    "engine_equal_memory": lambda m: bench.equal_memory_comparison(
+        m, 64 * 1024, bench.random_prompts(4, 4, 8, m.config.vocab_size), max_tokens=2,
+        block_size=4),
+}
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return bench.tiny_model()
+
+
+@pytest.mark.parametrize("name", sorted(ENGINE_WRITERS))
+def test_engine_bench_writes_its_schema(name, tiny):
+    frame = validated(name, ENGINE_WRITERS[name](tiny))
+    assert (frame["experiment"] == name).all()  # the experiment is the dataset's name
+
+
+def test_copy_on_write_rows_name_n():
+    rows = validated("engine_cow", bench.cow_comparison(prompt_len=8, max_tokens=2, n=3,
+                                                        block_size=4))
+    assert rows["variant"].tolist() == ["n=1", "n=3 shared", "3 separate requests"]
+    assert rows["n"].tolist()[:2] == [1, 3] and pd.isna(rows["n"].iloc[2])
+
+
+@pytest.mark.parametrize("sweep", ["static_memory", "block_waste", "capacity",
+                                   "dynamic_memory"])
+def test_simulator_datasets_meet_their_schemas(sweep):
+    results = Results()
+    getattr(sweeps, sweep)(results, quick=True)
+    assert results.frames and not results.warnings
+
+
+# ---- readers -----------------------------------------------------------------------------
+
+def test_committed_data_loads_without_warnings():
+    results = Results()
+    load_data_dir(results, ROOT / "reports" / "data")
+    assert results.warnings == []
+    loaded = {name for name, _ in data_files(ROOT / "reports" / "data")}
+    assert loaded == set(results.frames) and {"kernels", "engine_batch"} <= loaded
+
+
+def test_a_file_missing_a_required_column_is_named_and_not_used(tmp_path):
+    (tmp_path / "h200").mkdir()
+    pd.DataFrame({"variant": ["n=1", "n=4 shared"], "n": [1, 4]}).to_csv(
+        tmp_path / "h200" / "engine_cow.csv", index=False)
+    results = Results()
+    load_data_dir(results, tmp_path)
+    assert results.get("engine_cow") is None
+    assert results.warnings == [f"engine_cow: {tmp_path / 'h200' / 'engine_cow.csv'}: missing "
+                                "column(s) peak_blocks; not used"]
+
+
+def test_validate_coerces_types_and_names_bad_values():
+    frame = KERNELS.validate(pd.DataFrame({
+        "device": ["cuda"], "dtype": ["bfloat16"], "model_shape": ["m"], "batch": ["2"],
+        "context": [64.0], "block_size": [None], "backend": ["sdpa-contiguous"],
+        "kernel": ["sdpa"], "layout": ["contiguous"], "cuda_graphs": ["True"],
+        "time_us": ["1.5"], "extra": ["kept"]}), "f.csv")
+    assert frame["batch"].tolist() == [2] and frame["context"].dtype == "int64"
+    assert frame["block_size"].isna().all() and frame["cuda_graphs"].tolist() == [True]
+    assert frame["time_us"].tolist() == [1.5] and frame["extra"].tolist() == ["kept"]
+    with pytest.raises(DataError, match=r"kernels: f.csv: column batch: 'two' is not a number"):
+        KERNELS.validate(frame.assign(batch=["two"]), "f.csv")
+    with pytest.raises(DataError, match="column block_size: 1.5 is not an integer"):
+        KERNELS.validate(frame.assign(block_size=[1.5]), "f.csv")
+    with pytest.raises(DataError, match="column cuda_graphs: 'maybe' is not a boolean"):
+        KERNELS.validate(frame.assign(cuda_graphs=["maybe"]), "f.csv")
+
+
+def test_row_names_the_required_fields_left_out():
+    assert ENGINE_COW.row(variant="n=1", n=1, peak_blocks=3, note="x")["note"] == "x"
+    with pytest.raises(ValueError, match="engine_cow row: missing n, peak_blocks"):
+        ENGINE_COW.row(variant="n=1")
+
+
+def test_a_schema_refuses_unknown_types_and_repeated_columns():
+    with pytest.raises(ValueError, match="dtype: 'text'"):
+        Column("a", "text", "?")
+    with pytest.raises(ValueError, match="names a twice"):
+        Schema("s", "?", (Column("a", "str", "?"), Column("a", "int", "?")))
+
+
+def test_every_file_kind_names_a_dataset_with_a_schema():
+    assert {name for _, name in FILE_KINDS if name} <= set(DATASETS)
+    assert classify("reports/data/h200/kernels_smoke.csv") is None
+    assert classify("kernels_tuning.csv") is None and classify("notes.csv") is None
+    with pytest.raises(ValueError, match="'kernel' is not a dataset"):
+        Results().add("kernel", pd.DataFrame({"a": [1]}), "x")

@@ -3,7 +3,7 @@ pagebench.results.datasets, once: the engine bench's old column names, ``cuda_gr
 ``kernel`` column for kernel rows, ``n`` for copy-on-write rows, ``experiment`` = dataset name,
 and one encoding of a contiguous row's block size (empty; no ``16.0``).
 
-    python scripts/migrate_results.py [DIR ...]
+    PYTHONPATH=. python scripts/migrate_results.py [DIR ...]
 
 Values are handled as text, so nothing but the changed columns is rewritten. A file already in
 the schema is left byte-identical (running it twice changes nothing).

@@ -13,24 +13,16 @@ from pagebench.results import devices
 PRIMARY_BLOCK_SIZE = 16
 
 
-def _num(series) -> pd.Series:
-    return pd.to_numeric(series, errors="coerce")
-
-
 def row_labels(df: pd.DataFrame) -> pd.Series:
     """Each row's device label (:func:`pagebench.results.devices.frame_labels`), never empty."""
     return devices.frame_labels(df).fillna("unknown device").astype(str)
 
 
 def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Kernel rows cleaned: numeric columns, ``paged`` flag, ``device_label``, ``shape``."""
+    """Timed kernel rows with a ``paged`` flag, ``device_label`` and ``shape``."""
     if kernels is None or len(kernels) == 0:
         return None
-    df = kernels.copy()
-    for col in ("batch", "context", "block_size", "time_us", "gbps", "copy_gbps", "kv_bytes"):
-        if col in df.columns:
-            df[col] = _num(df[col])
-    df = df.dropna(subset=["batch", "context", "time_us"])
+    df = kernels.dropna(subset=["batch", "context", "time_us"])
     df = df[df["time_us"] > 0]
     df["paged"] = df["layout"].astype(str).str.lower().eq("paged")
     df["device_label"] = row_labels(df)
@@ -44,18 +36,13 @@ def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
     graph), Triton / SDPA and torch / Triton ratios, Triton's TFLOP/s."""
     if prefill is None or len(prefill) == 0:
         return pd.DataFrame()
-    df = prefill.copy()
-    for col in ("batch", "query_len", "cached", "time_us", "tflops"):
-        if col in df.columns:
-            df[col] = _num(df[col])
-    df = df.dropna(subset=["batch", "query_len", "cached", "time_us"])
+    df = prefill.dropna(subset=["batch", "query_len", "cached", "time_us"])
     if len(df) == 0:
         return pd.DataFrame()
     df["variant"] = df["backend"].astype(str) + df["cuda_graphs"].map({True: " graph",
                                                                          False: ""})
     df["device_label"] = row_labels(df)
-    df["shape"] = df["model_shape"].fillna("default").astype(str) \
-        if "model_shape" in df.columns else "default"
+    df["shape"] = df["model_shape"].astype(str)
     keys = ["device_label", "shape", "batch", "query_len", "cached"]
     out = df.pivot_table(index=keys, columns="variant", values="time_us", aggfunc="median")
     out.columns = [str(c) for c in out.columns]

@@ -80,12 +80,12 @@ KERNELS_EQUIVALENCE = schema(
     *EQUIVALENCE_COLUMNS, environment=False)
 KERNELS_PREFILL = schema(
     "kernels_prefill", "one timed prefill call (kernels.prefill_sweep.run_prefill_sweep)",
-    C("batch", "int", "sequences"), C("query_len", "int", "new tokens per sequence"),
+    C("model_shape", "str", "attention shape"), C("batch", "int", "sequences"), C("query_len", "int", "new tokens per sequence"),
     C("cached", "int", "tokens already cached per sequence"), BLOCK_SIZE, BACKEND, KERNEL,
     LAYOUT, CUDA_GRAPHS, TIME_US,
     *optional(DTYPE, C("q20_us", "float", "20th percentile"),
               C("q80_us", "float", "80th percentile"), C("tflops", "float", "achieved TFLOP/s")),
-    *SHAPE)
+    *SHAPE[1:])
 KERNELS_PREFILL_EQUIVALENCE = schema(
     "kernels_prefill_equivalence", "one prefill case against the float64 reference",
     *EQUIVALENCE_COLUMNS, environment=False)

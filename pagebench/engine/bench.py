@@ -281,7 +281,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 
                         kernel: str = "auto", repeat: int = 1, num_blocks: int | None = None,
                         enforce_eager: bool = False, compile_model: bool = True,
                         seed: int | None = None) -> list[dict]:
-    """Decode-heavy throughput of the engine for each (block size, batch size): ``batch_size``
+    """Decode-heavy throughput of the engine for each (block size, batch size): ``batch``
     requests of ``prompt_len`` tokens (or lengths drawn from ``(min, max)``), ``max_tokens``
     each, all admitted at once. ``enforce_eager`` and ``compile_model`` as ``LLMEngine``'s."""
     model = model or tiny_model()

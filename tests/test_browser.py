@@ -15,8 +15,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from pagebench.report import build, devices
+from pagebench.report import build
 from pagebench.report.demo import synthetic_results
+from pagebench.results import devices
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "reports" / "test-artifacts"
@@ -33,7 +34,7 @@ def report(tmp_path_factory):
     results = synthetic_results()
     # committed CPU rows under a raw machine name: the page must show them by their label
     results.add("engine_cow", pd.DataFrame({
-        "n": [1, 4], "peak_blocks": [30, 36], "machine": "cpu", "device": "cpu",
+        "n": [1, 4], "variant": ["n=1", "n=4 shared"], "peak_blocks": [30, 36], "machine": "cpu", "device": "cpu",
         "device_name": "x86_64", "cpu_count": 2}), "reports/data/cpu/engine_cow.csv")
     results.warn("synthetic data: this page is the browser test's fixture")
     out = tmp_path_factory.mktemp("site") / "index.html"

@@ -28,8 +28,8 @@ def test_cow_comparison_shares_blocks(model):
 def test_prefix_cache_comparison(model):
     off, on = bench.prefix_cache_comparison(model, system_len=64, num_requests=6,
                                             suffix_len=(4, 12), max_tokens=4)
-    assert not off["prefix_caching"] and on["prefix_caching"]
-    assert off["hit_rate"] == 0 < on["hit_rate"]
+    assert not off["enable_prefix_caching"] and on["enable_prefix_caching"]
+    assert off["prefix_cache_hit_rate"] == 0 < on["prefix_cache_hit_rate"]
     assert on["num_computed_prompt_tokens"] < off["num_computed_prompt_tokens"]
 
 
@@ -45,8 +45,8 @@ def test_throughput_rows_are_tidy(model):
     rows = bench.throughput_vs_batch(model, batch_sizes=(1, 3), block_sizes=(8,),
                                      prompt_len=8, max_tokens=4, kernel="torch")
     df = pd.DataFrame(rows)
-    assert list(df.batch_size) == [1, 3] and (df.tokens_per_s > 0).all()
-    assert (df.max_batch == df.batch_size).all()
+    assert list(df.batch) == [1, 3] and (df.tokens_per_s > 0).all()
+    assert (df.max_batch == df.batch).all()
 
 
 def run_cli(*argv):

@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from pagebench.engine import bench
-from pagebench.kernels.prefill_sweep import run_prefill_sweep
-from pagebench.kernels.sweep import run_sweep
+from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
+from pagebench.kernels.sweep import COLUMNS, run_sweep
 from pagebench.report import sweeps
 from pagebench.results import DATASETS, DataError, Results, classify, load_data_dir
 from pagebench.results.datasets import ENGINE_COW, FILE_KINDS, KERNELS
@@ -39,6 +39,9 @@ def test_kernel_sweeps_write_their_schemas():
         include=["torch"]))
     assert (prefill["backend"] == prefill["kernel"] + "-" + prefill["layout"]).all()
     assert prefill.loc[prefill["layout"] == "contiguous", "block_size"].isna().all()
+    # every column the sweeps write is declared, so its type is checked when read back
+    assert set(COLUMNS) <= set(KERNELS.names)
+    assert set(PREFILL_COLUMNS) <= set(DATASETS["kernels_prefill"].names)
 
 
 ENGINE_WRITERS = {  # dataset -> a call of pagebench.engine.bench sized for a CI second

@@ -14,9 +14,10 @@ across the diagonal are masked per element; tiles wholly above the diagonal are 
 
 The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile
 ``last - p // kv_heads``, where the query tiles of all sequences are numbered one after another
-(each program finds its sequence by a binary search of the cumulative tile counts). Numbering
-from the last tile means the programs with the most keys to walk (the ends of long chunks)
-start first and the short ones fill in behind them, rather than leaving a tail of long ones.
+(each program finds its sequence by scanning the query lengths). Numbering from the last tile
+means the programs with the most keys to walk (the ends of long chunks) start first and the
+short ones fill in behind them, rather than leaving a tail of long ones. The grid is sized
+from the packed query count alone, so nothing is read back to the host.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ import triton.language as tl
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
-from pagebench.kernels.triton_decode import INTERPRETED, next_pow2
+from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, next_pow2
 
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
+MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
+LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 
 
 @triton.jit
@@ -93,7 +96,7 @@ def _softmax_step(q, k, v, visible, m_i, l_i, acc, scale_log2e,
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, TABLES, SEQ_LENS, Q_LENS, Q_ENDS, TILE_ENDS, OUT, K_SCALE, V_SCALE,
+    Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -101,7 +104,7 @@ def _prefill_kernel(
     stride_ts, stride_ot, stride_oh,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
+    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
     WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -109,21 +112,28 @@ def _prefill_kernel(
     tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    # this tile's sequence: the first whose cumulative tile count exceeds it (binary search)
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(TILE_ENDS + mid) <= tile:
-            lo = mid + 1
-        else:
-            hi = mid
-    seq = lo
+    # This tile's sequence is the first whose cumulative tile count exceeds it. Each program
+    # scans the query lengths itself, SCAN sequences at a time: the sequences before it are
+    # those whose cumulative count is <= tile, and their queries and tiles come before its
+    # own. (One pass of vector loads instead of prefix sums launched from the host: those
+    # were separate kernels, each costing more than this scan on a small prefill.)
+    seq = 0
+    q_start = 0
+    tile_start = 0
+    tiles_before = 0
+    for chunk in range(0, num_seqs, SCAN):
+        idx = chunk + tl.arange(0, SCAN)
+        lens = tl.load(Q_LENS + idx, mask=idx < num_seqs, other=0)
+        tiles = (lens + (TOKENS - 1)) // TOKENS
+        before = (tiles_before + tl.cumsum(tiles, 0)) <= tile
+        seq += tl.sum(before.to(tl.int32), 0)
+        q_start += tl.sum(tl.where(before, lens, 0), 0)
+        tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+        tiles_before += tl.sum(tiles, 0)
     if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
         q_len = tl.load(Q_LENS + seq)
-        first = (tile - tl.load(TILE_ENDS + seq) + tl.cdiv(q_len, TOKENS)) * TOKENS
+        first = (tile - tile_start) * TOKENS
         seq_len = tl.load(SEQ_LENS + seq)
-        q_start = tl.load(Q_ENDS + seq) - q_len
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -173,16 +183,18 @@ def _prefill_kernel(
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def default_rows(head_dim: int, dtype: torch.dtype, device: torch.device) -> int:
-    """Query rows (tokens x heads of a group) per program."""
+def default_launch(head_dim: int, dtype: torch.dtype, device: torch.device,
+                   mean_chunk: int) -> tuple[int, int, int]:
+    """(rows, num_warps, num_stages) for chunks of ``mean_chunk`` queries on average. Long
+    chunks take 128 rows (fewer programs, each K/V tile serving more queries) pipelined three
+    deep; shorter ones 64 rows, so that more programs share the GPU and each walks its keys
+    sooner. Four warps: eight were slower on the H200 wherever these row counts are chosen
+    (docs/kernels.md)."""
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return 64
-    return 128
-
-
-def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
-    """Keys per tile."""
-    return 32 if head_dim > 128 or dtype == torch.float32 else 64
+        return 64, 4, 2
+    if mean_chunk >= LONG_CHUNK:
+        return 128, 4, 3
+    return 64, 4, 2
 
 
 def _element_span(t: torch.Tensor) -> int:
@@ -193,7 +205,7 @@ def _element_span(t: torch.Tensor) -> int:
 def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
                          k_scale=None, v_scale=None, *, rows: int | None = None,
                          tile_n: int | None = None, num_warps: int | None = None,
-                         num_stages: int = 3):
+                         num_stages: int | None = None, scan: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -201,8 +213,10 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     ``rows``: query rows per program (rounded up to a power of two >= 16 and >= the group; a
     program takes ``rows // group`` queries of one sequence with all ``group`` heads of a KV
     head);
-    ``tile_n``: keys per tile. Nothing is read back to the host, so a call can be captured in
-    a CUDA graph.
+    ``tile_n``: keys per tile; ``num_warps``, ``num_stages``: Triton's launch options
+    (defaults: ``default_launch``); ``scan``: query lengths a program reads per step while
+    finding its sequence (a power of two; default up to ``MAX_SCAN``). Nothing is read back to
+    the host, so a call can be captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
     num_seqs = query_lens.shape[0]
@@ -214,17 +228,18 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
+    mean_chunk = ceil_div(total, num_seqs)
+    default_rows, default_warps, default_stages = default_launch(head_dim, q.dtype, q.device,
+                                                                 mean_chunk)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
-        rows = min(default_rows(head_dim, q.dtype, q.device), ceil_div(total, num_seqs) * group)
+        rows = min(default_rows, mean_chunk * group)
     rows = max(16, next_pow2(max(rows, group)))
     tokens = rows // group
     tile_n = tile_n or default_tile_n(head_dim, q.dtype)
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    q_ends = torch.cumsum(q_lens, 0, dtype=torch.int32)
-    tile_ends = torch.cumsum((q_lens + (tokens - 1)) // tokens, 0, dtype=torch.int32)
     # sum(ceil(len / tokens)) <= total // tokens + num_seqs: a grid sized without a device sync
     _prefill_kernel[((total // tokens + num_seqs) * kv_heads,)](
-        q, k_cache, v_cache, tables, seq_lens, q_lens, q_ends, tile_ends, out,
+        q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
         num_seqs, scale * 1.4426950408889634,
         q.stride(0), q.stride(1),
@@ -233,8 +248,9 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
+        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=is_fp8(k_cache.dtype),
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
-        num_warps=num_warps or (8 if rows >= 128 else 4), num_stages=num_stages)
+        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages)
     return out

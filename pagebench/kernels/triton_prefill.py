@@ -183,7 +183,7 @@ def _prefill_kernel(
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def default_launch(head_dim: int, dtype: torch.dtype, device: torch.device,
+def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device,
                    mean_chunk: int) -> tuple[int, int, int]:
     """(rows, num_warps, num_stages) for chunks of ``mean_chunk`` queries on average. Long
     chunks take 128 rows (fewer programs, each K/V tile serving more queries) pipelined three
@@ -214,7 +214,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     program takes ``rows // group`` queries of one sequence with all ``group`` heads of a KV
     head);
     ``tile_n``: keys per tile; ``num_warps``, ``num_stages``: Triton's launch options
-    (defaults: ``default_launch``); ``scan``: query lengths a program reads per step while
+    (defaults: ``prefill_launch``); ``scan``: query lengths a program reads per step while
     finding its sequence (a power of two; default up to ``MAX_SCAN``). Nothing is read back to
     the host, so a call can be captured in a CUDA graph.
     """
@@ -229,7 +229,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     mean_chunk = ceil_div(total, num_seqs)
-    default_rows, default_warps, default_stages = default_launch(head_dim, q.dtype, q.device,
+    default_rows, default_warps, default_stages = prefill_launch(head_dim, q.dtype, q.device,
                                                                  mean_chunk)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
         rows = min(default_rows, mean_chunk * group)

@@ -84,7 +84,8 @@ KERNELS_PREFILL = schema(
     C("cached", "int", "tokens already cached per sequence"), BLOCK_SIZE, BACKEND, KERNEL,
     LAYOUT, CUDA_GRAPHS, TIME_US,
     *optional(DTYPE, C("q20_us", "float", "20th percentile"),
-              C("q80_us", "float", "80th percentile"), C("tflops", "float", "achieved TFLOP/s")),
+              C("q80_us", "float", "80th percentile"), C("tflops", "float", "achieved TFLOP/s"),
+              C("kv_dtype", "str", "K/V cache element type")),
     *SHAPE[1:])
 KERNELS_PREFILL_EQUIVALENCE = schema(
     "kernels_prefill_equivalence", "one prefill case against the float64 reference",

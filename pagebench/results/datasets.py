@@ -37,10 +37,9 @@ TIME_US = C("time_us", "float", "median time per call, microseconds")
 TOKENS_PER_S = C("tokens_per_s", "float", "generated tokens per second, end to end")
 MODEL = C("model", "str", "model name or <type>-L<layers>-H<hidden>")
 DTYPE = C("dtype", "str", "element type of the model or K/V cache")
-SHAPE = optional(
-    C("model_shape", "str", "preset whose attention shape was used"),
-    C("num_q_heads", "int", "query heads"), C("num_kv_heads", "int", "KV heads"),
-    C("head_dim", "int", "head dimension"))
+MODEL_SHAPE = C("model_shape", "str", "preset whose attention shape was used")
+HEADS = optional(C("num_q_heads", "int", "query heads"), C("num_kv_heads", "int", "KV heads"),
+                 C("head_dim", "int", "head dimension"))
 
 
 def schema(name: str, meaning: str, *columns: Column, environment: bool = True) -> Schema:
@@ -56,9 +55,8 @@ def schema(name: str, meaning: str, *columns: Column, environment: bool = True) 
 
 KERNELS = schema(
     "kernels", "one timed decode step of one kernel variant (kernels.sweep.run_sweep)",
-    C("device", "str", "cpu or cuda[:n]"), DTYPE, C("model_shape", "str", "attention shape"),
-    C("batch", "int", "sequences"), C("context", "int", "cached tokens per sequence"),
-    BLOCK_SIZE, BACKEND, KERNEL, LAYOUT, CUDA_GRAPHS, TIME_US,
+    C("device", "str", "cpu or cuda[:n]"), DTYPE, MODEL_SHAPE, C("batch", "int", "sequences"),
+    C("context", "int", "cached tokens per sequence"), BLOCK_SIZE, BACKEND, KERNEL, LAYOUT, CUDA_GRAPHS, TIME_US,
     *optional(C("q20_us", "float", "20th percentile"), C("q80_us", "float", "80th percentile"),
               C("kv_bytes", "int", "K/V bytes a step reads"),
               C("gbps", "float", "kv_bytes / time, GB/s"),
@@ -68,7 +66,7 @@ KERNELS = schema(
               C("footprint_bytes", "int", "unique K/V bytes touched"),
               C("l2_bytes", "int", "L2 size"), C("fits_l2", "bool", "footprint <= L2"),
               C("kv_dtype", "str", "K/V cache element type")),
-    *SHAPE[1:])
+    *HEADS)
 EQUIVALENCE_COLUMNS = (
     C("backend", "str", "variant checked"), C("ok", "bool", "within tolerance"),
     *optional(DTYPE, C("shape", "str", "(q heads, kv heads, head dim)"), BLOCK_SIZE,
@@ -80,13 +78,14 @@ KERNELS_EQUIVALENCE = schema(
     *EQUIVALENCE_COLUMNS, environment=False)
 KERNELS_PREFILL = schema(
     "kernels_prefill", "one timed prefill call (kernels.prefill_sweep.run_prefill_sweep)",
-    C("model_shape", "str", "attention shape"), C("batch", "int", "sequences"), C("query_len", "int", "new tokens per sequence"),
+    MODEL_SHAPE, C("batch", "int", "sequences"),
+    C("query_len", "int", "new tokens per sequence"),
     C("cached", "int", "tokens already cached per sequence"), BLOCK_SIZE, BACKEND, KERNEL,
     LAYOUT, CUDA_GRAPHS, TIME_US,
     *optional(DTYPE, C("q20_us", "float", "20th percentile"),
               C("q80_us", "float", "80th percentile"), C("tflops", "float", "achieved TFLOP/s"),
               C("kv_dtype", "str", "K/V cache element type")),
-    *SHAPE[1:])
+    *HEADS)
 KERNELS_PREFILL_EQUIVALENCE = schema(
     "kernels_prefill_equivalence", "one prefill case against the float64 reference",
     *EQUIVALENCE_COLUMNS, environment=False)

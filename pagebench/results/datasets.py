@@ -56,7 +56,8 @@ def schema(name: str, meaning: str, *columns: Column, environment: bool = True) 
 KERNELS = schema(
     "kernels", "one timed decode step of one kernel variant (kernels.sweep.run_sweep)",
     C("device", "str", "cpu or cuda[:n]"), DTYPE, MODEL_SHAPE, C("batch", "int", "sequences"),
-    C("context", "int", "cached tokens per sequence"), BLOCK_SIZE, BACKEND, KERNEL, LAYOUT, CUDA_GRAPHS, TIME_US,
+    C("context", "int", "cached tokens per sequence"), BLOCK_SIZE, BACKEND, KERNEL, LAYOUT,
+    CUDA_GRAPHS, TIME_US,
     *optional(C("q20_us", "float", "20th percentile"), C("q80_us", "float", "80th percentile"),
               C("kv_bytes", "int", "K/V bytes a step reads"),
               C("gbps", "float", "kv_bytes / time, GB/s"),

@@ -14,7 +14,7 @@ from pagebench.kernels import (available_backends, contiguous_decode, paged_deco
                                paged_prefill, write_kv)
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill)
-from pagebench.kernels.testing import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
+from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
                                       with_layout)
 
 HAS_TRITON = "triton" in available_backends()

@@ -9,6 +9,7 @@ have spread-out logits (``initializer_range=0.2``), so greedy equality is a shar
 import pytest
 import torch
 
+from pagebench.defaults import SHORT_BLOCK_SIZES
 from pagebench.engine import LLMEngine, SamplingParams
 from pagebench.engine.decode_graphs import MAX_GRAPH_LEN, bucket_for, graph_batch_sizes
 from pagebench.errors import ConfigError
@@ -198,7 +199,7 @@ def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("block_size", [1, 16, 128])
+@pytest.mark.parametrize("block_size", SHORT_BLOCK_SIZES)
 def test_graphs_equal_model_generate_fp32_gpu(block_size):
     model = tiny_model(device="cuda")
     prompts = random_prompts([1, 9, 33, 120, 300], seed=6)

@@ -29,11 +29,11 @@ import torch
 
 from pagebench.defaults import SHAPES, SHORT_BLOCK_SIZES
 from pagebench.kernels import triton_decode, triton_prefill
+from pagebench.kernels.fixtures import (TABLE_LAYOUTS, adjacent_fraction, layout_tables,
+                                        relative_error)
 from pagebench.kernels.quant import calibrated_scales, quantize
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
 from pagebench.kernels.sweep import footprint_bytes, kv_bytes, l2_bytes, measure_copy_gbps
-from pagebench.kernels.fixtures import (TABLE_LAYOUTS, adjacent_fraction, layout_tables,
-                                       relative_error)
 from pagebench.timing import environment, measure
 
 SHAPE = SHAPES["llama-3-8b"]

@@ -20,8 +20,8 @@ import sys
 
 import torch
 
-from pagebench.kernels import reference, triton_decode
 from pagebench.defaults import SHAPES
+from pagebench.kernels import reference, triton_decode
 from pagebench.kernels.fixtures import contiguous_case, paged_case
 from pagebench.timing import enqueue_us, environment, measure
 

@@ -23,11 +23,11 @@ import time
 
 import torch
 
-from pagebench.kernels import contiguous_decode, paged_decode, registered_backends
-from pagebench.kernels.reference import reference_contiguous, reference_decode
 from pagebench.defaults import SHAPES
-from pagebench.kernels.sweep import COLUMNS, measure_copy_gbps, run_sweep
+from pagebench.kernels import contiguous_decode, paged_decode, registered_backends
 from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.kernels.reference import reference_contiguous, reference_decode
+from pagebench.kernels.sweep import COLUMNS, measure_copy_gbps, run_sweep
 from pagebench.timing import environment, measure
 
 EQ_SHAPES = [(32, 8, 128), (14, 2, 64), (16, 2, 80), (12, 4, 96), (8, 1, 256), (16, 16, 128)]

@@ -12,11 +12,10 @@ import os
 import pandas as pd
 import torch
 
-from pagebench.kernels import reference, triton_decode
-from pagebench.kernels.reference import reference_decode
 from pagebench.defaults import SHAPES
-from pagebench.kernels.fixtures import contiguous_case, paged_case
-from pagebench.kernels.fixtures import relative_error
+from pagebench.kernels import reference, triton_decode
+from pagebench.kernels.fixtures import contiguous_case, paged_case, relative_error
+from pagebench.kernels.reference import reference_decode
 from pagebench.timing import environment, measure
 
 POINTS = [("qwen2.5-0.5b", 1, 16384), ("qwen2.5-0.5b", 1, 65536), ("llama-3-8b", 1, 16384),

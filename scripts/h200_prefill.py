@@ -18,12 +18,12 @@ import time
 import pandas as pd
 import torch
 
-from pagebench.kernels import paged_prefill, registered_backends
 from pagebench.defaults import SHAPES
-from pagebench.kernels.fixtures import prefill_case
+from pagebench.kernels import paged_prefill, registered_backends
+from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, prefill_case,
+                                        relative_error)
 from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS, run_prefill_sweep
 from pagebench.kernels.reference import reference_prefill
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.timing import environment, measure
 
 EQ_SHAPES = [(32, 8, 128), (14, 2, 64), (16, 2, 80), (8, 1, 256)]

@@ -6,6 +6,9 @@ poisoned (the tests' inputs). ``paged_case``, ``prefill_case`` and ``contiguous_
 timed cases of the sweeps and benchmarks (``batch`` sequences of one length, nothing spare,
 nothing poisoned); ``quantized_inputs`` turns any paged input into an fp8 one with its scales.
 Random values are drawn on the target device from one generator seeded with ``seed``.
+Also here: the tolerances and ``relative_error`` the tests compare with, the memory layouts a
+caller's tensor may have (``with_layout``), and the block-table layouts (``layout_tables``,
+``aged_tables``, ``adjacent_fraction``).
 """
 
 from __future__ import annotations
@@ -244,17 +247,8 @@ def layout_tables(layout: str, batch: int, context: int, block_size: int, *, see
     - ``shuffled``: every block of the pool anywhere, a random permutation;
     - ``aged``: the tables a block manager hands out after serving traffic (``aged_tables``).
     """
-    per_seq = ceil_div(context, block_size)
-    if layout == "contiguous":
-        tables = torch.arange(batch * per_seq, dtype=torch.int32).view(batch, per_seq)
-        return tables, batch * per_seq
-    if layout == "shuffled":
-        gen = torch.Generator().manual_seed(seed)
-        tables = torch.randperm(batch * per_seq, generator=gen).to(torch.int32)
-        return tables.view(batch, per_seq), batch * per_seq
-    if layout == "aged":
-        return aged_tables(batch, context, block_size, seed=seed)
-    raise ValueError(f"layout: unknown {layout!r} (use one of {', '.join(TABLE_LAYOUTS)})")
+    case = paged_case(batch, context, (1, 1, 1), block_size, torch.float32, "cpu", seed, layout)
+    return case.block_tables, case.k_cache.shape[0]
 
 
 def aged_tables(batch: int, context: int, block_size: int, *, seed: int = 0,

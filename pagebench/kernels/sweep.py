@@ -106,12 +106,6 @@ def footprint_bytes(tables, block_size: int, num_kv_heads: int, head_dim: int, d
     return 2 * int(torch.unique(tables).numel()) * block_size * num_kv_heads * head_dim * element
 
 
-def quantized_case(case, kv_dtype):
-    """A paged case with its caches in fp8 ``kv_dtype`` (each head's largest value mapped to
-    the format's largest, ``fixtures.quantized_inputs``); unchanged otherwise."""
-    return quantized_inputs(case, kv_dtype, spread=1.0) if is_fp8(kv_dtype) else case
-
-
 def _times_at(backend: registry.Backend, block_size: int, kv_dtype, dtype) -> bool:
     """Whether the sweep times ``backend`` paged at this block size and cache dtype."""
     return (backend.supports_block_size(block_size)
@@ -151,7 +145,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     that are no real kernel on ``device`` (``Backend.is_kernel_on``).
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
     On CUDA, ``graph_all`` times every point with and without a CUDA graph (else batch 1 only,
-    ``graph_batch1``), for the backends that declare the operation ``graph_capturable``. ``share=(rank, world)`` times only this rank's (shape, point) pairs
+    ``graph_batch1``), for the backends that declare the operation ``graph_capturable``.
+    ``share=(rank, world)`` times only this rank's (shape, point) pairs
     (``pagebench.distributed.take_share``), for a sweep split over GPUs.
     """
     import pandas as pd
@@ -252,9 +247,10 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                         skipped.append(((shape_name, batch, context, block_size, table_layout),
                                         "paged", "memory"))
                         continue
-                    case = quantized_case(
-                        paged_case(batch, context, shape, block_size, dtype, device,
-                                   seed=batch, layout=table_layout), kv_dtype)
+                    case = paged_case(batch, context, shape, block_size, dtype, device,
+                                      seed=batch, layout=table_layout)
+                    if is_fp8(kv_dtype):  # each head's largest value maps to the format's
+                        case = quantized_inputs(case, kv_dtype, spread=1.0)
                     check_decode(*case.args(), scale)
                     check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
                     for var in paged:

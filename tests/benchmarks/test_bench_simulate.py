@@ -21,7 +21,8 @@ def test_static_million_sequences(benchmark, million_lengths):
     result = benchmark(static_fragmentation, million_lengths, 4096, BLOCK_SIZES)
     assert result["num_seqs"] == 1_000_000
     paged = [r["utilisation"] for r in result["results"] if r["allocator"] == "paged"]
-    assert len(paged) == len(BLOCK_SIZES) and paged == sorted(paged, reverse=True)  # bigger block, more waste
+    # bigger block, more waste
+    assert len(paged) == len(BLOCK_SIZES) and paged == sorted(paged, reverse=True)
     benchmark.extra_info.update(num_seqs=1_000_000, block_sizes=list(BLOCK_SIZES))
 
 

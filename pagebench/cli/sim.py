@@ -48,11 +48,12 @@ def register_simulate(sub) -> None:
                    help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (with --dynamic: "
                    "each request's final length)")
     p.add_argument("--num-seqs", type=integer(), default=None,
-                   help="static: number of sequences (default 2000)")
+                   help=f"static: number of sequences (default {defaults.REFERENCE_NUM_SEQS})")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
     p.add_argument("--max-len", "--max-model-len", type=integer(2, MAX_LEN), default=None,
-                   help="max_model_len in tokens (default 4096; for a named trace its own, "
-                   "which clips nothing; longer trace requests are clipped and counted)")
+                   help=f"max_model_len in tokens (default {defaults.REFERENCE_MAX_LEN}; for a "
+                   "named trace its own, which clips nothing; longer trace requests are "
+                   "clipped and counted)")
     p.add_argument("--block-sizes", type=int_list, default=None,
                    help=f"paged block sizes (default {','.join(map(str, defaults.BLOCK_SIZES))}; "
                    f"with --dynamic {','.join(map(str, DYNAMIC_BLOCK_SIZES))})")
@@ -220,8 +221,8 @@ def register_capacity(sub) -> None:
                    help="size the KV cache directly (skips the memory arithmetic)")
     p.add_argument("--lengths", default=defaults.REFERENCE_LENGTHS,
                    help="length distribution for the concurrency estimate (default %(default)s)")
-    p.add_argument("--num-seqs", type=integer(), default=2000,
-                   help="lengths drawn (default 2000)")
+    p.add_argument("--num-seqs", type=integer(), default=defaults.REFERENCE_NUM_SEQS,
+                   help="lengths drawn (default %(default)s)")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
     p.add_argument("--tensor-parallel-size", type=integer(1, 4096), default=1,
                    help="GPUs the model is split over by attention heads; sizes are then per "

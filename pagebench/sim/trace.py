@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagebench.defaults import REFERENCE_LENGTHS
+from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_MAX_LEN
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.workloads import sample_lengths
 
@@ -122,7 +122,7 @@ def _hash_ids(ids, request: int, prompt_len: int) -> np.ndarray:
 def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LENGTHS, *,
                      prompt_fraction: float = 0.3, prompt_lengths: str | None = None,
                      output_lengths: str | None = None, n: int = 1, seed: int = 0,
-                     max_len: int = 4096) -> Workload:
+                     max_len: int = REFERENCE_MAX_LEN) -> Workload:
     """``num_requests`` requests arriving as a Poisson process of ``rate`` requests per step.
 
     Lengths: by default each request's final length is drawn from ``lengths`` (a

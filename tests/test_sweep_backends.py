@@ -103,6 +103,9 @@ def test_a_backend_that_is_no_real_kernel_here_is_timed_only_when_named():
     (dict(sweep_block_sizes=(0, 16)), "sweep_block_sizes"),
     (dict(scratch_ratio=-1.0), "scratch_ratio"),
     (dict(scratch_ratio=float("nan")), "scratch_ratio"),
+    (dict(scratch_ratio="2"), "scratch_ratio"),
+    (dict(graph_capturable="decode"), "graph_capturable"),
+    (dict(prepare=[("decode", print)]), "prepare"),
 ])
 def test_register_backend_rejects_bad_sweep_declarations(kwargs, message):
     with pytest.raises(ValueError, match=message):

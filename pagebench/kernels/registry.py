@@ -165,6 +165,12 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
     if unknown or not devices:
         raise ValueError(f"devices: expected a non-empty subset of ('cpu', 'cuda'), got {devices!r}")
     ops = {op for op, fn in zip(OPERATIONS, (decode, prefill, contiguous)) if fn is not None}
+    if isinstance(graph_capturable, str):
+        raise ValueError(f"graph_capturable: expected a tuple of operations, got "
+                         f"{graph_capturable!r}")
+    if prepare is not None and not isinstance(prepare, Mapping):
+        raise ValueError(f"prepare: expected a mapping operation -> hook, got "
+                         f"{type(prepare).__name__}")
     prepare = dict(prepare or {})
     for arg, named in (("graph_capturable", tuple(graph_capturable)), ("prepare", tuple(prepare))):
         if not set(named) <= ops:
@@ -178,7 +184,8 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
             or not all(isinstance(b, int) and b >= 1 for b in sweep_block_sizes)):
         raise ValueError(f"sweep_block_sizes: expected block sizes >= 1 or None, "
                          f"got {sweep_block_sizes!r}")
-    if not scratch_ratio >= 0:
+    if isinstance(scratch_ratio, bool) or not isinstance(scratch_ratio, (int, float)) \
+            or not scratch_ratio >= 0:
         raise ValueError(f"scratch_ratio: expected a number >= 0, got {scratch_ratio!r}")
     backend = Backend(
         name, decode, prefill, contiguous, tuple(devices), tuple(dtypes), str(head_dims),

@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from pagebench import defaults
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import prefill_case
+from pagebench.kernels.fixtures import prefill_case, quantized_inputs
+from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.validate import check_prefill
 from pagebench.timing import environment, measure
 
@@ -28,7 +29,7 @@ PREFILL_COLUMNS = [
     "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "query_len",
     "cached", "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us",
-    "tflops",
+    "tflops", "kv_dtype",
 ]
 # (batch, query_len, cached): whole prompts, then chunks after a cached prefix
 FULL_PREFILL_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (32, 128, 0),
@@ -62,22 +63,25 @@ def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
 
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
-                      block_size=defaults.BLOCK_SIZE,
-                      dtype=None, include=None, repeat=None, progress=None, share=(0, 1)):
+                      block_size=defaults.BLOCK_SIZE, dtype=None, include=None, repeat=None,
+                      progress=None, share=(0, 1), kv_dtype=None):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
-    this rank's (shape, point) pairs (``pagebench.distributed.take_share``)."""
+    this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
+    (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
+    scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"
     dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
+    kv_dtype = kv_dtype or dtype
     shapes = shapes or ({"llama-3-8b": defaults.SHAPES["llama-3-8b"]} if quick or not on_cuda
                         else defaults.SHAPES)
     points = points or (QUICK_PREFILL_POINTS if quick or not on_cuda else FULL_PREFILL_POINTS)
     repeat = repeat or (5 if quick else 20)
     backends = [name for name, b in registry.registered_backends().items()
                 if b.prefill is not None and torch.device(device).type in b.devices
-                and registry.backend_available(b)
+                and registry.backend_available(b) and b.supports_cache_dtype(kv_dtype, dtype)
                 and (name in include if include is not None else b.is_kernel_on(device))]
     env = environment(device)
     rows = []
@@ -91,7 +95,8 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                    "block_size": block_size if layout == "paged" else None, "backend": backend,
                    "layout": layout, "cuda_graph": graph, "time_us": t.median_us,
                    "q20_us": t.q20_us, "q80_us": t.q80_us,
-                   "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6}
+                   "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
+                   "kv_dtype": str(kv_dtype if layout == "paged" else dtype).replace("torch.", "")}
             rows.append(row)
             if progress:
                 progress(row)
@@ -106,10 +111,12 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                    sdpa_causal(*point, shape, dtype, device, seed=3), capturable=True)
             case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
             check_prefill(*case.args(), scale)  # once: the timed calls go to the kernels directly
+            if is_fp8(kv_dtype):  # each head's largest value maps to the format's
+                case = quantized_inputs(case, kv_dtype, spread=1.0)
             for name in backends:
                 backend = registry.get_backend(name)
                 record(shape_name, shape, point, f"{name}-paged", "paged",
-                       backend.prepared_call("prefill", *case.args(), scale),
+                       backend.prepared_call("prefill", *case.args(), scale, **case.scales()),
                        "prefill" in backend.graph_capturable)
             del case
             if on_cuda:

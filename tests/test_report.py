@@ -432,7 +432,7 @@ def test_prefill_data_is_read_summarised_and_shown(tmp_path):
     assert classify("kernels_prefill_tuning") is None
     base = {"device": "cuda", "device_name": "GPU", "model_shape": "m", "batch": 1,
             "query_len": 512, "cached": 0}
-    sdpa = dict(base, backend="sdpa-contiguous", kernel="sdpa", layout="contiguous",
+    sdpa = dict(base, backend="sdpa-contiguous", kernel=None, layout="contiguous",
                 block_size=None)
     triton = dict(base, backend="triton-paged", kernel="triton", layout="paged", block_size=16)
     rows = [dict(sdpa, cuda_graphs=False, time_us=10.0),

@@ -37,8 +37,10 @@ def test_kernel_sweeps_write_their_schemas():
     prefill = validated("kernels_prefill", run_prefill_sweep(
         "cpu", shapes=TINY_SHAPE, points=[(1, 3, 5)], block_size=4, repeat=1,
         include=["torch"]))
-    assert (prefill["backend"] == prefill["kernel"] + "-" + prefill["layout"]).all()
-    assert prefill.loc[prefill["layout"] == "contiguous", "block_size"].isna().all()
+    paged, bar = prefill[prefill["layout"] == "paged"], prefill[prefill["layout"] != "paged"]
+    assert (paged["backend"] == paged["kernel"] + "-paged").all() and len(paged)
+    assert bar["backend"].eq("sdpa-contiguous").all() and bar["kernel"].isna().all()
+    assert bar["block_size"].isna().all()
     # every column the sweeps write is declared, so its type is checked when read back
     assert set(COLUMNS) <= set(KERNELS.names)
     assert set(PREFILL_COLUMNS) <= set(DATASETS["kernels_prefill"].names)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pagebench import defaults
 from pagebench.report.collect import Results
 
 SYNTHETIC = "synthetic"
@@ -51,7 +52,7 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     r = Results()
     src = f"{label} (pagebench.report.demo)"
     lengths = np.random.default_rng(0).integers(1, 1024, 400)
-    static = static_fragmentation(lengths, 1024, (1, 8, 16, 32, 128))
+    static = static_fragmentation(lengths, 1024, defaults.BLOCK_SIZES)
     r.add("memory_static", pd.DataFrame(static["results"]).assign(
         workload=label, num_seqs=static["num_seqs"], max_len=static["max_len"],
         tokens_stored=static["tokens_stored"], seed=0), src)
@@ -99,7 +100,7 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     r.add("kernels_prefill", pd.DataFrame([
         {"device": "cuda", "device_name": DEVICE, "model_shape": "llama-3-8b",
          "batch": 1, "query_len": 2048, "cached": cached, "backend": f"{kernel}-{layout}",
-         "kernel": kernel, "layout": layout,
+         "kernel": None if layout == "contiguous" else kernel, "layout": layout,
          "block_size": None if layout == "contiguous" else 16, "cuda_graphs": False,
          "time_us": t, "tflops": 2.2e12 * (cached + 1024) / t / 1e12, "machine": DEVICE}
         for cached in (0, 2048)

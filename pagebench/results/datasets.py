@@ -5,7 +5,9 @@ Conventions shared by all of them:
   kernel, a naive allocator, transformers' generate) leaves it empty. That is its one encoding
   of "contiguous"; ``layout`` says the same in words where a dataset mixes both.
 - ``backend`` is the timed kernel variant, ``<kernel>-<layout>`` (``triton-paged``);
-  ``kernel`` is the registry's backend name (``triton``), the same column engine rows carry.
+  ``kernel`` is the registry's backend name (``triton``), the same column engine rows carry;
+  the prefill sweep's baseline, causal SDPA (``sdpa-contiguous``), is not a registry backend
+  and has no ``kernel``.
 - ``batch`` is the number of sequences decoded (or requests) together.
 - Engine rows carry ``experiment`` = their dataset's name.
 """

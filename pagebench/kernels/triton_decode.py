@@ -79,8 +79,7 @@ def _decode_split_kernel(
     stride_ps, stride_ph, stride_pk,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, PAGE_TILES: tl.constexpr,
-    FP8: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -107,22 +106,10 @@ def _decode_split_kernel(
     for tile_start in range(start, end, TILE_N):
         pos = tile_start + tl.arange(0, TILE_N)
         pos_ok = pos < end
-        if PAGE_TILES == 1:  # tile inside one page: one table load, affine slots
-            page = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
-            slot = tile_start % BLOCK_SIZE + tl.arange(0, TILE_N)
-            k_row = page * stride_kb + slot * stride_kt
-            v_row = page * stride_vb + slot * stride_vt
-        elif PAGE_TILES == 2:  # tile = whole pages: one table load per page
-            page_idx = tile_start // BLOCK_SIZE + tl.arange(0, TILE_N // BLOCK_SIZE)
-            pages = tl.load(table_row + page_idx, mask=page_idx * BLOCK_SIZE < end,
-                            other=0).to(tl.int64)
-            slots = tl.arange(0, BLOCK_SIZE)
-            k_row = tl.reshape(pages[:, None] * stride_kb + slots[None, :] * stride_kt, [TILE_N])
-            v_row = tl.reshape(pages[:, None] * stride_vb + slots[None, :] * stride_vt, [TILE_N])
-        else:  # any block size: each token's page from the table
-            block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-            k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
-            v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
+        # each token's page from the table: tile and page sizes are independent
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
+        v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
         k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
                     mask=kv_mask, other=0.0).to(q.dtype)  # [TILE_N, DIM_PAD]
@@ -219,10 +206,8 @@ def _slots(kernel, device_index: int) -> int:
 
 
 # A long context over very few (sequence, KV head) pairs: larger tiles with more warps move more
-# per loop step there. H200, bf16, through graphs (scripts/h200_long_context.py at 4008f5d,
-# reports/data/h200/long_context_launch.csv; time / SDPA): Qwen 14/2 x 64 1 x 16384 1.21 ->
-# 1.01, 1 x 65536 1.27 -> 1.07, 2 x 16384 1.13 -> 1.03; but Llama 32/8 x 128 (8 pairs at batch
-# 1) 1.06 -> 1.07 and 1.03 -> 1.05, so 8 pairs keep (64, 4).
+# per loop step there (measured in docs/kernels.md: Qwen 14/2 x 64 at 1 x 16384 and 1 x 65536
+# gains, Llama 32/8 x 128 with 8 pairs at batch 1 does not, so 8 pairs keep (64, 4)).
 LONG_CONTEXT, FEW_PAIRS = 16384, 4
 
 
@@ -237,24 +222,6 @@ def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int)
     if tile_n == 64 and capacity >= LONG_CONTEXT and pairs <= FEW_PAIRS:
         return 128, 8
     return tile_n, 4
-
-
-# Page-aligned tiles: when the tile and the page sizes divide one another (powers of two), a
-# tile can load the table once per page instead of once per token. Measured on an H200 (bf16,
-# 32/8 heads x 128, commit caac76a): 1.9x SLOWER in geometric mean (the reshape of the [pages,
-# page] offsets costs more than the table loads it saves), equal at block 128. Off by default.
-PAGE_ALIGNED_TILES = False
-
-
-def page_tiles_mode(block_size: int, tile_n: int, aligned: bool) -> int:
-    """0: per-token table loads; 1: each tile inside one page; 2: each tile = whole pages."""
-    if not aligned:
-        return 0
-    if block_size >= tile_n and block_size % tile_n == 0:
-        return 1
-    if tile_n % block_size == 0:
-        return 2
-    return 0
 
 
 def _launch_hooks_set() -> bool:
@@ -315,7 +282,7 @@ class DecodePlan:
     strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages, page_aligned):
+                 num_warps, num_stages):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
@@ -331,8 +298,6 @@ class DecodePlan:
             BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
             DIRECT=False,
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
-            PAGE_TILES=page_tiles_mode(block_size, tile_n, PAGE_ALIGNED_TILES
-                                       if page_aligned is None else page_aligned),
             FP8=is_fp8(k_cache.dtype))
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
@@ -407,14 +372,13 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
-                num_warps: int | None = None, num_stages: int = 2,
-                page_aligned: bool | None = None) -> DecodePlan:
+                num_warps: int | None = None, num_stages: int = 2) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
-    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, page_aligned,
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages,
            *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
                                                        seq_lens)))
     plan = _PLANS.get(key)
@@ -422,7 +386,7 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                        num_splits, tile_n, num_warps, num_stages, page_aligned)
+                                        num_splits, tile_n, num_warps, num_stages)
     return plan
 
 
@@ -435,8 +399,7 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_sc
     on the table's capacity and the kernel's occupancy (no device sync, so the call can be
     captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two) and
     ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` is
-    Triton's; ``page_aligned`` (default ``PAGE_ALIGNED_TILES``) loads the table per page, not
-    per token, where tile and page sizes allow.
+    Triton's.
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()

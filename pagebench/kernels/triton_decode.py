@@ -82,10 +82,10 @@ def rows_to_f16(x):
 @triton.jit
 def fp8_to_f16(x):
     """fp8 (e4m3 or e5m2) to fp16, exactly, with the ``cvt`` instruction (sm_89+) four values
-    at a time. The assembly is declared impure on purpose: Triton then cannot move the
-    conversion past the shared-memory load of a ``tl.dot`` operand, which for V (whose rows,
-    the tokens, are the dot's reduction axis) reads fp8 byte by byte (on an H200 with Triton
-    3.6 that left the fp8 kernel with 70% more instructions per tile than the bf16 one)."""
+    at a time, for V. The assembly is declared impure on purpose: Triton then cannot move the
+    conversion past the shared-memory load of the ``p @ v`` operand, where V's rows (tokens)
+    are the reduction axis and fp8 would be read from shared memory one byte at a time; V
+    converts in registers instead and reaches the dot as fp16, through ``ldmatrix``."""
     if x.dtype == tl.float8e5:
         return tl.inline_asm_elementwise(
             "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
@@ -152,8 +152,8 @@ def _decode_split_kernel(
                     mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
         v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
                     mask=kv_mask, other=0.0)
-        if FP8_CVT_ASM:
-            k, v = fp8_to_f16(k), fp8_to_f16(v)
+        if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot operand's layout)
+            k, v = k.to(q.dtype), fp8_to_f16(v)
         else:
             k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
@@ -265,6 +265,20 @@ def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int)
     return tile_n, 4
 
 
+def default_num_stages(block_size: int, fp8: bool) -> int:
+    """Triton's pipelining depth. Through a block table each tile's K/V addresses come from a
+    load, and Triton 3.6 splits ``num_stages - 1`` stages between the two levels of loads
+    (rounding down): 2 stages keep one tile of K/V in flight with its table entries loaded
+    just before it, 3 load the table a tile ahead, 5 also keep two K/V tiles in flight. With
+    one-token blocks every token's entry is its own load, and prefetching them pays (H200,
+    docs/kernels.md: bf16 3 stages 0.90-0.92x the time of 2, fp8 5 stages 0.82-0.98x); with
+    larger blocks the extra stages cost shared memory and occupancy for nothing (bf16 3
+    stages 1.00-1.01x, fp8 5 stages 0.99-1.12x)."""
+    if block_size > 1:
+        return 2
+    return 5 if fp8 else 3
+
+
 def hardware_fp8_convert(device: torch.device) -> bool:
     """Whether compiled kernels on ``device`` can convert fp8 with the ``cvt`` instruction
     (NVIDIA compute capability 8.9+); interpreted Triton cannot run inline assembly."""
@@ -341,6 +355,7 @@ class DecodePlan:
             tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
         dim_pad = max(16, next_pow2(head_dim))
         fp8 = is_fp8(k_cache.dtype)
+        num_stages = num_stages or default_num_stages(block_size, fp8)
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
             GROUP=q_heads // kv_heads, GROUP_PAD=max(16, next_pow2(q_heads // kv_heads)),
@@ -422,7 +437,7 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
-                num_warps: int | None = None, num_stages: int = 2) -> DecodePlan:
+                num_warps: int | None = None, num_stages: int | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
@@ -449,7 +464,7 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_sc
     on the table's capacity and the kernel's occupancy (no device sync, so the call can be
     captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two) and
     ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` is
-    Triton's.
+    Triton's (default ``default_num_stages``).
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()

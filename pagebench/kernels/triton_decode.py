@@ -6,9 +6,11 @@ each K/V row is read from memory once per group. It walks its split's token rang
 ``TILE_N`` tokens; each token's physical slot is ``block_tables[s, p // BLOCK_SIZE]`` *
 BLOCK_SIZE + ``p % BLOCK_SIZE``, so the tile size is independent of the block size and any
 block size >= 1 works. Scores and the running max / sum / output are fp32 whatever the input
-dtype. An fp8 cache (``FP8``) is converted to q's dtype as it is loaded (exact: every e4m3
-and e5m2 value is a bf16, fp16 and fp32 value) and its per-KV-head scales are applied where
-they cost nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
+dtype. An fp8 cache (``FP8``) is converted exactly as it is loaded (every e4m3 and e5m2 value
+is an fp16, bf16 and fp32 value), to fp16 unless q is fp32: a bf16 q is rescaled per head to
+fp16 (``rows_to_f16``) so the dots take the format fp8 converts to in one instruction, and V
+converts in registers (``fp8_to_f16``). Its per-KV-head scales are applied where they cost
+nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
 accumulator once at the end. With one split the program normalises and writes ``out``
 directly; with several, it writes its unnormalised partial output and (max, sum), and a second
 kernel merges the splits (flash-decoding), so one long sequence at batch 1 still fills the GPU.

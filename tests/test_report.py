@@ -351,9 +351,9 @@ def test_engine_rows_are_read_by_file_name(tmp_path):
                        {"variant": "4 separate requests", "n": None, "peak_blocks": 68}],
         "engine_prefix_cache": [
             {"enable_prefix_caching": False, "prefix_cache_hit_rate": 0.0,
-             "num_computed_prompt_tokens": 2360},
+             "num_computed_prompt_tokens": 2360, "peak_blocks": 160},
             {"enable_prefix_caching": True, "prefix_cache_hit_rate": 0.65,
-             "num_computed_prompt_tokens": 824}],
+             "num_computed_prompt_tokens": 824, "peak_blocks": 70}],
         "engine_pool_size": [
             {"num_blocks": 34, "num_preemptions": 6, "recomputed_tokens": 500,
              "tokens_per_s": 100.0},

@@ -147,7 +147,8 @@ ENGINE_PREFIX = engine_schema(
     "engine_prefix", "one run with prefix caching on or off (engine.bench."
     "prefix_cache_comparison)", C("enable_prefix_caching", "bool", "prefix caching on"),
     C("prefix_cache_hit_rate", "float", "prompt tokens served from the cache / prompt tokens"),
-    C("num_computed_prompt_tokens", "int", "prompt tokens computed"))
+    C("num_computed_prompt_tokens", "int", "prompt tokens computed"),
+    C("peak_blocks", "int", "most KV blocks in use at once"))
 ENGINE_POOL = engine_schema(
     "engine_pool", "one run at a pool size (engine.bench.pool_size_sweep)",
     C("num_blocks", "int", "pool size in blocks"), C("num_preemptions", "int", "preemptions"),

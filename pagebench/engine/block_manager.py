@@ -47,6 +47,8 @@ def blocks_needed(num_tokens: int, block_size: int) -> int:
 def slot_mapping(block_ids, start: int, end: int, block_size: int) -> list[int]:
     """The cache slot (block id * block_size + offset in the block) of each token at positions
     ``start..end-1`` of a sequence whose block table is ``block_ids``."""
+    if end == start + 1:  # a decode step's one token
+        return [block_ids[start // block_size] * block_size + start % block_size]
     slots: list[int] = []
     for i in range(start // block_size, blocks_needed(end, block_size)):
         first = i * block_size
@@ -65,7 +67,7 @@ def _token_ids(name: str, token_ids) -> list[int]:
     return tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs twice as much, once per sequence and step
 class KVBlocks:
     """What one scheduled step needs of a sequence's KV cache, and none of the manager's
     internals (hashes, refcounts, its copy of the tokens), so that schedulers and model runners

@@ -128,10 +128,9 @@ class Scheduler:
 
     def _take(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
         """Schedule seq's next uncomputed tokens, at most ``budget``; returns how many."""
-        bm = self.bm
-        num_new = min(bm.num_tokens(seq.seq_id) - bm.num_computed_tokens(seq.seq_id), budget)
+        num_new = min(len(seq.token_ids) - self.bm.num_computed_tokens(seq.seq_id), budget)
         batch.seqs.append(seq)
-        batch.blocks.append(bm.schedule_step(seq.seq_id, num_new))
+        batch.blocks.append(self.bm.schedule_step(seq.seq_id, num_new))
         return num_new
 
     def _append_slot(self, seq: Sequence, batch: ScheduledBatch) -> bool:

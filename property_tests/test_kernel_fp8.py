@@ -20,10 +20,10 @@ from hypothesis import given, note, settings
 from test_kernel_equivalence import decode_cases, examples_for, prefill_cases
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
+from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+                                        relative_error, unquantized_caches)
 from pagebench.kernels.reference import reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
-from pagebench.kernels.testing import (TOLERANCE, make_paged_inputs, quantized_inputs,
-                                       relative_error, unquantized_caches)
 
 # relative error of the output against the unquantised cache's float64 result (e4m3 keeps 3
 # mantissa bits, e5m2 2: about 2-6% per element before attention averages it)

@@ -9,7 +9,9 @@ have spread-out logits (``initializer_range=0.2``), so greedy equality is a shar
 import pytest
 import torch
 
+from pagebench.defaults import SHORT_BLOCK_SIZES
 from pagebench.engine import LLMEngine, SamplingParams
+from pagebench.engine.bench import tiny_model
 from pagebench.engine.decode_graphs import MAX_GRAPH_LEN, bucket_for, graph_batch_sizes
 from pagebench.errors import ConfigError
 
@@ -17,17 +19,6 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 256
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def tiny_model(seed=0, dtype=torch.float32, device="cpu"):
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.2, attn_implementation="sdpa")
-    model = transformers.Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
-    model.generation_config.eos_token_id = None
-    return model.eval()
 
 
 def random_prompts(lengths, seed=1):
@@ -198,7 +189,7 @@ def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("block_size", [1, 16, 128])
+@pytest.mark.parametrize("block_size", SHORT_BLOCK_SIZES)
 def test_graphs_equal_model_generate_fp32_gpu(block_size):
     model = tiny_model(device="cuda")
     prompts = random_prompts([1, 9, 33, 120, 300], seed=6)

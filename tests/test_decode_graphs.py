@@ -70,6 +70,22 @@ def test_static_decode_equals_eager(model, block_size):
     assert static.stats["cuda_graphs"] is False  # built, not captured
 
 
+def test_static_decode_with_fp8_cache_equals_eager(model):
+    # a step of padding rows alone (as the graphs' warm-up and capture run) must not calibrate
+    # the scales from the scratch block: the first real step does, in place
+    prompts = random_prompts([3, 20, 41])
+    kw = dict(block_size=8, num_blocks=512, kv_cache_dtype="fp8_e4m3")
+    eager = LLMEngine(model, kernel="torch", **kw)
+    static = static_engine(model, **kw)
+    scales = static.runner.kv_scales
+    static.runner.decode_graphs.warm_up(4)
+    assert not any(static.runner.calibrated) and bool((scales == 1).all())
+    assert outputs(static, prompts) == outputs(eager, prompts)
+    assert all(static.runner.calibrated) and static.runner.kv_scales is scales
+    torch.testing.assert_close(scales, eager.runner.kv_scales)
+    assert static.runner.decode_graphs.num_steps > 0
+
+
 def test_static_decode_through_preemption_and_copy_on_write(model):
     # a tight pool preempts and re-admits (new block tables for the same sequence), n=4
     # forks share a partial last block that each copies on its first write
@@ -146,6 +162,22 @@ def test_graph_replay_equals_eager_steps_gpu(block_size, compiled):
     assert graphs.graphs()["cuda_graphs"] and not eager.graphs()["cuda_graphs"]
     assert outputs(graphs, prompts, max_tokens=24) == outputs(eager, prompts, max_tokens=24)
     assert graphs.runner.decode_graphs.num_replays > 0
+
+
+@pytest.mark.gpu
+@GPU
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_graph_replay_equals_eager_steps_gpu(kv_cache_dtype):
+    model = tiny_model(device="cuda")
+    prompts = random_prompts([1, 9, 33, 120], seed=6)
+    kw = dict(kernel="triton", block_size=16, num_blocks=512, max_num_seqs=8,
+              kv_cache_dtype=kv_cache_dtype)
+    graphs = LLMEngine(model, **kw)
+    eager = LLMEngine(model, enforce_eager=True, **kw)
+    assert graphs.graphs()["cuda_graphs"], graphs.graphs()
+    assert outputs(graphs, prompts, max_tokens=24) == outputs(eager, prompts, max_tokens=24)
+    assert graphs.runner.decode_graphs.num_replays > 0
+    torch.testing.assert_close(graphs.runner.kv_scales, eager.runner.kv_scales)
 
 
 @pytest.mark.gpu

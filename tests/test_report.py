@@ -14,7 +14,8 @@ from pagebench.cli import main
 from pagebench.report import build, claims, collect, derive, render, sections, sweeps
 from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
 from pagebench.report.collect import DataError, Results, read_table
-from pagebench.report.demo import synthetic_results
+
+from synthetic_report import synthetic_results
 
 
 def by_key(results: Results) -> dict:

@@ -361,6 +361,34 @@ def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlab
     return to_plot(fig, title, alt)
 
 
+@styled
+def hit_rate_vs_budget(prefix: pd.DataFrame) -> Plot | None:
+    """Prefix-cache hit rate (%) per trace against the KV budget in multiples of the article's;
+    a trace's hit rate with unlimited memory as a dashed line."""
+    finite = prefix[~prefix["unlimited"].astype(bool)]
+    if finite.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.0, 3.2))
+    for i, (name, g) in enumerate(finite.groupby("trace", sort=False)):
+        g = g.sort_values("budget_vs_article")
+        ax.plot(g["budget_vs_article"], 100 * g["prefix_cache_hit_rate"], marker="o",
+                color=f"C{i}", label=label(name))
+        for rate in prefix[(prefix["trace"] == name) & prefix["unlimited"].astype(bool)][
+                "prefix_cache_hit_rate"]:
+            ax.axhline(100 * rate, color=f"C{i}", linestyle="--", linewidth=1)
+            ax.annotate(f"unlimited memory: {100 * rate:.1f}%", (0.02, 100 * rate),
+                        xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+    ticks = sorted(finite["budget_vs_article"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("KV budget (multiples of the article's 12.4 GB = 1,009,104 slots)")
+    ax.set_ylabel("prompt tokens from cache (%)")
+    ax.legend(fontsize=7)
+    return to_plot(fig, "Prefix-cache hit rate versus KV budget (paged, block 16)",
+                   "line chart of the prefix-cache hit rate against the KV budget")
+
+
 # asv units -> (scale, unit shown): times are shown in the unit that suits their size
 TIME_UNITS = ((1e-6, 1e6, "µs"), (1e-3, 1e3, "ms"), (float("inf"), 1.0, "s"))
 

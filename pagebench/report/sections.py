@@ -425,8 +425,8 @@ def engine(results: Results) -> Section:
     if batch is None:
         s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
     else:
-        engine_batch_part(s, batch)
-        s.dataset(results, "engine_batch", "Engine throughput versus batch")
+        s.table(make_table(engine_batch_part(s, batch), "Engine throughput versus batch",
+                           data="engine_batch"))
     cmp_ = results.get("engine_compare")
     if cmp_ is not None:
         s.text("The engine against transformers' own generation on the same model and requests: "
@@ -464,9 +464,9 @@ def engine(results: Results) -> Section:
     return s
 
 
-def engine_batch_part(s: Section, batch: pd.DataFrame) -> None:
-    """Engine tokens/s versus batch: a line per block size (GPU runs: per mode as well), a
-    panel per device."""
+def engine_batch_part(s: Section, batch: pd.DataFrame) -> pd.DataFrame:
+    """Engine tokens/s versus batch: a line per block size (GPU runs: per mode as well, named
+    in a ``series`` column of the frame returned), a panel per device."""
     hue = "block_size"
     if "mode" in batch.columns:  # GPU runs: default (graphs) lines, other modes their own
         mode = batch["mode"].fillna("").astype(str)
@@ -484,6 +484,7 @@ def engine_batch_part(s: Section, batch: pd.DataFrame) -> None:
                                f"line chart of {title.lower()}",
                                legend_title="block size (tokens)", logx=True, logy=True,
                                panel="machine", spread=(f"{y}_min", f"{y}_max")))
+    return batch
 
 
 def benchmarks(results: Results) -> Section:

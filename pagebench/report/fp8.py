@@ -44,9 +44,8 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
         return None
     out = pd.DataFrame({"bf16_us": bf16.loc[both, "time_us"], "fp8_us": fp8.loc[both, "time_us"]})
     out["fp8_over_bf16"] = out["fp8_us"] / out["bf16_us"]
-    for col, name in (("copy_fraction", "bf16_copy_fraction"), ):
-        if col in bf16:
-            out[name] = bf16.loc[both, col]
+    if "copy_fraction" in bf16:
+        out["bf16_copy_fraction"] = bf16.loc[both, "copy_fraction"]
     for col in ("copy_fraction", "err_vs_bf16_cache", "err_vs_dequantised"):
         if col in fp8:
             out[f"fp8_{col}"] = fp8.loc[both, col]

@@ -8,10 +8,18 @@ by ``pagebench report --quick``. :func:`plan` lists the steps; ``collect`` runs 
 
 from __future__ import annotations
 
+import os
+
 import pandas as pd
 
+from pagebench.engine.tail_waste import tail_waste_rows
 from pagebench.report.collect import Results, add_engine_rows
 from pagebench.report.devices import device_label
+from pagebench.sim.capacity import article_capacity, geometry_rows, planner_case_rows
+from pagebench.sim.dynamic import reference_run
+from pagebench.sim.real_traces import study_traces
+from pagebench.sim.static import max_len_rows, utilisation_rows
+from pagebench.sim.workloads import sample_lengths
 
 WORKLOAD = "lognormal:5.5,0.9"  # the article's length distribution
 NUM_SEQS, SEED, MAX_LEN = 2000, 0, 4096
@@ -22,9 +30,7 @@ QUICK_REQUESTS = 2000  # requests of each real trace replayed with --quick
 
 def here(device: str) -> str:
     """The device label of rows this report run measures (see :mod:`pagebench.report.devices`)."""
-    import os
-
-    from pagebench.timing import environment
+    from pagebench.timing import environment  # imports torch: only when a sweep runs
 
     return device_label(device, environment(device)["device_name"], os.cpu_count(),
                         this_run=True)
@@ -32,8 +38,6 @@ def here(device: str) -> str:
 
 def static_memory(results: Results, device: str = "cpu", quick: bool = False) -> None:
     """Utilisation per allocator and block size; utilisation versus max_model_len."""
-    from pagebench.sim.static import max_len_rows, utilisation_rows
-
     for name, rows in (
             ("memory_static", utilisation_rows(WORKLOAD, NUM_SEQS, SEED, MAX_LEN, BLOCK_SIZES)),
             ("memory_max_len", max_len_rows(WORKLOAD, NUM_SEQS, SEED, MAX_LENS))):
@@ -43,9 +47,6 @@ def static_memory(results: Results, device: str = "cpu", quick: bool = False) ->
 
 
 def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    from pagebench.engine.tail_waste import tail_waste_rows
-    from pagebench.sim.workloads import sample_lengths
-
     lengths = sample_lengths(WORKLOAD, 200 if quick else 600, SEED, MAX_LEN)
     results.add("block_waste", pd.DataFrame(tail_waste_rows(lengths)).assign(workload=WORKLOAD),
                 "pagebench.engine.BlockManager")
@@ -53,8 +54,6 @@ def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> N
 
 def capacity(results: Results, device: str = "cpu", quick: bool = False) -> None:
     """KV geometry of the presets, the article's 250-request arithmetic, planner cases."""
-    from pagebench.sim.capacity import article_capacity, geometry_rows, planner_case_rows
-
     results.add("kv_geometry", pd.DataFrame(geometry_rows()), "pagebench.config.KVGeometry")
     article = article_capacity()
     article["notes"] = "; ".join(article.get("notes") or [])
@@ -70,8 +69,6 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     """Time-stepped simulation (:func:`pagebench.sim.dynamic.reference_run`: the article's
     lengths arriving faster than they finish, in its 12.4 GB budget). 20,000 requests take ~2 s
     and are needed: with far fewer, paged allocation never runs out of memory."""
-    from pagebench.sim.dynamic import reference_run
-
     res = reference_run(20_000, block_sizes=(8, 16, 32, 128), max_timeline_rows=400)
     summary = res.summary_frame()
     summary["block_size"] = summary["block_size"].astype("Int64")
@@ -84,13 +81,11 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
 
 def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> None:
     """Azure and Mooncake traces replayed in the simulators, and in the engine unless quick."""
-    from pagebench.sim.real_traces import study_traces
-
     source = "pagebench.sim (real traces, " + ("quick: first requests" if quick else
                                                 "whole traces") + ")"
     for kind, frame in study_traces(QUICK_REQUESTS if quick else None).items():
         results.add(f"real_traces_{kind}", frame, source)
-    if not quick:
+    if not quick:  # the engine, the kernels and timing import torch: only when they run
         from pagebench.engine.bench import tiny_model
         from pagebench.engine.trace_replay import replay_trace
 

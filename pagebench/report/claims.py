@@ -14,7 +14,7 @@ detail, shown one click away. ``device`` lists the devices the verdict was judge
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,11 +91,11 @@ def judge(claim: Claim, results: Results) -> Verdict:
     out.headline = "; ".join(f"{p.name}: {p.head}" if p.name else p.head
                              for p in measured.parts if p.head)
     out.device = measured.device if measured.device is not None else ", ".join(
-        p.name for p, ok in zip(measured.parts, oks) if ok is not None)
+        p.name for p, ok in zip(measured.parts, oks) if ok is not None and p.name)
     return out
 
 
-def evaluate(results: Results, claims=None) -> list[Verdict]:
+def evaluate(results: Results, claims: Iterable[Claim] | None = None) -> list[Verdict]:
     """Every claim's verdict (the article's by default); a claim whose measure fails is
     reported, not raised."""
     out = []
@@ -314,7 +314,8 @@ def batching_beats_gather(results: Results) -> Measured | None:
     for machine, gpu, tps, (slowdown, kdev, _) in pairs:
         gain = float(tps.iloc[-1] / tps.iloc[0])
         text = (f"{machine}: engine batch {int(tps.index[0])}→{int(tps.index[-1])} gives "
-                f"{gain:.1f}× tokens/s; paged kernel at most {slowdown:.2f}× contiguous on {kdev}")
+                f"{gain:.1f}× tokens/s; paged kernel at most {slowdown:.2f}× contiguous on "
+                f"{kdev}")
         parts.append(Part((gain, slowdown), text, f"batching {gain:.1f}× tokens/s, gather ≤ "
                           f"{slowdown:.2f}×", machine) if gpu or not judged_gpu else
                      Part(None, text + " (CPU; not judged)"))
@@ -398,7 +399,7 @@ def equal_memory_part(machine: str, g: pd.DataFrame) -> Part | None:
         return None
     e_seq, p_seq = float(eng["concurrent_seqs"].max()), float(pad["concurrent_seqs"].max())
     e_tps, p_tps = float(eng["tokens_per_s"].max()), float(pad["tokens_per_s"].max())
-    return Part((e_seq > p_seq, e_tps > p_tps),
+    return Part((e_seq, p_seq, e_tps, p_tps),
                 f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once, "
                 f"{e_tps:,.0f} vs {p_tps:,.0f} tokens/s ({e_tps / p_tps:.1f}×)",
                 f"{e_seq:,.0f} vs {p_seq:,.0f} sequences, {e_tps / p_tps:.1f}× tokens/s", machine)
@@ -411,7 +412,8 @@ def qwen_geometry(results: Results) -> Measured | None:
     row = None if frame is None else frame[frame["model"] == "qwen2.5-0.5b"]
     if row is None or row.empty:
         return None
-    per_token, per_block = int(row["bytes_per_token"].iloc[0]), int(row["bytes_per_block_16"].iloc[0])
+    per_token = int(row["bytes_per_token"].iloc[0])
+    per_block = int(row["bytes_per_block_16"].iloc[0])
     return Measured([Part((per_token, per_block),
                           f"{per_token:,} B/token, {per_block:,} B/block")], ARITHMETIC)
 
@@ -490,7 +492,8 @@ CLAIMS = (
           "and the throughput comes from the batch.", "same KV memory: the paged engine runs "
           "more sequences at once and more tokens/s than transformers' padded generate with a "
           "contiguous reservation per sequence", ("engine_equal_memory",),
-          lambda r: per_machine(r.get("engine_equal_memory"), equal_memory_part), all),
+          lambda r: per_machine(r.get("engine_equal_memory"), equal_memory_part),
+          lambda v: v[0] > v[1] and v[2] > v[3]),
     Claim("cow_n4", "Going from n = 1 to n = 4 completions does not quadruple KV usage (prompt "
           "blocks are shared, copy-on-write).", "engine peak blocks, n = 4 / n = 1 < 4 (per "
           "device)", ("engine_cow",), lambda r: per_machine(r.get("engine_cow"), cow_part),

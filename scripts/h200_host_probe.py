@@ -20,8 +20,9 @@ import sys
 
 import torch
 
+from pagebench.defaults import SHAPES
 from pagebench.kernels import reference, triton_decode
-from pagebench.kernels.sweep import SHAPES, contiguous_case, paged_case
+from pagebench.kernels.fixtures import contiguous_case, paged_case
 from pagebench.timing import enqueue_us, environment, measure
 
 
@@ -39,8 +40,8 @@ def main() -> int:
     scale = shape[2] ** -0.5
     rows = []
     for batch, context in ((1, 1024), (8, 4096), (64, 4096), (1, 65536)):
-        case = paged_case(batch, context, shape, 16, torch.bfloat16, "cuda", seed=5)
-        q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, "cuda", seed=5)
+        case = paged_case(batch, context, shape, 16, torch.bfloat16, "cuda", seed=5).args()
+        q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, "cuda", seed=5).args()
         fns = {
             "wrapper": lambda: triton_decode.triton_paged_decode(*case, scale),
             "wrapper 1 split": lambda: triton_decode.triton_paged_decode(*case, scale,

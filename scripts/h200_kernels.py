@@ -23,10 +23,11 @@ import time
 
 import torch
 
+from pagebench.defaults import SHAPES
 from pagebench.kernels import contiguous_decode, paged_decode, registered_backends
+from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import reference_contiguous, reference_decode
-from pagebench.kernels.sweep import COLUMNS, SHAPES, measure_copy_gbps, run_sweep
-from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.kernels.sweep import COLUMNS, measure_copy_gbps, run_sweep
 from pagebench.timing import environment, measure
 
 EQ_SHAPES = [(32, 8, 128), (14, 2, 64), (16, 2, 80), (12, 4, 96), (8, 1, 256), (16, 16, 128)]
@@ -109,7 +110,8 @@ def tuning_grid(device, repeat=15) -> list[dict]:
     (both GQA layouts) and, at short batch-1 contexts, Flex. One row per measurement."""
     from pagebench.kernels import reference, triton_decode
     from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
-    from pagebench.kernels.sweep import contiguous_case, paged_case, kv_bytes
+    from pagebench.kernels.fixtures import contiguous_case, paged_case
+    from pagebench.kernels.sweep import kv_bytes
 
     def compiled(plan):  # the split kernel the plan launched (registers, shared memory)
         return next(iter(plan.split.compiled.values()), (None,))[0]
@@ -133,12 +135,12 @@ def tuning_grid(device, repeat=15) -> list[dict]:
                              "gbps": nb / t.median_us / 1e3})
                 return rows[-1]
 
-            q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
+            q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4).args()
             for mode in ("gqa", "groups"):
                 timed(lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode),
                       backend=f"sdpa-{mode}")
             del q, k, v
-            case = paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=4)
+            case = paged_case(batch, context, shape, 16, torch.bfloat16, device, seed=4).args()
             if batch == 1 and context <= 4096:
                 mask = flex_block_mask(case[3], case[4], case[1].shape[0], 16)
                 timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), backend="flex")

@@ -12,10 +12,10 @@ import os
 import pandas as pd
 import torch
 
+from pagebench.defaults import SHAPES
 from pagebench.kernels import reference, triton_decode
+from pagebench.kernels.fixtures import contiguous_case, paged_case, relative_error
 from pagebench.kernels.reference import reference_decode
-from pagebench.kernels.sweep import SHAPES, contiguous_case, paged_case
-from pagebench.kernels.testing import relative_error
 from pagebench.timing import environment, measure
 
 POINTS = [("qwen2.5-0.5b", 1, 16384), ("qwen2.5-0.5b", 1, 65536), ("llama-3-8b", 1, 16384),
@@ -28,8 +28,8 @@ def main() -> None:
     for shape_name, batch, context in POINTS:
         shape = SHAPES[shape_name]
         scale = shape[2] ** -0.5
-        case = paged_case(batch, context, shape, 16, torch.bfloat16, "cuda", seed=5)
-        q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, "cuda", seed=5)
+        case = paged_case(batch, context, shape, 16, torch.bfloat16, "cuda", seed=5).args()
+        q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, "cuda", seed=5).args()
         variants = {
             "rule": lambda: triton_decode.triton_paged_decode(*case, scale),
             "old": lambda: triton_decode.triton_paged_decode(*case, scale, tile_n=64,

@@ -18,12 +18,12 @@ import time
 import pandas as pd
 import torch
 
+from pagebench.defaults import SHAPES
 from pagebench.kernels import paged_prefill, registered_backends
-from pagebench.kernels.prefill_sweep import (FULL_PREFILL_POINTS, prefill_case,
-                                             run_prefill_sweep)
+from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, prefill_case,
+                                        relative_error)
+from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS, run_prefill_sweep
 from pagebench.kernels.reference import reference_prefill
-from pagebench.kernels.sweep import SHAPES
-from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.timing import environment, measure
 
 EQ_SHAPES = [(32, 8, 128), (14, 2, 64), (16, 2, 80), (8, 1, 256)]
@@ -73,7 +73,7 @@ def tuning(device="cuda") -> list[dict]:
     scale = shape[2] ** -0.5
     rows = []
     for point in FULL_PREFILL_POINTS:
-        case = prefill_case(*point, shape, 16, torch.bfloat16, device, seed=3)
+        case = prefill_case(*point, shape, 16, torch.bfloat16, device, seed=3).args()
         for r, tile, warps in TUNE:
             fn = lambda: triton_paged_prefill(*case, scale, rows=r, tile_n=tile,  # noqa: E731
                                               num_warps=warps)

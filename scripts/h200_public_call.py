@@ -18,35 +18,13 @@ import pandas as pd
 import torch
 import triton
 
+from pagebench.defaults import BLOCK_SIZE, SHAPES
 from pagebench.kernels import contiguous_decode, get_backend, paged_decode
+from pagebench.kernels.fixtures import contiguous_case, paged_case
 from pagebench.timing import enqueue_us, environment
 
-SHAPE = (32, 8, 128)  # query heads, KV heads, head_dim (Llama-3-8B)
-BLOCK_SIZE = 16
+SHAPE = SHAPES["llama-3-8b"]
 POINTS = ((1, 1024), (8, 4096))
-
-
-def paged_case(batch, context, dtype=torch.bfloat16, device="cuda", seed=0):
-    q_heads, kv_heads, head_dim = SHAPE
-    per_seq = -(-context // BLOCK_SIZE)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    k_cache = torch.randn(batch * per_seq, BLOCK_SIZE, kv_heads, head_dim, device=device,
-                          dtype=dtype, generator=gen)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(batch * per_seq, device=device, generator=gen).to(torch.int32)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    q = torch.randn(batch, q_heads, head_dim, device=device, dtype=dtype, generator=gen)
-    return q, k_cache, v_cache, tables.view(batch, per_seq), lens
-
-
-def contiguous_case(batch, context, dtype=torch.bfloat16, device="cuda", seed=0):
-    q_heads, kv_heads, head_dim = SHAPE
-    gen = torch.Generator(device=device).manual_seed(seed)
-    k = torch.randn(batch, context, kv_heads, head_dim, device=device, dtype=dtype,
-                    generator=gen)
-    q = torch.randn(batch, q_heads, head_dim, device=device, dtype=dtype, generator=gen)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    return q, k, torch.randn_like(k), lens
 
 
 def host_us(fn) -> float:
@@ -66,8 +44,8 @@ def main() -> int:
     sdpa = get_backend("sdpa").contiguous
     rows = []
     for batch, context in POINTS:
-        paged = paged_case(batch, context)
-        q, k, v, lens = contiguous_case(batch, context)
+        paged = paged_case(batch, context, SHAPE, BLOCK_SIZE, torch.bfloat16, "cuda").args()
+        q, k, v, lens = contiguous_case(batch, context, SHAPE, torch.bfloat16, "cuda").args()
         calls = {
             "paged_decode triton (public, validate=cached)":
                 lambda: paged_decode(*paged, backend="triton"),

@@ -9,10 +9,11 @@ from __future__ import annotations
 import numpy as np
 
 from pagebench.config import ceil_div
+from pagebench.defaults import BLOCK_SIZES
 from pagebench.engine.block_manager import BlockManager
 
 
-def tail_waste_rows(lengths, block_sizes=(1, 8, 16, 32, 128)) -> list[dict]:
+def tail_waste_rows(lengths, block_sizes=BLOCK_SIZES) -> list[dict]:
     """One row per block size: the largest and mean tail waste over ``lengths``."""
     lengths = [int(n) for n in lengths]
     rows = []

@@ -12,6 +12,7 @@ import os
 
 import pandas as pd
 
+from pagebench import defaults
 from pagebench.engine.tail_waste import tail_waste_rows
 from pagebench.report.collect import Results, add_engine_rows
 from pagebench.report.devices import device_label
@@ -21,9 +22,10 @@ from pagebench.sim.real_traces import study_traces
 from pagebench.sim.static import max_len_rows, utilisation_rows
 from pagebench.sim.workloads import sample_lengths
 
-WORKLOAD = "lognormal:5.5,0.9"  # the article's length distribution
-NUM_SEQS, SEED, MAX_LEN = 2000, 0, 4096
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+WORKLOAD = defaults.REFERENCE_LENGTHS  # the article's length distribution
+NUM_SEQS, SEED, MAX_LEN = (defaults.REFERENCE_NUM_SEQS, defaults.REFERENCE_SEED,
+                           defaults.REFERENCE_MAX_LEN)
+BLOCK_SIZES = defaults.CURVE_BLOCK_SIZES
 MAX_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_REQUESTS = 2000  # requests of each real trace replayed with --quick
 
@@ -69,7 +71,7 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     """Time-stepped simulation (:func:`pagebench.sim.dynamic.reference_run`: the article's
     lengths arriving faster than they finish, in its 12.4 GB budget). 20,000 requests take ~2 s
     and are needed: with far fewer, paged allocation never runs out of memory."""
-    res = reference_run(20_000, block_sizes=(8, 16, 32, 128), max_timeline_rows=400)
+    res = reference_run(20_000, block_sizes=defaults.ENGINE_BLOCK_SIZES, max_timeline_rows=400)
     summary = res.summary_frame()
     summary["block_size"] = summary["block_size"].astype("Int64")
     summary["workload"] = res.workload.get("source", WORKLOAD)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pagebench.defaults import ENGINE_BLOCK_SIZES
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.trace import (HASH_BLOCK_TOKENS, MAX_TRACE_VALUE, Workload, open_text,
                                  read_trace)
@@ -307,7 +308,7 @@ def read_mooncake(path, source: str | None = None) -> Trace:
 # ---- the report's study of the shipped traces ------------------------------------------------
 
 STUDY_TRACES = ("azure-code", "azure-conv", "mooncake-conv")
-STUDY_STATIC_BLOCK_SIZES = (8, 16, 32, 128)
+STUDY_STATIC_BLOCK_SIZES = ENGINE_BLOCK_SIZES
 STUDY_DYNAMIC_BLOCK_SIZES = (16, 128)
 # budgets of the prefix-cache sweep, as multiples of the article's 12.4 GB (1,009,104 slots)
 PREFIX_BUDGET_MULTIPLES = (64.0, 8.0, 2.0, 1.0, 0.5, 0.25)

@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 
 from pagebench.report import build
-from pagebench.report.demo import synthetic_results
 from pagebench.results import devices
+
+from synthetic_report import synthetic_results
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "reports" / "test-artifacts"

@@ -16,7 +16,8 @@ from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
 from pagebench.results import DataError, Results, classify, load_data_dir, read_table
 from pagebench.results.datasets import KERNELS
 from pagebench.results.history import load_benchmark_json
-from pagebench.report.demo import synthetic_results
+
+from synthetic_report import synthetic_results
 
 
 def by_key(results: Results) -> dict:

@@ -5,7 +5,7 @@ from pathlib import Path
 import pandas as pd
 
 from pagebench.report import fp8
-from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.report.claims import FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results, classify
 
 ENV = {"device": "cuda", "device_name": "NVIDIA H200"}
@@ -44,27 +44,31 @@ def results_with(**frames) -> Results:
     return r
 
 
+def verdict(key: str, results: Results):
+    return {v.key: v for v in evaluate(results, fp8.CLAIMS)}[key]
+
+
 def test_fp8_time_claim_both_ways():
-    assert fp8.fp8_halves_long_decode(Results()).verdict == UNMEASURED
-    assert fp8.fp8_halves_long_decode(
-        results_with(kernels_fp8=decode_frame(0.52))).verdict == HOLDS
-    c = fp8.fp8_halves_long_decode(results_with(kernels_fp8=decode_frame(0.8)))
+    assert verdict("fp8_decode_time", Results()).verdict == UNMEASURED
+    assert verdict("fp8_decode_time",
+                   results_with(kernels_fp8=decode_frame(0.52))).verdict == HOLDS
+    c = verdict("fp8_decode_time", results_with(kernels_fp8=decode_frame(0.8)))
     assert c.verdict == FAILS and "32×4096 b16: 0.80×" in c.measured
     assert "1024" not in c.measured  # short contexts are not part of the claim
 
 
 def test_layout_claim_leaves_l2_resident_points_out():
-    ok = fp8.layout_does_not_matter(results_with(kernels_layout=layout_frame(1.05, 3.0)))
+    ok = verdict("layout_cost", results_with(kernels_layout=layout_frame(1.05, 3.0)))
     assert ok.verdict == HOLDS and "1 L2-resident points left out" in ok.measured
-    bad = fp8.layout_does_not_matter(results_with(kernels_layout=layout_frame(1.3, 1.0)))
+    bad = verdict("layout_cost", results_with(kernels_layout=layout_frame(1.3, 1.0)))
     assert bad.verdict == FAILS and "worst 1.30×" in bad.measured
 
 
 def test_capacity_claim_from_the_planner_and_the_engine_pool():
-    assert fp8.fp8_doubles_capacity(Results()).verdict == HOLDS  # arithmetic alone
+    assert verdict("fp8_capacity", Results()).verdict == HOLDS  # arithmetic alone
     engine = pd.DataFrame([{**ENV, "blocks_bf16": 1000, "blocks_fp8": 1500,
                             "blocks_ratio": 1.5}])
-    c = fp8.fp8_doubles_capacity(results_with(fp8_engine=engine))
+    c = verdict("fp8_capacity", results_with(fp8_engine=engine))
     assert c.verdict == FAILS and "1.50×" in c.measured
 
 

@@ -4,8 +4,9 @@ import pandas as pd
 import pytest
 
 from pagebench.report import parallel
-from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.report.claims import FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results, load_data_dir
+from pagebench.sim.capacity import tensor_parallel_rows
 
 GPU = dict(device="cuda:0", device_name="NVIDIA H200")
 
@@ -40,7 +41,7 @@ def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
     write_h200x2(tmp_path)
     results = loaded(tmp_path)
     assert results.get("kernels") is None  # the split sweep's rows are not decode data here
-    capacity, attention = (fn(results) for fn in parallel.VERDICTS)
+    capacity, attention = evaluate(results, parallel.CLAIMS)
     assert capacity.verdict == HOLDS and "8,192 → 16,384" in capacity.measured
     assert capacity.device == "H200"  # the device label (pagebench.results.devices)
     assert attention.verdict == HOLDS and "batch 256: 0.50×" in attention.measured
@@ -53,7 +54,7 @@ def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
 
 def test_attention_that_does_not_halve_fails(tmp_path):
     write_h200x2(tmp_path, attention_ratio=0.9)
-    assert parallel.attention_halves(loaded(tmp_path)).verdict == FAILS
+    assert evaluate(loaded(tmp_path), parallel.CLAIMS)[1].verdict == FAILS
 
 
 def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
@@ -63,7 +64,7 @@ def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
         f"No data: two-GPU measurements ({parallel.SOURCE})"]
     verdicts = next(i.table for i in s.items if i.kind == "table")
     assert [r[3] for r in verdicts.rows] == [UNMEASURED, UNMEASURED]
-    planner = parallel.planner_rows()
+    planner = pd.DataFrame(tensor_parallel_rows())
     eight = planner[(planner["model"] == "llama-3-8b")]
     assert eight.set_index("tensor_parallel_size")["kv_replication"].to_dict()[16] == 2
     assert float(eight.set_index("tensor_parallel_size").loc[2, "blocks_vs_tp1"]) == \

@@ -9,7 +9,8 @@ import pandas as pd
 
 from pagebench.report import claims, plots, sections
 from pagebench.report.claims import UNMEASURED
-from pagebench.report.demo import DEVICE, synthetic_results
+
+from synthetic_report import DEVICE, synthetic_results
 
 SNAKE = re.compile(r"[a-z0-9]+(_[a-z0-9]+)+")
 
@@ -34,9 +35,9 @@ def test_claim_headlines_name_every_judged_device_and_keep_the_details():
 
 
 def test_claims_table_shows_the_headline_and_details_one_click_away():
-    c = claims.Claim("k", "a claim", "criterion", "holds", "X: 1.0×; more detail", "X",
+    c = claims.Verdict("k", "a claim", "criterion", "holds", "X: 1.0×; more detail", "X",
                      headline="X: 1.0×")
-    short = claims.Claim("s", "short", "criterion", "holds", "2.0×", "any machine (simulation)")
+    short = claims.Verdict("s", "short", "criterion", "holds", "2.0×", "any machine (simulation)")
     table = sections.claims_section([c, short]).items[-1].table
     measured = table.columns.index("measured")
     assert [r[measured] for r in table.rows] == ["X: 1.0×", "2.0×"]

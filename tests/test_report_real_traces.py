@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 from pagebench.report import real_traces
-from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.report.claims import FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results
+from pagebench.sim.real_traces import STUDY_TRACES, study_traces
 
 
-def test_quick_sweep_section_and_claims(monkeypatch):
-    monkeypatch.setattr(real_traces, "QUICK_REQUESTS", 300)
-    monkeypatch.setattr(real_traces, "PREFIX_BUDGET_MULTIPLES", (1.0, 0.25))
+def test_quick_sweep_section_and_claims():
     results = Results()
-    real_traces.trace_sweeps(results, quick=True)
+    for kind, frame in study_traces(300, prefix_budget_multiples=(1.0, 0.25)).items():
+        results.add(f"real_traces_{kind}", frame, "test")
     static = results.get("real_traces_static")
-    assert set(static["trace"]) == set(real_traces.TRACES)
+    assert set(static["trace"]) == set(STUDY_TRACES)
     assert (static[static["allocator"] == "oracle"]["utilisation"] == 1.0).all()
     dynamic = results.get("real_traces_dynamic")
     assert set(dynamic["label"]) == {"naive", "pow2", "oracle", "paged-16", "paged-128"}
@@ -24,7 +24,7 @@ def test_quick_sweep_section_and_claims(monkeypatch):
     assert (prefix["prefix_cache_hit_rate"] <= unlimited + 1e-12).all() and unlimited > 0.05
     section = real_traces.section(results)
     assert len(section.plots) == 5  # utilisation bars, 3 memory timelines, hit rate
-    rows = real_traces.claims(results)
+    rows = evaluate(results, real_traces.CLAIMS)
     assert [c.key for c in rows] == ["real_traces_static", "real_traces_dynamic"]
     assert all(c.verdict in (HOLDS, FAILS) and "mooncake-conv" in c.measured for c in rows)
 
@@ -33,4 +33,4 @@ def test_section_and_claims_without_data():
     results = Results()
     section = real_traces.section(results)
     assert [i.kind for i in section.items] == ["nodata"]
-    assert all(c.verdict == UNMEASURED for c in real_traces.claims(results))
+    assert all(c.verdict == UNMEASURED for c in evaluate(results, real_traces.CLAIMS))

@@ -7,11 +7,14 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, fp8, parallel, real_traces, render, sections
-from pagebench.results import devices
+from pagebench.report import derive, fp8, parallel, real_traces, render, sections, sweeps
 from pagebench.report.collect import Results, collect, default_device
+from pagebench.results import devices
 
 DATA_DIR_SUFFIX = "_data"
+# the claims table's rows; fp8 and parallel judge theirs in their own sections
+ARTICLE_CLAIMS = claims_mod.CLAIMS + real_traces.CLAIMS
+EVERY_CLAIM = ARTICLE_CLAIMS + fp8.CLAIMS + parallel.CLAIMS
 
 
 def derived_frames(results: Results, rec: dict | None, claims) -> dict:
@@ -44,7 +47,7 @@ def guarded_section(results: Results, sid: str, title: str, fn, *args):
 
 
 def build_sections(results: Results, env: dict, options: dict):
-    claims = claims_mod.evaluate(results) + real_traces.claims(results)
+    claims = claims_mod.evaluate(results, ARTICLE_CLAIMS)
     try:
         rec_section, rec = sections.recommendation(results)
     except Exception as e:  # noqa: BLE001
@@ -108,8 +111,8 @@ def build_report(out="reports/index.html", *, device: str | None = None, quick: 
 
         if not torch.cuda.is_available():
             raise ValueError("device: cuda requested but torch sees no CUDA device")
-    results = collect(device=device, quick=quick, run_sweeps=not quick, data_dir=data_dir,
-                      results_dirs=results_dirs, progress=progress)
+    results = collect(device=device, quick=quick, steps=sweeps.plan(run_sweeps=not quick),
+                      data_dir=data_dir, results_dirs=results_dirs, progress=progress)
     options = {"quick": quick, "sweeps run here": "simulators only" if quick else
                "simulators, CPU kernel sweep, engine comparisons",
                "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}

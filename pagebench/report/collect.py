@@ -2,7 +2,7 @@
 
 Three kinds of source, each checked against its dataset's schema (:mod:`pagebench.results`):
 - *measured here*: the quick sweeps this machine can afford (simulators, CPU kernel and engine
-  sweeps), run by :mod:`pagebench.report.sweeps`;
+  sweeps), run by the steps of :mod:`pagebench.report.sweeps`;
 - *committed data*: CSV/JSON files under ``reports/data/<machine>/`` and any ``--results DIR``,
   named by file (:data:`pagebench.results.FILE_KINDS`);
 - *benchmark histories*: asv result files and pytest-benchmark JSON.
@@ -66,32 +66,17 @@ def default_data_dir() -> Path:
     return here if here.is_dir() else repo_root() / "reports" / "data"
 
 
-def sweep_plan(run_sweeps: bool) -> list[tuple[str, str]]:
-    """(label, function name in :mod:`pagebench.report.sweeps`) in the order they run."""
-    plan = [("memory: static fragmentation", "static_memory"),
-            ("memory: block manager tail waste", "block_waste"),
-            ("capacity planner", "capacity"),
-            ("memory: time-stepped simulation", "dynamic_memory"),
-            ("memory: real traces", "real_traces")]
-    if run_sweeps:
-        plan += [("kernels: quick sweep", "kernel_sweep"),
-                 ("engine: quick comparisons", "engine_sweeps")]
-    return plan
-
-
-def collect(*, device: str = "cpu", quick: bool = False, run_sweeps: bool = True,
-            data_dir=None, results_dirs=(), progress: bool = True) -> Results:
-    """Everything the report shows: sweeps run here, committed data, benchmark histories."""
-    from pagebench.report import sweeps  # the measuring code loads only when a report runs
-
+def collect(*, device: str = "cpu", quick: bool = False, steps=(), data_dir=None,
+            results_dirs=(), progress: bool = True) -> Results:
+    """Everything the report shows: ``steps`` run here (``(label, fn(results, device=,
+    quick=))``, e.g. :func:`pagebench.report.sweeps.plan`), committed data, benchmark
+    histories."""
     results = Results()
     root = repo_root()
-    plan = sweep_plan(run_sweeps)
-    prog = Progress(len(plan) + 1, enabled=progress)
-    for label, fn_name in plan:
+    prog = Progress(len(steps) + 1, enabled=progress)
+    for label, fn in steps:
         with prog.step(label, results):
-            guarded(results, label, lambda f=getattr(sweeps, fn_name): f(results, device=device,
-                                                                          quick=quick))
+            guarded(results, label, lambda f=fn: f(results, device=device, quick=quick))
     with prog.step("reading committed data and benchmark results", results):
         data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
         guarded(results, "committed data", lambda: load_data_dir(results, data_dir))

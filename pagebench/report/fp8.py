@@ -4,47 +4,27 @@ Datasets (``scripts/h200_fp8.py``, committed under ``reports/data/h200/``): ``ke
 (Triton decode and prefill, bf16 vs fp8 caches: time, bytes, fraction of the copy bandwidth,
 error against the bf16 cache), ``kernels_layout`` (Triton bf16 decode over contiguous,
 shuffled and aged block tables: time, unique K/V footprint, L2 flag) and ``fp8_engine`` (the
-engine's pool and greedy agreement, bf16 vs fp8 cache). The capacity planner's bf16 vs fp8
-arithmetic is computed here, on any machine.
+engine's pool and greedy agreement, bf16 vs fp8 cache), beside the capacity planner's bf16 vs
+fp8 arithmetic (:func:`pagebench.sim.capacity.fp8_rows`, any machine).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.report.claims import Claim, judge
+from pagebench.report.claims import ARITHMETIC, Claim, Measured, Part, evaluate
 from pagebench.report.collect import Results
 from pagebench.results.devices import frame_devices
 from pagebench.report.sections import Section, claims_table, make_table
+from pagebench.sim.capacity import fp8_rows
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
 SOURCE = "reports/data/h200/ (scripts/h200_fp8.py)"
-PLANNER_CASES = (("llama-3-8b", "141GB", 8192), ("qwen2.5-7b", "80GB", 32768),
-                 ("mistral-7b", "141GB", 32768))
 FP8 = "float8_e4m3fn"
 # the issue's long-context points: batch >= 32 x 4,096 tokens, or a sequence of >= 65,536
 LONG_BATCH, LONG_BATCH_CONTEXT, LONG_CONTEXT = 32, 4096, 65536
 HALF_TIME_BOUND = 0.6  # fp8 / bf16 time: half the bytes, with some slack for fixed costs
 LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
-
-
-def planner_rows() -> pd.DataFrame:
-    """Blocks and naive concurrency for bf16 and fp8 (e4m3) caches, bf16 weights, 0.9 of the
-    GPU, 4 GiB overhead, block 16."""
-    from pagebench.sim.capacity import capacity_plan
-
-    rows = []
-    for model, gpu, max_len in PLANNER_CASES:
-        plans = {kv: capacity_plan(model, gpu_memory=gpu, max_model_len=max_len,
-                                   overhead_bytes="4GiB", kv_dtype=kv, num_seqs=500)
-                 for kv in ("bfloat16", "fp8_e4m3")}
-        bf16, fp8 = plans["bfloat16"], plans["fp8_e4m3"]
-        rows.append({"model": model, "gpu_memory": gpu, "max_model_len": max_len,
-                     "blocks_bf16": bf16["num_blocks"], "blocks_fp8": fp8["num_blocks"],
-                     "blocks_ratio": fp8["num_blocks"] / bf16["num_blocks"],
-                     "concurrency_bf16": bf16["max_concurrency_naive"],
-                     "concurrency_fp8": fp8["max_concurrency_naive"]})
-    return pd.DataFrame(rows)
 
 
 def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -64,55 +44,40 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
         return None
     out = pd.DataFrame({"bf16_us": bf16.loc[both, "time_us"], "fp8_us": fp8.loc[both, "time_us"]})
     out["fp8_over_bf16"] = out["fp8_us"] / out["bf16_us"]
-    for col, name in (("copy_fraction", "bf16_copy_fraction"), ):
-        if col in bf16:
-            out[name] = bf16.loc[both, col]
+    if "copy_fraction" in bf16:
+        out["bf16_copy_fraction"] = bf16.loc[both, "copy_fraction"]
     for col in ("copy_fraction", "err_vs_bf16_cache", "err_vs_dequantised"):
         if col in fp8:
             out[f"fp8_{col}"] = fp8.loc[both, col]
     return out.reset_index().sort_values(["block_size", "context", "batch"])
 
 
-def fp8_doubles_capacity(results: Results) -> Claim:
-    c = Claim("fp8_capacity", "fp8 KV doubles capacity.",
-              "KV blocks fp8 / bf16 within 1.95–2.05× in the capacity planner (bf16 weights, "
-              "0.9 of the GPU, 4 GiB overhead) and in the engine's pool at equal KV memory "
-              "where measured", data=["fp8_engine"])
-    plan = planner_rows()
+def capacity_parts(results: Results) -> Measured:
+    plan = pd.DataFrame(fp8_rows())
     lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
-    parts = [f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})"]
-    ok = 1.95 <= lo and hi <= 2.05
-    device = "any machine (arithmetic)"
+    parts = [Part((lo, hi), f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})")]
     engine = results.get("fp8_engine")
-    if engine is not None and "blocks_ratio" in engine:
-        ratio = float(engine["blocks_ratio"].iloc[0])
-        parts.append(f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
-                     f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)")
-        ok = ok and 1.95 <= ratio <= 2.05
-        device += f"; engine: {frame_devices(engine)}"
-    c.measured, c.device, c.verdict = "; ".join(parts), device, judge(ok)
-    return c
+    if engine is None or "blocks_ratio" not in engine:
+        return Measured(parts, ARITHMETIC)
+    ratio = float(engine["blocks_ratio"].iloc[0])
+    parts.append(Part((ratio,), f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
+                      f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)"))
+    return Measured(parts, f"{ARITHMETIC}; engine: {frame_devices(engine)}")
 
 
-def fp8_halves_long_decode(results: Results) -> Claim:
-    c = Claim("fp8_decode_time", "fp8 KV halves decode time at long context.",
-              f"Triton decode, e4m3 / bf16 time ≤ {HALF_TIME_BOUND}× at every block-16 point of "
-              "batch ≥ 32 × 4,096 and 1 × 65,536 (Llama-3-8B shape, CUDA graphs); blocks 1 "
-              "and 128 shown, not judged", data=["kernels_fp8"])
+def decode_time_parts(results: Results) -> Measured | None:
     ratios = decode_ratios(results.get("kernels_fp8"))
     if ratios is None:
-        return c
+        return None
     long = ratios[((ratios["batch"] >= LONG_BATCH) & (ratios["context"] >= LONG_BATCH_CONTEXT))
                   | (ratios["context"] >= LONG_CONTEXT)]
     judged = long[long["block_size"] == 16]
     if judged.empty:
-        return c
-    parts = [f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: {r.fp8_over_bf16:.2f}×"
-             for r in long.itertuples()]
-    c.measured = ", ".join(parts)
-    c.device = frame_devices(results.get("kernels_fp8"))
-    c.verdict = judge(bool((judged["fp8_over_bf16"] <= HALF_TIME_BOUND).all()))
-    return c
+        return None
+    text = ", ".join(f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: "
+                     f"{r.fp8_over_bf16:.2f}×" for r in long.itertuples())
+    return Measured([Part(judged["fp8_over_bf16"].max(), text)],
+                    frame_devices(results.get("kernels_fp8")))
 
 
 def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -132,29 +97,38 @@ def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     return wide.reset_index()
 
 
-def layout_does_not_matter(results: Results) -> Claim:
-    c = Claim("layout_cost", "Block-table layout does not matter to the kernel.",
-              f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "
-              f"{LAYOUT_SPREAD_BOUND}× at every point whose K/V does not fit in L2 (points "
-              "that fit are flagged and left out)", data=["kernels_layout"])
+def layout_parts(results: Results) -> Measured | None:
     spread = layout_spread(results.get("kernels_layout"))
-    if spread is None:
-        return c
-    judged = spread[~spread["fits_l2"].astype(bool)] if "fits_l2" in spread else spread
-    if judged.empty:
-        return c
+    judged = spread if spread is None or "fits_l2" not in spread else \
+        spread[~spread["fits_l2"].astype(bool)]
+    if judged is None or judged.empty:
+        return None
     worst = judged.loc[judged["slowest_over_fastest"].idxmax()]
     flagged = int(len(spread) - len(judged))
-    c.measured = (f"worst {worst['slowest_over_fastest']:.2f}× at {int(worst['batch'])}×"
-                  f"{int(worst['context'])} block {int(worst['block_size'])}; median "
-                  f"{judged['slowest_over_fastest'].median():.2f}× over {len(judged)} points"
-                  + (f" ({flagged} L2-resident points left out)" if flagged else ""))
-    c.device = frame_devices(results.get("kernels_layout"))
-    c.verdict = judge(bool((judged["slowest_over_fastest"] <= LAYOUT_SPREAD_BOUND).all()))
-    return c
+    text = (f"worst {worst['slowest_over_fastest']:.2f}× at {int(worst['batch'])}×"
+            f"{int(worst['context'])} block {int(worst['block_size'])}; median "
+            f"{judged['slowest_over_fastest'].median():.2f}× over {len(judged)} points"
+            + (f" ({flagged} L2-resident points left out)" if flagged else ""))
+    return Measured([Part(worst["slowest_over_fastest"], text)],
+                    frame_devices(results.get("kernels_layout")))
 
 
-VERDICTS = (fp8_doubles_capacity, fp8_halves_long_decode, layout_does_not_matter)
+CLAIMS = (
+    Claim("fp8_capacity", "fp8 KV doubles capacity.", "KV blocks fp8 / bf16 within 1.95–2.05× "
+          "in the capacity planner (bf16 weights, 0.9 of the GPU, 4 GiB overhead) and in the "
+          "engine's pool at equal KV memory where measured", ("fp8_engine",), capacity_parts,
+          lambda ratios: all(1.95 <= r <= 2.05 for r in ratios)),
+    Claim("fp8_decode_time", "fp8 KV halves decode time at long context.",
+          f"Triton decode, e4m3 / bf16 time ≤ {HALF_TIME_BOUND}× at every block-16 point of "
+          "batch ≥ 32 × 4,096 and 1 × 65,536 (Llama-3-8B shape, CUDA graphs); blocks 1 and 128 "
+          "shown, not judged", ("kernels_fp8",), decode_time_parts,
+          lambda worst: worst <= HALF_TIME_BOUND),
+    Claim("layout_cost", "Block-table layout does not matter to the kernel.",
+          f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "
+          f"{LAYOUT_SPREAD_BOUND}× at every point whose K/V does not fit in L2 (points that fit "
+          "are flagged and left out)", ("kernels_layout",), layout_parts,
+          lambda worst: worst <= LAYOUT_SPREAD_BOUND),
+)
 
 
 def section(results: Results) -> Section:
@@ -170,11 +144,10 @@ def section(results: Results) -> Section:
            "declares fp8, Triton interpreted on the CPU). The block-table layout is a sweep "
            "axis (`pagebench bench --layouts contiguous,shuffled,aged`); aged tables come from "
            "the block manager after it served a trace with churn.")
-    claims = [fn(results) for fn in VERDICTS]
-    s.table(claims_table(claims, "Verdicts"))
-    s.table(make_table(planner_rows(), "Capacity planner, bf16 vs fp8 (e4m3) KV cache: bf16 "
-                       "weights, 0.9 of the GPU, 4 GiB overhead, block 16; concurrency at "
-                       "max_model_len (naive reservation)"))
+    s.table(claims_table(evaluate(results, CLAIMS), "Verdicts"))
+    s.table(make_table(pd.DataFrame(fp8_rows()), "Capacity planner, bf16 vs fp8 (e4m3) KV "
+                       "cache: bf16 weights, 0.9 of the GPU, 4 GiB overhead, block 16; "
+                       "concurrency at max_model_len (naive reservation)"))
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"fp8 and layout measurements ({SOURCE})")
         return s
@@ -194,10 +167,9 @@ def section(results: Results) -> Section:
         s.table(make_table(e5, "Decode with an e5m2 cache (block 16)",
                            ["batch", "context", "time_us", "copy_fraction", "err_vs_bf16_cache",
                             "err_vs_dequantised"], "kernels_fp8"))
-    s.table(make_table(results.get("fp8_engine"), "Engine, random-weight Qwen2.5-0.5B, bf16 vs "
-                       "fp8_e4m3 cache at equal KV memory: pool, greedy agreement (tokens up to "
-                       "each sequence's first difference / all), logit error over the first "
-                       "steps", None, "fp8_engine"))
+    s.dataset(results, "fp8_engine", "Engine, random-weight Qwen2.5-0.5B, bf16 vs fp8_e4m3 "
+              "cache at equal KV memory: pool, greedy agreement (tokens up to each sequence's "
+              "first difference / all), logit error over the first steps")
     s.table(make_table(layout_spread(results.get("kernels_layout")), "Triton bf16 decode by "
                        "block-table layout (Llama-3-8B shape, CUDA graphs); fits_l2: the unique "
                        "K/V footprint fits in the GPU's L2, so the point measures the cache, "

@@ -1,6 +1,7 @@
 """The report's "Past one GPU" section: the tensor-parallel engine and the kernel sweep on two
 GPUs, read from ``reports/data/h200x2/`` (written by ``scripts/h200x2_tp.py``), beside the
-capacity planner's arithmetic for tensor parallelism (computed here, any machine).
+capacity planner's arithmetic for tensor parallelism
+(:func:`pagebench.sim.capacity.tensor_parallel_rows`, any machine).
 
 Datasets (one CSV each, named by the script): ``tp_equality`` (greedy tp=2 vs one GPU),
 ``tp_capacity`` (KV blocks per GPU at equal per-GPU KV memory), ``tp_throughput`` (tokens/s vs
@@ -13,50 +14,38 @@ from __future__ import annotations
 import pandas as pd
 
 from pagebench.report import plots
-from pagebench.report.claims import Claim, judge
+from pagebench.report.claims import Claim, Measured, Part, evaluate
 from pagebench.report.collect import Results
 from pagebench.results.devices import frame_devices
 from pagebench.report.sections import Section, claims_table, make_table
+from pagebench.sim.capacity import tensor_parallel_rows
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
 SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.py)"
-PLANNER_CASES = (("llama-3-8b", (1, 2, 4, 8, 16)), ("llama-3-70b", (2, 4, 8)))
 
 
-def capacity_doubles(results: Results) -> Claim:
-    c = Claim("tp_kv_capacity", "TP doubles KV capacity per GPU.",
-              "KV blocks per GPU at tp=2 / tp=1 within 1.9–2.1×, same KV memory per GPU "
-              "(random-weight Llama-3-8B, bf16, block 16)", data=["tp_capacity"])
+def capacity_parts(results: Results) -> Measured | None:
     frame = results.get("tp_capacity")
-    if frame is None or not {"tp", "num_blocks_per_gpu"} <= set(frame.columns):
-        return c
-    blocks = frame.groupby("tp")["num_blocks_per_gpu"].max()
-    if not {1, 2} <= set(blocks.index):
-        return c
+    blocks = None if frame is None else frame.groupby("tp")["num_blocks_per_gpu"].max()
+    if blocks is None or not {1, 2} <= set(blocks.index):
+        return None
     ratio = blocks[2] / blocks[1]
     heads = frame.groupby("tp")["kv_heads_per_gpu"].max() if "kv_heads_per_gpu" in frame \
         else None
-    c.measured = (f"{int(blocks[1]):,} → {int(blocks[2]):,} blocks per GPU ({ratio:.2f}×)"
-                  + (f"; KV heads per GPU {int(heads[1])} → {int(heads[2])}"
-                     if heads is not None else ""))
-    c.device, c.verdict = frame_devices(frame), judge(1.9 <= ratio <= 2.1)
-    return c
+    return Measured([Part(ratio, f"{int(blocks[1]):,} → {int(blocks[2]):,} blocks per GPU "
+                          f"({ratio:.2f}×)" + (f"; KV heads per GPU {int(heads[1])} → "
+                                               f"{int(heads[2])}" if heads is not None else ""))],
+                    frame_devices(frame))
 
 
-def attention_halves(results: Results) -> Claim:
-    c = Claim("tp_attention_halves", "Attention time per step halves at tp=2.",
-              "paged decode on one GPU's heads (16 query / 4 KV vs 32 / 8) × 32 layers: tp=2 / "
-              "tp=1 within 0.4–0.6× at the largest batch (bandwidth-bound); every batch shown",
-              data=["tp_attention"])
+def attention_parts(results: Results) -> Measured | None:
     ratios = attention_ratios(results.get("tp_attention"))
     if ratios is None or ratios.empty:
-        return c
-    parts = [f"batch {int(b)}: {r:.2f}×" for b, r in ratios.items()]
-    c.measured = "tp=2 / tp=1 per step: " + ", ".join(parts)
-    c.device = frame_devices(results.get("tp_attention"))
-    c.verdict = judge(0.4 <= ratios.iloc[-1] <= 0.6)
-    return c
+        return None
+    return Measured([Part(ratios.iloc[-1], "tp=2 / tp=1 per step: " + ", ".join(
+        f"batch {int(b)}: {r:.2f}×" for b, r in ratios.items()))],
+        frame_devices(results.get("tp_attention")))
 
 
 def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
@@ -69,7 +58,15 @@ def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
     return (wide[2] / wide[1]).dropna().sort_index()
 
 
-VERDICTS = (capacity_doubles, attention_halves)
+CLAIMS = (
+    Claim("tp_kv_capacity", "TP doubles KV capacity per GPU.", "KV blocks per GPU at tp=2 / "
+          "tp=1 within 1.9–2.1×, same KV memory per GPU (random-weight Llama-3-8B, bf16, "
+          "block 16)", ("tp_capacity",), capacity_parts, lambda r: 1.9 <= r <= 2.1),
+    Claim("tp_attention_halves", "Attention time per step halves at tp=2.", "paged decode on one "
+          "GPU's heads (16 query / 4 KV vs 32 / 8) × 32 layers: tp=2 / tp=1 within 0.4–0.6× at "
+          "the largest batch (bandwidth-bound); every batch shown", ("tp_attention",),
+          attention_parts, lambda r: 0.4 <= r <= 0.6),
+)
 
 
 def allreduce_frame(results: Results) -> pd.DataFrame | None:
@@ -92,28 +89,6 @@ def allreduce_frame(results: Results) -> pd.DataFrame | None:
     return out
 
 
-def planner_rows() -> pd.DataFrame:
-    """The capacity planner on a 141 GB GPU (0.9 utilisation, 4 GiB overhead) for each tp."""
-    from pagebench.errors import ConfigError
-    from pagebench.sim.capacity import capacity_plan
-
-    rows = []
-    for model, sizes in PLANNER_CASES:
-        for tp in sizes:
-            try:
-                p = capacity_plan(model, gpu_memory="141GB", overhead_bytes="4GiB",
-                                  tensor_parallel_size=tp, num_seqs=500)
-            except ConfigError as e:  # weights that leave no room at this tp
-                rows.append(dict(model=model, tensor_parallel_size=tp, note=str(e)))
-                continue
-            rows.append({k: p[k] for k in (
-                "model", "tensor_parallel_size", "kv_heads_per_rank", "kv_replication",
-                "bytes_per_token_per_rank", "weights_bytes_per_rank", "kv_cache_bytes",
-                "num_blocks", "blocks_vs_tp1", "max_concurrency_paged",
-                "max_concurrency_paged_per_gpu")})
-    return pd.DataFrame(rows)
-
-
 def section(results: Results) -> Section:
     s = Section("parallel", "Past one GPU")
     s.text("Tensor parallelism shards attention by KV head: each GPU holds num_kv_heads / tp "
@@ -122,27 +97,24 @@ def section(results: Results) -> Section:
            "and down_proj). `LLMEngine(..., tensor_parallel_size=N)` under `torchrun "
            "--nproc-per-node N`; `pagebench bench` under torchrun splits its points over the "
            "GPUs.")
-    claims = [fn(results) for fn in VERDICTS]
-    s.table(claims_table(claims, "Verdicts"))
+    s.table(claims_table(evaluate(results, CLAIMS), "Verdicts"))
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"two-GPU measurements ({SOURCE})")
     else:
-        _measured_part(s, results)
-    planner = planner_rows()
-    s.table(make_table(planner, "Capacity planner per GPU (141 GB, 0.9 utilisation, 4 GiB "
-                       "overhead, block 16, bf16): weights and KV heads split over tp GPUs"))
+        measured_part(s, results)
+    s.table(make_table(pd.DataFrame(tensor_parallel_rows()), "Capacity planner per GPU (141 GB, "
+                       "0.9 utilisation, 4 GiB overhead, block 16, bf16): weights and KV heads "
+                       "split over tp GPUs"))
     return s
 
 
-def _measured_part(s: Section, results: Results) -> None:
-    for name, caption, columns in (
-            ("tp_equality", "Greedy tokens at tp=2 equal the single-GPU engine's (tiny fp32 "
-             "model; block tables checked on every rank each step)",
-             ["machine", "prefix_caching", "prompts_equal", "num_prompts", "ranks_agree"]),
-            ("tp_capacity", "KV blocks per GPU at the same KV memory per GPU",
-             ["machine", "tp", "kv_heads_per_gpu", "kv_memory_budget_bytes",
-              "bytes_per_block_per_gpu", "num_blocks_per_gpu"])):
-        s.table(make_table(results.get(name), caption, columns, name))
+def measured_part(s: Section, results: Results) -> None:
+    s.dataset(results, "tp_equality", "Greedy tokens at tp=2 equal the single-GPU engine's "
+              "(tiny fp32 model; block tables checked on every rank each step)",
+              ["machine", "prefix_caching", "prompts_equal", "num_prompts", "ranks_agree"])
+    s.dataset(results, "tp_capacity", "KV blocks per GPU at the same KV memory per GPU",
+              ["machine", "tp", "kv_heads_per_gpu", "kv_memory_budget_bytes",
+               "bytes_per_block_per_gpu", "num_blocks_per_gpu"])
     tput = results.get("tp_throughput")
     if tput is not None and {"tp", "batch", "tokens_per_s"} <= set(tput.columns):
         hue = "mode" if "mode" in tput.columns else "tp"  # mode: tp and eager / CUDA graphs
@@ -168,10 +140,9 @@ def _measured_part(s: Section, results: Results) -> None:
                         "allreduce_ms_per_step", "allreduce_share", "isolated_allreduce_us",
                         "isolated_allreduce_share", "graph_decode_step_ms",
                         "isolated_share_of_graph_step"], "tp_allreduce"))
-    s.table(make_table(results.get("tp_attention"), "Paged decode attention per step (× 32 "
-                       "layers) on one GPU's heads",
-                       ["machine", "backend", "tp", "num_q_heads", "num_kv_heads", "batch",
-                        "context", "time_us", "per_step_us"], "tp_attention"))
+    s.dataset(results, "tp_attention", "Paged decode attention per step (× 32 layers) on one "
+              "GPU's heads", ["machine", "backend", "tp", "num_q_heads", "num_kv_heads",
+                              "batch", "context", "time_us", "per_step_us"])
     wall = results.get("sweep_wall")
     if wall is not None and {"gpus", "wall_s"} <= set(wall.columns):
         one = wall.loc[wall["gpus"] == 1, "wall_s"]

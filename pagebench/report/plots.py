@@ -153,6 +153,17 @@ def _empty(df) -> bool:
     return df is None or len(df) == 0
 
 
+def panel_grid(n: int, max_cols: int, size, **kwargs):
+    """(figure, the first ``n`` axes) of a grid at most ``max_cols`` wide, the rest hidden;
+    ``size(cols, rows)`` gives the figure's size."""
+    cols = min(max_cols, n)
+    rows = ceil_div(n, cols)
+    fig, axes = plt.subplots(rows, cols, figsize=size(cols, rows), squeeze=False, **kwargs)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, axes
+
+
 @styled
 def utilisation_bars(static: pd.DataFrame) -> Plot | None:
     """Utilisation per allocator (paged: per block size) on one workload."""
@@ -213,11 +224,8 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
     if not cats:
         return None
     panels = list(dict.fromkeys(timeline["label"]))
-    cols = min(4, len(panels))
-    rows = ceil_div(len(panels), cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(7.0, 3.1 * cols), 2.5 * rows + 0.6),
-                             squeeze=False,
-                             sharey=True)
+    fig, axes = panel_grid(len(panels), 4, lambda c, r: (max(7.0, 3.1 * c), 2.5 * r + 0.6),
+                           sharey=True)
     for ax, name in zip(axes.flat, panels):
         g = timeline[timeline["label"] == name].sort_values("step")
         budget = g["budget_tokens"].astype(float)
@@ -227,8 +235,6 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
         ax.set_title(wrapped(name, 36), fontsize=9)
         ax.set_ylim(0, 100)
         ax.set_xlabel("simulation step")
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
     for row in axes:
         row[0].set_ylabel("share of the KV budget (%)")
     handles, names = axes[0][0].get_legend_handles_labels()
@@ -296,12 +302,7 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
     if _empty(df):
         return None
     panels = list(dict.fromkeys(df[panel])) if panel else [None]
-    cols = min(3, len(panels))
-    rows = ceil_div(len(panels), cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(max(4.4 * cols, 6.5), 3.4 * rows),
-                             squeeze=False)
-    for ax in axes.flat[len(panels):]:
-        ax.set_visible(False)
+    fig, axes = panel_grid(len(panels), 3, lambda c, r: (max(4.4 * c, 6.5), 3.4 * r))
     for ax, p in zip(axes.flat, panels):
         part = df if p is None else df[df[panel] == p]
         for key, g in part.groupby(hue, sort=True):
@@ -359,6 +360,34 @@ def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlab
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=7)
     return to_plot(fig, title, alt)
+
+
+@styled
+def hit_rate_vs_budget(prefix: pd.DataFrame) -> Plot | None:
+    """Prefix-cache hit rate (%) per trace against the KV budget in multiples of the article's;
+    a trace's hit rate with unlimited memory as a dashed line."""
+    finite = prefix[~prefix["unlimited"].astype(bool)]
+    if finite.empty:
+        return None
+    fig, ax = plt.subplots(figsize=(6.0, 3.2))
+    for i, (name, g) in enumerate(finite.groupby("trace", sort=False)):
+        g = g.sort_values("budget_vs_article")
+        ax.plot(g["budget_vs_article"], 100 * g["prefix_cache_hit_rate"], marker="o",
+                color=f"C{i}", label=label(name))
+        for rate in prefix[(prefix["trace"] == name) & prefix["unlimited"].astype(bool)][
+                "prefix_cache_hit_rate"]:
+            ax.axhline(100 * rate, color=f"C{i}", linestyle="--", linewidth=1)
+            ax.annotate(f"unlimited memory: {100 * rate:.1f}%", (0.02, 100 * rate),
+                        xycoords=("axes fraction", "data"), fontsize=7, va="bottom")
+    ticks = sorted(finite["budget_vs_article"].unique())
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [f"{t:g}×" for t in ticks])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("KV budget (multiples of the article's 12.4 GB = 1,009,104 slots)")
+    ax.set_ylabel("prompt tokens from cache (%)")
+    ax.legend(fontsize=7)
+    return to_plot(fig, "Prefix-cache hit rate versus KV budget (paged, block 16)",
+                   "line chart of the prefix-cache hit rate against the KV budget")
 
 
 # asv units -> (scale, unit shown): times are shown in the unit that suits their size

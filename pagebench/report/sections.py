@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from pagebench.report import derive, plots
-from pagebench.report.claims import FAILS, HOLDS, Claim, tally
+from pagebench.report.claims import FAILS, HOLDS, Verdict, tally
 from pagebench.report.collect import Results
 from pagebench.results import devices
 
@@ -50,6 +50,10 @@ class Section:
     def table(self, table: Table | None) -> None:
         if table is not None:
             self.items.append(Item("table", table=table))
+
+    def dataset(self, results: Results, name: str, caption: str, columns=None) -> None:
+        """The dataset ``name`` as a table linked to its CSV (nothing if it has no rows)."""
+        self.table(make_table(results.get(name), caption, columns, name))
 
     def plot(self, plot: plots.Plot | None, missing: str = "") -> None:
         if plot is not None:
@@ -196,9 +200,8 @@ def memory(results: Results) -> Section:
                "sequence, pow2 the next power of two, oracle exactly the final length (needs "
                "to know it in advance), paged ceil(len / block) blocks.")
         s.plot(plots.utilisation_bars(static))
-        s.table(make_table(static, "Utilisation per allocator", ["allocator", "block_size",
-                           "allocated_slots", "utilisation", "wasted_slots_per_seq"],
-                           "memory_static"))
+        s.dataset(results, "memory_static", "Utilisation per allocator", ["allocator",
+                  "block_size", "allocated_slots", "utilisation", "wasted_slots_per_seq"])
     sweep = results.get("memory_max_len")
     if sweep is None:
         s.nodata("max_model_len sweep")
@@ -210,11 +213,9 @@ def memory(results: Results) -> Section:
                                  sort=False).reset_index()
         wide.columns = [str(c) if c == "max_len" else f"{c} utilisation" for c in wide.columns]
         s.table(make_table(wide, "Utilisation versus max_model_len", data="memory_max_len"))
-    waste = results.get("block_waste")
-    if waste is not None:
-        s.table(make_table(waste, "Tail waste per sequence as the BlockManager allocates it "
-                           "(prompt then token by token)", ["block_size", "num_seqs",
-                           "max_waste_slots", "bound_slots", "mean_waste_slots"], "block_waste"))
+    s.dataset(results, "block_waste", "Tail waste per sequence as the BlockManager allocates it "
+              "(prompt then token by token)", ["block_size", "num_seqs", "max_waste_slots",
+                                               "bound_slots", "mean_waste_slots"])
     summary = results.get("memory_dynamic_summary")
     timeline = results.get("memory_dynamic_timeline")
     if summary is None and timeline is None:
@@ -226,39 +227,35 @@ def memory(results: Results) -> Section:
                "dry. Breakdown of the budget: token states, reserved-but-unused, internal and "
                "external fragmentation.")
         s.plot(plots.breakdown_areas(timeline), "memory breakdown timeline")
-        s.table(make_table(summary, "Time-stepped summary per allocator (fractions are mean "
-                           "shares of the budget; 'saturated' = over steps where requests wait "
-                           "for memory)", DYNAMIC_COLUMNS, "memory_dynamic_summary"))
+        s.dataset(results, "memory_dynamic_summary", "Time-stepped summary per allocator "
+                  "(fractions are mean shares of the budget; 'saturated' = over steps where "
+                  "requests wait for memory)", DYNAMIC_COLUMNS)
     return s
 
 
 def capacity(results: Results) -> Section:
     s = Section("capacity", "Capacity: blocks, cacheable tokens, concurrency")
-    geo = results.get("kv_geometry")
-    s.table(make_table(geo, "KV geometry of the presets (bf16)", data="kv_geometry"))
-    art = results.get("capacity_article")
-    if art is not None:
-        s.table(make_table(art, "The article's arithmetic: Qwen2.5-0.5B, 16 GB card, 12.4 GB "
-                           "of cache, 4,096-token sequences", ("model", "kv_cache_bytes",
-                           "bytes_per_token", "bytes_per_block", "num_blocks", "cacheable_tokens",
-                           "max_model_len", "max_concurrency_naive", "max_concurrency_paged",
-                           "paged_vs_naive"), "capacity_article"))
+    s.dataset(results, "kv_geometry", "KV geometry of the presets (bf16)")
+    s.dataset(results, "capacity_article", "The article's arithmetic: Qwen2.5-0.5B, 16 GB card, "
+              "12.4 GB of cache, 4,096-token sequences", ("model", "kv_cache_bytes",
+              "bytes_per_token", "bytes_per_block", "num_blocks", "cacheable_tokens",
+              "max_model_len", "max_concurrency_naive", "max_concurrency_paged",
+              "paged_vs_naive"))
     cap = results.get("capacity")
     if cap is None:
         s.nodata("capacity planner (pagebench.sim.capacity)")
     else:
-        if {"max_concurrency_naive", "max_concurrency_paged"} <= set(cap.columns):
-            label = cap.apply(lambda r: f"{r.get('model', '')}\n{r.get('gpu_memory', '')}, "
-                              f"{r.get('max_model_len', '')}", axis=1)
-            s.plot(plots.grouped_bars(cap.assign(case=label), "case",
-                                      {"max_concurrency_naive": "naive reservation",
-                                       "max_concurrency_paged": "paged (block 16)"},
-                                      "Concurrent sequences: naive reservation versus paging",
-                                      "concurrent sequences",
-                                      "bar chart of naive versus paged concurrency",
-                                      xlabel="model, GPU memory, max_model_len"))
-        s.table(make_table(cap, "Capacity planner cases (gpu_memory_utilization 0.9, block 16, "
-                           "lengths lognormal(5.5, 0.9))", CAPACITY_COLUMNS, "capacity"))
+        label = cap["model"].astype(str) + "\n" + cap["gpu_memory"].astype(str) + ", " \
+            + cap["max_model_len"].astype(str)
+        s.plot(plots.grouped_bars(cap.assign(case=label), "case",
+                                  {"max_concurrency_naive": "naive reservation",
+                                   "max_concurrency_paged": "paged (block 16)"},
+                                  "Concurrent sequences: naive reservation versus paging",
+                                  "concurrent sequences",
+                                  "bar chart of naive versus paged concurrency",
+                                  xlabel="model, GPU memory, max_model_len"))
+        s.dataset(results, "capacity", "Capacity planner cases (gpu_memory_utilization 0.9, "
+                  "block 16, lengths lognormal(5.5, 0.9))", CAPACITY_COLUMNS)
     return s
 
 
@@ -371,133 +368,124 @@ def prefill_part(s: Section, results: Results) -> None:
                        data="kernels_prefill_summary"))
 
 
+def cases(frame: pd.DataFrame, keys: list[str], values, how: str = "mean", sort: bool = False,
+          words=lambda key, v: str(v)) -> pd.DataFrame:
+    """``values`` aggregated per ``keys`` (device first), each row named in ``case``: one line
+    per key, the device's label first (the bar labels of a grouped bar chart)."""
+    g = frame.groupby(keys, as_index=False, sort=sort, dropna=False)[values].agg(how)
+    return g.assign(case=["\n".join(words(k, v) for k, v in zip(keys, row))
+                          for row in g[keys].itertuples(index=False)])
+
+
 def engine(results: Results) -> Section:
     s = Section("engine", "Engine: sharing, prefix caching, and the capacity cliff")
-    any_data = False
+    names = ("engine_cow", "engine_prefix", "engine_pool", "engine_batch", "engine_compare",
+             "engine_equal_memory", "engine")
     cow = results.get("engine_cow")
-    if cow is not None:
-        any_data = True
-        col = "peak_blocks"
+    if cow is None:
+        s.nodata("copy-on-write comparison (pagebench.engine.bench.cow_comparison)")
+    else:
         s.text("Copy-on-write: one prompt, n = 1 versus n = 4 completions. The prompt's blocks "
                "are shared; only divergent tokens take new blocks.")
-        key = "variant" if "variant" in cow.columns else "n" if "n" in cow.columns else None
-        if col and key:
-            g = cow.groupby(["machine", key], as_index=False, sort=False)[col].mean()
-            g["case"] = g["machine"].astype(str) + "\n" + (g[key].astype(str) if key == "variant"
-                                                          else "n=" + g[key].astype(str))
-            s.plot(plots.grouped_bars(g, "case", {col: col.replace("_", " ")},
-                                      "KV blocks: n = 1 versus n = 4",
-                                      "peak KV blocks" if col == "peak_blocks" else
-                                      "mean KV blocks", "bar chart of blocks for n=1 and n=4",
-                                      xlabel="device and request"))
-        s.table(make_table(cow, "Copy-on-write comparison", data="engine_cow"))
-    else:
-        s.nodata("copy-on-write comparison (pagebench.engine.bench.cow_comparison)")
+        key = "variant" if "variant" in cow.columns else "n"
+        g = cases(cow, ["machine", key], ["peak_blocks"],
+                  words=lambda k, v: f"n={v}" if k == "n" else str(v))
+        s.plot(plots.grouped_bars(g, "case", {"peak_blocks": "peak blocks"},
+                                  "KV blocks: n = 1 versus n = 4", "peak KV blocks",
+                                  "bar chart of blocks for n=1 and n=4",
+                                  xlabel="device and request"))
+        s.dataset(results, "engine_cow", "Copy-on-write comparison")
     pre = results.get("engine_prefix")
-    if pre is not None:
-        any_data = True
-        s.text("Prefix caching: requests sharing a system prompt, caching on versus off.")
-        panels = {c: words for c, words in (
-            ("num_computed_prompt_tokens", "prompt tokens computed (tokens)"),
-            ("peak_blocks", "peak KV blocks (blocks)")) if c in pre.columns}
-        if panels and "enable_prefix_caching" in pre.columns:
-            g = pre.groupby(["machine", "enable_prefix_caching"], as_index=False)[
-                list(panels)].mean()
-            on = g["enable_prefix_caching"].astype(str).str.lower().isin(("true", "1"))
-            g["case"] = g["machine"].astype(str) + "\ncaching " + on.map({True: "on",
-                                                                         False: "off"})
-            s.plot(plots.bar_panels(g, "case", panels, "Prefix caching on versus off",
-                                    "device and prefix caching",
-                                    "bar charts of prefix caching effect"))
-        s.table(make_table(pre, "Prefix caching comparison", data="engine_prefix"))
-    else:
+    if pre is None:
         s.nodata("prefix caching comparison (pagebench.engine.bench.prefix_cache_comparison)")
+    else:
+        s.text("Prefix caching: requests sharing a system prompt, caching on versus off.")
+        panels = {"num_computed_prompt_tokens": "prompt tokens computed (tokens)",
+                  "peak_blocks": "peak KV blocks (blocks)"}
+        on = pre["enable_prefix_caching"].astype(str).str.lower().isin(("true", "1"))
+        g = cases(pre.assign(caching=on.map({True: "on", False: "off"})),
+                  ["machine", "caching"], list(panels), sort=True,
+                  words=lambda k, v: f"caching {v}" if k == "caching" else str(v))
+        s.plot(plots.bar_panels(g, "case", panels, "Prefix caching on versus off",
+                                "device and prefix caching",
+                                "bar charts of prefix caching effect"))
+        s.dataset(results, "engine_prefix", "Prefix caching comparison")
     pool = results.get("engine_pool")
-    if pool is not None:
-        any_data = True
-        pcol, tcol = "num_preemptions", "tokens_per_s"
+    if pool is None:
+        s.nodata("pool size sweep (pagebench.engine.bench.pool_size_sweep)")
+    else:
         s.text("Pool size sweep: as the pool shrinks, preemptions start and throughput falls "
                "— the capacity cliff.")
-        if pcol and tcol and "num_blocks" in pool.columns:
-            s.plot(plots.twin_lines(pool, "num_blocks", tcol, pcol,
-                                    "Throughput and preemptions versus pool size",
-                                    "pool size (KV blocks)", "line chart of the capacity cliff",
-                                    left_label="generated tokens/s (solid)",
-                                    right_label="preemptions (dashed)", hue="machine"))
-        s.table(make_table(pool, "Pool size sweep", data="engine_pool"))
-    else:
-        s.nodata("pool size sweep (pagebench.engine.bench.pool_size_sweep)")
+        s.plot(plots.twin_lines(pool, "num_blocks", "tokens_per_s", "num_preemptions",
+                                "Throughput and preemptions versus pool size",
+                                "pool size (KV blocks)", "line chart of the capacity cliff",
+                                left_label="generated tokens/s (solid)",
+                                right_label="preemptions (dashed)", hue="machine"))
+        s.dataset(results, "engine_pool", "Pool size sweep")
     batch = results.get("engine_batch")
-    if batch is not None and "tokens_per_s" in batch.columns and "batch" in batch.columns:
-        any_data = True
-        hue = "block_size" if "block_size" in batch.columns else "machine"
-        panel = "machine" if "machine" in batch.columns else None
-        legend = "block size (tokens)" if hue == "block_size" else "device"
-        if "mode" in batch.columns:  # GPU runs: default (graphs) lines, other modes their own
-            mode = batch["mode"].fillna("").astype(str)
-            batch = batch.assign(series=batch[hue].astype(str).where(
-                mode.isin(["", "graphs"]), batch[hue].astype(str) + " " + mode))
-            hue = "series"
-        s.text("Error bars: min and max over repeats, where the data has them. On a GPU the "
-               "engine replays decode steps from CUDA graphs of compiled layers; 'eager' rows "
-               "run every step from Python.")
-        for y, title in (("tokens_per_s", "Engine throughput versus batch size (end to end)"),
-                         ("decode_tokens_per_s", "Engine decode throughput versus batch size")):
-            if y in batch.columns and batch[y].notna().any():
-                s.plot(plots.lines(batch[batch[y].notna()], "batch", y, hue, title,
-                                   "batch size (sequences)", "generated tokens/s",
-                                   f"line chart of {title.lower()}", legend_title=legend,
-                                   logx=True, logy=True, panel=panel,
-                                   spread=(f"{y}_min", f"{y}_max")))
-        s.table(make_table(batch, "Engine throughput versus batch", data="engine_batch"))
-    elif batch is None:
+    if batch is None:
         s.nodata("engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)")
+    else:
+        s.table(make_table(engine_batch_part(s, batch), "Engine throughput versus batch",
+                           data="engine_batch"))
     cmp_ = results.get("engine_compare")
     if cmp_ is not None:
-        any_data = True
         s.text("The engine against transformers' own generation on the same model and requests: "
                "continuous batching with its paged cache (generate_batch) and generate on the "
                "whole left-padded batch (contiguous cache).")
-        if {"method", "tokens_per_s"} <= set(cmp_.columns):
-            rows = cmp_[cmp_["tokens_per_s"].notna()]
-            requests = [c for c in ("batch", "num_requests") if c in rows.columns]
-            rows = rows.assign(requests=rows[requests].bfill(axis=1).iloc[:, 0]
-                               if requests else "")
-            g = rows.groupby(["machine", "requests", "method"], as_index=False, sort=False,
-                             dropna=False)["tokens_per_s"].median()
-            g["case"] = (g["machine"].astype(str) + "\n" + g["method"].astype(str) + "\n"
-                         + g["requests"].map(lambda n: f"{n:g} requests" if n != "" else ""))
-            s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
-                                      "Engine versus transformers: tokens/s",
-                                      "generated tokens/s",
-                                      "bar chart of engine versus transformers throughput",
-                                      xlabel="device, generation method and requests",
-                                      logy=True))
-        s.table(make_table(cmp_, "Engine versus transformers", data="engine_compare"))
+        rows = cmp_[cmp_["tokens_per_s"].notna()]
+        requests = [c for c in ("batch", "num_requests") if c in rows.columns]
+        rows = rows.assign(requests=rows[requests].bfill(axis=1).iloc[:, 0] if requests else "")
+        g = cases(rows, ["machine", "method", "requests"], "tokens_per_s", "median",
+                  words=lambda k, v: (f"{v:g} requests" if v != "" else "")
+                  if k == "requests" else str(v))
+        s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
+                                  "Engine versus transformers: tokens/s", "generated tokens/s",
+                                  "bar chart of engine versus transformers throughput",
+                                  xlabel="device, generation method and requests", logy=True))
+        s.dataset(results, "engine_compare", "Engine versus transformers")
     eq = results.get("engine_equal_memory")
     if eq is not None:
-        any_data = True
         s.text("Equal KV memory: the paged engine against transformers' padded generate, which "
                "reserves prompt + max_tokens slots per sequence.")
-        if {"method", "tokens_per_s"} <= set(eq.columns):
-            g = eq.groupby(["machine", "method"], as_index=False)["tokens_per_s"].max()
-            g["case"] = g["machine"].astype(str) + "\n" + g["method"].astype(str)
-            s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
-                                      "Same KV memory: tokens/s", "generated tokens/s",
-                                      "bar chart of throughput at equal memory",
-                                      xlabel="device and generation method"))
-        s.table(make_table(eq, "Equal-memory comparison", data="engine_equal_memory"))
+        g = cases(eq, ["machine", "method"], "tokens_per_s", "max", sort=True)
+        s.plot(plots.grouped_bars(g, "case", {"tokens_per_s": "tokens/s"},
+                                  "Same KV memory: tokens/s", "generated tokens/s",
+                                  "bar chart of throughput at equal memory",
+                                  xlabel="device and generation method"))
+        s.dataset(results, "engine_equal_memory", "Equal-memory comparison")
     other = results.get("engine")
     if other is not None:
-        any_data = True
-        groups = other.groupby(other["experiment"].astype(str), sort=False) \
-            if "experiment" in other.columns else [("other", other)]
-        for exp, part in groups:
+        for exp, part in other.groupby(other["experiment"].astype(str), sort=False) \
+                if "experiment" in other.columns else [("other", other)]:
             s.table(make_table(part, f"Engine results: {exp}", data="engine"))
-    if not any_data:
+    if all(results.get(n) is None for n in names):
         s.text("No engine data: run `pagebench report` without --quick, or commit "
                "reports/data/<machine>/engine_*.csv.")
     return s
+
+
+def engine_batch_part(s: Section, batch: pd.DataFrame) -> pd.DataFrame:
+    """Engine tokens/s versus batch: a line per block size (GPU runs: per mode as well, named
+    in a ``series`` column of the frame returned), a panel per device."""
+    hue = "block_size"
+    if "mode" in batch.columns:  # GPU runs: default (graphs) lines, other modes their own
+        mode = batch["mode"].fillna("").astype(str)
+        batch = batch.assign(series=batch[hue].astype(str).where(
+            mode.isin(["", "graphs"]), batch[hue].astype(str) + " " + mode))
+        hue = "series"
+    s.text("Error bars: min and max over repeats, where the data has them. On a GPU the "
+           "engine replays decode steps from CUDA graphs of compiled layers; 'eager' rows "
+           "run every step from Python.")
+    for y, title in (("tokens_per_s", "Engine throughput versus batch size (end to end)"),
+                     ("decode_tokens_per_s", "Engine decode throughput versus batch size")):
+        if y in batch.columns and batch[y].notna().any():
+            s.plot(plots.lines(batch[batch[y].notna()], "batch", y, hue, title,
+                               "batch size (sequences)", "generated tokens/s",
+                               f"line chart of {title.lower()}",
+                               legend_title="block size (tokens)", logx=True, logy=True,
+                               panel="machine", spread=(f"{y}_min", f"{y}_max")))
+    return batch
 
 
 def benchmarks(results: Results) -> Section:
@@ -516,12 +504,10 @@ def benchmarks(results: Results) -> Section:
             s.plot(plots.history(g, str(bench), f"line chart of {bench} over commits"))
         s.table(make_table(latest, "asv, latest per benchmark", ["machine", "commit",
                            "benchmark", "params", "value", "unit"], "asv"))
-    pyb = results.get("pytest_benchmark")
-    if pyb is None:
+    if results.get("pytest_benchmark") is None:
         s.nodata("pytest-benchmark JSON (run `make bench`)")
-    else:
-        s.table(make_table(pyb, "pytest-benchmark", ["machine", "commit", "benchmark", "params",
-                           "median_us", "iqr_us", "rounds"], "pytest_benchmark"))
+    s.dataset(results, "pytest_benchmark", "pytest-benchmark", ["machine", "commit",
+              "benchmark", "params", "median_us", "iqr_us", "rounds"])
     return s
 
 
@@ -560,7 +546,7 @@ def recommendation(results: Results) -> tuple[Section, dict | None]:
 VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 
 
-def claims_section(claims: list[Claim]) -> Section:
+def claims_section(claims: list[Verdict]) -> Section:
     s = Section("claims", "Claims of the article, measured")
     s.text(f"{tally(claims)}. Each verdict is computed from the data linked in its row, with "
            "the criterion shown; a claim the data contradicts is marked 'does not hold' with "
@@ -570,7 +556,7 @@ def claims_section(claims: list[Claim]) -> Section:
     return s
 
 
-def claims_table(claims: list[Claim], caption: str, data: str | None = None) -> Table:
+def claims_table(claims: list[Verdict], caption: str, data: str | None = None) -> Table:
     """Claims as a table: each verdict coloured, the measured headline in the cell with every
     detail one click away (the claims section and the sections with verdicts of their own)."""
     rows, classes, details = [], [], []

@@ -1,158 +1,77 @@
-"""The measurements the report runs on the machine at hand, each adding tidy frames to Results.
+"""What the report measures on the machine at hand: each step calls the subsystem that measures
+(sim, engine, kernels) and adds its rows to Results under a dataset name.
 
 Simulators run in seconds; the CPU kernel and engine sweeps take a minute or two and are skipped
-by ``pagebench report --quick``. Each function is called through ``collect.guarded``: an error
-becomes a warning naming the sweep.
+by ``pagebench report --quick``. :func:`plan` lists the steps; ``collect`` runs each through
+``guarded``, so an error becomes a warning naming the step.
 """
 
 from __future__ import annotations
 
-import numpy as np
+import os
+
 import pandas as pd
 
 from pagebench import defaults
-from pagebench.config import ceil_div
+from pagebench.engine.tail_waste import tail_waste_rows
 from pagebench.results import Results
 from pagebench.results.devices import device_label
+from pagebench.sim.capacity import article_capacity, geometry_rows, planner_case_rows
+from pagebench.sim.dynamic import reference_run
+from pagebench.sim.real_traces import study_traces
+from pagebench.sim.static import max_len_rows, utilisation_rows
+from pagebench.sim.workloads import sample_lengths
 
 WORKLOAD = defaults.REFERENCE_LENGTHS  # the article's length distribution
 NUM_SEQS, SEED, MAX_LEN = (defaults.REFERENCE_NUM_SEQS, defaults.REFERENCE_SEED,
                            defaults.REFERENCE_MAX_LEN)
 BLOCK_SIZES = defaults.CURVE_BLOCK_SIZES
 MAX_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
+QUICK_REQUESTS = 2000  # requests of each real trace replayed with --quick
 
 
 def here(device: str) -> str:
     """The device label of rows this report run measures (see :mod:`pagebench.results.devices`)."""
-    import os
-
-    from pagebench.timing import environment
+    from pagebench.timing import environment  # imports torch: only when a sweep runs
 
     return device_label(device, environment(device)["device_name"], os.cpu_count(),
                         this_run=True)
 
 
-def _label(allocator, block_size) -> str:
-    return allocator if block_size is None or pd.isna(block_size) else f"paged {int(block_size)}"
-
-
 def static_memory(results: Results, device: str = "cpu", quick: bool = False) -> None:
     """Utilisation per allocator and block size; utilisation versus max_model_len."""
-    from pagebench.sim.static import static_fragmentation
-    from pagebench.sim.workloads import sample_lengths
-
-    lengths = sample_lengths(WORKLOAD, NUM_SEQS, SEED, MAX_LEN)
-    res = static_fragmentation(lengths, MAX_LEN, BLOCK_SIZES)
-    static = pd.DataFrame(res["results"]).assign(
-        workload=WORKLOAD, num_seqs=res["num_seqs"], max_len=res["max_len"],
-        tokens_stored=res["tokens_stored"], seed=SEED)
-    static["block_size"] = static["block_size"].astype("Int64")
-    results.add("memory_static", static, "pagebench.sim.static")
-
-    rows = []
-    for max_len in MAX_LENS:
-        lengths = sample_lengths(WORKLOAD, NUM_SEQS, SEED, max_len)
-        res = static_fragmentation(lengths, max_len, (16, 128))
-        for r in res["results"]:
-            rows.append({"max_len": max_len, "label": _label(r["allocator"], r["block_size"]),
-                         "allocator": r["allocator"], "block_size": r["block_size"],
-                         "utilisation": r["utilisation"],
-                         "wasted_slots_per_seq": r["wasted_slots_per_seq"],
-                         "workload": WORKLOAD, "num_seqs": NUM_SEQS, "seed": SEED})
-    sweep = pd.DataFrame(rows)
-    sweep["block_size"] = sweep["block_size"].astype("Int64")
-    results.add("memory_max_len", sweep, "pagebench.sim.static")
+    for name, rows in (
+            ("memory_static", utilisation_rows(WORKLOAD, NUM_SEQS, SEED, MAX_LEN, BLOCK_SIZES)),
+            ("memory_max_len", max_len_rows(WORKLOAD, NUM_SEQS, SEED, MAX_LENS))):
+        frame = pd.DataFrame(rows)
+        frame["block_size"] = frame["block_size"].astype("Int64")
+        results.add(name, frame, "pagebench.sim.static")
 
 
 def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    """Tail waste per sequence as the real BlockManager allocates it: prompt, then token by token.
-
-    Each sequence's first half is allocated as a prompt and the rest appended one token at a
-    time; waste = slots in its blocks − tokens stored.
-    """
-    from pagebench.engine.block_manager import BlockManager
-    from pagebench.sim.workloads import sample_lengths
-
     lengths = sample_lengths(WORKLOAD, 200 if quick else 600, SEED, MAX_LEN)
-    rows = []
-    for bs in defaults.BLOCK_SIZES:
-        # a pool as large as the longest sequence; each sequence is freed once measured
-        manager = BlockManager(ceil_div(MAX_LEN, bs), bs)
-        waste = []
-        for i, n in enumerate(lengths):
-            n = int(n)
-            prompt = max(1, n // 2)
-            manager.allocate(i, list(range(prompt)))
-            for t in range(prompt, n):
-                manager.append_token(i, t)
-            waste.append(len(manager.block_table(i)) * bs - manager.num_tokens(i))
-            manager.free(i)
-        waste = np.asarray(waste)
-        rows.append({"block_size": bs, "num_seqs": len(lengths), "max_waste_slots": int(waste.max()),
-                     "mean_waste_slots": float(waste.mean()), "bound_slots": bs - 1,
-                     "workload": WORKLOAD})
-    results.add("block_waste", pd.DataFrame(rows), "pagebench.engine.BlockManager")
-
-
-def kv_geometry_rows() -> pd.DataFrame:
-    from pagebench.config import PRESETS, KVGeometry
-
-    rows = []
-    for name in PRESETS:
-        g = KVGeometry.from_name(name, dtype="bfloat16")
-        rows.append({"model": name, "dtype": "bfloat16", "num_layers": g.num_layers,
-                     "num_kv_heads": g.num_kv_heads, "head_dim": g.head_dim,
-                     "bytes_per_token": g.bytes_per_token,
-                     "bytes_per_block_16": g.bytes_per_block(16)})
-    return pd.DataFrame(rows)
-
-
-CAPACITY_CASES = (
-    dict(model="qwen2.5-0.5b", gpu_memory="16GiB", max_model_len=4096),
-    dict(model="qwen2.5-0.5b", gpu_memory="16GiB", max_model_len=32768),
-    dict(model="qwen2.5-7b", gpu_memory="80GiB", max_model_len=4096),
-    dict(model="llama-3-8b", gpu_memory="80GiB", max_model_len=8192),
-    dict(model="llama-3-8b", gpu_memory="141GiB", max_model_len=8192),
-    dict(model="mistral-7b", gpu_memory="141GiB", max_model_len=32768),
-)
-PLAN_COLUMNS = ("model", "gpu_memory_bytes", "max_model_len", "block_size", "bytes_per_token",
-                "bytes_per_block", "weights_bytes", "kv_cache_bytes", "num_blocks",
-                "cacheable_tokens", "max_concurrency_naive", "max_concurrency_pow2",
-                "max_concurrency_oracle", "max_concurrency_paged", "paged_vs_naive")
+    results.add("block_waste", pd.DataFrame(tail_waste_rows(lengths)).assign(workload=WORKLOAD),
+                "pagebench.engine.BlockManager")
 
 
 def capacity(results: Results, device: str = "cpu", quick: bool = False) -> None:
     """KV geometry of the presets, the article's 250-request arithmetic, planner cases."""
-    from pagebench.sim.capacity import article_capacity, capacity_plan
-
-    results.add("kv_geometry", kv_geometry_rows(), "pagebench.config.KVGeometry")
+    results.add("kv_geometry", pd.DataFrame(geometry_rows()), "pagebench.config.KVGeometry")
     article = article_capacity()
     article["notes"] = "; ".join(article.get("notes") or [])
     results.add("capacity_article", pd.DataFrame([article]),
                 "pagebench.sim.capacity.article_capacity")
-    rows = []
-    for case in CAPACITY_CASES:
-        try:
-            plan = capacity_plan(**case, gpu_memory_utilization=0.9, block_size=16,
-                                 lengths=WORKLOAD, seed=SEED)
-        except Exception as e:  # noqa: BLE001 -- one impossible case keeps the others
-            results.warn(f"capacity: {case}: {e}")
-            continue
-        rows.append({"gpu_memory": case["gpu_memory"]} | {k: plan.get(k) for k in PLAN_COLUMNS})
+    rows, errors = planner_case_rows(WORKLOAD, SEED)
+    for error in errors:
+        results.warn(f"capacity: {error}")
     results.add("capacity", pd.DataFrame(rows), "pagebench.sim.capacity.capacity_plan")
 
 
-# Time-stepped simulation: pagebench.sim.dynamic.reference_run (the article's lengths arriving
-# faster than they finish, in the article's 12.4 GB budget). 20,000 requests take ~2 s and are
-# needed: with far fewer, paged allocation never runs out of memory and never saturates.
-DYNAMIC = dict(num_requests=20_000, block_sizes=defaults.ENGINE_BLOCK_SIZES)
-
-
 def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    """Time-stepped simulation: a summary per allocator and the breakdown over time."""
-    from pagebench.sim.dynamic import reference_run
-
-    res = reference_run(DYNAMIC["num_requests"], block_sizes=DYNAMIC["block_sizes"], max_timeline_rows=400)
+    """Time-stepped simulation (:func:`pagebench.sim.dynamic.reference_run`: the article's
+    lengths arriving faster than they finish, in its 12.4 GB budget). 20,000 requests take ~2 s
+    and are needed: with far fewer, paged allocation never runs out of memory."""
+    res = reference_run(20_000, block_sizes=defaults.ENGINE_BLOCK_SIZES, max_timeline_rows=400)
     summary = res.summary_frame()
     summary["block_size"] = summary["block_size"].astype("Int64")
     summary["workload"] = res.workload.get("source", WORKLOAD)
@@ -162,11 +81,27 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     results.add("memory_dynamic_timeline", timeline, "pagebench.sim.dynamic.reference_run")
 
 
+def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> None:
+    """Azure and Mooncake traces replayed in the simulators, and in the engine unless quick."""
+    source = "pagebench.sim (real traces, " + ("quick: first requests" if quick else
+                                                "whole traces") + ")"
+    for kind, frame in study_traces(QUICK_REQUESTS if quick else None).items():
+        results.add(f"real_traces_{kind}", frame, source)
+    if not quick:  # the engine, the kernels and timing import torch: only when they run
+        from pagebench.engine.bench import tiny_model
+        from pagebench.engine.trace_replay import replay_trace
+
+        model = tiny_model(device=device)
+        rows = [replay_trace(model, name, 24, max_model_len=1024, max_output_len=16)
+                for name in ("mooncake-conv", "azure-conv")]
+        results.add("real_traces_engine", pd.DataFrame(rows),
+                    "pagebench.engine.trace_replay (tiny random model)")
+
+
 def kernel_sweep(results: Results, device: str = "cpu", quick: bool = False) -> None:
     from pagebench.kernels.sweep import run_sweep
 
-    frame = pd.DataFrame(run_sweep(device=device, quick=True))
-    frame["machine"] = here(device)
+    frame = pd.DataFrame(run_sweep(device=device, quick=True)).assign(machine=here(device))
     results.add("kernels", frame, "pagebench.kernels.sweep.run_sweep (this run)")
 
 
@@ -192,13 +127,18 @@ def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) ->
         except Exception as e:  # noqa: BLE001 -- one failed comparison keeps the others
             results.warn(f"engine: {fn_name} failed ({type(e).__name__}: {e})")
             continue
-        frame["machine"] = label
-        results.add(frame["experiment"].iloc[0], frame,
+        results.add(frame["experiment"].iloc[0], frame.assign(machine=label),
                     f"pagebench.engine.bench.{fn_name} (this run)")
 
 
-def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    """Azure and Mooncake traces replayed in the simulators (and the engine unless quick)."""
-    from pagebench.report.real_traces import trace_sweeps
-
-    trace_sweeps(results, device=device, quick=quick)
+def plan(run_sweeps: bool) -> list[tuple[str, object]]:
+    """(label, step) in the order they run; the kernel and engine sweeps only if asked."""
+    steps = [("memory: static fragmentation", static_memory),
+             ("memory: block manager tail waste", block_waste),
+             ("capacity planner", capacity),
+             ("memory: time-stepped simulation", dynamic_memory),
+             ("memory: real traces", real_traces)]
+    if run_sweeps:
+        steps += [("kernels: quick sweep", kernel_sweep),
+                  ("engine: quick comparisons", engine_sweeps)]
+    return steps

@@ -270,3 +270,86 @@ def article_budget_tokens() -> int:
     """Cacheable tokens of the article's case: the budget of the reference dynamic run."""
     return article_capacity()["cacheable_tokens"]
 
+
+
+# ---- the planner cases the report shows ------------------------------------------------------
+
+PLANNER_CASES = (
+    dict(model="qwen2.5-0.5b", gpu_memory="16GiB", max_model_len=4096),
+    dict(model="qwen2.5-0.5b", gpu_memory="16GiB", max_model_len=32768),
+    dict(model="qwen2.5-7b", gpu_memory="80GiB", max_model_len=4096),
+    dict(model="llama-3-8b", gpu_memory="80GiB", max_model_len=8192),
+    dict(model="llama-3-8b", gpu_memory="141GiB", max_model_len=8192),
+    dict(model="mistral-7b", gpu_memory="141GiB", max_model_len=32768),
+)
+PLAN_COLUMNS = ("model", "gpu_memory_bytes", "max_model_len", "block_size", "bytes_per_token",
+                "bytes_per_block", "weights_bytes", "kv_cache_bytes", "num_blocks",
+                "cacheable_tokens", "max_concurrency_naive", "max_concurrency_pow2",
+                "max_concurrency_oracle", "max_concurrency_paged", "paged_vs_naive")
+FP8_CASES = (("llama-3-8b", "141GB", 8192), ("qwen2.5-7b", "80GB", 32768),
+             ("mistral-7b", "141GB", 32768))
+TP_CASES = (("llama-3-8b", (1, 2, 4, 8, 16)), ("llama-3-70b", (2, 4, 8)))
+
+
+def geometry_rows(dtype: str = "bfloat16") -> list[dict]:
+    """KV geometry of every preset: bytes per token and per 16-token block."""
+    rows = []
+    for name in PRESETS:
+        g = KVGeometry.from_name(name, dtype=dtype)
+        rows.append({"model": name, "dtype": dtype, "num_layers": g.num_layers,
+                     "num_kv_heads": g.num_kv_heads, "head_dim": g.head_dim,
+                     "bytes_per_token": g.bytes_per_token,
+                     "bytes_per_block_16": g.bytes_per_block(16)})
+    return rows
+
+
+def planner_case_rows(lengths: str = REFERENCE_LENGTHS,
+                      seed: int = REFERENCE_SEED) -> tuple[list, list]:
+    """(rows, errors): :data:`PLANNER_CASES` at 0.9 utilisation, block 16; a case the planner
+    refuses is named in ``errors`` and the others are kept."""
+    rows, errors = [], []
+    for case in PLANNER_CASES:
+        try:
+            plan = capacity_plan(**case, gpu_memory_utilization=0.9, block_size=16,
+                                 lengths=lengths, seed=seed)
+        except ConfigError as e:
+            errors.append(f"{case}: {e}")
+            continue
+        rows.append({"gpu_memory": case["gpu_memory"]} | {k: plan.get(k) for k in PLAN_COLUMNS})
+    return rows, errors
+
+
+def fp8_rows() -> list[dict]:
+    """Blocks and naive concurrency for bf16 and fp8 (e4m3) caches, bf16 weights, 0.9 of the
+    GPU, 4 GiB overhead, block 16."""
+    rows = []
+    for model, gpu, max_len in FP8_CASES:
+        bf16, fp8 = (capacity_plan(model, gpu_memory=gpu, max_model_len=max_len,
+                                   overhead_bytes="4GiB", kv_dtype=kv, num_seqs=500)
+                     for kv in ("bfloat16", "fp8_e4m3"))
+        rows.append({"model": model, "gpu_memory": gpu, "max_model_len": max_len,
+                     "blocks_bf16": bf16["num_blocks"], "blocks_fp8": fp8["num_blocks"],
+                     "blocks_ratio": fp8["num_blocks"] / bf16["num_blocks"],
+                     "concurrency_bf16": bf16["max_concurrency_naive"],
+                     "concurrency_fp8": fp8["max_concurrency_naive"]})
+    return rows
+
+
+def tensor_parallel_rows() -> list[dict]:
+    """The planner on a 141 GB GPU (0.9 utilisation, 4 GiB overhead) for each tp of
+    :data:`TP_CASES`; a tp whose weights leave no room says so in ``note``."""
+    rows = []
+    for model, sizes in TP_CASES:
+        for tp in sizes:
+            try:
+                p = capacity_plan(model, gpu_memory="141GB", overhead_bytes="4GiB",
+                                  tensor_parallel_size=tp, num_seqs=500)
+            except ConfigError as e:
+                rows.append(dict(model=model, tensor_parallel_size=tp, note=str(e)))
+                continue
+            rows.append({k: p[k] for k in (
+                "model", "tensor_parallel_size", "kv_heads_per_rank", "kv_replication",
+                "bytes_per_token_per_rank", "weights_bytes_per_rank", "kv_cache_bytes",
+                "num_blocks", "blocks_vs_tp1", "max_concurrency_paged",
+                "max_concurrency_paged_per_gpu")})
+    return rows

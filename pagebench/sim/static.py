@@ -71,3 +71,29 @@ def format_static_table(result: dict) -> str:
         lines.append(f"{name:<18}{row['allocated_slots']:>17,}{row['utilisation']:>12.1%}"
                      f"{row['wasted_slots_per_seq']:>11.1f}")
     return "\n".join(lines)
+
+
+def utilisation_rows(workload: str, num_seqs: int, seed: int, max_len: int,
+                     block_sizes=BLOCK_SIZES) -> list[dict]:
+    """:func:`static_fragmentation` on ``num_seqs`` lengths drawn from ``workload``: one row per
+    allocator (paged: per block size), with the workload's parameters on every row."""
+    from pagebench.sim.workloads import sample_lengths
+
+    res = static_fragmentation(sample_lengths(workload, num_seqs, seed, max_len), max_len,
+                               block_sizes)
+    return [r | {"workload": workload, "num_seqs": res["num_seqs"], "max_len": res["max_len"],
+                 "tokens_stored": res["tokens_stored"], "seed": seed} for r in res["results"]]
+
+
+def max_len_rows(workload: str, num_seqs: int, seed: int, max_lens,
+                 block_sizes=(16, 128)) -> list[dict]:
+    """Utilisation as ``max_model_len`` grows (lengths drawn again, clipped to each): naive
+    reservation falls in proportion, paged does not move. ``label`` names each run."""
+    rows = []
+    for max_len in max_lens:
+        for r in utilisation_rows(workload, num_seqs, seed, max_len, block_sizes):
+            label = r["allocator"] if r["block_size"] is None else f"paged {r['block_size']}"
+            rows.append({"max_len": max_len, "label": label} | {k: r[k] for k in (
+                "allocator", "block_size", "utilisation", "wasted_slots_per_seq", "workload",
+                "num_seqs", "seed")})
+    return rows

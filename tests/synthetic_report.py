@@ -1,4 +1,4 @@
-"""Small synthetic results in the shapes the real sources produce, for tests and layout previews.
+"""Small synthetic report results in the shapes the real sources produce, for the report's tests.
 
 Every row is labelled ``synthetic`` (source, workload) and its device ``Synthetic GPU``:
 nothing here is a measurement. ``synthetic_results(paged_ratio=..., cow_ratio=...)`` lets a
@@ -50,7 +50,7 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     from pagebench.sim.static import static_fragmentation
 
     r = Results()
-    src = f"{label} (pagebench.report.demo)"
+    src = f"{label} (tests/synthetic_report.py)"
     lengths = np.random.default_rng(0).integers(1, 1024, 400)
     static = static_fragmentation(lengths, 1024, defaults.BLOCK_SIZES)
     r.add("memory_static", pd.DataFrame(static["results"]).assign(

@@ -14,12 +14,14 @@ above the diagonal are not visited.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.triton_decode import INTERPRETED, attend_tile, default_tile_n, next_pow2
+
+# triton_decode, imported above, has set TRITON_INTERPRET where Triton needs it
+import triton  # noqa: E402 (after TRITON_INTERPRET is decided)
+import triton.language as tl  # noqa: E402 (after TRITON_INTERPRET is decided)
 
 
 @triton.jit

@@ -8,6 +8,7 @@ a tiny random model (``tiny_model()``); pass a real-shaped model for device runs
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import torch
@@ -70,10 +71,12 @@ def _device(model) -> torch.device:
 
 
 def base_row(model, **fields) -> dict:
-    """The fields every row carries: environment (device, versions, commit), model, dtype."""
+    """The fields every row carries: environment (device, versions, commit; on a CPU its
+    logical core count, which the report's device label names), model, dtype."""
     dev = _device(model)
     cfg = model.config
-    return environment(dev) | dict(
+    cores = {"cpu_count": os.cpu_count()} if dev.type == "cpu" else {}
+    return environment(dev) | cores | dict(
         model=f"{cfg.model_type}-L{cfg.num_hidden_layers}-H{cfg.hidden_size}",
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."), **fields)
 

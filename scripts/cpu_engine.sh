@@ -1,11 +1,11 @@
-#!/bin/sh
+#!/bin/bash
 # CPU engine data committed under reports/data/cpu/ (tiny random Qwen2: 2 layers, hidden 128,
 # fp32, torch kernel, 1 thread): the engine against transformers' generation, throughput vs batch
 # and block size, copy-on-write, prefix caching, pool size.
 #
 #   scripts/cpu_engine.sh [OUT_DIR] [REPEAT]      # defaults: reports/data/cpu 3
 #   QUICK=1 scripts/cpu_engine.sh /tmp/out 1     # a few seconds per command: exercises the path
-set -eu
+set -euo pipefail
 OUT=${1:-reports/data/cpu}
 REPEAT=${2:-3}
 PAGEBENCH=${PAGEBENCH:-"python -m pagebench"}

@@ -56,47 +56,49 @@ def decode_launch_grid(device: str = "cuda", repeat: int = 15, skipped: list | N
                        points: dict | None = None) -> list[dict]:
     """Rows of the decode grid (``DECODE_POINTS`` unless ``points``: shape name -> (batch,
     context) list)."""
-    from pagebench.kernels import reference, triton_decode
-    from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
-
     _require_cuda(device)
     rows: list[dict] = []
     timed = _timer(device, rows, [] if skipped is None else skipped, repeat, warmup=3)
     for shape_name, shape_points in (points or DECODE_POINTS).items():
-        shape = SHAPES[shape_name]
-        scale = shape[2] ** -0.5
         for batch, context in shape_points:
-            nbytes = kv_bytes(batch, context, shape[1], shape[2], torch.bfloat16)
-            base = {"model_shape": shape_name, "batch": batch, "context": context}
-            q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
-            for mode in ("gqa", "groups"):
-                timed(lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode),
-                      base, nbytes, backend=f"sdpa-{mode}")
-            del q, k, v
-            case = paged_case(batch, context, shape, BLOCK_SIZE, torch.bfloat16, device, seed=4)
-            if batch == 1 and context <= 4096:
-                mask = flex_block_mask(case[3], case[4], case[1].shape[0], BLOCK_SIZE)
-                timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), base, nbytes,
-                      backend="flex")
-            chosen = triton_decode.decode_plan(*case, scale).num_splits
-            timed(lambda: triton_decode.triton_paged_decode(*case, scale), base, nbytes,
-                  backend="triton", num_splits=chosen, heuristic=True)
-            for tile_n, warps, stages in DECODE_CONFIGS:
-                for splits in DECODE_SPLITS:
-                    if splits > max(1, context // tile_n):
-                        continue
-                    options = dict(num_splits=splits, tile_n=tile_n, num_warps=warps,
-                                   num_stages=stages)
-                    row = timed(lambda: triton_decode.triton_paged_decode(*case, scale, **options),
-                                base, nbytes, backend="triton", **options,
-                                programs=batch * shape[1] * splits)
-                    plan = triton_decode.decode_plan(*case, scale, **options)
-                    kernel = next(iter(plan.split.compiled.values()), (None,))[0]
-                    if row is not None and kernel is not None:  # registers, shared memory
-                        row.update(n_regs=kernel.n_regs, shared=kernel.metadata.shared)
-            del case
-            torch.cuda.empty_cache()
+            _decode_point(timed, device, shape_name, batch, context)
+            torch.cuda.empty_cache()  # this point's tensors are gone with its frame
     return rows
+
+
+def _decode_point(timed, device: str, shape_name: str, batch: int, context: int) -> None:
+    from pagebench.kernels import reference, triton_decode
+    from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
+
+    shape = SHAPES[shape_name]
+    scale = shape[2] ** -0.5
+    nbytes = kv_bytes(batch, context, shape[1], shape[2], torch.bfloat16)
+    base = {"model_shape": shape_name, "batch": batch, "context": context}
+    q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
+    for mode in ("gqa", "groups"):
+        timed(lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode),
+              base, nbytes, backend=f"sdpa-{mode}")
+    q = k = v = None  # the contiguous cache is not needed beside the paged one
+    case = paged_case(batch, context, shape, BLOCK_SIZE, torch.bfloat16, device, seed=4)
+    if batch == 1 and context <= 4096:
+        mask = flex_block_mask(case[3], case[4], case[1].shape[0], BLOCK_SIZE)
+        timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), base, nbytes,
+              backend="flex")
+    chosen = triton_decode.decode_plan(*case, scale).num_splits
+    timed(lambda: triton_decode.triton_paged_decode(*case, scale), base, nbytes,
+          backend="triton", num_splits=chosen, heuristic=True)
+    for tile_n, warps, stages in DECODE_CONFIGS:
+        for splits in DECODE_SPLITS:
+            if splits > max(1, context // tile_n):
+                continue
+            options = dict(num_splits=splits, tile_n=tile_n, num_warps=warps, num_stages=stages)
+            row = timed(lambda: triton_decode.triton_paged_decode(*case, scale, **options),
+                        base, nbytes, backend="triton", **options,
+                        programs=batch * shape[1] * splits)
+            plan = triton_decode.decode_plan(*case, scale, **options)
+            kernel = next(iter(plan.split.compiled.values()), (None,))[0]
+            if row is not None and kernel is not None:  # registers, shared memory
+                row.update(n_regs=kernel.n_regs, shared=kernel.metadata.shared)
 
 
 def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | None = None,
@@ -117,5 +119,5 @@ def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | 
             timed(lambda: triton_paged_prefill(*case, scale, rows=r, tile_n=tile_n,
                                                num_warps=warps),
                   base, rows=r, tile_n=tile_n, num_warps=warps)
-        del case
+        case = None  # free this point's cache before the next is built
     return rows

@@ -156,18 +156,19 @@ def test_paged_prefill_matches_float64_reference_cpu(backend):
 
 
 def test_triton_prefill_tiles_match_reference():
-    """Several query tiles per sequence and key tiles across the diagonal, forced small."""
+    """Several query tiles per sequence and key tiles across the diagonal, forced small; the
+    query lengths scanned in steps of one or two sequences as well as all at once."""
     if "triton" not in backends_for("cpu", "prefill"):
         pytest.skip("triton not installed")
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
-           tile_n=st.sampled_from([16, 32]))
-    def prop(drawn, rows, tile_n):
+           tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]))
+    def prop(drawn, rows, tile_n, scan):
         case, query_lens = drawn
         check_prefill("triton", case, query_lens, prefill=lambda *args: triton_paged_prefill(
-            *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n))
+            *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan))
     prop()
 
 

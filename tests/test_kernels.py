@@ -132,6 +132,22 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
         assert relative_error(out[i:i + 1], step) < 1e-5
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_triton_prefill_64_bit_offsets_match(monkeypatch):
+    """The 64-bit index path (taken for caches of 2^31 elements or more, too large to build
+    here) forced on a small cache: the same result as the 32-bit path."""
+    from pagebench.kernels import triton_prefill
+
+    q, inp, qlens = _prefill_case(lens=(9, 40, 6), qlens=(3, 40, 1))
+    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens, 0.25)
+    narrow = triton_prefill.triton_paged_prefill(*args, rows=16, tile_n=16)
+    monkeypatch.setattr(triton_prefill, "INT32_SPAN", 1)
+    wide = triton_prefill.triton_paged_prefill(*args, rows=16, tile_n=16)
+    ref = reference_prefill(*args[:6], scale=0.25)
+    assert not torch.isnan(wide).any()
+    assert relative_error(wide, ref) < 1e-5 and torch.equal(wide, narrow)
+
+
 # ---- cache writes ---------------------------------------------------------------------------
 
 def test_write_kv_then_decode_reads_what_was_written():

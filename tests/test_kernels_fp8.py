@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 import torch
 
@@ -153,4 +154,21 @@ def test_bench_cli_kv_dtype_errors_name_the_option(capsys):
 
     assert main(["bench", "--kv-dtype", "fp9"]) == 2
     assert "--kv-dtype: unknown 'fp9'" in capsys.readouterr().err
-    assert main(["bench", "--prefill", "--kv-dtype", "fp8_e4m3"]) == 2
+    assert main(["bench", "--prefill", "--kv-dtype", "fp9"]) == 2
+    assert "--kv-dtype: unknown 'fp9'" in capsys.readouterr().err
+
+
+def test_prefill_sweep_times_fp8_caches(tmp_path):
+    from pagebench.cli import main
+    from pagebench.kernels.prefill_sweep import run_prefill_sweep
+
+    df = run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(2, 3, 5)], block_size=4,
+                           include=["torch", "sdpa"], repeat=1, kv_dtype=E5M2)
+    paged = df[df["layout"] == "paged"]
+    assert list(paged.backend) == ["torch-paged"] and set(paged.kv_dtype) == {"float8_e5m2"}
+    assert set(df[df["layout"] == "contiguous"].kv_dtype) == {"float32"}
+    out = tmp_path / "p.csv"
+    assert main(["bench", "--prefill", "--kv-dtype", "fp8_e4m3", "--shape", "t=4/2/16",
+                 "--backends", "torch", "--repeat", "1", "--out", str(out)]) == 0
+    rows = pd.read_csv(out)
+    assert set(rows[rows.backend == "torch-paged"].kv_dtype) == {"float8_e4m3fn"}

@@ -168,8 +168,8 @@ def run_bench(args) -> int:
     elif args.prefill:
         from pagebench.kernels.prefill_sweep import run_prefill_sweep
 
-        if layouts != ["shuffled"] or args.kv_dtype:
-            raise ValueError("--layouts/--kv-dtype: apply to the decode sweep, not --prefill")
+        if layouts != ["shuffled"]:
+            raise ValueError("--layouts: applies to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
@@ -181,8 +181,8 @@ def run_bench(args) -> int:
             df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
                                    block_size=block_size, dtype=dtype, include=include,
                                    repeat=args.repeat, progress=lambda row: bar.update(),
-                                   share=ranks.share)
-        table = PREFILL_TABLE
+                                   share=ranks.share, kv_dtype=kv_dtype)
+        table = PREFILL_TABLE + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     else:
         from pagebench.kernels.sweep import run_sweep
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.sweep import CPU_EXCLUDED, SHAPES, paged_case
+from pagebench.kernels.sweep import CPU_EXCLUDED, SHAPES, paged_case, quantized_case
 from pagebench.kernels.validate import check_prefill
 from pagebench.timing import environment, measure
 
@@ -25,7 +25,7 @@ PREFILL_COLUMNS = [
     "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "query_len",
     "cached", "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us",
-    "tflops",
+    "tflops", "kv_dtype",
 ]
 GRAPH_CAPTURABLE = ("sdpa-contiguous", "triton-paged")
 # (batch, query_len, cached): whole prompts, then chunks after a cached prefix
@@ -71,14 +71,18 @@ def prefill_case(batch, query_len, cached, shape, block_size, dtype, device, see
 
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_size=16,
-                      dtype=None, include=None, repeat=None, progress=None, share=(0, 1)):
+                      dtype=None, include=None, repeat=None, progress=None, share=(0, 1),
+                      kv_dtype=None):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
-    this rank's (shape, point) pairs (``pagebench.distributed.take_share``)."""
+    this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
+    (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
+    scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"
     dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
+    kv_dtype = kv_dtype or dtype
     shapes = shapes or ({"llama-3-8b": SHAPES["llama-3-8b"]} if quick or not on_cuda
                         else SHAPES)
     points = points or (QUICK_PREFILL_POINTS if quick or not on_cuda else FULL_PREFILL_POINTS)
@@ -87,7 +91,7 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
     backends = [name for name, b in registry.registered_backends().items()
                 if b.prefill is not None and torch.device(device).type in b.devices
                 and registry.backend_available(b) and (include is None or name in include)
-                and name not in excluded]
+                and name not in excluded and b.supports_cache_dtype(kv_dtype, dtype)]
     env = environment(device)
     rows = []
 
@@ -100,7 +104,8 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
                    "block_size": block_size if layout == "paged" else None, "backend": backend,
                    "layout": layout, "cuda_graph": graph, "time_us": t.median_us,
                    "q20_us": t.q20_us, "q80_us": t.q80_us,
-                   "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6}
+                   "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
+                   "kv_dtype": str(kv_dtype if layout == "paged" else dtype).replace("torch.", "")}
             rows.append(row)
             if progress:
                 progress(row)
@@ -115,10 +120,12 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
                    sdpa_causal(*point, shape, dtype, device, seed=3))
             case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
             check_prefill(*case, scale)  # once: the timed calls go to the kernels directly
+            cache_case, scales = quantized_case(case[:5], kv_dtype)
+            case = (*cache_case, case[5])
             for name in backends:
                 prefill = registry.get_backend(name).prefill
                 record(shape_name, shape, point, f"{name}-paged", "paged",
-                       lambda: prefill(*case, scale))
+                       lambda: prefill(*case, scale, **scales))
             del case
             if on_cuda:
                 torch.cuda.empty_cache()

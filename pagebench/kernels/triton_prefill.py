@@ -1,14 +1,23 @@
 """Triton paged prefill: causal attention for a chunk of queries over everything cached before it.
 
-Grid ``(query tile, KV head)``, the query tiles of all sequences numbered one after another
-(each program finds its sequence by a binary search of the cumulative tile counts). A program
-takes ``TOKENS`` consecutive queries of one sequence and the whole group of query heads that
-share its KV head, as ``TOKENS x GROUP`` rows of one matrix, so each K/V tile read from the
-cache serves every head of the group (as the decode kernel does). Query ``i`` of a chunk of
-``query_len`` sits at position ``seq_len - query_len + i`` and sees keys ``0 ..`` that
+A program takes ``TOKENS`` consecutive queries of one sequence and the whole group of query
+heads that share one KV head, as ``TOKENS x GROUP`` rows of one matrix, so each K/V tile read
+from the cache serves every head of the group (as the decode kernel does). Query ``i`` of a
+chunk of ``query_len`` sits at position ``seq_len - query_len + i`` and sees keys ``0 ..`` that
 position; the program walks the keys up to its last query's position in tiles of ``TILE_N``
-tokens through the block table (any block size), with the online softmax in fp32. Tiles wholly
-above the diagonal are not visited.
+tokens through the block table (any block size), with the online softmax in fp32 (log2 domain,
+the softmax scale folded into the exponent).
+
+The walk has two parts, as FlashAttention's causal loop: the tiles every row of the program
+sees whole (keys up to its first query's position) take no mask at all, and only the tiles
+across the diagonal are masked per element; tiles wholly above the diagonal are not visited.
+
+The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile
+``last - p // kv_heads``, where the query tiles of all sequences are numbered one after another
+(each program finds its sequence by scanning the query lengths). Numbering from the last tile
+means the programs with the most keys to walk (the ends of long chunks) start first and the
+short ones fill in behind them, rather than leaving a tail of long ones. The grid is sized
+from the packed query count alone, so nothing is read back to the host.
 """
 
 from __future__ import annotations
@@ -17,44 +26,116 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
-from pagebench.kernels.triton_decode import INTERPRETED, attend_tile, default_tile_n, next_pow2
+from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, next_pow2
 
 # triton_decode, imported above, has set TRITON_INTERPRET where Triton needs it
 import triton  # noqa: E402 (after TRITON_INTERPRET is decided)
 import triton.language as tl  # noqa: E402 (after TRITON_INTERPRET is decided)
 
+INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
+MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
+LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
+
+
+@triton.jit
+def _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
+             stride_kb, stride_kt, stride_vb, stride_vt,
+             BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+             MASKED: tl.constexpr, WIDE_INDEX: tl.constexpr):
+    """The K and V rows of the key positions ``pos`` (as stored). ``MASKED``: positions at or
+    beyond ``end`` are not read (they load as zeros); unmasked tiles lie wholly before it."""
+    if MASKED:
+        pos_ok = pos < end
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0)
+    else:
+        block = tl.load(table_row + pos // BLOCK_SIZE)
+    if WIDE_INDEX:
+        block = block.to(tl.int64)
+    slot = pos % BLOCK_SIZE
+    k_ptr = K + (block * stride_kb + slot * stride_kt + k_head)[:, None] + dims[None, :]
+    v_ptr = V + (block * stride_vb + slot * stride_vt + v_head)[:, None] + dims[None, :]
+    if MASKED:
+        kv_mask = pos_ok[:, None] & (dims < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr, mask=kv_mask, other=0.0)
+    elif DIM_PAD != HEAD_DIM:
+        dim_ok = (dims < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr, mask=dim_ok, other=0.0)
+        v = tl.load(v_ptr, mask=dim_ok, other=0.0)
+    else:
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
+    return k, v
+
+
+@triton.jit
+def _softmax_step(q, k, v, visible, m_i, l_i, acc, scale_log2e,
+                  MASKED: tl.constexpr, IEEE_DOT: tl.constexpr):
+    """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
+    and the output ``acc``, updated with the scores of ``q`` against ``k``. ``MASKED``: only
+    the (row, key) pairs where ``visible`` count. ``IEEE_DOT``: fp32 inputs (or bf16 upcast
+    when interpreted) take exact fp32 products."""
+    if IEEE_DOT:
+        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k))
+    if MASKED:
+        s = tl.where(visible, s * scale_log2e, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp2(s - m_new[:, None])
+    else:  # the scale goes into the exponent's multiply-add
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+        p = tl.exp2(s * scale_log2e - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    if IEEE_DOT:
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_new, l_i, acc
+
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, TABLES, SEQ_LENS, Q_LENS, Q_ENDS, TILE_ENDS, OUT, K_SCALE, V_SCALE,
+    Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
     stride_ts, stride_ot, stride_oh,
-    GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
+    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
-    tile = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    pid = tl.program_id(0)
+    kv_head = pid % KV_HEADS
+    tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    # this tile's sequence: the first whose cumulative tile count exceeds it (binary search)
-    lo = 0
-    hi = num_seqs
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if tl.load(TILE_ENDS + mid) <= tile:
-            lo = mid + 1
-        else:
-            hi = mid
-    seq = lo
+    # This tile's sequence is the first whose cumulative tile count exceeds it. Each program
+    # scans the query lengths itself, SCAN sequences at a time: the sequences before it are
+    # those whose cumulative count is <= tile, and their queries and tiles come before its
+    # own. (One pass of vector loads instead of prefix sums launched from the host: those
+    # were separate kernels, each costing more than this scan on a small prefill.)
+    seq = 0
+    q_start = 0
+    tile_start = 0
+    tiles_before = 0
+    for chunk in range(0, num_seqs, SCAN):
+        idx = chunk + tl.arange(0, SCAN)
+        lens = tl.load(Q_LENS + idx, mask=idx < num_seqs, other=0)
+        tiles = (lens + (TOKENS - 1)) // TOKENS
+        before = (tiles_before + tl.cumsum(tiles, 0)) <= tile
+        seq += tl.sum(before.to(tl.int32), 0)
+        q_start += tl.sum(tl.where(before, lens, 0), 0)
+        tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+        tiles_before += tl.sum(tiles, 0)
     if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
         q_len = tl.load(Q_LENS + seq)
-        first = (tile - tl.load(TILE_ENDS + seq) + tl.cdiv(q_len, TOKENS)) * TOKENS
+        first = (tile - tile_start) * TOKENS
         seq_len = tl.load(SEQ_LENS + seq)
-        q_start = tl.load(Q_ENDS + seq) - q_len
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -62,46 +143,71 @@ def _prefill_kernel(
         q_pos = seq_len - q_len + tok  # each row's position in the sequence
         dims = tl.arange(0, DIM_PAD)
         dim_ok = dims < HEAD_DIM
-        q = tl.load(Q + (q_start + tok)[:, None] * stride_qt + heads[:, None] * stride_qh
-                    + dims[None, :], mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        q_rows = (q_start + tok).to(tl.int64)  # outside the key loop: 64-bit costs nothing here
+        q = tl.load(Q + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
+                    mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
 
         m_i = tl.full([ROWS], float("-inf"), tl.float32)
         l_i = tl.zeros([ROWS], tl.float32)
         acc = tl.zeros([ROWS, DIM_PAD], tl.float32)
-        # keys up to the last query of this tile (key 0 is visible to every row, so each row's
-        # running max is finite after the first tile)
-        end = seq_len - q_len + tl.minimum(first + TOKENS, q_len)
+        k_head = kv_head * stride_kh
+        v_head = kv_head * stride_vh
+        if WIDE_INDEX:
+            k_head = k_head.to(tl.int64)
+            v_head = v_head.to(tl.int64)
         table_row = TABLES + seq * stride_ts
-        for start in range(0, end, TILE_N):
-            pos = start + tl.arange(0, TILE_N)
-            pos_ok = pos < end
-            block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-            k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt + kv_head * stride_kh
-            v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt + kv_head * stride_vh
-            kv_mask = pos_ok[:, None] & dim_ok[None, :]
-            k = tl.load(K + k_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-            v = tl.load(V + v_row[:, None] + dims[None, :], mask=kv_mask, other=0.0).to(q.dtype)
-            visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2e, IEEE_DOT)
+        # every row sees keys up to the first query's position: whole tiles below it unmasked
+        first_pos = seq_len - q_len + first
+        full_end = (first_pos + 1) // TILE_N * TILE_N
+        # keys up to the last query of this tile
+        end = seq_len - q_len + tl.minimum(first + TOKENS, q_len)
+        offs = tl.arange(0, TILE_N)
+        for start in range(0, full_end, TILE_N):
+            k, v = _kv_tile(K, V, table_row, start + offs, end, dims, k_head, v_head,
+                            stride_kb, stride_kt, stride_vb, stride_vt,
+                            BLOCK_SIZE, HEAD_DIM, DIM_PAD, False, WIDE_INDEX)
+            m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), None, m_i, l_i, acc,
+                                          scale_log2e, False, IEEE_DOT)
+        # across the diagonal (key 0 is visible to every row, so each row's running max is
+        # finite after the first tile, whichever loop visits it)
+        for start in range(full_end, end, TILE_N):
+            pos = start + offs
+            k, v = _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
+                            stride_kb, stride_kt, stride_vb, stride_vt,
+                            BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
+            visible = (pos < end)[None, :] & (pos[None, :] <= q_pos[:, None])
+            m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), visible, m_i, l_i,
+                                          acc, scale_log2e, True, IEEE_DOT)
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
-        tl.store(OUT + (q_start + tok)[:, None] * stride_ot + heads[:, None] * stride_oh
-                 + dims[None, :], out.to(OUT.dtype.element_ty),
-                 mask=row_ok[:, None] & dim_ok[None, :])
+        tl.store(OUT + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
+                 out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def default_rows(head_dim: int, dtype: torch.dtype, device: torch.device) -> int:
-    """Query rows (tokens x heads of a group) per program."""
+def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device,
+                   mean_chunk: int) -> tuple[int, int, int]:
+    """(rows, num_warps, num_stages) for chunks of ``mean_chunk`` queries on average. Long
+    chunks take 128 rows (fewer programs, each K/V tile serving more queries) pipelined three
+    deep; shorter ones 64 rows, so that more programs share the GPU and each walks its keys
+    sooner. Four warps: eight were slower on the H200 wherever these row counts are chosen
+    (docs/kernels.md)."""
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return 64
-    return 128
+        return 64, 4, 2
+    if mean_chunk >= LONG_CHUNK:
+        return 128, 4, 3
+    return 64, 4, 2
+
+
+def _element_span(t: torch.Tensor) -> int:
+    """One past the largest element offset a strided tensor reaches."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
 
 
 def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
                          k_scale=None, v_scale=None, *, rows: int | None = None,
                          tile_n: int | None = None, num_warps: int | None = None,
-                         num_stages: int = 2):
+                         num_stages: int | None = None, scan: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -109,8 +215,10 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     ``rows``: query rows per program (rounded up to a power of two >= 16 and >= the group; a
     program takes ``rows // group`` queries of one sequence with all ``group`` heads of a KV
     head);
-    ``tile_n``: keys per tile. Nothing is read back to the host, so a call can be captured in
-    a CUDA graph.
+    ``tile_n``: keys per tile; ``num_warps``, ``num_stages``: Triton's launch options
+    (defaults: ``prefill_launch``); ``scan``: query lengths a program reads per step while
+    finding its sequence (a power of two; default up to ``MAX_SCAN``). Nothing is read back to
+    the host, so a call can be captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
     num_seqs = query_lens.shape[0]
@@ -122,26 +230,29 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
+    mean_chunk = ceil_div(total, num_seqs)
+    default_rows, default_warps, default_stages = prefill_launch(head_dim, q.dtype, q.device,
+                                                                 mean_chunk)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
-        rows = min(default_rows(head_dim, q.dtype, q.device), ceil_div(total, num_seqs) * group)
+        rows = min(default_rows, mean_chunk * group)
     rows = max(16, next_pow2(max(rows, group)))
     tokens = rows // group
     tile_n = tile_n or default_tile_n(head_dim, q.dtype)
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    q_ends = torch.cumsum(q_lens, 0, dtype=torch.int32)
-    tile_ends = torch.cumsum((q_lens + (tokens - 1)) // tokens, 0, dtype=torch.int32)
     # sum(ceil(len / tokens)) <= total // tokens + num_seqs: a grid sized without a device sync
-    _prefill_kernel[(total // tokens + num_seqs, kv_heads)](
-        q, k_cache, v_cache, tables, seq_lens, q_lens, q_ends, tile_ends, out,
+    _prefill_kernel[((total // tokens + num_seqs) * kv_heads,)](
+        q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
         num_seqs, scale * 1.4426950408889634,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         tables.stride(0), out.stride(0), out.stride(1),
-        GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size, TILE_N=tile_n,
-        HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
+        KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
+        TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
+        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=is_fp8(k_cache.dtype),
-        num_warps=num_warps or (8 if rows >= 128 else 4), num_stages=num_stages)
+        WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
+        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages)
     return out

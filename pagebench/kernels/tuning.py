@@ -6,7 +6,7 @@ is recorded in ``skipped`` instead. The decode grid crosses (tile_n, num_warps, 
 the number of KV splits at each point, beside SDPA (both GQA layouts), Flex at short batch-1
 contexts, and the split count the model picks (``heuristic=True``): the data behind
 ``triton_decode``'s defaults (docs/kernels.md). The prefill grid crosses (rows, tile_n,
-num_warps) at the prefill sweep's points.
+num_warps, num_stages) at the prefill sweep's points.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ DECODE_POINTS = {
     "qwen2.5-0.5b": [(1, 1024), (1, 65536), (8, 4096), (16, 4096), (32, 4096), (64, 4096),
                      (256, 4096)],
 }
-PREFILL_CONFIGS = [(64, 64, 4), (128, 64, 8), (128, 32, 4), (128, 128, 8), (64, 32, 4),
-                   (256, 64, 8)]  # (rows, tile_n, num_warps)
+# (rows, tile_n, num_warps, num_stages) around prefill_launch's choices
+PREFILL_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
+                   (64, 32, 4, 2), (128, 32, 4, 2), (128, 128, 8, 2)]
 BLOCK_SIZE = 16
 
 
@@ -115,9 +116,8 @@ def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | 
         case = prefill_case(batch, query_len, cached, shape, BLOCK_SIZE, torch.bfloat16,
                             device, seed=3)
         base = {"batch": batch, "query_len": query_len, "cached": cached}
-        for r, tile_n, warps in PREFILL_CONFIGS:
-            timed(lambda: triton_paged_prefill(*case, scale, rows=r, tile_n=tile_n,
-                                               num_warps=warps),
-                  base, rows=r, tile_n=tile_n, num_warps=warps)
+        for r, tile_n, warps, stages in PREFILL_CONFIGS:
+            options = dict(rows=r, tile_n=tile_n, num_warps=warps, num_stages=stages)
+            timed(lambda: triton_paged_prefill(*case, scale, **options), base, **options)
         case = None  # free this point's cache before the next is built
     return rows

@@ -2,7 +2,7 @@
 # Kernel data committed under reports/data/h200/ (one H200): equivalence, the Triton launch
 # grids, the decode and prefill sweeps, then the report's acceptance ratios from them.
 #
-#   scripts/h200_kernels.sh OUT_DIR             # on the GPU (about 25 min)
+#   scripts/h200_kernels.sh OUT_DIR             # on the GPU
 #   DEVICE=cpu scripts/h200_kernels.sh OUT_DIR  # the same steps at CPU sizes (a dry run; no
 #                                               # launch grids: they time CUDA graphs)
 # On a copied tree whose .git is stale, export PAGEBENCH_COMMIT=<short hash> first so that
@@ -11,7 +11,8 @@ set -euo pipefail
 OUT=${1:?usage: scripts/h200_kernels.sh OUT_DIR}
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}  # may be a command with arguments, e.g. "nice .venv/bin/python"
-mkdir -p "$OUT"
+OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
+cd "$(dirname "$0")/.."  # the repository root: its pagebench and property_tests are the ones run
 # equivalence of every backend with the float64 reference, on this device: the property suites
 # (on a GPU their CUDA cases run too)
 $PYTHON -m pytest property_tests/test_kernel_equivalence.py property_tests/test_kernel_call_sequences.py \

@@ -28,9 +28,10 @@ from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, next_pow2
 
-# triton_decode, imported above, has set TRITON_INTERPRET where Triton needs it
-import triton  # noqa: E402 (after TRITON_INTERPRET is decided)
-import triton.language as tl  # noqa: E402 (after TRITON_INTERPRET is decided)
+# isort: split
+# after triton_decode, whose import set TRITON_INTERPRET where Triton needs it
+import triton
+import triton.language as tl
 
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence

@@ -17,16 +17,16 @@ from __future__ import annotations
 
 import os
 
-from .common import (SHAPES, SkipCase, cpu_median_us, gpu_median_us, optional, public,
-                     require, require_cpu, require_gpu)
+from .common import (SHAPES, SkipCase, cpu_median_us, defaults, gpu_median_us, require,
+                     require_cpu, require_gpu)
 
 CPU_PAGED = ["torch-paged"]
 CPU_CONTIGUOUS = ["sdpa-contiguous"]
 GPU_BACKENDS = ["triton-paged", "torch-paged", "sdpa-contiguous", "triton-contiguous"]
-DEFAULT_BLOCK = 16
+DEFAULT_BLOCK = defaults.BLOCK_SIZE
 
 CPU_CONTEXTS = [512, 4096]
-CPU_BLOCK_SIZES = [1, 16, 128]
+CPU_BLOCK_SIZES = list(defaults.SHORT_BLOCK_SIZES)
 CPU_BATCHES = [1, 4, 16]
 CPU_THROUGHPUT_CONTEXT = 1024  # 4096 x 16 sequences in fp32 is too slow for 2 shared cores
 
@@ -37,43 +37,37 @@ HEADLINE = os.environ.get("PAGEBENCH_ASV_GPU", "full") == "headline"
 GPU_SHAPES = ["llama-3-8b"] if HEADLINE else list(SHAPES)
 GPU_CONTEXTS = [4096, 65536] if HEADLINE else [1024, 4096, 16384, 65536]
 GPU_BATCHES = [1, 16, 64] if HEADLINE else [1, 8, 16, 32, 64, 128, 256]
-GPU_BLOCK_SIZES = [1, 8, 16, 32, 128]
+GPU_BLOCK_SIZES = list(defaults.BLOCK_SIZES)
 GPU_THROUGHPUT_CONTEXT = 4096
 
 
 class DecodeCase:
-    """Inputs for one decode step and the call that runs it (built outside the timed body)."""
+    """Inputs for one decode step (``pagebench.kernels.fixtures``) and the call that runs it
+    (the backend's ``prepared_call``, as the kernel sweep times it), built outside the timed
+    body. A commit without the fixtures module skips the case."""
 
     def __init__(self, shape: str, batch: int, context: int, block_size: int, backend: str,
                  device: str):
         import torch
 
+        fixtures = require("pagebench.kernels.fixtures", "paged_case", "contiguous_case")
         kernels = require("pagebench.kernels", "paged_decode", "contiguous_decode",
-                          "available_backends")
+                          "available_backends", "get_backend")
         name, _, layout = backend.rpartition("-")
         backends = kernels.available_backends()
         if name not in backends or device not in backends[name].get("devices", []):
             raise SkipCase(f"backend {name!r} is not available on {device}")
-        hq, hkv, d = SHAPES[shape]
+        dims = SHAPES[shape]
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        q = torch.randn(batch, hq, d, dtype=dtype, device=device)
-        seq_lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-        scale = d ** -0.5
+        scale = dims[2] ** -0.5
         if layout == "paged":
-            per_seq = -(-context // block_size)
-            num_blocks = batch * per_seq
-            table = torch.randperm(num_blocks, generator=gen).view(batch, per_seq)
-            table = table.to(device=device, dtype=torch.int32)
-            k = torch.randn(num_blocks, block_size, hkv, d, dtype=dtype, device=device)
-            v = torch.randn_like(k)
-            decode = kernels.paged_decode
-            api_call = lambda: decode(q, k, v, table, seq_lens, backend=name)  # noqa: E731
+            case = fixtures.paged_case(batch, context, dims, block_size, dtype, device)
+            api_call = lambda: kernels.paged_decode(*case.args(), backend=name)  # noqa: E731
+            op, args = "decode", case.args()
         else:
-            k = torch.randn(batch, context, hkv, d, dtype=dtype, device=device)
-            v = torch.randn_like(k)
-            contiguous = kernels.contiguous_decode
-            api_call = lambda: contiguous(q, k, v, seq_lens, backend=name)  # noqa: E731
+            case = fixtures.contiguous_case(batch, context, dims, dtype, device)
+            api_call = lambda: kernels.contiguous_decode(*case.args(), backend=name)  # noqa: E731
+            op, args = "contiguous", (case.q, case.k, case.v, None)  # None: every sequence full
         try:
             api_call()  # validates the input, compiles (Triton, Flex), checks the backend takes it
         except ValueError as e:  # the backend refuses this input (capabilities)
@@ -81,29 +75,9 @@ class DecodeCase:
         # Timed: the backend's kernel on the validated input, as the kernel sweep times it.
         # The public entry point re-validates on every call (host work and, on a GPU, syncs),
         # which is not what a decode step of an engine pays.
-        self.call = _kernel_call(kernels, name, layout, q, k, v, table if layout == "paged"
-                                 else None, seq_lens, scale) or api_call
+        self.call = kernels.get_backend(name).prepared_call(op, *args, scale)
         if device == "cuda":
             torch.cuda.synchronize()
-
-
-def _kernel_call(kernels, name, layout, q, k, v, table, seq_lens, scale):
-    """A no-argument call of the backend's kernel with its per-input state prepared once (Flex's
-    block mask, the identity table of Triton-on-contiguous), built as the kernel sweep builds
-    it; None where this commit has no registry (then the public API is timed)."""
-    get_backend = getattr(kernels, "get_backend", None)
-    if get_backend is None:
-        return None
-    sweep = optional("pagebench.kernels.sweep")
-    if sweep is not None and public(sweep, "paged_callable") is not None:
-        variant = sweep.Variant(f"{name}-{layout}", name, layout)
-        if layout == "paged":
-            return public(sweep, "paged_callable")(variant, q, k, v, table, seq_lens, scale)
-        return public(sweep, "contiguous_callable")(variant, q, k, v, scale)
-    backend = get_backend(name)  # a commit before the sweep: the backend's plain entry points
-    if layout == "paged":
-        return lambda: backend.decode(q, k, v, table, seq_lens, scale)
-    return lambda: backend.contiguous(q, k, v, None, scale)  # None: every sequence is full
 
 
 # ---- CPU: wall clock, small sizes ---------------------------------------------------------
@@ -237,7 +211,8 @@ class PrefillCase:
     def __init__(self, shape, batch, query_len, cached, backend, device):
         import torch
 
-        sweep = require("pagebench.kernels.prefill_sweep", "prefill_case", "sdpa_causal")
+        fixtures = require("pagebench.kernels.fixtures", "prefill_case")
+        sweep = require("pagebench.kernels.prefill_sweep", "sdpa_causal")
         kernels = require("pagebench.kernels", "available_backends", "get_backend")
         name, _, layout = backend.rpartition("-")
         info = kernels.available_backends().get(name, {})
@@ -247,12 +222,11 @@ class PrefillCase:
         dtype = torch.bfloat16 if device == "cuda" else torch.float32
         point = (batch, query_len, cached)
         if layout == "contiguous":
-            self.call = public(sweep, "sdpa_causal")(*point, SHAPES[shape], dtype, device, seed=3)
+            self.call = sweep.sdpa_causal(*point, SHAPES[shape], dtype, device, seed=3)
             return
-        prefill_case = public(sweep, "prefill_case")
-        case = prefill_case(*point, SHAPES[shape], DEFAULT_BLOCK, dtype, device, seed=3)
-        prefill, scale = kernels.get_backend(name).prefill, SHAPES[shape][2] ** -0.5
-        self.call = lambda: prefill(*case, scale)
+        case = fixtures.prefill_case(*point, SHAPES[shape], DEFAULT_BLOCK, dtype, device, seed=3)
+        self.call = kernels.get_backend(name).prepared_call("prefill", *case.args(),
+                                                            SHAPES[shape][2] ** -0.5)
 
 
 CPU_PREFILL_POINTS = ["1x128+0", "1x64+448", "4x32+96"]  # batch x query_len + cached

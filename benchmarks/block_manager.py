@@ -6,9 +6,9 @@ may repeat it any number of times.
 
 from __future__ import annotations
 
-from .common import cpu_median_us, require
+from .common import cpu_median_us, defaults, require
 
-BLOCK_SIZES = [1, 16, 128]
+BLOCK_SIZES = list(defaults.SHORT_BLOCK_SIZES)
 PREFIX_CACHING = [False, True]
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import os
+import pathlib
 
 # Ask NVML, not the CUDA runtime, whether a GPU exists: importing a suite must not initialise
 # CUDA (asv may fork after importing it).
@@ -25,13 +27,25 @@ def on_gpu() -> bool:
 
     return torch.cuda.is_available()
 
-# Attention shapes (num_q_heads, num_kv_heads, head_dim): Llama-3-8B and Qwen2.5-0.5B.
-SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
 
-# The article's reference workload: lognormal(5.5, 0.9) lengths, 2,000 sequences, seed 0.
-REFERENCE_LENGTHS = "lognormal:5.5,0.9"
-REFERENCE_NUM_SEQS = 2000
-REFERENCE_MAX_LEN = 4096
+
+def checkout_defaults():
+    """``pagebench/defaults.py`` of this checkout, loaded by its path: the suites' sizes are
+    what the checkout defines, so a history run measures every commit at the same sizes
+    whichever pagebench the commit installs (``pagebench.config`` comes from that commit)."""
+    path = pathlib.Path(__file__).resolve().parents[1] / "pagebench" / "defaults.py"
+    spec = importlib.util.spec_from_file_location("pagebench_checkout_defaults", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+defaults = checkout_defaults()
+SHAPES = defaults.SHAPES  # attention shapes (num_q_heads, num_kv_heads, head_dim)
+# The article's reference workload
+REFERENCE_LENGTHS = defaults.REFERENCE_LENGTHS
+REFERENCE_NUM_SEQS = defaults.REFERENCE_NUM_SEQS
+REFERENCE_MAX_LEN = defaults.REFERENCE_MAX_LEN
 
 
 class SkipCase(NotImplementedError):
@@ -107,7 +121,7 @@ def reference_lengths(num_seqs: int = REFERENCE_NUM_SEQS, seed: int = 0,
 
 # ---- simulators and planner: adapters that return None when this commit lacks them ---------
 DYNAMIC_RATE = 20.0  # requests per step: `pagebench simulate --dynamic`'s default
-DYNAMIC_BLOCK_SIZES = (1, 8, 16, 32, 128)
+DYNAMIC_BLOCK_SIZES = defaults.BLOCK_SIZES
 
 
 def capacity_plans(block_sizes):

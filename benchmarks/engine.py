@@ -11,12 +11,10 @@ the decode tracks read the engine's own per-step times of its decode-only steps.
 
 from __future__ import annotations
 
-from .common import SkipCase, cpu_median_us, gpu_median_us, on_gpu, require, require_cpu
+from .common import (SkipCase, cpu_median_us, defaults, gpu_median_us, on_gpu, require,
+                     require_cpu)
 
 ON_GPU = on_gpu()
-
-TINY = dict(num_hidden_layers=2, hidden_size=128, intermediate_size=256, num_attention_heads=4,
-            num_key_value_heads=2, vocab_size=2048, max_position_embeddings=4096)
 NEW_TOKENS = 32
 PROMPT_LEN = 16
 
@@ -36,7 +34,7 @@ def build_engine(block_size: int, prefix_caching: bool = False, num_blocks: int 
         kernel = "triton"
     else:
         require_cpu()  # sets the torch thread count
-        config = config_mod.preset_config("qwen2.5-0.5b", **TINY)
+        config = config_mod.preset_config("qwen2.5-0.5b", **defaults.TINY_MODEL)
         model = AutoModelForCausalLM.from_config(config)
         kernel = "auto"
     try:

@@ -8,14 +8,14 @@ the history like any benchmark, and ``asv compare`` flags a change in them.
 
 from __future__ import annotations
 
-from .common import REFERENCE_MAX_LEN, SkipCase, reference_lengths, require
+from .common import REFERENCE_MAX_LEN, SkipCase, defaults, reference_lengths, require
 
-ALLOCATORS = ["naive", "pow2", "oracle", "paged-1", "paged-8", "paged-16", "paged-32",
-              "paged-128"]
+ALLOCATORS = ["naive", "pow2", "oracle", *(f"paged-{b}" for b in defaults.BLOCK_SIZES)]
 
 
 class StaticUtilisation:
-    """Tokens stored / slots reserved (%) on lognormal(5.5, 0.9), 2,000 sequences, seed 0."""
+    """Tokens stored / slots reserved (%) on the reference workload (lognormal(5.5, 0.9),
+    2,000 sequences, seed 0: ``pagebench.defaults``)."""
 
     params = [ALLOCATORS]
     param_names = ["allocator"]
@@ -27,7 +27,7 @@ class StaticUtilisation:
             lengths = reference_lengths()
         except (SkipCase, ImportError):
             return {}
-        result = static.static_fragmentation(lengths, REFERENCE_MAX_LEN, (1, 8, 16, 32, 128))
+        result = static.static_fragmentation(lengths, REFERENCE_MAX_LEN, defaults.BLOCK_SIZES)
         return {f"{r['allocator']}-{r['block_size']}" if r["block_size"] else r["allocator"]:
                 100.0 * r["utilisation"] for r in result["results"]}
 
@@ -76,7 +76,7 @@ class Capacity:
     """Capacity planner, Qwen2.5-0.5B in bf16 on a 16 GiB card at 0.9 utilisation, max model
     length 4,096, the reference length distribution."""
 
-    params = [[8, 16, 32, 128]]
+    params = [list(defaults.ENGINE_BLOCK_SIZES)]
     param_names = ["block_size"]
 
     def setup_cache(self):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from .common import REFERENCE_LENGTHS, SkipCase, reference_lengths, require
+from .common import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, SkipCase, defaults, reference_lengths,
+                     require)
 
-BLOCK_SIZES = (1, 8, 16, 32, 128)
+BLOCK_SIZES = defaults.BLOCK_SIZES
 
 
 class Static:
@@ -30,7 +31,7 @@ class Static:
         self.lengths = np.asarray(lengths[num_seqs], dtype=np.int64)
 
     def time_static_fragmentation(self, lengths, num_seqs):
-        self.static.static_fragmentation(self.lengths, 4096, BLOCK_SIZES)
+        self.static.static_fragmentation(self.lengths, REFERENCE_MAX_LEN, BLOCK_SIZES)
 
 
 class SampleLengths:
@@ -41,7 +42,8 @@ class SampleLengths:
         self.workloads = require("pagebench.sim.workloads", "sample_lengths")
 
     def time_sample_lognormal(self, num_seqs):
-        self.workloads.sample_lengths(REFERENCE_LENGTHS, num_seqs, seed=0, max_len=4096)
+        self.workloads.sample_lengths(REFERENCE_LENGTHS, num_seqs, seed=0,
+                                    max_len=REFERENCE_MAX_LEN)
 
 
 class Dynamic:

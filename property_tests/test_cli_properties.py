@@ -24,6 +24,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pagebench.cli import main, options
+from pagebench.defaults import REFERENCE_LENGTHS
 
 # the files the examples name; created by the `stubs` fixture and removed after the module
 TMP = Path(tempfile.gettempdir()) / f"pagebench-cli-property-{os.getpid()}"
@@ -60,7 +61,7 @@ def int_lists(low: int, high: int):
 
 def specs():
     return st.one_of(
-        st.sampled_from(["lognormal:5.5,0.9", "lognormal:1000,1", "lognormal:1,-1",
+        st.sampled_from([REFERENCE_LENGTHS, "lognormal:1000,1", "lognormal:1,-1",
                          "lognormal:nan,1", "uniform:1,50", "uniform:5,1", "uniform:1,1e300",
                          "fixed:7", "fixed:0", "fixed:1e300", "zipf:1", "lognormal:", ":",
                          str(LENGTHS), str(TRACE), str(A_FILE / "under")]),

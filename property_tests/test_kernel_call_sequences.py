@@ -20,9 +20,9 @@ from hypothesis import given, note, settings
 
 from pagebench.config import ceil_div
 from pagebench.kernels import available_backends, paged_decode, paged_prefill
+from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
+                                        with_layout)
 from pagebench.kernels.reference import reference_decode, reference_prefill
-from pagebench.kernels.testing import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
-                                       with_layout)
 
 BACKENDS = ["torch"] + (["triton"] if "triton" in available_backends() else [])
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -20,9 +20,9 @@ import torch
 from hypothesis import given, note, settings
 
 from pagebench.kernels import paged_decode, paged_prefill, registered_backends
+from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
-from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # examples per backend in the "ci" profile (40 examples); scaled up with the profile

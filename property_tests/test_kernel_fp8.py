@@ -20,10 +20,10 @@ from hypothesis import given, note, settings
 from test_kernel_equivalence import decode_cases, examples_for, prefill_cases
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
+from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+                                        relative_error, unquantized_caches)
 from pagebench.kernels.reference import reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
-from pagebench.kernels.testing import (TOLERANCE, make_paged_inputs, quantized_inputs,
-                                       relative_error, unquantized_caches)
 
 # relative error of the output against the unquantised cache's float64 result (e4m3 keeps 3
 # mantissa bits, e5m2 2: about 2-6% per element before attention averages it)
@@ -133,4 +133,33 @@ def test_triton_fp8_split_kv_matches_reference():
         check_decode_fp8("triton", case, cache_dtype, decode=lambda *args, **scales:
                          triton_paged_decode(*args, case["head_dim"] ** -0.5, **scales,
                                              num_splits=splits, tile_n=tile_n))
+    prop()
+
+
+def test_triton_fp8_decode_any_query_magnitude():
+    """With an fp8 cache the Triton decode runs its dots in fp16, bf16 q rescaled per head by a
+    power of two: heads far beyond fp16's range (2^16) or deep in its subnormals, and all-zero
+    heads, still match the float64 reference."""
+    if "triton" not in fp8_backends_for("cpu", "decode"):
+        pytest.skip("triton not installed")
+
+    @settings(max_examples=fp8_examples("triton"), deadline=None)
+    @given(case=decode_cases("triton"), cache_dtype=st.sampled_from(FP8_DTYPES),
+           exponent=st.integers(-40, 40), spread=st.lists(st.integers(-8, 8), min_size=16,
+                                                          max_size=16),
+           zero_head=st.booleans())
+    def prop(case, cache_dtype, exponent, spread, zero_head):
+        case = dict(case, dtype=torch.bfloat16)
+        inp, fp8 = _inputs("triton", case, cache_dtype, "cpu")
+        factors = torch.tensor([2.0 ** (exponent + spread[h % 16])
+                                for h in range(case["q_heads"])])
+        if zero_head:
+            factors[0] = 0.0
+        q = (inp.q.double() * factors[None, :, None]).to(torch.bfloat16)
+        args = (q, *fp8.args()[1:])
+        note(f"cache={cache_dtype} factors={factors.tolist()}")
+        out = paged_decode(*args, backend="triton", **fp8.scales())
+        assert torch.isfinite(out).all()
+        err = relative_error(out, reference_decode(*args, **fp8.scales()))
+        assert err < TOLERANCE[torch.bfloat16], f"relative error {err:.2e}"
     prop()

@@ -30,6 +30,7 @@ import time
 import pandas as pd
 import torch
 
+from pagebench.defaults import SHORT_BLOCK_SIZES
 from pagebench.engine import LLMEngine, SamplingParams, bench
 
 T0 = time.time()
@@ -133,7 +134,7 @@ def section_equality(ctx):
     tiny = bench.tiny_model(device="cuda")
     prompts = bench.random_prompts(8, 1, 300, tiny.config.vocab_size, seed=3)
     ref = bench.padded_generate(tiny, prompts, 16, batch_size=1)  # unpadded, one by one
-    for bs in (1, 16, 128):
+    for bs in SHORT_BLOCK_SIZES:
         for prefix in (False, True):
             eng = LLMEngine(tiny, block_size=bs, num_blocks=8192 // bs, kernel="triton",
                             enable_prefix_caching=prefix, max_num_seqs=8)

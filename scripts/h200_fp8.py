@@ -27,17 +27,18 @@ from concurrent.futures import ProcessPoolExecutor
 import pandas as pd
 import torch
 
+from pagebench.defaults import SHAPES, SHORT_BLOCK_SIZES
 from pagebench.kernels import triton_decode, triton_prefill
+from pagebench.kernels.fixtures import (TABLE_LAYOUTS, adjacent_fraction, layout_tables,
+                                        relative_error)
 from pagebench.kernels.quant import calibrated_scales, quantize
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
 from pagebench.kernels.sweep import footprint_bytes, kv_bytes, l2_bytes, measure_copy_gbps
-from pagebench.kernels.testing import (TABLE_LAYOUTS, adjacent_fraction, layout_tables,
-                                       relative_error)
 from pagebench.timing import environment, measure
 
-SHAPE = (32, 8, 128)  # Llama-3-8B
+SHAPE = SHAPES["llama-3-8b"]
 DECODE_POINTS = [(32, 4096), (64, 4096), (128, 4096), (1, 65536)]
-BLOCKS = (1, 16, 128)
+BLOCKS = SHORT_BLOCK_SIZES
 PREFILL_POINTS = [(1, 2048, 0), (1, 8192, 0), (8, 512, 3584)]  # batch, query_len, cached
 LAYOUT_POINTS = [(1, 65536), (64, 4096), (256, 4096)]
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2

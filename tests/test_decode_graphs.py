@@ -9,7 +9,9 @@ have spread-out logits (``initializer_range=0.2``), so greedy equality is a shar
 import pytest
 import torch
 
+from pagebench.defaults import SHORT_BLOCK_SIZES
 from pagebench.engine import LLMEngine, SamplingParams
+from pagebench.engine.bench import tiny_model
 from pagebench.engine.decode_graphs import MAX_GRAPH_LEN, bucket_for, graph_batch_sizes
 from pagebench.errors import ConfigError
 
@@ -17,17 +19,6 @@ transformers = pytest.importorskip("transformers")
 
 VOCAB = 256
 GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-
-
-def tiny_model(seed=0, dtype=torch.float32, device="cpu"):
-    torch.manual_seed(seed)
-    config = transformers.Qwen2Config(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        initializer_range=0.2, attn_implementation="sdpa")
-    model = transformers.Qwen2ForCausalLM(config).to(device=device, dtype=dtype)
-    model.generation_config.eos_token_id = None
-    return model.eval()
 
 
 def random_prompts(lengths, seed=1):
@@ -77,6 +68,22 @@ def test_static_decode_equals_eager(model, block_size):
     assert graphs.num_steps == decode_steps > 0
     assert static.stats["decode_tokens_per_s"] > 0
     assert static.stats["cuda_graphs"] is False  # built, not captured
+
+
+def test_static_decode_with_fp8_cache_equals_eager(model):
+    # a step of padding rows alone (as the graphs' warm-up and capture run) must not calibrate
+    # the scales from the scratch block: the first real step does, in place
+    prompts = random_prompts([3, 20, 41])
+    kw = dict(block_size=8, num_blocks=512, kv_cache_dtype="fp8_e4m3")
+    eager = LLMEngine(model, kernel="torch", **kw)
+    static = static_engine(model, **kw)
+    scales = static.runner.kv_scales
+    static.runner.decode_graphs.warm_up(4)
+    assert not any(static.runner.calibrated) and bool((scales == 1).all())
+    assert outputs(static, prompts) == outputs(eager, prompts)
+    assert all(static.runner.calibrated) and static.runner.kv_scales is scales
+    torch.testing.assert_close(scales, eager.runner.kv_scales)
+    assert static.runner.decode_graphs.num_steps > 0
 
 
 def test_static_decode_through_preemption_and_copy_on_write(model):
@@ -159,6 +166,22 @@ def test_graph_replay_equals_eager_steps_gpu(block_size, compiled):
 
 @pytest.mark.gpu
 @GPU
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_graph_replay_equals_eager_steps_gpu(kv_cache_dtype):
+    model = tiny_model(device="cuda")
+    prompts = random_prompts([1, 9, 33, 120], seed=6)
+    kw = dict(kernel="triton", block_size=16, num_blocks=512, max_num_seqs=8,
+              kv_cache_dtype=kv_cache_dtype)
+    graphs = LLMEngine(model, **kw)
+    eager = LLMEngine(model, enforce_eager=True, **kw)
+    assert graphs.graphs()["cuda_graphs"], graphs.graphs()
+    assert outputs(graphs, prompts, max_tokens=24) == outputs(eager, prompts, max_tokens=24)
+    assert graphs.runner.decode_graphs.num_replays > 0
+    torch.testing.assert_close(graphs.runner.kv_scales, eager.runner.kv_scales)
+
+
+@pytest.mark.gpu
+@GPU
 def test_graph_logits_match_eager_logits_gpu():
     model = tiny_model(device="cuda")
     prompts = random_prompts([7, 50, 130], seed=5)
@@ -198,7 +221,7 @@ def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
 
 @pytest.mark.gpu
 @GPU
-@pytest.mark.parametrize("block_size", [1, 16, 128])
+@pytest.mark.parametrize("block_size", SHORT_BLOCK_SIZES)
 def test_graphs_equal_model_generate_fp32_gpu(block_size):
     model = tiny_model(device="cuda")
     prompts = random_prompts([1, 9, 33, 120, 300], seed=6)

@@ -3,6 +3,7 @@ import json
 import numpy as np
 import pytest
 
+from pagebench.defaults import REFERENCE_LENGTHS
 from pagebench.errors import ConfigError
 from pagebench.sim.address_space import FirstFitSpace
 from pagebench.sim.dynamic import (CATEGORIES, TIMELINE_COLUMNS, reference_run, run_dynamic,
@@ -145,7 +146,7 @@ def test_workload_validation():
 
 
 def test_poisson_workload_lengths_and_rate():
-    w = poisson_workload(20_000, 4.0, "lognormal:5.5,0.9", seed=0)
+    w = poisson_workload(20_000, 4.0, REFERENCE_LENGTHS, seed=0)
     assert (w.length <= 4096).all() and (w.prompt_len >= 1).all() and (w.output_len >= 1).all()
     assert w.num_requests / (w.arrival[-1] + 1) == pytest.approx(4.0, rel=0.05)
     assert (w.prompt_len / w.length).mean() == pytest.approx(0.3, abs=0.01)

@@ -12,10 +12,10 @@ import torch
 
 from pagebench.kernels import (available_backends, contiguous_decode, paged_decode,
                                paged_prefill, write_kv)
+from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
+                                        with_layout)
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill)
-from pagebench.kernels.testing import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
-                                      with_layout)
 
 HAS_TRITON = "triton" in available_backends()
 DEVICES = ["cpu"] + ([pytest.param("cuda", marks=pytest.mark.gpu)]

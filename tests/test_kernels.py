@@ -17,9 +17,9 @@ from pagebench.cli import main as cli_main
 from pagebench.kernels import (available_backends, contiguous_decode, copy_blocks, get_backend,
                                paged_decode, paged_prefill, register_backend,
                                registered_backends, unregister_backend, write_kv)
+from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill, torch_paged_decode)
-from pagebench.kernels.testing import TOLERANCE, make_paged_inputs, relative_error
 from property_tests.test_kernel_equivalence import backends_for, run_property
 
 HAS_TRITON = "triton" in available_backends()

@@ -8,10 +8,10 @@ import torch
 
 from pagebench.kernels import (available_backends, paged_decode, paged_prefill,
                                register_backend, resolve, unregister_backend, write_kv)
+from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
 from pagebench.kernels.quant import (calibrated_scales, check_kv_scales, dequantize,
                                      kv_dtype_from_name, quantize)
 from pagebench.kernels.reference import reference_decode
-from pagebench.kernels.testing import make_paged_inputs, quantized_inputs, relative_error
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 

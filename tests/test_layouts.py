@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagebench.config import ceil_div
-from pagebench.kernels.testing import TABLE_LAYOUTS, adjacent_fraction, aged_tables, layout_tables
+from pagebench.kernels.fixtures import TABLE_LAYOUTS, adjacent_fraction, aged_tables, layout_tables
 
 
 @pytest.mark.parametrize("layout", TABLE_LAYOUTS)

@@ -5,12 +5,13 @@ import numpy as np
 import pytest
 
 from pagebench.cli import main
+from pagebench.defaults import BLOCK_SIZES, REFERENCE_LENGTHS, REFERENCE_MAX_LEN
 from pagebench.errors import ConfigError
 from pagebench.sim.static import reserved_slots, static_fragmentation
 from pagebench.sim.workloads import read_lengths_file, sample_lengths
 
-ARTICLE = ["simulate", "--lengths", "lognormal:5.5,0.9", "--num-seqs", "2000", "--seed", "0",
-           "--max-len", "4096", "--block-sizes", "1,8,16,32,128"]
+ARTICLE = ["simulate", "--lengths", REFERENCE_LENGTHS, "--num-seqs", "2000", "--seed", "0",
+           "--max-len", str(REFERENCE_MAX_LEN), "--block-sizes", ",".join(map(str, BLOCK_SIZES))]
 
 
 def by_name(result):
@@ -30,8 +31,8 @@ def test_article_figures_reproduce(capsys):
 
 
 def test_naive_collapses_with_max_len_while_paged_stays():
-    lengths4 = sample_lengths("lognormal:5.5,0.9", 2000, 0, 4096)
-    lengths32 = sample_lengths("lognormal:5.5,0.9", 2000, 0, 32768)
+    lengths4 = sample_lengths(REFERENCE_LENGTHS, 2000, 0, 4096)
+    lengths32 = sample_lengths(REFERENCE_LENGTHS, 2000, 0, 32768)
     r4, r32 = by_name(static_fragmentation(lengths4, 4096)), by_name(
         static_fragmentation(lengths32, 32768))
     assert round(r32[("naive", None)]["utilisation"] * 100, 1) == 1.1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pagebench import defaults
 from pagebench.cli.options import (
     add_output_options, check_output_file, dumps, format_table, int_list, integer, number,
     progress, write_results)
@@ -17,8 +18,8 @@ USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens",
         "pool": {"max_tokens"},
         "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel", "repeat", "methods"},
         "trace": {"kernel"} | TRACE_OPTIONS}
-DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": [8, 16, 32, 128], "prompt_len": 64,
-            "max_tokens": 32, "kernel": "auto", "repeat": 1,
+DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_BLOCK_SIZES),
+            "prompt_len": 64, "max_tokens": 32, "kernel": "auto", "repeat": 1,
             "methods": "engine,padded_generate", "trace": "mooncake-conv", "num_requests": 32,
             "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0}
 TABLES = {

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from pagebench import defaults
 from pagebench.cli.options import (
     add_output_options, check_memory, check_output_file, dumps, format_table, int_list, integer,
     progress, write_results)
@@ -42,7 +43,9 @@ def register(sub) -> None:
     p.add_argument("--batches", type=int_list, help="with --contexts: the grid's batch sizes")
     p.add_argument("--contexts", type=int_list, help="context lengths in tokens (with --batches)")
     p.add_argument("--block-sizes", type=int_list,
-                   help="paged block sizes in tokens (default: 1,16,128 on CPU)")
+                   help="paged block sizes in tokens (default: "
+                   f"{','.join(map(str, defaults.BLOCK_SIZES))}; {defaults.BLOCK_SIZE} for a "
+                   "quick CUDA run and for --prefill)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES),
                    help="default: bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--backends", help="comma-separated backend names (default: all that run here)")
@@ -101,11 +104,10 @@ def _check_sweep_memory(args, shapes, points, quick: bool, dtype: str) -> None:
     if not (points or args.block_sizes):
         return  # the built-in grids are sized for the device
     on_cpu = args.device == "cpu"
-    shapes = shapes or sweep.SHAPES
+    shapes = shapes or defaults.SHAPES
     points = points or (sweep.CPU_QUICK_POINTS if on_cpu else
                         sweep.QUICK_POINTS if quick else sweep.FULL_POINTS)
-    block_sizes = args.block_sizes or (sweep.CPU_QUICK_BLOCK_SIZES if on_cpu else
-                                       sweep.FULL_BLOCK_SIZES)
+    block_sizes = args.block_sizes or defaults.BLOCK_SIZES
     available = None if on_cpu else torch.cuda.mem_get_info()[0]
     check_memory("--contexts" if args.contexts else "--block-sizes",
                  sweep_bytes(shapes, points, block_sizes, dtype),
@@ -122,7 +124,7 @@ def run_bench(args) -> int:
     from pagebench.distributed import SweepRanks
     from pagebench.kernels import available_backends
     from pagebench.kernels.quant import kv_dtype_from_name
-    from pagebench.kernels.testing import TABLE_LAYOUTS
+    from pagebench.kernels.fixtures import TABLE_LAYOUTS
 
     if args.list_backends:
         print(json.dumps(available_backends(), indent=2))
@@ -173,7 +175,7 @@ def run_bench(args) -> int:
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
                              "give no --batches/--contexts and at most one --block-sizes")
-        block_size = args.block_sizes[0] if args.block_sizes else 16
+        block_size = args.block_sizes[0] if args.block_sizes else defaults.BLOCK_SIZE
         if block_size > 16384:
             raise ValueError(f"--block-sizes: at most 16,384 tokens for --prefill, got "
                              f"{block_size:,}")

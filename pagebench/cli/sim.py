@@ -6,11 +6,11 @@ import csv
 import os
 import sys
 
+from pagebench import defaults
 from pagebench.cli.options import (
     MAX_INT, add_output_options, check_memory, check_output_file, dumps, int_list, integer,
     name_list, number, progress, write_results)
 
-STATIC_BLOCK_SIZES = [1, 8, 16, 32, 128]
 # Lengths up to 2**40 tokens: every per-sequence count fits int64 with room for a sum.
 MAX_LEN = 2**40
 # Memory per sequence of the static simulation (its lengths as Python ints and int64 arrays),
@@ -20,7 +20,7 @@ MAX_LEN = 2**40
 STATIC_BYTES_PER_SEQ = 100
 DYNAMIC_BYTES_PER_STEP = 600
 DYNAMIC_BYTES_PER_KEPT_STEP = 100
-DYNAMIC_BLOCK_SIZES = [16]
+DYNAMIC_BLOCK_SIZES = [defaults.BLOCK_SIZE]
 # dynamic-only options (dest -> flag); given without --dynamic they are an error
 DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "--rate",
                 "prompt_fraction": "--prompt-fraction", "prompt_lengths": "--prompt-lengths",
@@ -28,7 +28,7 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "allocators": "--allocators", "n": "--n", "max_num_seqs": "--max-num-seqs",
                 "timeline_every": "--timeline-every", "timeline": "--timeline",
                 "steps_per_unit": "--steps-per-unit", "step_ms": "--step-ms"}
-DEFAULT_MAX_LEN = 4096
+DEFAULT_MAX_LEN = defaults.REFERENCE_MAX_LEN
 
 
 def register(sub) -> None:
@@ -44,17 +44,18 @@ def register_simulate(sub) -> None:
         "arriving, growing a token per step and finishing within a fixed memory budget, and "
         "break memory down into token states, reserved-but-unused, internal and external "
         "fragmentation, and free.")
-    p.add_argument("--lengths", default="lognormal:5.5,0.9",
+    p.add_argument("--lengths", default=defaults.REFERENCE_LENGTHS,
                    help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (with --dynamic: "
                    "each request's final length)")
     p.add_argument("--num-seqs", type=integer(), default=None,
-                   help="static: number of sequences (default 2000)")
+                   help=f"static: number of sequences (default {defaults.REFERENCE_NUM_SEQS})")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
     p.add_argument("--max-len", "--max-model-len", type=integer(2, MAX_LEN), default=None,
-                   help="max_model_len in tokens (default 4096; for a named trace its own, "
-                   "which clips nothing; longer trace requests are clipped and counted)")
+                   help=f"max_model_len in tokens (default {defaults.REFERENCE_MAX_LEN}; for a "
+                   "named trace its own, which clips nothing; longer trace requests are "
+                   "clipped and counted)")
     p.add_argument("--block-sizes", type=int_list, default=None,
-                   help=f"paged block sizes (default {','.join(map(str, STATIC_BLOCK_SIZES))}; "
+                   help=f"paged block sizes (default {','.join(map(str, defaults.BLOCK_SIZES))}; "
                    f"with --dynamic {','.join(map(str, DYNAMIC_BLOCK_SIZES))})")
     add_output_options(p, "per-allocator results")
     d = p.add_argument_group("time-stepped simulation (--dynamic)")
@@ -107,10 +108,10 @@ def run_simulate(args) -> int:
     from pagebench.sim.static import format_static_table, static_fragmentation
     from pagebench.sim.workloads import sample_lengths
 
-    num_seqs = 2000 if args.num_seqs is None else args.num_seqs
+    num_seqs = defaults.REFERENCE_NUM_SEQS if args.num_seqs is None else args.num_seqs
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
     check_output_file("--out", args.out)
-    block_sizes = STATIC_BLOCK_SIZES if args.block_sizes is None else args.block_sizes
+    block_sizes = defaults.BLOCK_SIZES if args.block_sizes is None else args.block_sizes
     max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
     lengths = sample_lengths(args.lengths, num_seqs, args.seed, max_len)
     result = static_fragmentation(lengths, max_len, block_sizes)
@@ -218,10 +219,10 @@ def register_capacity(sub) -> None:
                    help="activations, CUDA graphs, allocator slack (default 0)")
     p.add_argument("--kv-cache-bytes", default=None,
                    help="size the KV cache directly (skips the memory arithmetic)")
-    p.add_argument("--lengths", default="lognormal:5.5,0.9",
+    p.add_argument("--lengths", default=defaults.REFERENCE_LENGTHS,
                    help="length distribution for the concurrency estimate (default %(default)s)")
-    p.add_argument("--num-seqs", type=integer(), default=2000,
-                   help="lengths drawn (default 2000)")
+    p.add_argument("--num-seqs", type=integer(), default=defaults.REFERENCE_NUM_SEQS,
+                   help="lengths drawn (default %(default)s)")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
     p.add_argument("--tensor-parallel-size", type=integer(1, 4096), default=1,
                    help="GPUs the model is split over by attention heads; sizes are then per "

@@ -14,12 +14,10 @@ import time
 import torch
 
 from pagebench.config import ceil_div
+from pagebench.defaults import ENGINE_BLOCK_SIZES, TINY_MODEL
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.timing import cpu_threads, environment
-
-TINY = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
 
 
 def tiny_model(seed: int = 0, dtype=torch.float32, device="cpu", **overrides):
@@ -28,7 +26,7 @@ def tiny_model(seed: int = 0, dtype=torch.float32, device="cpu", **overrides):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    config = Qwen2Config(**(TINY | {"initializer_range": 0.2} | overrides),
+    config = Qwen2Config(**(TINY_MODEL | {"initializer_range": 0.2} | overrides),
                          attn_implementation="sdpa")
     model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = None  # random weights: generate every token asked for
@@ -274,7 +272,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
 # ---- report-facing measurements ----------------------------------------------------------------
 
 @_threads
-def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=(8, 16, 32, 128),
+def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGINE_BLOCK_SIZES,
                         prompt_len: int | tuple[int, int] = 64, max_tokens: int = 32,
                         kernel: str = "auto", repeat: int = 1, num_blocks: int | None = None,
                         enforce_eager: bool = False, compile_model: bool = True,

@@ -111,11 +111,11 @@ class DecodeGraphs:
         t0, before = time.perf_counter(), torch.cuda.memory_reserved(dev)
         pool = None
         for size in reversed(self.sizes):
-            self._forward(size)  # warm-up: compiles kernels, builds launch plans
+            self._padding_forward(size)  # warm-up: compiles kernels, builds launch plans
             torch.cuda.synchronize(dev)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self._forward(size)
+                self._padding_forward(size)
             pool = graph.pool() if pool is None else pool
             self.graphs[size] = graph
         torch.cuda.synchronize(dev)
@@ -128,9 +128,20 @@ class DecodeGraphs:
         """One step of padding rows only, uncaptured (compiles what the step compiles)."""
         self._pad(0, size)
         self.inputs.copy_(self.staging)
-        self._forward(size)
+        self._padding_forward(size)
         if self.runner.device.type == "cuda":
             torch.cuda.synchronize(self.runner.device)
+
+    def _padding_forward(self, size: int) -> None:
+        """A step of padding rows alone: what it writes to the scratch block must not
+        calibrate an fp8 cache's scales. The graphs read the scales tensor, so the
+        calibration of the first real step (a prefill), written in place, reaches every
+        replay."""
+        self.runner.calibrate_kv_scales = False
+        try:
+            self._forward(size)
+        finally:
+            self.runner.calibrate_kv_scales = True
 
     def _forward(self, size: int) -> None:
         """The captured step on the first ``size`` rows of the static inputs."""

@@ -114,12 +114,11 @@ class LLMEngine:
                                   check_kernel_inputs, fresh_prefill, cache_dtype)
         if self.runner.attention_window:
             self.max_model_len = min(self.max_model_len, self.runner.attention_window)
-        # a sharded model all-reduces inside its layers, an fp8 cache calibrates its scales on
-        # the first real step: both stay eager (not yet captured or measured with graphs)
+        # a sharded model all-reduces inside its layers: it stays eager (not yet captured or
+        # measured with graphs)
         if not enforce_eager and not check_kernel_inputs and param.device.type == "cuda":
-            if self.tp.size > 1 or self.runner.kv_scales is not None:
-                self.runner.graph_error = ("not captured: tensor parallel" if self.tp.size > 1
-                                           else "not captured: fp8 KV cache")
+            if self.tp.size > 1:
+                self.runner.graph_error = "not captured: tensor parallel"
             else:
                 self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len,
                                                 compile_layers=compile_model)

@@ -97,7 +97,8 @@ class ModelRunner:
     scales are calibrated on the first step that reaches it (``quant.calibrated_scales`` of
     that step's K and V: the largest magnitude with 2x headroom; later outliers saturate), as
     vLLM's ``calculate_kv_scales`` does, and stay fixed since the cache holds values stored
-    with them. A "fresh" prompt chunk attends to its own unquantised K/V; everything read back
+    with them (steps of padding rows alone, which warm up and capture the decode graphs, do not
+    calibrate: the graphs read the scales in place). A "fresh" prompt chunk attends to its own unquantised K/V; everything read back
     from the cache is fp8.
     """
 
@@ -141,6 +142,7 @@ class ModelRunner:
         self.kv_scales = torch.ones(self.num_layers, 2, self.num_kv_heads, dtype=torch.float32,
                                     device=self.device) if is_fp8(self.kv_cache_dtype) else None
         self.calibrated = [False] * self.num_layers
+        self.calibrate_kv_scales = True  # off for steps of padding rows only (decode graphs)
         self.meta: StepMetadata | None = None
         self.decode_graphs = None  # setup_decode_graphs
         self.graph_error: str | None = None
@@ -180,7 +182,7 @@ class ModelRunner:
         """``k_scale``/``v_scale`` keywords of an fp8 layer (calibrated on its first step)."""
         if self.kv_scales is None:
             return {}
-        if not self.calibrated[layer]:
+        if not self.calibrated[layer] and self.calibrate_kv_scales:
             self.kv_scales[layer, 0] = calibrated_scales(k, self.kv_cache_dtype)
             self.kv_scales[layer, 1] = calibrated_scales(v, self.kv_cache_dtype)
             self.calibrated[layer] = True

@@ -42,6 +42,11 @@ def _triton_contiguous(q, k, v, seq_lens, scale):
     return triton_contiguous_decode(q, k, v, seq_lens, scale)
 
 
+def _prepare_triton_contiguous(q, k, v, seq_lens, scale):
+    from pagebench.kernels.contiguous import prepare_triton_contiguous
+    return prepare_triton_contiguous(q, k, v, seq_lens, scale)
+
+
 @functools.lru_cache(maxsize=1)
 def _flex_available() -> bool:
     from pagebench.kernels.flex import flex_available
@@ -53,26 +58,39 @@ def _flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
     return flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
 
 
+def _prepare_flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    from pagebench.kernels.flex import prepare_flex_decode
+    return prepare_flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
 FLOAT_AND_FP8 = (torch.float32, torch.float16, torch.bfloat16, *FP8_DTYPES)
 
+# graph_capturable: torch's prefill reads the lengths back to the host, so only its decode is.
+# scratch_ratio: torch gathers a contiguous copy of K and V on every call.
 register_backend(
     "torch", decode=torch_paged_decode, prefill=torch_paged_prefill, priority=10,
-    cache_dtypes=FLOAT_AND_FP8,
+    cache_dtypes=FLOAT_AND_FP8, graph_capturable=("decode",), scratch_ratio=2.0,
     description="gather each sequence's K/V out of its blocks (an fp8 cache dequantised on the "
     "way), then dense attention (SDPA)")
 register_backend(
     "sdpa", contiguous=sdpa_contiguous_decode, priority=10, nan_safe=False,
+    graph_capturable=("contiguous",),
     description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")
 register_backend(
     "triton", decode=_triton_decode, prefill=_triton_prefill, contiguous=_triton_contiguous,
     priority=20, cache_dtypes=FLOAT_AND_FP8,
     auto_devices=("cuda",), is_available=_has_triton,
+    graph_capturable=("decode", "prefill", "contiguous"),
+    prepare={"contiguous": _prepare_triton_contiguous},
     head_dims="1..256 (padded to a power of two)", supports_head_dim=lambda d: 1 <= d <= 256,
     description="Triton paged decode (GQA-packed programs, online softmax over KV tiles, "
     "split-KV with a combine step) and causal paged prefill, both reading fp8 caches "
     "(CPU: interpreted, for tests)")
 register_backend(
     "flex", decode=_flex_decode, priority=0, is_available=_flex_available,
+    auto_devices=("cuda",),  # on a CPU flex_attention runs eagerly: a dense reference
+    graph_capturable=("decode",), prepare={"decode": _prepare_flex_decode},
+    sweep_block_sizes=(16, 128),  # it compiles once per shape and page size
     block_sizes="multiples of 16 (FlexAttention's KV block = page size)",
     supports_block_size=lambda bs: bs >= 16 and bs % 16 == 0, nan_safe=False,
     description="FlexAttention (torch.nn.attention.flex_attention) with a page-table block mask")

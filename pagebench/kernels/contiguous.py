@@ -23,3 +23,12 @@ def triton_contiguous_decode(q, k, v, seq_lens, scale, *, tables=None, **kernel_
     if tables is None:
         tables = identity_tables(num_seqs, k.device)
     return triton_paged_decode(q, k, v, tables, seq_lens, scale, **kernel_options)
+
+
+def prepare_triton_contiguous(q, k, v, seq_lens, scale):
+    """``triton_contiguous_decode`` on these inputs as a no-argument call, with the identity
+    tables and the lengths built once (the registry's ``prepare`` hook)."""
+    if seq_lens is None:
+        seq_lens = torch.full((k.shape[0],), k.shape[1], dtype=torch.int32, device=k.device)
+    tables = identity_tables(k.shape[0], k.device)
+    return lambda: triton_contiguous_decode(q, k, v, seq_lens, scale, tables=tables)

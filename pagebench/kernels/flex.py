@@ -89,6 +89,14 @@ def flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, blo
     return out.view(num_seqs, q_heads, head_dim)
 
 
+def prepare_flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
+    """``flex_paged_decode`` on these inputs as a no-argument call, the block mask built once
+    (the registry's ``prepare`` hook: building it is host work a timing loop must not pay)."""
+    mask = flex_block_mask(block_tables, seq_lens, k_cache.shape[0], k_cache.shape[1])
+    return lambda: flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                     block_mask=mask)
+
+
 def _eager_flex():
     """The uncompiled form (CPU tests): a dense reference implementation; its warning is silenced."""
     from torch.nn.attention.flex_attention import flex_attention

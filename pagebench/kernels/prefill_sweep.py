@@ -3,9 +3,11 @@
 A point is (batch, query_len, cached): ``batch`` sequences, each with ``cached`` tokens already
 in the cache and a chunk of ``query_len`` new ones (a whole prompt when ``cached`` is 0; chunked
 prefill or a prefix-cache hit otherwise). One tidy row per measurement (``PREFILL_COLUMNS``).
-Every variant is timed without a CUDA graph; on CUDA, the ones that can be captured (SDPA and
-the Triton kernel, which read nothing back to the host) are also timed replayed from a graph,
-which leaves out the host's launch work (the torch backend reads lengths back, so it cannot be).
+Every variant is timed without a CUDA graph; on CUDA, the ones that can be captured (the SDPA
+baseline, and the backends that declare prefill ``graph_capturable`` in the registry because
+they read nothing back to the host) are also timed replayed from a graph, which leaves out the
+host's launch work. Backends come from the registry as in the decode sweep: on a CPU only
+those that are real kernels there (``Backend.is_kernel_on``), unless ``include`` names them.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import itertools
 import torch
 import torch.nn.functional as F
 
+from pagebench import defaults
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.sweep import CPU_EXCLUDED, SHAPES, paged_case, quantized_case
+from pagebench.kernels.fixtures import prefill_case, quantized_inputs
+from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.validate import check_prefill
 from pagebench.timing import environment, measure
 
@@ -27,7 +31,6 @@ PREFILL_COLUMNS = [
     "cached", "block_size", "backend", "layout", "cuda_graph", "time_us", "q20_us", "q80_us",
     "tflops", "kv_dtype",
 ]
-GRAPH_CAPTURABLE = ("sdpa-contiguous", "triton-paged")
 # (batch, query_len, cached): whole prompts, then chunks after a cached prefix
 FULL_PREFILL_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (32, 128, 0),
                        (1, 512, 3584), (1, 512, 15872), (16, 64, 1024), (64, 16, 2048)]
@@ -59,20 +62,9 @@ def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
                                                   enable_gqa=num_q != num_kv)
 
 
-def prefill_case(batch, query_len, cached, shape, block_size, dtype, device, seed):
-    q_heads, _, head_dim = shape
-    _, k_cache, v_cache, tables, lens = paged_case(batch, cached + query_len, shape, block_size,
-                                                    dtype, device, seed)
-    gen = torch.Generator(device=device).manual_seed(seed + 1)
-    q = torch.randn(batch * query_len, q_heads, head_dim, device=device, dtype=dtype,
-                    generator=gen)
-    qlens = torch.full((batch,), query_len, dtype=torch.int32, device=device)
-    return q, k_cache, v_cache, tables, lens, qlens
-
-
-def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_size=16,
-                      dtype=None, include=None, repeat=None, progress=None, share=(0, 1),
-                      kv_dtype=None):
+def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
+                      block_size=defaults.BLOCK_SIZE, dtype=None, include=None, repeat=None,
+                      progress=None, share=(0, 1), kv_dtype=None):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
     this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
@@ -83,20 +75,19 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
     on_cuda = torch.device(device).type == "cuda"
     dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
     kv_dtype = kv_dtype or dtype
-    shapes = shapes or ({"llama-3-8b": SHAPES["llama-3-8b"]} if quick or not on_cuda
-                        else SHAPES)
+    shapes = shapes or ({"llama-3-8b": defaults.SHAPES["llama-3-8b"]} if quick or not on_cuda
+                        else defaults.SHAPES)
     points = points or (QUICK_PREFILL_POINTS if quick or not on_cuda else FULL_PREFILL_POINTS)
     repeat = repeat or (5 if quick else 20)
-    excluded = () if on_cuda or include is not None else CPU_EXCLUDED
     backends = [name for name, b in registry.registered_backends().items()
                 if b.prefill is not None and torch.device(device).type in b.devices
-                and registry.backend_available(b) and (include is None or name in include)
-                and name not in excluded and b.supports_cache_dtype(kv_dtype, dtype)]
+                and registry.backend_available(b) and b.supports_cache_dtype(kv_dtype, dtype)
+                and (name in include if include is not None else b.is_kernel_on(device))]
     env = environment(device)
     rows = []
 
-    def record(shape_name, shape, point, backend, layout, fn):
-        for graph in (False, True) if on_cuda and backend in GRAPH_CAPTURABLE else (False,):
+    def record(shape_name, shape, point, backend, layout, fn, capturable):
+        for graph in (False, True) if on_cuda and capturable else (False,):
             t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
             row = {**env, "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
                    "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
@@ -117,15 +108,16 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None, blo
             if not take_share(next(units), share):
                 continue
             record(shape_name, shape, point, "sdpa-contiguous", "contiguous",
-                   sdpa_causal(*point, shape, dtype, device, seed=3))
+                   sdpa_causal(*point, shape, dtype, device, seed=3), capturable=True)
             case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
-            check_prefill(*case, scale)  # once: the timed calls go to the kernels directly
-            cache_case, scales = quantized_case(case[:5], kv_dtype)
-            case = (*cache_case, case[5])
+            check_prefill(*case.args(), scale)  # once: the timed calls go to the kernels directly
+            if is_fp8(kv_dtype):  # each head's largest value maps to the format's
+                case = quantized_inputs(case, kv_dtype, spread=1.0)
             for name in backends:
-                prefill = registry.get_backend(name).prefill
+                backend = registry.get_backend(name)
                 record(shape_name, shape, point, f"{name}-paged", "paged",
-                       lambda: prefill(*case, scale, **scales))
+                       backend.prepared_call("prefill", *case.args(), scale, **case.scales()),
+                       "prefill" in backend.graph_capturable)
             del case
             if on_cuda:
                 torch.cuda.empty_cache()

@@ -13,14 +13,27 @@ keywords ``k_scale=``, ``v_scale=`` (float32 tensors ``[num_kv_heads]``, see
 ``pagebench.kernels.quant``) for such a cache, and without them otherwise, so backends that
 only read unquantised caches need not know about scales.
 
+What the timing sweeps need is declared here too, so they name no backend:
+
+- ``graph_capturable``: the operations whose call can be captured in a CUDA graph (it reads
+  nothing back to the host); the sweeps time those replayed from a graph as well, on CUDA;
+- ``prepare``: per operation, a function taking the operation's arguments and returning a
+  no-argument call with the per-input state built once (FlexAttention's block mask, the
+  identity block table of Triton on a contiguous cache), which timing loops call;
+- ``auto_devices``: where it runs as a real kernel (elsewhere it is interpreted or a dense
+  reference, for tests): ``"auto"`` picks it and the sweeps time it only there;
+- ``sweep_block_sizes``: the only block sizes the decode sweep times it at (a backend that
+  compiles once per page size); ``scratch_ratio``: the device memory one call allocates, as a
+  multiple of the K/V bytes it reads (the sweep skips a point where that would not fit).
+
 Once registered, a backend is used by ``backend="<name>"`` (and by ``"auto"`` by priority),
-checked by the property tests and timed by the sweep, with no other change.
+checked by the property tests and timed by the sweeps, with no other change.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
 
 import torch
 
@@ -54,7 +67,8 @@ class Backend:
     is_available: Callable[[], bool] = _always
     priority: int = 0  # "auto" picks the highest-priority backend that supports the input
     description: str = ""
-    # devices where "auto" may pick it (e.g. Triton runs on CPU only interpreted: tests, not speed)
+    # devices where it runs as a real kernel ("auto" picks it and the sweeps time it only there;
+    # e.g. Triton runs on CPU only interpreted: tests, not speed); None: all its devices
     auto_devices: tuple[str, ...] | None = None
     # False: the kernel may multiply non-finite values in slots it must not use by zero weights
     # (NaN * 0 = NaN), so tests poison those slots with large finite values instead of NaN
@@ -62,6 +76,11 @@ class Backend:
     # dtypes the paged cache may have: q's own dtype (one of ``dtypes``), or an fp8 dtype read
     # with per-head scales; None: q's dtype only
     cache_dtypes: tuple[torch.dtype, ...] | None = None
+    graph_capturable: tuple[str, ...] = ()  # operations a CUDA graph can capture
+    # operation -> function(the operation's arguments) -> no-argument call, state built once
+    prepare: Mapping[str, Callable] = field(default_factory=dict, compare=False)
+    sweep_block_sizes: tuple[int, ...] | None = None  # None: every block size swept
+    scratch_ratio: float = 0.125  # device memory per call / K/V bytes read
 
     def operations(self) -> tuple[str, ...]:
         return tuple(op for op in OPERATIONS if getattr(self, op) is not None)
@@ -81,6 +100,24 @@ class Backend:
                 and (head_dim is None or self.supports_head_dim(head_dim))
                 and (block_size is None or self.supports_block_size(block_size)))
 
+    def is_kernel_on(self, device) -> bool:
+        """Whether it runs as a real kernel on ``device`` (not interpreted or a reference):
+        ``"auto"`` picks it and the sweeps time it only there."""
+        return torch.device(device).type in (self.auto_devices or self.devices)
+
+    def prepared_call(self, op: str, *args, **scales) -> Callable[[], torch.Tensor]:
+        """A no-argument call of ``op`` on already-validated ``args`` (``scales``: the fp8
+        keywords), for timing loops: the ``prepare`` hook's when the backend has one for
+        ``op``, else the kernel called as it is."""
+        if getattr(self, op, None) is None:
+            raise ValueError(f"op: {self.name!r} has no {op} kernel (it has "
+                             f"{list(self.operations())})")
+        hook = self.prepare.get(op)
+        if hook is not None:
+            return hook(*args, **scales)
+        kernel = getattr(self, op)
+        return lambda: kernel(*args, **scales)
+
     def capabilities(self) -> dict:
         return {
             "operations": list(self.operations()),
@@ -92,6 +129,7 @@ class Backend:
             "head_dims": self.head_dims,
             "priority": self.priority,
             "nan_safe": self.nan_safe,
+            "graph_capturable": list(self.graph_capturable),
             "description": self.description,
         }
 
@@ -106,10 +144,14 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
                      supports_block_size: Callable[[int], bool] = _any_block_size,
                      is_available: Callable[[], bool] = _always, priority: int = 0,
                      description: str = "", auto_devices=None, nan_safe: bool = True,
-                     cache_dtypes=None, replace: bool = False) -> Backend:
+                     cache_dtypes=None, graph_capturable=(), prepare=None,
+                     sweep_block_sizes=None, scratch_ratio: float = 0.125,
+                     replace: bool = False) -> Backend:
     """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite.
     ``cache_dtypes``: the paged cache dtypes it reads (default: q's dtype only; list fp8
-    dtypes to be called with ``k_scale``/``v_scale`` on fp8 caches)."""
+    dtypes to be called with ``k_scale``/``v_scale`` on fp8 caches). ``graph_capturable``,
+    ``prepare``, ``sweep_block_sizes``, ``scratch_ratio``: what the timing sweeps need (see
+    the module docstring)."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name: must be a non-empty string other than 'auto', got {name!r}")
     if name in _REGISTRY and not replace:
@@ -122,11 +164,37 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
     unknown = [d for d in devices if d not in ("cpu", "cuda")]
     if unknown or not devices:
         raise ValueError(f"devices: expected a non-empty subset of ('cpu', 'cuda'), got {devices!r}")
-    backend = Backend(name, decode, prefill, contiguous, tuple(devices), tuple(dtypes),
-                      str(head_dims), supports_head_dim, block_sizes, supports_block_size,
-                      is_available, priority, description,
-                      None if auto_devices is None else tuple(auto_devices), bool(nan_safe),
-                      None if cache_dtypes is None else tuple(cache_dtypes))
+    ops = {op for op, fn in zip(OPERATIONS, (decode, prefill, contiguous)) if fn is not None}
+    if isinstance(graph_capturable, str):
+        raise ValueError(f"graph_capturable: expected a tuple of operations, got "
+                         f"{graph_capturable!r}")
+    if prepare is not None and not isinstance(prepare, Mapping):
+        raise ValueError(f"prepare: expected a mapping operation -> hook, got "
+                         f"{type(prepare).__name__}")
+    prepare = dict(prepare or {})
+    for arg, named in (("graph_capturable", tuple(graph_capturable)), ("prepare", tuple(prepare))):
+        if not set(named) <= ops:
+            raise ValueError(f"{arg}: names operations the backend lacks: "
+                             f"{sorted(set(named) - ops)} (it has {sorted(ops)})")
+    for op, hook in prepare.items():
+        if not callable(hook):
+            raise ValueError(f"prepare: the {op} hook is a {type(hook).__name__}, not callable")
+    if sweep_block_sizes is not None and (
+            not sweep_block_sizes
+            or not all(isinstance(b, int) and b >= 1 for b in sweep_block_sizes)):
+        raise ValueError(f"sweep_block_sizes: expected block sizes >= 1 or None, "
+                         f"got {sweep_block_sizes!r}")
+    if isinstance(scratch_ratio, bool) or not isinstance(scratch_ratio, (int, float)) \
+            or not scratch_ratio >= 0:
+        raise ValueError(f"scratch_ratio: expected a number >= 0, got {scratch_ratio!r}")
+    backend = Backend(
+        name, decode, prefill, contiguous, tuple(devices), tuple(dtypes), str(head_dims),
+        supports_head_dim, block_sizes, supports_block_size, is_available, priority, description,
+        None if auto_devices is None else tuple(auto_devices), bool(nan_safe),
+        None if cache_dtypes is None else tuple(cache_dtypes),
+        graph_capturable=tuple(graph_capturable), prepare=prepare,
+        sweep_block_sizes=None if sweep_block_sizes is None else tuple(sweep_block_sizes),
+        scratch_ratio=float(scratch_ratio))
     _REGISTRY[name] = backend
     return backend
 
@@ -191,8 +259,7 @@ def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None
                 f"head_dim={head_dim}); it supports {b.capabilities()}")
         return b
     candidates = [b for b in _REGISTRY.values()
-                  if (b.auto_devices is None or device_type in b.auto_devices)
-                  and backend_available(b)
+                  if b.is_kernel_on(device) and backend_available(b)
                   and b.supports(op, device, dtype, block_size, head_dim, cache_dtype)]
     if not candidates:
         raise ValueError(f"backend: no registered backend runs {op} for {device_type}, "

@@ -2,11 +2,13 @@
 
 One tidy row per measurement (columns ``COLUMNS``). Backends come from the registry: every
 backend with a paged ``decode`` is timed as ``<name>-paged``, every ``contiguous`` one as
-``<name>-contiguous``, so a registered third-party kernel is swept with no other change.
-The timed body calls the backend's kernel directly on inputs validated once beforehand (the
+``<name>-contiguous``, so a registered third-party kernel is swept with no other change; what
+a backend needs for timing (a CUDA graph or not, state prepared once per input, the block
+sizes it is timed at, where it is a real kernel) it declares in the registry.
+The timed body is the backend's ``prepared_call`` on inputs validated once beforehand (the
 public functions validate on every call, which reads scalars back from the GPU).
 
-The paged cases' block tables follow ``layouts`` (``kernels.testing.TABLE_LAYOUTS``: contiguous,
+The paged cases' block tables follow ``layouts`` (``kernels.fixtures.TABLE_LAYOUTS``: contiguous,
 shuffled, aged; column ``table_layout``). Every row records the unique K/V bytes the step
 reads (``footprint_bytes``) and whether they fit in the GPU's L2 (``fits_l2``): such a point
 measures the cache hierarchy more than the kernel, and is flagged rather than compared.
@@ -19,11 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
+from pagebench import defaults
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.quant import calibrated_scales, check_kv_scales, is_fp8, quantize
-from pagebench.kernels.reference import identity_tables
-from pagebench.kernels.testing import adjacent_fraction, layout_tables
+from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, paged_case,
+                                        quantized_inputs)
+from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.validate import check_contiguous, check_decode
 from pagebench.timing import cpu_threads, environment, measure
 
@@ -37,17 +40,11 @@ COLUMNS = [
 # L2 of the H200 where the device does not say (CPU runs: the flag is then about the H200)
 DEFAULT_L2_BYTES = 60 * 10**6
 
-# name -> (num_q_heads, num_kv_heads, head_dim)
-SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
 FULL_POINTS = sorted({(1, c) for c in (1024, 4096, 16384, 65536)}
                      | {(b, 4096) for b in (1, 2, 4, 8, 16, 32, 64, 128, 256)})
-FULL_BLOCK_SIZES = (1, 8, 16, 32, 128)
 QUICK_POINTS = [(1, 4096), (8, 4096), (1, 16384)]
 # quick on CPU: small sizes, well under a minute on two cores
 CPU_QUICK_POINTS = [(1, 256), (1, 1024), (4, 256), (8, 512)]
-CPU_QUICK_BLOCK_SIZES = (1, 16, 128)
-# CPU: interpreted Triton and eager FlexAttention are not meaningful to time there
-CPU_EXCLUDED = ("triton", "flex")
 
 
 @dataclass(frozen=True)
@@ -57,28 +54,29 @@ class Variant:
     layout: str  # "paged" | "contiguous"
 
 
-# Timed in this order at each point: the heavy gather runs last, so it cannot warm or throttle
-# the GPU ahead of the kernels it is compared with. Unlisted (third-party) backends come first.
-ORDER = ("sdpa-contiguous", "triton-contiguous", "triton-paged", "flex-paged", "torch-paged")
-# FlexAttention compiles once per shape and page size: sweep it at a few page sizes only
-FLEX_BLOCK_SIZES = (16, 128)
+def variants(device: str, include=None, exclude=None) -> list[Variant]:
+    """Timed variants from the registry, for backends that run on ``device``; ``exclude``
+    (default: the backends that are no real kernel there, ``Backend.is_kernel_on``) names
+    backends to leave out, ``include`` the only ones to time.
 
-
-def variants(device: str, include=None, exclude=()) -> list[Variant]:
-    """Timed variants from the registry, for backends that run on ``device``."""
+    Ordered as timed at each point: contiguous baselines, then paged kernels by the memory a
+    call allocates, so the heavy gather runs last and cannot warm or throttle the GPU ahead of
+    the kernels it is compared with."""
     out = []
     device_type = torch.device(device).type
     for name, b in registry.registered_backends().items():
-        if name in exclude or (include is not None and name not in include):
+        if include is not None and name not in include:
+            continue
+        if name in (exclude or ()) or (exclude is None and not b.is_kernel_on(device)):
             continue
         if device_type not in b.devices or not registry.backend_available(b):
             continue
-        if b.decode is not None:
-            out.append(Variant(f"{name}-paged", name, "paged"))
         if b.contiguous is not None:
             out.append(Variant(f"{name}-contiguous", name, "contiguous"))
-    rank = {label: i for i, label in enumerate(ORDER)}
-    return sorted(out, key=lambda v: rank.get(v.label, -1))
+        if b.decode is not None:
+            out.append(Variant(f"{name}-paged", name, "paged"))
+    ratio = {v.backend: registry.get_backend(v.backend).scratch_ratio for v in out}
+    return sorted(out, key=lambda v: (v.layout == "paged", ratio[v.backend]))
 
 
 def kv_bytes(batch: int, context: int, num_kv_heads: int, head_dim: int, dtype) -> int:
@@ -108,61 +106,11 @@ def footprint_bytes(tables, block_size: int, num_kv_heads: int, head_dim: int, d
     return 2 * int(torch.unique(tables).numel()) * block_size * num_kv_heads * head_dim * element
 
 
-def paged_case(batch, context, shape, block_size, dtype, device, seed, layout="shuffled"):
-    num_q, num_kv, head_dim = shape
-    tables, num_blocks = layout_tables(layout, batch, context, block_size, seed=seed)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    k_cache = torch.randn(num_blocks, block_size, num_kv, head_dim, device=device, dtype=dtype,
-                          generator=gen)
-    v_cache = torch.randn_like(k_cache)
-    tables = tables.to(device)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    q = torch.randn(batch, num_q, head_dim, device=device, dtype=dtype, generator=gen)
-    return q, k_cache, v_cache, tables, lens
-
-
-def quantized_case(case, kv_dtype):
-    """A paged case with its caches in fp8 ``kv_dtype`` (each head's largest value mapped to
-    the format's largest), and the scales as keywords; unchanged (and ``{}``) otherwise."""
-    q, k_cache, v_cache, tables, lens = case
-    if not is_fp8(kv_dtype):
-        return case, {}
-    heads = k_cache.shape[2:]
-    ks = calibrated_scales(k_cache.view(-1, *heads), kv_dtype, 1.0)
-    vs = calibrated_scales(v_cache.view(-1, *heads), kv_dtype, 1.0)
-    case = (q, quantize(k_cache, ks, kv_dtype), quantize(v_cache, vs, kv_dtype), tables, lens)
-    return case, {"k_scale": ks, "v_scale": vs}
-
-
-def contiguous_case(batch, context, shape, dtype, device, seed):
-    num_q, num_kv, head_dim = shape
-    gen = torch.Generator(device=device).manual_seed(seed)
-    k = torch.randn(batch, context, num_kv, head_dim, device=device, dtype=dtype, generator=gen)
-    v = torch.randn_like(k)
-    q = torch.randn(batch, num_q, head_dim, device=device, dtype=dtype, generator=gen)
-    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
-    return q, k, v, lens
-
-
-def paged_callable(variant: Variant, q, k_cache, v_cache, tables, lens, scale, scales=None):
-    b = registry.get_backend(variant.backend)
-    if scales:
-        return lambda: b.decode(q, k_cache, v_cache, tables, lens, scale, **scales)
-    if variant.backend == "flex":
-        from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
-        mask = flex_block_mask(tables, lens, k_cache.shape[0], k_cache.shape[1])
-        return lambda: flex_paged_decode(q, k_cache, v_cache, tables, lens, scale, block_mask=mask)
-    return lambda: b.decode(q, k_cache, v_cache, tables, lens, scale)
-
-
-def contiguous_callable(variant: Variant, q, k, v, scale):
-    b = registry.get_backend(variant.backend)
-    if variant.backend == "triton":
-        from pagebench.kernels.contiguous import triton_contiguous_decode
-        tables = identity_tables(q.shape[0], q.device)
-        lens = torch.full((q.shape[0],), k.shape[1], dtype=torch.int32, device=q.device)
-        return lambda: triton_contiguous_decode(q, k, v, lens, scale, tables=tables)
-    return lambda: b.contiguous(q, k, v, None, scale)
+def _times_at(backend: registry.Backend, block_size: int, kv_dtype, dtype) -> bool:
+    """Whether the sweep times ``backend`` paged at this block size and cache dtype."""
+    return (backend.supports_block_size(block_size)
+            and backend.supports_cache_dtype(kv_dtype, dtype)
+            and (backend.sweep_block_sizes is None or block_size in backend.sweep_block_sizes))
 
 
 def _fits(device: str, need_bytes: int) -> bool:
@@ -172,30 +120,33 @@ def _fits(device: str, need_bytes: int) -> bool:
     return need_bytes < 0.85 * free
 
 
-def _gather_bytes(variant: Variant, batch, context, shape, dtype) -> int:
-    """Extra memory a variant allocates per call (torch-paged gathers a contiguous copy)."""
-    if variant.backend == "torch":
-        return 2 * kv_bytes(batch, context, shape[1], shape[2], dtype)
-    return kv_bytes(batch, context, shape[1], shape[2], dtype) // 8
+def _scratch_bytes(variant: Variant, batch, context, shape, dtype) -> int:
+    """Memory one call of a variant allocates (``Backend.scratch_ratio``)."""
+    ratio = registry.get_backend(variant.backend).scratch_ratio
+    return int(ratio * kv_bytes(batch, context, shape[1], shape[2], dtype))
 
 
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=None, include=None, exclude=None, graph_batch1=None,
               repeat=None, copy_gbps=None, progress=None, skipped=None,
-              flex_block_sizes=FLEX_BLOCK_SIZES, graph_all=True, share=(0, 1),
-              layouts=("shuffled",), kv_dtype=None):
+              graph_all=True, share=(0, 1), layouts=("shuffled",), kv_dtype=None):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
-    block-table layouts (``kernels.testing.layout_tables``); contiguous variants ignore it.
+    block-table layouts (``kernels.fixtures.TABLE_LAYOUTS``); contiguous variants ignore it.
     ``kv_dtype`` (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn``
     (scales: each head's largest value maps to the format's); only backends that declare it
     are timed paged, and the contiguous baselines stay in ``dtype``.
-    ``quick`` on CPU: two small shapes, a handful of points, torch-paged vs sdpa-contiguous,
-    well under a minute on two cores. On CUDA (quick=False) the full H200 grid of the issue.
+    ``quick`` on CPU: two small shapes, a handful of points, the backends that are real
+    kernels there (torch-paged vs sdpa-contiguous), about a minute on two cores. On CUDA
+    (quick=False) the full H200 grid of the issue. ``block_sizes`` default to
+    ``defaults.BLOCK_SIZES`` (16 alone for a quick CUDA run); a backend that declares
+    ``sweep_block_sizes`` is timed at those of them only. ``exclude`` defaults to the backends
+    that are no real kernel on ``device`` (``Backend.is_kernel_on``).
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
     On CUDA, ``graph_all`` times every point with and without a CUDA graph (else batch 1 only,
-    ``graph_batch1``). ``share=(rank, world)`` times only this rank's (shape, point) pairs
+    ``graph_batch1``), for the backends that declare the operation ``graph_capturable``.
+    ``share=(rank, world)`` times only this rank's (shape, point) pairs
     (``pagebench.distributed.take_share``), for a sweep split over GPUs.
     """
     import pandas as pd
@@ -205,16 +156,14 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     if on_cuda and not torch.cuda.is_available():
         raise ValueError("device: CUDA requested but torch.cuda.is_available() is False")
     if quick and not on_cuda:
-        shapes = shapes or {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64)}
         points = points or CPU_QUICK_POINTS
-        block_sizes = block_sizes or CPU_QUICK_BLOCK_SIZES
         repeat = repeat or 5
     dtype = dtype or (torch.bfloat16 if on_cuda else torch.float32)
-    shapes = shapes or SHAPES
+    shapes = shapes or defaults.SHAPES
     points = points or (FULL_POINTS if not quick else QUICK_POINTS)
-    block_sizes = block_sizes or (FULL_BLOCK_SIZES if not quick else (16,))
+    block_sizes = block_sizes or ((defaults.BLOCK_SIZE,) if quick and on_cuda
+                                  else defaults.BLOCK_SIZES)
     repeat = repeat or 30
-    exclude = exclude if exclude is not None else (() if on_cuda else CPU_EXCLUDED)
     # On CUDA every point is also timed through a CUDA graph (as a serving engine runs decode):
     # without one, a Triton call's Python launch overhead (tens of us) hides small kernels.
     graph_batch1 = on_cuda if graph_batch1 is None else graph_batch1
@@ -257,7 +206,10 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         if progress:
             progress(rows[-1])
 
-    def graphs(batch):
+    def graphs(variant, batch):
+        op = "decode" if variant.layout == "paged" else "contiguous"
+        if op not in registry.get_backend(variant.backend).graph_capturable:
+            return (False,)
         if graph_all and on_cuda:
             return (False, True)
         return (False, True) if graph_batch1 and batch == 1 else (False,)
@@ -271,20 +223,21 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             contiguous = [v for v in vs if v.layout == "contiguous"]
             need = 2 * kv_bytes(batch, context, shape[1], shape[2], dtype)
             if contiguous and _fits(device, need):
-                q, k, v_, lens = contiguous_case(batch, context, shape, dtype, device, seed=batch)
-                check_contiguous(q, k, v_, lens, scale)
+                case = contiguous_case(batch, context, shape, dtype, device, seed=batch)
+                check_contiguous(*case.args(), scale)
                 for var in contiguous:
-                    fn = contiguous_callable(var, q, k, v_, scale)
-                    for graph in graphs(batch):
+                    # None: every sequence fills the cache
+                    fn = registry.get_backend(var.backend).prepared_call(
+                        "contiguous", case.q, case.k, case.v, None, scale)
+                    for graph in graphs(var, batch):
                         record(var, shape_name, shape, batch, context, None, fn, graph)
-                del q, k, v_, lens
+                del case
             elif contiguous:
                 skipped.append(((shape_name, batch, context, None), "contiguous", "memory"))
             for block_size in block_sizes:
                 paged = [v for v in vs if v.layout == "paged"
-                         and registry.get_backend(v.backend).supports_block_size(block_size)
-                         and registry.get_backend(v.backend).supports_cache_dtype(kv_dtype, dtype)
-                         and (v.backend != "flex" or block_size in flex_block_sizes)]
+                         and _times_at(registry.get_backend(v.backend), block_size, kv_dtype,
+                                       dtype)]
                 if not paged:
                     continue
                 for table_layout in layouts:
@@ -294,26 +247,28 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                         skipped.append(((shape_name, batch, context, block_size, table_layout),
                                         "paged", "memory"))
                         continue
-                    case, scales = quantized_case(
-                        paged_case(batch, context, shape, block_size, dtype, device,
-                                    seed=batch, layout=table_layout), kv_dtype)
-                    check_decode(*case, scale)
-                    check_kv_scales(case[1], scales.get("k_scale"), scales.get("v_scale"))
+                    case = paged_case(batch, context, shape, block_size, dtype, device,
+                                      seed=batch, layout=table_layout)
+                    if is_fp8(kv_dtype):  # each head's largest value maps to the format's
+                        case = quantized_inputs(case, kv_dtype, spread=1.0)
+                    check_decode(*case.args(), scale)
+                    check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
                     for var in paged:
-                        if not _fits(device, _gather_bytes(var, batch, context, shape, dtype)):
+                        if not _fits(device, _scratch_bytes(var, batch, context, shape, dtype)):
                             skipped.append(((shape_name, batch, context, block_size,
                                              table_layout), var.label, "memory"))
                             continue
                         try:
-                            fn = paged_callable(var, *case, scale, scales)
+                            fn = registry.get_backend(var.backend).prepared_call(
+                                "decode", *case.args(), scale, **case.scales())
                         except Exception as e:  # noqa: BLE001
                             skipped.append(((shape_name, batch, context, block_size,
                                              table_layout), var.label,
                                             f"{type(e).__name__}: {str(e)[:160]}"))
                             continue
-                        for graph in graphs(batch):
+                        for graph in graphs(var, batch):
                             record(var, shape_name, shape, batch, context, block_size, fn, graph,
-                                   table_layout, case[3])
+                                   table_layout, case.block_tables)
                     del case
                 if on_cuda:
                     torch.cuda.empty_cache()

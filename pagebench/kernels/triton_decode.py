@@ -6,9 +6,11 @@ each K/V row is read from memory once per group. It walks its split's token rang
 ``TILE_N`` tokens; each token's physical slot is ``block_tables[s, p // BLOCK_SIZE]`` *
 BLOCK_SIZE + ``p % BLOCK_SIZE``, so the tile size is independent of the block size and any
 block size >= 1 works. Scores and the running max / sum / output are fp32 whatever the input
-dtype. An fp8 cache (``FP8``) is converted to q's dtype as it is loaded (exact: every e4m3
-and e5m2 value is a bf16, fp16 and fp32 value) and its per-KV-head scales are applied where
-they cost nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
+dtype. An fp8 cache (``FP8``) is converted exactly as it is loaded (every e4m3 and e5m2 value
+is an fp16, bf16 and fp32 value), to fp16 unless q is fp32: a bf16 q is rescaled per head to
+fp16 (``rows_to_f16``) so the dots take the format fp8 converts to in one instruction, and V
+converts in registers (``fp8_to_f16``). Its per-KV-head scales are applied where they cost
+nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
 accumulator once at the end. With one split the program normalises and writes ``out``
 directly; with several, it writes its unnormalised partial output and (max, sum), and a second
 kernel merges the splits (flash-decoding), so one long sequence at batch 1 still fills the GPU.
@@ -69,6 +71,39 @@ def attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.const
 
 
 @triton.jit
+def rows_to_f16(x):
+    """``x`` ``[rows, cols]`` as fp16 divided by a power of two per row, and those powers
+    ``[rows]``: each row's largest magnitude lands in [2^14, 2^16), so no row overflows fp16
+    and a bf16 row converts exactly (elements down to 2^-28 of the row's largest; smaller
+    ones round, far below the row's bf16 rounding)."""
+    xf = x.to(tl.float32)
+    amax = tl.max(tl.abs(xf), 1)
+    shift = tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 14.0  # zero rows stay zero
+    return (xf * tl.exp2(-shift)[:, None]).to(tl.float16), tl.exp2(shift)
+
+
+@triton.jit
+def fp8_to_f16(x):
+    """fp8 (e4m3 or e5m2) to fp16, exactly, with the ``cvt`` instruction (sm_89+) four values
+    at a time, for V. The assembly is declared impure on purpose: Triton then cannot move the
+    conversion past the shared-memory load of the ``p @ v`` operand, where V's rows (tokens)
+    are the reduction axis and fp8 would be read from shared memory one byte at a time; V
+    converts in registers instead and reaches the dot as fp16, through ``ldmatrix``."""
+    if x.dtype == tl.float8e5:
+        return tl.inline_asm_elementwise(
+            "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e5m2x2 $0, lo; cvt.rn.f16x2.e5m2x2 $1, hi;}",
+            "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False,
+            pack=4)
+    else:
+        return tl.inline_asm_elementwise(
+            "{.reg .b16 lo, hi; mov.b32 {lo, hi}, $2; "
+            "cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi;}",
+            "=r,=r,r", [x.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False,
+            pack=4)
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE,
     scale_log2e, tokens_per_split, ml_offset,
@@ -80,8 +115,8 @@ def _decode_split_kernel(
     stride_ps, stride_ph, stride_pk,
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, PAGE_TILES: tl.constexpr,
-    FP8: tl.constexpr,
+    DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
+    Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -100,6 +135,9 @@ def _decode_split_kernel(
     # load q for the whole group: it stays in registers throughout
     q = tl.load(Q + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if Q_TO_F16:  # fp8 converts to fp16 in one instruction per pair, to bf16 in three
+        q, q_shift = rows_to_f16(q)
+        scale_log2e = scale_log2e * q_shift[:, None]
 
     m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
@@ -108,27 +146,19 @@ def _decode_split_kernel(
     for tile_start in range(start, end, TILE_N):
         pos = tile_start + tl.arange(0, TILE_N)
         pos_ok = pos < end
-        if PAGE_TILES == 1:  # tile inside one page: one table load, affine slots
-            page = tl.load(table_row + tile_start // BLOCK_SIZE).to(tl.int64)
-            slot = tile_start % BLOCK_SIZE + tl.arange(0, TILE_N)
-            k_row = page * stride_kb + slot * stride_kt
-            v_row = page * stride_vb + slot * stride_vt
-        elif PAGE_TILES == 2:  # tile = whole pages: one table load per page
-            page_idx = tile_start // BLOCK_SIZE + tl.arange(0, TILE_N // BLOCK_SIZE)
-            pages = tl.load(table_row + page_idx, mask=page_idx * BLOCK_SIZE < end,
-                            other=0).to(tl.int64)
-            slots = tl.arange(0, BLOCK_SIZE)
-            k_row = tl.reshape(pages[:, None] * stride_kb + slots[None, :] * stride_kt, [TILE_N])
-            v_row = tl.reshape(pages[:, None] * stride_vb + slots[None, :] * stride_vt, [TILE_N])
-        else:  # any block size: each token's page from the table
-            block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-            k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
-            v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
+        # each token's page from the table: tile and page sizes are independent
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
+        v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
         k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)  # [TILE_N, DIM_PAD]
+                    mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
         v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
-                    mask=kv_mask, other=0.0).to(q.dtype)
+                    mask=kv_mask, other=0.0)
+        if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot operand's layout)
+            k, v = k.to(q.dtype), fp8_to_f16(v)
+        else:
+            k, v = k.to(q.dtype), v.to(q.dtype)
         m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
                                     IEEE_DOT)
     if FP8:  # the output is linear in V: one multiply instead of one per element loaded
@@ -220,10 +250,8 @@ def _slots(kernel, device_index: int) -> int:
 
 
 # A long context over very few (sequence, KV head) pairs: larger tiles with more warps move more
-# per loop step there. H200, bf16, through graphs (scripts/h200_long_context.py at 4008f5d,
-# reports/data/h200/long_context_launch.csv; time / SDPA): Qwen 14/2 x 64 1 x 16384 1.21 ->
-# 1.01, 1 x 65536 1.27 -> 1.07, 2 x 16384 1.13 -> 1.03; but Llama 32/8 x 128 (8 pairs at batch
-# 1) 1.06 -> 1.07 and 1.03 -> 1.05, so 8 pairs keep (64, 4).
+# per loop step there (measured in docs/kernels.md: Qwen 14/2 x 64 at 1 x 16384 and 1 x 65536
+# gains, Llama 32/8 x 128 with 8 pairs at batch 1 does not, so 8 pairs keep (64, 4)).
 LONG_CONTEXT, FEW_PAIRS = 16384, 4
 
 
@@ -240,22 +268,25 @@ def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int)
     return tile_n, 4
 
 
-# Page-aligned tiles: when the tile and the page sizes divide one another (powers of two), a
-# tile can load the table once per page instead of once per token. Measured on an H200 (bf16,
-# 32/8 heads x 128, commit caac76a): 1.9x SLOWER in geometric mean (the reshape of the [pages,
-# page] offsets costs more than the table loads it saves), equal at block 128. Off by default.
-PAGE_ALIGNED_TILES = False
-
-
-def page_tiles_mode(block_size: int, tile_n: int, aligned: bool) -> int:
-    """0: per-token table loads; 1: each tile inside one page; 2: each tile = whole pages."""
-    if not aligned:
-        return 0
-    if block_size >= tile_n and block_size % tile_n == 0:
-        return 1
-    if tile_n % block_size == 0:
+def default_num_stages(block_size: int, fp8: bool) -> int:
+    """Triton's pipelining depth. Through a block table each tile's K/V addresses come from a
+    load, and Triton 3.6 splits ``num_stages - 1`` stages between the two levels of loads
+    (rounding down): 2 stages keep one tile of K/V in flight with its table entries loaded
+    just before it, 3 load the table a tile ahead, 5 also keep two K/V tiles in flight. With
+    one-token blocks every token's entry is its own load, and prefetching them pays (H200,
+    docs/kernels.md: bf16 3 stages 0.90-0.92x the time of 2, fp8 5 stages 0.82-0.98x); with
+    larger blocks the extra stages cost shared memory and occupancy for nothing (bf16 3
+    stages 1.00-1.01x, fp8 5 stages 0.99-1.12x)."""
+    if block_size > 1:
         return 2
-    return 0
+    return 5 if fp8 else 3
+
+
+def hardware_fp8_convert(device: torch.device) -> bool:
+    """Whether compiled kernels on ``device`` can convert fp8 with the ``cvt`` instruction
+    (NVIDIA compute capability 8.9+); interpreted Triton cannot run inline assembly."""
+    return (not INTERPRETED and device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 9))
 
 
 def _launch_hooks_set() -> bool:
@@ -316,7 +347,7 @@ class DecodePlan:
     strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages, page_aligned):
+                 num_warps, num_stages):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
@@ -326,15 +357,16 @@ class DecodePlan:
         else:  # partly given: the general defaults for the rest
             tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
         dim_pad = max(16, next_pow2(head_dim))
+        fp8 = is_fp8(k_cache.dtype)
+        num_stages = num_stages or default_num_stages(block_size, fp8)
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
             GROUP=q_heads // kv_heads, GROUP_PAD=max(16, next_pow2(q_heads // kv_heads)),
             BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
             DIRECT=False,
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
-            PAGE_TILES=page_tiles_mode(block_size, tile_n, PAGE_ALIGNED_TILES
-                                       if page_aligned is None else page_aligned),
-            FP8=is_fp8(k_cache.dtype))
+            FP8=fp8, Q_TO_F16=fp8 and q.dtype == torch.bfloat16,
+            FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device))
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
@@ -408,14 +440,13 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
-                num_warps: int | None = None, num_stages: int = 2,
-                page_aligned: bool | None = None) -> DecodePlan:
+                num_warps: int | None = None, num_stages: int | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
-    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, page_aligned,
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages,
            *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
                                                        seq_lens)))
     plan = _PLANS.get(key)
@@ -423,7 +454,7 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                        num_splits, tile_n, num_warps, num_stages, page_aligned)
+                                        num_splits, tile_n, num_warps, num_stages)
     return plan
 
 
@@ -436,8 +467,7 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_sc
     on the table's capacity and the kernel's occupancy (no device sync, so the call can be
     captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two) and
     ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` is
-    Triton's; ``page_aligned`` (default ``PAGE_ALIGNED_TILES``) loads the table per page, not
-    per token, where tile and page sizes allow.
+    Triton's (default ``default_num_stages``).
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()

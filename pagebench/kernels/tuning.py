@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS, prefill_case
-from pagebench.kernels.sweep import SHAPES, contiguous_case, kv_bytes, paged_case
+from pagebench.defaults import BLOCK_SIZE, SHAPES
+from pagebench.kernels.fixtures import contiguous_case, paged_case, prefill_case
+from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS
+from pagebench.kernels.sweep import kv_bytes
 from pagebench.timing import measure
 
 DECODE_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 4, 2)]
@@ -28,7 +30,6 @@ DECODE_POINTS = {
 # (rows, tile_n, num_warps, num_stages) around prefill_launch's choices
 PREFILL_CONFIGS = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3),
                    (64, 32, 4, 2), (128, 32, 4, 2), (128, 128, 8, 2)]
-BLOCK_SIZE = 16
 
 
 def _require_cuda(device: str) -> None:
@@ -75,12 +76,12 @@ def _decode_point(timed, device: str, shape_name: str, batch: int, context: int)
     scale = shape[2] ** -0.5
     nbytes = kv_bytes(batch, context, shape[1], shape[2], torch.bfloat16)
     base = {"model_shape": shape_name, "batch": batch, "context": context}
-    q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4)
+    q, k, v, _ = contiguous_case(batch, context, shape, torch.bfloat16, device, seed=4).args()
     for mode in ("gqa", "groups"):
         timed(lambda: reference.sdpa_contiguous_decode(q, k, v, None, scale, mode),
               base, nbytes, backend=f"sdpa-{mode}")
     q = k = v = None  # the contiguous cache is not needed beside the paged one
-    case = paged_case(batch, context, shape, BLOCK_SIZE, torch.bfloat16, device, seed=4)
+    case = paged_case(batch, context, shape, BLOCK_SIZE, torch.bfloat16, device, seed=4).args()
     if batch == 1 and context <= 4096:
         mask = flex_block_mask(case[3], case[4], case[1].shape[0], BLOCK_SIZE)
         timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), base, nbytes,
@@ -114,7 +115,7 @@ def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | 
     timed = _timer(device, rows, [] if skipped is None else skipped, repeat, warmup=2)
     for batch, query_len, cached in points:
         case = prefill_case(batch, query_len, cached, shape, BLOCK_SIZE, torch.bfloat16,
-                            device, seed=3)
+                            device, seed=3).args()
         base = {"batch": batch, "query_len": query_len, "cached": cached}
         for r, tile_n, warps, stages in PREFILL_CONFIGS:
             options = dict(rows=r, tile_n=tile_n, num_warps=warps, num_stages=stages)

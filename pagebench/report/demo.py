@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pagebench import defaults
 from pagebench.report.collect import Results
 
 SYNTHETIC = "synthetic"
@@ -50,7 +51,7 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     r = Results()
     src = f"{label} (pagebench.report.demo)"
     lengths = np.random.default_rng(0).integers(1, 1024, 400)
-    static = static_fragmentation(lengths, 1024, (1, 8, 16, 32, 128))
+    static = static_fragmentation(lengths, 1024, defaults.BLOCK_SIZES)
     r.add("memory_static", pd.DataFrame(static["results"]).assign(
         workload=label, num_seqs=static["num_seqs"], max_len=static["max_len"],
         tokens_stored=static["tokens_stored"], seed=0), src)

@@ -24,13 +24,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pagebench import defaults
 from pagebench.report import plots
 from pagebench.report.claims import FAILS, HOLDS, SIM, Claim, judge, pct
 from pagebench.report.collect import Results
 from pagebench.report.sections import Section, make_table
 
 TRACES = ("azure-code", "azure-conv", "mooncake-conv")
-STATIC_BLOCK_SIZES = (8, 16, 32, 128)
+STATIC_BLOCK_SIZES = defaults.ENGINE_BLOCK_SIZES
 DYNAMIC_BLOCK_SIZES = (16, 128)
 QUICK_REQUESTS = 2000
 PREFIX_TRACE = "mooncake-conv"

@@ -10,13 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from pagebench import defaults
 from pagebench.config import ceil_div
 from pagebench.report.collect import Results, as_frame, call_with_supported
 from pagebench.report.devices import device_label
 
-WORKLOAD = "lognormal:5.5,0.9"  # the article's length distribution
-NUM_SEQS, SEED, MAX_LEN = 2000, 0, 4096
-BLOCK_SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+WORKLOAD = defaults.REFERENCE_LENGTHS  # the article's length distribution
+NUM_SEQS, SEED, MAX_LEN = (defaults.REFERENCE_NUM_SEQS, defaults.REFERENCE_SEED,
+                           defaults.REFERENCE_MAX_LEN)
+BLOCK_SIZES = defaults.CURVE_BLOCK_SIZES
 MAX_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
 
 
@@ -73,7 +75,7 @@ def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> N
 
     lengths = sample_lengths(WORKLOAD, 200 if quick else 600, SEED, MAX_LEN)
     rows = []
-    for bs in (1, 8, 16, 32, 128):
+    for bs in defaults.BLOCK_SIZES:
         # a pool as large as the longest sequence; each sequence is freed once measured
         manager = BlockManager(ceil_div(MAX_LEN, bs), bs)
         waste = []
@@ -143,7 +145,7 @@ def capacity(results: Results, device: str = "cpu", quick: bool = False) -> None
 # Time-stepped simulation: pagebench.sim.dynamic.reference_run (the article's lengths arriving
 # faster than they finish, in the article's 12.4 GB budget). 20,000 requests take ~2 s and are
 # needed: with far fewer, paged allocation never runs out of memory and never saturates.
-DYNAMIC = dict(num_requests=20_000, block_sizes=(8, 16, 32, 128))
+DYNAMIC = dict(num_requests=20_000, block_sizes=defaults.ENGINE_BLOCK_SIZES)
 
 
 def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -> None:

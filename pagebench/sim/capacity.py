@@ -27,6 +27,7 @@ import os
 
 from pagebench.config import (PRESETS, KVGeometry, ceil_div, config_json_path, dtype_bytes,
                               parse_bytes, preset_key, read_config_json)
+from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_NUM_SEQS, REFERENCE_SEED
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.static import reserved_slots
 from pagebench.sim.workloads import sample_lengths
@@ -94,8 +95,9 @@ def _bytes(name: str, value) -> int:
 def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
                   gpu_memory_utilization: float = 0.9, max_model_len: int = 4096,
                   block_size: int = 16, dtype="bfloat16", kv_dtype=None, weights_bytes=None,
-                  overhead_bytes=0, kv_cache_bytes=None, lengths: str = "lognormal:5.5,0.9",
-                  num_seqs: int = 2000, seed: int = 0, tensor_parallel_size: int = 1) -> dict:
+                  overhead_bytes=0, kv_cache_bytes=None, lengths: str = REFERENCE_LENGTHS,
+                  num_seqs: int = REFERENCE_NUM_SEQS, seed: int = REFERENCE_SEED,
+                  tensor_parallel_size: int = 1) -> dict:
     """Blocks, cacheable tokens and concurrency for one model on one GPU (see module doc).
 
     ``model``: preset name, path to a ``config.json`` (or its folder), config dict,

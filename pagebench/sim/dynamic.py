@@ -90,6 +90,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagebench.config import ceil_div
+from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_SEED
 from pagebench.errors import ConfigError
 from pagebench.sim.dynamic_loops import (WINDOW_FIELDS, RunStats, Window, simulate_contiguous,
                                          simulate_paged)
@@ -350,8 +351,8 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
 
 # The reference workload: the article's lengths arriving faster than any allocator serves them,
 # in the article's 12.4 GB of Qwen2.5-0.5B cache (1,009,104 token slots).
-REFERENCE = dict(lengths="lognormal:5.5,0.9", rate=20.0, prompt_fraction=0.3, max_len=4096,
-                 seed=0)
+REFERENCE = dict(lengths=REFERENCE_LENGTHS, rate=20.0, prompt_fraction=0.3,
+                 max_len=REFERENCE_MAX_LEN, seed=REFERENCE_SEED)
 
 
 def reference_run(num_requests: int = 20_000, block_sizes=(16,), **kwargs) -> DynamicResult:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from pagebench.config import ceil_div
+from pagebench.defaults import BLOCK_SIZES
 from pagebench.errors import ConfigError
 
 
@@ -33,7 +34,7 @@ def reserved_slots(allocator: str, lengths: np.ndarray, max_len: int,
     raise ConfigError(f"allocator: unknown {allocator!r}; use naive, pow2, oracle or paged")
 
 
-def static_fragmentation(lengths, max_len: int, block_sizes=(1, 8, 16, 32, 128)) -> dict:
+def static_fragmentation(lengths, max_len: int, block_sizes=BLOCK_SIZES) -> dict:
     """Utilisation of every allocator on ``lengths``; the JSON shape of ``pagebench simulate``."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or lengths.size == 0:

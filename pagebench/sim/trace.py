@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_MAX_LEN
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.workloads import sample_lengths
 
@@ -118,10 +119,10 @@ def _hash_ids(ids, request: int, prompt_len: int) -> np.ndarray:
     return ids
 
 
-def poisson_workload(num_requests: int, rate: float, lengths: str = "lognormal:5.5,0.9", *,
+def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LENGTHS, *,
                      prompt_fraction: float = 0.3, prompt_lengths: str | None = None,
                      output_lengths: str | None = None, n: int = 1, seed: int = 0,
-                     max_len: int = 4096) -> Workload:
+                     max_len: int = REFERENCE_MAX_LEN) -> Workload:
     """``num_requests`` requests arriving as a Poisson process of ``rate`` requests per step.
 
     Lengths: by default each request's final length is drawn from ``lengths`` (a

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pagebench.defaults import BLOCK_SIZES, REFERENCE_LENGTHS, REFERENCE_MAX_LEN
 from pagebench.sim.static import static_fragmentation
-
-BLOCK_SIZES = (1, 8, 16, 32, 128)
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +21,8 @@ def test_static_million_sequences(benchmark, million_lengths):
     result = benchmark(static_fragmentation, million_lengths, 4096, BLOCK_SIZES)
     assert result["num_seqs"] == 1_000_000
     paged = [r["utilisation"] for r in result["results"] if r["allocator"] == "paged"]
-    assert len(paged) == 5 and paged == sorted(paged, reverse=True)  # bigger block, more waste
+    # bigger block, more waste
+    assert len(paged) == len(BLOCK_SIZES) and paged == sorted(paged, reverse=True)
     benchmark.extra_info.update(num_seqs=1_000_000, block_sizes=list(BLOCK_SIZES))
 
 
@@ -35,10 +35,11 @@ def test_dynamic_100k_requests(benchmark):
     from pagebench.sim.trace import poisson_workload
 
     num_requests = 10_000 if benchmark.disabled else 100_000
-    workload = poisson_workload(num_requests, 20.0, "lognormal:5.5,0.9", seed=0, max_len=4096)
+    workload = poisson_workload(num_requests, 20.0, REFERENCE_LENGTHS, seed=0,
+                                max_len=REFERENCE_MAX_LEN)
     budget = article_budget_tokens()
     result = benchmark.pedantic(dynamic.run_dynamic, args=(workload, budget),
-                                kwargs=dict(block_sizes=BLOCK_SIZES, max_len=4096),
+                                kwargs=dict(block_sizes=BLOCK_SIZES, max_len=REFERENCE_MAX_LEN),
                                 rounds=1, iterations=1)
     rows = {(r["allocator"], r["block_size"]) for r in result.summary}
     assert rows == {("naive", None), ("pow2", None), ("oracle", None)} | {

@@ -1,7 +1,19 @@
-"""Inputs for tests and benchmarks: paged caches with scattered block tables and poisoned slots."""
+"""Kernel inputs, one module for tests, property tests, sweeps, asv suites and scripts.
+
+``make_paged_inputs`` is the one builder of paged caches: any lengths, block tables in a
+``TABLE_LAYOUTS`` layout, and optionally every slot and table entry a kernel must not read
+poisoned (the tests' inputs). ``paged_case``, ``prefill_case`` and ``contiguous_case`` are the
+timed cases of the sweeps and benchmarks (``batch`` sequences of one length, nothing spare,
+nothing poisoned); ``quantized_inputs`` turns any paged input into an fp8 one with its scales.
+Random values are drawn on the target device from one generator seeded with ``seed``.
+Also here: the tolerances and ``relative_error`` the tests compare with, the memory layouts a
+caller's tensor may have (``with_layout``), and the block-table layouts (``layout_tables``,
+``aged_tables``, ``adjacent_fraction``).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -9,19 +21,25 @@ import torch
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import fp8_max, quantize
 
+TABLE_LAYOUTS = ("contiguous", "shuffled", "aged")
+
 
 @dataclass
 class PagedInputs:
-    q: torch.Tensor  # [num_seqs, num_q_heads, head_dim]
+    q: torch.Tensor  # decode [num_seqs, num_q_heads, head_dim]; prefill [total_query_tokens, ...]
     k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim]
     v_cache: torch.Tensor
     block_tables: torch.Tensor  # int32 [num_seqs, max_blocks_per_seq]
     seq_lens: torch.Tensor  # int32 [num_seqs]
     k_scale: torch.Tensor | None = None  # fp8 caches: float32 [num_kv_heads]
     v_scale: torch.Tensor | None = None
+    query_lens: torch.Tensor | None = None  # prefill: int32 [num_seqs], new tokens per sequence
 
     def args(self):
-        return self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens
+        """The positional arguments of ``paged_decode`` (of ``paged_prefill`` when the input
+        has ``query_lens``)."""
+        tensors = (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens)
+        return tensors if self.query_lens is None else (*tensors, self.query_lens)
 
     def scales(self) -> dict:
         """``k_scale``/``v_scale`` keywords for an fp8 cache, else nothing."""
@@ -30,28 +48,59 @@ class PagedInputs:
         return {"k_scale": self.k_scale, "v_scale": self.v_scale}
 
 
+@dataclass
+class ContiguousInputs:
+    q: torch.Tensor  # [num_seqs, num_q_heads, head_dim]
+    k: torch.Tensor  # [num_seqs, max_len, num_kv_heads, head_dim]
+    v: torch.Tensor
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+
+    def args(self):
+        """The positional arguments of ``contiguous_decode``."""
+        return self.q, self.k, self.v, self.seq_lens
+
+
 def make_paged_inputs(seq_lens, num_q_heads: int, num_kv_heads: int, head_dim: int,
                       block_size: int, dtype=torch.float32, device="cpu", *, seed: int = 0,
-                      extra_blocks: int = 2, extra_table_cols: int = 1, poison: bool = True,
-                      shuffle: bool = True, poison_value: float = float("nan")) -> PagedInputs:
-    """Random q/K/V; each sequence's blocks are scattered over the cache (``shuffle``).
+                      layout: str = "shuffled", extra_blocks: int = 2, extra_table_cols: int = 1,
+                      poison: bool = True, poison_value: float = float("nan")) -> PagedInputs:
+    """Random q/K/V with each sequence's blocks placed by ``layout``: ``shuffled`` (anywhere
+    in the cache), ``contiguous`` (in order, sequence after sequence) or ``aged`` (as
+    ``aged_tables`` hands them out: equal lengths only; the pool's other requests' blocks are
+    its spare blocks, in place of ``extra_blocks``). The cache holds ``extra_blocks`` spare
+    blocks and each table ``extra_table_cols`` unused entries.
 
     With ``poison``, every cache slot and table entry a sequence must not read is poisoned:
-    slots past each length and the ``extra_blocks`` spare blocks hold ``poison_value`` (NaN; a
-    large finite value for backends that are not NaN-safe), and table entries past each
-    sequence's last block point at a poisoned block or hold an out-of-range index.
+    slots past each length and the spare blocks hold ``poison_value`` (NaN; a large finite
+    value for backends that are not NaN-safe), and table entries past each sequence's last
+    block point at a poisoned block or hold an out-of-range index.
     """
-    gen = torch.Generator().manual_seed(seed)
     lens = [int(n) for n in seq_lens]
     needed = [ceil_div(n, block_size) for n in lens]
     max_blocks = max(needed, default=0) + extra_table_cols
-    num_blocks = sum(needed) + extra_blocks
+    gen = torch.Generator(device=device).manual_seed(seed)
+    if layout == "aged":
+        if len(set(lens)) != 1:
+            raise ValueError(f"layout: 'aged' tables need sequences of one length, got {lens}")
+        aged, num_blocks = aged_tables(len(lens), lens[0], block_size, seed=seed)
+    elif layout in ("contiguous", "shuffled"):
+        num_blocks = sum(needed) + extra_blocks
+    else:
+        raise ValueError(f"layout: unknown {layout!r} (use one of {', '.join(TABLE_LAYOUTS)})")
     shape = (num_blocks, block_size, num_kv_heads, head_dim)
-    k_cache = torch.randn(shape, generator=gen).to(dtype)
-    v_cache = torch.randn(shape, generator=gen).to(dtype)
-    order = torch.randperm(num_blocks, generator=gen) if shuffle else torch.arange(num_blocks)
+    k_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    v_cache = torch.randn(shape, generator=gen, device=device, dtype=dtype)
+    # order: the blocks the sequences take, one after another, then the spare ones
+    if layout == "shuffled":
+        order = torch.randperm(num_blocks, generator=gen, device=device).cpu()
+    elif layout == "contiguous":
+        order = torch.arange(num_blocks)
+    else:
+        taken = aged.flatten().to(torch.int64)
+        unused = torch.ones(num_blocks, dtype=torch.bool)
+        unused[taken] = False
+        order = torch.cat([taken, torch.nonzero(unused).flatten()])
     tables = torch.zeros(len(lens), max_blocks, dtype=torch.int32)
-    nan = poison_value
     spare = order[sum(needed):]
     start = 0
     for s, (n, nb) in enumerate(zip(lens, needed)):
@@ -60,19 +109,52 @@ def make_paged_inputs(seq_lens, num_q_heads: int, num_kv_heads: int, head_dim: i
         tables[s, :nb] = mine
         if poison:
             tail = n - (nb - 1) * block_size  # tokens used in the last block
-            k_cache[mine[-1], tail:] = nan
-            v_cache[mine[-1], tail:] = nan
-            for j in range(nb, max_blocks):  # unused entries: a NaN block or garbage
+            k_cache[int(mine[-1]), tail:] = poison_value
+            v_cache[int(mine[-1]), tail:] = poison_value
+            for j in range(nb, max_blocks):  # unused entries: a poisoned block or garbage
                 if len(spare) and j % 2 == 0:
                     tables[s, j] = int(spare[j % len(spare)])
                 else:
                     tables[s, j] = num_blocks + 1000 * (j + 1) if j % 4 == 1 else -7
     if poison and len(spare):
-        k_cache[spare] = nan
-        v_cache[spare] = nan
-    q = torch.randn(len(lens), num_q_heads, head_dim, generator=gen).to(dtype)
-    return PagedInputs(q.to(device), k_cache.to(device), v_cache.to(device), tables.to(device),
+        k_cache[spare.to(device)] = poison_value
+        v_cache[spare.to(device)] = poison_value
+    q = torch.randn(len(lens), num_q_heads, head_dim, generator=gen, device=device, dtype=dtype)
+    return PagedInputs(q, k_cache, v_cache, tables.to(device),
                        torch.tensor(lens, dtype=torch.int32, device=device))
+
+
+def paged_case(batch: int, context: int, shape, block_size: int, dtype, device, seed: int = 0,
+               layout: str = "shuffled") -> PagedInputs:
+    """A timed decode case: ``batch`` sequences of ``context`` tokens, attention ``shape``
+    (num_q_heads, num_kv_heads, head_dim), tables in ``layout``, no spare block or table
+    entry, nothing poisoned."""
+    return make_paged_inputs([context] * batch, *shape, block_size, dtype, device, seed=seed,
+                             layout=layout, extra_blocks=0, extra_table_cols=0, poison=False)
+
+
+def prefill_case(batch: int, query_len: int, cached: int, shape, block_size: int, dtype, device,
+                 seed: int = 0) -> PagedInputs:
+    """A timed prefill case: ``batch`` sequences, each with ``cached`` tokens before a chunk of
+    ``query_len`` new ones (already in the cache); q packs the chunks, ``query_lens`` is set."""
+    case = paged_case(batch, cached + query_len, shape, block_size, dtype, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    q = torch.randn(batch * query_len, shape[0], shape[2], device=device, dtype=dtype,
+                    generator=gen)
+    qlens = torch.full((batch,), query_len, dtype=torch.int32, device=device)
+    return dataclasses.replace(case, q=q, query_lens=qlens)
+
+
+def contiguous_case(batch: int, context: int, shape, dtype, device,
+                    seed: int = 0) -> ContiguousInputs:
+    """A timed contiguous decode case: ``batch`` sequences of ``context`` tokens each."""
+    num_q, num_kv, head_dim = shape
+    gen = torch.Generator(device=device).manual_seed(seed)
+    k = torch.randn(batch, context, num_kv, head_dim, device=device, dtype=dtype, generator=gen)
+    v = torch.randn(batch, context, num_kv, head_dim, device=device, dtype=dtype, generator=gen)
+    q = torch.randn(batch, num_q, head_dim, device=device, dtype=dtype, generator=gen)
+    lens = torch.full((batch,), context, dtype=torch.int32, device=device)
+    return ContiguousInputs(q, k, v, lens)
 
 
 def quantized_inputs(inp: PagedInputs, cache_dtype, *, seed: int = 0,
@@ -85,9 +167,9 @@ def quantized_inputs(inp: PagedInputs, cache_dtype, *, seed: int = 0,
     unquantised caches with the same per-head magnitudes are ``unquantized_caches``."""
     k_real, v_real, k_amax, v_amax = _scaled_real_caches(inp, seed, spread)
     k_scale, v_scale = k_amax / fp8_max(cache_dtype), v_amax / fp8_max(cache_dtype)
-    return PagedInputs(inp.q, quantize(k_real, k_scale, cache_dtype),
-                       quantize(v_real, v_scale, cache_dtype), inp.block_tables, inp.seq_lens,
-                       k_scale, v_scale)
+    return dataclasses.replace(inp, k_cache=quantize(k_real, k_scale, cache_dtype),
+                               v_cache=quantize(v_real, v_scale, cache_dtype), k_scale=k_scale,
+                               v_scale=v_scale)
 
 
 def unquantized_caches(inp: PagedInputs, *, seed: int = 0, spread: float = 16.0):
@@ -153,7 +235,6 @@ def with_layout(x: torch.Tensor, layout: str, junk=0) -> torch.Tensor:
 
 # ---- block-table layouts (what the timed kernel reads) -----------------------------------
 
-TABLE_LAYOUTS = ("contiguous", "shuffled", "aged")
 AGED_BACKGROUND = 0.25  # other requests' share of the pool, relative to the measured ones
 
 
@@ -166,17 +247,8 @@ def layout_tables(layout: str, batch: int, context: int, block_size: int, *, see
     - ``shuffled``: every block of the pool anywhere, a random permutation;
     - ``aged``: the tables a block manager hands out after serving traffic (``aged_tables``).
     """
-    per_seq = ceil_div(context, block_size)
-    if layout == "contiguous":
-        tables = torch.arange(batch * per_seq, dtype=torch.int32).view(batch, per_seq)
-        return tables, batch * per_seq
-    if layout == "shuffled":
-        gen = torch.Generator().manual_seed(seed)
-        tables = torch.randperm(batch * per_seq, generator=gen).to(torch.int32)
-        return tables.view(batch, per_seq), batch * per_seq
-    if layout == "aged":
-        return aged_tables(batch, context, block_size, seed=seed)
-    raise ValueError(f"layout: unknown {layout!r} (use one of {', '.join(TABLE_LAYOUTS)})")
+    case = paged_case(batch, context, (1, 1, 1), block_size, torch.float32, "cpu", seed, layout)
+    return case.block_tables, case.k_cache.shape[0]
 
 
 def aged_tables(batch: int, context: int, block_size: int, *, seed: int = 0,

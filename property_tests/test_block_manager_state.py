@@ -10,7 +10,9 @@ scheduled into the step in flight (``pending``), and its full blocks may become 
 then do the sequences of the step read the cache. So a request that hits a block filled in the
 same step is checked to read it after it is written; a block findable before its KV exists must
 be written by a sequence of the step; freeing such a sequence (a step that never runs for it)
-must leave nothing findable that was never written.
+must leave nothing findable that was never written. A step scheduled through ``schedule_step``
+writes its tokens through the slots the manager returns, so the reads through the table check
+the manager's slot mapping and its count of computed tokens.
 """
 
 import math
@@ -51,13 +53,14 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.kv: dict[int, list] = {}  # the model of the KV cache: block -> slot contents
         self.next_id = 0
         self.pending: dict[int, int] = {}  # scheduled in the step in flight: seq -> first unwritten
+        self.steps: dict = {}  # pending sequences scheduled by schedule_step: seq -> KVBlocks
         note(f"block_size={block_size} num_blocks={num_blocks} prefix={prefix} deferred={deferred}")
 
     # ---- helpers --------------------------------------------------------------------------
     def snapshot(self):
         bm = self.bm
-        return ({s: (bm.block_table(s), bm.num_tokens(s), bm.num_cached_tokens(s))
-                 for s in bm.seq_ids},
+        return ({s: (bm.block_table(s), bm.num_tokens(s), bm.num_cached_tokens(s),
+                     bm.num_computed_tokens(s)) for s in bm.seq_ids},
                 [bm.ref_count(b) for b in range(bm.num_blocks)], bm.num_free_blocks,
                 sorted(bm.prefix_cache_entries()), bm.pending_copies, bm.unwritten_blocks)
 
@@ -86,8 +89,15 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.write(seq_id, start)
             return
         self.pending[seq_id] = start
-        if register_now:
-            self.bm.cache_full_blocks(seq_id, written=False)
+        if register_now:  # as the engine's scheduler does
+            toks, bs = self.tokens[seq_id], self.bs
+            step = self.bm.schedule_step(seq_id, len(toks) - self.bm.num_computed_tokens(seq_id))
+            table = self.bm.block_table(seq_id)
+            assert step.block_ids == tuple(table) and step.num_computed <= start
+            assert self.bm.num_computed_tokens(seq_id) == len(toks)
+            assert list(step.slot_mapping) == [table[p // bs] * bs + p % bs
+                                               for p in range(step.num_computed, len(toks))]
+            self.steps[seq_id] = step
 
     def reads_own_tokens(self, seq_id, kv):
         table, toks = self.bm.block_table(seq_id), self.tokens[seq_id]
@@ -145,14 +155,21 @@ class BlockManagerMachine(RuleBasedStateMachine):
         """The step runs: copies, then every scheduled token's KV, then attention reads."""
         self.copy()
         for seq, start in self.pending.items():
-            table = self.bm.block_table(seq)
+            step = self.steps.get(seq)
+            if step is None:
+                table = self.bm.block_table(seq)
+                slots = {p: table[p // self.bs] * self.bs + p % self.bs
+                         for p in range(start, len(self.tokens[seq]))}
+            else:  # through the manager's slots
+                slots = dict(enumerate(step.slot_mapping, step.num_computed))
             for pos in range(start, len(self.tokens[seq])):
-                self.kv.setdefault(table[pos // self.bs], [None] * self.bs)[pos % self.bs] = \
-                    self.tokens[seq][pos]
+                block, offset = divmod(slots[pos], self.bs)
+                self.kv.setdefault(block, [None] * self.bs)[offset] = self.tokens[seq][pos]
         for seq in self.pending:  # hits on blocks filled in this step included
             self.reads_own_tokens(seq, self.kv)
         self.bm.blocks_written()
         self.pending.clear()
+        self.steps.clear()
 
     @precondition(lambda self: self.pending)
     @rule()
@@ -162,6 +179,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.bm.free(seq)
             del self.tokens[seq]
         self.pending.clear()
+        self.steps.clear()
         assert not self.bm.unwritten_blocks
 
     @rule(target=seqs, parent=seqs)
@@ -181,6 +199,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         self.bm.free(seq)
         del self.tokens[seq]
         self.pending.pop(seq, None)
+        self.steps.pop(seq, None)
 
     @rule(seq=seqs)
     def cache_computed(self, seq):
@@ -194,6 +213,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
             self.bm.free(seq)
             del self.tokens[seq]
         self.pending.clear()
+        self.steps.clear()
         assert not self.bm.unwritten_blocks and not self.bm.pending_copies
         # 7. every block returns; with prefix caching they stay findable but count as free
         assert self.bm.num_free_blocks == self.bm.num_blocks
@@ -208,13 +228,16 @@ class BlockManagerMachine(RuleBasedStateMachine):
         calls = [lambda: bm.append_token(unknown, 1), lambda: bm.free(unknown),
                  lambda: bm.fork(unknown, unknown + 1), lambda: bm.allocate(unknown, []),
                  lambda: bm.block_table(unknown), lambda: bm.allocate(unknown, [1, [2]]),
-                 lambda: bm.allocate(unknown, [1, 2.0]), lambda: bm.allocate(unknown, [True])]
+                 lambda: bm.allocate(unknown, [1, 2.0]), lambda: bm.allocate(unknown, [True]),
+                 lambda: bm.schedule_step(unknown, 1), lambda: bm.num_computed_tokens(unknown)]
         if dup is not None:
             calls += [lambda: bm.allocate(dup, [1, 2]), lambda: bm.fork(dup, dup),
                       lambda: bm.append_token(dup, [5]), lambda: bm.append_token(dup, 0.5),
                       lambda: bm.append_token(dup, False),
                       lambda: bm.cache_full_blocks(dup, bm.num_tokens(dup) + 1),
-                      lambda: bm.cache_full_blocks(dup, -1)]
+                      lambda: bm.cache_full_blocks(dup, -1),
+                      lambda: bm.schedule_step(dup, -1),
+                      lambda: bm.schedule_step(dup, bm.num_tokens(dup) + 1)]
         call = data.draw(st.sampled_from(calls))
         assert self.expect_failure(call), "bad input did not raise"
 
@@ -246,6 +269,12 @@ class BlockManagerMachine(RuleBasedStateMachine):
             table = self.bm.block_table(s)
             assert len(table) == math.ceil(len(toks) / self.bs)
             assert len(table) * self.bs - len(toks) <= self.bs - 1
+
+    @invariant()
+    def computed_tokens_between_hits_and_tokens(self):
+        for s in self.tokens:
+            bm = self.bm
+            assert bm.num_cached_tokens(s) <= bm.num_computed_tokens(s) <= bm.num_tokens(s)
 
     @invariant()
     def each_sequence_reads_its_own_tokens(self):  # 4 (copy-on-write isolation)

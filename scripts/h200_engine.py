@@ -188,9 +188,10 @@ def section_breakdown(ctx):
         engine.generate(prompts, params)  # warm-up
         run = engine.runner.execute
 
-        def traced(seqs, num_new, tables, run=run):
-            with record_function("decode_step" if all(n == 1 for n in num_new) else "other"):
-                return run(seqs, num_new, tables)
+        def traced(seqs, blocks, run=run):
+            decode = all(kv.num_new == 1 for kv in blocks)
+            with record_function("decode_step" if decode else "other"):
+                return run(seqs, blocks)
 
         engine.runner.execute = traced
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:

@@ -220,8 +220,8 @@ def engine_rows(env):
         logits = []
         execute = engine.runner.execute
 
-        def recording(seqs, num_new, tables, execute=execute, logits=logits):
-            out, rows = execute(seqs, num_new, tables)
+        def recording(seqs, blocks, execute=execute, logits=logits):
+            out, rows = execute(seqs, blocks)
             if len(logits) < 4:
                 logits.append(out.clone())
             return out, rows

@@ -11,6 +11,10 @@
    `tests/**/test_X.py` or `property_tests/test_X.py` may use private names of any module whose
    file is `X.py` or that lies in a package directory `X/` (the module or package it tests).
    Dunder names are not private.
+3. The engine's step path (`engine/engine.py`, `scheduler.py`, `model_runner.py`,
+   `decode_graphs.py`, `parallel.py`) does no block-boundary arithmetic: no `//` or `%` by a
+   block size and no `ceil_div` call; blocks for n tokens and a token's cache slot come from
+   `engine/block_manager.py`, the one owner of a sequence's KV state.
 
 Run `python tests/test_architecture.py` to print the import graph of `pagebench` (by package,
 then by module); docs/architecture.md shows that output.
@@ -213,6 +217,35 @@ def test_checker_sees_relative_and_attribute_imports(tmp_path, monkeypatch):
     assert private_imports() == ["pagebench/sub/a.py:2: pagebench.sub.b._hidden",
                                  "tests/test_c.py:2: pagebench.sub.b._hidden",
                                  "tests/test_d.py:2: pagebench.sub.b._hidden"]
+
+
+STEP_PATH = ("engine.py", "scheduler.py", "model_runner.py", "decode_graphs.py", "parallel.py")
+BLOCK_SIZE_NAMES = {"block_size", "bs"}
+
+
+def block_arithmetic(path: Path) -> list[str]:
+    """`x // block_size`, `x % block_size` (or `bs`) and `ceil_div(...)` calls in a file."""
+    def names_block_size(node) -> bool:
+        return (isinstance(node, ast.Name) and node.id in BLOCK_SIZE_NAMES) or \
+            (isinstance(node, ast.Attribute) and node.attr in BLOCK_SIZE_NAMES)
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.FloorDiv, ast.Mod)) \
+                and names_block_size(node.right):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "ceil_div":
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_engine_step_path_leaves_block_arithmetic_to_the_block_manager(tmp_path):
+    engine = ROOT / PACKAGE / "engine"
+    assert [hit for name in STEP_PATH for hit in block_arithmetic(engine / name)] == []
+    sample = tmp_path / "sample.py"
+    sample.write_text("a = p // self.block_size\nb = p % bs\nc = ceil_div(n, k)\nd = n // 2\n")
+    assert block_arithmetic(sample) == ["sample.py:1: p // self.block_size",
+                                        "sample.py:2: p % bs", "sample.py:3: ceil_div(n, k)"]
 
 
 def format_graph(graph: dict[str, set[str]]) -> str:

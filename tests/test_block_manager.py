@@ -1,6 +1,7 @@
 import pytest
 
 from pagebench.engine import BlockManager
+from pagebench.engine.block_manager import blocks_needed, slot_mapping
 from pagebench.errors import ConfigError, OutOfBlocksError, SequenceError
 
 
@@ -183,18 +184,52 @@ def test_freeing_an_unwritten_block_makes_it_unfindable():
 def test_schedule_step_registers_only_the_blocks_the_step_fills_and_returns_the_table():
     bm = BlockManager(8, 2, enable_prefix_caching=True, deferred_caching=True)
     a = bm.allocate("a", [1, 2, 3, 4, 5])
-    step = bm.schedule_step("a", 0, 1)  # fills no block: nothing findable
+    step = bm.schedule_step("a", 1)  # fills no block: nothing findable
     assert step.block_ids == tuple(a) and bm.prefix_cache_entries() == []
-    step = bm.schedule_step("a", 1, 3)  # tokens 1..3 fill blocks 0 and 1
+    assert (step.num_computed, step.slot_mapping) == (0, (a[0] * 2,))
+    step = bm.schedule_step("a", 3)  # tokens 1..3 fill blocks 0 and 1
     assert step.block_ids == tuple(a) and bm.unwritten_blocks == set(a[:2])
+    assert step.num_computed == 1 and step.num_new == 3
+    assert step.slot_mapping == (a[0] * 2 + 1, a[1] * 2, a[1] * 2 + 1)
+    assert bm.num_computed_tokens("a") == 4
     bm.blocks_written()
     bm.append_token("a", 6)
-    assert bm.schedule_step("a", 4, 2).block_ids == tuple(bm.block_table("a"))
+    step = bm.schedule_step("a", 2)
+    assert step.block_ids == tuple(bm.block_table("a")) and step.num_computed == 4
     assert bm.unwritten_blocks == {bm.block_table("a")[2]}
-    before = (bm.block_table("a"), bm.unwritten_blocks, bm.prefix_cache_entries())
-    for args, name in (((0, -1), "num_new"), ((True, 1), "num_computed"), ((5, 2), "num_new")):
-        with pytest.raises(ValueError, match=name):
-            bm.schedule_step("a", *args)
-    assert (bm.block_table("a"), bm.unwritten_blocks, bm.prefix_cache_entries()) == before
+    before = (bm.block_table("a"), bm.unwritten_blocks, bm.prefix_cache_entries(),
+              bm.num_computed_tokens("a"))
+    for bad in (-1, True, 1.0, 1):  # 1: all 6 tokens are computed already
+        with pytest.raises(ValueError, match="num_new"):
+            bm.schedule_step("a", bad)
+    assert (bm.block_table("a"), bm.unwritten_blocks, bm.prefix_cache_entries(),
+            bm.num_computed_tokens("a")) == before
     with pytest.raises(SequenceError, match="seq_id"):
-        bm.schedule_step("zz", 0, 1)
+        bm.schedule_step("zz", 1)
+
+
+def test_computed_tokens_start_at_the_prefix_hits_and_follow_forks_and_frees():
+    bm = BlockManager(8, 2, enable_prefix_caching=True, deferred_caching=True)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    assert bm.num_computed_tokens("a") == 0
+    bm.schedule_step("a", 5)
+    bm.blocks_written()
+    bm.fork("a", "b")
+    assert bm.num_computed_tokens("b") == 5
+    bm.allocate("c", [1, 2, 3, 4, 9])
+    assert bm.num_computed_tokens("c") == bm.num_cached_tokens("c") == 4
+    bm.free("c")
+    with pytest.raises(SequenceError, match="seq_id"):
+        bm.num_computed_tokens("c")
+
+
+@pytest.mark.parametrize("block_size", [1, 2, 3, 4])
+def test_slot_mapping_places_token_p_at_its_block_and_offset(block_size):
+    table = [5, 0, 7, 2]
+    for start in range(4 * block_size + 1):
+        for end in range(start, 4 * block_size + 1):
+            expected = [table[p // block_size] * block_size + p % block_size
+                        for p in range(start, end)]
+            assert slot_mapping(table, start, end, block_size) == expected
+    assert blocks_needed(0, block_size) == 0 and blocks_needed(1, block_size) == 1
+    assert blocks_needed(block_size + 1, block_size) == 2

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from pagebench.config import KVGeometry
+from pagebench.engine.block_manager import KVBlocks
 from pagebench.engine.parallel import step_digest
 from pagebench.errors import ConfigError
 
@@ -61,14 +62,18 @@ def test_engine_rejects_tensor_parallelism_outside_torchrun_before_sharding(monk
 
 def test_step_digest_changes_with_any_table_entry():
     class Seq:
-        seq_id, num_computed = 0, 4
+        seq_id = 0
+
+    def kv(table=(1, 2), num_computed=4, num_new=1):
+        return KVBlocks(table, num_computed, tuple(range(num_new)))
 
     seqs = [Seq()]
-    base = step_digest(seqs, [1], [(1, 2)], [])
-    assert base == step_digest(seqs, [1], [(1, 2)], [])
-    assert base != step_digest(seqs, [1], [(1, 3)], [])
-    assert base != step_digest(seqs, [2], [(1, 2)], [])
-    assert base != step_digest(seqs, [1], [(1, 2)], [(2, 5)])
+    base = step_digest(seqs, [kv()], [])
+    assert base == step_digest(seqs, [kv()], [])
+    assert base != step_digest(seqs, [kv(table=(1, 3))], [])
+    assert base != step_digest(seqs, [kv(num_new=2)], [])
+    assert base != step_digest(seqs, [kv(num_computed=5)], [])
+    assert base != step_digest(seqs, [kv()], [(2, 5)])
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,9 @@ def seq(i, n_tokens, max_tokens=8):
 
 
 def run_step(sched, batch, new_token=7):
-    """What the engine does after a step: advance, and give finished prompts a token."""
-    for s, n in zip(batch.seqs, batch.num_new):
-        s.num_computed += n
-        if s.num_computed == len(s.token_ids):
+    """What the engine does after a step: give sequences whose tokens are all computed a new one."""
+    for s, kv in zip(batch.seqs, batch.blocks):
+        if kv.num_computed + kv.num_new == len(s.token_ids):
             s.token_ids.append(new_token)
 
 
@@ -50,12 +49,12 @@ def test_long_prompt_is_chunked():
     s = seq(0, 21)
     sched.add(s)
     chunks = []
-    while s.num_computed < 21:
+    while sum(chunks) < 21:
         batch = sched.schedule()
         chunks.append(batch.num_new[0])
         run_step(sched, batch)
     assert chunks == [8, 8, 5]
-    assert sched.bm.num_tokens(0) == 21
+    assert sched.bm.num_tokens(0) == 21 and sched.bm.num_computed_tokens(0) == 21
 
 
 def test_preempts_most_recent_and_requeues_at_front():
@@ -71,7 +70,7 @@ def test_preempts_most_recent_and_requeues_at_front():
     assert batch.num_preempted == 1 and sched.num_preemptions == 1
     assert batch.seqs == [a] and batch.num_new == [1]
     assert list(sched.waiting) == [b, c]
-    assert b.num_computed == 0 and 1 not in sched.bm
+    assert 1 not in sched.bm  # its KV state went with its blocks
     assert b.token_ids[-1] == 7  # its output so far is kept and recomputed later
 
 

@@ -1,4 +1,11 @@
-"""Per-sequence block tables over a shared block pool: allocate, append, fork, free.
+"""Per-sequence KV state over a shared block pool: allocate, append, fork, schedule, free.
+
+The manager is the one owner of each sequence's KV-side state: its block table, the tokens
+that have a cache slot, how many of them are computed (their KV is in the cache, or written by
+the step in flight), and the prefix-cache hashes of its full blocks. A scheduler keeps the
+request side (prompt, sampled tokens, sampling state) and reads this side through counts and
+``KVBlocks``; the block-boundary arithmetic (blocks for n tokens, a token's cache slot) lives
+here too, so that nothing outside computes ``position // block_size``.
 
 Copy-on-write: a sequence about to write into a block that others also reference takes a fresh
 block, records a (src, dst) copy for the KV cache to perform (``take_copies``), and repoints its
@@ -32,6 +39,24 @@ def block_hash(parent_hash: int, token_ids: tuple) -> int:
     return hash((parent_hash, token_ids))
 
 
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """Blocks of ``block_size`` tokens that hold ``num_tokens`` tokens."""
+    return ceil_div(num_tokens, block_size)
+
+
+def slot_mapping(block_ids, start: int, end: int, block_size: int) -> list[int]:
+    """The cache slot (block id * block_size + offset in the block) of each token at positions
+    ``start..end-1`` of a sequence whose block table is ``block_ids``."""
+    if end == start + 1:  # a decode step's one token
+        return [block_ids[start // block_size] * block_size + start % block_size]
+    slots: list[int] = []
+    for i in range(start // block_size, blocks_needed(end, block_size)):
+        first = i * block_size
+        base = block_ids[i] * block_size - first  # position p of block i lives at slot base + p
+        slots.extend(range(base + max(start, first), base + min(end, first + block_size)))
+    return slots
+
+
 def _token_ids(name: str, token_ids) -> list[int]:
     tokens = list(token_ids)
     if not all(type(t) is int for t in tokens):
@@ -42,21 +67,29 @@ def _token_ids(name: str, token_ids) -> list[int]:
     return tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: a frozen init costs twice as much, once per sequence and step
 class KVBlocks:
-    """A sequence's block table as one scheduled step sees it: the block ids, and none of the
-    manager's internals (hashes, refcounts, its copy of the tokens), so that schedulers and
-    model runners read the table from its one owner (vLLM v1's ``KVCacheBlocks`` idea)."""
+    """What one scheduled step needs of a sequence's KV cache, and none of the manager's
+    internals (hashes, refcounts, its copy of the tokens), so that schedulers and model runners
+    read the sequence's KV state from its one owner (vLLM v1's ``KVCacheBlocks`` idea)."""
 
     block_ids: tuple[int, ...]
+    num_computed: int  # tokens whose KV precedes the step: the first new token's position
+    slot_mapping: tuple[int, ...]  # cache slot of each token the step computes
+
+    @property
+    def num_new(self) -> int:
+        """Tokens the step computes."""
+        return len(self.slot_mapping)
 
 
 class _Seq:
-    __slots__ = ("blocks", "tokens", "num_cached_tokens", "hashes")
+    __slots__ = ("blocks", "tokens", "num_computed", "num_cached_tokens", "hashes")
 
-    def __init__(self, blocks, tokens, num_cached_tokens, hashes):
+    def __init__(self, blocks, tokens, num_computed, num_cached_tokens, hashes):
         self.blocks: list[int] = blocks
-        self.tokens: list[int] = tokens
+        self.tokens: list[int] = tokens  # the tokens that have a slot
+        self.num_computed: int = num_computed  # tokens whose KV is (being) written
         self.num_cached_tokens: int = num_cached_tokens
         self.hashes: list[int] = hashes  # chained hash of each full block, in order
 
@@ -108,6 +141,11 @@ class BlockManager:
         """Prompt tokens whose KV came from the prefix cache at ``allocate``."""
         return self._seq(seq_id).num_cached_tokens
 
+    def num_computed_tokens(self, seq_id) -> int:
+        """Tokens whose KV is in the cache or written by a scheduled step (``schedule_step``):
+        the prefix-cache hits at ``allocate``, then every token scheduled since."""
+        return self._seq(seq_id).num_computed
+
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free
@@ -123,7 +161,8 @@ class BlockManager:
         return self.pool.ref_cnt[block_id]
 
     def blocks_needed(self, num_tokens: int) -> int:
-        return ceil_div(num_tokens, self.block_size)
+        """Blocks that hold a sequence of ``num_tokens`` tokens."""
+        return blocks_needed(num_tokens, self.block_size)
 
     def can_allocate(self, num_tokens: int) -> bool:
         """Whether a new prompt of ``num_tokens`` fits without any prefix-cache hit."""
@@ -194,7 +233,7 @@ class BlockManager:
                 f"({len(hits)} cached), {pool.num_free} of {self.num_blocks} are free")
         for b in hits:
             pool.incref(b)
-        seq = _Seq(hits + pool.take(fresh), tokens, len(hits) * bs, hashes)
+        seq = _Seq(hits + pool.take(fresh), tokens, len(hits) * bs, len(hits) * bs, hashes)
         self._seqs[seq_id] = seq
         if self.enable_prefix_caching and not self.deferred_caching:
             self._register(seq, 0, len(hashes))
@@ -252,25 +291,30 @@ class BlockManager:
             if not written:
                 self._unwritten.update(registered)
 
-    def schedule_step(self, seq_id, num_computed: int, num_new: int) -> KVBlocks:
-        """The step being scheduled computes ``num_new`` tokens after the first ``num_computed``.
+    def schedule_step(self, seq_id, num_new: int) -> KVBlocks:
+        """The step being scheduled computes the sequence's next ``num_new`` tokens (those after
+        its ``num_computed_tokens``), which count as computed from now on.
 
         With prefix caching, the blocks this step fills become findable at once, as unwritten
         (``cache_full_blocks(..., written=False)``), so later requests of the same step share
-        them. Returns the sequence's table for the step.
+        them.
+
+        Returns:
+            The step's view of the sequence: its table, the position of the first new token
+            (``num_computed``) and the new tokens' cache slots.
         """
         seq = self._seq(seq_id)
-        end = num_computed + num_new
-        for name, value in (("num_computed", num_computed), ("num_new", num_new)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+        if isinstance(num_new, bool) or not isinstance(num_new, int) or num_new < 0:
+            raise ValueError(f"num_new: expected an integer >= 0, got {num_new!r}")
+        start, bs = seq.num_computed, self.block_size
+        end = start + num_new
         if end > len(seq.tokens):
-            raise ValueError(f"num_new: {num_computed} + {num_new} tokens exceed the "
+            raise ValueError(f"num_new: {start} computed + {num_new} tokens exceed the "
                              f"{len(seq.tokens)} of sequence {seq_id!r}")
-        bs = self.block_size
-        if self.enable_prefix_caching and num_computed // bs < end // bs:
+        if self.enable_prefix_caching and start // bs < end // bs:
             self.cache_full_blocks(seq_id, end, written=False)
-        return KVBlocks(tuple(seq.blocks))
+        seq.num_computed = end
+        return KVBlocks(tuple(seq.blocks), start, tuple(slot_mapping(seq.blocks, start, end, bs)))
 
     def blocks_written(self) -> None:
         """The step in flight has written its KV: its unwritten blocks are plain cached ones."""
@@ -295,7 +339,7 @@ class BlockManager:
             raise SequenceError(f"child_id: sequence {child_id!r} already exists")
         for b in parent.blocks:
             self.pool.incref(b)
-        self._seqs[child_id] = _Seq(list(parent.blocks), list(parent.tokens),
+        self._seqs[child_id] = _Seq(list(parent.blocks), list(parent.tokens), parent.num_computed,
                                     parent.num_cached_tokens, list(parent.hashes))
         return list(parent.blocks)
 

@@ -6,14 +6,15 @@ batch-size bucket (``graph_batch_sizes``) and replayed: one graph launch instead
 hundred kernel launches from Python. The logits and the sampling stay outside the graph: they
 read only the rows that sample, exactly as an eager step does.
 
-What changes between steps reaches the graph through one host-to-device copy of a ``[5,
+What changes between steps reaches the graph through one host-to-device copy of a ``[6,
 max_batch]`` int32 array: token ids, positions, each sequence's row in the block-table store,
-and at most one block-table update per sequence. The block tables live on the device in a store
-of rows (one per recently seen sequence): a sequence's row is written whole when it first
-decodes (or after it was re-admitted, or when its table changed more than a decode step can),
-and afterwards only the entry a decode step adds (a new block) or replaces (copy-on-write of the
-last block). Inside the graph each sequence's table is gathered from its row; its length is
-``position + 1``, and its new token's slot is looked up in that table.
+at most one block-table update per sequence, and each new token's cache slot (from the block
+manager's ``KVBlocks``). The block tables live on the device in a store of rows (one per
+recently seen sequence): a sequence's row is written whole when it first decodes (or after it
+was re-admitted, or when its table changed more than a decode step can), and afterwards only
+the entry a decode step adds (a new block) or replaces (copy-on-write of the last block).
+Inside the graph each sequence's table is gathered from its row; its length is
+``position + 1``.
 
 A batch of ``n`` sequences replays the graph of the smallest bucket >= ``n``; the padding rows
 decode token 0 at position 0 of a scratch block that no sequence owns (the runner allocates it
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagebench.config import ceil_div
+from pagebench.engine.block_manager import blocks_needed, slot_mapping
 
 MAX_GRAPH_LEN = 8192  # context tokens a graph's block tables cover
 SMALL_BUCKETS = (1, 2, 4, 8)
@@ -60,7 +61,7 @@ class _Row:
 
 
 # rows of the int32 input array
-IDS, POSITIONS, ROWS, UPDATE_INDEX, UPDATE_VALUE = range(5)
+IDS, POSITIONS, ROWS, UPDATE_INDEX, UPDATE_VALUE, SLOTS = range(6)
 
 
 class DecodeGraphs:
@@ -71,11 +72,12 @@ class DecodeGraphs:
     def __init__(self, runner, max_num_seqs: int, max_model_len: int, scratch_block: int):
         self.runner = runner
         bs = runner.block_size
-        self.width = ceil_div(min(max_model_len, MAX_GRAPH_LEN), bs)
+        self.width = blocks_needed(min(max_model_len, MAX_GRAPH_LEN), bs)
         self.max_len = self.width * bs  # longest context a graph step can hold
         self.sizes = graph_batch_sizes(max_num_seqs)
         self.max_batch = self.sizes[-1]
         self.scratch_block = scratch_block
+        self.scratch_slot = slot_mapping((scratch_block,), 0, 1, bs)[0]
         dev = runner.device
         self.store_rows = 2 * max_num_seqs  # + 1 padding row, all scratch
         # each row has one spare column that no-op updates write to
@@ -83,9 +85,9 @@ class DecodeGraphs:
                                 dtype=torch.int32, device=dev)
         self.pad_row = self.store_rows
         self.pad_update = self.pad_row * (self.width + 1) + self.width
-        self.inputs = torch.zeros(5, self.max_batch, dtype=torch.int32, device=dev)
+        self.inputs = torch.zeros(6, self.max_batch, dtype=torch.int32, device=dev)
         pinned = dev.type == "cuda"
-        self.staging = torch.zeros(5, self.max_batch, dtype=torch.int32, pin_memory=pinned)
+        self.staging = torch.zeros(6, self.max_batch, dtype=torch.int32, pin_memory=pinned)
         self.host = self.staging.numpy()
         self._pad(0, self.max_batch)
         self.inputs.copy_(self.staging)
@@ -145,34 +147,30 @@ class DecodeGraphs:
 
     def _forward(self, size: int) -> None:
         """The captured step on the first ``size`` rows of the static inputs."""
-        runner, bs = self.runner, self.runner.block_size
-        ids, pos, rows, upd_index, upd_value = self.inputs[:, :size]
+        ids, pos, rows, upd_index, upd_value, slots = self.inputs[:, :size]
         self.store.view(-1).index_copy_(0, upd_index.long(), upd_value)
         tables = self.store.index_select(0, rows)[:, :self.width]  # [size, width]
-        pos64 = pos.long()
-        page = tables.gather(1, (pos64 // bs)[:, None])[:, 0].long()
-        slots = page * bs + pos64 % bs
-        hidden = runner.forward_decode(ids.long(), pos64, slots, tables, pos + 1)
+        hidden = self.runner.forward_decode(ids.long(), pos.long(), slots.long(), tables, pos + 1)
         self.hidden[:size].copy_(hidden)
 
     # ---- one step ------------------------------------------------------------------------
-    def fits(self, seqs, tables) -> bool:
-        """Whether a decode step of ``seqs`` can run here (bucket and context length)."""
+    def fits(self, blocks) -> bool:
+        """Whether a decode step of sequences with these ``KVBlocks`` can run here (bucket
+        and context length)."""
         width = self.width
-        return len(seqs) <= self.max_batch and \
-            all(seq.num_computed < self.max_len and len(table) <= width
-                for seq, table in zip(seqs, tables))
+        return len(blocks) <= self.max_batch and \
+            all(kv.num_computed < self.max_len and len(kv.block_ids) <= width for kv in blocks)
 
     @torch.inference_mode()
-    def run(self, seqs, tables) -> torch.Tensor:
-        """Decode one token of each of ``seqs``, whose block ids are ``tables`` (``fits`` must
-        hold); their final hidden states [n, hidden] (a view of a static buffer, valid until
-        the next step)."""
+    def run(self, seqs, blocks) -> torch.Tensor:
+        """Decode one token of each of ``seqs``, whose ``KVBlocks`` are ``blocks`` (``fits``
+        must hold); their final hidden states [n, hidden] (a view of a static buffer, valid
+        until the next step)."""
         n = len(seqs)
         size = bucket_for(n, self.sizes)
         if self.copied is not None:  # the staging buffer is free once its last copy is done
             self.copied.synchronize()
-        full_index, full_value = self._stage(seqs, tables)
+        full_index, full_value = self._stage(seqs, blocks)
         self._pad(n, size)
         if full_index:  # whole rows, before the step's own updates
             dev = self.runner.device
@@ -190,16 +188,17 @@ class DecodeGraphs:
             self._forward(size)
         return self.hidden[:n]
 
-    def _stage(self, seqs, tables):
+    def _stage(self, seqs, blocks):
         """Fill the host inputs for ``seqs``; returns the whole-row writes (flat indices into
         the store, values) that must precede the step."""
         width1 = self.width + 1
-        ids, positions, rows, upd_index, upd_value = [], [], [], [], []
+        ids, positions, rows, upd_index, upd_value, slots = [], [], [], [], [], []
         full_index, full_value = [], []
-        for seq, table in zip(seqs, tables):
-            pos = seq.num_computed
+        for seq, kv in zip(seqs, blocks):
+            pos, table = kv.num_computed, kv.block_ids
             ids.append(seq.token_ids[pos])
             positions.append(pos)
+            slots.append(kv.slot_mapping[0])
             entry = self._row(seq, seqs)
             length, last = len(table), table[-1]
             base = entry.row * width1
@@ -225,6 +224,7 @@ class DecodeGraphs:
         host[ROWS, :n] = rows
         host[UPDATE_INDEX, :n] = upd_index
         host[UPDATE_VALUE, :n] = upd_value
+        host[SLOTS, :n] = slots
         return full_index, full_value
 
     def _row(self, seq, seqs) -> _Row:
@@ -244,6 +244,7 @@ class DecodeGraphs:
         host[ROWS, start:stop] = self.pad_row
         host[UPDATE_INDEX, start:stop] = self.pad_update
         host[UPDATE_VALUE, start:stop] = self.scratch_block
+        host[SLOTS, start:stop] = self.scratch_slot
 
     def describe(self) -> dict:
         return dict(cuda_graphs=bool(self.graphs), graph_batch_sizes=sorted(self.graphs),

@@ -270,15 +270,13 @@ class LLMEngine:
                 if not batch.seqs:
                     raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
                 copies = bm.take_copies()
-                tables = batch.block_tables
-                self.tp.check_step(batch.seqs, batch.num_new, tables, copies)
+                self.tp.check_step(batch.seqs, batch.blocks, copies)
                 self.runner.copy_blocks(copies)
-                logits, rows = self.runner.execute(batch.seqs, batch.num_new, tables)
+                logits, rows = self.runner.execute(batch.seqs, batch.blocks)
                 bm.blocks_written()
-                for seq, n in zip(batch.seqs, batch.num_new):
-                    computed_prompt += max(0, min(seq.num_computed + n, seq.prompt_len)
-                                           - seq.num_computed)
-                    seq.num_computed += n
+                for seq, kv in zip(batch.seqs, batch.blocks):
+                    start = kv.num_computed
+                    computed_prompt += max(0, min(start + kv.num_new, seq.prompt_len) - start)
                 steps.append(dict(step=len(steps), batch_size=len(batch.seqs),
                                   num_batched_tokens=batch.num_tokens,
                                   blocks_used=bm.num_used_blocks,

@@ -206,25 +206,26 @@ class ModelRunner:
         return self.prefill_backend.prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
                                             g.query_lens, scale, **scales)
 
-    def prepare(self, seqs, num_new: list[int], tables):
+    def prepare(self, seqs, blocks):
         """Packed input ids and positions, the step's metadata, and the rows to sample.
 
-        ``tables``: each sequence's block ids (``ScheduledBatch.block_tables``)."""
-        bs = self.block_size
-        ids, starts, sample_rows, sample_seqs = [], [], [], []
+        ``blocks``: each sequence's ``KVBlocks`` for the step (``ScheduledBatch.blocks``)."""
+        ids, starts, num_new, slots, sample_rows, sample_seqs = [], [], [], [], [], []
         end_of_row = -1
-        for i, (seq, n) in enumerate(zip(seqs, num_new)):
-            start = seq.num_computed
+        for i, (seq, kv) in enumerate(zip(seqs, blocks)):
+            start, n = kv.num_computed, kv.num_new
             ids.extend(seq.token_ids[start:start + n])
             starts.append(start)
+            num_new.append(n)
+            slots.extend(kv.slot_mapping)
             end_of_row += n
             if start + n == len(seq.token_ids):  # all known tokens computed: sample the next
                 sample_rows.append(end_of_row)
                 sample_seqs.append(i)
-        width = max(len(t) for t in tables)
+        width = max(len(kv.block_ids) for kv in blocks)
         # built on the host, one copy each to the device
-        block_tables = torch.tensor([[*t] + [0] * (width - len(t)) for t in tables],
-                                    dtype=torch.int32)
+        block_tables = torch.tensor([[*kv.block_ids] + [0] * (width - len(kv.block_ids))
+                                     for kv in blocks], dtype=torch.int32)
         query_lens = torch.tensor(num_new, dtype=torch.int32)
         start_t = torch.tensor(starts, dtype=torch.int64)
         seq_lens = (start_t + query_lens).to(torch.int32)
@@ -235,7 +236,6 @@ class ModelRunner:
         else:
             seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens)
             positions = start_t[seq_index] + torch.arange(num_tokens) - first[seq_index]
-        slots = block_tables[seq_index, positions // bs].to(torch.int64) * bs + positions % bs
         dev = self.device
         kinds = {"decode": query_lens == 1,
                  "fresh": (query_lens > 1) & (start_t == 0) if self.fresh_prefill
@@ -259,22 +259,24 @@ class ModelRunner:
             groups.append(AttentionGroup(kind, rows, block_tables[sel].to(dev),
                                          seq_lens[sel].to(dev),
                                          query_lens[sel].to(dev) if kind == "prefill" else None))
-        meta = StepMetadata(slots.to(dev), groups)
+        meta = StepMetadata(torch.tensor(slots, dtype=torch.int64).to(dev), groups)
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
         return input_ids, positions.to(dev), meta, sample_rows, sample_seqs
 
     @torch.inference_mode()
-    def execute(self, seqs, num_new: list[int], tables) -> tuple[torch.Tensor, list[int]]:
-        """Run one step (``tables``: each sequence's block ids); returns float32 logits
+    def execute(self, seqs, blocks) -> tuple[torch.Tensor, list[int]]:
+        """Run one step (``blocks``: each sequence's ``KVBlocks``); returns float32 logits
         [R, vocab] and the indices (into ``seqs``) of the R sequences whose known tokens are now
         all computed."""
         graphs = self.decode_graphs
-        if graphs is not None and all(n == 1 for n in num_new) and graphs.fits(seqs, tables):
-            hidden = graphs.run(seqs, tables)  # one token row per sequence
-            rows = [i for i, seq in enumerate(seqs) if seq.num_computed + 1 == len(seq.token_ids)]
+        if graphs is not None and all(kv.num_new == 1 for kv in blocks) \
+                and graphs.fits(blocks):
+            hidden = graphs.run(seqs, blocks)  # one token row per sequence
+            rows = [i for i, (seq, kv) in enumerate(zip(seqs, blocks))
+                    if kv.num_computed + 1 == len(seq.token_ids)]
             sampled = rows
         else:
-            input_ids, positions, meta, rows, sampled = self.prepare(seqs, num_new, tables)
+            input_ids, positions, meta, rows, sampled = self.prepare(seqs, blocks)
             hidden = self.forward(input_ids, positions, meta)
         if not rows:
             return hidden.new_empty(0, 0), sampled

@@ -96,11 +96,12 @@ class TensorParallel:
         dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.group)
         return int(t.item())
 
-    def check_step(self, seqs, num_new, tables, copies) -> None:
-        """With ``check_tables``: raise unless every rank scheduled the same step."""
+    def check_step(self, seqs, blocks, copies) -> None:
+        """With ``check_tables``: raise unless every rank scheduled the same step (``blocks``:
+        each sequence's ``KVBlocks``)."""
         if self.size == 1 or not self.check_tables:
             return
-        mine = step_digest(seqs, num_new, tables, copies)
+        mine = step_digest(seqs, blocks, copies)
         t = torch.tensor([mine], dtype=torch.int64, device=self.device)
         every = [torch.empty_like(t) for _ in range(self.size)]
         dist.all_gather(every, t, group=self.group)
@@ -111,11 +112,11 @@ class TensorParallel:
                                  f"{[s.seq_id for s in seqs]}")
 
 
-def step_digest(seqs, num_new, tables, copies) -> int:
+def step_digest(seqs, blocks, copies) -> int:
     """A 63-bit digest of a step: sequences, tokens to compute, block tables, block copies."""
     h = hashlib.blake2b(digest_size=8)
-    for seq, n, table in zip(seqs, num_new, tables):
-        h.update(repr((seq.seq_id, seq.num_computed, n, tuple(table))).encode())
+    for seq, kv in zip(seqs, blocks):
+        h.update(repr((seq.seq_id, kv.num_computed, kv.num_new, kv.block_ids)).encode())
     h.update(repr(sorted(copies)).encode())
     return int.from_bytes(h.digest(), "little") >> 1
 

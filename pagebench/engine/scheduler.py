@@ -1,12 +1,14 @@
 """Continuous batching over a paged KV cache: token budget, chunked prefill, preemption.
 
-Every sequence holds its known tokens and how many of them have KV in the cache
-(``num_computed``); its block table lives in the block manager alone, which hands each step's
-table back as ``KVBlocks`` (``ScheduledBatch.blocks``). A step gives each scheduled sequence
-the next ``num_new`` uncomputed tokens: one for a decoding sequence, a chunk of its prompt
-(bounded by the token budget) for a prefilling one. When a decoding sequence needs a new block and the pool is dry, the most
-recently admitted running sequence is preempted by recompute: its blocks are freed and it
-goes back to the front of the waiting queue, to be prefilled again (prompt + output so far).
+A ``Sequence`` holds the request side of one completion: its prompt and sampled tokens, its
+sampling state, how it finished. The KV side (block table, the tokens that have a cache slot,
+how many are computed) lives in the block manager alone, which hands each step's view back as
+``KVBlocks`` (``ScheduledBatch.blocks``). A step gives each scheduled sequence its next
+uncomputed tokens: the newly sampled one for a decoding sequence, a chunk of its prompt
+(bounded by the token budget) for a prefilling one. When a decoding sequence needs a new block
+and the pool is dry, the most recently admitted running sequence is preempted by recompute:
+its blocks are freed and it goes back to the front of the waiting queue, to be prefilled again
+(prompt + output so far).
 
 With prefix caching, the full blocks a step will fill become findable as it is scheduled, so a
 request admitted later in the same step reuses them (see ``block_manager``). That is sound
@@ -26,11 +28,10 @@ from pagebench.errors import OutOfBlocksError, check_positive_int
 
 
 class Sequence:
-    """One completion of one request: its tokens, its cache progress, its sampling state."""
+    """One completion of one request: its tokens (prompt, then sampled), its sampling state."""
 
     __slots__ = ("seq_id", "request_id", "index", "params", "generator", "token_ids",
-                 "prompt_len", "num_computed", "finish_reason", "forked",
-                 "num_admissions")
+                 "prompt_len", "finish_reason", "forked", "num_admissions")
 
     def __init__(self, seq_id, request_id: int, index: int, prompt: list[int],
                  params: SamplingParams, generator):
@@ -41,7 +42,6 @@ class Sequence:
         self.generator = generator
         self.token_ids = list(prompt)
         self.prompt_len = len(prompt)
-        self.num_computed = 0  # tokens whose KV is in the cache
         self.finish_reason: str | None = None
         self.forked = params.n == 1  # n > 1: siblings are forked once the prompt is computed
         self.num_admissions = 0
@@ -58,13 +58,17 @@ class Sequence:
 @dataclass(slots=True)
 class ScheduledBatch:
     seqs: list[Sequence]
-    num_new: list[int]  # tokens computed this step, per sequence
-    blocks: list[KVBlocks]  # each sequence's table, from the block manager
+    blocks: list[KVBlocks]  # each sequence's KV view for the step, from the block manager
     num_preempted: int = 0
 
     @property
+    def num_new(self) -> list[int]:
+        """Tokens computed this step, per sequence."""
+        return [b.num_new for b in self.blocks]
+
+    @property
     def num_tokens(self) -> int:
-        return sum(self.num_new)
+        return sum(b.num_new for b in self.blocks)
 
     @property
     def block_tables(self) -> list[tuple[int, ...]]:
@@ -93,7 +97,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def schedule(self) -> ScheduledBatch:
-        batch = ScheduledBatch([], [], [])
+        batch = ScheduledBatch([], [])
         budget = self.max_num_batched_tokens
         i = 0
         while i < len(self.running) and budget > 0:
@@ -101,8 +105,7 @@ class Scheduler:
             if self.bm.num_tokens(seq.seq_id) < len(seq.token_ids) and \
                     not self._append_slot(seq, batch):
                 break  # seq itself was preempted; everything after it is gone too
-            self._take(batch, seq, budget)
-            budget -= batch.num_new[-1]
+            budget -= self._take(batch, seq, budget)
             i += 1
         if batch.num_preempted:
             return batch  # the pool is dry: admit nothing new this step
@@ -116,20 +119,19 @@ class Scheduler:
             except OutOfBlocksError:
                 break
             self.waiting.popleft()
-            seq.num_computed = self.bm.num_cached_tokens(seq.seq_id)
             if seq.num_admissions == 0:
-                self.num_cached_prompt_tokens += seq.num_computed
+                self.num_cached_prompt_tokens += self.bm.num_cached_tokens(seq.seq_id)
             seq.num_admissions += 1
             self.running.append(seq)
-            self._take(batch, seq, budget)
-            budget -= batch.num_new[-1]
+            budget -= self._take(batch, seq, budget)
         return batch
 
-    def _take(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> None:
-        num_new = min(len(seq.token_ids) - seq.num_computed, budget)
+    def _take(self, batch: ScheduledBatch, seq: Sequence, budget: int) -> int:
+        """Schedule seq's next uncomputed tokens, at most ``budget``; returns how many."""
+        num_new = min(len(seq.token_ids) - self.bm.num_computed_tokens(seq.seq_id), budget)
         batch.seqs.append(seq)
-        batch.num_new.append(num_new)
-        batch.blocks.append(self.bm.schedule_step(seq.seq_id, seq.num_computed, num_new))
+        batch.blocks.append(self.bm.schedule_step(seq.seq_id, num_new))
+        return num_new
 
     def _append_slot(self, seq: Sequence, batch: ScheduledBatch) -> bool:
         """A slot for seq's newest token, preempting from the back; False if seq was preempted."""
@@ -145,7 +147,6 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         self.bm.free(seq.seq_id)
-        seq.num_computed = 0
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
@@ -157,7 +158,6 @@ class Scheduler:
         """``child`` shares ``parent``'s blocks (copy-on-write) and runs beside it."""
         self.bm.fork(parent.seq_id, child.seq_id)
         child.token_ids = list(parent.token_ids)
-        child.num_computed = parent.num_computed
         child.forked = True
         child.num_admissions = 1
         self.running.append(child)

@@ -1,5 +1,6 @@
-# pagebench: `make setup` creates .venv, `make report` runs the main job, `make test` runs the
-# whole test suite. Every target creates .venv on first use and installs the project into it.
+# pagebench: `make setup` creates .venv, `make report` runs the main job, `make test` lints
+# (ruff, rules in pyproject.toml) and runs the whole test suite. Every target creates .venv on
+# first use and installs the project into it.
 
 PYTHON  ?= python3
 VENV    ?= .venv
@@ -33,6 +34,7 @@ browser-deps:
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 test: $(STAMP) browser-deps
+	$(VENV)/bin/ruff check .
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PYTEST_ARGS)
 
 clean-venv:

@@ -1,4 +1,4 @@
-"""Shared pytest set-up: the hypothesis profiles.
+"""Shared pytest set-up: Triton's interpreter where there is no GPU, the hypothesis profiles.
 
 HYPOTHESIS_PROFILE=ci (default): fast and derandomised. HYPOTHESIS_PROFILE=long: thorough runs.
 """
@@ -6,6 +6,10 @@ HYPOTHESIS_PROFILE=ci (default): fast and derandomised. HYPOTHESIS_PROFILE=long:
 import os
 
 from hypothesis import HealthCheck, settings
+
+from pagebench.triton_setup import interpret_without_gpu
+
+interpret_without_gpu()  # before a test builds a transformers model, which imports Triton
 
 settings.register_profile(
     "ci", max_examples=40, derandomize=True, deadline=None, print_blob=True,

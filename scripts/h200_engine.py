@@ -99,21 +99,9 @@ class Context:
 
 
 def section_bandwidth(ctx):
-    n = 2**30  # 1 GiB each way
-    src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(12):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    t = sorted(times[2:])[len(times[2:]) // 2]
-    ctx.bandwidth = 2 * n / t
-    del src, dst
-    torch.cuda.empty_cache()
+    from pagebench.kernels.sweep import measure_copy_gbps
+
+    ctx.bandwidth = measure_copy_gbps("cuda", 2**30) * 1e9  # bytes/s, 1 GiB each way
     ctx.summary.append(f"copy bandwidth (read + write): {ctx.bandwidth / 1e12:.2f} TB/s")
     log(ctx.summary[-1])
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagebench import benchcompare
 from pagebench.cli import main, options
@@ -140,6 +141,22 @@ def test_options_an_experiment_would_ignore_are_refused():
                                   f"not used by engine-bench {experiment}")
     for experiment in ("prefix", "pool"):
         assert_one_line_error(["engine-bench", experiment, "--prompt-len", "8"], "--prompt-len")
+    assert_one_line_error(["engine-bench", "cow", "--repeat", "2"], "--repeat",
+                          "not used by engine-bench cow")
+    assert_one_line_error(["engine-bench", "throughput", "--methods", "engine"], "--methods")
+
+
+def test_compare_methods_must_be_known_before_any_work():
+    assert_one_line_error(["engine-bench", "compare", "--methods", "engine,bogus"], "--methods",
+                          "unknown bogus")
+    assert_one_line_error(["engine-bench", "compare", "--methods", ","], "--methods")
+
+
+def test_launch_grids_are_cuda_only():
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present")
+    assert_one_line_error(["bench", "--tune"], "--tune", "CUDA only")
+    assert_one_line_error(["bench", "--tune", "--prefill"], "--tune", "CUDA only")
 
 
 def test_a_sweep_that_measures_nothing_is_an_error():

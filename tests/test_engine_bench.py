@@ -1,6 +1,7 @@
 """The engine's report-facing measurements and `pagebench engine-bench` (tiny sizes)."""
 
 import io
+import os
 import contextlib
 
 import pandas as pd
@@ -64,6 +65,21 @@ def test_cli_writes_csv(tmp_path):
     assert code == 0, err
     df = pd.read_csv(path)
     assert len(df) == 1 and df.block_size[0] == 16 and df.tokens_per_s[0] > 0
+
+
+def test_cli_repeat_and_methods_reach_the_measurement(tmp_path):
+    path = tmp_path / "t.csv"
+    code, _, err = run_cli("engine-bench", "throughput", "--batch-sizes", "2",
+                           "--block-sizes", "16", "--prompt-len", "8", "--max-tokens", "2",
+                           "--kernel", "torch", "--repeat", "2", "--out", str(path))
+    assert code == 0, err
+    row = pd.read_csv(path).iloc[0]
+    assert row.repeats == 2 and row.cpu_count == os.cpu_count()
+    code, _, err = run_cli("engine-bench", "compare", "--batch-sizes", "2", "--prompt-len", "4",
+                           "--max-tokens", "2", "--kernel", "torch", "--methods", "engine",
+                           "--out", str(path))
+    assert code == 0, err
+    assert pd.read_csv(path).method.tolist() == ["engine"]
 
 
 def test_cli_bad_argument_is_one_line():

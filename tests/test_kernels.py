@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 
@@ -22,10 +25,19 @@ from property_tests.test_kernel_equivalence import backends_for, run_property
 HAS_TRITON = "triton" in available_backends()
 
 
-def test_triton_interpret_is_set_without_cuda():
+def test_triton_interpret_is_set_by_the_kernels_not_by_import_pagebench():
     if torch.cuda.is_available():
         pytest.skip("CUDA present: Triton compiles for the GPU")
-    assert os.environ.get("TRITON_INTERPRET") == "1"
+    code = ("import os, pagebench, pagebench.kernels; print('TRITON_INTERPRET' in os.environ); "
+            "import importlib.util as u; u.find_spec('triton') and "
+            "__import__('pagebench.kernels.triton_decode'); "
+            "print(os.environ.get('TRITON_INTERPRET'))")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, cwd=Path(__file__).resolve().parents[1]).stdout.split()
+    assert out[0] == "False"  # importing the package changes no environment variable
+    if HAS_TRITON:
+        assert out[1] == "1"  # the kernel module switched Triton to its interpreter
 
 
 def test_available_backends_report_capabilities():

@@ -53,7 +53,6 @@ NOT_RUN = {
     'export PIP_FIND_LINKS="$PIP_FIND_LINKS $PWD/.asv/wheelhouse"': "changes the calling shell",
     "asv machine --yes --machine my-box": "asv: builds environments, minutes (make asv-quick)",
     "asv run --quick -b '^(?!.*Cuda)' HEAD~3..HEAD": "asv, as above",
-    "asv continuous main HEAD": "asv, as above",
     "asv run -E existing --quick --set-commit-hash $(git rev-parse HEAD)": "asv, as above",
     "asv run -E existing --launch-method spawn -b Cuda --set-commit-hash $(git rev-parse HEAD)":
         "asv on a GPU",

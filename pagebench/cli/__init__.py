@@ -58,6 +58,9 @@ def error_line(error: BaseException) -> str:
 
 
 def main(argv=None) -> int:
+    from pagebench.triton_setup import interpret_without_gpu
+
+    interpret_without_gpu()  # before any command builds a model (transformers imports Triton)
     try:
         code = _run(argv)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit

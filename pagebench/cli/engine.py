@@ -11,16 +11,17 @@ EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace")
 TRACE_OPTIONS = {"trace", "num_requests", "max_model_len", "max_output_len", "step_ms", "seed"}
 # the options each experiment reads (besides --model/--preset/--device/--threads/--json/--out);
 # any other given explicitly is refused rather than silently ignored
-USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel"},
+USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel",
+                       "repeat"},
         "cow": {"prompt_len", "max_tokens"},
         "prefix": {"max_tokens"},
         "pool": {"max_tokens"},
-        "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel"},
+        "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel", "repeat", "methods"},
         "trace": {"kernel"} | TRACE_OPTIONS}
 DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_BLOCK_SIZES),
-            "prompt_len": 64, "max_tokens": 32, "kernel": "auto", "trace": "mooncake-conv",
-            "num_requests": 32, "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0,
-            "seed": 0}
+            "prompt_len": 64, "max_tokens": 32, "kernel": "auto", "repeat": 1,
+            "methods": "engine,padded_generate", "trace": "mooncake-conv", "num_requests": 32,
+            "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0}
 TABLES = {
     "throughput": [("block_size", "block (tokens)", 0), ("batch", "batch", 0),
                    ("prompt_len", "prompt (tokens)", 0), ("kernel", "kernel", 0)],
@@ -41,6 +42,19 @@ TABLES = {
 }
 COMMON_TABLE = [("peak_blocks", "peak blocks", 0), ("tokens_per_s", "tokens/s", 1),
                 ("time_s", "time (s)", 3)]
+
+
+def compare_methods(text: str) -> tuple[str, ...]:
+    """``--methods``: comma-separated, each the engine or one of bench.TRANSFORMERS_METHODS."""
+    from pagebench.engine.bench import TRANSFORMERS_METHODS
+
+    known = ("engine",) + TRANSFORMERS_METHODS
+    methods = tuple(m.strip() for m in text.split(",") if m.strip())
+    unknown = sorted(set(methods) - set(known))
+    if unknown or not methods:
+        raise ValueError(f"--methods: unknown {', '.join(unknown) or repr(text)} "
+                         f"(use {', '.join(known)})")
+    return methods
 
 
 def table_columns(experiment: str) -> list:
@@ -80,6 +94,13 @@ def register(sub) -> None:
                    help="tokens generated per request (default 32)")
     p.add_argument("--kernel", default=None,
                    help="throughput, compare: attention backend (default auto)")
+    p.add_argument("--repeat", type=integer(1, 1000), default=None,
+                   help="throughput, compare: timed runs after one warm-up, the median "
+                   "reported (default 1)")
+    p.add_argument("--methods", default=None,
+                   help="compare: comma-separated, the engine and transformers' "
+                   "padded_generate, generate_batch or generate_static_compile (default "
+                   "engine,padded_generate)")
     p.add_argument("--threads", type=integer(1, 1024), default=1,
                    help="CPU threads (default %(default)s)")
     add_output_options(p, "runs")
@@ -149,6 +170,8 @@ def run(args) -> int:
     check_output_file("--out", args.out)
     if "kernel" in opts:
         opts["kernel"] = _kernel(opts["kernel"])
+    if "methods" in opts:
+        opts["methods"] = compare_methods(opts["methods"])
     model = _model(args, _device(args.device))
     common = dict(threads=args.threads, max_tokens=opts.get("max_tokens"))
     if args.experiment == "throughput":
@@ -157,7 +180,8 @@ def run(args) -> int:
         with progress(len(points), "throughput runs") as bar:
             for bs, b in points:
                 rows += bench.throughput_vs_batch(model, [b], [bs], opts["prompt_len"],
-                                                  kernel=opts["kernel"], **common)
+                                                  kernel=opts["kernel"], repeat=opts["repeat"],
+                                                  **common)
                 bar.update()
     elif args.experiment == "cow":
         rows = bench.cow_comparison(model, prompt_len=opts["prompt_len"], **common)
@@ -175,8 +199,8 @@ def run(args) -> int:
     else:
         prompts = bench.random_prompts(max(opts["batch_sizes"]), 16, 4 * opts["prompt_len"],
                                        model.config.vocab_size, seed=1)
-        rows = bench.compare_with_transformers(model, prompts, repeat=1,
-                                               methods=("engine", "padded_generate"),
+        rows = bench.compare_with_transformers(model, prompts, repeat=opts["repeat"],
+                                               methods=opts["methods"],
                                                kernel=opts["kernel"], **common)
     write_results(args.out, rows)
     print(dumps(rows) if args.json else format_table(rows, table_columns(args.experiment)))

@@ -18,6 +18,10 @@ PREFILL_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
                  ("block_size", "block (tokens)", 0), ("backend", "backend", 0),
                  ("cuda_graphs", "CUDA graph", 0), ("time_us", "time (us)", 1),
                  ("tflops", "TFLOP/s", 2)]
+TUNE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0), ("context", "context", 0),
+              ("query_len", "query", 0), ("cached", "cached", 0), ("backend", "backend", 0),
+              ("rows", "rows", 0), ("tile_n", "tile", 0), ("num_warps", "warps", 0),
+              ("num_stages", "stages", 0), ("num_splits", "splits", 0), ("time_us", "time (us)", 1)]
 LAYOUT_COLUMNS = [("table_layout", "table layout", 0), ("fits_l2", "fits L2", 0)]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -59,6 +63,10 @@ def register(sub) -> None:
                    help="block-table layouts of the paged cases, comma-separated: contiguous "
                    "(arange tables), shuffled (a random permutation of the pool), aged (tables "
                    "of a block manager that has served a trace with churn); default %(default)s")
+    p.add_argument("--tune", action="store_true",
+                   help="CUDA: time the Triton kernel's launch grid (tile, warps, stages, KV "
+                   "splits; with --prefill: rows, tile, warps) through CUDA graphs instead of "
+                   "the sweep (pagebench.kernels.tuning)")
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities, then exit")
     p.set_defaults(func=run_bench)
@@ -110,6 +118,7 @@ def _check_sweep_memory(args, shapes, points, quick: bool, dtype: str) -> None:
 def run_bench(args) -> int:
     import json
 
+    import pandas as pd
     import torch
 
     from pagebench.distributed import SweepRanks
@@ -147,7 +156,18 @@ def run_bench(args) -> int:
     kv_dtype = kv_dtype_from_name(args.kv_dtype, dtype, "--kv-dtype") if args.kv_dtype else None
     skipped: list = []
     ranks = SweepRanks(args.device)
-    if args.prefill:
+    if args.tune:
+        from pagebench.kernels import tuning
+
+        if args.device != "cuda" or shapes or points or args.block_sizes or args.backends \
+                or args.kv_dtype or layouts != ["shuffled"]:
+            raise ValueError("--tune: CUDA only, over its own grid (pagebench.kernels.tuning): "
+                             "give --device cuda and at most --prefill and --repeat")
+        grid = tuning.prefill_launch_grid if args.prefill else tuning.decode_launch_grid
+        df = pd.DataFrame(grid(args.device, **({"repeat": args.repeat} if args.repeat else {}),
+                               skipped=skipped))
+        table = [column for column in TUNE_TABLE if column[0] in df.columns]
+    elif args.prefill:
         from pagebench.kernels.prefill_sweep import run_prefill_sweep
 
         if layouts != ["shuffled"]:

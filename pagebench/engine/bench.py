@@ -8,6 +8,7 @@ a tiny random model (``tiny_model()``); pass a real-shaped model for device runs
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import torch
@@ -71,11 +72,13 @@ def _device(model) -> torch.device:
 
 def base_row(model, dataset: Schema, **fields) -> dict:
     """A row of ``dataset`` (one of :mod:`pagebench.results.datasets`' engine datasets): the
-    environment (device, versions, commit), model, dtype, ``experiment`` (the dataset's name
-    unless ``fields`` names it: the catch-all ``engine`` dataset's rows do) and ``fields``."""
+    environment (device, versions, commit; on a CPU its logical core count, which the report's
+    device label names), model, dtype, ``experiment`` (the dataset's name unless ``fields``
+    names it: the catch-all ``engine`` dataset's rows do) and ``fields``."""
     dev = _device(model)
     cfg = model.config
-    return dataset.row(**environment(dev) | dict(
+    cores = {"cpu_count": os.cpu_count()} if dev.type == "cpu" else {}
+    return dataset.row(**environment(dev) | cores | dict(
         model=f"{cfg.model_type}-L{cfg.num_hidden_layers}-H{cfg.hidden_size}",
         dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
         experiment=dataset.name) | fields)

@@ -16,8 +16,8 @@ sees it, see ``value_checks``) or ``validate="always"`` (every call, for tensors
 behind torch's back: DLPack, ``.data``, a custom kernel, a CUDA graph replay).
 
 Backends (``available_backends()`` lists what runs here): ``torch`` (gather-then-attend, runs
-anywhere), ``triton`` (paged decode with split-KV; on a machine without a GPU it runs interpreted:
-``import pagebench`` sets ``TRITON_INTERPRET=1`` before Triton is imported), ``sdpa`` (contiguous baseline),
+anywhere), ``triton`` (paged decode with split-KV; on a machine without a GPU it runs
+interpreted, see ``pagebench.triton_setup``), ``sdpa`` (contiguous baseline),
 ``flex`` (FlexAttention with a page table, where the installed torch has it). Third-party kernels
 are added with ``register_backend``.
 """

@@ -17,9 +17,10 @@ from pagebench.kernels.registry import register_backend
 def _has_triton() -> bool:
     if importlib.util.find_spec("triton") is None:
         return False
-    import os
-    # Without CUDA, Triton runs only interpreted (importing pagebench sets TRITON_INTERPRET=1).
-    return torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    from pagebench.triton_setup import interprets
+
+    # Without CUDA, Triton runs only interpreted (pagebench.triton_setup).
+    return torch.cuda.is_available() or interprets()
 
 
 def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None,

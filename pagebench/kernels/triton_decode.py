@@ -15,24 +15,25 @@ accumulator once at the end. With one split the program normalises and writes ``
 directly; with several, it writes its unnormalised partial output and (max, sum), and a second
 kernel merges the splits (flash-decoding), so one long sequence at batch 1 still fills the GPU.
 
-On a machine without a GPU, ``import pagebench`` sets ``TRITON_INTERPRET=1`` before Triton is
-imported, so the kernels run interpreted on CPU tensors.
+On a machine without a GPU the kernels run interpreted on CPU tensors: this module sets
+``TRITON_INTERPRET=1`` before it imports Triton (:mod:`pagebench.triton_setup`).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
-import triton
-import triton.language as tl
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
+from pagebench.triton_setup import interpret_without_gpu
 
-# Triton's interpreter (3.9) computes bf16 tl.dot wrongly: it runs the dots in fp32 there.
-INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# Triton's interpreter (3.9) computes bf16 tl.dot wrongly: where INTERPRETED, the dots run in fp32.
+INTERPRETED = interpret_without_gpu()  # before Triton is imported: it reads the variable then
+import triton  # noqa: E402 (after TRITON_INTERPRET is decided)
+import triton.language as tl  # noqa: E402 (after TRITON_INTERPRET is decided)
+
 MAX_SPLITS = 512
 # A program's fixed cost (load q, write its partial, launch share) in KV tiles: it is what makes
 # an extra wave of short programs cost more than a wave of long ones.

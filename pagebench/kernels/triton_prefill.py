@@ -23,12 +23,15 @@ from the packed query count alone, so nothing is read back to the host.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, next_pow2
+
+# isort: split
+# after triton_decode, whose import set TRITON_INTERPRET where Triton needs it
+import triton
+import triton.language as tl
 
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence

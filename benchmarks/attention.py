@@ -15,6 +15,7 @@ dominated by compilation, so their times would say nothing about the kernels.
 
 from __future__ import annotations
 
+import functools
 import os
 
 from .common import (SHAPES, SkipCase, cpu_median_us, defaults, gpu_median_us, require,
@@ -62,11 +63,11 @@ class DecodeCase:
         scale = dims[2] ** -0.5
         if layout == "paged":
             case = fixtures.paged_case(batch, context, dims, block_size, dtype, device)
-            api_call = lambda: kernels.paged_decode(*case.args(), backend=name)  # noqa: E731
+            api_call = functools.partial(kernels.paged_decode, *case.args(), backend=name)
             op, args = "decode", case.args()
         else:
             case = fixtures.contiguous_case(batch, context, dims, dtype, device)
-            api_call = lambda: kernels.contiguous_decode(*case.args(), backend=name)  # noqa: E731
+            api_call = functools.partial(kernels.contiguous_decode, *case.args(), backend=name)
             op, args = "contiguous", (case.q, case.k, case.v, None)  # None: every sequence full
         try:
             api_call()  # validates the input, compiles (Triton, Flex), checks the backend takes it

@@ -20,7 +20,7 @@ import pathlib
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def on_gpu() -> bool:
     """Whether CUDA is usable (imports torch on first use: suites without torch stay light)."""
     import torch

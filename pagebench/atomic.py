@@ -7,7 +7,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 
 def atomic_write_text(path, text: str) -> None:

@@ -138,8 +138,11 @@ def format_table(changes: list[Change], threshold: float, base: str, head: str) 
     width = max([len(c.name) for c in changes] + [9])
     lines = [f"{'benchmark':<{width}}  {base[:12]:>12}  {head[:12]:>12}  {'ratio':>6}  status",
              "-" * (width + 44)]
+
+    def fmt(seconds):
+        return f"{seconds * 1e3:10.3f}ms" if seconds is not None else f"{'-':>12}"
+
     for c in sorted(changes, key=lambda c: -(c.ratio or 0)):
-        fmt = lambda s: f"{s * 1e3:10.3f}ms" if s is not None else f"{'-':>12}"  # noqa: E731
         ratio = f"{c.ratio:6.2f}" if c.ratio is not None else f"{'-':>6}"
         lines.append(f"{c.name:<{width}}  {fmt(c.base_s)}  {fmt(c.head_s)}  {ratio}  "
                      f"{c.status(threshold)}")

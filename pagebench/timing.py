@@ -16,7 +16,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import asdict, dataclass
-from typing import Callable
+from collections.abc import Callable
 
 L2_FLUSH_BYTES = 256 * 2**20  # well above any current GPU's L2 (H200: 60 MB)
 
@@ -52,7 +52,10 @@ def cpu_threads(n: int | None):
 def _summarise(samples_us: list[float], method: str) -> Timing:
     samples = sorted(samples_us)
     n = len(samples)
-    q = lambda p: samples[min(n - 1, max(0, round(p * (n - 1))))]  # noqa: E731
+
+    def q(p):
+        return samples[min(n - 1, max(0, round(p * (n - 1))))]
+
     return Timing(statistics.median(samples), q(0.2), q(0.8), samples[0], n, method)
 
 
@@ -136,7 +139,7 @@ def enqueue_us(fn: Callable[[], object], calls: int = 200,
     return dt
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def git_commit() -> str:
     """The checkout's short HEAD; ``PAGEBENCH_COMMIT`` overrides it (a copy of the tree whose
     .git is stale or absent, such as a remote GPU machine's)."""

@@ -161,7 +161,7 @@ def fake_prefill_sweep(*args, **kwargs):
 
 
 class FakeModel:
-    class config:  # noqa: N801 -- stands in for a transformers config
+    class config:  # stands in for a transformers config (hence the lower-case name)
         vocab_size = 32
 
 

@@ -36,7 +36,7 @@ def scenarios(draw):
 def reference(w, budget, allocator, bs=None, cow=False):
     """Per-step rows (dicts) of the documented model, computed request by request."""
     paged = allocator == "paged"
-    arrival, P, O, N = (a.tolist() for a in (w.arrival, w.prompt_len, w.output_len, w.n))
+    arrival, P, OUT, N = (a.tolist() for a in (w.arrival, w.prompt_len, w.output_len, w.n))
     count = len(arrival)
     shared = [P[i] // bs if paged and cow and N[i] > 1 else 0 for i in range(count)]
     reserve = reserved_slots(allocator, w.length, MAX_LEN).tolist() if not paged else None
@@ -110,13 +110,13 @@ def reference(w, budget, allocator, bs=None, cow=False):
                        internal_frag=allocated - tokens + budget % bs, external_frag=0,
                        free=budget - allocated - budget % bs)
         else:
-            final = sum(N[i] * (P[i] + O[i]) for i in running)
+            final = sum(N[i] * (P[i] + OUT[i]) for i in running)
             free = cells.count(False)
             ext = free if blocked_with_enough_free else 0
             row = dict(token_state=tokens, reserved_unused=final - tokens,
                        internal_frag=budget - free - final, external_frag=ext, free=free - ext)
         rows.append(dict(step=s, concurrency=len(running), waiting=len(waiting), **row))
-        for i in [i for i in running if out[i] == O[i]]:
+        for i in [i for i in running if out[i] == OUT[i]]:
             for address in running.pop(i).get("addresses", []):
                 cells[address:address + reserve[i]] = [False] * reserve[i]
         s += 1

@@ -33,7 +33,7 @@ SHAPES = [(32, 2, 2), (32, 4, 1), (64, 4, 2), (64, 4, 4)]
 TOKEN = st.integers(0, VOCAB - 1)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tiny_model(family: str, shape: tuple, layers: int, seed: int):
     hidden, heads, kv_heads = shape
     torch.manual_seed(seed)
@@ -49,7 +49,7 @@ def tiny_model(family: str, shape: tuple, layers: int, seed: int):
     return model.eval()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(model_key: tuple, prompt: tuple, max_tokens: int) -> tuple:
     """transformers' greedy continuation (contiguous cache, batch 1)."""
     with torch.inference_mode():

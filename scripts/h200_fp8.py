@@ -18,6 +18,7 @@ Qwen2.5-0.5B, bf16 vs fp8_e4m3 cache at equal memory: blocks, greedy agreement, 
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import sys
@@ -92,7 +93,7 @@ def decode_rows(env, copy_gbps):
                 else:
                     kq, vq, ks, vs = fp8_cache(k, v, dtype)
                     args, scales = (q, kq, vq, tables, lens), dict(k_scale=ks, v_scale=vs)
-                fn = lambda: triton_decode.triton_paged_decode(*args, scale, **scales)  # noqa: E731
+                fn = functools.partial(triton_decode.triton_paged_decode, *args, scale, **scales)
                 out = fn()
                 row = dict(op="decode", cache_dtype=str(dtype).replace("torch.", ""),
                            batch=batch, context=context, block_size=block, launch="default")
@@ -119,7 +120,7 @@ def decode_rows(env, copy_gbps):
                           + (f"  err vs bf16 {row['err_vs_bf16_cache']:.1e}"
                              f" vs dequantised {row['err_vs_dequantised']:.1e}" if scales else ""),
                           flush=True)
-                del args
+                args = None  # frees the fp8 copies before the next dtype's
             del k, v, q, base
             empty_cache()
     return rows
@@ -148,7 +149,7 @@ def prefill_rows(env):
             else:
                 kq, vq, ks, vs = fp8_cache(k, v, dtype)
                 args, scales = (q, kq, vq, tables, lens, qlens), dict(k_scale=ks, v_scale=vs)
-            fn = lambda: triton_prefill.triton_paged_prefill(*args, scale, **scales)  # noqa: E731
+            fn = functools.partial(triton_prefill.triton_paged_prefill, *args, scale, **scales)
             out = fn()
             row = dict(op="prefill", cache_dtype=str(dtype).replace("torch.", ""),
                        batch=batch, query_len=qlen, cached=cached, context=context,
@@ -197,7 +198,7 @@ def layout_rows(env, aged):
                              "gbps": foot / t / 1e3})
                 print(f"layout {layout:>10} {batch:>3} x {context:<6} block {block:<3} "
                       f"{t:8.1f} us adjacent {rows[-1]['adjacent_fraction']:.2f}", flush=True)
-            del k, v, q
+            k = v = q = None  # frees this point's caches before the next point's
             empty_cache()
     return rows
 

@@ -250,7 +250,9 @@ def test_engine_step_path_leaves_block_arithmetic_to_the_block_manager(tmp_path)
 
 def format_graph(graph: dict[str, set[str]]) -> str:
     """One line per module: `module -> imported modules` (pagebench. prefix dropped)."""
-    short = lambda m: m[len(PACKAGE) + 1:] or PACKAGE  # noqa: E731 - local one-liner
+    def short(m):
+        return m[len(PACKAGE) + 1:] or PACKAGE
+
     lines = []
     for module in sorted(graph):
         targets = ", ".join(sorted(short(t) for t in graph[module]))

@@ -29,9 +29,9 @@ def test_help_imports_no_heavy_module():
     """``--help`` of every command answers without importing torch, numpy, pandas or
     matplotlib (each costs seconds); measured with `time`: about 0.15 s on 2 CPU cores."""
     code = ("import sys\nfrom pagebench.cli import main\n"
-            "for c in ([], *([n] for n in %r)):\n"
+            f"for c in ([], *([n] for n in {tuple(subcommands())!r})):\n"
             "    assert main([*c, '--help']) == 0\n"
-            "print(sorted(m for m in %r if m in sys.modules))" % (tuple(subcommands()), HEAVY))
+            f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -9,8 +9,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from pagebench.cli import main  # noqa: E402
-from pagebench.engine import bench  # noqa: E402
+from pagebench.cli import main
+from pagebench.engine import bench
 
 
 @pytest.fixture(scope="module")

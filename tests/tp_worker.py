@@ -45,7 +45,10 @@ def run(engine, check: bool):
                                                             n=2, seed=7, ignore_eos=True))
     unseeded = engine.generate(prompts()[:2], SamplingParams(max_tokens=6, temperature=1.0,
                                                              ignore_eos=True))
-    outs = lambda res: [[o.token_ids for o in r.outputs] for r in res]  # noqa: E731
+
+    def outs(res):
+        return [[o.token_ids for o in r.outputs] for r in res]
+
     return dict(greedy=outs(greedy), sampled=outs(sampled), unseeded=outs(unseeded),
                 preemptions=stats["num_preemptions"],
                 prefix_hit_rate=stats["prefix_cache_hit_rate"],

@@ -24,7 +24,7 @@ are added with ``register_backend``.
 
 from __future__ import annotations
 
-from pagebench.kernels import builtin  # noqa: F401 (importing it registers the built-in backends)
+from pagebench.kernels import builtin  # importing it registers the built-in backends
 from pagebench.kernels.cache_ops import copy_blocks, write_kv
 from pagebench.kernels.quant import FP8_DTYPES, check_kv_scales
 from pagebench.kernels.registry import (

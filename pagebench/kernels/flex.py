@@ -18,6 +18,7 @@ import torch
 
 def flex_available() -> bool:
     try:
+        # flex_attention is imported only to probe that this torch has it (hence the F401 noqa)
         from torch.nn.attention.flex_attention import BlockMask, flex_attention  # noqa: F401
     except ImportError:
         return False

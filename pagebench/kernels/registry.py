@@ -33,7 +33,7 @@ checked by the property tests and timed by the sweeps, with no other change.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import torch
 

@@ -20,7 +20,7 @@ have no version counter, so their checks always run. A failed check raises and r
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

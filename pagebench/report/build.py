@@ -38,7 +38,7 @@ def guarded_section(results: Results, sid: str, title: str, fn, *args):
     """A section, or one that says why it could not be built (the report still renders)."""
     try:
         return fn(results, *args)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 (one failing section must not lose the page)
         results.warn(f"section {sid}: failed ({type(e).__name__}: {e})")
         s = sections.Section(sid, title)
         s.nodata(f"this section could not be built from the data ({type(e).__name__}); "
@@ -50,7 +50,7 @@ def build_sections(results: Results, env: dict, options: dict):
     claims = claims_mod.evaluate(results, ARTICLE_CLAIMS)
     try:
         rec_section, rec = sections.recommendation(results)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:  # noqa: BLE001 (no recommendation must not lose the page)
         results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
         rec_section, rec = sections.Section("recommendation", "Recommendation"), None
         rec_section.nodata("the recommendation could not be computed; see warnings")

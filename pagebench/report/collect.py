@@ -96,5 +96,5 @@ def default_device() -> str:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 (a broken torch install: the report still builds, on cpu)
         return "cpu"

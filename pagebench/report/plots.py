@@ -18,10 +18,10 @@ import matplotlib
 import matplotlib.ticker
 
 matplotlib.use("Agg")  # no display; must precede pyplot
-import matplotlib.pyplot as plt  # noqa: E402
-import pandas as pd  # noqa: E402
+import matplotlib.pyplot as plt
+import pandas as pd
 
-from pagebench.config import ceil_div  # noqa: E402
+from pagebench.config import ceil_div
 
 STYLE = {
     "figure.dpi": 100, "savefig.dpi": 110, "font.size": 9, "axes.grid": True,

@@ -13,7 +13,7 @@ from pathlib import Path
 import jinja2
 import pandas as pd
 
-from pagebench.atomic import atomic_write_text  # noqa: F401 -- the page's writer, re-exported
+from pagebench.atomic import atomic_write_text  # the page's writer, re-exported
 
 TEMPLATE = r"""<!DOCTYPE html>
 <html lang="en">

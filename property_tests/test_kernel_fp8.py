@@ -5,8 +5,12 @@ The cases are the bf16/fp16/fp32 suite's (``test_kernel_equivalence``: any block
 ratio, head_dim, lengths at block boundaries, scattered tables, NaN-poisoned slots and table
 entries), with the cache quantised to e4m3 or e5m2 and per-KV-head scales over a 256x range of
 magnitudes, so a scale applied to the wrong head shows. q (and the output) keep the drawn
-dtype. Each example also measures the error against the unquantised cache: what fp8 costs,
-bounded here (``QUANTISATION_BOUND``) and reported at real sizes by scripts/h200_fp8.py.
+dtype. Each example also checks the quantisation itself: every stored element, times its
+head's scale, is within the format's rounding of the unquantised value (``ROUNDING``). The
+output's error against the unquantised cache is noted, not bounded: at a few tokens and small
+head dims a sharp softmax can amplify one rounding to 15-20% of the output (hypothesis found
+such cases), so no fixed bound on it is both safe and meaningful; scripts/h200_fp8.py reports
+it at real sizes.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_
 from pagebench.kernels.reference import reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
 
-# relative error of the output against the unquantised cache's float64 result (e4m3 keeps 3
-# mantissa bits, e5m2 2: about 2-6% per element before attention averages it)
-QUANTISATION_BOUND = {torch.float8_e4m3fn: 0.1, torch.float8_e5m2: 0.2}
+# per stored element: |stored x scale - real| <= rel x |real| + abs_step x scale. rel is half
+# the spacing of normal numbers (3 mantissa bits for e4m3, 2 for e5m2), abs_step half the
+# subnormal spacing (2^-9 and 2^-16); 2^-8 more covers the unquantised cache's own bf16 rounding.
+ROUNDING = {torch.float8_e4m3fn: (2.0 ** -4 + 2.0 ** -8, 2.0 ** -10),
+            torch.float8_e5m2: (2.0 ** -3 + 2.0 ** -8, 2.0 ** -17)}
 
 
 def fp8_backends_for(device: str, op: str) -> list[str]:
@@ -47,6 +53,23 @@ def _inputs(backend, case, cache_dtype, device):
     return inp, quantized_inputs(inp, cache_dtype, seed=case["seed"])
 
 
+def check_rounding(inp, fp8, cache_dtype, seed):
+    """Each finite element of the fp8 caches, times its KV head's scale, is the unquantised
+    value within the format's rounding; returns the unquantised (k, v) caches."""
+    rel, abs_step = ROUNDING[cache_dtype]
+    real = unquantized_caches(inp, seed=seed)
+    for name, stored, scale, value in (("k", fp8.k_cache, fp8.k_scale, real[0]),
+                                       ("v", fp8.v_cache, fp8.v_scale, real[1])):
+        value = value.to(torch.float64)
+        scale = scale.to(value.device, torch.float64)[None, None, :, None]
+        deq = stored.to(torch.float64) * scale
+        finite = torch.isfinite(value)
+        slack = rel * value.abs() + abs_step * scale
+        bad = finite & ((deq - value).abs() > slack)
+        assert not bad.any(), f"{name}: {int(bad.sum())} elements off by more than the rounding"
+    return real
+
+
 def check_decode_fp8(backend, case, cache_dtype, device="cpu", decode=None):
     inp, fp8 = _inputs(backend, case, cache_dtype, device)
     note(f"cache={cache_dtype} tables={inp.block_tables.tolist()} k_scale={fp8.k_scale.tolist()}")
@@ -56,10 +79,9 @@ def check_decode_fp8(backend, case, cache_dtype, device="cpu", decode=None):
     assert not torch.isnan(out).any(), "NaN in the output: a poisoned slot or entry was read"
     err = relative_error(out, reference_decode(*fp8.args(), **fp8.scales()))
     assert err < TOLERANCE[case["dtype"]], f"relative error {err:.2e} vs the dequantised cache"
-    k, v = unquantized_caches(inp, seed=case["seed"])
+    k, v = check_rounding(inp, fp8, cache_dtype, case["seed"])
     loss = relative_error(out, reference_decode(inp.q, k, v, inp.block_tables, inp.seq_lens))
     note(f"error vs the unquantised cache: {loss:.3e}")
-    assert loss < QUANTISATION_BOUND[cache_dtype], f"quantisation error {loss:.2e}"
 
 
 def check_prefill_fp8(backend, case, query_lens, cache_dtype, device="cpu"):
@@ -75,9 +97,9 @@ def check_prefill_fp8(backend, case, query_lens, cache_dtype, device="cpu"):
     assert not torch.isnan(out).any(), "NaN in the output: a poisoned slot or entry was read"
     err = relative_error(out, reference_prefill(*args, **fp8.scales()))
     assert err < TOLERANCE[case["dtype"]], f"relative error {err:.2e} vs the dequantised cache"
-    k, v = unquantized_caches(inp, seed=case["seed"])
+    k, v = check_rounding(inp, fp8, cache_dtype, case["seed"])
     loss = relative_error(out, reference_prefill(q, k, v, *args[3:]))
-    assert loss < QUANTISATION_BOUND[cache_dtype], f"quantisation error {loss:.2e}"
+    note(f"error vs the unquantised cache: {loss:.3e}")
 
 
 @pytest.mark.parametrize("backend", fp8_backends_for("cpu", "decode"))

@@ -14,11 +14,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic_report import synthetic_results
 
 from pagebench.report import build
 from pagebench.results import devices
-
-from synthetic_report import synthetic_results
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "reports" / "test-artifacts"

@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from synthetic_report import synthetic_results
 
 from pagebench import benchcompare
 from pagebench.cli import main, options
 from pagebench.report import build
 from pagebench.results import DataError, Results, read_table
-
-from synthetic_report import synthetic_results
 from pagebench.sim.static import static_fragmentation
 
 REPO = Path(__file__).resolve().parents[1]

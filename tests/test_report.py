@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic_report import synthetic_results
 
 from pagebench.cli import main
 from pagebench.report import build, claims, collect, derive, render, sections, sweeps
@@ -16,8 +17,6 @@ from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
 from pagebench.results import DataError, Results, classify, load_data_dir, read_table
 from pagebench.results.datasets import KERNELS
 from pagebench.results.history import load_benchmark_json
-
-from synthetic_report import synthetic_results
 
 
 def by_key(results: Results) -> dict:

@@ -6,9 +6,8 @@ import json
 
 import pandas as pd
 
-from pagebench.results import devices
+from pagebench.results import Results, devices
 from pagebench.results.history import load_benchmark_json
-from pagebench.results import Results
 
 
 def test_device_labels_are_short_and_one_scheme():

@@ -121,24 +121,6 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
     return _summarise(samples, method)
 
 
-def enqueue_us(fn: Callable[[], object], calls: int = 200,
-               busy_cycles: int = 300_000_000) -> float:
-    """Host time of one call of ``fn`` in microseconds, on CUDA: the GPU is kept busy for the
-    whole loop (``torch.cuda._sleep``), so the calls only enqueue and their own Python and launch
-    cost is what is timed."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(busy_cycles)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    dt = (time.perf_counter() - t0) / calls * 1e6
-    torch.cuda.synchronize()
-    return dt
-
-
 @functools.cache
 def git_commit() -> str:
     """The checkout's short HEAD; ``PAGEBENCH_COMMIT`` overrides it (a copy of the tree whose

@@ -85,3 +85,22 @@ def test_cli_repeat_and_methods_reach_the_measurement(tmp_path):
 def test_cli_bad_argument_is_one_line():
     code, _, err = run_cli("engine-bench", "throughput", "--batch-sizes", "0,x")
     assert code == 2 and "expected" in err and len(err.strip().splitlines()) == 1
+
+
+def test_greedy_agreement_counts_tokens_up_to_the_first_difference():
+    assert bench.greedy_agreement([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5]]) == 3 / 5
+    assert bench.greedy_agreement([[1]], [[1]]) == 1.0
+
+
+def test_cli_fp8_compares_a_bf16_and_an_fp8_pool_in_the_same_memory(tmp_path):
+    path = tmp_path / "fp8_engine.csv"
+    code, out, err = run_cli("engine-bench", "fp8", "--num-requests", "3", "--prompt-len", "4",
+                             "--max-tokens", "3", "--kv-cache-memory", "1MiB", "--out", str(path))
+    assert code == 0, err
+    row = pd.read_csv(path).iloc[0]
+    assert row["dtype"] == "bfloat16" and row["experiment"] == "fp8_engine"
+    assert row.blocks_fp8 == 2 * row.blocks_bf16 and row.blocks_ratio == 2.0
+    assert 0 <= row.greedy_agreement <= 1 and row.num_prompts == 3 and row.max_tokens == 3
+    assert "greedy agreement" in out
+    code, _, err = run_cli("engine-bench", "fp8", "--kv-cache-memory", "lots")
+    assert code == 2 and "--kv-cache-memory: bytes: cannot parse 'lots'" in err

@@ -59,6 +59,9 @@ ENGINE_WRITERS = {  # dataset -> a call of pagebench.engine.bench sized for a CI
     "engine_compare": lambda m: bench.compare_with_transformers(
         m, bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2, repeat=1,
         methods=("engine", "padded_generate"), block_size=4),
+    "fp8_engine": lambda m: bench.fp8_comparison(
+        m, bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2,
+        kv_cache_memory="256KiB", block_size=4),
     "engine_equal_memory": lambda m: bench.equal_memory_comparison(
         m, 64 * 1024, bench.random_prompts(4, 4, 8, m.config.vocab_size), max_tokens=2,
         block_size=4),

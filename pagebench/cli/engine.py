@@ -7,7 +7,7 @@ from pagebench.cli.options import (
     add_output_options, check_output_file, dumps, format_table, int_list, integer, number,
     progress, write_results)
 
-EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace")
+EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace", "fp8")
 TRACE_OPTIONS = {"trace", "num_requests", "max_model_len", "max_output_len", "step_ms", "seed"}
 # the options each experiment reads (besides --model/--preset/--device/--threads/--json/--out);
 # any other given explicitly is refused rather than silently ignored
@@ -17,11 +17,13 @@ USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens",
         "prefix": {"max_tokens"},
         "pool": {"max_tokens"},
         "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel", "repeat", "methods"},
-        "trace": {"kernel"} | TRACE_OPTIONS}
+        "trace": {"kernel"} | TRACE_OPTIONS,
+        "fp8": {"prompt_len", "max_tokens", "num_requests", "kv_cache_memory", "kernel"}}
 DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_BLOCK_SIZES),
             "prompt_len": 64, "max_tokens": 32, "kernel": "auto", "repeat": 1,
             "methods": "engine,padded_generate", "trace": "mooncake-conv", "num_requests": 32,
-            "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0}
+            "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0,
+            "kv_cache_memory": "64MiB"}
 TABLES = {
     "throughput": [("block_size", "block (tokens)", 0), ("batch", "batch", 0),
                    ("prompt_len", "prompt (tokens)", 0), ("kernel", "kernel", 0)],
@@ -39,6 +41,12 @@ TABLES = {
               ("engine_num_preemptions", "preemptions engine", 0),
               ("sim_num_preemptions", "preemptions simulator", 0),
               ("engine_peak_blocks", "peak blocks", 0)],
+    "fp8": [("kv_cache_memory", "KV memory", 0), ("blocks_bf16", "blocks bf16", 0),
+            ("blocks_fp8", "blocks fp8", 0), ("blocks_ratio", "ratio", 2),
+            ("greedy_agreement", "greedy agreement", 3),
+            ("first_token_agreement", "first tokens agree", 3),
+            ("logit_rel_err_first_steps", "logit error", 4), ("seconds_bf16", "bf16 (s)", 2),
+            ("seconds_fp8", "fp8 (s)", 2)],
 }
 COMMON_TABLE = [("peak_blocks", "peak blocks", 0), ("tokens_per_s", "tokens/s", 1),
                 ("time_s", "time (s)", 3)]
@@ -62,6 +70,8 @@ def table_columns(experiment: str) -> list:
     trace replay names its peak blocks and time after the engine and the simulator)."""
     if experiment == "trace":
         return TABLES["trace"] + [("tokens_per_s", "tokens/s", 1), ("elapsed_s", "time (s)", 3)]
+    if experiment == "fp8":
+        return TABLES["fp8"]
     return TABLES[experiment] + COMMON_TABLE
 
 
@@ -74,7 +84,8 @@ def register(sub) -> None:
         "sharing the prompt (copy-on-write) and 4 separate requests; prefix: prefix caching off "
         "and on; pool: pool sizes below what all requests need; compare: the engine against "
         "transformers' padded generate on the same greedy requests; trace: replay a sample of a "
-        "real trace, engine against simulator.")
+        "real trace, engine against simulator; fp8: a bf16 and an fp8_e4m3 KV cache in the same "
+        "memory (pool, greedy agreement, logit error; the model in bf16).")
     p.add_argument("experiment", choices=EXPERIMENTS, help="what to measure")
     p.add_argument("--model", default=None, help="local model directory (default: a tiny "
                    "random Qwen2 model, 2 layers, hidden 128)")
@@ -88,12 +99,14 @@ def register(sub) -> None:
     p.add_argument("--block-sizes", type=int_list, default=None,
                    help="throughput: KV block sizes in tokens (default 8,16,32,128)")
     p.add_argument("--prompt-len", type=integer(1, 1_000_000), default=None,
-                   help="throughput, cow: prompt tokens; compare: prompts of 16..4x this "
+                   help="throughput, cow: prompt tokens; compare, fp8: prompts of 16..4x this "
                    "(default 64)")
     p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
                    help="tokens generated per request (default 32)")
     p.add_argument("--kernel", default=None,
-                   help="throughput, compare: attention backend (default auto)")
+                   help="throughput, compare, fp8: attention backend (default auto)")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="fp8: KV cache memory of each run, e.g. 4GiB (default 64MiB)")
     p.add_argument("--repeat", type=integer(1, 1000), default=None,
                    help="throughput, compare: timed runs after one warm-up, the median "
                    "reported (default 1)")
@@ -109,7 +122,7 @@ def register(sub) -> None:
     t.add_argument("--trace", default=None,
                    help="azure-code, azure-conv, mooncake-conv or a file (default mooncake-conv)")
     t.add_argument("--num-requests", type=integer(1, 100_000), default=None,
-                   help="sample size (default 32)")
+                   help="sample size; fp8: requests (default 32)")
     t.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None,
                    help="requests clipped to this many tokens (default 1024)")
     t.add_argument("--max-output-len", type=integer(1, 1_000_000), default=None,
@@ -141,6 +154,8 @@ def _device(requested: str | None) -> str:
 
 
 def _model(args, device: str):
+    """The model to run: a local one, a preset's shape or the tiny one; bf16 on a GPU and for
+    the fp8 comparison (its baseline is a bf16 cache), else float32."""
     import torch
 
     from pagebench.engine import bench
@@ -148,10 +163,10 @@ def _model(args, device: str):
 
     if args.model:
         return load_model(args.model, device=device)
+    dtype = torch.bfloat16 if device != "cpu" or args.experiment == "fp8" else torch.float32
     if args.preset:
-        return bench.preset_model(args.preset, device=device,
-                                  dtype=torch.bfloat16 if device != "cpu" else torch.float32)
-    return bench.tiny_model(device=device)
+        return bench.preset_model(args.preset, device=device, dtype=dtype)
+    return bench.tiny_model(device=device, dtype=dtype)
 
 
 def _kernel(name: str) -> str:
@@ -163,6 +178,18 @@ def _kernel(name: str) -> str:
     return name
 
 
+def _check_memory_size(text: str) -> None:
+    from pagebench.config import parse_bytes
+    from pagebench.errors import ConfigError
+
+    try:
+        size = parse_bytes(text)
+    except ConfigError as e:
+        raise ValueError(f"--kv-cache-memory: {e}") from None
+    if size < 1:
+        raise ValueError(f"--kv-cache-memory: must be positive, got {text!r}")
+
+
 def run(args) -> int:
     from pagebench.engine import bench
 
@@ -172,6 +199,8 @@ def run(args) -> int:
         opts["kernel"] = _kernel(opts["kernel"])
     if "methods" in opts:
         opts["methods"] = compare_methods(opts["methods"])
+    if "kv_cache_memory" in opts:
+        _check_memory_size(opts["kv_cache_memory"])
     model = _model(args, _device(args.device))
     common = dict(threads=args.threads, max_tokens=opts.get("max_tokens"))
     if args.experiment == "throughput":
@@ -189,6 +218,11 @@ def run(args) -> int:
         rows = bench.prefix_cache_comparison(model, **common)
     elif args.experiment == "pool":
         rows = bench.pool_size_sweep(model, **common)
+    elif args.experiment == "fp8":
+        prompts = bench.random_prompts(opts["num_requests"], 16, 4 * opts["prompt_len"],
+                                       model.config.vocab_size, seed=11)
+        rows = bench.fp8_comparison(model, prompts, kv_cache_memory=opts["kv_cache_memory"],
+                                    kernel=opts["kernel"], **common)
     elif args.experiment == "trace":
         from pagebench.engine.trace_replay import replay_trace
 

@@ -240,7 +240,8 @@ def run_bench(args) -> int:
             raise ValueError("--layouts: applies to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
-                             "give no --batches/--contexts and at most one --block-sizes")
+                             "give no --points or --batches/--contexts and at most one "
+                             "--block-sizes")
         block_size = args.block_sizes[0] if args.block_sizes else defaults.BLOCK_SIZE
         if block_size > 16384:
             raise ValueError(f"--block-sizes: at most 16,384 tokens for --prefill, got "

@@ -76,11 +76,11 @@ class Schema:
         self._check_names(fields, "row")
         return fields
 
-    def table(self, table):
-        """``table`` (column name -> values: a dict of arrays or a DataFrame) as a table of this
+    def table(self, data):
+        """``data`` (column name -> values: a dict of arrays or a DataFrame) as a table of this
         dataset; ``ValueError`` naming the required columns left out."""
-        self._check_names(table, "table")
-        return table
+        self._check_names(data, "table")
+        return data
 
     def _check_names(self, names: Iterable[str], what: str) -> None:
         present = set(names)

@@ -163,8 +163,8 @@ PAGED_16 = {"allocator": "paged", "block_size": 16}
 
 
 def naive_utilisation(results: Results) -> Measured | None:
-    got = {(a, m): utilisation(results, "memory_max_len", allocator=a, max_len=m,
-                               **({"block_size": 16} if a == "paged" else {}))
+    got = {(a, m): utilisation(results, "memory_max_len", max_len=m,
+                               **(PAGED_16 if a == "paged" else {"allocator": a}))
            for a, m in ARTICLE_MAX_LEN}
     if None in got.values():
         return None
@@ -405,11 +405,10 @@ def equal_memory_part(machine: str, g: pd.DataFrame) -> Part | None:
 
 def qwen_geometry(results: Results) -> Measured | None:
     frame = results.get("kv_geometry")
-    per_token = first(frame, "bytes_per_token", model="qwen2.5-0.5b")
-    if per_token is None:
+    row = None if frame is None else frame[frame["model"] == "qwen2.5-0.5b"]
+    if row is None or row.empty:
         return None
-    per_token, per_block = int(per_token), int(first(frame, "bytes_per_block_16",
-                                                     model="qwen2.5-0.5b"))
+    per_token, per_block = (int(row[c].iloc[0]) for c in ("bytes_per_token", "bytes_per_block_16"))
     return Measured([Part((per_token, per_block),
                           f"{per_token:,} B/token, {per_block:,} B/block")], ARITHMETIC)
 

@@ -169,29 +169,23 @@ def judged_labels(labels, kernels) -> set[str]:
     return gpus or labels
 
 
-def block_size_kernel_cost(kernels: pd.DataFrame | None) -> pd.DataFrame:
-    """Fastest paged time per block size relative to the best block size, per device/shape/case.
+def kernel_cost_per_block(kernels) -> pd.DataFrame:
+    """Median relative paged kernel time per block size, per device (1.0 = the best block).
 
-    Returns one row per (device_label, shape, batch, context, block_size) with ``relative_time``;
-    a block size's kernel cost is the median of its relative times over those cases.
+    Each (device, shape, batch, context) case measured at more than one block size gives every
+    block size's fastest paged time relative to the case's best; a block size's kernel cost is
+    the median of its relative times over those cases.
     """
     df = kernel_rows(kernels)
     if df is None:
         return pd.DataFrame()
-    df = df[df["paged"]].dropna(subset=["block_size"])
     keys = ["device_label", "shape", "batch", "context"]
-    best = _best(df, keys + ["block_size"])
+    best = _best(df[df["paged"]].dropna(subset=["block_size"]), keys + ["block_size"])
     best = best[keys + ["block_size", "backend", "time_us"]].copy()
     best["relative_time"] = best["time_us"] / best.groupby(keys)["time_us"].transform("min")
-    counts = best.groupby(keys)["block_size"].transform("nunique")
-    return best[counts > 1].reset_index(drop=True)
-
-
-def kernel_cost_per_block(kernels) -> pd.DataFrame:
-    """Median relative paged kernel time per block size, per device (1.0 = the best block)."""
-    rel = block_size_kernel_cost(kernels)
+    rel = best[best.groupby(keys)["block_size"].transform("nunique") > 1]
     if rel.empty:
-        return rel
+        return rel.reset_index(drop=True)
     out = rel.groupby(["device_label", "block_size"], as_index=False)["relative_time"].median()
     out["gpu"] = out["device_label"].isin(gpu_labels(kernels))
     out["block_size"] = out["block_size"].astype(int)

@@ -135,6 +135,7 @@ def first(frame: pd.DataFrame | None, column: str, **where):
 
 
 def utilisation(results: Results, dataset: str = "memory_static", **where) -> float | None:
+    """The simulated utilisation of the allocator run ``where`` names (None: not simulated)."""
     u = first(results.get(dataset), "utilisation", **where)
     return None if u is None else float(u)
 

@@ -103,7 +103,16 @@ def _dynamic_run():
 
 
 # (module, its schema's name there, a call of the writer that builds rows through it)
-SIMULATOR_WRITERS = [
+WRITERS = [
+    ("pagebench.kernels.sweep", "KERNELS",
+     lambda m: m.run_sweep("cpu", shapes=TINY_SHAPE, points=[(1, 8)], block_sizes=(4,),
+                           include=["torch"], repeat=1)),
+    ("pagebench.kernels.prefill_sweep", "KERNELS_PREFILL",
+     lambda m: m.run_prefill_sweep("cpu", shapes=TINY_SHAPE, points=[(1, 3, 5)], block_size=4,
+                                   include=["torch"], repeat=1)),
+    ("pagebench.kernels.fp8_sweep", "KERNELS_FP8",
+     lambda m: m.run_fp8_sweep("cpu", shape=("t", (4, 2, 16)), points=[(1, 8)],
+                               block_sizes=(4,), prefill_points=[])),
     ("pagebench.sim.static", "MEMORY_STATIC",
      lambda m: m.utilisation_rows("uniform:8,64", 20, 0, 64, (16,))),
     ("pagebench.sim.static", "MEMORY_MAX_LEN",
@@ -120,10 +129,9 @@ SIMULATOR_WRITERS = [
 ]
 
 
-@pytest.mark.parametrize("module, name, write", SIMULATOR_WRITERS,
-                         ids=[f"{m.rsplit('.', 1)[1]}-{n}" for m, n, _ in SIMULATOR_WRITERS])
-def test_a_simulator_writer_that_drops_a_column_fails_at_the_writer(module, name, write,
-                                                                    monkeypatch):
+@pytest.mark.parametrize("module, name, write", WRITERS,
+                         ids=[f"{m.rsplit('.', 1)[1]}-{n}" for m, n, _ in WRITERS])
+def test_a_writer_that_drops_a_column_fails_at_the_writer(module, name, write, monkeypatch):
     import importlib
 
     mod = importlib.import_module(module)

@@ -24,6 +24,7 @@ from pagebench.kernels.fixtures import prefill_case, quantized_inputs
 from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.sweep import graph_modes
 from pagebench.kernels.validate import check_prefill
+from pagebench.results.datasets import KERNELS_PREFILL
 from pagebench.timing import environment, measure
 
 PREFILL_COLUMNS = [
@@ -94,15 +95,15 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
     def record(shape_name, shape, point, backend, kernel, layout, fn, capturable):
         for graph in graph_modes(cuda_graphs, capturable, on_cuda):
             t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
-            row = {**env, "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
-                   "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
-                   "batch": point[0], "query_len": point[1], "cached": point[2],
-                   "block_size": block_size if layout == "paged" else None, "backend": backend,
-                   "kernel": kernel, "layout": layout, "cuda_graphs": graph,
-                   "time_us": t.median_us,
-                   "q20_us": t.q20_us, "q80_us": t.q80_us,
-                   "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
-                   "kv_dtype": str(kv_dtype if layout == "paged" else dtype).replace("torch.", "")}
+            row = KERNELS_PREFILL.row(
+                **env, dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
+                batch=point[0], query_len=point[1], cached=point[2],
+                block_size=block_size if layout == "paged" else None, backend=backend,
+                kernel=kernel, layout=layout, cuda_graphs=graph, time_us=t.median_us,
+                q20_us=t.q20_us, q80_us=t.q80_us,
+                tflops=causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
+                kv_dtype=str(kv_dtype if layout == "paged" else dtype).replace("torch.", ""))
             rows.append(row)
             if progress:
                 progress(row)

@@ -28,6 +28,7 @@ from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, page
                                         quantized_inputs)
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.validate import check_contiguous, check_decode
+from pagebench.results.datasets import KERNELS
 from pagebench.timing import cpu_threads, environment, measure
 
 COLUMNS = [
@@ -205,18 +206,19 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
         footprint = nbytes if tables is None else footprint_bytes(
             tables, block_size, shape[1], shape[2], cache_dtype)
-        rows.append({**{k: env[k] for k in COLUMNS[:6]},
-                     "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
-                     "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
-                     "batch": batch, "context": context, "block_size": block_size,
-                     "backend": v.label, "kernel": v.backend, "layout": v.layout,
-                     "cuda_graphs": graph,
-                     "time_us": t.median_us, "q20_us": t.q20_us, "q80_us": t.q80_us,
-                     "kv_bytes": nbytes, "gbps": nbytes / (t.median_us * 1e-6) / 1e9,
-                     "copy_gbps": copy_gbps, "table_layout": table_layout,
-                     "adjacent_fraction": None if tables is None else adjacent_fraction(tables),
-                     "footprint_bytes": footprint, "l2_bytes": l2, "fits_l2": footprint <= l2,
-                     "kv_dtype": str(cache_dtype).replace("torch.", "")})
+        rows.append(KERNELS.row(**{k: env[k] for k in COLUMNS[:6]},
+                                dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                                num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
+                                batch=batch, context=context, block_size=block_size,
+                                backend=v.label, kernel=v.backend, layout=v.layout,
+                                cuda_graphs=graph, time_us=t.median_us, q20_us=t.q20_us,
+                                q80_us=t.q80_us, kv_bytes=nbytes,
+                                gbps=nbytes / (t.median_us * 1e-6) / 1e9, copy_gbps=copy_gbps,
+                                table_layout=table_layout,
+                                adjacent_fraction=None if tables is None
+                                else adjacent_fraction(tables),
+                                footprint_bytes=footprint, l2_bytes=l2, fits_l2=footprint <= l2,
+                                kv_dtype=str(cache_dtype).replace("torch.", "")))
         if progress:
             progress(rows[-1])
 

@@ -23,7 +23,7 @@ DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_B
             "prompt_len": 64, "max_tokens": 32, "kernel": "auto", "repeat": 1,
             "methods": "engine,padded_generate", "trace": "mooncake-conv", "num_requests": 32,
             "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0,
-            "kv_cache_memory": "64MiB"}
+            "kv_cache_memory": "256MiB"}
 TABLES = {
     "throughput": [("block_size", "block (tokens)", 0), ("batch", "batch", 0),
                    ("prompt_len", "prompt (tokens)", 0), ("kernel", "kernel", 0)],
@@ -106,7 +106,7 @@ def register(sub) -> None:
     p.add_argument("--kernel", default=None,
                    help="throughput, compare, fp8: attention backend (default auto)")
     p.add_argument("--kv-cache-memory", default=None,
-                   help="fp8: KV cache memory of each run, e.g. 4GiB (default 64MiB)")
+                   help="fp8: KV cache memory of each run, e.g. 4GiB (default 256MiB)")
     p.add_argument("--repeat", type=integer(1, 1000), default=None,
                    help="throughput, compare: timed runs after one warm-up, the median "
                    "reported (default 1)")

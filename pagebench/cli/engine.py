@@ -147,9 +147,11 @@ def register(sub) -> None:
                    "means prompts of 16..4N (default 64; equality 1-300, breakdown 16-400, "
                    "equal-memory 16-128)")
     p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
-                   help="tokens generated per request (default 32)")
+                   help="tokens generated per request (default 32; equality and "
+                   "equal-memory 16, breakdown 20)")
     p.add_argument("--kernel", default=None,
-                   help="throughput, compare: attention backend (default auto)")
+                   help="throughput, compare, trace, equality, breakdown, equal-memory: "
+                   "attention backend (default auto)")
     p.add_argument("--repeat", type=integer(1, 1000), default=None,
                    help="throughput, compare: timed runs after one warm-up, the median "
                    "reported (default 1)")

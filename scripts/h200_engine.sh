@@ -16,19 +16,22 @@ PYTHON=${PYTHON:-python3}  # may be a command with arguments, e.g. "nice .venv/b
 STEPS=${STEPS:-equality breakdown throughput peers static_compile equal_memory}
 OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."  # the repository root: its pagebench is the one run
+# sizes: prompts of 16-400 tokens and 128 new tokens on the GPU; a few tokens on the CPU
 if [ "$DEVICE" = cuda ]; then
-  MODEL="--preset qwen2.5-0.5b --kernel triton"  # bf16 unless --dtype says otherwise
+  MODEL="--preset qwen2.5-0.5b --kernel triton"  # random weights, bf16 unless --dtype
   TINY="--kernel triton"
-  EQ="--num-requests 8 --prompt-len 1-300 --max-tokens 16"; EQ_REAL="--num-requests 4 --prompt-len 16-400 --max-tokens 24"
+  EQ="--num-requests 8 --prompt-len 1-300 --max-tokens 16"
+  EQ_REAL="--num-requests 4 --prompt-len 16-400 --max-tokens 24 --seed 5"
   PROMPTS="--prompt-len 16-400"; NEW=128; BATCHES=1,16,256; STEP_BATCHES=1,256; PEERS=1,16
-  MEMORY="--batch-sizes 32 --num-requests 128 --prompt-len 16-512 --max-tokens 64"
   PEER_METHODS=engine,padded_generate,generate_batch
+  MEMORY="--batch-sizes 32 --num-requests 128 --prompt-len 16-512 --max-tokens 64"
 else
   MODEL="--kernel torch"; TINY="--kernel torch"
-  EQ="--num-requests 3 --prompt-len 1-40 --max-tokens 4"; EQ_REAL="--num-requests 2 --prompt-len 4-40 --max-tokens 4"
+  EQ="--num-requests 3 --prompt-len 1-40 --max-tokens 4"
+  EQ_REAL="--num-requests 2 --prompt-len 4-40 --max-tokens 4 --seed 5"
   PROMPTS="--prompt-len 4-40"; NEW=4; BATCHES=1,4; STEP_BATCHES=1,4; PEERS=1,2
-  MEMORY="--batch-sizes 2 --num-requests 6 --prompt-len 4-40 --max-tokens 4"
   PEER_METHODS=engine,padded_generate  # generate_batch takes ~50 s a call on a CPU at any size
+  MEMORY="--batch-sizes 2 --num-requests 6 --prompt-len 4-40 --max-tokens 4"
 fi
 BENCH="$PYTHON -m pagebench engine-bench"
 step() { [[ " $STEPS " == *" $1 "* ]]; }

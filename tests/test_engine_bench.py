@@ -149,7 +149,7 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
     small = ["--prompt-len", "2-8", "--max-tokens", "2", "--kernel", "torch"]
     runs = {
         "engine": ["equality", "--num-requests", "2", "--block-sizes", "16", "--dtype",
-                   "bfloat16"],
+                   "bfloat16", "--seed", "5"],
         "engine_batch": ["throughput", "--batch-sizes", "2", "--block-sizes", "8", "--modes",
                          "eager,graphs_uncompiled", "--bandwidth"],
         "engine_compare": ["compare", "--batch-sizes", "1,2", "--methods", "engine"],

@@ -23,7 +23,8 @@ USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens",
         "pool": {"max_tokens"},
         "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel", "repeat", "methods"},
         "trace": {"kernel"} | TRACE_OPTIONS,
-        "equality": {"num_requests", "prompt_len", "max_tokens", "block_sizes", "kernel"},
+        "equality": {"num_requests", "prompt_len", "max_tokens", "block_sizes", "kernel",
+                     "seed"},
         "breakdown": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel",
                       "modes", "profile_out"},
         "equal-memory": {"batch_sizes", "num_requests", "prompt_len", "max_tokens",
@@ -37,7 +38,7 @@ DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_B
 EXPERIMENT_DEFAULTS = {
     "compare": {"batch_sizes": [64]},
     "equality": {"num_requests": 8, "prompt_len": (1, 300), "max_tokens": 16,
-                 "block_sizes": [16]},
+                 "block_sizes": [16], "seed": 3},
     "breakdown": {"batch_sizes": [1], "block_sizes": [16], "prompt_len": (16, 400),
                   "max_tokens": 20},
     "equal-memory": {"batch_sizes": [8], "num_requests": 32, "prompt_len": (16, 128),
@@ -185,7 +186,8 @@ def register(sub) -> None:
                    help="outputs cut to this many tokens first (default 64)")
     t.add_argument("--step-ms", type=number(0, 1e6), default=None,
                    help="trace milliseconds per engine step (default 20)")
-    t.add_argument("--seed", type=integer(0), default=None, help="sample seed (default 0)")
+    t.add_argument("--seed", type=integer(0), default=None,
+                   help="sample seed (default 0); equality: the prompts' seed (default 3)")
     p.set_defaults(func=run)
 
 
@@ -286,7 +288,8 @@ def run(args) -> int:
                              max_output_len=opts["max_output_len"], step_ms=opts["step_ms"],
                              kernel=opts["kernel"], seed=opts["seed"], threads=args.threads)]
     elif args.experiment == "equality":
-        prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab, seed=3)
+        prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab,
+                                       seed=opts["seed"])
         rows = bench.greedy_equality(model, prompts, opts["max_tokens"], opts["block_sizes"],
                                      kernel=opts["kernel"])
     elif args.experiment == "breakdown":

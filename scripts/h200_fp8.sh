@@ -17,10 +17,10 @@ cd "$(dirname "$0")/.."  # the repository root: its pagebench is the one run
 if [ "$DEVICE" = cuda ]; then
   # Llama-3-8B attention shape; long contexts and a large batch, blocks 1/16/128
   LAYOUT="--shape llama-3-8b=32/8/128 --points 1x65536,64x4096,256x4096 --block-sizes 1,16,128"
-  ENGINE="--preset qwen2.5-0.5b --num-requests 32 --prompt-len 128 --max-tokens 32 --kv-cache-memory 4GiB"
+  ENGINE="--preset qwen2.5-0.5b --num-requests 32 --prompt-len 16-512 --max-tokens 32 --kv-cache-memory 4GiB"
 else
   LAYOUT="--shape tiny=4/2/16 --points 2x64 --block-sizes 1,16 --repeat 1"
-  ENGINE="--num-requests 4 --prompt-len 16 --max-tokens 4 --kv-cache-memory 8MiB"
+  ENGINE="--num-requests 4 --prompt-len 8-32 --max-tokens 4 --kv-cache-memory 8MiB"
 fi
 # Triton decode and prefill with a bf16, an e4m3 and (block 16) an e5m2 cache on the same inputs:
 # time, fraction of the copy bandwidth, the fp8 output's error (its own grid: the H200 one on CUDA)

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pagebench.errors import PagebenchError
+
 
 def world_from_environment() -> tuple[int, int]:
     """(rank, world size) of the default process group, or of torchrun's environment."""
@@ -134,7 +136,7 @@ def leave_group(started: bool) -> None:
 def time_torchrun(nproc: int, argv: list[str], env: dict | None = None) -> tuple[float, str]:
     """(wall seconds, output) of ``torchrun --standalone --nproc-per-node nproc argv``, started
     from a fresh interpreter: torchrun's start, the workers' imports and their work. The workers
-    import the ``pagebench`` this process runs. RuntimeError with the output's tail if it fails."""
+    import the ``pagebench`` this process runs. PagebenchError with the output's tail if it fails."""
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
@@ -145,8 +147,8 @@ def time_torchrun(nproc: int, argv: list[str], env: dict | None = None) -> tuple
                           text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode:
-        raise RuntimeError(f"torchrun --nproc-per-node {nproc} {' '.join(argv)}: exit status "
-                           f"{proc.returncode}:\n{proc.stdout[-4000:]}")
+        raise PagebenchError(f"torchrun --nproc-per-node {nproc} {' '.join(argv)}: exit status "
+                             f"{proc.returncode}: {proc.stdout[-1500:]}")
     return seconds, proc.stdout
 
 

@@ -138,16 +138,30 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
     return tp.allreduce_share(model, name, opts["kv_memory"], repeat=opts["repeat"], **run)
 
 
+def check_model_options(opts: dict) -> None:
+    """``--preset`` and ``--kv-memory`` checked before any model is built."""
+    from pagebench.config import PRESETS, parse_bytes, preset_key
+
+    if opts.get("preset") is not None and preset_key(opts["preset"]) not in PRESETS:
+        raise ValueError(f"--preset: unknown {opts['preset']!r} (presets: {', '.join(PRESETS)})")
+    if "kv_memory" in opts and parse_bytes(opts["kv_memory"]) < 1:
+        raise ValueError(f"--kv-memory: needs some memory, got {opts['kv_memory']!r}")
+
+
 def run(args) -> int:
     from pagebench import distributed
 
     opts = resolve_options(args)
     check_output_file("--out", args.out)
+    check_model_options(opts)
     if args.experiment == "sweep-wall":
         check_output_file("--rows-out", opts["rows_out"])
         if distributed.world_from_environment()[1] > 1:
             raise ValueError("tp-bench sweep-wall: run it as one process; it starts torchrun")
-        bench_args = shlex.split(opts["bench_args"])
+        try:
+            bench_args = shlex.split(opts["bench_args"])
+        except ValueError as e:
+            raise ValueError(f"--bench-args: {e}") from None
         if "--out" in bench_args or any(a.startswith("--out=") for a in bench_args):
             raise ValueError("--bench-args: leave out --out; each run's rows go to --rows-out")
         rows, sweep_rows = distributed.sweep_wall(opts["gpus"], bench_args)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, format_table, int_list, integer, number,
-    progress, write_results)
+    add_output_options, check_output_file, dumps, experiment_options, format_table, int_list,
+    integer, number, progress, torch_device, write_results)
 
 EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace")
 TRACE_OPTIONS = {"trace", "num_requests", "max_model_len", "max_output_len", "step_ms", "seed"}
@@ -122,22 +122,8 @@ def register(sub) -> None:
 
 def resolve_options(args) -> dict:
     """The options the experiment reads, with defaults; refuses those it would ignore."""
-    ignored = [name for name in DEFAULTS
-               if getattr(args, name) is not None and name not in USES[args.experiment]]
-    if ignored:
-        flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
-        used = ", ".join("--" + n.replace("_", "-") for n in sorted(USES[args.experiment]))
-        raise ValueError(f"{flags}: not used by engine-bench {args.experiment} (it takes {used})")
-    return {name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
-            for name in USES[args.experiment]}
-
-
-def _device(requested: str | None) -> str:
-    import torch
-
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device: cuda requested but no CUDA device is available")
-    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    return experiment_options(args, "engine-bench", {
+        experiment: {name: DEFAULTS[name] for name in uses} for experiment, uses in USES.items()})
 
 
 def _model(args, device: str):
@@ -172,7 +158,7 @@ def run(args) -> int:
         opts["kernel"] = _kernel(opts["kernel"])
     if "methods" in opts:
         opts["methods"] = compare_methods(opts["methods"])
-    model = _model(args, _device(args.device))
+    model = _model(args, torch_device(args.device))
     common = dict(threads=args.threads, max_tokens=opts.get("max_tokens"))
     if args.experiment == "throughput":
         rows = []

@@ -9,8 +9,8 @@ from __future__ import annotations
 import shlex
 
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, format_table, int_list, integer,
-    write_results)
+    add_output_options, check_output_file, dumps, experiment_options, format_table, int_list,
+    integer, torch_device, write_results)
 
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
 # any other option given is refused rather than silently ignored
@@ -93,27 +93,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def resolve_options(args) -> dict:
-    """The options the experiment reads, with defaults; refuses those it would ignore."""
-    uses = OPTIONS[args.experiment]
-    every = {name for options in OPTIONS.values() for name in options}
-    ignored = sorted(n for n in every if getattr(args, n) is not None and n not in uses)
-    if ignored:
-        flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
-        used = ", ".join("--" + n.replace("_", "-") for n in sorted(uses)) or "none"
-        raise ValueError(f"{flags}: not used by tp-bench {args.experiment} (it takes {used})")
-    return {n: default if getattr(args, n) is None else getattr(args, n)
-            for n, default in uses.items()}
-
-
-def _device(requested: str | None) -> str:
-    import torch
-
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device: cuda requested but no CUDA device is available")
-    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
 def measure(experiment: str, opts: dict, device) -> list[dict]:
     from pagebench.config import KVGeometry, preset_config
     from pagebench.engine import parallel_bench as tp
@@ -151,7 +130,7 @@ def check_model_options(opts: dict) -> None:
 def run(args) -> int:
     from pagebench import distributed
 
-    opts = resolve_options(args)
+    opts = experiment_options(args, "tp-bench", OPTIONS)
     check_output_file("--out", args.out)
     check_model_options(opts)
     if args.experiment == "sweep-wall":
@@ -167,7 +146,7 @@ def run(args) -> int:
         rows, sweep_rows = distributed.sweep_wall(opts["gpus"], bench_args)
         write_results(opts["rows_out"], sweep_rows)
     else:
-        device = distributed.rank_device(_device(args.device))
+        device = distributed.rank_device(torch_device(args.device))
         started = distributed.join_group(device)
         rows = measure(args.experiment, opts, device)
         distributed.leave_group(started)

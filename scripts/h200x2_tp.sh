@@ -29,6 +29,7 @@ else
   RUN="--batch-sizes 1,4 --prompt-len 16 --max-tokens 6"
   ATTENTION="--batch-sizes 1,4 --context 64"
   SWEEP="--device cpu --shape tiny=4/2/16 --batches 1,2 --contexts 32 --block-sizes 16 --repeat 1"
+  export OMP_NUM_THREADS=1  # as torchrun sets for its workers: steadier on a shared CPU
 fi
 $TP_BENCH equality --device "$DEVICE" $EQUALITY --out "$OUT/tp_equality.csv"
 $TP_BENCH capacity --device "$DEVICE" $MODEL --out "$OUT/tp_capacity.csv"

@@ -147,8 +147,12 @@ def time_torchrun(nproc: int, argv: list[str], env: dict | None = None) -> tuple
                           text=True)
     seconds = time.perf_counter() - t0
     if proc.returncode:
+        out = proc.stdout
+        launcher = out.rfind("Traceback (most recent call last)")
+        if "ChildFailedError" in out[launcher:]:  # torchrun's own report: the workers' is above
+            out = out[:launcher]
         raise PagebenchError(f"torchrun --nproc-per-node {nproc} {' '.join(argv)}: exit status "
-                             f"{proc.returncode}: {proc.stdout[-1500:]}")
+                             f"{proc.returncode}: {out.strip()[-1500:]}")
     return seconds, proc.stdout
 
 

@@ -322,3 +322,14 @@ def test_sweep_wall_times_the_kernel_sweep_under_torchrun(one_process, tmp_path,
     assert list(wall["gpus"]) == [2] and list(wall["points"]) == [2] and list(wall["rows"]) == [4]
     assert 0 < wall["startup_s"].iloc[0] and 0 < wall["wall_s"].iloc[0]
     assert {r["rank"] for r in rows} == {"0", "1"} and {r["gpus"] for r in rows} == {2}
+
+
+@pytest.mark.slow  # torchrun: one process that fails at once
+def test_a_failed_torchrun_job_is_an_error_with_its_output(one_process, monkeypatch):
+    from pagebench.distributed import time_torchrun
+    from pagebench.errors import PagebenchError
+
+    _, env = torchrun_env()
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    with pytest.raises(PagebenchError, match="exit status 1.*--backends: not available here"):
+        time_torchrun(1, ["-m", "pagebench", "bench", "--backends", "nope"])

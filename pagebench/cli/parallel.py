@@ -9,8 +9,8 @@ from __future__ import annotations
 import shlex
 
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, experiment_options, format_table, int_list,
-    integer, torch_device, write_results)
+    add_output_options, check_memory, check_output_file, dumps, experiment_options, format_table,
+    int_list, integer, torch_device, write_results)
 
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
 # any other option given is refused rather than silently ignored
@@ -123,8 +123,27 @@ def check_model_options(opts: dict) -> None:
 
     if opts.get("preset") is not None and preset_key(opts["preset"]) not in PRESETS:
         raise ValueError(f"--preset: unknown {opts['preset']!r} (presets: {', '.join(PRESETS)})")
-    if "kv_memory" in opts and parse_bytes(opts["kv_memory"]) < 1:
-        raise ValueError(f"--kv-memory: needs some memory, got {opts['kv_memory']!r}")
+    if "kv_memory" in opts:
+        try:
+            kv_bytes = parse_bytes(opts["kv_memory"])
+        except ValueError as e:
+            raise ValueError(f"--kv-memory: {e}") from None
+        if kv_bytes < 1:
+            raise ValueError(f"--kv-memory: needs some memory, got {opts['kv_memory']!r}")
+
+
+def check_kv_memory(opts: dict, device) -> None:
+    """Refuse a KV cache larger than the memory free on ``device`` before allocating it."""
+    import torch
+
+    from pagebench.config import parse_bytes
+
+    if "kv_memory" not in opts:
+        return
+    cuda = device.type == "cuda"
+    check_memory("--kv-memory", parse_bytes(opts["kv_memory"]), "the KV cache of one device",
+                 torch.cuda.mem_get_info(device)[0] if cuda else None,
+                 "the GPU" if cuda else "this machine")
 
 
 def run(args) -> int:
@@ -147,6 +166,7 @@ def run(args) -> int:
         write_results(opts["rows_out"], sweep_rows)
     else:
         device = distributed.rank_device(torch_device(args.device))
+        check_kv_memory(opts, device)
         started = distributed.join_group(device)
         rows = measure(args.experiment, opts, device)
         distributed.leave_group(started)

@@ -292,7 +292,7 @@ def test_tp_bench_refuses_options_its_experiment_ignores(one_process):
     assert code == 2 and "--context: not used by tp-bench equality" in err
     code, _, err = run_cli("tp-bench", "sweep-wall", "--bench-args", "--device cpu --out x.csv")
     assert code == 2 and "--bench-args: leave out --out" in err
-    code, _, err = run_cli("tp-bench", "capacity", "--device", "cpu", "--kv-memory", "1PB")
+    code, _, err = run_cli("tp-bench", "capacity", "--device", "cpu", "--kv-memory", "1000TB")
     assert code == 2 and "--kv-memory: the KV cache of one device needs about 1.0 PB" in err
     code, _, err = run_cli("tp-bench", "throughput", "--kv-memory", "lots")
     assert code == 2 and "--kv-memory: bytes: cannot parse 'lots'" in err

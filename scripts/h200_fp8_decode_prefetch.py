@@ -36,15 +36,16 @@ SHAPE = SHAPES["llama-3-8b"]  # 32 query / 8 KV heads x 128
 SCALE = SHAPE[2] ** -0.5
 # name -> triton_paged_decode options; prefetch=None is the committed default
 VARIANTS = {
-    "default": {},
-    "pipelined": dict(prefetch=False),
-    "prefetch_r255": dict(prefetch=True, max_registers=255),
-    "prefetch_t32": dict(prefetch=True, tile_n=32, num_warps=4),
-    "prefetch_t128w8": dict(prefetch=True, tile_n=128, num_warps=8),
-    "prefetch_w8": dict(prefetch=True, tile_n=64, num_warps=8),
+    "pipelined": {},
+    "prefetch": dict(prefetch=True),
+    "t32": dict(tile_n=32, num_warps=4, num_stages=2),
+    "t32_r64": dict(tile_n=32, num_warps=4, num_stages=2, max_registers=64),
+    "t32_r64_s3": dict(tile_n=32, num_warps=4, num_stages=3, max_registers=64),
+    "t16_r64": dict(tile_n=16, num_warps=4, num_stages=2, max_registers=64),
+    "t64_r80": dict(tile_n=64, num_warps=4, num_stages=2, max_registers=80),
+    "half_splits": dict(num_splits="half"),
 }
-CASES = [(32, 4096, 1), (32, 4096, 16), (32, 4096, 128), (128, 4096, 16), (1, 65536, 1),
-         (1, 65536, 16)]
+CASES = [(32, 4096, 1), (32, 4096, 16), (128, 4096, 16), (1, 65536, 1), (1, 65536, 16)]
 if SMOKE:
     SHAPE, SCALE = (8, 2, 64), 64 ** -0.5
     CASES = [(2, 300, 1), (2, 300, 16)]
@@ -78,10 +79,10 @@ def run_checks(rows):
                 args = (q, *fp8.args()[1:])
                 ref = reference_decode(*args, SCALE, **fp8.scales())
                 for name, options in VARIANTS.items():
-                    if cache == torch.float8_e5m2 and name != "default":
+                    if cache == torch.float8_e5m2 and name != "pipelined" or name == "half_splits":
                         continue
                     for splits in (None, 1):
-                        if splits == 1 and name not in ("default", "pipelined"):
+                        if splits == 1 and name != "pipelined":
                             continue
                         row = dict(block=block, cache=str(cache).replace("torch.", ""),
                                    qmul=qmul, variant=name, splits=splits or "default",
@@ -113,7 +114,10 @@ def run_times(rows, copy_gbps, env):
         scales = (fp8.k_scale, fp8.v_scale)
         ref = gpu_reference(fp8.args(), *scales) if not SMOKE else None
         timed = [("bf16", base.args(), (), {})]
-        timed += [(name, fp8.args(), scales, options) for name, options in VARIANTS.items()]
+        half = max(1, triton_decode.decode_plan(*fp8.args(), SCALE).num_splits // 2)
+        timed += [(name, fp8.args(), scales, {k: half if v == "half" else v
+                                               for k, v in options.items()})
+                  for name, options in VARIANTS.items()]
         timed += [("pipelined_again", fp8.args(), scales, VARIANTS["pipelined"])]
         bf16_us = None
         for name, args, sc, options in timed:

@@ -158,26 +158,6 @@ def test_triton_fp8_split_kv_matches_reference():
     prop()
 
 
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_triton_fp8_decode_both_load_paths_match_reference(prefetch):
-    """The Triton decode reads an fp8 cache either as 32-bit words prefetched into registers
-    (the default where head_dim, strides and start are multiples of 4 bytes) or as fp8 tiles
-    through Triton's pipelining; both equal the reference, split and unsplit."""
-    if "triton" not in fp8_backends_for("cpu", "decode"):
-        pytest.skip("triton not installed")
-    from pagebench.kernels.triton_decode import triton_paged_decode
-
-    @settings(max_examples=fp8_examples("triton"), deadline=None)
-    @given(case=decode_cases("triton"), cache_dtype=st.sampled_from(FP8_DTYPES),
-           splits=st.sampled_from([None, 1, 3]), tile_n=st.sampled_from([16, 32]))
-    def prop(case, cache_dtype, splits, tile_n):
-        check_decode_fp8("triton", case, cache_dtype, decode=lambda *args, **scales:
-                         triton_paged_decode(*args, case["head_dim"] ** -0.5, **scales,
-                                             num_splits=splits, tile_n=tile_n,
-                                             prefetch=prefetch))
-    prop()
-
-
 def test_triton_fp8_decode_any_query_magnitude():
     """With an fp8 cache the Triton decode runs its dots in fp16, bf16 q rescaled per head by a
     power of two: heads far beyond fp16's range (2^16) or deep in its subnormals, and all-zero

@@ -172,28 +172,3 @@ def test_prefill_sweep_times_fp8_caches(tmp_path):
                  "--backends", "torch", "--repeat", "1", "--out", str(out)]) == 0
     rows = pd.read_csv(out)
     assert set(rows[rows.backend == "torch-paged"].kv_dtype) == {"float8_e4m3fn"}
-
-
-def test_triton_prefetch_needs_caches_readable_as_words():
-    """The Triton decode's word loads need head_dim, strides and the caches' start in
-    multiples of 4 bytes: asked for elsewhere they are a ValueError naming the option, and by
-    default such a cache takes the fp8 tile loads and still matches the reference."""
-    from pagebench.kernels.triton_decode import fp8_words_readable, triton_paged_decode
-
-    odd = quantized_inputs(make_paged_inputs([3, 9], 4, 2, 6, 4, torch.float32, poison=False),
-                           E4M3, seed=1)
-    assert not fp8_words_readable(odd.k_cache, odd.v_cache)
-    with pytest.raises(ValueError, match="prefetch"):
-        triton_paged_decode(*odd.args(), 6 ** -0.5, odd.k_scale, odd.v_scale, prefetch=True)
-    fp8 = _fp8_case()
-    shifted = []
-    for cache in (fp8.k_cache, fp8.v_cache):  # the same values, starting 1 byte into storage
-        store = torch.empty(cache.numel() + 1, dtype=cache.dtype)
-        view = store[1:].view(cache.shape)
-        view.copy_(cache)
-        shifted.append(view)
-    assert not fp8_words_readable(*shifted)
-    args = (fp8.q, *shifted, fp8.block_tables, fp8.seq_lens)
-    out = triton_paged_decode(*args, 16 ** -0.5, fp8.k_scale, fp8.v_scale)
-    ref = reference_decode(*args, k_scale=fp8.k_scale, v_scale=fp8.v_scale)
-    assert relative_error(out, ref) < 1e-5

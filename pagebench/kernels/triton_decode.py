@@ -104,72 +104,6 @@ def fp8_to_f16(x):
 
 
 @triton.jit
-def tile_pages(table_row, tile_start, end, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
-    """The page of each token of the tile at ``tile_start`` (0 past ``end``, not read)."""
-    pos = tile_start + tl.arange(0, TILE_N)
-    return tl.load(table_row + pos // BLOCK_SIZE, mask=pos < end, other=0).to(tl.int64)
-
-
-@triton.jit
-def load_tile(X, block, tile_start, end, stride_b, stride_t, head_offset, dims, dim_ok,
-              BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
-    """The ``[TILE_N, DIM_PAD]`` tile of cache ``X`` at ``tile_start``, its tokens on pages
-    ``block``; tokens at or past ``end`` and padded dims are masked (0, never read)."""
-    pos = tile_start + tl.arange(0, TILE_N)
-    row = block * stride_b + (pos % BLOCK_SIZE) * stride_t + head_offset
-    return tl.load(X + row[:, None] + dims[None, :],
-                   mask=(pos < end)[:, None] & dim_ok[None, :], other=0.0)
-
-
-@triton.jit
-def to_dot_dtype(k, v, dtype, FP8_CVT_ASM: tl.constexpr):
-    """K and V tiles in the dots' ``dtype``."""
-    if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot operand's layout)
-        return k.to(dtype), fp8_to_f16(v)
-    else:
-        return k.to(dtype), v.to(dtype)
-
-
-@triton.jit
-def load_words(X, block, tile_start, end, stride_b, stride_t, head_offset, words, word_ok,
-               BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr):
-    """The tile of fp8 cache ``X`` at ``tile_start`` as ``[TILE_N, DIM_PAD // 4]`` 32-bit
-    words of four values each (the first in the lowest byte); needs head_dim, the strides and
-    ``X`` to be multiples of 4 (bytes). A tensor of fp8 values kept in registers across a loop
-    iteration takes a register per byte; words take one per four."""
-    pos = tile_start + tl.arange(0, TILE_N)
-    row = (block * stride_b + (pos % BLOCK_SIZE) * stride_t + head_offset) // 4
-    return tl.load(X.to(tl.pointer_type(tl.uint32), bitcast=True) + row[:, None] + words[None, :],
-                   mask=(pos < end)[:, None] & word_ok[None, :], other=0)
-
-
-@triton.jit
-def fp8_words_to_f16(w, fp8_type: tl.constexpr, CVT_ASM: tl.constexpr):
-    """``[rows, n]`` words of four fp8 values of ``fp8_type`` (``load_words``) as ``[rows,
-    4 n]`` fp16, exactly: with the ``cvt`` instruction (sm_89+) or, interpreted, by bytes."""
-    if CVT_ASM:
-        if fp8_type == tl.float8e5:
-            b0, b1, b2, b3 = tl.inline_asm_elementwise(
-                "{.reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; "
-                "cvt.rn.f16x2.e5m2x2 a, lo; cvt.rn.f16x2.e5m2x2 b, hi; "
-                "mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b;}",
-                "=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 4, is_pure=False, pack=1)
-        else:
-            b0, b1, b2, b3 = tl.inline_asm_elementwise(
-                "{.reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; "
-                "cvt.rn.f16x2.e4m3x2 a, lo; cvt.rn.f16x2.e4m3x2 b, hi; "
-                "mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b;}",
-                "=h,=h,=h,=h,r", [w], dtype=(tl.float16,) * 4, is_pure=False, pack=1)
-    else:
-        b0 = (w & 0xFF).to(tl.uint8).to(fp8_type, bitcast=True).to(tl.float16)
-        b1 = ((w >> 8) & 0xFF).to(tl.uint8).to(fp8_type, bitcast=True).to(tl.float16)
-        b2 = ((w >> 16) & 0xFF).to(tl.uint8).to(fp8_type, bitcast=True).to(tl.float16)
-        b3 = (w >> 24).to(tl.uint8).to(fp8_type, bitcast=True).to(tl.float16)
-    x = tl.join(tl.join(b0, b2), tl.join(b1, b3))  # [rows, n, 2, 2]: b0 b1 b2 b3 in order
-    return tl.reshape(x, (w.shape[0], 4 * w.shape[1]))
-
-
-@triton.jit
 def _decode_split_kernel(
     Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE,
     scale_log2e, tokens_per_split, ml_offset,
@@ -182,7 +116,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
-    Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr, PREFETCH: tl.constexpr,
+    Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -209,40 +143,24 @@ def _decode_split_kernel(
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     table_row = TABLES + seq * stride_ts
-    k_head, v_head = kv_head * stride_kh, kv_head * stride_vh
-    if PREFETCH:  # registers hold the next tile's K/V, as 32-bit words, while this one is attended
-        words = tl.arange(0, DIM_PAD // 4)
-        word_ok = words < HEAD_DIM // 4
-        block = tile_pages(table_row, start, end, BLOCK_SIZE, TILE_N)
-        k = load_words(K, block, start, end, stride_kb, stride_kt, k_head, words, word_ok,
-                       BLOCK_SIZE, TILE_N)
-        v = load_words(V, block, start, end, stride_vb, stride_vt, v_head, words, word_ok,
-                       BLOCK_SIZE, TILE_N)
-        block = tile_pages(table_row, start + TILE_N, end, BLOCK_SIZE, TILE_N)
-        for tile_start in range(start, end, TILE_N):
-            after = tile_start + TILE_N  # past the last tile every load is masked off
-            k_next = load_words(K, block, after, end, stride_kb, stride_kt, k_head, words,
-                                word_ok, BLOCK_SIZE, TILE_N)
-            v_next = load_words(V, block, after, end, stride_vb, stride_vt, v_head, words,
-                                word_ok, BLOCK_SIZE, TILE_N)
-            block = tile_pages(table_row, after + TILE_N, end, BLOCK_SIZE, TILE_N)
-            k_tile = fp8_words_to_f16(k, K.dtype.element_ty, FP8_CVT_ASM)
-            v_tile = fp8_words_to_f16(v, V.dtype.element_ty, FP8_CVT_ASM)
-            pos_ok = tile_start + tl.arange(0, TILE_N) < end
-            m_i, l_i, acc = attend_tile(q, k_tile, v_tile, pos_ok[None, :], m_i, l_i, acc,
-                                        scale_log2e, IEEE_DOT)
-            k, v = k_next, v_next
-    else:  # Triton's pipelining (num_stages) prefetches the tiles
-        for tile_start in range(start, end, TILE_N):
-            block = tile_pages(table_row, tile_start, end, BLOCK_SIZE, TILE_N)
-            k = load_tile(K, block, tile_start, end, stride_kb, stride_kt, k_head, dims, dim_ok,
-                          BLOCK_SIZE, TILE_N)
-            v = load_tile(V, block, tile_start, end, stride_vb, stride_vt, v_head, dims,
-                          dim_ok, BLOCK_SIZE, TILE_N)
-            k, v = to_dot_dtype(k, v, q.dtype, FP8_CVT_ASM)
-            pos_ok = tile_start + tl.arange(0, TILE_N) < end
-            m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
-                                        IEEE_DOT)
+    for tile_start in range(start, end, TILE_N):
+        pos = tile_start + tl.arange(0, TILE_N)
+        pos_ok = pos < end
+        # each token's page from the table: tile and page sizes are independent
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
+        v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
+        kv_mask = pos_ok[:, None] & dim_ok[None, :]
+        k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
+                    mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
+        v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
+                    mask=kv_mask, other=0.0)
+        if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot operand's layout)
+            k, v = k.to(q.dtype), fp8_to_f16(v)
+        else:
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
+                                    IEEE_DOT)
     if FP8:  # the output is linear in V: one multiply instead of one per element loaded
         acc = acc * tl.load(V_SCALE + kv_head)
 
@@ -364,26 +282,6 @@ def default_num_stages(block_size: int, fp8: bool) -> int:
     return 5 if fp8 else 3
 
 
-def fp8_words_readable(k_cache, v_cache) -> bool:
-    """Whether the kernel can read these fp8 caches as 32-bit words (``load_words``): head_dim,
-    the strides and each cache's start are multiples of 4 bytes."""
-    return all(x.shape[-1] % 4 == 0 and x.data_ptr() % 4 == 0
-               and all(st % 4 == 0 for st in x.stride()[:3]) for x in (k_cache, v_cache))
-
-
-def default_prefetch(words: bool) -> bool:
-    """Whether the kernel loads the next tile's K/V into registers itself (``PREFETCH``)
-    instead of Triton's pipelining: never by default (H200: 1.19-1.29x the time)."""
-    return False and words
-
-
-def default_max_registers(prefetch: bool) -> int | None:
-    """ptxas's register cap per thread (None: its own choice). A prefetching kernel left to
-    itself takes ~140 registers at 4 warps (3 programs per SM); 128 fit 4 programs per SM
-    for a few loop-invariant values spilled to the L1."""
-    return 128 if prefetch else None
-
-
 def hardware_fp8_convert(device: torch.device) -> bool:
     """Whether compiled kernels on ``device`` can convert fp8 with the ``cvt`` instruction
     (NVIDIA compute capability 8.9+); interpreted Triton cannot run inline assembly."""
@@ -449,7 +347,7 @@ class DecodePlan:
     strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages, prefetch=None, max_registers=None):
+                 num_warps, num_stages):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
@@ -460,13 +358,7 @@ class DecodePlan:
             tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
         dim_pad = max(16, next_pow2(head_dim))
         fp8 = is_fp8(k_cache.dtype)
-        words = fp8 and fp8_words_readable(k_cache, v_cache)
-        if prefetch is None:
-            prefetch = default_prefetch(words)
-        elif prefetch and not words:
-            raise ValueError("prefetch: needs an fp8 cache whose head_dim, strides and start "
-                             "are multiples of 4 bytes")
-        num_stages = num_stages or (1 if prefetch else default_num_stages(block_size, fp8))
+        num_stages = num_stages or default_num_stages(block_size, fp8)
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
             GROUP=q_heads // kv_heads, GROUP_PAD=max(16, next_pow2(q_heads // kv_heads)),
@@ -474,12 +366,8 @@ class DecodePlan:
             DIRECT=False,
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
             FP8=fp8, Q_TO_F16=fp8 and q.dtype == torch.bfloat16,
-            FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device),
-            PREFETCH=bool(prefetch))
+            FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device))
         options = dict(num_warps=num_warps, num_stages=num_stages)
-        max_registers = max_registers or default_max_registers(prefetch)
-        if max_registers:  # ptxas's cap per thread (Triton's maxnreg)
-            options["maxnreg"] = max_registers
 
         def scalars(splits, tokens_per_split, ml_offset):
             return (scale * 1.4426950408889634, tokens_per_split, ml_offset,
@@ -552,15 +440,13 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
-                num_warps: int | None = None, num_stages: int | None = None,
-                prefetch: bool | None = None, max_registers: int | None = None) -> DecodePlan:
+                num_warps: int | None = None, num_stages: int | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
-    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, prefetch, max_registers,
-           k_cache.data_ptr() % 4 == 0, v_cache.data_ptr() % 4 == 0,  # fp8_words_readable
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages,
            *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
                                                        seq_lens)))
     plan = _PLANS.get(key)
@@ -568,8 +454,7 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                        num_splits, tile_n, num_warps, num_stages, prefetch,
-                                        max_registers)
+                                        num_splits, tile_n, num_warps, num_stages)
     return plan
 
 

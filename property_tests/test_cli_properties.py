@@ -120,6 +120,17 @@ COMMANDS = {
         "--block-sizes": int_lists(1, 64), "--prompt-len": ints(1, 64),
         "--max-tokens": ints(1, 16), "--kernel": choose("auto", "torch", "nope"),
         "--threads": ints(1, 4), "--json": FLAG, "--out": st.sampled_from(OUTPUT_PATHS)}),
+    "tp-bench": (["tp-bench"], {
+        "": choose("equality", "capacity", "throughput", "allreduce", "attention",
+                   "sweep-wall", "nope"),
+        "--device": choose("cpu", "cuda", "gpu"), "--preset": choose("llama-3-8b", "gpt-9"),
+        "--kernel": choose("auto", "torch", "nope"),
+        "--kv-memory": choose("2MiB", "0", "-1GB", "12 potatoes", "1e300GiB"),
+        "--batch-sizes": int_lists(1, 8), "--prompt-len": ints(1, 64),
+        "--max-tokens": ints(1, 16), "--context": ints(1, 4096), "--repeat": ints(1, 5),
+        "--gpus": int_lists(1, 2), "--bench-args": choose("--device cpu", "--out x.csv", "'"),
+        "--rows-out": st.sampled_from(OUTPUT_PATHS), "--json": FLAG,
+        "--out": st.sampled_from(OUTPUT_PATHS)}),
     "report": (["report", "--no-progress"], {
         "--quick": FLAG, "--device": choose("cpu", "tpu"),
         "--results": st.sampled_from(INPUT_PATHS), "--data-dir": st.sampled_from(INPUT_PATHS),
@@ -205,6 +216,8 @@ def stubs():
                    lambda *args, **kwargs: fake_rows()[0])
         mp.setattr("pagebench.engine.trace_replay.replay_trace",
                    lambda *args, **kwargs: fake_rows()[0])
+        mp.setattr("pagebench.cli.parallel.measure", fake_rows)
+        mp.setattr("pagebench.distributed.sweep_wall", lambda *args: (fake_rows(), fake_rows()))
         mp.setattr("pagebench.report.build.build_report", fake_build_report)
         mp.setattr("pagebench.benchcompare.bench_compare", fake_bench_compare)
         # large valid requests are refused by their memory estimate instead of run

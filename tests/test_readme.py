@@ -67,6 +67,12 @@ NOT_RUN = {
     "torchrun --standalone --nproc-per-node 2 -m pagebench bench --device cuda --out k.csv":
         "needs 2 GPUs",
     "torchrun --standalone --nproc-per-node 2 my_script.py": "needs 2 GPUs and a script",
+    "torchrun --standalone --nproc-per-node 2 -m pagebench tp-bench equality":
+        "two processes; tests/test_parallel.py runs tp-bench under torchrun",
+    "torchrun --standalone --nproc-per-node 2 -m pagebench tp-bench throughput --out tp.csv":
+        "as above",
+    'pagebench tp-bench sweep-wall --bench-args "--device cpu --contexts 32 --batches 1,2"':
+        "starts torchrun three times; tests/test_parallel.py runs sweep_wall under torchrun",
 }
 NEEDS_CUDA = ("--device cuda",)
 PASSED: set[tuple[str, ...]] = set()  # argv already run: README lines that become the same run

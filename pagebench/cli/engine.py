@@ -6,8 +6,8 @@ import argparse
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, format_table, int_list, integer, name_list,
-    number, progress, write_results)
+    add_output_options, check_output_file, dumps, experiment_options, format_table, int_list,
+    integer, name_list, number, progress, torch_device, write_results)
 
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -205,28 +205,14 @@ def register(sub) -> None:
 def resolve_options(args) -> dict:
     """The options the experiment reads, with defaults; refuses those it would ignore, and
     more than one value where it takes one."""
-    ignored = [name for name in DEFAULTS
-               if getattr(args, name) is not None and name not in USES[args.experiment]]
-    if ignored:
-        flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
-        used = ", ".join("--" + n.replace("_", "-") for n in sorted(USES[args.experiment]))
-        raise ValueError(f"{flags}: not used by engine-bench {args.experiment} (it takes {used})")
-    defaults = DEFAULTS | EXPERIMENT_DEFAULTS.get(args.experiment, {})
-    opts = {name: defaults[name] if getattr(args, name) is None else getattr(args, name)
-            for name in USES[args.experiment]}
+    opts = experiment_options(args, "engine-bench", {
+        experiment: {name: (DEFAULTS | EXPERIMENT_DEFAULTS.get(experiment, {}))[name]
+                     for name in uses} for experiment, uses in USES.items()})
     for name in SINGLE.get(args.experiment, ()):
         if len(set(opts[name])) != 1:
             raise ValueError(f"--{name.replace('_', '-')}: engine-bench {args.experiment} "
                              f"takes one value, got {opts[name]}")
     return opts
-
-
-def _device(requested: str | None) -> str:
-    import torch
-
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device: cuda requested but no CUDA device is available")
-    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _model(args, device: str):
@@ -283,7 +269,7 @@ def run(args) -> int:
     for mode in modes or ():
         if mode not in bench.MODES:
             raise ValueError(f"--modes: unknown {mode} (use {', '.join(bench.MODES)})")
-    device = _device(args.device)
+    device = torch_device(args.device)
     model = _model(args, device)
     vocab = model.config.vocab_size
     common = dict(threads=args.threads, max_tokens=opts.get("max_tokens"))

@@ -22,7 +22,7 @@ from pagebench.sim.capacity import tensor_parallel_rows
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
-SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.py)"
+SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.sh)"
 
 
 def capacity_parts(results: Results) -> Measured | None:

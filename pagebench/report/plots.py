@@ -35,19 +35,6 @@ def label(value) -> str:
     return str(value).replace("$", r"\$")
 
 
-# result columns -> words with units, for a caller that names no label
-WORDS = {"tokens_per_s": "tokens/s", "block_size": "block size (tokens)",
-         "batch": "batch size (sequences)", "context": "context (tokens)",
-         "device_label": "device", "machine": "device", "num_preemptions": "preemptions",
-         "time_us": "time (µs)", "gbps": "GB/s", "num_blocks": "KV blocks",
-         "peak_blocks": "peak KV blocks", "tp": "tensor-parallel GPUs"}
-
-
-def words(column: str) -> str:
-    """A column's name as an axis or legend label: words (with a unit where known)."""
-    return WORDS.get(column, str(column).replace("_", " "))
-
-
 def styled(fn):
     """Draw under the report's style without changing matplotlib's global settings."""
     @functools.wraps(fn)
@@ -245,55 +232,38 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
 
 
 @styled
-def grouped_bars(df: pd.DataFrame, category: str, series, title: str, ylabel: str, alt: str,
-                 *, xlabel: str | None = None, logy: bool = False) -> Plot | None:
-    """One group of bars per row of ``df`` (labelled by ``category``, axis ``xlabel``), one bar
-    per column of ``series`` (column -> legend entry, or a list of columns); every series in
-    the unit of ``ylabel``."""
+def bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str, xlabel: str,
+         alt: str, *, ylabel: str | None = None, logy: bool = False) -> Plot | None:
+    """One group of bars per row of ``df`` (labelled by ``category``), one bar per column of
+    ``series`` (column -> legend entry). With ``ylabel`` every series shares that axis; without
+    it each series has a panel of its own, labelled with its entry: quantities in different
+    units (tokens, blocks) never share an axis."""
     if _empty(df):
         return None
-    if not isinstance(series, dict):
-        series = {col: words(col) for col in series}
-    fig, ax = plt.subplots(figsize=(6.5, 3))
-    bar_group(ax, df, category, series)
-    ax.set_xlabel(xlabel or words(category))
-    ax.set_ylabel(ylabel)
-    if logy:
-        plain_log_y(ax)
-    if len(series) > 1:
-        ax.legend()
-    return to_plot(fig, title, alt)
-
-
-def bar_group(ax, df: pd.DataFrame, category: str, series: dict[str, str]) -> None:
-    width = 0.8 / max(1, len(series))
-    for i, (col, name) in enumerate(series.items()):
-        xs = [j + i * width for j in range(len(df))]
-        ax.bar(xs, df[col].astype(float), width=width, label=label(name))
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(df))],
-                  [label(v) for v in df[category]], rotation=20 if len(df) > 3 else 0,
-                  ha="right" if len(df) > 3 else "center", fontsize=7 if len(df) > 3 else 8)
-
-
-@styled
-def bar_panels(df: pd.DataFrame, category: str, panels: dict[str, str], title: str,
-               xlabel: str, alt: str) -> Plot | None:
-    """One panel per column of ``panels`` (column -> y label with its unit): quantities in
-    different units (tokens, blocks) never share an axis."""
-    if _empty(df):
-        return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels) + 0.6, 3),
-                             squeeze=False)
-    for ax, (col, ylabel) in zip(axes[0], panels.items()):
-        bar_group(ax, df, category, {col: ylabel})
+    groups = [series] if ylabel else [{col: name} for col, name in series.items()]
+    fig, axes = plt.subplots(1, len(groups), squeeze=False,
+                             figsize=(6.5, 3) if ylabel else (3.4 * len(groups) + 0.6, 3))
+    many = len(df) > 3
+    for ax, group in zip(axes[0], groups):
+        width = 0.8 / len(group)
+        for i, (col, name) in enumerate(group.items()):
+            ax.bar([j + i * width for j in range(len(df))], df[col].astype(float), width=width,
+                   label=label(name))
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(df))],
+                      [label(v) for v in df[category]], rotation=20 if many else 0,
+                      ha="right" if many else "center", fontsize=7 if many else 8)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel or name)
+        if logy:
+            plain_log_y(ax)
+    if ylabel and len(series) > 1:
+        axes[0][0].legend()
     return to_plot(fig, title, alt)
 
 
 @styled
 def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
-          alt: str, *, legend_title: str | None = None, logx: bool = False, logy: bool = False,
+          alt: str, *, legend_title: str, logx: bool = False, logy: bool = False,
           hlines: dict | None = None, panel: str | None = None,
           spread: tuple[str, str] | None = None) -> Plot | None:
     """Line per ``hue`` value of ``y`` against ``x`` (legend titled ``legend_title``); one
@@ -326,19 +296,18 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         ax.set_ylabel(ylabel)
         if p is not None:
             ax.set_title(wrapped(p), fontsize=9)
-        ax.legend(title=label(legend_title or words(hue)), fontsize=7, title_fontsize=7)
+        ax.legend(title=label(legend_title), fontsize=7, title_fontsize=7)
     return to_plot(fig, title, alt)
 
 
 @styled
 def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlabel: str,
-               alt: str, *, left_label: str | None = None, right_label: str | None = None,
-               hue: str | None = None, logx: bool = False) -> Plot | None:
+               alt: str, *, left_label: str, right_label: str, hue: str | None = None,
+               logx: bool = False) -> Plot | None:
     """``left`` (solid, axis ``left_label``) and ``right`` (dashed, second axis
     ``right_label``) against ``x``; one colour per ``hue`` value."""
     if _empty(df):
         return None
-    left_label, right_label = left_label or words(left), right_label or words(right)
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     ax2 = ax.twinx()
     groups = df.groupby(hue, sort=True) if hue else [(None, df)]
@@ -417,7 +386,7 @@ def history(df: pd.DataFrame, benchmark: str, alt: str) -> Plot | None:
     ``collect.asv_rows`` for this benchmark."""
     if _empty(df):
         return None
-    unit = str(df["unit"].iloc[0]) if "unit" in df.columns else ""
+    unit = str(df["unit"].iloc[0])
     factor, ylabel = history_axis_label(benchmark, unit, df["value"].astype(float))
     machines = list(dict.fromkeys(df["machine"]))
     params = sorted(df["params"].astype(str).unique())

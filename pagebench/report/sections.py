@@ -261,16 +261,6 @@ MEMORY = (
 )
 
 
-def capacity_plot(cap: pd.DataFrame) -> plots.Plot | None:
-    case = cap["model"].astype(str) + "\n" + cap["gpu_memory"].astype(str) + ", " \
-        + cap["max_model_len"].astype(str)
-    return plots.bars(cap.assign(case=case), "case", {
-        "max_concurrency_naive": "naive reservation", "max_concurrency_paged": "paged (block 16)"},
-        "Concurrent sequences: naive reservation versus paging",
-        "model, GPU memory, max_model_len", "bar chart of naive versus paged concurrency",
-        ylabel="concurrent sequences")
-
-
 CAPACITY = (
     View("kv_geometry", "KV geometry of the presets (bf16)"),
     View("capacity_article", "The article's arithmetic: Qwen2.5-0.5B, 16 GB card, 12.4 GB of "
@@ -280,19 +270,25 @@ CAPACITY = (
     View("capacity", "Capacity planner cases (gpu_memory_utilization 0.9, block 16, lengths "
          "lognormal(5.5, 0.9))", ("model", "gpu_memory", "max_model_len", "kv_cache_bytes",
          "num_blocks", "cacheable_tokens", "max_concurrency_naive", "max_concurrency_pow2",
-         "max_concurrency_paged", "paged_vs_naive"), plot=capacity_plot,
+         "max_concurrency_paged", "paged_vs_naive"), plot=lambda cap: plots.bars(
+             cap.assign(case=cap["model"].astype(str) + "\n" + cap["gpu_memory"].astype(str)
+                        + ", " + cap["max_model_len"].astype(str)), "case",
+             {"max_concurrency_naive": "naive reservation",
+              "max_concurrency_paged": "paged (block 16)"},
+             "Concurrent sequences: naive reservation versus paging",
+             "model, GPU memory, max_model_len", "bar chart of naive versus paged concurrency",
+             ylabel="concurrent sequences"),
          missing="capacity planner (pagebench.sim.capacity)"),
 )
 
 
-def memory(results: Results) -> Section:
-    return Section("memory", "Memory: how much reserved KV memory holds tokens").show(results,
-                                                                                      MEMORY)
+def shown(sid: str, title: str, views: Sequence[View]) -> Callable[[Results], Section]:
+    """A section made of ``views`` alone."""
+    return lambda results: Section(sid, title).show(results, views)
 
 
-def capacity(results: Results) -> Section:
-    return Section("capacity", "Capacity: blocks, cacheable tokens, concurrency").show(
-        results, CAPACITY)
+memory = shown("memory", "Memory: how much reserved KV memory holds tokens", MEMORY)
+capacity = shown("capacity", "Capacity: blocks, cacheable tokens, concurrency", CAPACITY)
 
 
 # ---- kernels -----------------------------------------------------------------------------
@@ -316,15 +312,6 @@ def devices_text(raw: pd.DataFrame) -> str:
             + (" (\"this run\": measured by the run that built this page; the others are "
                "committed data)" if fresh else "") + ". Each device is described under "
             "Environment. CPU timings show the harness works; GPU behaviour needs GPU data.")
-
-
-def batch1_plot(ratio: pd.DataFrame) -> plots.Plot | None:
-    return plots.lines(ratio.assign(panel=ratio["device_label"] + " · " + ratio["shape"]),
-                       "block_size", "ratio", "context",
-                       "Batch-1 paged / contiguous time versus block size",
-                       "block size (tokens)", "paged / contiguous time (×)",
-                       "line chart of batch-1 time ratio", legend_title="context (tokens)",
-                       logx=True, hlines={"contiguous": 1.0}, panel="panel")
 
 
 def throughput_plot(tput: pd.DataFrame) -> plots.Plot | None:
@@ -352,14 +339,6 @@ def bandwidth_plots(bw: pd.DataFrame) -> list[plots.Plot | None]:
                                "line chart of achieved bandwidth", legend_title="backend",
                                logx=True, hlines=hl, panel="panel"))
     return out
-
-
-def cost_plot(cost: pd.DataFrame) -> plots.Plot | None:
-    return plots.lines(cost, "block_size", "relative_time", "device_label",
-                       "Paged kernel time per block size (1.0 = best block size)",
-                       "block size (tokens)", "kernel time / best block size's (median over "
-                       "cases)", "line chart of kernel cost per block size",
-                       legend_title="device", logx=True)
 
 
 def kernels_derived(fn) -> Callable[[Results], pd.DataFrame]:
@@ -390,7 +369,12 @@ KERNELS = (
          frame=kernels_derived(derive.kernel_rows), needed=True),
     View("kernels_batch1_ratio", "Batch-1 paged/contiguous ratio", text="Batch 1: fastest "
          "paged backend / fastest contiguous backend, per block size and context. Above 1 "
-         "means paging costs time.", plot=batch1_plot,
+         "means paging costs time.", plot=lambda ratio: plots.lines(
+             ratio.assign(panel=ratio["device_label"] + " · " + ratio["shape"]), "block_size",
+             "ratio", "context", "Batch-1 paged / contiguous time versus block size",
+             "block size (tokens)", "paged / contiguous time (×)",
+             "line chart of batch-1 time ratio", legend_title="context (tokens)", logx=True,
+             hlines={"contiguous": 1.0}, panel="panel"),
          missing="batch-1 paged versus contiguous pairs",
          frame=kernels_derived(derive.batch1_ratio)),
     View("kernels_throughput", "Throughput versus batch", ("device_label", "shape", "context",
@@ -406,15 +390,17 @@ KERNELS = (
           "gbps", "copy_gbps"), plot=bandwidth_plots,
          missing="achieved bandwidth (needs gbps and copy_gbps columns)",
          frame=kernels_derived(derive.bandwidth)),
-    View("kernels_block_cost", "Kernel cost per block size", plot=cost_plot,
+    View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
+             cost, "block_size", "relative_time", "device_label",
+             "Paged kernel time per block size (1.0 = best block size)", "block size (tokens)",
+             "kernel time / best block size's (median over cases)",
+             "line chart of kernel cost per block size", legend_title="device", logx=True),
          frame=kernels_derived(derive.kernel_cost_per_block)),
     *PREFILL,
 )
 
 
-def kernels(results: Results) -> Section:
-    return Section("kernels", "Kernels: what paging costs per step, and what batching buys") \
-        .show(results, KERNELS)
+kernels = shown("kernels", "Kernels: what paging costs per step, and what batching buys", KERNELS)
 
 
 # ---- engine ------------------------------------------------------------------------------
@@ -428,13 +414,6 @@ def cases(frame: pd.DataFrame, keys: list[str], values, how: str = "mean", sort:
                           for row in g[keys].itertuples(index=False)])
 
 
-def cow_plot(cow: pd.DataFrame) -> plots.Plot | None:
-    return plots.bars(cases(cow, ["machine", "variant"], ["peak_blocks"]), "case",
-                      {"peak_blocks": "peak blocks"}, "KV blocks: n = 1 versus n = 4",
-                      "device and request", "bar chart of blocks for n=1 and n=4",
-                      ylabel="peak KV blocks")
-
-
 def prefix_plot(pre: pd.DataFrame) -> plots.Plot | None:
     panels = {"num_computed_prompt_tokens": "prompt tokens computed (tokens)",
               "peak_blocks": "peak KV blocks (blocks)"}
@@ -444,14 +423,6 @@ def prefix_plot(pre: pd.DataFrame) -> plots.Plot | None:
               words=lambda k, v: f"caching {v}" if k == "caching" else str(v))
     return plots.bars(g, "case", panels, "Prefix caching on versus off",
                       "device and prefix caching", "bar charts of prefix caching effect")
-
-
-def pool_plot(pool: pd.DataFrame) -> plots.Plot | None:
-    return plots.twin_lines(pool, "num_blocks", "tokens_per_s", "num_preemptions",
-                            "Throughput and preemptions versus pool size",
-                            "pool size (KV blocks)", "line chart of the capacity cliff",
-                            left_label="generated tokens/s (solid)",
-                            right_label="preemptions (dashed)", hue="machine")
 
 
 def batch_series(batch: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -492,23 +463,24 @@ def compare_plot(cmp_: pd.DataFrame) -> plots.Plot | None:
                       ylabel="generated tokens/s", logy=True)
 
 
-def equal_memory_plot(eq: pd.DataFrame) -> plots.Plot | None:
-    return plots.bars(cases(eq, ["machine", "method"], "tokens_per_s", "max", sort=True), "case",
-                      {"tokens_per_s": "tokens/s"}, "Same KV memory: tokens/s",
-                      "device and generation method", "bar chart of throughput at equal memory",
-                      ylabel="generated tokens/s")
-
-
 ENGINE = (
     View("engine_cow", "Copy-on-write comparison", text="Copy-on-write: one prompt, n = 1 "
          "versus n = 4 completions. The prompt's blocks are shared; only divergent tokens take "
-         "new blocks.", plot=cow_plot,
+         "new blocks.", plot=lambda cow: plots.bars(
+             cases(cow, ["machine", "variant"], ["peak_blocks"]), "case",
+             {"peak_blocks": "peak blocks"}, "KV blocks: n = 1 versus n = 4", "device and request",
+             "bar chart of blocks for n=1 and n=4", ylabel="peak KV blocks"),
          missing="copy-on-write comparison (pagebench.engine.bench.cow_comparison)"),
     View("engine_prefix", "Prefix caching comparison", text="Prefix caching: requests sharing "
          "a system prompt, caching on versus off.", plot=prefix_plot,
          missing="prefix caching comparison (pagebench.engine.bench.prefix_cache_comparison)"),
     View("engine_pool", "Pool size sweep", text="Pool size sweep: as the pool shrinks, "
-         "preemptions start and throughput falls — the capacity cliff.", plot=pool_plot,
+         "preemptions start and throughput falls — the capacity cliff.", plot=lambda pool:
+         plots.twin_lines(pool, "num_blocks", "tokens_per_s", "num_preemptions",
+                          "Throughput and preemptions versus pool size", "pool size (KV blocks)",
+                          "line chart of the capacity cliff",
+                          left_label="generated tokens/s (solid)",
+                          right_label="preemptions (dashed)", hue="machine"),
          missing="pool size sweep (pagebench.engine.bench.pool_size_sweep)"),
     View("engine_batch", "Engine throughput versus batch", text="Error bars: min and max over "
          "repeats, where the data has them. On a GPU the engine replays decode steps from CUDA "
@@ -521,7 +493,11 @@ ENGINE = (
          "(contiguous cache).", plot=compare_plot),
     View("engine_equal_memory", "Equal-memory comparison", text="Equal KV memory: the paged "
          "engine against transformers' padded generate, which reserves prompt + max_tokens "
-         "slots per sequence.", plot=equal_memory_plot),
+         "slots per sequence.", plot=lambda eq: plots.bars(
+             cases(eq, ["machine", "method"], "tokens_per_s", "max", sort=True), "case",
+             {"tokens_per_s": "tokens/s"}, "Same KV memory: tokens/s",
+             "device and generation method", "bar chart of throughput at equal memory",
+             ylabel="generated tokens/s")),
 )
 
 
@@ -560,9 +536,7 @@ BENCHMARKS = (
 )
 
 
-def benchmarks(results: Results) -> Section:
-    return Section("benchmarks", "Benchmark histories (asv, pytest-benchmark)").show(
-        results, BENCHMARKS)
+benchmarks = shown("benchmarks", "Benchmark histories (asv, pytest-benchmark)", BENCHMARKS)
 
 
 def recommendation(rec: dict | None) -> Section:

@@ -18,7 +18,8 @@ EVERY_CLAIM = ARTICLE_CLAIMS + fp8.CLAIMS + parallel.CLAIMS
 
 
 def derived_frames(results: Results, rec: dict | None, claims) -> dict:
-    """Tables computed from the raw frames, saved beside the report like the raw ones."""
+    """Tables computed from the raw frames, saved beside the report like the raw ones (those
+    with rows: an empty table has no CSV and no link)."""
     kernels = results.get("kernels")
     frames = {"claims": claims_mod.claims_frame(claims)}
     for name, fn in (("kernels_batch1_ratio", derive.batch1_ratio),
@@ -31,7 +32,7 @@ def derived_frames(results: Results, rec: dict | None, claims) -> dict:
             results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
     if rec is not None:
         frames["recommendation"] = rec["table"]
-    return frames
+    return {name: frame for name, frame in frames.items() if len(frame)}
 
 
 def guarded_section(results: Results, sid: str, title: str, fn):
@@ -74,7 +75,7 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     out = Path(out)
     data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
     page, claims, rec = build_sections(results, env, options)
-    frames = dict(results.frames) | derived_frames(results, rec, claims)
+    frames = results.frames | derived_frames(results, rec, claims)
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)
     headline = ""
     if rec is not None:

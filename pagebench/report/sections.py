@@ -314,11 +314,11 @@ def devices_text(raw: pd.DataFrame) -> str:
             "Environment. CPU timings show the harness works; GPU behaviour needs GPU data.")
 
 
-def throughput_plot(tput: pd.DataFrame) -> plots.Plot | None:
-    shown = tput[tput["primary"]]
-    return plots.lines(shown.assign(panel=shown["device_label"] + " · " + shown["shape"]
-                                    + " · context " + shown["context"].astype(int)
-                                    .map("{:,}".format)),
+def throughput_plot(tput: pd.DataFrame) -> plots.Plot:
+    primary = tput[tput["primary"]]
+    return plots.lines(primary.assign(panel=primary["device_label"] + " · " + primary["shape"]
+                                      + " · context " + primary["context"].astype(int)
+                                      .map("{:,}".format)),
                        "batch", "tokens_per_s", "series", "Decode throughput versus batch size",
                        "batch size (sequences)", "decode tokens/s (attention only)",
                        "line chart of throughput versus batch",

@@ -1,9 +1,9 @@
 """Matplotlib figures embedded as PNG data URIs: the page needs no JavaScript and no network.
 
 Every function takes a tidy DataFrame with rows and returns a :class:`Plot` (``None`` where
-those rows hold nothing to draw). Labels come from data; matplotlib draws them as text, never as markup.
-Axis labels are words with units, given by the caller; each :class:`Plot` records the labels it
-drew (``axes``) so the page, and the browser test, can read them.
+those rows hold nothing to draw). Labels come from data; matplotlib draws them as text, never
+as markup. Axis labels are words with units, given by the caller; each :class:`Plot` records
+the labels it drew (``axes``) so the page, and the browser test, can read them.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import pandas as pd
 from pagebench.report.claims import ARITHMETIC, Claim, Measured, Part, evaluate
 from pagebench.report.collect import Results
 from pagebench.results.devices import frame_devices
-from pagebench.report.sections import Section, View, claims_table, make_table
+from pagebench.report.sections import Section, View, claims_table, derived, make_table
 from pagebench.sim.capacity import fp8_rows
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
@@ -136,7 +136,7 @@ VIEWS = (
          "CUDA graphs): copy fraction = bytes read (fp8 counted in fp8 bytes) / time / measured "
          "copy bandwidth; error = relative error of the output against the bf16 cache's "
          "(standard-normal K/V, scale = per-head max / 448) and against float32 on the "
-         "dequantised cache", frame=lambda results: decode_ratios(results.get("kernels_fp8"))),
+         "dequantised cache", frame=derived("kernels_fp8", decode_ratios)),
     View("kernels_fp8", "Triton paged prefill, bf16 vs e4m3 cache (block 16)",
          ("cache_dtype", "batch", "query_len", "cached", "time_us", "err_vs_bf16_cache",
           "err_vs_dequantised"), table=lambda fp8: fp8[fp8["op"] == "prefill"]),
@@ -150,7 +150,7 @@ VIEWS = (
     View("kernels_layout", "Triton bf16 decode by block-table layout (Llama-3-8B shape, CUDA "
          "graphs); fits_l2: the unique K/V footprint fits in the GPU's L2, so the point "
          "measures the cache, not the layout, and is not judged",
-         frame=lambda results: layout_spread(results.get("kernels_layout"))),
+         frame=derived("kernels_layout", layout_spread)),
 )
 
 

@@ -61,6 +61,11 @@ class View:
     needed: bool = False
 
 
+def derived(name: str, fn: Callable) -> Callable[[Results], pd.DataFrame | None]:
+    """A view's ``frame``: ``fn`` of the dataset ``name`` (None where there is none)."""
+    return lambda results: fn(results.get(name))
+
+
 @dataclass(slots=True)
 class Section:
     id: str
@@ -341,11 +346,6 @@ def bandwidth_plots(bw: pd.DataFrame) -> list[plots.Plot | None]:
     return out
 
 
-def kernels_derived(fn) -> Callable[[Results], pd.DataFrame]:
-    """A view's frame: ``fn`` of the kernel sweep's rows."""
-    return lambda results: fn(results.get("kernels"))
-
-
 PREFILL = (  # paged prefill (whole prompts, chunks after a cached prefix) against causal SDPA
     View("kernels_prefill_equivalence", text=lambda eq: "Paged prefill against the float64 "
          f"reference: {int(passed(eq).sum())} of {len(eq)} cases within tolerance."),
@@ -357,7 +357,7 @@ PREFILL = (  # paged prefill (whole prompts, chunks after a cached prefix) again
          "prefill kernel is measured against; torch-paged gathers each sequence first.",
          missing="prefill timings (pagebench bench --prefill --out ..., or commit "
          "reports/data/<gpu>/kernels_prefill.csv)",
-         frame=lambda results: derive.prefill_summary(results.get("kernels_prefill"))),
+         frame=derived("kernels_prefill", derive.prefill_summary)),
 )
 KERNELS = (
     View("kernels_equivalence", "Paged kernels versus the float64 reference",
@@ -366,7 +366,7 @@ KERNELS = (
          table=equivalence_table),
     View("kernels", text=devices_text, missing="kernel sweep (run without --quick on this "
          "machine, or commit reports/data/<gpu>/kernels.csv)",
-         frame=kernels_derived(derive.kernel_rows), needed=True),
+         frame=derived("kernels", derive.kernel_rows), needed=True),
     View("kernels_batch1_ratio", "Batch-1 paged/contiguous ratio", text="Batch 1: fastest "
          "paged backend / fastest contiguous backend, per block size and context. Above 1 "
          "means paging costs time.", plot=lambda ratio: plots.lines(
@@ -376,7 +376,7 @@ KERNELS = (
              "line chart of batch-1 time ratio", legend_title="context (tokens)", logx=True,
              hlines={"contiguous": 1.0}, panel="panel"),
          missing="batch-1 paged versus contiguous pairs",
-         frame=kernels_derived(derive.batch1_ratio)),
+         frame=derived("kernels", derive.batch1_ratio)),
     View("kernels_throughput", "Throughput versus batch", ("device_label", "shape", "context",
          "series", "batch", "time_us", "tokens_per_s"), text="Attention-kernel throughput versus "
          "batch size (tokens/s = batch / step time) for each block size of the fastest paged "
@@ -384,18 +384,18 @@ KERNELS = (
          "backend in the CSV). Attention alone reads each sequence's own K/V, so it scales with "
          "batch only while launch-bound; the engine section shows whole-model throughput.",
          plot=throughput_plot, missing="throughput versus batch size",
-         frame=kernels_derived(derive.throughput)),
+         frame=derived("kernels", derive.throughput)),
     View("kernels_bandwidth", "Achieved bandwidth (block 16 paged and contiguous)",
          ("device_label", "shape", "backend", "block_size", "batch", "context", "time_us",
           "gbps", "copy_gbps"), plot=bandwidth_plots,
          missing="achieved bandwidth (needs gbps and copy_gbps columns)",
-         frame=kernels_derived(derive.bandwidth)),
+         frame=derived("kernels", derive.bandwidth)),
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",
              "Paged kernel time per block size (1.0 = best block size)", "block size (tokens)",
              "kernel time / best block size's (median over cases)",
              "line chart of kernel cost per block size", legend_title="device", logx=True),
-         frame=kernels_derived(derive.kernel_cost_per_block)),
+         frame=derived("kernels", derive.kernel_cost_per_block)),
     *PREFILL,
 )
 
@@ -485,7 +485,7 @@ ENGINE = (
     View("engine_batch", "Engine throughput versus batch", text="Error bars: min and max over "
          "repeats, where the data has them. On a GPU the engine replays decode steps from CUDA "
          "graphs of compiled layers; 'eager' rows run every step from Python.",
-         plot=batch_plots, frame=lambda results: batch_series(results.get("engine_batch")),
+         plot=batch_plots, frame=derived("engine_batch", batch_series),
          missing="engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)"),
     View("engine_compare", "Engine versus transformers", text="The engine against "
          "transformers' own generation on the same model and requests: continuous batching "

@@ -38,6 +38,13 @@ QUICK = {
                                        "--max-tokens", "2"],
     "pagebench engine-bench cow": ["--prompt-len", "16", "--max-tokens", "2"],
     "pagebench engine-bench trace": ["--num-requests", "4", "--max-output-len", "4"],
+    "pagebench engine-bench equality": ["--num-requests", "2", "--prompt-len", "1-8",
+                                        "--max-tokens", "2"],
+    "pagebench engine-bench breakdown": ["--prompt-len", "4-8", "--max-tokens", "3"],
+    "pagebench engine-bench equal-memory": ["--num-requests", "4", "--prompt-len", "4-8",
+                                            "--max-tokens", "2"],
+    "pagebench engine-bench throughput --modes": ["--batch-sizes", "1", "--block-sizes", "8",
+                                                  "--prompt-len", "8", "--max-tokens", "2"],
     "pagebench engine-bench": ["--max-tokens", "2"],
     "pagebench report": ["--quick", "--no-progress"],
 }

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pandas as pd
 
 from pagebench.report import plots
-from pagebench.report.claims import SIM, Claim, Measured, Part, pct
+from pagebench.report.claims import PAGED_16, SIM, Claim, Measured, Part, first, pct
 from pagebench.report.collect import Results
 from pagebench.report.sections import Section, View
 
@@ -94,11 +94,10 @@ def paged_and_naive(frame: pd.DataFrame | None, column: str) -> list[tuple[str, 
     the traces that have both rows."""
     out = []
     for name, g in ([] if frame is None else frame.groupby("trace", sort=False)):
-        bs = pd.to_numeric(g["block_size"], errors="coerce")
-        paged = g[(g["allocator"] == "paged") & (bs == 16)][column]
-        naive = g[g["allocator"] == "naive"][column]
-        if not (paged.empty or naive.empty):
-            out.append((name, float(paged.iloc[0]), float(naive.iloc[0])))
+        paged = first(g, column, **PAGED_16)
+        naive = first(g, column, allocator="naive")
+        if paged is not None and naive is not None:
+            out.append((name, float(paged), float(naive)))
     return out
 
 

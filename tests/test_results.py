@@ -7,10 +7,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pagebench import suite
 from pagebench.engine import bench
 from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
 from pagebench.kernels.sweep import COLUMNS, run_sweep
-from pagebench.report import sweeps
 from pagebench.results import DATASETS, DataError, Results, classify, load_data_dir
 from pagebench.results.datasets import ENGINE_COW, FILE_KINDS, KERNELS
 from pagebench.results.read import data_files
@@ -87,7 +87,7 @@ def test_copy_on_write_rows_name_n():
                                    "dynamic_memory"])
 def test_simulator_datasets_meet_their_schemas(sweep):
     results = Results()
-    getattr(sweeps, sweep)(results, quick=True)
+    getattr(suite, sweep)(results, quick=True)
     assert results.frames and not results.warnings
 
 

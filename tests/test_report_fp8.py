@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from pagebench import suite
 from pagebench.report import fp8
 from pagebench.report.claims import ARITHMETIC, FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results, classify
@@ -76,6 +77,14 @@ def test_capacity_claim_from_the_planner_and_the_engine_pool():
     assert c.verdict == FAILS and "1.50×" in c.measured and c.measured.startswith("planner")
     engine_only = verdict("fp8_capacity", results_with(fp8_engine=engine))
     assert engine_only.verdict == FAILS and "arithmetic" not in engine_only.device
+
+
+def test_the_suite_adds_the_planner_rows_the_section_judges_and_shows():
+    results = Results()
+    suite.capacity(results)
+    assert verdict("fp8_capacity", results).verdict == HOLDS
+    tables = [i.table for i in fp8.section(results).items if i.table is not None]
+    assert [t.data for t in tables if t.caption.startswith("Capacity planner")] == ["capacity_fp8"]
 
 
 def test_section_renders_with_and_without_data():

@@ -1,4 +1,5 @@
-"""Build the report: collect data, judge the claims, lay out sections, write page and CSVs."""
+"""Render a :class:`~pagebench.results.Results`: judge the claims, lay out sections, write the page
+and its CSVs."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, fp8, parallel, real_traces, render, sections, sweeps
-from pagebench.report.collect import Results, collect, default_device
-from pagebench.results import devices
+from pagebench.report import derive, fp8, parallel, real_traces, render, sections
+from pagebench.results import Results, devices
 
 DATA_DIR_SUFFIX = "_data"
 # the claims table's rows; fp8 and parallel judge theirs in their own sections
@@ -18,7 +18,8 @@ EVERY_CLAIM = ARTICLE_CLAIMS + fp8.CLAIMS + parallel.CLAIMS
 
 
 def derived_frames(results: Results, rec: dict | None, claims) -> dict:
-    """Tables computed from the raw frames, saved beside the report like the raw ones."""
+    """Tables computed from the raw frames, saved beside the report like the raw ones (those
+    with rows: an empty table has no CSV and no link)."""
     kernels = results.get("kernels")
     frames = {"claims": claims_mod.claims_frame(claims)}
     for name, fn in (("kernels_batch1_ratio", derive.batch1_ratio),
@@ -31,13 +32,14 @@ def derived_frames(results: Results, rec: dict | None, claims) -> dict:
             results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
     if rec is not None:
         frames["recommendation"] = rec["table"]
-    return frames
+    return {name: frame for name, frame in frames.items() if len(frame)}
 
 
-def guarded_section(results: Results, sid: str, title: str, fn, *args):
-    """A section, or one that says why it could not be built (the report still renders)."""
+def guarded_section(results: Results, sid: str, title: str, fn):
+    """``fn(results)``, or a section that says why it could not be built (the report still
+    renders)."""
     try:
-        return fn(results, *args)
+        return fn(results)
     except Exception as e:  # noqa: BLE001 (one failing section must not lose the page)
         results.warn(f"section {sid}: failed ({type(e).__name__}: {e})")
         s = sections.Section(sid, title)
@@ -47,27 +49,22 @@ def guarded_section(results: Results, sid: str, title: str, fn, *args):
 
 
 def build_sections(results: Results, env: dict, options: dict):
+    """The page's sections, the article's verdicts and the recommendation (None: none)."""
     claims = claims_mod.evaluate(results, ARTICLE_CLAIMS)
     try:
-        rec_section, rec = sections.recommendation(results)
+        rec = derive.recommend(results.get("memory_static"), results.get("kernels"))
     except Exception as e:  # noqa: BLE001 (no recommendation must not lose the page)
         results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
-        rec_section, rec = sections.Section("recommendation", "Recommendation"), None
-        rec_section.nodata("the recommendation could not be computed; see warnings")
-    page = [
-        rec_section,
-        sections.claims_section(claims),
-        guarded_section(results, "environment", "Environment", sections.environment, env,
-                        options),
-        guarded_section(results, "memory", "Memory", sections.memory),
-        guarded_section(results, "real-traces", "Real traces", real_traces.section),
-        guarded_section(results, "capacity", "Capacity", sections.capacity),
-        guarded_section(results, "kernels", "Kernels", sections.kernels),
-        guarded_section(results, "engine", "Engine", sections.engine),
-        guarded_section(results, "fp8", "fp8 KV cache and block-table layout", fp8.section),
-        guarded_section(results, "parallel", "Past one GPU", parallel.section),
-        guarded_section(results, "benchmarks", "Benchmark histories", sections.benchmarks),
-    ]
+        rec = None
+    page = [sections.recommendation(rec), sections.claims_section(claims)]
+    page += [guarded_section(results, *entry) for entry in (
+        ("environment", "Environment", lambda r: sections.environment(r, env, options)),
+        ("memory", "Memory", sections.memory), ("real-traces", "Real traces", real_traces.section),
+        ("capacity", "Capacity", sections.capacity), ("kernels", "Kernels", sections.kernels),
+        ("engine", "Engine", sections.engine),
+        ("fp8", "fp8 KV cache and block-table layout", fp8.section),
+        ("parallel", "Past one GPU", parallel.section),
+        ("benchmarks", "Benchmark histories", sections.benchmarks))]
     return page, claims, rec
 
 
@@ -78,7 +75,7 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     out = Path(out)
     data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
     page, claims, rec = build_sections(results, env, options)
-    frames = dict(results.frames) | derived_frames(results, rec, claims)
+    frames = results.frames | derived_frames(results, rec, claims)
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)
     headline = ""
     if rec is not None:
@@ -96,26 +93,3 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     render.atomic_write_text(out, html)
     return out
 
-
-def build_report(out="reports/index.html", *, device: str | None = None, quick: bool = False,
-                 results_dirs=(), data_dir=None, progress: bool = True) -> tuple[Path, Results]:
-    """Run the quick sweeps (all but the simulators skipped with ``quick``), read committed data
-    and benchmark results, and write the report. Returns the page's path and the data."""
-    from pagebench.timing import environment
-
-    device = device or default_device()
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-        raise ValueError(f"device: expected cpu or cuda, got {device!r}")
-    if str(device).startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("device: cuda requested but torch sees no CUDA device")
-    results = collect(device=device, quick=quick, steps=sweeps.plan(run_sweeps=not quick),
-                      data_dir=data_dir, results_dirs=results_dirs, progress=progress)
-    options = {"quick": quick, "sweeps run here": "simulators only" if quick else
-               "simulators, CPU kernel sweep, engine comparisons",
-               "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}
-    options |= {f"time: {k}": f"{v:.1f} s" for k, v in results.timings_s.items()}
-    path = write_report(results, out, env=environment(device), options=options)
-    return path, results

@@ -70,23 +70,21 @@ def _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
 
 
 @triton.jit
-def _softmax_step(q, k, v, visible, m_i, l_i, acc, scale_log2e,
-                  MASKED: tl.constexpr, IEEE_DOT: tl.constexpr):
-    """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
-    and the output ``acc``, updated with the scores of ``q`` against ``k``. ``MASKED``: only
-    the (row, key) pairs where ``visible`` count. ``IEEE_DOT``: fp32 inputs (or bf16 upcast
-    when interpreted) take exact fp32 products."""
+def _scores(q, k, IEEE_DOT: tl.constexpr):
+    """``q @ k^T`` in fp32. ``IEEE_DOT``: fp32 inputs (or bf16 upcast when interpreted) take
+    exact fp32 products."""
     if IEEE_DOT:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    if MASKED:
-        s = tl.where(visible, s * scale_log2e, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-    else:  # the scale goes into the exponent's multiply-add
-        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
-        p = tl.exp2(s * scale_log2e - m_new[:, None])
+        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    return tl.dot(q, tl.trans(k))
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
+    """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
+    and the output ``acc``, updated with the scores ``s`` (masked ones -inf) and values
+    ``v``. The scale (positive) goes into the exponent's multiply-add; -inf stays -inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+    p = tl.exp2(s * scale_log2e - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -107,36 +105,43 @@ def _prefill_kernel(
     stride_ts, stride_ot, stride_oh,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
-    WIDE_INDEX: tl.constexpr,
+    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, IEEE_DOT: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
     tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    # This tile's sequence is the first whose cumulative tile count exceeds it. Each program
-    # scans the query lengths itself, SCAN sequences at a time: the sequences before it are
-    # those whose cumulative count is <= tile, and their queries and tiles come before its
-    # own. (One pass of vector loads instead of prefix sums launched from the host: those
-    # were separate kernels, each costing more than this scan on a small prefill.)
+    # This tile's sequence is the one whose tiles (numbered one after another over the
+    # sequences) include it. Each program scans the query and sequence lengths itself, SCAN
+    # sequences at a time, in one round of loads: the sequences before its own are those whose
+    # cumulative tile count is <= tile, and their queries and tiles come before its own. (One
+    # pass of vector loads instead of prefix sums launched from the host: those were separate
+    # kernels, each costing more than this scan on a small prefill.)
     seq = 0
     q_start = 0
     tile_start = 0
     tiles_before = 0
+    q_len = 0
+    seq_len = 0
     for chunk in range(0, num_seqs, SCAN):
         idx = chunk + tl.arange(0, SCAN)
-        lens = tl.load(Q_LENS + idx, mask=idx < num_seqs, other=0)
+        listed = idx < num_seqs
+        lens = tl.load(Q_LENS + idx, mask=listed, other=0)
+        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0)
         tiles = (lens + (TOKENS - 1)) // TOKENS
-        before = (tiles_before + tl.cumsum(tiles, 0)) <= tile
+        through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
+        before = through <= tile
+        mine = (through - tiles <= tile) & (tile < through)
         seq += tl.sum(before.to(tl.int32), 0)
         q_start += tl.sum(tl.where(before, lens, 0), 0)
         tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+        q_len += tl.sum(tl.where(mine, lens, 0), 0)
+        seq_len += tl.sum(tl.where(mine, totals, 0), 0)
         tiles_before += tl.sum(tiles, 0)
     if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
-        q_len = tl.load(Q_LENS + seq)
         first = (tile - tile_start) * TOKENS
-        seq_len = tl.load(SEQ_LENS + seq)
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -163,22 +168,38 @@ def _prefill_kernel(
         # keys up to the last query of this tile
         end = seq_len - q_len + tl.minimum(first + TOKENS, q_len)
         offs = tl.arange(0, TILE_N)
-        for start in range(0, full_end, TILE_N):
-            k, v = _kv_tile(K, V, table_row, start + offs, end, dims, k_head, v_head,
-                            stride_kb, stride_kt, stride_vb, stride_vt,
-                            BLOCK_SIZE, HEAD_DIM, DIM_PAD, False, WIDE_INDEX)
-            m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), None, m_i, l_i, acc,
-                                          scale_log2e, False, IEEE_DOT)
-        # across the diagonal (key 0 is visible to every row, so each row's running max is
-        # finite after the first tile, whichever loop visits it)
-        for start in range(full_end, end, TILE_N):
-            pos = start + offs
-            k, v = _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
-                            stride_kb, stride_kt, stride_vb, stride_vt,
-                            BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-            visible = (pos < end)[None, :] & (pos[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), visible, m_i, l_i,
-                                          acc, scale_log2e, True, IEEE_DOT)
+        # (key 0 is visible to every row, so each row's running max is finite after the first
+        # tile, whichever loop visits it)
+        if ONE_LOOP:  # one pipelined walk; only the tiles across the diagonal are masked
+            for start in range(0, end, TILE_N):
+                pos = start + offs
+                k, v = _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
+                                stride_kb, stride_kt, stride_vb, stride_vt,
+                                BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
+                s = _scores(q, k.to(q.dtype), IEEE_DOT)
+                if start >= full_end:
+                    s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
+                                 float("-inf"))
+                m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e,
+                                              IEEE_DOT)
+        else:  # two walks: the unmasked tiles, then those across the diagonal
+            for start in range(0, full_end, TILE_N):
+                k, v = _kv_tile(K, V, table_row, start + offs, end, dims, k_head, v_head,
+                                stride_kb, stride_kt, stride_vb, stride_vt,
+                                BLOCK_SIZE, HEAD_DIM, DIM_PAD, False, WIDE_INDEX)
+                s = _scores(q, k.to(q.dtype), IEEE_DOT)
+                m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e,
+                                              IEEE_DOT)
+            for start in range(full_end, end, TILE_N):
+                pos = start + offs
+                k, v = _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
+                                stride_kb, stride_kt, stride_vb, stride_vt,
+                                BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
+                s = _scores(q, k.to(q.dtype), IEEE_DOT)
+                s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
+                             float("-inf"))
+                m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e,
+                                              IEEE_DOT)
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
@@ -208,7 +229,8 @@ def _element_span(t: torch.Tensor) -> int:
 def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
                          k_scale=None, v_scale=None, *, rows: int | None = None,
                          tile_n: int | None = None, num_warps: int | None = None,
-                         num_stages: int | None = None, scan: int | None = None):
+                         num_stages: int | None = None, scan: int | None = None,
+                         one_loop: bool | None = None, **launch_extra):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -251,9 +273,10 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
-        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
+        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)), ONE_LOOP=bool(one_loop),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=is_fp8(k_cache.dtype),
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
-        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages)
+        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
+        **launch_extra)
     return out

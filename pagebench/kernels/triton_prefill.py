@@ -39,24 +39,26 @@ LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query r
 
 
 @triton.jit
-def _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
+def _table_entries(table_row, pos, end, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    """The block ids of the key positions ``pos`` (``MASKED``: 0 at or beyond ``end``)."""
+    if MASKED:
+        return tl.load(table_row + pos // BLOCK_SIZE, mask=pos < end, other=0)
+    return tl.load(table_row + pos // BLOCK_SIZE)
+
+
+@triton.jit
+def _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
              stride_kb, stride_kt, stride_vb, stride_vt,
              BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
              MASKED: tl.constexpr, WIDE_INDEX: tl.constexpr):
-    """The K and V rows of the key positions ``pos`` (as stored). ``MASKED``: positions at or
-    beyond ``end`` are not read (they load as zeros); unmasked tiles lie wholly before it."""
-    if MASKED:
-        pos_ok = pos < end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0)
-    else:
-        block = tl.load(table_row + pos // BLOCK_SIZE)
+    """The K and V rows of the key positions ``pos`` in blocks ``block``."""
     if WIDE_INDEX:
         block = block.to(tl.int64)
     slot = pos % BLOCK_SIZE
     k_ptr = K + (block * stride_kb + slot * stride_kt + k_head)[:, None] + dims[None, :]
     v_ptr = V + (block * stride_vb + slot * stride_vt + v_head)[:, None] + dims[None, :]
     if MASKED:
-        kv_mask = pos_ok[:, None] & (dims < HEAD_DIM)[None, :]
+        kv_mask = (pos < end)[:, None] & (dims < HEAD_DIM)[None, :]
         k = tl.load(k_ptr, mask=kv_mask, other=0.0)
         v = tl.load(v_ptr, mask=kv_mask, other=0.0)
     elif DIM_PAD != HEAD_DIM:
@@ -96,6 +98,40 @@ def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
 
 
 @triton.jit
+def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale_log2e,
+          offs, dims, k_head, v_head, stride_kb, stride_kt, stride_vb, stride_vt,
+          BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+          DIM_PAD: tl.constexpr, MASKED: tl.constexpr, TABLE_AHEAD: tl.constexpr,
+          IEEE_DOT: tl.constexpr, WIDE_INDEX: tl.constexpr):
+    """The online softmax over the key tiles ``lo, lo + TILE_N, .. < hi``. Keys at or beyond
+    ``end`` are never read. ``MASKED``: loads are masked at ``end`` and tiles from
+    ``full_end`` on take the causal mask (before it every row sees every key); otherwise no
+    tile is masked. ``TABLE_AHEAD``: each tile's block ids are loaded one tile ahead, so the
+    K/V loads depend on no load of their own iteration and the pipeliner can issue them
+    ``num_stages - 1`` tiles ahead."""
+    if TABLE_AHEAD:
+        block = _table_entries(table_row, lo + offs, end, BLOCK_SIZE, True)
+    for start in range(lo, hi, TILE_N):
+        pos = start + offs
+        if TABLE_AHEAD:
+            block_next = _table_entries(table_row, pos + TILE_N, end, BLOCK_SIZE, True)
+        else:
+            block = _table_entries(table_row, pos, end, BLOCK_SIZE, MASKED)
+        k, v = _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
+                        stride_kb, stride_kt, stride_vb, stride_vt,
+                        BLOCK_SIZE, HEAD_DIM, DIM_PAD, MASKED, WIDE_INDEX)
+        s = _scores(q, k.to(q.dtype), IEEE_DOT)
+        if MASKED:
+            if start + TILE_N > full_end:
+                s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
+                             float("-inf"))
+        m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e, IEEE_DOT)
+        if TABLE_AHEAD:
+            block = block_next
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _prefill_kernel(
     Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
@@ -105,7 +141,8 @@ def _prefill_kernel(
     stride_ts, stride_ot, stride_oh,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, IEEE_DOT: tl.constexpr,
+    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
     FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -171,35 +208,22 @@ def _prefill_kernel(
         # (key 0 is visible to every row, so each row's running max is finite after the first
         # tile, whichever loop visits it)
         if ONE_LOOP:  # one pipelined walk; only the tiles across the diagonal are masked
-            for start in range(0, end, TILE_N):
-                pos = start + offs
-                k, v = _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
-                                stride_kb, stride_kt, stride_vb, stride_vt,
-                                BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-                s = _scores(q, k.to(q.dtype), IEEE_DOT)
-                if start >= full_end:
-                    s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
-                                 float("-inf"))
-                m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e,
-                                              IEEE_DOT)
+            m_i, l_i, acc = _walk(q, K, V, table_row, 0, end, full_end, end, q_pos, m_i, l_i,
+                                  acc, scale_log2e, offs, dims, k_head, v_head,
+                                  stride_kb, stride_kt, stride_vb, stride_vt,
+                                  BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
+                                  IEEE_DOT, WIDE_INDEX)
         else:  # two walks: the unmasked tiles, then those across the diagonal
-            for start in range(0, full_end, TILE_N):
-                k, v = _kv_tile(K, V, table_row, start + offs, end, dims, k_head, v_head,
-                                stride_kb, stride_kt, stride_vb, stride_vt,
-                                BLOCK_SIZE, HEAD_DIM, DIM_PAD, False, WIDE_INDEX)
-                s = _scores(q, k.to(q.dtype), IEEE_DOT)
-                m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e,
-                                              IEEE_DOT)
-            for start in range(full_end, end, TILE_N):
-                pos = start + offs
-                k, v = _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
-                                stride_kb, stride_kt, stride_vb, stride_vt,
-                                BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-                s = _scores(q, k.to(q.dtype), IEEE_DOT)
-                s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
-                             float("-inf"))
-                m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e,
-                                              IEEE_DOT)
+            m_i, l_i, acc = _walk(q, K, V, table_row, 0, full_end, full_end, end, q_pos, m_i,
+                                  l_i, acc, scale_log2e, offs, dims, k_head, v_head,
+                                  stride_kb, stride_kt, stride_vb, stride_vt,
+                                  BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, False, TABLE_AHEAD,
+                                  IEEE_DOT, WIDE_INDEX)
+            m_i, l_i, acc = _walk(q, K, V, table_row, full_end, end, full_end, end, q_pos, m_i,
+                                  l_i, acc, scale_log2e, offs, dims, k_head, v_head,
+                                  stride_kb, stride_kt, stride_vb, stride_vt,
+                                  BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
+                                  IEEE_DOT, WIDE_INDEX)
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
@@ -230,7 +254,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          k_scale=None, v_scale=None, *, rows: int | None = None,
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
-                         one_loop: bool | None = None, **launch_extra):
+                         one_loop: bool | None = None, table_ahead: bool | None = None,
+                         **launch_extra):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -273,7 +298,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
-        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)), ONE_LOOP=bool(one_loop),
+        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)), ONE_LOOP=bool(one_loop), TABLE_AHEAD=bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=is_fp8(k_cache.dtype),
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,

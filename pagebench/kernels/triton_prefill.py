@@ -22,6 +22,9 @@ from the packed query count alone, so nothing is read back to the host.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import torch
 
 from pagebench.config import ceil_div
@@ -36,6 +39,7 @@ import triton.language as tl
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
+SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 
 
 @triton.jit
@@ -231,18 +235,72 @@ def _prefill_kernel(
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device,
-                   mean_chunk: int) -> tuple[int, int, int]:
-    """(rows, num_warps, num_stages) for chunks of ``mean_chunk`` queries on average. Long
-    chunks take 128 rows (fewer programs, each K/V tile serving more queries) pipelined three
-    deep; shorter ones 64 rows, so that more programs share the GPU and each walks its keys
-    sooner. Four warps: eight were slower on the H200 wherever these row counts are chosen
-    (docs/kernels.md)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefillLaunch:
+    """A launch configuration of the prefill kernel (``triton_paged_prefill``'s options)."""
+    rows: int  # query rows per program (queries x the group's heads)
+    tile_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # Triton's pipelining depth
+    one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
+    table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
+    maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
+
+
+def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
+                   mean_chunk: int, programs: int, max_keys: int,
+                   fp8: bool = False) -> PrefillLaunch:
+    """The launch for chunks of ``mean_chunk`` queries on average, ``programs`` programs of 64
+    rows, and at most ``max_keys`` keys per sequence (the block table's capacity). Measured on
+    the H200 (docs/kernels.md, "The Triton paged prefill"):
+
+    - long chunks: 128 rows (each K/V tile serves more queries), the unmasked and the
+      diagonal tiles in two walks; above head dim 64, 8 warps capped at 128 registers (two
+      programs per SM; four warps spilled at 255 registers), else 4 warps, 3 stages;
+    - otherwise 64 rows in one walk with each tile's block ids loaded a tile ahead, so that
+      three stages keep two K/V tiles in flight; and where the walks are short (the whole
+      table is at most 16 tiles) and the programs more than two per SM, 32-key tiles with
+      the registers capped so that more programs share each SM (three; four with two stages
+      for walks of at most four tiles, where a deeper pipeline has nothing to fetch): those
+      programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
+      only more programs in flight hide.
+
+    fp8 caches, fp32, head dims over 128 and other devices keep the earlier launch (64 rows,
+    4 warps, 2 stages, two walks; 128 rows pipelined 3 deep for long chunks): not measured
+    otherwise."""
+    tile_n = default_tile_n(head_dim, dtype)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return 64, 4, 2
+        return PrefillLaunch(64, tile_n, 4, 2, False, False)
+    if fp8:
+        if mean_chunk >= LONG_CHUNK:
+            return PrefillLaunch(128, tile_n, 4, 3, False, False)
+        return PrefillLaunch(64, tile_n, 4, 2, False, False)
+    cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= LONG_CHUNK:
-        return 128, 4, 3
-    return 64, 4, 2
+        if head_dim <= 64:  # four warps hold 128 rows' output in 64 registers a thread
+            return PrefillLaunch(128, tile_n, 4, 3, False, False)
+        return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None)
+    if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * _sm_count(device):
+        if max_keys <= 4 * 32:
+            return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None)
+        return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
+    return PrefillLaunch(64, 64, 4, 3, True, True)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _padded_rows(rows: int, group: int) -> int:
+    """Rows of a program: a power of two >= 16 (``tl.dot``) and >= the group."""
+    return max(16, next_pow2(max(rows, group)))
+
+
+def _grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int) -> int:
+    """Programs for ``tokens`` queries each: sum(ceil(len / tokens)) <= total // tokens +
+    num_seqs, an upper bound on the query tiles, known without a device sync."""
+    return (total // tokens + num_seqs) * kv_heads
 
 
 def _element_span(t: torch.Tensor) -> int:
@@ -255,18 +313,20 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         **launch_extra):
+                         maxnreg: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
 
-    ``rows``: query rows per program (rounded up to a power of two >= 16 and >= the group; a
-    program takes ``rows // group`` queries of one sequence with all ``group`` heads of a KV
-    head);
-    ``tile_n``: keys per tile; ``num_warps``, ``num_stages``: Triton's launch options
-    (defaults: ``prefill_launch``); ``scan``: query lengths a program reads per step while
-    finding its sequence (a power of two; default up to ``MAX_SCAN``). Nothing is read back to
-    the host, so a call can be captured in a CUDA graph.
+    Launch options (each ``None``: ``prefill_launch``'s choice): ``rows``: query rows per
+    program (rounded up to a power of two >= 16 and >= the group; a program takes
+    ``rows // group`` queries of one sequence with all ``group`` heads of a KV head; by
+    default no more than the mean chunk needs); ``tile_n``: keys per tile; ``num_warps``,
+    ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
+    unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
+    ``scan``: query lengths a program reads per step while finding its sequence (a power of
+    two; default up to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
+    captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
     num_seqs = query_lens.shape[0]
@@ -279,16 +339,19 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     mean_chunk = ceil_div(total, num_seqs)
-    default_rows, default_warps, default_stages = prefill_launch(head_dim, q.dtype, q.device,
-                                                                 mean_chunk)
+    fp8 = is_fp8(k_cache.dtype)
+    chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
+                            programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
+                                                kv_heads),
+                            max_keys=tables.shape[1] * block_size, fp8=fp8)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
-        rows = min(default_rows, mean_chunk * group)
-    rows = max(16, next_pow2(max(rows, group)))
+        rows = min(chosen.rows, mean_chunk * group)
+    rows = _padded_rows(rows, group)
     tokens = rows // group
-    tile_n = tile_n or default_tile_n(head_dim, q.dtype)
+    tile_n = tile_n or chosen.tile_n
+    maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    # sum(ceil(len / tokens)) <= total // tokens + num_seqs: a grid sized without a device sync
-    _prefill_kernel[((total // tokens + num_seqs) * kv_heads,)](
+    _prefill_kernel[(_grid_size(total, num_seqs, tokens, kv_heads),)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
         num_seqs, scale * 1.4426950408889634,
@@ -298,10 +361,12 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
-        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)), ONE_LOOP=bool(one_loop), TABLE_AHEAD=bool(table_ahead),
+        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
+        ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
+        TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
-        FP8=is_fp8(k_cache.dtype),
+        FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
-        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages,
-        **launch_extra)
+        num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
+        **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

@@ -1,13 +1,23 @@
-"""Processes launched by ``torchrun``: who am I, and splitting a sweep over the ranks.
+"""Processes launched by ``torchrun``: who am I, joining the group, splitting a sweep over the
+ranks, and timing a whole torchrun job.
 
 ``pagebench bench`` under ``torchrun --nproc-per-node N`` times every N-th (shape, point) of
 its sweep on each rank, one GPU per rank (``LOCAL_RANK``), and rank 0 writes the merged rows.
 The rows are gathered as Python objects over gloo, which every build of torch has.
+``pagebench tp-bench`` joins one group of the world (NCCL for CUDA, which tensor parallelism
+needs; gloo on the CPU) and runs every measurement on every rank.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pagebench.errors import PagebenchError
 
 
 def world_from_environment() -> tuple[int, int]:
@@ -76,3 +86,96 @@ def take_share(index: int, share: tuple[int, int]) -> bool:
     """Whether the work unit numbered ``index`` belongs to rank ``share[0]`` of ``share[1]``."""
     rank, world = share
     return index % world == rank
+
+
+def rank_device(device: str):
+    """This process's device: ``cuda:LOCAL_RANK`` for ``cuda`` (one GPU per rank), else
+    ``device``; ValueError when the rank has no GPU."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or device.index is not None:
+        return device
+    rank, _ = world_from_environment()
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    if local >= torch.cuda.device_count():
+        raise ValueError(f"--device: local rank {local} has no GPU "
+                         f"({torch.cuda.device_count()} visible)")
+    torch.cuda.set_device(local)
+    return torch.device("cuda", local)
+
+
+def join_group(device) -> bool:
+    """Initialise the default process group of torchrun's world for ``device`` (NCCL on CUDA,
+    gloo on the CPU); whether it was started here (False: one process, or a group already
+    initialised, used as it is)."""
+    import torch
+    import torch.distributed as dist
+
+    _, world = world_from_environment()
+    if world == 1 or dist.is_initialized():
+        return False
+    device = torch.device(device)
+    if device.type == "cuda":
+        dist.init_process_group("nccl", device_id=device)
+    else:
+        dist.init_process_group("gloo")
+    return True
+
+
+def leave_group(started: bool) -> None:
+    """Shut down a group :func:`join_group` started, once every rank is done with it (a group
+    left to the interpreter's exit can abort the process)."""
+    import torch.distributed as dist
+
+    if started and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def time_torchrun(nproc: int, argv: list[str], env: dict | None = None) -> tuple[float, str]:
+    """(wall seconds, output) of ``torchrun --standalone --nproc-per-node nproc argv``, started
+    from a fresh interpreter: torchrun's start, the workers' imports and their work. The workers
+    import the ``pagebench`` this process runs. PagebenchError with the output's tail if it fails."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, **(env or {}))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+           str(nproc), *argv]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True)
+    seconds = time.perf_counter() - t0
+    if proc.returncode:
+        out = proc.stdout
+        launcher = out.rfind("Traceback (most recent call last)")
+        if "ChildFailedError" in out[launcher:]:  # torchrun's own report: the workers' is above
+            out = out[:launcher]
+        raise PagebenchError(f"torchrun --nproc-per-node {nproc} {' '.join(argv)}: exit status "
+                             f"{proc.returncode}: {out.strip()[-1500:]}")
+    return seconds, proc.stdout
+
+
+def sweep_wall(gpus, bench_args: list[str]):
+    """Wall time of ``pagebench bench *bench_args`` under torchrun on each number of ``gpus``,
+    each with a cold Triton cache (every run pays its compiles): (``sweep_wall`` rows, the
+    sweeps' merged rows, each naming ``gpus``). ``startup_s``, the fixed cost inside each wall
+    time, is torchrun starting one ``pagebench bench --list-backends``."""
+    import csv
+
+    from pagebench.results import datasets
+
+    startup, _ = time_torchrun(1, ["-m", "pagebench", "bench", "--list-backends"])
+    walls, rows = [], []
+    for n in gpus:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "sweep.csv")
+            seconds, _ = time_torchrun(n, ["-m", "pagebench", "bench", *bench_args, "--out", out],
+                                       env={"TRITON_CACHE_DIR": os.path.join(tmp, "triton")})
+            with open(out, newline="") as f:
+                sweep = [r | {"gpus": n} for r in csv.DictReader(f)]  # cells as bench wrote them
+        rows += sweep
+        walls.append(datasets.SWEEP_WALL.row(
+            gpus=n, wall_s=seconds, startup_s=startup, rows=len(sweep),
+            points=len({(r["model_shape"], r["batch"], r["context"]) for r in sweep})))
+    return walls, rows

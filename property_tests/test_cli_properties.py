@@ -109,7 +109,10 @@ COMMANDS = {
         "--layouts": choose("shuffled", "contiguous,aged", "nope", ","),
         "--kv-dtype": choose("fp8_e4m3", "fp8_e5m2", "int3", "")}),
     "engine-bench": (["engine-bench"], {
-        "": choose("throughput", "cow", "prefix", "pool", "compare", "trace", "nope"),
+        "": choose("throughput", "cow", "prefix", "pool", "compare", "trace", "equality",
+                   "breakdown", "equal-memory", "nope"),
+        "--modes": choose("graphs", "eager,graphs_uncompiled", "fast", ","),
+        "--dtype": choose("float32", "bfloat16", "int8"),
         "--trace": st.sampled_from(["mooncake-conv", "nope"] + INPUT_PATHS),
         "--num-requests": ints(1, 8), "--max-model-len": ints(2, 512),
         "--max-output-len": ints(1, 16), "--step-ms": floats(0.1, 50), "--seed": ints(0, 3),
@@ -117,6 +120,17 @@ COMMANDS = {
         "--block-sizes": int_lists(1, 64), "--prompt-len": ints(1, 64),
         "--max-tokens": ints(1, 16), "--kernel": choose("auto", "torch", "nope"),
         "--threads": ints(1, 4), "--json": FLAG, "--out": st.sampled_from(OUTPUT_PATHS)}),
+    "tp-bench": (["tp-bench"], {
+        "": choose("equality", "capacity", "throughput", "allreduce", "attention",
+                   "sweep-wall", "nope"),
+        "--device": choose("cpu", "cuda", "gpu"), "--preset": choose("llama-3-8b", "gpt-9"),
+        "--kernel": choose("auto", "torch", "nope"),
+        "--kv-memory": choose("2MiB", "0", "-1GB", "12 potatoes", "1e300GiB"),
+        "--batch-sizes": int_lists(1, 8), "--prompt-len": ints(1, 64),
+        "--max-tokens": ints(1, 16), "--context": ints(1, 4096), "--repeat": ints(1, 5),
+        "--gpus": int_lists(1, 2), "--bench-args": choose("--device cpu", "--out x.csv", "'"),
+        "--rows-out": st.sampled_from(OUTPUT_PATHS), "--json": FLAG,
+        "--out": st.sampled_from(OUTPUT_PATHS)}),
     "report": (["report", "--no-progress"], {
         "--quick": FLAG, "--device": choose("cpu", "tpu"),
         "--results": st.sampled_from(INPUT_PATHS), "--data-dir": st.sampled_from(INPUT_PATHS),
@@ -194,10 +208,16 @@ def stubs():
         mp.setattr("pagebench.kernels.prefill_sweep.run_prefill_sweep", fake_prefill_sweep)
         mp.setattr("pagebench.cli.engine._model", lambda args, device: FakeModel())
         for fn in ("throughput_vs_batch", "cow_comparison", "prefix_cache_comparison",
-                   "pool_size_sweep", "compare_with_transformers"):
+                   "pool_size_sweep", "compare_with_transformers", "greedy_equality",
+                   "equal_memory_comparison"):
             mp.setattr(f"pagebench.engine.bench.{fn}", fake_rows)
+        mp.setattr("pagebench.engine.bench.padded_reservation_bytes", lambda *args: 1)
+        mp.setattr("pagebench.engine.step_profile.step_breakdown",
+                   lambda *args, **kwargs: fake_rows()[0])
         mp.setattr("pagebench.engine.trace_replay.replay_trace",
                    lambda *args, **kwargs: fake_rows()[0])
+        mp.setattr("pagebench.cli.parallel.measure", fake_rows)
+        mp.setattr("pagebench.distributed.sweep_wall", lambda *args: (fake_rows(), fake_rows()))
         mp.setattr("pagebench.report.build.build_report", fake_build_report)
         mp.setattr("pagebench.benchcompare.bench_compare", fake_bench_compare)
         # large valid requests are refused by their memory estimate instead of run

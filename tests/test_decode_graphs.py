@@ -221,8 +221,9 @@ def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
 
 @pytest.mark.gpu
 @GPU
+@pytest.mark.parametrize("prefix_caching", [False, True], ids=["no-prefix-cache", "prefix-cache"])
 @pytest.mark.parametrize("block_size", SHORT_BLOCK_SIZES)
-def test_graphs_equal_model_generate_fp32_gpu(block_size):
+def test_graphs_equal_model_generate_fp32_gpu(block_size, prefix_caching):
     model = tiny_model(device="cuda")
     prompts = random_prompts([1, 9, 33, 120, 300], seed=6)
     expected = []
@@ -233,6 +234,10 @@ def test_graphs_equal_model_generate_fp32_gpu(block_size):
                                  max_new_tokens=16, pad_token_id=0)
             expected.append([out[0, len(p):].tolist()])
     engine = LLMEngine(model, kernel="triton", block_size=block_size,
-                       num_blocks=8192 // block_size, max_num_seqs=8)
+                       num_blocks=8192 // block_size, max_num_seqs=8,
+                       enable_prefix_caching=prefix_caching)
     assert engine.graphs()["cuda_graphs"]
     assert outputs(engine, prompts, max_tokens=16) == expected
+    if prefix_caching:  # the blocks the first run filled serve the second
+        assert outputs(engine, prompts, max_tokens=16) == expected
+        assert engine.stats["prefix_cache_hit_rate"] > 0

@@ -85,3 +85,120 @@ def test_cli_repeat_and_methods_reach_the_measurement(tmp_path):
 def test_cli_bad_argument_is_one_line():
     code, _, err = run_cli("engine-bench", "throughput", "--batch-sizes", "0,x")
     assert code == 2 and "expected" in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the runbook's experiments (scripts/h200_engine.sh), at CPU sizes -------------------------
+
+def validated(name, rows):
+    from pagebench.results import DATASETS
+
+    return DATASETS[name].validate(pd.DataFrame(rows), "test")
+
+
+def test_greedy_equality_rows(model):
+    prompts = bench.random_prompts(3, 1, 12, model.config.vocab_size, seed=3)
+    rows = validated("engine", bench.greedy_equality(model, prompts, 3, block_sizes=(4, 16),
+                                                     kernel="torch"))
+    assert len(rows) == 8 and (rows.experiment == bench.GREEDY_EQUALITY).all()
+    assert rows.check.tolist()[:4] == ["engine vs model.generate"] * 2 + ["graphs vs eager"] * 2
+    assert rows.enable_prefix_caching.tolist()[:2] == [False, True]
+    assert (rows.prompts_equal == 3).all() and (rows.token_agreement == 1.0).all()
+
+
+def test_agreement_counts_tokens_before_the_first_difference():
+    assert bench.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == (1, 4 / 6)
+    assert bench.agreement([[7]], [[8]]) == (0, 0.0)
+    with pytest.raises(ValueError):
+        bench.agreement([[1]], [[1], [2]])  # one output per prompt or nothing is compared
+
+
+def test_step_breakdown_row(model):
+    from pagebench.engine.step_profile import step_breakdown
+
+    table = []
+    prompts = bench.random_prompts(2, 4, 12, model.config.vocab_size)
+    row = validated("engine", [step_breakdown(model, prompts, max_tokens=5, kernel="torch",
+                                              mode="eager", profile_table=table)]).iloc[0]
+    assert row.experiment == "step_breakdown" and row.batch == 2 and row.decode_steps == 4
+    assert row.decode_step_wall_ms > 0 and row.gpu_busy_ms == 0  # no device kernels on a CPU
+    assert row.host_ms == row.decode_step_wall_ms and pd.isna(row.graph_replay_ms)
+    assert "decode_step" in table[0]
+
+
+def test_modes_and_bandwidth_reach_the_rows(model):
+    rows = validated("engine_batch", bench.throughput_vs_batch(
+        model, (2,), (8,), prompt_len=(4, 8), max_tokens=3, kernel="torch", mode="eager",
+        copy_bandwidth=1e9))
+    row = rows.iloc[0]
+    assert row["mode"] == "eager" and row.prompt_len_min == 4 and row.prompt_len_max == 8
+    expected = row.decode_bytes_per_step / (row.decode_step_ms / 1e3) / 1e9
+    assert row.copy_bandwidth_bytes_per_s == 1e9 and row.bandwidth_fraction == expected
+    assert "mode" not in bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2)[0]
+    with pytest.raises(ValueError, match="mode"):
+        bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2, mode="fast")
+
+
+def test_padded_reservation_bytes(model):
+    from pagebench.config import KVGeometry
+
+    per_token = KVGeometry.from_config(model.config, dtype=model.dtype).bytes_per_token
+    assert bench.padded_reservation_bytes(model, 3, 10) == 30 * per_token
+
+
+def test_cli_runbook_experiments_write_their_datasets(tmp_path):
+    small = ["--prompt-len", "2-8", "--max-tokens", "2", "--kernel", "torch"]
+    runs = {
+        "engine": ["equality", "--num-requests", "2", "--block-sizes", "16", "--dtype",
+                   "bfloat16", "--seed", "5"],
+        "engine_batch": ["throughput", "--batch-sizes", "2", "--block-sizes", "8", "--modes",
+                         "eager,graphs_uncompiled", "--bandwidth"],
+        "engine_compare": ["compare", "--batch-sizes", "1,2", "--methods", "engine"],
+        "engine_equal_memory": ["equal-memory", "--batch-sizes", "2", "--num-requests", "3"],
+    }
+    frames = {}
+    for name, argv in runs.items():
+        path = tmp_path / f"{name}.csv"
+        code, out, err = run_cli("engine-bench", *argv, *small, "--out", str(path))
+        assert code == 0, err
+        frames[name] = validated(name, pd.read_csv(path))
+    assert frames["engine"].dtype.eq("bfloat16").all() and len(frames["engine"]) == 4
+    assert frames["engine_batch"]["mode"].tolist() == ["eager", "graphs_uncompiled"]
+    assert frames["engine_batch"].bandwidth_fraction.gt(0).all()
+    assert frames["engine_compare"].batch.tolist() == [1, 2]  # one comparison per batch size
+    memory = frames["engine_equal_memory"].set_index("method")
+    assert memory.kv_bytes.nunique() == 1 and memory.concurrent_seqs["padded_generate"] == 2
+
+
+def test_cli_breakdown_writes_rows_and_profile(tmp_path):
+    path, profile = tmp_path / "b.csv", tmp_path / "p.txt"
+    code, out, err = run_cli("engine-bench", "breakdown", "--batch-sizes", "1,2", "--prompt-len",
+                             "3", "--max-tokens", "4", "--kernel", "torch", "--out", str(path),
+                             "--profile-out", str(profile))
+    assert code == 0, err
+    rows = validated("engine", pd.read_csv(path))
+    assert rows.batch.tolist() == [1, 2] and (rows.experiment == "step_breakdown").all()
+    assert profile.read_text().count("=== batch") == 2 and "host (ms)" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["throughput", "--modes", "graphs,fast"], "--modes: unknown fast"),
+    (["equal-memory", "--batch-sizes", "2,4"], "--batch-sizes: engine-bench equal-memory takes "
+                                                "one value"),
+    (["cow", "--prompt-len", "8-16"], "--prompt-len: engine-bench cow takes one value"),
+    (["equality", "--repeat", "2"], "not used by engine-bench equality"),
+    (["throughput", "--profile-out", "x.txt"], "--profile-out: not used"),
+])
+def test_cli_runbook_options_are_checked_before_any_work(argv, message):
+    code, _, err = run_cli("engine-bench", *argv)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_prompt_len_range_is_parsed():
+    import argparse
+
+    from pagebench.cli.engine import length_range
+
+    assert length_range("64") == (64, 64) and length_range("16-400") == (16, 400)
+    for bad in ("400-16", "0-4", "a-b", "4-"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            length_range(bad)

@@ -197,3 +197,143 @@ def test_shards_sum_to_the_whole_layer():
             columns = whole.o_proj.weight[:, rank * 32:(rank + 1) * 32]
             assert torch.equal(attn.o_proj.weight, columns)
     torch.testing.assert_close(parts[0] + parts[1], want)
+
+
+# ---- pagebench tp-bench: the measurements of scripts/h200x2_tp.sh -------------------------
+
+def torchrun_env():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return root, dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="",
+                      PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+
+
+def rows_of(dataset, path):
+    """A written file checked against its dataset's schema."""
+    import pandas as pd
+
+    from pagebench.results import DATASETS
+
+    return DATASETS[dataset].validate(pd.read_csv(path), str(path))
+
+
+@pytest.fixture(scope="module")
+def tp_bench_files(tmp_path_factory):
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path_factory.mktemp("tp_bench")
+    root, env = torchrun_env()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           os.path.join(root, "tests", "tp_bench_worker.py"), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_tp_bench_equality_and_capacity_under_torchrun(tp_bench_files):
+    equality = rows_of("tp_equality", tp_bench_files / "equality.csv")
+    assert list(equality["prefix_caching"]) == [False, True]
+    assert (equality["prompts_equal"] == equality["num_prompts"]).all()
+    assert equality["ranks_agree"].all() and (equality["tp"] == 2).all()
+    capacity = rows_of("tp_capacity", tp_bench_files / "capacity.csv").set_index("tp")
+    assert capacity.loc[2, "num_blocks_per_gpu"] == 2 * capacity.loc[1, "num_blocks_per_gpu"]
+    assert list(capacity["kv_heads_per_gpu"]) == [2, 1]  # the tiny model's 2 KV heads, split
+    assert (capacity["kv_memory_budget_bytes"] == 2**20).all()
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_tp_bench_throughput_and_allreduce_under_torchrun(tp_bench_files):
+    tput = rows_of("tp_throughput", tp_bench_files / "throughput.csv")
+    assert sorted(tput["mode"].unique()) == ["tp=1, default (no graphs)", "tp=1, eager",
+                                             "tp=2, default (no graphs)", "tp=2, eager"]
+    assert list(tput["batch"]) == [1, 2] * 4 and (tput["tokens_per_s"] > 0).all()
+    assert not tput["cuda_graphs"].any()
+    reduce = rows_of("tp_allreduce", tp_bench_files / "allreduce.csv")
+    assert list(reduce["batch"]) == [1, 2] and (reduce["tp"] == 2).all()
+    assert (reduce["allreduce_calls_per_step"] == 4).all()  # 2 layers x (o_proj, down_proj)
+    assert ((reduce["allreduce_share"] > 0) & (reduce["allreduce_share"] < 1)).all()
+    assert (reduce["isolated_allreduce_us"] > 0).all()
+
+
+def run_cli(*argv):
+    import contextlib
+    import io
+
+    from pagebench.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def one_process(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def test_tp_bench_outside_torchrun_runs_tp1_and_refuses_what_needs_two_ranks(one_process,
+                                                                              tmp_path):
+    code, _, err = run_cli("tp-bench", "capacity", "--device", "cpu", "--kv-memory", "1MiB",
+                           "--out", str(tmp_path / "capacity.csv"))
+    assert code == 0, err
+    capacity = rows_of("tp_capacity", tmp_path / "capacity.csv")
+    assert list(capacity["tp"]) == [1] and list(capacity["num_blocks_per_gpu"]) == [128]
+    for experiment in ("equality", "allreduce"):
+        code, _, err = run_cli("tp-bench", experiment, "--device", "cpu")
+        assert code == 2 and "torchrun --nproc-per-node 2" in err
+
+
+def test_tp_bench_refuses_options_its_experiment_ignores(one_process):
+    code, _, err = run_cli("tp-bench", "equality", "--context", "8")
+    assert code == 2 and "--context: not used by tp-bench equality" in err
+    code, _, err = run_cli("tp-bench", "sweep-wall", "--bench-args", "--device cpu --out x.csv")
+    assert code == 2 and "--bench-args: leave out --out" in err
+    code, _, err = run_cli("tp-bench", "capacity", "--device", "cpu", "--kv-memory", "1000TB")
+    assert code == 2 and "--kv-memory: the KV cache of one device needs about 1.0 PB" in err
+    code, _, err = run_cli("tp-bench", "throughput", "--kv-memory", "lots")
+    assert code == 2 and "--kv-memory: bytes: cannot parse 'lots'" in err
+
+
+def test_tp_bench_attention_times_one_device_share_of_the_heads(one_process, tmp_path):
+    code, _, err = run_cli("tp-bench", "attention", "--device", "cpu", "--batch-sizes", "2",
+                           "--context", "40", "--repeat", "2", "--out", str(tmp_path / "a.csv"))
+    assert code == 0, err
+    rows = rows_of("tp_attention", tmp_path / "a.csv").set_index("tp")
+    assert list(rows["num_q_heads"]) == [4, 2] and list(rows["num_kv_heads"]) == [2, 1]
+    assert (rows["per_step_us"] == rows["time_us"] * 2).all()  # the tiny model's 2 layers
+    assert set(rows["context"]) == {40} and set(rows["batch"]) == {2}
+
+
+@pytest.mark.slow  # torchrun: a start-up probe and one two-process sweep
+def test_sweep_wall_times_the_kernel_sweep_under_torchrun(one_process, tmp_path, monkeypatch):
+    from pagebench.distributed import sweep_wall
+
+    _, env = torchrun_env()
+    for name in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"):
+        monkeypatch.setenv(name, env[name])
+    walls, rows = sweep_wall([2], ["--device", "cpu", "--shape", "tiny=4/2/16", "--batches",
+                                   "1,2", "--contexts", "32", "--block-sizes", "16",
+                                   "--repeat", "1", "--backends", "torch,sdpa"])
+    import pandas as pd
+
+    from pagebench.results import DATASETS
+
+    wall = DATASETS["sweep_wall"].validate(pd.DataFrame(walls), "sweep_wall")
+    assert list(wall["gpus"]) == [2] and list(wall["points"]) == [2] and list(wall["rows"]) == [4]
+    assert 0 < wall["startup_s"].iloc[0] and 0 < wall["wall_s"].iloc[0]
+    assert {r["rank"] for r in rows} == {"0", "1"} and {r["gpus"] for r in rows} == {2}
+
+
+@pytest.mark.slow  # torchrun: one process that fails at once
+def test_a_failed_torchrun_job_is_an_error_with_its_output(one_process, monkeypatch):
+    from pagebench.distributed import time_torchrun
+    from pagebench.errors import PagebenchError
+
+    _, env = torchrun_env()
+    monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
+    with pytest.raises(PagebenchError, match="exit status 1.*--backends: not available here"):
+        time_torchrun(1, ["-m", "pagebench", "bench", "--backends", "nope"])

@@ -38,6 +38,13 @@ QUICK = {
                                        "--max-tokens", "2"],
     "pagebench engine-bench cow": ["--prompt-len", "16", "--max-tokens", "2"],
     "pagebench engine-bench trace": ["--num-requests", "4", "--max-output-len", "4"],
+    "pagebench engine-bench equality": ["--num-requests", "2", "--prompt-len", "1-8",
+                                        "--max-tokens", "2"],
+    "pagebench engine-bench breakdown": ["--prompt-len", "4-8", "--max-tokens", "3"],
+    "pagebench engine-bench equal-memory": ["--num-requests", "4", "--prompt-len", "4-8",
+                                            "--max-tokens", "2"],
+    "pagebench engine-bench throughput --modes": ["--batch-sizes", "1", "--block-sizes", "8",
+                                                  "--prompt-len", "8", "--max-tokens", "2"],
     "pagebench engine-bench": ["--max-tokens", "2"],
     "pagebench report": ["--quick", "--no-progress"],
 }
@@ -60,6 +67,12 @@ NOT_RUN = {
     "torchrun --standalone --nproc-per-node 2 -m pagebench bench --device cuda --out k.csv":
         "needs 2 GPUs",
     "torchrun --standalone --nproc-per-node 2 my_script.py": "needs 2 GPUs and a script",
+    "torchrun --standalone --nproc-per-node 2 -m pagebench tp-bench equality":
+        "two processes; tests/test_parallel.py runs tp-bench under torchrun",
+    "torchrun --standalone --nproc-per-node 2 -m pagebench tp-bench throughput --out tp.csv":
+        "as above",
+    'pagebench tp-bench sweep-wall --bench-args "--device cpu --contexts 32 --batches 1,2"':
+        "starts torchrun three times; tests/test_parallel.py runs sweep_wall under torchrun",
 }
 NEEDS_CUDA = ("--device cuda",)
 PASSED: set[tuple[str, ...]] = set()  # argv already run: README lines that become the same run

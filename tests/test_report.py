@@ -450,10 +450,8 @@ def test_prefill_data_is_read_summarised_and_shown(tmp_path):
     assert r["triton TFLOP/s (best)"] == pytest.approx(1.5)
     results = Results()
     results.add("kernels_prefill", pd.DataFrame(rows).assign(machine="gpu"), "test")
-    section = sections.Section("kernels", "Kernels")
-    sections.prefill_part(section, results)
+    section = sections.Section("kernels", "Kernels").show(results, sections.PREFILL)
     tables = [i.table for i in section.items if i.kind == "table"]
     assert tables and tables[0].data == "kernels_prefill_summary"
-    empty = sections.Section("kernels", "Kernels")
-    sections.prefill_part(empty, Results())
+    empty = sections.Section("kernels", "Kernels").show(Results(), sections.PREFILL)
     assert [i.kind for i in empty.items] == ["nodata"]

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pandas as pd
+
 from pagebench.report import build
 from pagebench.report.claims import (FAILS, HOLDS, UNMEASURED, Claim, Measured, Part, evaluate,
-                                     judge)
+                                     first, judge)
 from pagebench.report.collect import Results
 
 
@@ -52,3 +54,13 @@ def test_every_registered_claim_has_a_unique_id():
     ids = [c.id for c in build.EVERY_CLAIM]
     assert len(ids) == len(set(ids)) == 23
     assert all(c.text and c.criterion and c.data for c in build.EVERY_CLAIM)
+
+
+def test_first_matches_every_condition_and_skips_missing_block_sizes():
+    frame = pd.DataFrame({"allocator": ["naive", "paged", "paged"],
+                          "block_size": pd.array([None, 8, 16], dtype="Int64"),
+                          "utilisation": [0.3, 0.99, 0.98]})
+    assert first(frame, "utilisation", allocator="paged", block_size=16) == 0.98
+    assert first(frame, "utilisation", allocator="naive") == 0.3
+    assert first(frame, "utilisation", allocator="naive", block_size=16) is None
+    assert first(None, "utilisation", allocator="naive") is None

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "pagebench.cli.sim",
     "pagebench.cli.kernels",
     "pagebench.cli.engine",
+    "pagebench.cli.parallel",
     "pagebench.cli.report",
     "pagebench.cli.benchcompare",
 )

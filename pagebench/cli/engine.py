@@ -2,26 +2,49 @@
 
 from __future__ import annotations
 
+import argparse
+
 from pagebench import defaults
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, format_table, int_list, integer, number,
-    progress, write_results)
+    add_output_options, check_output_file, dumps, experiment_options, format_table, int_list,
+    integer, name_list, number, progress, torch_device, write_results)
 
-EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace")
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
+
+EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace", "equality",
+               "breakdown", "equal-memory")
 TRACE_OPTIONS = {"trace", "num_requests", "max_model_len", "max_output_len", "step_ms", "seed"}
 # the options each experiment reads (besides --model/--preset/--device/--threads/--json/--out);
 # any other given explicitly is refused rather than silently ignored
 USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel",
-                       "repeat"},
+                       "repeat", "modes", "bandwidth"},
         "cow": {"prompt_len", "max_tokens"},
         "prefix": {"max_tokens"},
         "pool": {"max_tokens"},
         "compare": {"batch_sizes", "prompt_len", "max_tokens", "kernel", "repeat", "methods"},
-        "trace": {"kernel"} | TRACE_OPTIONS}
+        "trace": {"kernel"} | TRACE_OPTIONS,
+        "equality": {"num_requests", "prompt_len", "max_tokens", "block_sizes", "kernel",
+                     "seed"},
+        "breakdown": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel",
+                      "modes", "profile_out"},
+        "equal-memory": {"batch_sizes", "num_requests", "prompt_len", "max_tokens",
+                         "block_sizes", "kernel"}}
 DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_BLOCK_SIZES),
-            "prompt_len": 64, "max_tokens": 32, "kernel": "auto", "repeat": 1,
+            "prompt_len": (64, 64), "max_tokens": 32, "kernel": "auto", "repeat": 1,
             "methods": "engine,padded_generate", "trace": "mooncake-conv", "num_requests": 32,
-            "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0}
+            "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0,
+            "modes": None, "bandwidth": False, "profile_out": None}
+# an experiment's own defaults, where they differ from DEFAULTS
+EXPERIMENT_DEFAULTS = {
+    "compare": {"batch_sizes": [64]},
+    "equality": {"num_requests": 8, "prompt_len": (1, 300), "max_tokens": 16,
+                 "block_sizes": [16], "seed": 3},
+    "breakdown": {"batch_sizes": [1], "block_sizes": [16], "prompt_len": (16, 400),
+                  "max_tokens": 20},
+    "equal-memory": {"batch_sizes": [8], "num_requests": 32, "prompt_len": (16, 128),
+                     "max_tokens": 16, "block_sizes": [16]}}
+# options that take exactly one value for these experiments
+SINGLE = {"equal-memory": ("batch_sizes", "block_sizes"), "cow": ("prompt_len",)}
 TABLES = {
     "throughput": [("block_size", "block (tokens)", 0), ("batch", "batch", 0),
                    ("prompt_len", "prompt (tokens)", 0), ("kernel", "kernel", 0)],
@@ -33,6 +56,17 @@ TABLES = {
              ("num_preemptions", "preemptions", 0), ("recomputed_tokens", "recomputed tokens", 0)],
     "compare": [("method", "method", 0), ("num_requests", "requests", 0),
                 ("outputs_equal_engine", "outputs equal engine's", 0)],
+    "equality": [("check", "check", 0), ("block_size", "block (tokens)", 0),
+                 ("enable_prefix_caching", "prefix caching", 0),
+                 ("compiled_layers", "compiled layers", 0), ("cuda_graphs", "CUDA graphs", 0),
+                 ("prompts_equal", "prompts equal", 0), ("num_prompts", "prompts", 0),
+                 ("token_agreement", "token agreement", 3)],
+    "breakdown": [("batch", "batch", 0), ("mode", "mode", 0), ("cuda_graphs", "CUDA graphs", 0),
+                  ("decode_step_wall_ms", "step wall (ms)", 3),
+                  ("gpu_busy_ms", "GPU busy (ms)", 3), ("host_ms", "host (ms)", 3),
+                  ("graph_replay_ms", "graph replay (ms)", 3)],
+    "equal-memory": [("method", "method", 0), ("kv_bytes", "KV bytes", 0),
+                     ("concurrent_seqs", "sequences at once", 0)],
     "trace": [("trace", "trace", 0), ("num_requests", "requests", 0),
               ("engine_prefix_cache_hit_rate", "hit rate engine", 3),
               ("sim_prefix_cache_hit_rate", "hit rate simulator", 3),
@@ -57,11 +91,24 @@ def compare_methods(text: str) -> tuple[str, ...]:
     return methods
 
 
+def length_range(text: str) -> tuple[int, int]:
+    """``--prompt-len``: ``N`` or ``MIN-MAX`` tokens, 1 <= MIN <= MAX <= 1,000,000."""
+    parse = integer(1, 1_000_000)
+    lo, sep, hi = str(text).partition("-")
+    lo = parse(lo)
+    hi = parse(hi) if sep else lo
+    if hi < lo:
+        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX with MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
 def table_columns(experiment: str) -> list:
     """The printed table of an experiment: its own columns, then the common ones it has (a
     trace replay names its peak blocks and time after the engine and the simulator)."""
     if experiment == "trace":
         return TABLES["trace"] + [("tokens_per_s", "tokens/s", 1), ("elapsed_s", "time (s)", 3)]
+    if experiment in ("equality", "breakdown"):
+        return TABLES[experiment]
     return TABLES[experiment] + COMMON_TABLE
 
 
@@ -74,7 +121,10 @@ def register(sub) -> None:
         "sharing the prompt (copy-on-write) and 4 separate requests; prefix: prefix caching off "
         "and on; pool: pool sizes below what all requests need; compare: the engine against "
         "transformers' padded generate on the same greedy requests; trace: replay a sample of a "
-        "real trace, engine against simulator.")
+        "real trace, engine against simulator; equality: greedy outputs against "
+        "model.generate and eager steps; breakdown: a decode step's wall, GPU-busy and host "
+        "time (torch.profiler); equal-memory: the engine against padded generate in the same "
+        "KV memory.")
     p.add_argument("experiment", choices=EXPERIMENTS, help="what to measure")
     p.add_argument("--model", default=None, help="local model directory (default: a tiny "
                    "random Qwen2 model, 2 layers, hidden 128)")
@@ -82,21 +132,40 @@ def register(sub) -> None:
                    "qwen2.5-0.5b (use on a GPU)")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="default: cuda if present, else cpu")
+    p.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES),
+                   help="model dtype (default: float32 for the tiny model and on a CPU, "
+                   "bfloat16 for --preset on a GPU; a --model loads its own)")
     p.add_argument("--batch-sizes", type=int_list, default=None,
-                   help="throughput: requests per run; compare: the largest is the number of "
-                   "requests (default 1,4,16,64)")
+                   help="throughput, breakdown: requests per run; compare: one comparison per "
+                   "batch size (default 1,4,16,64; breakdown 1; compare 64); equal-memory: the batch "
+                   "padded generate runs, whose reservation sets both sides' KV memory "
+                   "(default 8)")
     p.add_argument("--block-sizes", type=int_list, default=None,
-                   help="throughput: KV block sizes in tokens (default 8,16,32,128)")
-    p.add_argument("--prompt-len", type=integer(1, 1_000_000), default=None,
-                   help="throughput, cow: prompt tokens; compare: prompts of 16..4x this "
-                   "(default 64)")
+                   help="throughput, equality, breakdown: KV block sizes in tokens (default "
+                   "8,16,32,128; equality and breakdown 16); equal-memory: one (default 16)")
+    p.add_argument("--prompt-len", type=length_range, default=None,
+                   help="prompt tokens, N or MIN-MAX (lengths drawn uniformly); compare: N "
+                   "means prompts of 16..4N (default 64; equality 1-300, breakdown 16-400, "
+                   "equal-memory 16-128)")
     p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
-                   help="tokens generated per request (default 32)")
+                   help="tokens generated per request (default 32; equality and "
+                   "equal-memory 16, breakdown 20)")
     p.add_argument("--kernel", default=None,
-                   help="throughput, compare: attention backend (default auto)")
+                   help="throughput, compare, trace, equality, breakdown, equal-memory: "
+                   "attention backend (default auto)")
     p.add_argument("--repeat", type=integer(1, 1000), default=None,
                    help="throughput, compare: timed runs after one warm-up, the median "
                    "reported (default 1)")
+    p.add_argument("--modes", type=name_list, default=None,
+                   help="throughput, breakdown: how decode steps run, one run per mode: "
+                   "graphs (the default: on a GPU CUDA graphs of compiled layers), "
+                   "graphs_uncompiled, eager; each row names its mode (default: the "
+                   "engine's default, no mode column)")
+    p.add_argument("--bandwidth", action="store_true", default=None,
+                   help="throughput: also measure the device's copy bandwidth and give each "
+                   "run's decode bytes per step and their share of it")
+    p.add_argument("--profile-out", metavar="FILE", default=None,
+                   help="breakdown: also write the profiler's top operators of each run to FILE")
     p.add_argument("--methods", default=None,
                    help="compare: comma-separated, the engine and transformers' "
                    "padded_generate, generate_batch or generate_static_compile (default "
@@ -109,35 +178,30 @@ def register(sub) -> None:
     t.add_argument("--trace", default=None,
                    help="azure-code, azure-conv, mooncake-conv or a file (default mooncake-conv)")
     t.add_argument("--num-requests", type=integer(1, 100_000), default=None,
-                   help="sample size (default 32)")
+                   help="sample size (default 32); equality, equal-memory: requests "
+                   "(default 8, 32)")
     t.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None,
                    help="requests clipped to this many tokens (default 1024)")
     t.add_argument("--max-output-len", type=integer(1, 1_000_000), default=None,
                    help="outputs cut to this many tokens first (default 64)")
     t.add_argument("--step-ms", type=number(0, 1e6), default=None,
                    help="trace milliseconds per engine step (default 20)")
-    t.add_argument("--seed", type=integer(0), default=None, help="sample seed (default 0)")
+    t.add_argument("--seed", type=integer(0), default=None,
+                   help="sample seed (default 0); equality: the prompts' seed (default 3)")
     p.set_defaults(func=run)
 
 
 def resolve_options(args) -> dict:
-    """The options the experiment reads, with defaults; refuses those it would ignore."""
-    ignored = [name for name in DEFAULTS
-               if getattr(args, name) is not None and name not in USES[args.experiment]]
-    if ignored:
-        flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
-        used = ", ".join("--" + n.replace("_", "-") for n in sorted(USES[args.experiment]))
-        raise ValueError(f"{flags}: not used by engine-bench {args.experiment} (it takes {used})")
-    return {name: DEFAULTS[name] if getattr(args, name) is None else getattr(args, name)
-            for name in USES[args.experiment]}
-
-
-def _device(requested: str | None) -> str:
-    import torch
-
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device: cuda requested but no CUDA device is available")
-    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
+    """The options the experiment reads, with defaults; refuses those it would ignore, and
+    more than one value where it takes one."""
+    opts = experiment_options(args, "engine-bench", {
+        experiment: {name: (DEFAULTS | EXPERIMENT_DEFAULTS.get(experiment, {}))[name]
+                     for name in uses} for experiment, uses in USES.items()})
+    for name in SINGLE.get(args.experiment, ()):
+        if len(set(opts[name])) != 1:
+            raise ValueError(f"--{name.replace('_', '-')}: engine-bench {args.experiment} "
+                             f"takes one value, got {opts[name]}")
+    return opts
 
 
 def _model(args, device: str):
@@ -146,12 +210,13 @@ def _model(args, device: str):
     from pagebench.engine import bench
     from pagebench.engine.engine import load_model
 
+    dtype = getattr(torch, args.dtype) if args.dtype else None
     if args.model:
-        return load_model(args.model, device=device)
+        return load_model(args.model, dtype=dtype, device=device)
     if args.preset:
-        return bench.preset_model(args.preset, device=device,
-                                  dtype=torch.bfloat16 if device != "cpu" else torch.float32)
-    return bench.tiny_model(device=device)
+        return bench.preset_model(args.preset, device=device, dtype=dtype or (
+            torch.bfloat16 if device != "cpu" else torch.float32))
+    return bench.tiny_model(device=device, dtype=dtype or torch.float32)
 
 
 def _kernel(name: str) -> str:
@@ -168,23 +233,35 @@ def run(args) -> int:
 
     opts = resolve_options(args)
     check_output_file("--out", args.out)
+    check_output_file("--profile-out", opts.get("profile_out"))
     if "kernel" in opts:
         opts["kernel"] = _kernel(opts["kernel"])
     if "methods" in opts:
         opts["methods"] = compare_methods(opts["methods"])
-    model = _model(args, _device(args.device))
+    modes = opts.get("modes")
+    for mode in modes or ():
+        if mode not in bench.MODES:
+            raise ValueError(f"--modes: unknown {mode} (use {', '.join(bench.MODES)})")
+    device = torch_device(args.device)
+    model = _model(args, device)
+    vocab = model.config.vocab_size
     common = dict(threads=args.threads, max_tokens=opts.get("max_tokens"))
+    columns = table_columns(args.experiment)
     if args.experiment == "throughput":
         rows = []
-        points = [(bs, b) for bs in opts["block_sizes"] for b in opts["batch_sizes"]]
+        bandwidth = bench.copy_bandwidth(device) if opts["bandwidth"] else None
+        points = [(mode, bs, b) for mode in modes or [None] for bs in opts["block_sizes"]
+                  for b in opts["batch_sizes"]]
         with progress(len(points), "throughput runs") as bar:
-            for bs, b in points:
+            for mode, bs, b in points:
                 rows += bench.throughput_vs_batch(model, [b], [bs], opts["prompt_len"],
                                                   kernel=opts["kernel"], repeat=opts["repeat"],
-                                                  **common)
+                                                  mode=mode, copy_bandwidth=bandwidth, **common)
                 bar.update()
+        if modes:
+            columns = columns[:2] + [("mode", "mode", 0)] + columns[2:]
     elif args.experiment == "cow":
-        rows = bench.cow_comparison(model, prompt_len=opts["prompt_len"], **common)
+        rows = bench.cow_comparison(model, prompt_len=opts["prompt_len"][0], **common)
     elif args.experiment == "prefix":
         rows = bench.prefix_cache_comparison(model, **common)
     elif args.experiment == "pool":
@@ -196,12 +273,57 @@ def run(args) -> int:
                              max_model_len=opts["max_model_len"],
                              max_output_len=opts["max_output_len"], step_ms=opts["step_ms"],
                              kernel=opts["kernel"], seed=opts["seed"], threads=args.threads)]
+    elif args.experiment == "equality":
+        prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab,
+                                       seed=opts["seed"])
+        rows = bench.greedy_equality(model, prompts, opts["max_tokens"], opts["block_sizes"],
+                                     kernel=opts["kernel"])
+    elif args.experiment == "breakdown":
+        rows = breakdown(model, opts, args.threads)
+    elif args.experiment == "equal-memory":
+        lo, hi = opts["prompt_len"]
+        prompts = bench.random_prompts(opts["num_requests"], lo, hi, vocab, seed=7)
+        kv_bytes = bench.padded_reservation_bytes(model, opts["batch_sizes"][0],
+                                                  hi + opts["max_tokens"])
+        rows = bench.equal_memory_comparison(model, kv_bytes, prompts,
+                                             block_size=opts["block_sizes"][0],
+                                             kernel=opts["kernel"], **common)
     else:
-        prompts = bench.random_prompts(max(opts["batch_sizes"]), 16, 4 * opts["prompt_len"],
-                                       model.config.vocab_size, seed=1)
-        rows = bench.compare_with_transformers(model, prompts, repeat=opts["repeat"],
-                                               methods=opts["methods"],
-                                               kernel=opts["kernel"], **common)
+        lo, hi = opts["prompt_len"]
+        if lo == hi:  # one length N: prompts of 16..4N tokens
+            lo, hi = 16, 4 * lo
+        rows = []
+        for b in opts["batch_sizes"]:
+            prompts = bench.random_prompts(b, lo, hi, vocab, seed=1)
+            rows += bench.compare_with_transformers(model, prompts, repeat=opts["repeat"],
+                                                    methods=opts["methods"],
+                                                    kernel=opts["kernel"], **common)
     write_results(args.out, rows)
-    print(dumps(rows) if args.json else format_table(rows, table_columns(args.experiment)))
+    print(dumps(rows) if args.json else format_table(rows, columns))
     return 0
+
+
+def breakdown(model, opts: dict, threads: int) -> list[dict]:
+    """``engine-bench breakdown``: one profiled run per (mode, block size, batch)."""
+    from pagebench.atomic import atomic_write_text
+    from pagebench.engine import bench
+    from pagebench.engine.step_profile import step_breakdown
+    from pagebench.timing import cpu_threads
+
+    rows, tables = [], []
+    points = [(mode, bs, b) for mode in opts["modes"] or [None] for bs in opts["block_sizes"]
+              for b in opts["batch_sizes"]]
+    with progress(len(points), "profiled runs") as bar:
+        for mode, bs, b in points:
+            prompts = bench.random_prompts(b, *opts["prompt_len"], model.config.vocab_size,
+                                           seed=11)
+            table = []
+            with cpu_threads(threads):
+                rows.append(step_breakdown(model, prompts, opts["max_tokens"], block_size=bs,
+                                           kernel=opts["kernel"], mode=mode,
+                                           profile_table=table) | {"torch_threads": threads})
+            tables.append(f"=== batch {b}, block {bs}, mode {mode or 'default'} ===\n{table[0]}")
+            bar.update()
+    if opts["profile_out"]:
+        atomic_write_text(opts["profile_out"], "\n\n".join(tables) + "\n")
+    return rows

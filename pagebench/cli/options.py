@@ -78,6 +78,30 @@ def name_list(text: str) -> list[str]:
     return values
 
 
+def torch_device(requested: str | None) -> str:
+    """``--device``: the one asked for (``cuda`` only where CUDA is present), else cuda if
+    present, else cpu."""
+    import torch
+
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device: cuda requested but no CUDA device is available")
+    return requested or ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def experiment_options(args, command: str, options: dict[str, dict]) -> dict:
+    """The options ``args.experiment`` reads (``options``: experiment -> {option: default}),
+    defaults filled in; ValueError naming any option given that the experiment would ignore."""
+    uses = options[args.experiment]
+    every = {name for opts in options.values() for name in opts}
+    ignored = sorted(n for n in every if getattr(args, n) is not None and n not in uses)
+    if ignored:
+        flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
+        used = ", ".join("--" + n.replace("_", "-") for n in sorted(uses)) or "none"
+        raise ValueError(f"{flags}: not used by {command} {args.experiment} (it takes {used})")
+    return {n: default if getattr(args, n) is None else getattr(args, n)
+            for n, default in uses.items()}
+
+
 # ---- files and memory, checked before the work starts --------------------------------------
 def check_output_file(option: str, path: str | None) -> None:
     """``path`` can be created as a file: not a directory, and its nearest existing ancestor is

@@ -280,12 +280,16 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
 def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGINE_BLOCK_SIZES,
                         prompt_len: int | tuple[int, int] = 64, max_tokens: int = 32,
                         kernel: str = "auto", repeat: int = 1, num_blocks: int | None = None,
-                        enforce_eager: bool = False, compile_model: bool = True,
+                        mode: str | None = None, copy_bandwidth: float | None = None,
                         seed: int | None = None) -> list[dict]:
     """Decode-heavy throughput of the engine for each (block size, batch size): ``batch``
     requests of ``prompt_len`` tokens (or lengths drawn from ``(min, max)``), ``max_tokens``
-    each, all admitted at once. ``enforce_eager`` and ``compile_model`` as ``LLMEngine``'s."""
+    each, all admitted at once. ``mode``: how decode steps run (one of ``MODES``, named in a
+    ``mode`` column; None: the engine's default, no column). ``copy_bandwidth`` (bytes/s, e.g.
+    :func:`copy_bandwidth`): each row also gets the bytes a decode step must read
+    (:func:`decode_bytes_per_step`) and the share of that bandwidth they reach."""
     model = model or tiny_model()
+    engine_mode = mode_options(mode)
     lo, hi = prompt_len if isinstance(prompt_len, tuple) else (prompt_len, prompt_len)
     rows = []
     for bs in block_sizes:
@@ -296,7 +300,15 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
             row, _ = run_engine(model, prompts, max_tokens, repeat, block_size=bs,
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
                                 max_num_batched_tokens=max(2048, min(8192, b * hi)),
-                                enforce_eager=enforce_eager, compile_model=compile_model)
+                                **engine_mode)
+            if mode is not None:
+                row["mode"] = mode
+            if copy_bandwidth is not None:
+                step_bytes = decode_bytes_per_step(model, prompts, max_tokens)
+                row |= dict(decode_bytes_per_step=step_bytes,
+                            copy_bandwidth_bytes_per_s=copy_bandwidth,
+                            bandwidth_fraction=step_bytes / (row["decode_step_ms"] / 1e3)
+                            / copy_bandwidth)
             rows.append(base_row(model, datasets.ENGINE_BATCH, block_size=bs,
                               batch=b, prompt_len=lo if lo == hi else (lo + hi) / 2,
                               prompt_len_min=lo, prompt_len_max=hi, max_tokens=max_tokens, kernel=kernel,
@@ -410,3 +422,96 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
                       kernel=engine.runner.decode_backend.name,
                       **_engine_row(engine, seconds)))
     return rows
+
+
+# ---- device runs: decode modes, copy bandwidth, greedy equality ------------------------------
+
+# how decode steps run -> LLMEngine options. "graphs": the default (on a GPU, CUDA graphs of
+# the compiled decoder layers; on a CPU, eager steps); "graphs_uncompiled": graphs of the plain
+# layers; "eager": every step from Python
+MODES = {"graphs": {}, "graphs_uncompiled": dict(compile_model=False),
+         "eager": dict(enforce_eager=True)}
+
+
+def mode_options(mode: str | None) -> dict:
+    """The ``LLMEngine`` options of a decode ``mode`` (None: the engine's defaults)."""
+    if mode is None:
+        return {}
+    if mode not in MODES:
+        raise ValueError(f"mode: {mode!r} is not one of {', '.join(MODES)}")
+    return MODES[mode]
+
+
+def copy_bandwidth(device) -> float:
+    """The device's copy bandwidth, bytes read + written per second: the ceiling a decode
+    step's bytes are held against (1 GiB copied on a GPU, 64 MiB on a CPU)."""
+    from pagebench.kernels.sweep import measure_copy_gbps
+
+    nbytes = 2**30 if torch.device(device).type == "cuda" else 2**26
+    return measure_copy_gbps(str(device), nbytes) * 1e9
+
+
+def padded_reservation_bytes(model, batch: int, max_len: int) -> int:
+    """KV bytes padded ``generate`` reserves for ``batch`` sequences of up to ``max_len``
+    tokens: the memory :func:`equal_memory_comparison` gives both sides."""
+    from pagebench.config import KVGeometry
+
+    geo = KVGeometry.from_config(model.config, dtype=next(model.parameters()).dtype)
+    return batch * max_len * geo.bytes_per_token
+
+
+def agreement(outputs, reference) -> tuple[int, float]:
+    """(sequences equal, fraction of the reference's tokens before each first difference)."""
+    same = total = 0
+    for out, ref in zip(outputs, reference, strict=True):
+        k = next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), min(len(out), len(ref)))
+        same, total = same + k, total + len(ref)
+    return sum(a == b for a, b in zip(outputs, reference)), same / max(1, total)
+
+
+# the experiment name the committed H200 rows carry (engine dataset, any device)
+GREEDY_EQUALITY = "gpu_greedy_equality"
+
+
+@_threads
+def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
+                    kernel: str = "auto") -> list[dict]:
+    """Greedy outputs of the engine, per block size: against ``model.generate`` one prompt at a
+    time (no padding), prefix caching off and on; and against the engine's eager steps, decode
+    graphs of the compiled and of the plain layers. One row per check (``prompts_equal`` of
+    ``num_prompts``, ``token_agreement``), of the ``engine`` dataset. On a CPU no graph is
+    captured, so "graphs vs eager" compares the default steps with eager ones; in bf16 near-ties
+    on random weights flip the argmax, hence an agreement rate rather than a pass/fail."""
+    reference = padded_generate(model, prompts, max_tokens, batch_size=1)
+    rows = []
+    for bs in block_sizes:
+        kw = dict(block_size=bs, kernel=kernel, max_num_seqs=len(prompts),
+                  num_blocks=sum(ceil_div(len(p) + max_tokens, bs) for p in prompts))
+
+        def check(what, engine, outputs, expected, prefix=False):
+            equal, tokens = agreement(outputs, expected)
+            g = engine.graphs()
+            rows.append(base_row(model, datasets.ENGINE, experiment=GREEDY_EQUALITY, check=what,
+                                 block_size=bs, kernel=engine.runner.decode_backend.name,
+                                 prefill_kernel=engine.runner.prefill_backend.name,
+                                 cuda_graphs=g["cuda_graphs"], num_prompts=len(prompts),
+                                 prompts_equal=equal, token_agreement=tokens,
+                                 enable_prefix_caching=prefix,
+                                 compiled_layers=g["compiled_layers"], max_tokens=max_tokens))
+
+        default = LLMEngine(model, **kw)
+        default_out = _greedy(default, prompts, max_tokens)
+        check("engine vs model.generate", default, default_out, reference)
+        cached = LLMEngine(model, enable_prefix_caching=True, **kw)
+        check("engine vs model.generate", cached, _greedy(cached, prompts, max_tokens),
+              reference, prefix=True)
+        eager = _greedy(LLMEngine(model, **MODES["eager"], **kw), prompts, max_tokens)
+        plain = LLMEngine(model, **MODES["graphs_uncompiled"], **kw)
+        check("graphs vs eager", plain, _greedy(plain, prompts, max_tokens), eager)
+        check("graphs vs eager", default, default_out, eager)
+    return rows
+
+
+def _greedy(engine: LLMEngine, prompts, max_tokens: int) -> list[list[int]]:
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return [r.outputs[0].token_ids for r in engine.generate(prompts, params)]

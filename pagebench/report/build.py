@@ -18,7 +18,8 @@ EVERY_CLAIM = ARTICLE_CLAIMS + fp8.CLAIMS + parallel.CLAIMS
 
 
 def derived_frames(results: Results, rec: dict | None, claims) -> dict:
-    """Tables computed from the raw frames, saved beside the report like the raw ones."""
+    """Tables computed from the raw frames, saved beside the report like the raw ones (those
+    with rows: an empty table has no CSV and no link)."""
     kernels = results.get("kernels")
     frames = {"claims": claims_mod.claims_frame(claims)}
     for name, fn in (("kernels_batch1_ratio", derive.batch1_ratio),
@@ -31,13 +32,14 @@ def derived_frames(results: Results, rec: dict | None, claims) -> dict:
             results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
     if rec is not None:
         frames["recommendation"] = rec["table"]
-    return frames
+    return {name: frame for name, frame in frames.items() if len(frame)}
 
 
-def guarded_section(results: Results, sid: str, title: str, fn, *args):
-    """A section, or one that says why it could not be built (the report still renders)."""
+def guarded_section(results: Results, sid: str, title: str, fn):
+    """``fn(results)``, or a section that says why it could not be built (the report still
+    renders)."""
     try:
-        return fn(results, *args)
+        return fn(results)
     except Exception as e:  # noqa: BLE001 (one failing section must not lose the page)
         results.warn(f"section {sid}: failed ({type(e).__name__}: {e})")
         s = sections.Section(sid, title)
@@ -47,27 +49,22 @@ def guarded_section(results: Results, sid: str, title: str, fn, *args):
 
 
 def build_sections(results: Results, env: dict, options: dict):
+    """The page's sections, the article's verdicts and the recommendation (None: none)."""
     claims = claims_mod.evaluate(results, ARTICLE_CLAIMS)
     try:
-        rec_section, rec = sections.recommendation(results)
+        rec = derive.recommend(results.get("memory_static"), results.get("kernels"))
     except Exception as e:  # noqa: BLE001 (no recommendation must not lose the page)
         results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
-        rec_section, rec = sections.Section("recommendation", "Recommendation"), None
-        rec_section.nodata("the recommendation could not be computed; see warnings")
-    page = [
-        rec_section,
-        sections.claims_section(claims),
-        guarded_section(results, "environment", "Environment", sections.environment, env,
-                        options),
-        guarded_section(results, "memory", "Memory", sections.memory),
-        guarded_section(results, "real-traces", "Real traces", real_traces.section),
-        guarded_section(results, "capacity", "Capacity", sections.capacity),
-        guarded_section(results, "kernels", "Kernels", sections.kernels),
-        guarded_section(results, "engine", "Engine", sections.engine),
-        guarded_section(results, "fp8", "fp8 KV cache and block-table layout", fp8.section),
-        guarded_section(results, "parallel", "Past one GPU", parallel.section),
-        guarded_section(results, "benchmarks", "Benchmark histories", sections.benchmarks),
-    ]
+        rec = None
+    page = [sections.recommendation(rec), sections.claims_section(claims)]
+    page += [guarded_section(results, *entry) for entry in (
+        ("environment", "Environment", lambda r: sections.environment(r, env, options)),
+        ("memory", "Memory", sections.memory), ("real-traces", "Real traces", real_traces.section),
+        ("capacity", "Capacity", sections.capacity), ("kernels", "Kernels", sections.kernels),
+        ("engine", "Engine", sections.engine),
+        ("fp8", "fp8 KV cache and block-table layout", fp8.section),
+        ("parallel", "Past one GPU", parallel.section),
+        ("benchmarks", "Benchmark histories", sections.benchmarks))]
     return page, claims, rec
 
 
@@ -78,7 +75,7 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     out = Path(out)
     data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
     page, claims, rec = build_sections(results, env, options)
-    frames = dict(results.frames) | derived_frames(results, rec, claims)
+    frames = results.frames | derived_frames(results, rec, claims)
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)
     headline = ""
     if rec is not None:

@@ -123,6 +123,23 @@ def pct(x: float, digits: int = 1) -> str:
     return f"{100 * x:.{digits}f}%"
 
 
+def first(frame: pd.DataFrame | None, column: str, **where):
+    """``column`` in the first row of ``frame`` whose columns equal ``where`` (None: no row)."""
+    if frame is None:
+        return None
+    mask = pd.Series(True, index=frame.index)
+    for name, value in where.items():
+        mask &= frame[name] == value
+    hit = frame.loc[mask, column]
+    return hit.iloc[0] if len(hit) else None
+
+
+def utilisation(results: Results, dataset: str = "memory_static", **where) -> float | None:
+    """The simulated utilisation of the allocator run ``where`` names (None: not simulated)."""
+    u = first(results.get(dataset), "utilisation", **where)
+    return None if u is None else float(u)
+
+
 def per_machine(frame: pd.DataFrame | None, part: Callable) -> Measured | None:
     """One part per ``machine`` of ``frame``: ``part(machine, rows)`` (None skips a machine)."""
     if frame is None:
@@ -131,16 +148,10 @@ def per_machine(frame: pd.DataFrame | None, part: Callable) -> Measured | None:
     return Measured([p for p in parts if p is not None])
 
 
-def static_util(results: Results, allocator: str, block_size=None, max_len=None):
-    frame = results.get("memory_max_len" if max_len else "memory_static")
-    if frame is None:
-        return None
-    rows = frame[frame["allocator"] == allocator]
-    if max_len:
-        rows = rows[rows["max_len"] == max_len]
-    if block_size is not None:
-        rows = rows[pd.to_numeric(rows["block_size"], errors="coerce") == block_size]
-    return float(rows["utilisation"].iloc[0]) if len(rows) else None
+def judged_part(judged: bool, value, text: str, head: str, name: str,
+                why: str = " (CPU; not judged)") -> Part:
+    """A device's part, or, when a GPU's data judges the claim instead, its text and why not."""
+    return Part(value, text, head, name) if judged else Part(None, text + why)
 
 
 # ---- memory ------------------------------------------------------------------------------
@@ -148,12 +159,13 @@ def static_util(results: Results, allocator: str, block_size=None, max_len=None)
 ARTICLE_MAX_LEN = {("naive", 4096): 8.9, ("naive", 32768): 1.1, ("paged", 4096): 98.0,
                    ("paged", 32768): 98.0}
 ARTICLE_SWEEP = {1: 100.0, 8: 99.0, 16: 98.0, 32: 96.0, 128: 85.3}
-NAIVE_NAMES = ("naive", "reserve-max", "reserve_max")
 TOKEN_STATE = "token_state_fraction_saturated"  # the share while requests wait for memory
+PAGED_16 = {"allocator": "paged", "block_size": 16}
 
 
 def naive_utilisation(results: Results) -> Measured | None:
-    got = {(a, m): static_util(results, a, 16 if a == "paged" else None, m)
+    got = {(a, m): utilisation(results, "memory_max_len", max_len=m,
+                               **(PAGED_16 if a == "paged" else {"allocator": a}))
            for a, m in ARTICLE_MAX_LEN}
     if None in got.values():
         return None
@@ -163,14 +175,14 @@ def naive_utilisation(results: Results) -> Measured | None:
 
 
 def paged_near_oracle(results: Results) -> Measured | None:
-    oracle, paged = static_util(results, "oracle"), static_util(results, "paged", 16)
+    oracle, paged = utilisation(results, allocator="oracle"), utilisation(results, **PAGED_16)
     if oracle is None or paged is None:
         return None
     return Measured([Part(oracle - paged, f"paged {pct(paged)} vs oracle {pct(oracle)}")], SIM)
 
 
 def block_size_sweep(results: Results) -> Measured | None:
-    got = {b: static_util(results, "paged", b) for b in ARTICLE_SWEEP}
+    got = {b: utilisation(results, allocator="paged", block_size=b) for b in ARTICLE_SWEEP}
     if None in got.values():
         return None
     rounded = {b: round(100 * u, 1) for b, u in got.items()}
@@ -180,26 +192,23 @@ def block_size_sweep(results: Results) -> Measured | None:
                     f" (differs at block size {', '.join(wrong)})" if wrong else "")
 
 
-def dynamic_rows(results: Results, paged: bool):
-    """The time-stepped summary's paged block-16 row(s), or its reserve-max row(s)."""
-    frame = results.get("memory_dynamic_summary")
-    if frame is None:
-        return frame, None
-    alloc = frame["allocator"].astype(str)
-    if paged:
-        return frame, frame[(alloc == "paged")
-                            & (pd.to_numeric(frame.get("block_size"), errors="coerce") == 16)]
-    return frame, frame[alloc.isin(NAIVE_NAMES)]
+def saturated_share(results: Results, **where) -> float | None:
+    """The time-stepped run's token-state share while requests wait for memory (NaN: the pool
+    never ran out, so no memory-bound step to judge)."""
+    v = first(results.get("memory_dynamic_summary"), TOKEN_STATE, **where)
+    return None if v is None else float(v)
+
+
+def never_bound(name: str) -> Measured:
+    return Measured([Part(None, f"{name} never became memory-bound in this run")])
 
 
 def prior_systems(results: Results) -> Measured | None:
-    frame, naive = dynamic_rows(results, paged=False)
-    if naive is None or naive.empty:
-        return None
-    v = float(naive[TOKEN_STATE].iloc[0])
-    if v != v:  # NaN: the pool never ran out, so no memory-bound step to judge
-        return Measured([Part(None, "reserve-max never became memory-bound in this run")])
-    others = frame[frame["allocator"].astype(str).isin(("pow2", "oracle"))]
+    v = saturated_share(results, allocator="naive")
+    if v is None or v != v:  # NaN: no memory-bound step to judge
+        return None if v is None else never_bound("reserve-max")
+    frame = results.get("memory_dynamic_summary")
+    others = frame[frame["allocator"].isin(("pow2", "oracle"))]
     text = f"reserve-max {pct(v)}" + "".join(
         f", {a} {pct(float(x))}" for a, x in zip(others["allocator"], others[TOKEN_STATE]))
     if not 0.20 <= v <= 0.40:
@@ -209,12 +218,9 @@ def prior_systems(results: Results) -> Measured | None:
 
 
 def paging_96(results: Results) -> Measured | None:
-    _, paged = dynamic_rows(results, paged=True)
-    if paged is None or paged.empty:
-        return None
-    v = float(paged[TOKEN_STATE].iloc[0])
-    if v != v:
-        return Measured([Part(None, "paged never became memory-bound in this run")])
+    v = saturated_share(results, **PAGED_16)
+    if v is None or v != v:  # NaN: no memory-bound step to judge
+        return None if v is None else never_bound("paged")
     return Measured([Part(v, f"paged (block 16) {pct(v)}")], SIM)
 
 
@@ -222,10 +228,9 @@ def worst_case_waste(results: Results) -> Measured | None:
     frame = results.get("block_waste")
     if frame is None:
         return None
-    sizes = frame["block_size"].astype(int)
-    over = [int(b) for b, w in zip(sizes, frame["max_waste_slots"]) if w > b - 1]
-    text = ", ".join(f"bs {int(b)}: max {int(w)} (bound {int(b) - 1})" for b, w in
-                     zip(frame["block_size"], frame["max_waste_slots"]))
+    sizes, worst = frame["block_size"].astype(int), frame["max_waste_slots"].astype(int)
+    over = [b for b, w in zip(sizes, worst) if w > b - 1]
+    text = ", ".join(f"bs {b}: max {w} (bound {b - 1})" for b, w in zip(sizes, worst))
     head = (f"within the bound at all {len(frame)} block sizes ({sizes.min()}–{sizes.max()})"
             if not over else "over the bound at block size " + ", ".join(map(str, over)))
     return Measured([Part(over, text, head)], "any machine (BlockManager)")
@@ -234,11 +239,12 @@ def worst_case_waste(results: Results) -> Measured | None:
 # ---- kernels -----------------------------------------------------------------------------
 
 def batch1_slower(results: Results) -> Measured | None:
-    ratio = derive.batch1_ratio(results.get("kernels"))
+    kernels = results.get("kernels")
+    ratio = derive.batch1_ratio(kernels)
     ratio = ratio[ratio["block_size"] == derive.PRIMARY_BLOCK_SIZE] if len(ratio) else ratio
     if ratio.empty:
         return None
-    judged = derive.judged_labels(ratio["device_label"], results.get("kernels"))
+    judged = derive.judged_labels(ratio["device_label"], kernels)
     parts = []
     for label, g in ratio.groupby("device_label"):
         lo, hi = g["ratio"].min(), g["ratio"].max()
@@ -246,12 +252,12 @@ def batch1_slower(results: Results) -> Measured | None:
                               for shape, x in g.groupby("shape"))
         text = (f"{label}: paged/contiguous {per_shape} over contexts "
                 f"{int(g['context'].min()):,}–{int(g['context'].max()):,}")
-        parts.append(Part((lo, hi), text, f"paged {lo:.2f}–{hi:.2f}× contiguous", label)
-                     if label in judged else
-                     Part(None, text + " (CPU; not judged: a GPU measured it)"))
+        parts.append(judged_part(label in judged, (lo, hi), text,
+                                 f"paged {lo:.2f}–{hi:.2f}× contiguous", label,
+                                 " (CPU; not judged: a GPU measured it)"))
     note = " (paged was as fast or faster at some contexts)" if any(
         p.value[0] <= 1.0 for p in parts if p.value is not None) else ""
-    same = same_kernel_paging_cost(results.get("kernels"))
+    same = same_kernel_paging_cost(kernels)
     if same:
         note += ". Paging's own cost, the same kernel on a contiguous cache: " + same
     return Measured(parts, ", ".join(sorted(judged)), note)
@@ -273,28 +279,25 @@ def gather_slowdown(results: Results) -> dict:
     """Worst paged/contiguous time ratio at block 16 (over shapes, batches and contexts), the
     gather's cost, per kernel ``machine``: machine -> (ratio, device label, is GPU)."""
     df = derive.kernel_rows(results.get("kernels"))
-    if df is None:
-        return {}
     out = {}
-    for machine, g in df.groupby(df["machine"].astype(str)):
+    for machine, g in ([] if df is None else df.groupby(df["machine"].astype(str))):
         ratio = derive.paged_over_contiguous(g, ["device_label", "shape", "batch", "context"])
         if len(ratio):
-            out[str(machine)] = (float(ratio.max()), str(g["device_label"].iloc[0]),
-                                 bool(g["gpu"].any()))
+            out[machine] = (float(ratio.max()), str(g["device_label"].iloc[0]),
+                            bool(g["gpu"].any()))
     return out
 
 
 def engine_batch_gain(g: pd.DataFrame) -> pd.Series:
     """Best tokens/s per batch size of one machine's engine rows: the engine's default on a
     GPU (CUDA graphs of compiled layers) and block 16 where measured."""
-    if "cuda_graphs" in g.columns and g["cuda_graphs"].astype(str).eq("True").any():
+    if "cuda_graphs" in g and g["cuda_graphs"].astype(str).eq("True").any():
         g = g[g["cuda_graphs"].astype(str).eq("True")]
-        if "compiled_layers" in g.columns:
+        if "compiled_layers" in g:
             g = g[g["compiled_layers"].astype(str).eq("True")]
-    bs = pd.to_numeric(g["block_size"], errors="coerce") if "block_size" in g.columns else None
-    if bs is not None and (bs == derive.PRIMARY_BLOCK_SIZE).any():
-        g = g[bs == derive.PRIMARY_BLOCK_SIZE]
-    return g.groupby(pd.to_numeric(g["batch"], errors="coerce"))["tokens_per_s"].max()
+    if (g["block_size"] == derive.PRIMARY_BLOCK_SIZE).any():
+        g = g[g["block_size"] == derive.PRIMARY_BLOCK_SIZE]
+    return g.groupby("batch")["tokens_per_s"].max()
 
 
 def batching_beats_gather(results: Results) -> Measured | None:
@@ -303,7 +306,7 @@ def batching_beats_gather(results: Results) -> Measured | None:
         return None
     pairs = []
     for machine, g in batch.groupby(batch["machine"].astype(str)):
-        gpu = bool(g.get("device", pd.Series(dtype=str)).astype(str).str.startswith("cuda").any())
+        gpu = "device" in g and bool(g["device"].astype(str).str.startswith("cuda").any())
         same_kind = [v for v in slow.values() if v[2] == gpu]
         tps = engine_batch_gain(g)
         if len(tps) >= 2 and (machine in slow or same_kind):
@@ -315,14 +318,15 @@ def batching_beats_gather(results: Results) -> Measured | None:
         text = (f"{machine}: engine batch {int(tps.index[0])}→{int(tps.index[-1])} gives "
                 f"{gain:.1f}× tokens/s; paged kernel at most {slowdown:.2f}× contiguous on "
                 f"{kdev}")
-        parts.append(Part((gain, slowdown), text, f"batching {gain:.1f}× tokens/s, gather ≤ "
-                          f"{slowdown:.2f}×", machine) if gpu or not judged_gpu else
-                     Part(None, text + " (CPU; not judged)"))
+        parts.append(judged_part(gpu or not judged_gpu, (gain, slowdown), text,
+                                 f"batching {gain:.1f}× tokens/s, gather ≤ {slowdown:.2f}×",
+                                 machine))
     return Measured(parts)
 
 
 def block16_sweet_spot(results: Results) -> Measured | None:
-    u1, u16 = static_util(results, "paged", 1), static_util(results, "paged", 16)
+    u1 = utilisation(results, allocator="paged", block_size=1)
+    u16 = utilisation(results, **PAGED_16)
     cost = derive.kernel_cost_per_block(results.get("kernels"))
     cost16 = cost[cost["block_size"] == 16] if len(cost) else cost
     if u1 is None or u16 is None or cost16.empty:
@@ -334,46 +338,40 @@ def block16_sweet_spot(results: Results) -> Measured | None:
         smallest = cost[cost["device_label"] == label].sort_values("block_size").iloc[0]
         text = (f"{label}: block 16 at {t:.2f}× the best block's kernel time "
                 f"(block {int(smallest['block_size'])}: {smallest['relative_time']:.2f}×)")
-        parts.append(Part((u1 - u16, t), text, f"{t:.2f}× the best block's kernel time", label)
-                     if label in judged else Part(None, text + " (CPU; not judged)"))
+        parts.append(judged_part(label in judged, (u1 - u16, t), text,
+                                 f"{t:.2f}× the best block's kernel time", label))
     return Measured(parts, ", ".join(sorted(judged)))
 
 
-# ---- engine ------------------------------------------------------------------------------
+# ---- engine: one part per machine --------------------------------------------------------
 
 def cow_part(machine: str, g: pd.DataFrame) -> Part | None:
-    n = pd.to_numeric(g["n"], errors="coerce")
-    one, four = g.loc[n == 1, "peak_blocks"], g.loc[n == 4, "peak_blocks"]
+    one, four = g.loc[g["n"] == 1, "peak_blocks"], g.loc[g["n"] == 4, "peak_blocks"]
     if one.empty or four.empty:
         return None
     ratio = float(four.astype(float).mean() / one.astype(float).mean())
     text = (f"{machine}: peak blocks n=4 / n=1 = {ratio:.2f}× ({four.iloc[0]:,.0f} "
             f"vs {one.iloc[0]:,.0f})")
-    if "variant" in g.columns:
-        separate = g[g["variant"].astype(str).str.contains("separate")]
-        if len(separate):
-            text += f"; 4 unshared requests: {separate['peak_blocks'].iloc[0]:,.0f}"
+    separate = g.loc[g["variant"].astype(str).str.contains("separate"), "peak_blocks"]
+    if len(separate):
+        text += f"; 4 unshared requests: {separate.iloc[0]:,.0f}"
     return Part(ratio, text, f"n=4 takes {ratio:.2f}× the blocks of n=1", machine)
 
 
-def flag(series) -> pd.Series:
-    return series.astype(str).str.lower().isin(("true", "1", "on", "yes"))
-
-
 def prefix_part(machine: str, g: pd.DataFrame) -> Part | None:
-    on, off = g[flag(g["enable_prefix_caching"])], g[~flag(g["enable_prefix_caching"])]
-    if on.empty or off.empty:
+    on = g["enable_prefix_caching"].eq(True).fillna(False).astype(bool)
+    if on.all() or not on.any():
         return None
-    hit = float(on["prefix_cache_hit_rate"].astype(float).mean())
-    a, b = (float(x["num_computed_prompt_tokens"].astype(float).mean()) for x in (on, off))
-    detail = f"prompt tokens computed {a:,.0f} on vs {b:,.0f} off"
-    return Part((hit, a, b), f"{machine}: hit rate {pct(hit)}, {detail}",
+    hit = float(g.loc[on, "prefix_cache_hit_rate"].astype(float).mean())
+    a, b = (float(g.loc[rows, "num_computed_prompt_tokens"].astype(float).mean())
+            for rows in (on, ~on))
+    return Part((hit, a, b), f"{machine}: hit rate {pct(hit)}, prompt tokens computed {a:,.0f} "
+                f"on vs {b:,.0f} off",
                 f"hit rate {pct(hit)}, prompt tokens computed {a:,.0f} vs {b:,.0f}", machine)
 
 
 def preemption_part(machine: str, g: pd.DataFrame) -> Part | None:
-    g = g.assign(num_blocks=pd.to_numeric(g["num_blocks"], errors="coerce")) \
-        .dropna(subset=["num_blocks"]).sort_values("num_blocks")
+    g = g.dropna(subset=["num_blocks"]).sort_values("num_blocks")
     if len(g) < 2:
         return None
     p, blocks = g["num_preemptions"].astype(float), g["num_blocks"].astype(int)
@@ -393,11 +391,11 @@ def preempts_only_when_short(value) -> bool:
 
 
 def equal_memory_part(machine: str, g: pd.DataFrame) -> Part | None:
-    eng, pad = g[g["method"].astype(str) == "engine"], g[g["method"].astype(str) != "engine"]
-    if eng.empty or pad.empty:
+    engine = g["method"].astype(str) == "engine"
+    if engine.all() or not engine.any():
         return None
-    e_seq, p_seq = float(eng["concurrent_seqs"].max()), float(pad["concurrent_seqs"].max())
-    e_tps, p_tps = float(eng["tokens_per_s"].max()), float(pad["tokens_per_s"].max())
+    (e_seq, e_tps), (p_seq, p_tps) = (g.loc[rows, ["concurrent_seqs", "tokens_per_s"]]
+                                      .astype(float).max() for rows in (engine, ~engine))
     return Part((e_seq, p_seq, e_tps, p_tps),
                 f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once, "
                 f"{e_tps:,.0f} vs {p_tps:,.0f} tokens/s ({e_tps / p_tps:.1f}×)",
@@ -411,8 +409,7 @@ def qwen_geometry(results: Results) -> Measured | None:
     row = None if frame is None else frame[frame["model"] == "qwen2.5-0.5b"]
     if row is None or row.empty:
         return None
-    per_token = int(row["bytes_per_token"].iloc[0])
-    per_block = int(row["bytes_per_block_16"].iloc[0])
+    per_token, per_block = (int(row[c].iloc[0]) for c in ("bytes_per_token", "bytes_per_block_16"))
     return Measured([Part((per_token, per_block),
                           f"{per_token:,} B/token, {per_block:,} B/block")], ARITHMETIC)
 
@@ -438,11 +435,11 @@ def capacity_ratio(results: Results) -> Measured | None:
         parts.append(Part(ratio, f"planner: {paged:,.0f} paged vs {naive:,.0f} naive = "
                           f"{ratio:.1f}×" + (" (larger than the article says on this workload)"
                                               if ratio > 4 else ""), f"planner {ratio:.1f}×"))
-    _, paged = dynamic_rows(results, paged=True)
-    _, naive = dynamic_rows(results, paged=False)
-    if paged is not None and len(paged) and len(naive) \
-            and float(naive["mean_concurrency"].iloc[0]) > 0:
-        r = float(paged["mean_concurrency"].iloc[0]) / float(naive["mean_concurrency"].iloc[0])
+    dynamic = results.get("memory_dynamic_summary")
+    paged = first(dynamic, "mean_concurrency", **PAGED_16)
+    naive = first(dynamic, "mean_concurrency", allocator="naive")
+    if paged is not None and naive is not None and float(naive) > 0:
+        r = float(paged) / float(naive)
         # judged only without the planner: the article's claim is about its planner case
         parts.append(Part(None if parts else r, "time-stepped: mean concurrency paged / "
                           f"reserve-max = {r:.1f}×", f"time-stepped {r:.1f}×"))

@@ -12,37 +12,12 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from pagebench.results import Results, load_data_dir
 from pagebench.results.history import asv_results_dir, load_benchmark_json
 
 __all__ = ["Results", "collect", "default_device", "guarded"]
-
-
-class Progress:
-    """One line per step on stderr: what runs, then how long it took."""
-
-    def __init__(self, total: int, stream=None, enabled: bool = True):
-        self.total, self.done = total, 0
-        self.stream = stream or sys.stderr
-        self.enabled = enabled
-
-    @contextmanager
-    def step(self, label: str, results: Results):
-        self.done += 1
-        if self.enabled:
-            print(f"report [{self.done}/{self.total}] {label} ...", file=self.stream, flush=True)
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            dt = time.perf_counter() - t0
-            results.timings_s[label] = dt
-            if self.enabled:
-                print(f"report [{self.done}/{self.total}] {label}: {dt:.1f} s",
-                      file=self.stream, flush=True)
 
 
 def guarded(results: Results, name: str, fn) -> None:
@@ -70,25 +45,37 @@ def collect(*, device: str = "cpu", quick: bool = False, steps=(), data_dir=None
             results_dirs=(), progress: bool = True) -> Results:
     """Everything the report shows: ``steps`` run here (``(label, fn(results, device=,
     quick=))``, e.g. :func:`pagebench.report.sweeps.plan`), committed data, benchmark
-    histories."""
+    histories. With ``progress``, one line per step on stderr: what runs, then how long it
+    took (kept in ``Results.timings_s``)."""
     results = Results()
-    root = repo_root()
-    prog = Progress(len(steps) + 1, enabled=progress)
-    for label, fn in steps:
-        with prog.step(label, results):
-            guarded(results, label, lambda f=fn: f(results, device=device, quick=quick))
-    with prog.step("reading committed data and benchmark results", results):
-        data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-        guarded(results, "committed data", lambda: load_data_dir(results, data_dir))
-        for extra in results_dirs:
-            if not Path(extra).exists():
-                results.warn(f"results: {extra} not found")
-                continue
-            guarded(results, f"results {extra}", lambda e=extra: load_data_dir(results, e))
-        bench_roots = [asv_results_dir(root), root / ".benchmarks", root / "reports" / "bench",
-                       data_dir, *results_dirs]
-        guarded(results, "benchmark results", lambda: load_benchmark_json(results, bench_roots))
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    steps = [*steps, ("reading committed data and benchmark results",
+                      lambda r, **_: read_committed(r, data_dir, results_dirs))]
+    for done, (label, fn) in enumerate(steps, 1):
+        if progress:
+            print(f"report [{done}/{len(steps)}] {label} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        guarded(results, label, lambda f=fn: f(results, device=device, quick=quick))
+        results.timings_s[label] = dt = time.perf_counter() - t0
+        if progress:
+            print(f"report [{done}/{len(steps)}] {label}: {dt:.1f} s", file=sys.stderr,
+                  flush=True)
     return results
+
+
+def read_committed(results: Results, data_dir: Path, results_dirs=()) -> None:
+    """The committed data under ``data_dir``, any ``results_dirs``, and the benchmark
+    histories (asv, pytest-benchmark) found in the checkout and those directories."""
+    guarded(results, "committed data", lambda: load_data_dir(results, data_dir))
+    for extra in results_dirs:
+        if not Path(extra).exists():
+            results.warn(f"results: {extra} not found")
+            continue
+        guarded(results, f"results {extra}", lambda e=extra: load_data_dir(results, e))
+    root = repo_root()
+    bench_roots = [asv_results_dir(root), root / ".benchmarks", root / "reports" / "bench",
+                   data_dir, *results_dirs]
+    guarded(results, "benchmark results", lambda: load_benchmark_json(results, bench_roots))
 
 
 def default_device() -> str:

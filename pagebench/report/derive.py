@@ -66,47 +66,45 @@ def _best(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return df.loc[idx]
 
 
+def fastest_pairs(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """Per ``keys`` and paged block size (rows of ``kernel_rows``): the fastest paged backend
+    beside the fastest contiguous one, and ``ratio``, paged time / contiguous time (keys where
+    either side is missing are dropped)."""
+    paged = _best(df[df["paged"]].dropna(subset=["block_size"]), keys + ["block_size"])
+    contig = _best(df[~df["paged"]], keys)
+    pairs = paged[keys + ["block_size", "backend", "time_us"]].merge(
+        contig[keys + ["backend", "time_us"]], on=keys, suffixes=("_paged", "_contiguous"))
+    pairs["ratio"] = pairs["time_us_paged"] / pairs["time_us_contiguous"]
+    return pairs
+
+
 def paged_over_contiguous(df: pd.DataFrame, keys: list[str]) -> pd.Series:
-    """Fastest paged time at the primary block size / fastest contiguous time, per ``keys``
-    (rows of ``kernel_rows``; keys where either side is missing are dropped)."""
-    paged = df[df["paged"] & (df["block_size"] == PRIMARY_BLOCK_SIZE)]
-    return (paged.groupby(keys)["time_us"].min()
-            / df[~df["paged"]].groupby(keys)["time_us"].min()).dropna()
+    """The ``ratio`` of :func:`fastest_pairs` at the primary block size, indexed by ``keys``."""
+    pairs = fastest_pairs(df, keys)
+    return pairs[pairs["block_size"] == PRIMARY_BLOCK_SIZE].set_index(keys)["ratio"]
 
 
 def batch1_ratio(kernels: pd.DataFrame | None) -> pd.DataFrame:
     """Batch 1: fastest paged time / fastest contiguous time, per device, shape, context, block."""
     df = kernel_rows(kernels)
-    if df is None:
-        return pd.DataFrame()
-    df = df[df["batch"] == 1]
     keys = ["device_label", "shape", "context"]
-    paged = _best(df[df["paged"]].dropna(subset=["block_size"]), keys + ["block_size"])
-    contig = _best(df[~df["paged"]], keys)
-    if len(paged) == 0 or len(contig) == 0:
+    pairs = pd.DataFrame() if df is None else fastest_pairs(df[df["batch"] == 1], keys)
+    if pairs.empty:
         return pd.DataFrame()
-    merged = paged[keys + ["block_size", "backend", "time_us"]].merge(
-        contig[keys + ["backend", "time_us"]], on=keys, suffixes=("_paged", "_contiguous"))
-    merged["ratio"] = merged["time_us_paged"] / merged["time_us_contiguous"]
-    merged["block_size"] = merged["block_size"].astype(int)
-    merged["context"] = merged["context"].astype(int)
-    return merged.rename(columns={"backend_paged": "paged_backend",
-                                  "backend_contiguous": "contiguous_backend"}) \
+    pairs["block_size"] = pairs["block_size"].astype(int)
+    pairs["context"] = pairs["context"].astype(int)
+    return pairs.rename(columns={"backend_paged": "paged_backend",
+                                 "backend_contiguous": "contiguous_backend"}) \
         .sort_values(keys + ["block_size"]).reset_index(drop=True)
 
 
-def throughput_context(df: pd.DataFrame) -> int | None:
-    """The context length at which batch size was swept (the one with most batch sizes)."""
-    counts = df.groupby("context")["batch"].nunique()
-    return None if counts.empty or counts.max() < 2 else int(counts.idxmax())
-
-
-def _at_swept_context(df: pd.DataFrame):
-    """Each (device, shape)'s rows at the context where its batch size was swept."""
+def at_swept_context(df: pd.DataFrame):
+    """Each (device, shape)'s rows at the context where its batch size was swept: the context
+    with the most batch sizes, if it has two or more."""
     for _, g in df.groupby(["device_label", "shape"]):
-        ctx = throughput_context(g)
-        if ctx is not None:
-            yield g[g["context"] == ctx]
+        counts = g.groupby("context")["batch"].nunique()
+        if counts.max() >= 2:
+            yield g[g["context"] == counts.idxmax()]
 
 
 def primary_paged_backend(df: pd.DataFrame) -> str | None:
@@ -116,10 +114,8 @@ def primary_paged_backend(df: pd.DataFrame) -> str | None:
         return None
     at16 = paged[paged["block_size"] == PRIMARY_BLOCK_SIZE]
     paged = at16 if len(at16) else paged
-    keys = [k for k in ("device_label", "shape", "batch", "context", "block_size")
-            if k in paged.columns]
-    winners = paged.loc[paged.groupby(keys)["time_us"].idxmin(), "backend"]
-    return str(winners.value_counts().idxmax())
+    winners = _best(paged, ["device_label", "shape", "batch", "context", "block_size"])
+    return str(winners["backend"].value_counts().idxmax())
 
 
 def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
@@ -131,7 +127,7 @@ def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
     if df is None:
         return pd.DataFrame()
     out = []
-    for g in _at_swept_context(df):
+    for g in at_swept_context(df):
         g = g.copy()
         g["series"] = np.where(g["paged"], g["backend"].astype(str) + " bs="
                                + g["block_size"].fillna(0).astype(int).astype(str),
@@ -153,7 +149,7 @@ def bandwidth(kernels: pd.DataFrame | None) -> pd.DataFrame:
         return pd.DataFrame()
     df = df.dropna(subset=["gbps"])
     df = df[(~df["paged"]) | (df["block_size"] == PRIMARY_BLOCK_SIZE)]
-    rows = [_best(g, ["backend", "batch"]) for g in _at_swept_context(df)]
+    rows = [_best(g, ["backend", "batch"]) for g in at_swept_context(df)]
     if not rows:
         return pd.DataFrame()
     return pd.concat(rows, ignore_index=True)
@@ -173,29 +169,23 @@ def judged_labels(labels, kernels) -> set[str]:
     return gpus or labels
 
 
-def block_size_kernel_cost(kernels: pd.DataFrame | None) -> pd.DataFrame:
-    """Fastest paged time per block size relative to the best block size, per device/shape/case.
+def kernel_cost_per_block(kernels) -> pd.DataFrame:
+    """Median relative paged kernel time per block size, per device (1.0 = the best block).
 
-    Returns one row per (device_label, shape, batch, context, block_size) with ``relative_time``;
-    a block size's kernel cost is the median of its relative times over those cases.
+    Each (device, shape, batch, context) case measured at more than one block size gives every
+    block size's fastest paged time relative to the case's best; a block size's kernel cost is
+    the median of its relative times over those cases.
     """
     df = kernel_rows(kernels)
     if df is None:
         return pd.DataFrame()
-    df = df[df["paged"]].dropna(subset=["block_size"])
     keys = ["device_label", "shape", "batch", "context"]
-    best = _best(df, keys + ["block_size"])
+    best = _best(df[df["paged"]].dropna(subset=["block_size"]), keys + ["block_size"])
     best = best[keys + ["block_size", "backend", "time_us"]].copy()
     best["relative_time"] = best["time_us"] / best.groupby(keys)["time_us"].transform("min")
-    counts = best.groupby(keys)["block_size"].transform("nunique")
-    return best[counts > 1].reset_index(drop=True)
-
-
-def kernel_cost_per_block(kernels) -> pd.DataFrame:
-    """Median relative paged kernel time per block size, per device (1.0 = the best block)."""
-    rel = block_size_kernel_cost(kernels)
+    rel = best[best.groupby(keys)["block_size"].transform("nunique") > 1]
     if rel.empty:
-        return rel
+        return rel.reset_index(drop=True)
     out = rel.groupby(["device_label", "block_size"], as_index=False)["relative_time"].median()
     out["gpu"] = out["device_label"].isin(gpu_labels(kernels))
     out["block_size"] = out["block_size"].astype(int)
@@ -216,15 +206,12 @@ def recommend(static: pd.DataFrame | None, kernels: pd.DataFrame | None) -> dict
     if not util:
         return None
     cost = kernel_cost_per_block(kernels)
-    device = None
+    device, kcost = None, {}
     if not cost.empty:
-        gpu = cost[cost["gpu"]]
-        chosen = gpu if not gpu.empty else cost
+        chosen = cost[cost["gpu"]] if cost["gpu"].any() else cost
         device = str(chosen.groupby("device_label")["block_size"].nunique().idxmax())
         chosen = chosen[chosen["device_label"] == device]
         kcost = {int(b): float(t) for b, t in zip(chosen["block_size"], chosen["relative_time"])}
-    else:
-        kcost = {}
     sizes = sorted(set(util) & set(kcost)) if kcost else sorted(util)
     if not sizes:
         return None

@@ -15,7 +15,7 @@ import pandas as pd
 from pagebench.report.claims import ARITHMETIC, Claim, Measured, Part, evaluate
 from pagebench.report.collect import Results
 from pagebench.results.devices import frame_devices
-from pagebench.report.sections import Section, claims_table, make_table
+from pagebench.report.sections import Section, View, claims_table, derived, make_table
 from pagebench.sim.capacity import fp8_rows
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
@@ -30,8 +30,7 @@ LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
 def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     """One row per decode point: bf16 and e4m3 times, their ratio, fp8's copy fraction and
     error against the bf16 cache."""
-    if frame is None or not {"op", "cache_dtype", "batch", "context", "block_size",
-                             "time_us"} <= set(frame.columns):
+    if frame is None:
         return None
     dec = frame[frame["op"] == "decode"]
     if "launch" in dec:  # other launch options are shown in the CSV, not compared here
@@ -57,7 +56,7 @@ def capacity_parts(results: Results) -> Measured:
     lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
     parts = [Part((lo, hi), f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})")]
     engine = results.get("fp8_engine")
-    if engine is None or "blocks_ratio" not in engine:
+    if engine is None:
         return Measured(parts, ARITHMETIC)
     ratio = float(engine["blocks_ratio"].iloc[0])
     parts.append(Part((ratio,), f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
@@ -82,8 +81,7 @@ def decode_time_parts(results: Results) -> Measured | None:
 
 def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     """Per point: each layout's time, slowest / fastest, and whether the point fits in L2."""
-    if frame is None or not {"table_layout", "batch", "context", "block_size",
-                             "time_us"} <= set(frame.columns):
+    if frame is None:
         return None
     keys = ["batch", "context", "block_size"]
     wide = frame.pivot_table(index=keys, columns="table_layout", values="time_us",
@@ -131,6 +129,29 @@ CLAIMS = (
 )
 
 
+VIEWS = (
+    View("kernels_fp8", "Triton paged decode, bf16 vs e4m3 cache (Llama-3-8B shape 32/8 × 128, "
+         "CUDA graphs): copy fraction = bytes read (fp8 counted in fp8 bytes) / time / measured "
+         "copy bandwidth; error = relative error of the output against the bf16 cache's "
+         "(standard-normal K/V, scale = per-head max / 448) and against float32 on the "
+         "dequantised cache", frame=derived("kernels_fp8", decode_ratios)),
+    View("kernels_fp8", "Triton paged prefill, bf16 vs e4m3 cache (block 16)",
+         ("cache_dtype", "batch", "query_len", "cached", "time_us", "err_vs_bf16_cache",
+          "err_vs_dequantised"), table=lambda fp8: fp8[fp8["op"] == "prefill"]),
+    View("kernels_fp8", "Decode with an e5m2 cache (block 16)",
+         ("batch", "context", "time_us", "copy_fraction", "err_vs_bf16_cache",
+          "err_vs_dequantised"),
+         table=lambda fp8: fp8[(fp8["op"] == "decode") & (fp8["cache_dtype"] == "float8_e5m2")]),
+    View("fp8_engine", "Engine, random-weight Qwen2.5-0.5B, bf16 vs fp8_e4m3 cache at equal KV "
+         "memory: pool, greedy agreement (tokens up to each sequence's first difference / all), "
+         "logit error over the first steps"),
+    View("kernels_layout", "Triton bf16 decode by block-table layout (Llama-3-8B shape, CUDA "
+         "graphs); fits_l2: the unique K/V footprint fits in the GPU's L2, so the point "
+         "measures the cache, not the layout, and is not judged",
+         frame=derived("kernels_layout", layout_spread)),
+)
+
+
 def section(results: Results) -> Section:
     s = Section("fp8", "fp8 KV cache and block-table layout")
     s.text("An fp8 cache (`torch.float8_e4m3fn` or `float8_e5m2`) stores K/V divided by a "
@@ -151,27 +172,4 @@ def section(results: Results) -> Section:
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"fp8 and layout measurements ({SOURCE})")
         return s
-    fp8 = results.get("kernels_fp8")
-    s.table(make_table(decode_ratios(fp8), "Triton paged decode, bf16 vs e4m3 cache (Llama-3-8B "
-                       "shape 32/8 × 128, CUDA graphs): copy fraction = bytes read (fp8 counted "
-                       "in fp8 bytes) / time / measured copy bandwidth; error = relative error "
-                       "of the output against the bf16 cache's (standard-normal K/V, scale = "
-                       "per-head max / 448) and against float32 on the dequantised cache",
-                       None, "kernels_fp8"))
-    if fp8 is not None and "op" in fp8:
-        s.table(make_table(fp8[fp8["op"] == "prefill"], "Triton paged prefill, bf16 vs e4m3 "
-                           "cache (block 16)",
-                           ["cache_dtype", "batch", "query_len", "cached", "time_us",
-                            "err_vs_bf16_cache", "err_vs_dequantised"], "kernels_fp8"))
-        e5 = fp8[(fp8["op"] == "decode") & (fp8["cache_dtype"] == "float8_e5m2")]
-        s.table(make_table(e5, "Decode with an e5m2 cache (block 16)",
-                           ["batch", "context", "time_us", "copy_fraction", "err_vs_bf16_cache",
-                            "err_vs_dequantised"], "kernels_fp8"))
-    s.dataset(results, "fp8_engine", "Engine, random-weight Qwen2.5-0.5B, bf16 vs fp8_e4m3 "
-              "cache at equal KV memory: pool, greedy agreement (tokens up to each sequence's "
-              "first difference / all), logit error over the first steps")
-    s.table(make_table(layout_spread(results.get("kernels_layout")), "Triton bf16 decode by "
-                       "block-table layout (Llama-3-8B shape, CUDA graphs); fits_l2: the unique "
-                       "K/V footprint fits in the GPU's L2, so the point measures the cache, "
-                       "not the layout, and is not judged", None, "kernels_layout"))
-    return s
+    return s.show(results, VIEWS)

@@ -17,12 +17,12 @@ from pagebench.report import plots
 from pagebench.report.claims import Claim, Measured, Part, evaluate
 from pagebench.report.collect import Results
 from pagebench.results.devices import frame_devices
-from pagebench.report.sections import Section, claims_table, make_table
+from pagebench.report.sections import Section, View, claims_table, make_table
 from pagebench.sim.capacity import tensor_parallel_rows
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
-SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.py)"
+SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.sh)"
 
 
 def capacity_parts(results: Results) -> Measured | None:
@@ -50,7 +50,7 @@ def attention_parts(results: Results) -> Measured | None:
 
 def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
     """tp=2 / tp=1 attention time per step, by batch (ascending)."""
-    if frame is None or not {"tp", "batch", "per_step_us"} <= set(frame.columns):
+    if frame is None:
         return None
     wide = frame.pivot_table(index="batch", columns="tp", values="per_step_us", aggfunc="median")
     if not {1, 2} <= set(wide.columns):
@@ -78,8 +78,7 @@ def allreduce_frame(results: Results) -> pd.DataFrame | None:
     graphs = tput[(tput["tp"] == 2) & tput["mode"].astype(str).str.endswith("CUDA graphs")]
     if graphs.empty:
         return frame
-    rate = pd.to_numeric(graphs.groupby("batch")["decode_tokens_per_s"].median(),
-                         errors="coerce")
+    rate = graphs.groupby("batch")["decode_tokens_per_s"].median()
     out = frame.assign(graph_decode_step_ms=frame["batch"].map(rate.index.to_series() / rate
                                                                 * 1e3))
     if "isolated_allreduce_us" in frame and "allreduce_calls_per_step" in frame:
@@ -87,6 +86,49 @@ def allreduce_frame(results: Results) -> pd.DataFrame | None:
                                                * frame["allreduce_calls_per_step"]
                                                / out["graph_decode_step_ms"])
     return out
+
+
+def with_speedup(wall: pd.DataFrame) -> pd.DataFrame:
+    """The sweep's wall time on one GPU / on each row's GPUs."""
+    one = wall.loc[wall["gpus"] == 1, "wall_s"]
+    return wall.assign(speedup=float(one.iloc[0]) / wall["wall_s"] if len(one) else None)
+
+
+def throughput_plot(tput: pd.DataFrame) -> plots.Plot | None:
+    hue = "mode" if "mode" in tput.columns else "tp"  # mode (optional): tp and eager / graphs
+    return plots.lines(tput, "batch", "tokens_per_s", hue, "Engine tokens/s vs batch: tp=1 (one "
+                       "GPU) and tp=2 (two GPUs)", "batch size (sequences)", "generated tokens/s",
+                       "line chart of tokens per second against batch for tp 1 and 2",
+                       legend_title="run" if hue == "mode" else "tensor-parallel GPUs",
+                       logx=True)
+
+
+MEASURED = (
+    View("tp_equality", "Greedy tokens at tp=2 equal the single-GPU engine's (tiny fp32 model; "
+         "block tables checked on every rank each step)",
+         ("machine", "prefix_caching", "prompts_equal", "num_prompts", "ranks_agree")),
+    View("tp_capacity", "KV blocks per GPU at the same KV memory per GPU",
+         ("machine", "tp", "kv_heads_per_gpu", "kv_memory_budget_bytes",
+          "bytes_per_block_per_gpu", "num_blocks_per_gpu")),
+    View("tp_throughput", "Engine throughput (random-weight Llama-3-8B, bf16; prompts of 128 "
+         "tokens, 64 generated)", ("machine", "tp", "mode", "batch", "tokens_per_s",
+         "decode_tokens_per_s", "time_s", "num_steps", "num_blocks_per_gpu"),
+         plot=throughput_plot, missing=f"engine throughput at tp=1 and tp=2 ({SOURCE})"),
+    View("tp_allreduce", "All-reduce per step at tp=2. Eager run: CUDA events around every "
+         "all-reduce (steps of a whole generate call, mostly decode); 'isolated': one "
+         "all-reduce of a decode step's hidden states timed alone × calls per step, also "
+         "against the decode step replayed from a CUDA graph where the engine has them",
+         ("machine", "batch", "step_ms", "allreduce_calls_per_step", "allreduce_ms_per_step",
+          "allreduce_share", "isolated_allreduce_us", "isolated_allreduce_share",
+          "graph_decode_step_ms", "isolated_share_of_graph_step"), frame=allreduce_frame),
+    View("tp_attention", "Paged decode attention per step (× 32 layers) on one GPU's heads",
+         ("machine", "backend", "tp", "num_q_heads", "num_kv_heads", "batch", "context",
+          "time_us", "per_step_us")),
+    View("sweep_wall", "Kernel sweep (`pagebench bench --device cuda` under torchrun, cold "
+         "Triton cache) on 1 and 2 GPUs; startup_s: starting torchrun and pagebench alone, a "
+         "fixed cost in both", ("machine", "gpus", "wall_s", "speedup", "startup_s", "points",
+         "rows"), table=with_speedup),
+)
 
 
 def section(results: Results) -> Section:
@@ -101,54 +143,8 @@ def section(results: Results) -> Section:
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"two-GPU measurements ({SOURCE})")
     else:
-        measured_part(s, results)
+        s.show(results, MEASURED)
     s.table(make_table(pd.DataFrame(tensor_parallel_rows()), "Capacity planner per GPU (141 GB, "
                        "0.9 utilisation, 4 GiB overhead, block 16, bf16): weights and KV heads "
                        "split over tp GPUs"))
     return s
-
-
-def measured_part(s: Section, results: Results) -> None:
-    s.dataset(results, "tp_equality", "Greedy tokens at tp=2 equal the single-GPU engine's "
-              "(tiny fp32 model; block tables checked on every rank each step)",
-              ["machine", "prefix_caching", "prompts_equal", "num_prompts", "ranks_agree"])
-    s.dataset(results, "tp_capacity", "KV blocks per GPU at the same KV memory per GPU",
-              ["machine", "tp", "kv_heads_per_gpu", "kv_memory_budget_bytes",
-               "bytes_per_block_per_gpu", "num_blocks_per_gpu"])
-    tput = results.get("tp_throughput")
-    if tput is not None and {"tp", "batch", "tokens_per_s"} <= set(tput.columns):
-        hue = "mode" if "mode" in tput.columns else "tp"  # mode: tp and eager / CUDA graphs
-        s.plot(plots.lines(tput, "batch", "tokens_per_s", hue, "Engine tokens/s vs batch: "
-                           "tp=1 (one GPU) and tp=2 (two GPUs)", "batch size (sequences)",
-                           "generated tokens/s",
-                           "line chart of tokens per second against batch for tp 1 and 2",
-                           legend_title="run" if hue == "mode" else "tensor-parallel GPUs",
-                           logx=True))
-        s.table(make_table(tput, "Engine throughput (random-weight Llama-3-8B, bf16; prompts "
-                           "of 128 tokens, 64 generated)",
-                           ["machine", "tp", "mode", "batch", "tokens_per_s",
-                            "decode_tokens_per_s", "time_s", "num_steps", "num_blocks_per_gpu"],
-                           "tp_throughput"))
-    else:
-        s.nodata(f"engine throughput at tp=1 and tp=2 ({SOURCE})")
-    s.table(make_table(allreduce_frame(results), "All-reduce per step at tp=2. Eager run: "
-                       "CUDA events around every all-reduce (steps of a whole generate call, "
-                       "mostly decode); 'isolated': one all-reduce of a decode step's hidden "
-                       "states timed alone × calls per step, also against the decode step "
-                       "replayed from a CUDA graph where the engine has them",
-                       ["machine", "batch", "step_ms", "allreduce_calls_per_step",
-                        "allreduce_ms_per_step", "allreduce_share", "isolated_allreduce_us",
-                        "isolated_allreduce_share", "graph_decode_step_ms",
-                        "isolated_share_of_graph_step"], "tp_allreduce"))
-    s.dataset(results, "tp_attention", "Paged decode attention per step (× 32 layers) on one "
-              "GPU's heads", ["machine", "backend", "tp", "num_q_heads", "num_kv_heads",
-                              "batch", "context", "time_us", "per_step_us"])
-    wall = results.get("sweep_wall")
-    if wall is not None and {"gpus", "wall_s"} <= set(wall.columns):
-        one = wall.loc[wall["gpus"] == 1, "wall_s"]
-        wall = wall.assign(speedup=float(one.iloc[0]) / wall["wall_s"] if len(one) else None)
-    s.table(make_table(wall, "Kernel sweep (`pagebench bench --device cuda` under torchrun, "
-                       "cold Triton cache) on 1 and 2 GPUs; startup_s: starting torchrun and "
-                       "pagebench alone, a fixed cost in both",
-                       ["machine", "gpus", "wall_s", "speedup", "startup_s", "points", "rows"],
-                       "sweep_wall"))

@@ -1,9 +1,9 @@
 """Matplotlib figures embedded as PNG data URIs: the page needs no JavaScript and no network.
 
-Every function takes tidy DataFrames and returns a :class:`Plot` (or ``None`` when the frame
-holds nothing to draw). Labels come from data; matplotlib draws them as text, never as markup.
-Axis labels are words with units, given by the caller; each :class:`Plot` records the labels it
-drew (``axes``) so the page, and the browser test, can read them.
+Every function takes a tidy DataFrame with rows and returns a :class:`Plot` (``None`` where
+those rows hold nothing to draw). Labels come from data; matplotlib draws them as text, never
+as markup. Axis labels are words with units, given by the caller; each :class:`Plot` records
+the labels it drew (``axes``) so the page, and the browser test, can read them.
 """
 
 from __future__ import annotations
@@ -33,19 +33,6 @@ STYLE = {
 def label(value) -> str:
     """Text from data as a matplotlib label: '$' escaped so it never starts mathtext."""
     return str(value).replace("$", r"\$")
-
-
-# result columns -> words with units, for a caller that names no label
-WORDS = {"tokens_per_s": "tokens/s", "block_size": "block size (tokens)",
-         "batch": "batch size (sequences)", "context": "context (tokens)",
-         "device_label": "device", "machine": "device", "num_preemptions": "preemptions",
-         "time_us": "time (µs)", "gbps": "GB/s", "num_blocks": "KV blocks",
-         "peak_blocks": "peak KV blocks", "tp": "tensor-parallel GPUs"}
-
-
-def words(column: str) -> str:
-    """A column's name as an axis or legend label: words (with a unit where known)."""
-    return WORDS.get(column, str(column).replace("_", " "))
 
 
 def styled(fn):
@@ -116,16 +103,12 @@ def wrapped(text: str, width: int = 42) -> str:
     return "\n".join(lines) or " "
 
 
-def log2_axis(ax, values, axis: str = "x") -> None:
-    """Log-2 scale labelled with the measured values as plain integers (1, 16, 4096...)."""
+def log2_axis(ax, values) -> None:
+    """Log-2 x scale labelled with the measured values as plain integers (1, 16, 4096...)."""
     ticks = sorted({int(v) for v in values if v == v and v > 0})
-    if axis == "x":
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    else:
-        ax.set_yscale("log", base=2)
-        ax.set_yticks(ticks, [f"{t:,}" for t in ticks])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks, [f"{t:,}" for t in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
 
 
 def plain_log_y(ax) -> None:
@@ -149,10 +132,6 @@ def to_plot(fig, title: str, alt: str, tight: bool = True, small: bool = False) 
     return Plot(title, uri, f"{alt} ({drawn})" if drawn else alt, labels, small)
 
 
-def _empty(df) -> bool:
-    return df is None or len(df) == 0
-
-
 def panel_grid(n: int, max_cols: int, size, **kwargs):
     """(figure, the first ``n`` axes) of a grid at most ``max_cols`` wide, the rest hidden;
     ``size(cols, rows)`` gives the figure's size."""
@@ -165,10 +144,8 @@ def panel_grid(n: int, max_cols: int, size, **kwargs):
 
 
 @styled
-def utilisation_bars(static: pd.DataFrame) -> Plot | None:
+def utilisation_bars(static: pd.DataFrame) -> Plot:
     """Utilisation per allocator (paged: per block size) on one workload."""
-    if _empty(static):
-        return None
     labels = [label(a) if pd.isna(b) else f"paged {int(b)}" for a, b in
               zip(static["allocator"], static["block_size"])]
     util = static["utilisation"].astype(float) * 100
@@ -186,10 +163,8 @@ def utilisation_bars(static: pd.DataFrame) -> Plot | None:
 
 
 @styled
-def max_len_lines(sweep: pd.DataFrame) -> Plot | None:
+def max_len_lines(sweep: pd.DataFrame) -> Plot:
     """Utilisation versus max_model_len for each allocator (paged at each block size)."""
-    if _empty(sweep):
-        return None
     fig, ax = plt.subplots(figsize=(7, 3.2))
     for name, g in sweep.groupby("label", sort=False):
         g = g.sort_values("max_len")
@@ -218,7 +193,7 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
     ``timeline``: one row per (label, step) with the slot counts of :data:`BREAKDOWN` and
     ``budget_tokens``.
     """
-    if _empty(timeline) or "budget_tokens" not in timeline.columns:
+    if "budget_tokens" not in timeline.columns:  # optional in the schema
         return None
     cats = [c for c in BREAKDOWN if c in timeline.columns]
     if not cats:
@@ -245,62 +220,43 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
 
 
 @styled
-def grouped_bars(df: pd.DataFrame, category: str, series, title: str, ylabel: str, alt: str,
-                 *, xlabel: str | None = None, logy: bool = False) -> Plot | None:
-    """One group of bars per row of ``df`` (labelled by ``category``, axis ``xlabel``), one bar
-    per column of ``series`` (column -> legend entry, or a list of columns); every series in
-    the unit of ``ylabel``."""
-    if _empty(df):
+def bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str, xlabel: str,
+         alt: str, *, ylabel: str | None = None, logy: bool = False) -> Plot | None:
+    """One group of bars per row of ``df`` (labelled by ``category``), one bar per column of
+    ``series`` (column -> legend entry). With ``ylabel`` every series shares that axis; without
+    it each series has a panel of its own, labelled with its entry: quantities in different
+    units (tokens, blocks) never share an axis."""
+    if df.empty:  # e.g. no run that finished
         return None
-    if not isinstance(series, dict):
-        series = {col: words(col) for col in series}
-    fig, ax = plt.subplots(figsize=(6.5, 3))
-    bar_group(ax, df, category, series)
-    ax.set_xlabel(xlabel or words(category))
-    ax.set_ylabel(ylabel)
-    if logy:
-        plain_log_y(ax)
-    if len(series) > 1:
-        ax.legend()
-    return to_plot(fig, title, alt)
-
-
-def bar_group(ax, df: pd.DataFrame, category: str, series: dict[str, str]) -> None:
-    width = 0.8 / max(1, len(series))
-    for i, (col, name) in enumerate(series.items()):
-        xs = [j + i * width for j in range(len(df))]
-        ax.bar(xs, df[col].astype(float), width=width, label=label(name))
-    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(df))],
-                  [label(v) for v in df[category]], rotation=20 if len(df) > 3 else 0,
-                  ha="right" if len(df) > 3 else "center", fontsize=7 if len(df) > 3 else 8)
-
-
-@styled
-def bar_panels(df: pd.DataFrame, category: str, panels: dict[str, str], title: str,
-               xlabel: str, alt: str) -> Plot | None:
-    """One panel per column of ``panels`` (column -> y label with its unit): quantities in
-    different units (tokens, blocks) never share an axis."""
-    if _empty(df):
-        return None
-    fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels) + 0.6, 3),
-                             squeeze=False)
-    for ax, (col, ylabel) in zip(axes[0], panels.items()):
-        bar_group(ax, df, category, {col: ylabel})
+    groups = [series] if ylabel else [{col: name} for col, name in series.items()]
+    fig, axes = plt.subplots(1, len(groups), squeeze=False,
+                             figsize=(6.5, 3) if ylabel else (3.4 * len(groups) + 0.6, 3))
+    many = len(df) > 3
+    for ax, group in zip(axes[0], groups):
+        width = 0.8 / len(group)
+        for i, (col, name) in enumerate(group.items()):
+            ax.bar([j + i * width for j in range(len(df))], df[col].astype(float), width=width,
+                   label=label(name))
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(df))],
+                      [label(v) for v in df[category]], rotation=20 if many else 0,
+                      ha="right" if many else "center", fontsize=7 if many else 8)
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
+        ax.set_ylabel(ylabel or name)
+        if logy:
+            plain_log_y(ax)
+    if ylabel and len(series) > 1:
+        axes[0][0].legend()
     return to_plot(fig, title, alt)
 
 
 @styled
 def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, ylabel: str,
-          alt: str, *, legend_title: str | None = None, logx: bool = False, logy: bool = False,
+          alt: str, *, legend_title: str, logx: bool = False, logy: bool = False,
           hlines: dict | None = None, panel: str | None = None,
-          spread: tuple[str, str] | None = None) -> Plot | None:
+          spread: tuple[str, str] | None = None) -> Plot:
     """Line per ``hue`` value of ``y`` against ``x`` (legend titled ``legend_title``); one
     panel per ``panel`` value if given, at most three to a row. ``spread`` (low, high columns,
     e.g. min and max over repeats) draws error bars where those columns have values."""
-    if _empty(df):
-        return None
     panels = list(dict.fromkeys(df[panel])) if panel else [None]
     fig, axes = panel_grid(len(panels), 3, lambda c, r: (max(4.4 * c, 6.5), 3.4 * r))
     for ax, p in zip(axes.flat, panels):
@@ -326,19 +282,16 @@ def lines(df: pd.DataFrame, x: str, y: str, hue: str, title: str, xlabel: str, y
         ax.set_ylabel(ylabel)
         if p is not None:
             ax.set_title(wrapped(p), fontsize=9)
-        ax.legend(title=label(legend_title or words(hue)), fontsize=7, title_fontsize=7)
+        ax.legend(title=label(legend_title), fontsize=7, title_fontsize=7)
     return to_plot(fig, title, alt)
 
 
 @styled
 def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlabel: str,
-               alt: str, *, left_label: str | None = None, right_label: str | None = None,
-               hue: str | None = None, logx: bool = False) -> Plot | None:
+               alt: str, *, left_label: str, right_label: str, hue: str | None = None,
+               logx: bool = False) -> Plot:
     """``left`` (solid, axis ``left_label``) and ``right`` (dashed, second axis
     ``right_label``) against ``x``; one colour per ``hue`` value."""
-    if _empty(df):
-        return None
-    left_label, right_label = left_label or words(left), right_label or words(right)
     fig, ax = plt.subplots(figsize=(6.5, 3.2))
     ax2 = ax.twinx()
     groups = df.groupby(hue, sort=True) if hue else [(None, df)]
@@ -411,13 +364,11 @@ def history_axis_label(benchmark: str, unit: str, values: pd.Series) -> tuple[fl
 
 
 @styled
-def history(df: pd.DataFrame, benchmark: str, alt: str) -> Plot | None:
+def history(df: pd.DataFrame, benchmark: str, alt: str) -> Plot:
     """One asv benchmark over commits: a panel per machine (commits in date order), a line per
     parameter set (one colour per set across panels, one legend below). ``df``: rows of
     ``collect.asv_rows`` for this benchmark."""
-    if _empty(df):
-        return None
-    unit = str(df["unit"].iloc[0]) if "unit" in df.columns else ""
+    unit = str(df["unit"].iloc[0])
     factor, ylabel = history_axis_label(benchmark, unit, df["value"].astype(float))
     machines = list(dict.fromkeys(df["machine"]))
     params = sorted(df["params"].astype(str).unique())

@@ -113,19 +113,17 @@ def render_html(*, title: str, subtitle: str, generated: str, sections, warnings
 
 
 def dataset_hrefs(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -> dict:
-    """Dataset name -> href (relative to ``base``) of its CSV, for every non-empty frame."""
+    """Dataset name -> href (relative to ``base``) of its CSV."""
     return {name: os.path.relpath(data_dir / f"{name}.csv", base).replace(os.sep, "/")
-            for name, frame in frames.items() if frame is not None and len(frame)}
+            for name in frames}
 
 
 def write_datasets(frames: dict[str, pd.DataFrame], data_dir: Path) -> None:
-    """One CSV per non-empty dataset in ``data_dir``; CSVs of an earlier run that this run
-    did not produce are removed (the page would link to nothing)."""
+    """One CSV per dataset in ``data_dir``; CSVs of an earlier run that this run did not
+    produce are removed (the page would link to nothing)."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    written = {f"{name}.csv" for name, frame in frames.items() if frame is not None and len(frame)}
     for stale in data_dir.glob("*.csv"):
-        if stale.name not in written:
+        if stale.stem not in frames:
             stale.unlink()
     for name, frame in frames.items():
-        if frame is not None and len(frame):
-            atomic_write_text(data_dir / f"{name}.csv", frame.to_csv(index=False))
+        atomic_write_text(data_dir / f"{name}.csv", frame.to_csv(index=False))

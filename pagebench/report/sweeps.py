@@ -22,10 +22,7 @@ from pagebench.sim.real_traces import study_traces
 from pagebench.sim.static import max_len_rows, utilisation_rows
 from pagebench.sim.workloads import sample_lengths
 
-WORKLOAD = defaults.REFERENCE_LENGTHS  # the article's length distribution
-NUM_SEQS, SEED, MAX_LEN = (defaults.REFERENCE_NUM_SEQS, defaults.REFERENCE_SEED,
-                           defaults.REFERENCE_MAX_LEN)
-BLOCK_SIZES = defaults.CURVE_BLOCK_SIZES
+WORKLOAD, SEED = defaults.REFERENCE_LENGTHS, defaults.REFERENCE_SEED  # the article's lengths
 MAX_LENS = (1024, 2048, 4096, 8192, 16384, 32768)
 QUICK_REQUESTS = 2000  # requests of each real trace replayed with --quick
 
@@ -40,16 +37,16 @@ def here(device: str) -> str:
 
 def static_memory(results: Results, device: str = "cpu", quick: bool = False) -> None:
     """Utilisation per allocator and block size; utilisation versus max_model_len."""
-    for name, rows in (
-            ("memory_static", utilisation_rows(WORKLOAD, NUM_SEQS, SEED, MAX_LEN, BLOCK_SIZES)),
-            ("memory_max_len", max_len_rows(WORKLOAD, NUM_SEQS, SEED, MAX_LENS))):
-        frame = pd.DataFrame(rows)
-        frame["block_size"] = frame["block_size"].astype("Int64")
-        results.add(name, frame, "pagebench.sim.static")
+    num_seqs = defaults.REFERENCE_NUM_SEQS
+    results.add("memory_static", pd.DataFrame(utilisation_rows(
+        WORKLOAD, num_seqs, SEED, defaults.REFERENCE_MAX_LEN, defaults.CURVE_BLOCK_SIZES)),
+        "pagebench.sim.static")
+    results.add("memory_max_len", pd.DataFrame(max_len_rows(WORKLOAD, num_seqs, SEED, MAX_LENS)),
+                "pagebench.sim.static")
 
 
 def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    lengths = sample_lengths(WORKLOAD, 200 if quick else 600, SEED, MAX_LEN)
+    lengths = sample_lengths(WORKLOAD, 200 if quick else 600, SEED, defaults.REFERENCE_MAX_LEN)
     results.add("block_waste", pd.DataFrame(tail_waste_rows(lengths)).assign(workload=WORKLOAD),
                 "pagebench.engine.BlockManager")
 
@@ -72,10 +69,8 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     lengths arriving faster than they finish, in its 12.4 GB budget). 20,000 requests take ~2 s
     and are needed: with far fewer, paged allocation never runs out of memory."""
     res = reference_run(20_000, block_sizes=defaults.ENGINE_BLOCK_SIZES, max_timeline_rows=400)
-    summary = res.summary_frame()
-    summary["block_size"] = summary["block_size"].astype("Int64")
-    summary["workload"] = res.workload.get("source", WORKLOAD)
-    results.add("memory_dynamic_summary", summary, "pagebench.sim.dynamic.reference_run")
+    results.add("memory_dynamic_summary", res.summary_frame().assign(
+        workload=res.workload.get("source", WORKLOAD)), "pagebench.sim.dynamic.reference_run")
     timeline = res.timeline_frame()
     timeline = timeline[(timeline["allocator"] != "paged") | (timeline["block_size"] == 16)]
     results.add("memory_dynamic_timeline", timeline, "pagebench.sim.dynamic.reference_run")

@@ -222,7 +222,7 @@ REAL_TRACES_PREFIX = schema("real_traces_prefix", "prefix-cache hit rate at one 
 REAL_TRACES_ENGINE = schema("real_traces_engine", "the engine replaying a trace sample", TRACE,
                             BLOCK_SIZE)
 
-# ---- fp8 and two GPUs (scripts/h200_fp8.py, scripts/h200x2_tp.py) ------------------------
+# ---- fp8 and two GPUs (scripts/h200_fp8.py; pagebench tp-bench, scripts/h200x2_tp.sh) ---
 
 FP8_ENGINE = schema("fp8_engine", "engine pool and agreement with a bf16 and an fp8 cache",
                     C("blocks_bf16", "int", "pool with bf16"),

@@ -1,0 +1,177 @@
+"""`pagebench tp-bench`: the tensor-parallel engine and the kernel sweep past one GPU.
+
+Run the engine experiments under ``torchrun --nproc-per-node 2``: every rank runs the same
+measurement (pagebench.engine.parallel_bench) and rank 0 prints and writes the rows.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from pagebench.cli.options import (
+    add_output_options, check_memory, check_output_file, dumps, experiment_options, format_table,
+    int_list, integer, torch_device, write_results)
+
+# experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
+# any other option given is refused rather than silently ignored
+OPTIONS = {
+    "equality": {"kernel": "auto", "prompt_len": 40, "max_tokens": 24},
+    "capacity": {"preset": None, "kv_memory": "2MiB"},
+    "throughput": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
+                   "prompt_len": 16, "max_tokens": 8},
+    "allreduce": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
+                  "prompt_len": 16, "max_tokens": 8, "repeat": 50},
+    "attention": {"preset": None, "batch_sizes": [1, 4], "context": 64, "repeat": 30},
+    "sweep-wall": {"gpus": [1, 2], "bench_args": "--device cpu", "rows_out": None},
+}
+TABLES = {
+    "equality": [("prefix_caching", "prefix caching", 0), ("kernel", "kernel", 0),
+                 ("prompts_equal", "prompts equal", 0), ("num_prompts", "prompts", 0),
+                 ("ranks_agree", "ranks agree", 0)],
+    "capacity": [("tp", "tp", 0), ("kv_heads_per_gpu", "KV heads per GPU", 0),
+                 ("bytes_per_block_per_gpu", "bytes per block per GPU", 0),
+                 ("num_blocks_per_gpu", "blocks per GPU", 0)],
+    "throughput": [("mode", "run", 0), ("batch", "batch", 0), ("tokens_per_s", "tokens/s", 1),
+                   ("decode_tokens_per_s", "decode tokens/s", 1), ("time_s", "time (s)", 3)],
+    "allreduce": [("batch", "batch", 0), ("step_ms", "step (ms)", 2),
+                  ("allreduce_ms_per_step", "all-reduce per step (ms)", 2),
+                  ("allreduce_share", "share", 3),
+                  ("isolated_allreduce_us", "one alone (us)", 1),
+                  ("isolated_allreduce_share", "share alone", 3)],
+    "attention": [("tp", "tp", 0), ("num_q_heads", "query heads", 0),
+                  ("num_kv_heads", "KV heads", 0), ("batch", "batch", 0),
+                  ("context", "context (tokens)", 0), ("time_us", "one layer (us)", 1),
+                  ("per_step_us", "per step (us)", 1)],
+    "sweep-wall": [("gpus", "GPUs", 0), ("wall_s", "wall (s)", 1),
+                   ("startup_s", "startup (s)", 1), ("points", "points", 0), ("rows", "rows", 0)],
+}
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "tp-bench", help="tensor parallelism: tp=2 vs one device (equality, KV capacity, "
+        "tokens/s, all-reduce share, attention per step); the kernel sweep on 1 vs 2 GPUs",
+        description="Measure the tensor-parallel engine. Run equality, capacity, throughput and "
+        "allreduce under `torchrun --nproc-per-node 2` (NCCL on CUDA, gloo on the CPU): tp=1 "
+        "runs on every rank, tp=2 over both, and rank 0 writes the rows. equality: greedy "
+        "tokens at tp=2 against one device (tiny fp32 model, block tables checked each step). "
+        "capacity: KV blocks per device at the same KV memory per device. throughput: tokens/s "
+        "per batch, eager and default. allreduce: the all-reduce share of a tp=2 eager step. "
+        "attention (one process): the paged decode kernel on one device's heads at tp=1 and 2, "
+        "times the layers. sweep-wall (one process; it starts torchrun itself): wall time of "
+        "`pagebench bench BENCH_ARGS` on each number of --gpus, each with a cold Triton cache.")
+    p.add_argument("experiment", choices=OPTIONS, help="what to measure")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="default: cuda if present, else cpu; under torchrun, cuda is the GPU of "
+                   "the rank (LOCAL_RANK)")
+    p.add_argument("--preset", default=None, help="capacity, throughput, allreduce, attention: "
+                   "random bf16 weights in a preset's shape, e.g. llama-3-8b (default: the tiny "
+                   "random Qwen2 model)")
+    p.add_argument("--kernel", default=None, help="equality: attention backend (default auto)")
+    p.add_argument("--kv-memory", default=None, help="capacity, throughput, allreduce: KV cache "
+                   "memory per device, e.g. 16GiB (default 2MiB)")
+    p.add_argument("--batch-sizes", type=int_list, default=None,
+                   help="throughput, allreduce, attention: sequences per run (default 1,4)")
+    p.add_argument("--prompt-len", type=integer(1, 1_000_000), default=None,
+                   help="throughput, allreduce: prompt tokens (default 16); equality: the "
+                   "longest prompt, prompts of 1..N tokens (default 40)")
+    p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
+                   help="tokens generated per request (default 8; equality 24)")
+    p.add_argument("--context", type=integer(1, 1_000_000), default=None,
+                   help="attention: cached tokens per sequence (default 64)")
+    p.add_argument("--repeat", type=integer(1, 10_000), default=None,
+                   help="attention: timed calls per point (default 30); allreduce: timed "
+                   "all-reduces alone (default 50)")
+    p.add_argument("--gpus", type=int_list, default=None,
+                   help="sweep-wall: processes (GPUs) per run (default 1,2)")
+    p.add_argument("--bench-args", default=None,
+                   help="sweep-wall: the `pagebench bench` arguments, one quoted string, e.g. "
+                   "'--device cuda --batches 1,16 --contexts 4096' (default '--device cpu')")
+    p.add_argument("--rows-out", metavar="FILE", default=None,
+                   help="sweep-wall: also write the sweeps' rows (each naming its gpus) to FILE")
+    add_output_options(p, "rows")
+    p.set_defaults(func=run)
+
+
+def measure(experiment: str, opts: dict, device) -> list[dict]:
+    from pagebench.config import KVGeometry, preset_config
+    from pagebench.engine import parallel_bench as tp
+
+    if experiment == "equality":
+        return tp.greedy_equality(device, opts["kernel"], max_prompt_len=opts["prompt_len"],
+                                  max_tokens=opts["max_tokens"])
+    if experiment == "attention":
+        from pagebench.defaults import TINY_MODEL
+
+        config = preset_config(opts["preset"]) if opts["preset"] else TINY_MODEL
+        return tp.attention_per_step(device, KVGeometry.from_config(config),
+                                     opts["batch_sizes"], opts["context"], (1, 2),
+                                     opts["repeat"])
+    model, name = tp.random_model(opts["preset"], device)
+    if experiment == "capacity":
+        return tp.capacity(model, name, opts["kv_memory"])
+    run = dict(batch_sizes=opts["batch_sizes"], prompt_len=opts["prompt_len"],
+               max_tokens=opts["max_tokens"])
+    if experiment == "throughput":
+        return tp.throughput(model, name, opts["kv_memory"], **run)
+    return tp.allreduce_share(model, name, opts["kv_memory"], repeat=opts["repeat"], **run)
+
+
+def check_model_options(opts: dict) -> None:
+    """``--preset`` and ``--kv-memory`` checked before any model is built."""
+    from pagebench.config import PRESETS, parse_bytes, preset_key
+
+    if opts.get("preset") is not None and preset_key(opts["preset"]) not in PRESETS:
+        raise ValueError(f"--preset: unknown {opts['preset']!r} (presets: {', '.join(PRESETS)})")
+    if "kv_memory" in opts:
+        try:
+            kv_bytes = parse_bytes(opts["kv_memory"])
+        except ValueError as e:
+            raise ValueError(f"--kv-memory: {e}") from None
+        if kv_bytes < 1:
+            raise ValueError(f"--kv-memory: needs some memory, got {opts['kv_memory']!r}")
+
+
+def check_kv_memory(opts: dict, device) -> None:
+    """Refuse a KV cache larger than the memory free on ``device`` before allocating it."""
+    import torch
+
+    from pagebench.config import parse_bytes
+
+    if "kv_memory" not in opts:
+        return
+    cuda = device.type == "cuda"
+    check_memory("--kv-memory", parse_bytes(opts["kv_memory"]), "the KV cache of one device",
+                 torch.cuda.mem_get_info(device)[0] if cuda else None,
+                 "the GPU" if cuda else "this machine")
+
+
+def run(args) -> int:
+    from pagebench import distributed
+
+    opts = experiment_options(args, "tp-bench", OPTIONS)
+    check_output_file("--out", args.out)
+    check_model_options(opts)
+    if args.experiment == "sweep-wall":
+        check_output_file("--rows-out", opts["rows_out"])
+        if distributed.world_from_environment()[1] > 1:
+            raise ValueError("tp-bench sweep-wall: run it as one process; it starts torchrun")
+        try:
+            bench_args = shlex.split(opts["bench_args"])
+        except ValueError as e:
+            raise ValueError(f"--bench-args: {e}") from None
+        if "--out" in bench_args or any(a.startswith("--out=") for a in bench_args):
+            raise ValueError("--bench-args: leave out --out; each run's rows go to --rows-out")
+        rows, sweep_rows = distributed.sweep_wall(opts["gpus"], bench_args)
+        write_results(opts["rows_out"], sweep_rows)
+    else:
+        device = distributed.rank_device(torch_device(args.device))
+        check_kv_memory(opts, device)
+        started = distributed.join_group(device)
+        rows = measure(args.experiment, opts, device)
+        distributed.leave_group(started)
+        if distributed.world_from_environment()[0] != 0:
+            return 0  # rank 0 writes the rows: tp=2 rows are the same on every rank
+    write_results(args.out, rows)
+    print(dumps(rows) if args.json else format_table(rows, TABLES[args.experiment]))
+    return 0

@@ -1,0 +1,252 @@
+"""Tensor-parallel measurements as functions returning tidy rows; one process per rank.
+
+Run under ``torchrun --nproc-per-node N`` (``pagebench tp-bench``), every rank calling the same
+function with the same arguments: a tp=N engine runs SPMD, so its rows are the same on every
+rank, and a tp=1 engine runs on every rank at once, each on its own device, so each rank
+measures its own copy (rank 0's rows are the ones written). Outside torchrun the world is one
+process and only tp=1 runs.
+
+The rows are those of ``pagebench.results.datasets``' ``tp_*`` schemas. The defaults run in
+seconds on a CPU (gloo) with the tiny random model; pass a preset's model for device runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import torch
+import torch.distributed as dist
+
+from pagebench.config import KVGeometry, parse_bytes
+from pagebench.defaults import TINY_MODEL
+from pagebench.distributed import world_from_environment
+from pagebench.engine import bench
+from pagebench.engine.engine import LLMEngine
+from pagebench.engine.sampling import SamplingParams
+from pagebench.errors import ConfigError
+from pagebench.results import datasets
+from pagebench.timing import environment, measure
+
+BLOCK_SIZE = 16
+# the batch of the warm-up call before an engine's timed runs: kernels compiled, allocator grown
+WARMUP_BATCH = 16
+# torch.compile of the layers is left out: it costs a minute per 8B engine, and the 8B decode
+# step is weight-bound
+ENGINE_OPTIONS = dict(block_size=BLOCK_SIZE, max_num_seqs=256, max_num_batched_tokens=8192,
+                      compile_model=False)
+
+
+def tp_sizes() -> tuple[int, ...]:
+    """The tensor-parallel sizes this world runs: 1 and, under torchrun, the world size."""
+    _, world = world_from_environment()
+    return (1,) if world == 1 else (1, world)
+
+
+def parallel_size(what: str) -> int:
+    """The world size, for a measurement that needs tp > 1; ConfigError outside torchrun."""
+    _, world = world_from_environment()
+    if world < 2:
+        raise ConfigError(f"{what}: needs tensor parallelism; run under `torchrun "
+                          "--nproc-per-node 2`")
+    return world
+
+
+def random_model(preset: str | None, device, dtype=torch.bfloat16):
+    """(model, name): random weights in ``preset``'s shape, or the tiny model (preset None)."""
+    if preset is None:
+        return bench.tiny_model(dtype=dtype, device=device), "tiny-qwen2-random"
+    return bench.preset_model(preset, dtype=dtype, device=device), f"{preset}-random"
+
+
+def model_dtype(model) -> str:
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _generate_seconds(engine: LLMEngine, prompts, params) -> float:
+    device = engine.tp.device
+    _sync(device)
+    t0 = time.perf_counter()
+    engine.generate(prompts, params)
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def _release(device: torch.device) -> None:
+    """Free a dropped engine's cache before the next one allocates its own."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_prompt_len: int = 40,
+                    max_tokens: int = 24, seed: int = 3) -> list[dict]:
+    """Greedy tokens of the tp=N engine against the single-device engine on the same tiny fp32
+    model (block tables checked on every rank each step), prefix caching off and on; whether
+    every rank returned the same outputs."""
+    tp = parallel_size("equality")
+    device = torch.device(device)
+    prompts = bench.random_prompts(num_prompts, 1, max_prompt_len, TINY_MODEL["vocab_size"],
+                                   seed=seed)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    rows = []
+    for prefix in (False, True):
+        options = dict(block_size=BLOCK_SIZE, num_blocks=512, kernel=kernel,
+                       enable_prefix_caching=prefix, max_num_seqs=num_prompts,
+                       compile_model=False)
+        single = LLMEngine(bench.tiny_model(device=device), **options)
+        want = [r.outputs[0].token_ids for r in single.generate(prompts, params)]
+        engine = LLMEngine(bench.tiny_model(device=device), tensor_parallel_size=tp, **options)
+        engine.tp.check_tables = True
+        got = [r.outputs[0].token_ids for r in engine.generate(prompts, params)]
+        every = [None] * tp
+        dist.all_gather_object(every, got, group=engine.tp.group)
+        rows.append(datasets.TP_EQUALITY.row(**environment(device) | dict(
+            experiment="tp_greedy_equality", model="tiny-qwen2-fp32", dtype="float32", tp=tp,
+            prefix_caching=prefix, kernel=engine.runner.decode_backend.name,
+            num_prompts=len(prompts), prompts_equal=sum(a == b for a, b in zip(got, want)),
+            ranks_agree=all(e == every[0] for e in every),
+            kv_heads_per_gpu=engine.kv_heads_per_rank)))
+    return rows
+
+
+def capacity(model, name: str, kv_memory) -> list[dict]:
+    """KV blocks per device at each tensor-parallel size, the same KV memory per device.
+    ``model`` is sharded in place by the tp > 1 engine."""
+    geometry = KVGeometry.from_config(model.config, dtype=next(model.parameters()).dtype)
+    device = next(model.parameters()).device
+    rows = []
+    for tp in tp_sizes():
+        engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
+                           enforce_eager=True, **ENGINE_OPTIONS)
+        rows.append(datasets.TP_CAPACITY.row(**environment(device) | dict(
+            model=name, dtype=model_dtype(model), block_size=BLOCK_SIZE, tp=tp,
+            kv_heads_per_gpu=engine.kv_heads_per_rank,
+            kv_cache_bytes_per_gpu=engine.runner.kv_cache_bytes,
+            kv_memory_budget_bytes=parse_bytes(kv_memory),
+            bytes_per_block_per_gpu=geometry.per_rank(tp).bytes_per_block(BLOCK_SIZE),
+            num_blocks_per_gpu=engine.num_blocks)))
+        del engine
+        _release(device)
+    return rows
+
+
+def _prompts(model, batch_sizes, prompt_len: int) -> dict[int, list]:
+    vocab = model.config.vocab_size
+    return {b: bench.random_prompts(b, prompt_len, prompt_len, vocab, seed=b)
+            for b in (*batch_sizes, WARMUP_BATCH)}
+
+
+def mode_label(tp: int, eager: bool, graphs: bool) -> str:
+    """How decode ran: ``tp=2, eager``, ``tp=1, CUDA graphs`` or ``tp=2, default (no graphs)``
+    (a sharded engine is not captured)."""
+    return f"tp={tp}, " + ("eager" if eager else "CUDA graphs" if graphs
+                           else "default (no graphs)")
+
+
+def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int = 16,
+               max_tokens: int = 8) -> list[dict]:
+    """Engine tokens/s per batch at each tensor-parallel size, eager and by default (CUDA
+    graphs for decode where the engine captures them): ``batch`` prompts of ``prompt_len``
+    tokens, ``max_tokens`` each, after one warm-up call. tp=1 runs first: tp > 1 shards
+    ``model`` in place."""
+    device = next(model.parameters()).device
+    prompts = _prompts(model, batch_sizes, prompt_len)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    base = environment(device) | dict(model=name, dtype=model_dtype(model),
+                                      block_size=BLOCK_SIZE, prompt_len=prompt_len,
+                                      max_tokens=max_tokens)
+    rows = []
+    for tp in tp_sizes():
+        for eager in (True, False):
+            engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
+                               enforce_eager=eager, **ENGINE_OPTIONS)
+            graphs = bool(engine.stats.get("cuda_graphs", False))
+            _generate_seconds(engine, prompts[WARMUP_BATCH], params)
+            for b in batch_sizes:
+                seconds = _generate_seconds(engine, prompts[b], params)
+                stats = engine.stats
+                rows.append(datasets.TP_THROUGHPUT.row(**base | dict(
+                    tp=tp, mode=mode_label(tp, eager, graphs), cuda_graphs=graphs, batch=b,
+                    time_s=seconds, num_steps=len(stats["steps"]),
+                    tokens_per_s=b * max_tokens / seconds,
+                    decode_tokens_per_s=stats.get("decode_tokens_per_s"),
+                    num_blocks_per_gpu=engine.num_blocks,
+                    num_preemptions=stats["num_preemptions"])))
+            del engine
+            _release(device)
+    return rows
+
+
+def allreduce_share(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int = 16,
+                    max_tokens: int = 8, repeat: int = 50) -> list[dict]:
+    """The all-reduce share of a tp=N eager step, per batch: the seconds of every all-reduce
+    of a ``generate`` call (CUDA events, or the clock on a CPU) over the call's wall time; and
+    one all-reduce of a decode step's hidden states ``[batch, hidden]`` timed alone (median of
+    ``repeat``) times the calls per step, over the mean step."""
+    tp = parallel_size("allreduce")
+    device = next(model.parameters()).device
+    engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
+                       enforce_eager=True, **ENGINE_OPTIONS)
+    prompts = _prompts(model, batch_sizes, prompt_len)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    _generate_seconds(engine, prompts[WARMUP_BATCH], params)
+    hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
+    calls = 2 * layers  # after o_proj and down_proj
+    rows = []
+    for b in batch_sizes:
+        engine.tp.collective_times = []
+        seconds = _generate_seconds(engine, prompts[b], params)
+        reduce_s = engine.tp.collective_seconds()
+        engine.tp.collective_times = None
+        steps = len(engine.stats["steps"])
+        x = torch.randn(b, hidden, dtype=next(model.parameters()).dtype, device=device)
+        alone = measure(lambda: dist.all_reduce(x, group=engine.tp.group), device=device.type,
+                        warmup=5, repeat=repeat, flush_l2=False)
+        step_us = seconds / steps * 1e6
+        rows.append(datasets.TP_ALLREDUCE.row(**environment(device) | dict(
+            model=name, dtype=model_dtype(model), block_size=BLOCK_SIZE, prompt_len=prompt_len,
+            max_tokens=max_tokens, tp=tp, batch=b, eager=True, time_s=seconds,
+            num_steps=steps, step_ms=step_us / 1e3, allreduce_calls_per_step=calls,
+            allreduce_ms_per_step=reduce_s / steps * 1e3, allreduce_share=reduce_s / seconds,
+            isolated_allreduce_us=alone.median_us,
+            isolated_allreduce_share=calls * alone.median_us / step_us)))
+    return rows
+
+
+def attention_per_step(device, geometry: KVGeometry, batch_sizes=(1, 4), context: int = 64,
+                       tensor_parallel_sizes=(1, 2), repeat: int = 30,
+                       dtype=torch.bfloat16) -> list[dict]:
+    """The paged decode kernel (the best for this device) on one device's heads at each
+    tensor-parallel size (``geometry.per_rank(tp)``), ``batch`` sequences of ``context``
+    tokens, times the layers: attention per decode step. No collective: one process."""
+    from pagebench.kernels import resolve
+
+    device = torch.device(device)
+    d = geometry.head_dim
+    backend = resolve("decode", "auto", device, dtype, BLOCK_SIZE, d)
+    cuda = device.type == "cuda"
+    per_seq = -(-context // BLOCK_SIZE)
+    rows = []
+    for b in batch_sizes:
+        for tp in tensor_parallel_sizes:
+            heads = geometry.per_rank(tp)
+            k = torch.randn(b * per_seq, BLOCK_SIZE, heads.num_kv_heads, d, dtype=dtype,
+                            device=device)
+            v = torch.randn_like(k)
+            q = torch.randn(b, heads.num_q_heads, d, dtype=dtype, device=device)
+            tables = torch.arange(b * per_seq, dtype=torch.int32, device=device).view(b, per_seq)
+            lens = torch.full((b,), context, dtype=torch.int32, device=device)
+            t = measure(lambda: backend.decode(q, k, v, tables, lens, d ** -0.5),
+                        device=device.type, repeat=repeat, cuda_graph=cuda)
+            rows.append(datasets.TP_ATTENTION.row(**environment(device) | dict(
+                backend=backend.name, dtype=str(dtype).removeprefix("torch."), tp=tp,
+                num_q_heads=heads.num_q_heads, num_kv_heads=heads.num_kv_heads, head_dim=d,
+                batch=b, context=context, block_size=BLOCK_SIZE, time_us=t.median_us,
+                layers=geometry.num_layers, per_step_us=t.median_us * geometry.num_layers)))
+    return rows

@@ -15,7 +15,8 @@ Each variant is checked against float64 on ragged, NaN-poisoned inputs (whole pr
 an empty query) and against float32 at every timed point, then timed at the prefill sweep's
 points (Llama-3-8B shape, bf16, block 16) beside causal SDPA on a contiguous cache, and the
 default once more at the end of each point (the spread between two timings of one kernel).
-Writes prefill_variants.csv and prefill_variant_checks.csv; prints time / SDPA per point.
+Writes kernels_prefill_tuning_variants.csv and kernels_prefill_tuning_variants_checks.csv; prints
+time / SDPA per point.
 """
 
 from __future__ import annotations
@@ -111,8 +112,9 @@ def main() -> None:
         if on_cuda:
             torch.cuda.empty_cache()
     times, errors = pd.DataFrame(rows), pd.DataFrame(checks)
-    times.to_csv(os.path.join(args.out, "prefill_variants.csv"), index=False)
-    errors.to_csv(os.path.join(args.out, "prefill_variant_checks.csv"), index=False)
+    stem = os.path.join(args.out, "kernels_prefill_tuning_variants")
+    times.to_csv(stem + ".csv", index=False)
+    errors.to_csv(stem + "_checks.csv", index=False)
     worst = pd.concat([times, errors]).groupby("variant")["err"].max()
     table = times.pivot_table(index="variant", columns=["batch", "query_len", "cached"],
                               values="ratio", sort=False)

@@ -8,9 +8,12 @@ position; the program walks the keys up to its last query's position in tiles of
 tokens through the block table (any block size), with the online softmax in fp32 (log2 domain,
 the softmax scale folded into the exponent).
 
-The walk has two parts, as FlashAttention's causal loop: the tiles every row of the program
-sees whole (keys up to its first query's position) take no mask at all, and only the tiles
-across the diagonal are masked per element; tiles wholly above the diagonal are not visited.
+Tiles wholly above the diagonal are not visited, and only the tiles across it are masked per
+element. The walk is one loop (its pipeline filled once; the tiles every row sees whole skip
+the causal mask by a uniform branch) or two, as FlashAttention's causal loop (those tiles
+first, with no mask at all, then the diagonal ones). Each tile's block ids can be loaded a tile
+ahead, so its K/V loads depend on no load of their own iteration and Triton pipelines them
+``num_stages - 1`` tiles ahead. ``prefill_launch`` picks these per regime (docs/kernels.md).
 
 The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile
 ``last - p // kv_heads``, where the query tiles of all sequences are numbered one after another

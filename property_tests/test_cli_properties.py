@@ -218,7 +218,7 @@ def stubs():
                    lambda *args, **kwargs: fake_rows()[0])
         mp.setattr("pagebench.cli.parallel.measure", fake_rows)
         mp.setattr("pagebench.distributed.sweep_wall", lambda *args: (fake_rows(), fake_rows()))
-        mp.setattr("pagebench.report.build.build_report", fake_build_report)
+        mp.setattr("pagebench.suite.build_report", fake_build_report)
         mp.setattr("pagebench.benchcompare.bench_compare", fake_bench_compare)
         # large valid requests are refused by their memory estimate instead of run
         mp.setattr(options, "available_memory_bytes", lambda: 20 * 10**6)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from pagebench import defaults
-from pagebench.report.collect import Results
+from pagebench.results import Results
 
 SYNTHETIC = "synthetic"
 DEVICE = "Synthetic GPU"  # the device label every synthetic measurement carries

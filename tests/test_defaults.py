@@ -31,8 +31,8 @@ def test_cpu_recommendation_ranges_over_every_swept_block_size():
     recommendation made from them weighs every one (not an intersection of two lists)."""
     from pagebench.kernels.sweep import run_sweep
     from pagebench.report import derive
-    from pagebench.report.collect import Results
-    from pagebench.report.sweeps import here, static_memory
+    from pagebench.results import Results
+    from pagebench.suite import here, static_memory
 
     results = Results()
     static_memory(results)

@@ -12,9 +12,11 @@ import pytest
 from synthetic_report import synthetic_results
 
 from pagebench.cli import main
-from pagebench.report import build, claims, collect, derive, render, sections, sweeps
+from pagebench import suite
+from pagebench.report import build, claims, derive, render, sections
 from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
 from pagebench.results import DataError, Results, classify, load_data_dir, read_table
+from pagebench.results.collect import guarded
 from pagebench.results.datasets import KERNELS
 from pagebench.results.history import load_benchmark_json
 
@@ -102,15 +104,15 @@ def test_asv_and_pytest_benchmark_json_become_tidy_rows(tmp_path):
 
 def test_a_failing_source_becomes_a_named_warning():
     results = Results()
-    collect.guarded(results, "kernels: quick sweep", lambda: 1 / 0)
-    collect.guarded(results, "engine", lambda: __import__("pagebench.nonexistent_module"))
+    guarded(results, "kernels: quick sweep", lambda: 1 / 0)
+    guarded(results, "engine", lambda: __import__("pagebench.nonexistent_module"))
     assert results.warnings[0].startswith("kernels: quick sweep: failed (ZeroDivisionError")
     assert results.warnings[1].startswith("engine: not available")
 
 
 def test_static_sweep_reproduces_the_article():
     results = Results()
-    sweeps.static_memory(results)
+    suite.static_memory(results)
     c = by_key(results)
     for key in ("naive_utilisation", "paged_near_oracle", "block_size_sweep"):
         assert c[key].verdict == HOLDS, c[key]
@@ -119,7 +121,7 @@ def test_static_sweep_reproduces_the_article():
 
 def test_block_manager_waste_stays_within_the_bound():
     results = Results()
-    sweeps.block_waste(results, quick=True)
+    suite.block_waste(results, quick=True)
     waste = results.get("block_waste")
     assert (waste["max_waste_slots"] <= waste["block_size"] - 1).all()
     assert by_key(results)["worst_case_waste"].verdict == HOLDS

@@ -7,7 +7,7 @@ import pandas as pd
 from pagebench.report import build
 from pagebench.report.claims import (FAILS, HOLDS, UNMEASURED, Claim, Measured, Part, evaluate,
                                      first, judge)
-from pagebench.report.collect import Results
+from pagebench.results import Results
 
 
 def claim(measure, holds=lambda v: v < 2, **kwargs) -> Claim:

@@ -4,9 +4,11 @@ from pathlib import Path
 
 import pandas as pd
 
+from pagebench import suite
 from pagebench.report import fp8
-from pagebench.report.claims import FAILS, HOLDS, UNMEASURED, evaluate
+from pagebench.report.claims import ARITHMETIC, FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results, classify
+from pagebench.sim.capacity import fp8_rows
 
 ENV = {"device": "cuda", "device_name": "NVIDIA H200"}
 
@@ -65,11 +67,24 @@ def test_layout_claim_leaves_l2_resident_points_out():
 
 
 def test_capacity_claim_from_the_planner_and_the_engine_pool():
-    assert verdict("fp8_capacity", Results()).verdict == HOLDS  # arithmetic alone
+    assert verdict("fp8_capacity", Results()).verdict == UNMEASURED
+    planner = pd.DataFrame(fp8_rows())
+    alone = verdict("fp8_capacity", results_with(capacity_fp8=planner))
+    assert alone.verdict == HOLDS and alone.device == ARITHMETIC  # arithmetic alone
     engine = pd.DataFrame([{**ENV, "blocks_bf16": 1000, "blocks_fp8": 1500,
                             "blocks_ratio": 1.5}])
-    c = verdict("fp8_capacity", results_with(fp8_engine=engine))
-    assert c.verdict == FAILS and "1.50×" in c.measured
+    c = verdict("fp8_capacity", results_with(capacity_fp8=planner, fp8_engine=engine))
+    assert c.verdict == FAILS and "1.50×" in c.measured and c.measured.startswith("planner")
+    engine_only = verdict("fp8_capacity", results_with(fp8_engine=engine))
+    assert engine_only.verdict == FAILS and "arithmetic" not in engine_only.device
+
+
+def test_the_suite_adds_the_planner_rows_the_section_judges_and_shows():
+    results = Results()
+    suite.capacity(results)
+    assert verdict("fp8_capacity", results).verdict == HOLDS
+    tables = [i.table for i in fp8.section(results).items if i.table is not None]
+    assert [t.data for t in tables if t.caption.startswith("Capacity planner")] == ["capacity_fp8"]
 
 
 def test_section_renders_with_and_without_data():

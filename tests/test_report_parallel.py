@@ -32,8 +32,10 @@ def write_h200x2(root, attention_ratio=0.5):
 
 
 def loaded(root) -> Results:
+    """The data under ``root`` and the planner's rows, as ``pagebench report`` gathers them."""
     results = Results()
     load_data_dir(results, root)
+    results.add("capacity_tp", pd.DataFrame(tensor_parallel_rows()), "planner")
     return results
 
 
@@ -64,6 +66,9 @@ def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
         f"No data: two-GPU measurements ({parallel.SOURCE})"]
     verdicts = next(i.table for i in s.items if i.kind == "table")
     assert [r[3] for r in verdicts.rows] == [UNMEASURED, UNMEASURED]
+    assert any(i.table.data == "capacity_tp" for i in s.items if i.kind == "table")
+    assert [i.text for i in parallel.section(Results()).items if i.kind == "nodata"][-1] == \
+        f"No data: {parallel.PLANNER.missing}"
     planner = pd.DataFrame(tensor_parallel_rows())
     eight = planner[(planner["model"] == "llama-3-8b")]
     assert eight.set_index("tensor_parallel_size")["kv_replication"].to_dict()[16] == 2

@@ -7,11 +7,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from pagebench import suite
 from pagebench.engine import bench
 from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
 from pagebench.kernels.sweep import COLUMNS, run_sweep
-from pagebench.report import sweeps
 from pagebench.results import DATASETS, DataError, Results, classify, load_data_dir
+from pagebench.results.collect import collect, default_data_dir
 from pagebench.results.datasets import ENGINE_COW, FILE_KINDS, KERNELS
 from pagebench.results.read import data_files
 from pagebench.results.schema import Column, Schema
@@ -87,7 +88,7 @@ def test_copy_on_write_rows_name_n():
                                    "dynamic_memory"])
 def test_simulator_datasets_meet_their_schemas(sweep):
     results = Results()
-    getattr(sweeps, sweep)(results, quick=True)
+    getattr(suite, sweep)(results, quick=True)
     assert results.frames and not results.warnings
 
 
@@ -110,6 +111,32 @@ def test_a_file_missing_a_required_column_is_named_and_not_used(tmp_path):
     assert results.get("engine_cow") is None
     assert results.warnings == [f"engine_cow: {tmp_path / 'h200' / 'engine_cow.csv'}: missing "
                                 "column(s) peak_blocks; not used"]
+
+
+def test_collect_runs_the_steps_passed_in_then_reads_committed_data(tmp_path, capsys):
+    """Each step runs guarded (a failure is a warning naming it) and timed; the data directory
+    given is read after them; nothing measures unless a step is passed."""
+    (tmp_path / "h200").mkdir()
+    pd.DataFrame([{"n": 1, "variant": "n=1", "peak_blocks": 3}]).to_csv(
+        tmp_path / "h200" / "engine_cow.csv", index=False)
+    seen = []
+
+    def static(results, device, quick):
+        seen.append((device, quick))
+        suite.block_waste(results, quick=True)
+
+    def broken(results, **_):
+        raise RuntimeError("no GPU")
+
+    results = collect(device="cpu", quick=True, steps=[("waste", static), ("broken", broken)],
+                      data_dir=tmp_path, progress=True)
+    assert seen == [("cpu", True)]
+    assert {"block_waste", "engine_cow"} <= set(results.frames)
+    assert results.warnings == ["broken: failed (RuntimeError: no GPU)"]
+    assert list(results.timings_s) == ["waste", "broken",
+                                       "reading committed data and benchmark results"]
+    assert "report [2/3] broken ..." in capsys.readouterr().err
+    assert default_data_dir().parts[-2:] == ("reports", "data")
 
 
 def test_validate_coerces_types_and_names_bad_values():

@@ -41,7 +41,7 @@ def run_report(args) -> int:
     check_input_dir("--data-dir", args.data_dir)
     out = page_path(args.out)
     check_output_file("--out", out)
-    from pagebench.report.build import build_report
+    from pagebench.suite import build_report
 
     path, results = build_report(out, device=args.device, quick=args.quick,
                                  results_dirs=args.results, data_dir=args.data_dir,

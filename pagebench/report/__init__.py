@@ -1,9 +1,10 @@
 """Datasets (:mod:`pagebench.results`) -> one self-contained HTML report with a verdict per claim.
 
-``build_report(out, device=..., quick=...)`` is the entry point behind ``pagebench report``;
-``write_report(results, out, env=..., options=...)`` renders data already collected.
+``write_report(results, out, env=..., options=...)`` renders data already gathered; it measures
+nothing (``pagebench report`` runs :func:`pagebench.suite.build_report`, which gathers, then
+calls it).
 """
 
-from pagebench.report.build import build_report, write_report
+from pagebench.report.build import write_report
 
-__all__ = ["build_report", "write_report"]
+__all__ = ["write_report"]

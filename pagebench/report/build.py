@@ -1,4 +1,5 @@
-"""Build the report: collect data, judge the claims, lay out sections, write page and CSVs."""
+"""Render a :class:`~pagebench.results.Results`: judge the claims, lay out sections, write the page
+and its CSVs."""
 
 from __future__ import annotations
 
@@ -7,9 +8,8 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import claims as claims_mod
-from pagebench.report import derive, fp8, parallel, real_traces, render, sections, sweeps
-from pagebench.report.collect import Results, collect, default_device
-from pagebench.results import devices
+from pagebench.report import derive, fp8, parallel, real_traces, render, sections
+from pagebench.results import Results, devices
 
 DATA_DIR_SUFFIX = "_data"
 # the claims table's rows; fp8 and parallel judge theirs in their own sections
@@ -93,26 +93,3 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     render.atomic_write_text(out, html)
     return out
 
-
-def build_report(out="reports/index.html", *, device: str | None = None, quick: bool = False,
-                 results_dirs=(), data_dir=None, progress: bool = True) -> tuple[Path, Results]:
-    """Run the quick sweeps (all but the simulators skipped with ``quick``), read committed data
-    and benchmark results, and write the report. Returns the page's path and the data."""
-    from pagebench.timing import environment
-
-    device = device or default_device()
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-        raise ValueError(f"device: expected cpu or cuda, got {device!r}")
-    if str(device).startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError("device: cuda requested but torch sees no CUDA device")
-    results = collect(device=device, quick=quick, steps=sweeps.plan(run_sweeps=not quick),
-                      data_dir=data_dir, results_dirs=results_dirs, progress=progress)
-    options = {"quick": quick, "sweeps run here": "simulators only" if quick else
-               "simulators, CPU kernel sweep, engine comparisons",
-               "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}
-    options |= {f"time: {k}": f"{v:.1f} s" for k, v in results.timings_s.items()}
-    path = write_report(results, out, env=environment(device), options=options)
-    return path, results

@@ -21,7 +21,7 @@ from typing import Any
 import pandas as pd
 
 from pagebench.report import derive
-from pagebench.report.collect import Results
+from pagebench.results import Results
 
 HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured here"
 SIM, ARITHMETIC = "any machine (simulation)", "any machine (arithmetic)"

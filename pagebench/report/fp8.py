@@ -5,7 +5,7 @@ Datasets (``scripts/h200_fp8.py``, committed under ``reports/data/h200/``): ``ke
 error against the bf16 cache), ``kernels_layout`` (Triton bf16 decode over contiguous,
 shuffled and aged block tables: time, unique K/V footprint, L2 flag) and ``fp8_engine`` (the
 engine's pool and greedy agreement, bf16 vs fp8 cache), beside the capacity planner's bf16 vs
-fp8 arithmetic (:func:`pagebench.sim.capacity.fp8_rows`, any machine).
+fp8 arithmetic (``capacity_fp8``: :func:`pagebench.sim.capacity.fp8_rows`, any machine).
 """
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ from __future__ import annotations
 import pandas as pd
 
 from pagebench.report.claims import ARITHMETIC, Claim, Measured, Part, evaluate
-from pagebench.report.collect import Results
+from pagebench.results import Results
 from pagebench.results.devices import frame_devices
-from pagebench.report.sections import Section, View, claims_table, derived, make_table
-from pagebench.sim.capacity import fp8_rows
+from pagebench.report.sections import Section, View, claims_table, derived
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
 SOURCE = "reports/data/h200/ (scripts/h200_fp8.py)"
@@ -51,17 +50,19 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     return out.reset_index().sort_values(["block_size", "context", "batch"])
 
 
-def capacity_parts(results: Results) -> Measured:
-    plan = pd.DataFrame(fp8_rows())
-    lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
-    parts = [Part((lo, hi), f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})")]
-    engine = results.get("fp8_engine")
-    if engine is None:
-        return Measured(parts, ARITHMETIC)
-    ratio = float(engine["blocks_ratio"].iloc[0])
-    parts.append(Part((ratio,), f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
-                      f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)"))
-    return Measured(parts, f"{ARITHMETIC}; engine: {frame_devices(engine)}")
+def capacity_parts(results: Results) -> Measured | None:
+    plan, engine = results.get("capacity_fp8"), results.get("fp8_engine")
+    parts, sources = [], []
+    if plan is not None:
+        lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
+        parts.append(Part((lo, hi), f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})"))
+        sources.append(ARITHMETIC)
+    if engine is not None:
+        ratio = float(engine["blocks_ratio"].iloc[0])
+        parts.append(Part((ratio,), f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
+                          f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)"))
+        sources.append(f"engine: {frame_devices(engine)}")
+    return Measured(parts, "; ".join(sources)) if parts else None
 
 
 def decode_time_parts(results: Results) -> Measured | None:
@@ -114,7 +115,8 @@ def layout_parts(results: Results) -> Measured | None:
 CLAIMS = (
     Claim("fp8_capacity", "fp8 KV doubles capacity.", "KV blocks fp8 / bf16 within 1.95–2.05× "
           "in the capacity planner (bf16 weights, 0.9 of the GPU, 4 GiB overhead) and in the "
-          "engine's pool at equal KV memory where measured", ("fp8_engine",), capacity_parts,
+          "engine's pool at equal KV memory where measured", ("capacity_fp8", "fp8_engine"),
+          capacity_parts,
           lambda ratios: all(1.95 <= r <= 2.05 for r in ratios)),
     Claim("fp8_decode_time", "fp8 KV halves decode time at long context.",
           f"Triton decode, e4m3 / bf16 time ≤ {HALF_TIME_BOUND}× at every block-16 point of "
@@ -129,6 +131,10 @@ CLAIMS = (
 )
 
 
+PLANNER = View("capacity_fp8", "Capacity planner, bf16 vs fp8 (e4m3) KV cache: bf16 weights, 0.9 "
+               "of the GPU, 4 GiB overhead, block 16; concurrency at max_model_len (naive "
+               "reservation)", missing="capacity planner, bf16 vs fp8 "
+               "(pagebench.sim.capacity.fp8_rows)")
 VIEWS = (
     View("kernels_fp8", "Triton paged decode, bf16 vs e4m3 cache (Llama-3-8B shape 32/8 × 128, "
          "CUDA graphs): copy fraction = bytes read (fp8 counted in fp8 bytes) / time / measured "
@@ -166,9 +172,7 @@ def section(results: Results) -> Section:
            "axis (`pagebench bench --layouts contiguous,shuffled,aged`); aged tables come from "
            "the block manager after it served a trace with churn.")
     s.table(claims_table(evaluate(results, CLAIMS), "Verdicts"))
-    s.table(make_table(pd.DataFrame(fp8_rows()), "Capacity planner, bf16 vs fp8 (e4m3) KV "
-                       "cache: bf16 weights, 0.9 of the GPU, 4 GiB overhead, block 16; "
-                       "concurrency at max_model_len (naive reservation)"))
+    s.show(results, (PLANNER,))
     if all(results.get(d) is None for d in DATASETS):
         s.nodata(f"fp8 and layout measurements ({SOURCE})")
         return s

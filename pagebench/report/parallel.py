@@ -1,7 +1,7 @@
 """The report's "Past one GPU" section: the tensor-parallel engine and the kernel sweep on two
 GPUs, read from ``reports/data/h200x2/`` (written by ``scripts/h200x2_tp.py``), beside the
-capacity planner's arithmetic for tensor parallelism
-(:func:`pagebench.sim.capacity.tensor_parallel_rows`, any machine).
+capacity planner's arithmetic for tensor parallelism (``capacity_tp``:
+:func:`pagebench.sim.capacity.tensor_parallel_rows`, any machine).
 
 Datasets (one CSV each, named by the script): ``tp_equality`` (greedy tp=2 vs one GPU),
 ``tp_capacity`` (KV blocks per GPU at equal per-GPU KV memory), ``tp_throughput`` (tokens/s vs
@@ -15,10 +15,9 @@ import pandas as pd
 
 from pagebench.report import plots
 from pagebench.report.claims import Claim, Measured, Part, evaluate
-from pagebench.report.collect import Results
+from pagebench.results import Results
 from pagebench.results.devices import frame_devices
-from pagebench.report.sections import Section, View, claims_table, make_table
-from pagebench.sim.capacity import tensor_parallel_rows
+from pagebench.report.sections import Section, View, claims_table
 
 DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
             "sweep_wall")
@@ -130,6 +129,10 @@ MEASURED = (
          "rows"), table=with_speedup),
 )
 
+PLANNER = View("capacity_tp", "Capacity planner per GPU (141 GB, 0.9 utilisation, 4 GiB overhead, "
+               "block 16, bf16): weights and KV heads split over tp GPUs",
+               missing="capacity planner per GPU (pagebench.sim.capacity.tensor_parallel_rows)")
+
 
 def section(results: Results) -> Section:
     s = Section("parallel", "Past one GPU")
@@ -144,7 +147,4 @@ def section(results: Results) -> Section:
         s.nodata(f"two-GPU measurements ({SOURCE})")
     else:
         s.show(results, MEASURED)
-    s.table(make_table(pd.DataFrame(tensor_parallel_rows()), "Capacity planner per GPU (141 GB, "
-                       "0.9 utilisation, 4 GiB overhead, block 16, bf16): weights and KV heads "
-                       "split over tp GPUs"))
-    return s
+    return s.show(results, (PLANNER,))

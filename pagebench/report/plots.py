@@ -367,7 +367,7 @@ def history_axis_label(benchmark: str, unit: str, values: pd.Series) -> tuple[fl
 def history(df: pd.DataFrame, benchmark: str, alt: str) -> Plot:
     """One asv benchmark over commits: a panel per machine (commits in date order), a line per
     parameter set (one colour per set across panels, one legend below). ``df``: rows of
-    ``collect.asv_rows`` for this benchmark."""
+    :func:`pagebench.results.history.asv_rows` for this benchmark."""
     unit = str(df["unit"].iloc[0])
     factor, ylabel = history_axis_label(benchmark, unit, df["value"].astype(float))
     machines = list(dict.fromkeys(df["machine"]))

@@ -1,7 +1,7 @@
 """The report's "Real traces" part: the article's memory claims re-judged on three public traces.
 
 The rows come from :func:`pagebench.sim.real_traces.study_traces` (run by
-:func:`pagebench.report.sweeps.real_traces`): ``real_traces_static``, ``real_traces_dynamic``
+:func:`pagebench.suite.real_traces`): ``real_traces_static``, ``real_traces_dynamic``
 (at a memory-bound budget: at the article's 12.4 GB these traces are never short of memory),
 ``real_traces_timeline``, ``real_traces_prefix`` (Mooncake's hash_ids) and, without
 ``--quick``, ``real_traces_engine`` (the engine's hit rate beside the simulator's on a sample).
@@ -16,7 +16,7 @@ import pandas as pd
 
 from pagebench.report import plots
 from pagebench.report.claims import PAGED_16, SIM, Claim, Measured, Part, first, pct
-from pagebench.report.collect import Results
+from pagebench.results import Results
 from pagebench.report.sections import Section, View
 
 def traces_text(static: pd.DataFrame) -> str:

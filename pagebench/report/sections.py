@@ -17,7 +17,7 @@ import pandas as pd
 
 from pagebench.report import derive, plots
 from pagebench.report.claims import FAILS, HOLDS, Verdict, tally
-from pagebench.report.collect import Results
+from pagebench.results import Results
 from pagebench.results import devices
 
 

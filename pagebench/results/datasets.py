@@ -207,6 +207,28 @@ CAPACITY = schema("capacity", "one capacity-planner case (sim.capacity.capacity_
                   C("gpu_memory", "str", "GPU memory, e.g. 80GiB"), *CAPACITY_CASE)
 CAPACITY_ARTICLE = schema("capacity_article", "the article's 250-request arithmetic",
                           *CAPACITY_CASE, C("bytes_per_token", "int", "KV bytes per token"))
+CAPACITY_FP8 = schema(
+    "capacity_fp8", "the planner with a bf16 and an fp8 (e4m3) KV cache (sim.capacity.fp8_rows)",
+    MODEL, C("gpu_memory", "str", "GPU memory, e.g. 141GB"),
+    C("max_model_len", "int", "longest sequence"),
+    C("blocks_bf16", "int", "blocks with a bf16 cache"),
+    C("blocks_fp8", "int", "blocks with an fp8 cache"),
+    C("blocks_ratio", "float", "blocks_fp8 / blocks_bf16"),
+    C("concurrency_bf16", "int", "sequences with a max_model_len reservation, bf16"),
+    C("concurrency_fp8", "int", "the same, fp8"))
+CAPACITY_TP = schema(
+    "capacity_tp", "the planner per GPU at a tensor-parallel size "
+    "(sim.capacity.tensor_parallel_rows)", MODEL,
+    C("tensor_parallel_size", "int", "GPUs the model is split over"),
+    *optional(C("kv_heads_per_rank", "int", "KV heads each GPU holds"),
+              C("kv_replication", "int", "GPUs holding each KV head"),
+              C("bytes_per_token_per_rank", "int", "KV bytes per token on one GPU"),
+              C("weights_bytes_per_rank", "int", "weight bytes on one GPU"),
+              C("kv_cache_bytes", "int", "bytes left for the KV cache on one GPU"),
+              C("num_blocks", "int", "blocks in that memory"),
+              C("blocks_vs_tp1", "float", "num_blocks / the tp=1 case's"),
+              C("max_concurrency_paged", "int", "sequences paged (mean length), all GPUs"),
+              C("max_concurrency_paged_per_gpu", "float", "the same per GPU")))
 
 # ---- real traces (report/real_traces.py over pagebench/data/traces) ----------------------
 
@@ -265,8 +287,8 @@ DATASETS: dict[str, Schema] = {s.name: s for s in (
     KERNELS_LAYOUT, ENGINE_BATCH, ENGINE_COW, ENGINE_PREFIX, ENGINE_POOL, ENGINE_EQUAL_MEMORY,
     ENGINE_COMPARE, ENGINE, MEMORY_STATIC, MEMORY_MAX_LEN, MEMORY_DYNAMIC_SUMMARY,
     MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
-    REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE, REAL_TRACES_PREFIX,
-    REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
+    CAPACITY_FP8, CAPACITY_TP, REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE,
+    REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
     TP_ATTENTION, SWEEP_WALL, ASV, PYTEST_BENCHMARK)}
 
 # file-name prefix under reports/data/<machine>/ -> dataset; first match wins; None: a file the

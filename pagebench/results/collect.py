@@ -1,8 +1,9 @@
-"""Gather the report's data, turning every failure into a named warning.
+"""Gather results from their sources into one :class:`Results`, turning every failure into a
+named warning.
 
 Three kinds of source, each checked against its dataset's schema (:mod:`pagebench.results`):
-- *measured here*: the quick sweeps this machine can afford (simulators, CPU kernel and engine
-  sweeps), run by the steps of :mod:`pagebench.report.sweeps`;
+- *measured here*: steps passed in by the caller, each a call into the subsystem that measures
+  (:mod:`pagebench.suite` lists those of ``pagebench report``); this package imports none;
 - *committed data*: CSV/JSON files under ``reports/data/<machine>/`` and any ``--results DIR``,
   named by file (:data:`pagebench.results.FILE_KINDS`);
 - *benchmark histories*: asv result files and pytest-benchmark JSON.
@@ -14,10 +15,10 @@ import sys
 import time
 from pathlib import Path
 
-from pagebench.results import Results, load_data_dir
 from pagebench.results.history import asv_results_dir, load_benchmark_json
+from pagebench.results.read import Results, load_data_dir
 
-__all__ = ["Results", "collect", "default_device", "guarded"]
+__all__ = ["collect", "default_data_dir", "guarded", "read_committed", "repo_root"]
 
 
 def guarded(results: Results, name: str, fn) -> None:
@@ -31,6 +32,7 @@ def guarded(results: Results, name: str, fn) -> None:
 
 
 def repo_root() -> Path:
+    """The checkout this package runs from."""
     return Path(__file__).resolve().parents[2]
 
 
@@ -44,8 +46,7 @@ def default_data_dir() -> Path:
 def collect(*, device: str = "cpu", quick: bool = False, steps=(), data_dir=None,
             results_dirs=(), progress: bool = True) -> Results:
     """Everything the report shows: ``steps`` run here (``(label, fn(results, device=,
-    quick=))``, e.g. :func:`pagebench.report.sweeps.plan`), committed data, benchmark
-    histories. With ``progress``, one line per step on stderr: what runs, then how long it
+    quick=))``, e.g. :func:`pagebench.suite.plan`), committed data, benchmark histories. With ``progress``, one line per step on stderr: what runs, then how long it
     took (kept in ``Results.timings_s``)."""
     results = Results()
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
@@ -77,11 +78,3 @@ def read_committed(results: Results, data_dir: Path, results_dirs=()) -> None:
                    data_dir, *results_dirs]
     guarded(results, "benchmark results", lambda: load_benchmark_json(results, bench_roots))
 
-
-def default_device() -> str:
-    try:
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    except Exception:  # noqa: BLE001 (a broken torch install: the report still builds, on cpu)
-        return "cpu"

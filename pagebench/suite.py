@@ -1,22 +1,29 @@
-"""What the report measures on the machine at hand: each step calls the subsystem that measures
-(sim, engine, kernels) and adds its rows to Results under a dataset name.
+"""What ``pagebench report`` measures on the machine at hand, and the run that measures it and
+writes the report (:func:`build_report`).
 
-Simulators run in seconds; the CPU kernel and engine sweeps take a minute or two and are skipped
-by ``pagebench report --quick``. :func:`plan` lists the steps; ``collect`` runs each through
-``guarded``, so an error becomes a warning naming the step.
+Each step calls the subsystem that measures (sim, engine, kernels) and adds its rows to
+:class:`~pagebench.results.Results` under a dataset name. Simulators run in seconds; the CPU
+kernel and engine sweeps take a minute or two and are skipped by ``pagebench report --quick``.
+:func:`plan` lists the steps; :func:`pagebench.results.collect.collect` runs each through
+``guarded``, so an error becomes a warning naming the step; :func:`pagebench.report.write_report`
+renders what was gathered.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pandas as pd
 
 from pagebench import defaults
 from pagebench.engine.tail_waste import tail_waste_rows
+from pagebench.report import write_report
 from pagebench.results import Results
+from pagebench.results.collect import collect
 from pagebench.results.devices import device_label
-from pagebench.sim.capacity import article_capacity, geometry_rows, planner_case_rows
+from pagebench.sim.capacity import (article_capacity, fp8_rows, geometry_rows, planner_case_rows,
+                                    tensor_parallel_rows)
 from pagebench.sim.dynamic import reference_run
 from pagebench.sim.real_traces import study_traces
 from pagebench.sim.static import max_len_rows, utilisation_rows
@@ -52,7 +59,8 @@ def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> N
 
 
 def capacity(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    """KV geometry of the presets, the article's 250-request arithmetic, planner cases."""
+    """KV geometry of the presets, the article's 250-request arithmetic, planner cases, and the
+    planner's bf16 vs fp8 and tensor-parallel tables."""
     results.add("kv_geometry", pd.DataFrame(geometry_rows()), "pagebench.config.KVGeometry")
     article = article_capacity()
     article["notes"] = "; ".join(article.get("notes") or [])
@@ -62,6 +70,9 @@ def capacity(results: Results, device: str = "cpu", quick: bool = False) -> None
     for error in errors:
         results.warn(f"capacity: {error}")
     results.add("capacity", pd.DataFrame(rows), "pagebench.sim.capacity.capacity_plan")
+    results.add("capacity_fp8", pd.DataFrame(fp8_rows()), "pagebench.sim.capacity.fp8_rows")
+    results.add("capacity_tp", pd.DataFrame(tensor_parallel_rows()),
+                "pagebench.sim.capacity.tensor_parallel_rows")
 
 
 def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -> None:
@@ -137,3 +148,37 @@ def plan(run_sweeps: bool) -> list[tuple[str, object]]:
         steps += [("kernels: quick sweep", kernel_sweep),
                   ("engine: quick comparisons", engine_sweeps)]
     return steps
+
+
+def default_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except Exception:  # noqa: BLE001 (a broken torch install: the report still builds, on cpu)
+        return "cpu"
+
+
+def build_report(out="reports/index.html", *, device: str | None = None, quick: bool = False,
+                 results_dirs=(), data_dir=None, progress: bool = True) -> tuple[Path, Results]:
+    """Run the steps of :func:`plan` (all but the simulators skipped with ``quick``), read
+    committed data and benchmark results, and write the report. Returns the page's path and
+    the data."""
+    from pagebench.timing import environment
+
+    device = device or default_device()
+    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
+        raise ValueError(f"device: expected cpu or cuda, got {device!r}")
+    if str(device).startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError("device: cuda requested but torch sees no CUDA device")
+    results = collect(device=device, quick=quick, steps=plan(run_sweeps=not quick),
+                      data_dir=data_dir, results_dirs=results_dirs, progress=progress)
+    options = {"quick": quick, "sweeps run here": "simulators only" if quick else
+               "simulators, CPU kernel sweep, engine comparisons",
+               "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}
+    options |= {f"time: {k}": f"{v:.1f} s" for k, v in results.timings_s.items()}
+    path = write_report(results, out, env=environment(device), options=options)
+    return path, results

@@ -21,7 +21,9 @@ PREFILL_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
 TUNE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0), ("context", "context", 0),
               ("query_len", "query", 0), ("cached", "cached", 0), ("backend", "backend", 0),
               ("rows", "rows", 0), ("tile_n", "tile", 0), ("num_warps", "warps", 0),
-              ("num_stages", "stages", 0), ("num_splits", "splits", 0), ("time_us", "time (us)", 1)]
+              ("num_stages", "stages", 0), ("one_loop", "one walk", 0),
+              ("table_ahead", "ids ahead", 0), ("maxnreg", "max regs", 0),
+              ("chosen", "chosen", 0), ("num_splits", "splits", 0), ("time_us", "time (us)", 1)]
 LAYOUT_COLUMNS = [("table_layout", "table layout", 0), ("fits_l2", "fits L2", 0)]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 

@@ -448,3 +448,25 @@ def test_launch_defaults_widen_tiles_only_for_long_contexts_over_few_pairs():
     assert default_launch(128, bf16, 64, 65536) == (64, 4)  # many pairs fill the GPU anyway
     assert default_launch(256, bf16, 2, 65536) == (32, 4)  # large heads keep small tiles
     assert default_launch(128, torch.float32, 2, 65536) == (32, 4)
+
+
+def test_triton_takes_cpu_tensors_only_where_it_interprets():
+    """On a GPU machine Triton compiles: CPU tensors would reach its driver, so the backend does
+    not list "cpu" and a CPU call is a ValueError, not a driver error (TRITON_INTERPRET=0 stands
+    in for such a machine here; without CUDA the error says Triton is not available)."""
+    code = (
+        "import torch, pagebench.kernels as k\n"
+        "from pagebench.kernels.fixtures import make_paged_inputs\n"
+        "print(k.registered_backends()['triton'].devices)\n"
+        "case = make_paged_inputs([5, 9], 4, 2, 16, block_size=4, dtype=torch.float32)\n"
+        "try:\n"
+        "    k.paged_decode(*case.args(), backend='triton')\n"
+        "except ValueError as e:\n"
+        "    print('ValueError', e)\n")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert out.returncode == 0, out.stderr
+    devices, error = out.stdout.splitlines()[:2]
+    assert devices == "('cuda',)"
+    assert error.startswith("ValueError") and "triton" in error

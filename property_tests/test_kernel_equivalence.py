@@ -157,18 +157,21 @@ def test_paged_prefill_matches_float64_reference_cpu(backend):
 
 def test_triton_prefill_tiles_match_reference():
     """Several query tiles per sequence and key tiles across the diagonal, forced small; the
-    query lengths scanned in steps of one or two sequences as well as all at once."""
+    query lengths scanned in steps of one or two sequences as well as all at once; one walk
+    over the keys or two, block ids loaded with their tile or a tile ahead."""
     if "triton" not in backends_for("cpu", "prefill"):
         pytest.skip("triton not installed")
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
-           tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]))
-    def prop(drawn, rows, tile_n, scan):
+           tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
+           one_loop=st.booleans(), table_ahead=st.booleans())
+    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead):
         case, query_lens = drawn
         check_prefill("triton", case, query_lens, prefill=lambda *args: triton_paged_prefill(
-            *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan))
+            *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan,
+            one_loop=one_loop, table_ahead=table_ahead))
     prop()
 
 

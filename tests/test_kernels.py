@@ -133,6 +133,36 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_prefill_launch_rules(monkeypatch):
+    """The launch per regime (docs/kernels.md): long chunks 128 rows in two walks; many
+    programs over short tables 32-key tiles with capped registers; else 64 rows in one walk
+    with block ids ahead; fp8, fp32 and non-CUDA devices keep the earlier launch."""
+    from pagebench.kernels import triton_prefill
+    from pagebench.kernels.triton_prefill import PrefillLaunch, prefill_launch
+
+    monkeypatch.setattr(triton_prefill, "_sm_count", lambda device: 132)
+    cuda, bf16 = torch.device("cuda"), torch.bfloat16
+
+    def launch(head_dim=128, dtype=bf16, device=cuda, **kw):
+        return prefill_launch(head_dim, dtype, device, **{"mean_chunk": 512, "programs": 264,
+                                                          "max_keys": 512, **kw})
+
+    assert launch(mean_chunk=2048) == PrefillLaunch(128, 64, 8, 2, False, False, 128)
+    assert launch(head_dim=64, mean_chunk=8192) == PrefillLaunch(128, 64, 4, 3, False, False)
+    assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168)  # 8 x 512
+    assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
+        64, 32, 4, 2, True, False, 128)  # 32 x 128
+    ahead = PrefillLaunch(64, 64, 4, 3, True, True)
+    assert launch() == ahead  # one wave of programs: 1 x 512
+    assert launch(programs=2112, max_keys=4096) == ahead  # long prefixes
+    assert launch(fp8=True) == PrefillLaunch(64, 64, 4, 2, False, False)
+    assert launch(fp8=True, mean_chunk=4096) == PrefillLaunch(128, 64, 4, 3, False, False)
+    earlier = PrefillLaunch(64, 64, 4, 2, False, False)
+    assert launch(device=torch.device("cpu"), programs=2112) == earlier
+    assert launch(dtype=torch.float32) == PrefillLaunch(64, 32, 4, 2, False, False)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_triton_prefill_64_bit_offsets_match(monkeypatch):
     """The 64-bit index path (taken for caches of 2^31 elements or more, too large to build
     here) forced on a small cache: the same result as the 32-bit path."""
@@ -418,3 +448,25 @@ def test_launch_defaults_widen_tiles_only_for_long_contexts_over_few_pairs():
     assert default_launch(128, bf16, 64, 65536) == (64, 4)  # many pairs fill the GPU anyway
     assert default_launch(256, bf16, 2, 65536) == (32, 4)  # large heads keep small tiles
     assert default_launch(128, torch.float32, 2, 65536) == (32, 4)
+
+
+def test_triton_takes_cpu_tensors_only_where_it_interprets():
+    """On a GPU machine Triton compiles: CPU tensors would reach its driver, so the backend does
+    not list "cpu" and a CPU call is a ValueError, not a driver error (TRITON_INTERPRET=0 stands
+    in for such a machine here; without CUDA the error says Triton is not available)."""
+    code = (
+        "import torch, pagebench.kernels as k\n"
+        "from pagebench.kernels.fixtures import make_paged_inputs\n"
+        "print(k.registered_backends()['triton'].devices)\n"
+        "case = make_paged_inputs([5, 9], 4, 2, 16, block_size=4, dtype=torch.float32)\n"
+        "try:\n"
+        "    k.paged_decode(*case.args(), backend='triton')\n"
+        "except ValueError as e:\n"
+        "    print('ValueError', e)\n")
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1], timeout=300)
+    assert out.returncode == 0, out.stderr
+    devices, error = out.stdout.splitlines()[:2]
+    assert devices == "('cuda',)"
+    assert error.startswith("ValueError") and "triton" in error

@@ -11,14 +11,13 @@ from pagebench.kernels.quant import FP8_DTYPES
 from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_decode,
                                          torch_paged_prefill)
 from pagebench.kernels.registry import register_backend
+from pagebench.triton_setup import interprets
 
 
 @functools.lru_cache(maxsize=1)  # asked on every call that resolves a backend
 def _has_triton() -> bool:
     if importlib.util.find_spec("triton") is None:
         return False
-    from pagebench.triton_setup import interprets
-
     # Without CUDA, Triton runs only interpreted (pagebench.triton_setup).
     return torch.cuda.is_available() or interprets()
 
@@ -76,9 +75,12 @@ register_backend(
     "sdpa", contiguous=sdpa_contiguous_decode, priority=10, nan_safe=False,
     graph_capturable=("contiguous",),
     description="torch.nn.functional.scaled_dot_product_attention on a contiguous cache")
+# Triton runs CPU tensors only interpreted: on a GPU machine (not interpreting) a CPU tensor
+# would reach Triton's driver, so "cpu" is then not among its devices (a clear ValueError).
 register_backend(
     "triton", decode=_triton_decode, prefill=_triton_prefill, contiguous=_triton_contiguous,
     priority=20, cache_dtypes=FLOAT_AND_FP8,
+    devices=("cpu", "cuda") if interprets() else ("cuda",),
     auto_devices=("cuda",), is_available=_has_triton,
     graph_capturable=("decode", "prefill", "contiguous"),
     prepare={"contiguous": _prepare_triton_contiguous},

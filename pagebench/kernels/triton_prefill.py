@@ -8,9 +8,12 @@ position; the program walks the keys up to its last query's position in tiles of
 tokens through the block table (any block size), with the online softmax in fp32 (log2 domain,
 the softmax scale folded into the exponent).
 
-The walk has two parts, as FlashAttention's causal loop: the tiles every row of the program
-sees whole (keys up to its first query's position) take no mask at all, and only the tiles
-across the diagonal are masked per element; tiles wholly above the diagonal are not visited.
+Tiles wholly above the diagonal are not visited, and only the tiles across it are masked per
+element. The walk is one loop (its pipeline filled once; the tiles every row sees whole skip
+the causal mask by a uniform branch) or two, as FlashAttention's causal loop (those tiles
+first, with no mask at all, then the diagonal ones). Each tile's block ids can be loaded a tile
+ahead, so its K/V loads depend on no load of their own iteration and Triton pipelines them
+``num_stages - 1`` tiles ahead. ``prefill_launch`` picks these per regime (docs/kernels.md).
 
 The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile
 ``last - p // kv_heads``, where the query tiles of all sequences are numbered one after another
@@ -21,6 +24,9 @@ from the packed query count alone, so nothing is read back to the host.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import torch
 
@@ -36,27 +42,30 @@ import triton.language as tl
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
+SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 
 
 @triton.jit
-def _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
+def _table_entries(table_row, pos, end, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
+    """The block ids of the key positions ``pos`` (``MASKED``: 0 at or beyond ``end``)."""
+    if MASKED:
+        return tl.load(table_row + pos // BLOCK_SIZE, mask=pos < end, other=0)
+    return tl.load(table_row + pos // BLOCK_SIZE)
+
+
+@triton.jit
+def _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
              stride_kb, stride_kt, stride_vb, stride_vt,
              BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
              MASKED: tl.constexpr, WIDE_INDEX: tl.constexpr):
-    """The K and V rows of the key positions ``pos`` (as stored). ``MASKED``: positions at or
-    beyond ``end`` are not read (they load as zeros); unmasked tiles lie wholly before it."""
-    if MASKED:
-        pos_ok = pos < end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0)
-    else:
-        block = tl.load(table_row + pos // BLOCK_SIZE)
+    """The K and V rows of the key positions ``pos`` in blocks ``block``."""
     if WIDE_INDEX:
         block = block.to(tl.int64)
     slot = pos % BLOCK_SIZE
     k_ptr = K + (block * stride_kb + slot * stride_kt + k_head)[:, None] + dims[None, :]
     v_ptr = V + (block * stride_vb + slot * stride_vt + v_head)[:, None] + dims[None, :]
     if MASKED:
-        kv_mask = pos_ok[:, None] & (dims < HEAD_DIM)[None, :]
+        kv_mask = (pos < end)[:, None] & (dims < HEAD_DIM)[None, :]
         k = tl.load(k_ptr, mask=kv_mask, other=0.0)
         v = tl.load(v_ptr, mask=kv_mask, other=0.0)
     elif DIM_PAD != HEAD_DIM:
@@ -70,23 +79,21 @@ def _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
 
 
 @triton.jit
-def _softmax_step(q, k, v, visible, m_i, l_i, acc, scale_log2e,
-                  MASKED: tl.constexpr, IEEE_DOT: tl.constexpr):
-    """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
-    and the output ``acc``, updated with the scores of ``q`` against ``k``. ``MASKED``: only
-    the (row, key) pairs where ``visible`` count. ``IEEE_DOT``: fp32 inputs (or bf16 upcast
-    when interpreted) take exact fp32 products."""
+def _scores(q, k, IEEE_DOT: tl.constexpr):
+    """``q @ k^T`` in fp32. ``IEEE_DOT``: fp32 inputs (or bf16 upcast when interpreted) take
+    exact fp32 products."""
     if IEEE_DOT:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
-    if MASKED:
-        s = tl.where(visible, s * scale_log2e, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp2(s - m_new[:, None])
-    else:  # the scale goes into the exponent's multiply-add
-        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
-        p = tl.exp2(s * scale_log2e - m_new[:, None])
+        return tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    return tl.dot(q, tl.trans(k))
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
+    """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
+    and the output ``acc``, updated with the scores ``s`` (masked ones -inf) and values
+    ``v``. The scale (positive) goes into the exponent's multiply-add; -inf stays -inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+    p = tl.exp2(s * scale_log2e - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None]
@@ -95,6 +102,40 @@ def _softmax_step(q, k, v, visible, m_i, l_i, acc, scale_log2e,
     else:
         acc = tl.dot(p.to(v.dtype), v, acc)
     return m_new, l_i, acc
+
+
+@triton.jit
+def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale_log2e,
+          offs, dims, k_head, v_head, stride_kb, stride_kt, stride_vb, stride_vt,
+          BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+          DIM_PAD: tl.constexpr, MASKED: tl.constexpr, TABLE_AHEAD: tl.constexpr,
+          IEEE_DOT: tl.constexpr, WIDE_INDEX: tl.constexpr):
+    """The online softmax over the key tiles ``lo, lo + TILE_N, .. < hi``. Keys at or beyond
+    ``end`` are never read. ``MASKED``: loads are masked at ``end`` and tiles from
+    ``full_end`` on take the causal mask (before it every row sees every key); otherwise no
+    tile is masked. ``TABLE_AHEAD``: each tile's block ids are loaded one tile ahead, so the
+    K/V loads depend on no load of their own iteration and the pipeliner can issue them
+    ``num_stages - 1`` tiles ahead."""
+    if TABLE_AHEAD:
+        block = _table_entries(table_row, lo + offs, end, BLOCK_SIZE, True)
+    for start in range(lo, hi, TILE_N):
+        pos = start + offs
+        if TABLE_AHEAD:
+            block_next = _table_entries(table_row, pos + TILE_N, end, BLOCK_SIZE, True)
+        else:
+            block = _table_entries(table_row, pos, end, BLOCK_SIZE, MASKED)
+        k, v = _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
+                        stride_kb, stride_kt, stride_vb, stride_vt,
+                        BLOCK_SIZE, HEAD_DIM, DIM_PAD, MASKED, WIDE_INDEX)
+        s = _scores(q, k.to(q.dtype), IEEE_DOT)
+        if MASKED:
+            if start + TILE_N > full_end:
+                s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
+                             float("-inf"))
+        m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e, IEEE_DOT)
+        if TABLE_AHEAD:
+            block = block_next
+    return m_i, l_i, acc
 
 
 @triton.jit
@@ -107,36 +148,44 @@ def _prefill_kernel(
     stride_ts, stride_ot, stride_oh,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
-    WIDE_INDEX: tl.constexpr,
+    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
     tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    # This tile's sequence is the first whose cumulative tile count exceeds it. Each program
-    # scans the query lengths itself, SCAN sequences at a time: the sequences before it are
-    # those whose cumulative count is <= tile, and their queries and tiles come before its
-    # own. (One pass of vector loads instead of prefix sums launched from the host: those
-    # were separate kernels, each costing more than this scan on a small prefill.)
+    # This tile's sequence is the one whose tiles (numbered one after another over the
+    # sequences) include it. Each program scans the query and sequence lengths itself, SCAN
+    # sequences at a time, in one round of loads: the sequences before its own are those whose
+    # cumulative tile count is <= tile, and their queries and tiles come before its own. (One
+    # pass of vector loads instead of prefix sums launched from the host: those were separate
+    # kernels, each costing more than this scan on a small prefill.)
     seq = 0
     q_start = 0
     tile_start = 0
     tiles_before = 0
+    q_len = 0
+    seq_len = 0
     for chunk in range(0, num_seqs, SCAN):
         idx = chunk + tl.arange(0, SCAN)
-        lens = tl.load(Q_LENS + idx, mask=idx < num_seqs, other=0)
+        listed = idx < num_seqs
+        lens = tl.load(Q_LENS + idx, mask=listed, other=0)
+        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0)
         tiles = (lens + (TOKENS - 1)) // TOKENS
-        before = (tiles_before + tl.cumsum(tiles, 0)) <= tile
+        through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
+        before = through <= tile
+        mine = (through - tiles <= tile) & (tile < through)
         seq += tl.sum(before.to(tl.int32), 0)
         q_start += tl.sum(tl.where(before, lens, 0), 0)
         tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+        q_len += tl.sum(tl.where(mine, lens, 0), 0)
+        seq_len += tl.sum(tl.where(mine, totals, 0), 0)
         tiles_before += tl.sum(tiles, 0)
     if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
-        q_len = tl.load(Q_LENS + seq)
         first = (tile - tile_start) * TOKENS
-        seq_len = tl.load(SEQ_LENS + seq)
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -163,22 +212,25 @@ def _prefill_kernel(
         # keys up to the last query of this tile
         end = seq_len - q_len + tl.minimum(first + TOKENS, q_len)
         offs = tl.arange(0, TILE_N)
-        for start in range(0, full_end, TILE_N):
-            k, v = _kv_tile(K, V, table_row, start + offs, end, dims, k_head, v_head,
-                            stride_kb, stride_kt, stride_vb, stride_vt,
-                            BLOCK_SIZE, HEAD_DIM, DIM_PAD, False, WIDE_INDEX)
-            m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), None, m_i, l_i, acc,
-                                          scale_log2e, False, IEEE_DOT)
-        # across the diagonal (key 0 is visible to every row, so each row's running max is
-        # finite after the first tile, whichever loop visits it)
-        for start in range(full_end, end, TILE_N):
-            pos = start + offs
-            k, v = _kv_tile(K, V, table_row, pos, end, dims, k_head, v_head,
-                            stride_kb, stride_kt, stride_vb, stride_vt,
-                            BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-            visible = (pos < end)[None, :] & (pos[None, :] <= q_pos[:, None])
-            m_i, l_i, acc = _softmax_step(q, k.to(q.dtype), v.to(q.dtype), visible, m_i, l_i,
-                                          acc, scale_log2e, True, IEEE_DOT)
+        # (key 0 is visible to every row, so each row's running max is finite after the first
+        # tile, whichever loop visits it)
+        if ONE_LOOP:  # one pipelined walk; only the tiles across the diagonal are masked
+            m_i, l_i, acc = _walk(q, K, V, table_row, 0, end, full_end, end, q_pos, m_i, l_i,
+                                  acc, scale_log2e, offs, dims, k_head, v_head,
+                                  stride_kb, stride_kt, stride_vb, stride_vt,
+                                  BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
+                                  IEEE_DOT, WIDE_INDEX)
+        else:  # two walks: the unmasked tiles, then those across the diagonal
+            m_i, l_i, acc = _walk(q, K, V, table_row, 0, full_end, full_end, end, q_pos, m_i,
+                                  l_i, acc, scale_log2e, offs, dims, k_head, v_head,
+                                  stride_kb, stride_kt, stride_vb, stride_vt,
+                                  BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, False, TABLE_AHEAD,
+                                  IEEE_DOT, WIDE_INDEX)
+            m_i, l_i, acc = _walk(q, K, V, table_row, full_end, end, full_end, end, q_pos, m_i,
+                                  l_i, acc, scale_log2e, offs, dims, k_head, v_head,
+                                  stride_kb, stride_kt, stride_vb, stride_vt,
+                                  BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
+                                  IEEE_DOT, WIDE_INDEX)
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
@@ -186,18 +238,72 @@ def _prefill_kernel(
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device,
-                   mean_chunk: int) -> tuple[int, int, int]:
-    """(rows, num_warps, num_stages) for chunks of ``mean_chunk`` queries on average. Long
-    chunks take 128 rows (fewer programs, each K/V tile serving more queries) pipelined three
-    deep; shorter ones 64 rows, so that more programs share the GPU and each walks its keys
-    sooner. Four warps: eight were slower on the H200 wherever these row counts are chosen
-    (docs/kernels.md)."""
+@dataclasses.dataclass(frozen=True, slots=True)
+class PrefillLaunch:
+    """A launch configuration of the prefill kernel (``triton_paged_prefill``'s options)."""
+    rows: int  # query rows per program (queries x the group's heads)
+    tile_n: int  # keys per tile
+    num_warps: int
+    num_stages: int  # Triton's pipelining depth
+    one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
+    table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
+    maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
+
+
+def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
+                   mean_chunk: int, programs: int, max_keys: int,
+                   fp8: bool = False) -> PrefillLaunch:
+    """The launch for chunks of ``mean_chunk`` queries on average, ``programs`` programs of 64
+    rows, and at most ``max_keys`` keys per sequence (the block table's capacity). Measured on
+    the H200 (docs/kernels.md, "The Triton paged prefill"):
+
+    - long chunks: 128 rows (each K/V tile serves more queries), the unmasked and the
+      diagonal tiles in two walks; above head dim 64, 8 warps capped at 128 registers (two
+      programs per SM; four warps spilled at 255 registers), else 4 warps, 3 stages;
+    - otherwise 64 rows in one walk with each tile's block ids loaded a tile ahead, so that
+      three stages keep two K/V tiles in flight; and where the walks are short (the whole
+      table is at most 16 tiles) and the programs more than two per SM, 32-key tiles with
+      the registers capped so that more programs share each SM (three; four with two stages
+      for walks of at most four tiles, where a deeper pipeline has nothing to fetch): those
+      programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
+      only more programs in flight hide.
+
+    fp8 caches, fp32, head dims over 128 and other devices keep the earlier launch (64 rows,
+    4 warps, 2 stages, two walks; 128 rows pipelined 3 deep for long chunks): not measured
+    otherwise."""
+    tile_n = default_tile_n(head_dim, dtype)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return 64, 4, 2
+        return PrefillLaunch(64, tile_n, 4, 2, False, False)
+    if fp8:
+        if mean_chunk >= LONG_CHUNK:
+            return PrefillLaunch(128, tile_n, 4, 3, False, False)
+        return PrefillLaunch(64, tile_n, 4, 2, False, False)
+    cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= LONG_CHUNK:
-        return 128, 4, 3
-    return 64, 4, 2
+        if head_dim <= 64:  # four warps hold 128 rows' output in 64 registers a thread
+            return PrefillLaunch(128, tile_n, 4, 3, False, False)
+        return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None)
+    if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * _sm_count(device):
+        if max_keys <= 4 * 32:
+            return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None)
+        return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
+    return PrefillLaunch(64, 64, 4, 3, True, True)
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _padded_rows(rows: int, group: int) -> int:
+    """Rows of a program: a power of two >= 16 (``tl.dot``) and >= the group."""
+    return max(16, next_pow2(max(rows, group)))
+
+
+def _grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int) -> int:
+    """Programs for ``tokens`` queries each: sum(ceil(len / tokens)) <= total // tokens +
+    num_seqs, an upper bound on the query tiles, known without a device sync."""
+    return (total // tokens + num_seqs) * kv_heads
 
 
 def _element_span(t: torch.Tensor) -> int:
@@ -208,18 +314,22 @@ def _element_span(t: torch.Tensor) -> int:
 def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
                          k_scale=None, v_scale=None, *, rows: int | None = None,
                          tile_n: int | None = None, num_warps: int | None = None,
-                         num_stages: int | None = None, scan: int | None = None):
+                         num_stages: int | None = None, scan: int | None = None,
+                         one_loop: bool | None = None, table_ahead: bool | None = None,
+                         maxnreg: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
 
-    ``rows``: query rows per program (rounded up to a power of two >= 16 and >= the group; a
-    program takes ``rows // group`` queries of one sequence with all ``group`` heads of a KV
-    head);
-    ``tile_n``: keys per tile; ``num_warps``, ``num_stages``: Triton's launch options
-    (defaults: ``prefill_launch``); ``scan``: query lengths a program reads per step while
-    finding its sequence (a power of two; default up to ``MAX_SCAN``). Nothing is read back to
-    the host, so a call can be captured in a CUDA graph.
+    Launch options (each ``None``: ``prefill_launch``'s choice): ``rows``: query rows per
+    program (rounded up to a power of two >= 16 and >= the group; a program takes
+    ``rows // group`` queries of one sequence with all ``group`` heads of a KV head; by
+    default no more than the mean chunk needs); ``tile_n``: keys per tile; ``num_warps``,
+    ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
+    unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
+    ``scan``: query lengths a program reads per step while finding its sequence (a power of
+    two; default up to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
+    captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
     num_seqs = query_lens.shape[0]
@@ -232,16 +342,19 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     mean_chunk = ceil_div(total, num_seqs)
-    default_rows, default_warps, default_stages = prefill_launch(head_dim, q.dtype, q.device,
-                                                                 mean_chunk)
+    fp8 = is_fp8(k_cache.dtype)
+    chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
+                            programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
+                                                kv_heads),
+                            max_keys=tables.shape[1] * block_size, fp8=fp8)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
-        rows = min(default_rows, mean_chunk * group)
-    rows = max(16, next_pow2(max(rows, group)))
+        rows = min(chosen.rows, mean_chunk * group)
+    rows = _padded_rows(rows, group)
     tokens = rows // group
-    tile_n = tile_n or default_tile_n(head_dim, q.dtype)
+    tile_n = tile_n or chosen.tile_n
+    maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    # sum(ceil(len / tokens)) <= total // tokens + num_seqs: a grid sized without a device sync
-    _prefill_kernel[((total // tokens + num_seqs) * kv_heads,)](
+    _prefill_kernel[(_grid_size(total, num_seqs, tokens, kv_heads),)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
         num_seqs, scale * 1.4426950408889634,
@@ -252,8 +365,11 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
         SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
+        ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
+        TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
-        FP8=is_fp8(k_cache.dtype),
+        FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
-        num_warps=num_warps or default_warps, num_stages=num_stages or default_stages)
+        num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
+        **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

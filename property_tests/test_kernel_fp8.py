@@ -9,8 +9,8 @@ dtype. Each example also checks the quantisation itself: every stored element, t
 head's scale, is within the format's rounding of the unquantised value (``ROUNDING``). The
 output's error against the unquantised cache is noted, not bounded: at a few tokens and small
 head dims a sharp softmax can amplify one rounding to 15-20% of the output (hypothesis found
-such cases), so no fixed bound on it is both safe and meaningful; scripts/h200_fp8.py reports
-it at real sizes.
+such cases), so no fixed bound on it is both safe and meaningful; `pagebench bench --fp8`
+reports it at real sizes.
 """
 
 from __future__ import annotations

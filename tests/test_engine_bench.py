@@ -202,3 +202,17 @@ def test_prompt_len_range_is_parsed():
     for bad in ("400-16", "0-4", "a-b", "4-"):
         with pytest.raises(argparse.ArgumentTypeError):
             length_range(bad)
+
+
+def test_cli_fp8_compares_a_bf16_and_an_fp8_pool_in_the_same_memory(tmp_path):
+    path = tmp_path / "fp8_engine.csv"
+    code, out, err = run_cli("engine-bench", "fp8", "--num-requests", "3", "--prompt-len", "4",
+                             "--max-tokens", "3", "--kv-cache-memory", "1MiB", "--out", str(path))
+    assert code == 0, err
+    row = pd.read_csv(path).iloc[0]
+    assert row["dtype"] == "bfloat16" and row["experiment"] == "fp8_engine"
+    assert row.blocks_fp8 == 2 * row.blocks_bf16 and row.blocks_ratio == 2.0
+    assert 0 <= row.greedy_agreement <= 1 and row.num_prompts == 3 and row.max_tokens == 3
+    assert "greedy agreement" in out
+    code, _, err = run_cli("engine-bench", "fp8", "--kv-cache-memory", "lots")
+    assert code == 2 and "--kv-cache-memory: bytes: cannot parse 'lots'" in err

@@ -172,3 +172,48 @@ def test_prefill_sweep_times_fp8_caches(tmp_path):
                  "--backends", "torch", "--repeat", "1", "--out", str(out)]) == 0
     rows = pd.read_csv(out)
     assert set(rows[rows.backend == "torch-paged"].kv_dtype) == {"float8_e4m3fn"}
+
+
+# ---- the fp8 sweep (pagebench bench --fp8; dataset kernels_fp8) ----------------------------
+
+def test_fp8_sweep_rows_meet_their_schema_with_errors_on_fp8_rows_only():
+    from pagebench.kernels.fp8_sweep import run_fp8_sweep
+    from pagebench.results.datasets import KERNELS_FP8
+
+    rows = KERNELS_FP8.validate(pd.DataFrame(run_fp8_sweep(
+        "cpu", shape=("t", (4, 2, 16)), points=[(1, 20)], block_sizes=(4, 16),
+        prefill_points=[(1, 5, 7)])), "run_fp8_sweep")
+    decode = rows[rows["op"] == "decode"]
+    # e4m3 at every block size; e5m2 and the larger tile at block 16 only
+    assert sorted(decode.loc[decode["block_size"] == 4, "cache_dtype"]) == [
+        "bfloat16", "float8_e4m3fn"]
+    at16 = decode[decode["block_size"] == 16]
+    assert sorted(zip(at16["cache_dtype"], at16["launch"])) == [
+        ("bfloat16", "default"), ("float8_e4m3fn", "default"), ("float8_e4m3fn", "tile128x8"),
+        ("float8_e5m2", "default")]
+    assert (decode["kv_bytes"] == 2 * 20 * 2 * 16 * decode["cache_dtype"].map(
+        {"bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1})).all()
+    prefill = rows[rows["op"] == "prefill"]
+    assert prefill[["query_len", "cached", "context"]].drop_duplicates().values.tolist() == [
+        [5, 7, 12]]
+    fp8 = rows["cache_dtype"] != "bfloat16"
+    assert rows.loc[~fp8, "err_vs_bf16_cache"].isna().all()
+    # the kernel matches float32 on the dequantised cache far closer than it matches bf16
+    assert (rows.loc[fp8, "err_vs_dequantised"] < 0.02).all()
+    assert (rows.loc[fp8, "err_vs_dequantised"] < rows.loc[fp8, "err_vs_bf16_cache"]).all()
+
+
+def test_bench_cli_fp8_writes_its_dataset_and_refuses_other_modes(tmp_path, capsys):
+    from pagebench.cli import main
+
+    out = tmp_path / "kernels_fp8.csv"
+    assert main(["bench", "--fp8", "--shape", "t=4/2/16", "--points", "1x16",
+                 "--block-sizes", "8", "--out", str(out)]) == 0
+    rows = pd.read_csv(out)
+    assert set(rows["op"]) == {"decode", "prefill"} and set(rows["model_shape"]) == {"t"}
+    assert (rows.loc[rows["op"] == "decode", "context"] == 16).all()
+    capsys.readouterr()
+    assert main(["bench", "--fp8", "--prefill"]) == 2
+    assert "--fp8: times Triton decode and prefill" in capsys.readouterr().err
+    assert main(["bench", "--fp8", "--shape", "a=4/2/16", "--shape", "b=4/2/16"]) == 2
+    assert "--shape: --fp8 times one attention shape" in capsys.readouterr().err

@@ -58,3 +58,43 @@ def test_bench_cli_rejects_unknown_layouts():
     from pagebench.cli import main
 
     assert main(["bench", "--layouts", "contiguous,fragmented"]) == 2
+
+
+def test_bench_cli_layout_rows_are_one_variant_and_meet_the_layout_schema(tmp_path):
+    import pandas as pd
+
+    from pagebench.cli import main
+    from pagebench.results.datasets import KERNELS_LAYOUT
+
+    out = tmp_path / "kernels_layout.csv"
+    assert main(["bench", "--shape", "t=4/2/16", "--points", "2x32,1x48", "--block-sizes", "4",
+                 "--backends", "torch-paged", "--layouts", "contiguous,shuffled,aged",
+                 "--cuda-graphs", "only", "--repeat", "1", "--out", str(out)]) == 0
+    rows = KERNELS_LAYOUT.validate(pd.read_csv(out), str(out))
+    assert set(rows["backend"]) == {"torch-paged"}
+    assert sorted(set(zip(rows["batch"], rows["context"]))) == [(1, 48), (2, 32)]
+    assert len(rows) == 6 and set(rows["table_layout"]) == {"contiguous", "shuffled", "aged"}
+    assert not rows["cuda_graphs"].any()  # a CPU has no graphs: timed eagerly
+
+
+def test_graph_modes_follow_the_option_where_a_graph_can_be_used():
+    from pagebench.kernels.sweep import graph_modes
+
+    assert graph_modes("both", True, True) == (False, True)
+    assert graph_modes("only", True, True) == (True,)
+    assert graph_modes("off", True, True) == (False,)
+    assert graph_modes("only", False, True) == graph_modes("only", True, False) == (False,)
+    with pytest.raises(ValueError, match="cuda_graphs: expected one of both, only, off"):
+        graph_modes("always", True, True)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--points", "2x"], "--points: expected comma-separated BATCHxCONTEXT pairs"),
+    (["--points", "2x8", "--batches", "2", "--contexts", "8"], "not with --points"),
+    (["--backends", "torch-contiguous"], "--backends: not available here"),
+])
+def test_bench_cli_point_and_variant_errors_name_the_option(argv, message, capsys):
+    from pagebench.cli import main
+
+    assert main(["bench", *argv]) == 2
+    assert message in capsys.readouterr().err

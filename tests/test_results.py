@@ -60,6 +60,9 @@ ENGINE_WRITERS = {  # dataset -> a call of pagebench.engine.bench sized for a CI
     "engine_compare": lambda m: bench.compare_with_transformers(
         m, bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2, repeat=1,
         methods=("engine", "padded_generate"), block_size=4),
+    "fp8_engine": lambda m: bench.fp8_comparison(
+        m, bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2,
+        kv_cache_memory="256KiB", block_size=4),
     "engine_equal_memory": lambda m: bench.equal_memory_comparison(
         m, 64 * 1024, bench.random_prompts(4, 4, 8, m.config.vocab_size), max_tokens=2,
         block_size=4),
@@ -90,6 +93,81 @@ def test_simulator_datasets_meet_their_schemas(sweep):
     results = Results()
     getattr(suite, sweep)(results, quick=True)
     assert results.frames and not results.warnings
+
+
+def _dynamic_run():
+    from pagebench.sim.dynamic import run_dynamic
+    from pagebench.sim.trace import poisson_workload
+
+    return run_dynamic(poisson_workload(30, rate=4.0, lengths="uniform:8,64", max_len=64,
+                                        seed=1), 256, block_sizes=(16,), max_len=64)
+
+
+# (module, its schema's name there, a call of the writer that builds rows through it)
+WRITERS = [
+    ("pagebench.kernels.sweep", "KERNELS",
+     lambda m: m.run_sweep("cpu", shapes=TINY_SHAPE, points=[(1, 8)], block_sizes=(4,),
+                           include=["torch"], repeat=1)),
+    ("pagebench.kernels.prefill_sweep", "KERNELS_PREFILL",
+     lambda m: m.run_prefill_sweep("cpu", shapes=TINY_SHAPE, points=[(1, 3, 5)], block_size=4,
+                                   include=["torch"], repeat=1)),
+    ("pagebench.kernels.fp8_sweep", "KERNELS_FP8",
+     lambda m: m.run_fp8_sweep("cpu", shape=("t", (4, 2, 16)), points=[(1, 8)],
+                               block_sizes=(4,), prefill_points=[])),
+    ("pagebench.sim.static", "MEMORY_STATIC",
+     lambda m: m.utilisation_rows("uniform:8,64", 20, 0, 64, (16,))),
+    ("pagebench.sim.static", "MEMORY_MAX_LEN",
+     lambda m: m.max_len_rows("uniform:8,64", 20, 0, (64,))),
+    ("pagebench.engine.tail_waste", "BLOCK_WASTE", lambda m: m.tail_waste_rows([5, 17], (4,))),
+    ("pagebench.sim.capacity", "KV_GEOMETRY", lambda m: m.geometry_rows()),
+    ("pagebench.sim.capacity", "CAPACITY", lambda m: m.planner_case_rows()),
+    ("pagebench.sim.capacity", "CAPACITY_ARTICLE", lambda m: m.article_capacity()),
+    ("pagebench.sim.dynamic", "MEMORY_DYNAMIC_SUMMARY", lambda m: _dynamic_run()),
+    ("pagebench.sim.dynamic", "MEMORY_DYNAMIC_TIMELINE", lambda m: _dynamic_run()),
+    *[("pagebench.sim.real_traces", f"REAL_TRACES_{kind}",
+       lambda m: m.study_traces(40, names=("mooncake-conv",), prefix_budget_multiples=()))
+      for kind in ("STATIC", "DYNAMIC", "TIMELINE", "PREFIX")],
+]
+
+
+@pytest.mark.parametrize("module, name, write", WRITERS,
+                         ids=[f"{m.rsplit('.', 1)[1]}-{n}" for m, n, _ in WRITERS])
+def test_a_writer_that_drops_a_column_fails_at_the_writer(module, name, write, monkeypatch):
+    import importlib
+
+    mod = importlib.import_module(module)
+    schema = getattr(mod, name)
+    stricter = Schema(schema.name, schema.meaning,
+                      schema.columns + (Column("never_written", "int", "a column no one writes"),))
+    monkeypatch.setattr(mod, name, stricter)
+    with pytest.raises(ValueError, match=f"{schema.name} (row|table): missing never_written"):
+        write(mod)
+
+
+def test_real_trace_frames_meet_their_schemas():
+    from pagebench.sim.real_traces import study_traces
+
+    frames = study_traces(40, names=("mooncake-conv",), prefix_budget_multiples=(1.0,))
+    for kind, frame in frames.items():
+        assert len(validated(f"real_traces_{kind}", frame)), kind
+
+
+def test_table_names_the_required_columns_left_out():
+    table = {"step": [0], "allocator": ["paged"], "block_size": [16], "token_state": [3]}
+    assert DATASETS["memory_dynamic_timeline"].table(table) is table
+    with pytest.raises(ValueError, match="memory_dynamic_timeline table: missing token_state"):
+        DATASETS["memory_dynamic_timeline"].table({k: table[k] for k in list(table)[:3]})
+
+
+def test_a_schema_writer_does_not_import_pandas():
+    import subprocess
+    import sys
+
+    code = ("import sys, pagebench.sim.static, pagebench.sim.dynamic, pagebench.results; "
+            "print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
 
 
 # ---- readers -----------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pagebench.cli.options import (
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
 EXPERIMENTS = ("throughput", "cow", "prefix", "pool", "compare", "trace", "equality",
-               "breakdown", "equal-memory")
+               "breakdown", "equal-memory", "fp8")
 TRACE_OPTIONS = {"trace", "num_requests", "max_model_len", "max_output_len", "step_ms", "seed"}
 # the options each experiment reads (besides --model/--preset/--device/--threads/--json/--out);
 # any other given explicitly is refused rather than silently ignored
@@ -28,12 +28,13 @@ USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens",
         "breakdown": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel",
                       "modes", "profile_out"},
         "equal-memory": {"batch_sizes", "num_requests", "prompt_len", "max_tokens",
-                         "block_sizes", "kernel"}}
+                         "block_sizes", "kernel"},
+        "fp8": {"num_requests", "prompt_len", "max_tokens", "kernel", "kv_cache_memory"}}
 DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_BLOCK_SIZES),
             "prompt_len": (64, 64), "max_tokens": 32, "kernel": "auto", "repeat": 1,
             "methods": "engine,padded_generate", "trace": "mooncake-conv", "num_requests": 32,
             "max_model_len": 1024, "max_output_len": 64, "step_ms": 20.0, "seed": 0,
-            "modes": None, "bandwidth": False, "profile_out": None}
+            "modes": None, "bandwidth": False, "profile_out": None, "kv_cache_memory": "256MiB"}
 # an experiment's own defaults, where they differ from DEFAULTS
 EXPERIMENT_DEFAULTS = {
     "compare": {"batch_sizes": [64]},
@@ -42,7 +43,8 @@ EXPERIMENT_DEFAULTS = {
     "breakdown": {"batch_sizes": [1], "block_sizes": [16], "prompt_len": (16, 400),
                   "max_tokens": 20},
     "equal-memory": {"batch_sizes": [8], "num_requests": 32, "prompt_len": (16, 128),
-                     "max_tokens": 16, "block_sizes": [16]}}
+                     "max_tokens": 16, "block_sizes": [16]},
+    "fp8": {"prompt_len": (16, 256)}}
 # options that take exactly one value for these experiments
 SINGLE = {"equal-memory": ("batch_sizes", "block_sizes"), "cow": ("prompt_len",)}
 TABLES = {
@@ -67,6 +69,12 @@ TABLES = {
                   ("graph_replay_ms", "graph replay (ms)", 3)],
     "equal-memory": [("method", "method", 0), ("kv_bytes", "KV bytes", 0),
                      ("concurrent_seqs", "sequences at once", 0)],
+    "fp8": [("kv_cache_memory", "KV memory", 0), ("blocks_bf16", "blocks bf16", 0),
+            ("blocks_fp8", "blocks fp8", 0), ("blocks_ratio", "ratio", 2),
+            ("greedy_agreement", "greedy agreement", 3),
+            ("first_token_agreement", "first tokens agree", 3),
+            ("logit_rel_err_first_steps", "logit error", 4), ("seconds_bf16", "bf16 (s)", 2),
+            ("seconds_fp8", "fp8 (s)", 2)],
     "trace": [("trace", "trace", 0), ("num_requests", "requests", 0),
               ("engine_prefix_cache_hit_rate", "hit rate engine", 3),
               ("sim_prefix_cache_hit_rate", "hit rate simulator", 3),
@@ -107,7 +115,7 @@ def table_columns(experiment: str) -> list:
     trace replay names its peak blocks and time after the engine and the simulator)."""
     if experiment == "trace":
         return TABLES["trace"] + [("tokens_per_s", "tokens/s", 1), ("elapsed_s", "time (s)", 3)]
-    if experiment in ("equality", "breakdown"):
+    if experiment in ("equality", "breakdown", "fp8"):
         return TABLES[experiment]
     return TABLES[experiment] + COMMON_TABLE
 
@@ -124,7 +132,8 @@ def register(sub) -> None:
         "real trace, engine against simulator; equality: greedy outputs against "
         "model.generate and eager steps; breakdown: a decode step's wall, GPU-busy and host "
         "time (torch.profiler); equal-memory: the engine against padded generate in the same "
-        "KV memory.")
+        "KV memory; fp8: a cache in the model's dtype (bf16 by default here) and an fp8_e4m3 "
+        "one in the same memory: pools, greedy agreement, logit error.")
     p.add_argument("experiment", choices=EXPERIMENTS, help="what to measure")
     p.add_argument("--model", default=None, help="local model directory (default: a tiny "
                    "random Qwen2 model, 2 layers, hidden 128)")
@@ -134,7 +143,7 @@ def register(sub) -> None:
                    help="default: cuda if present, else cpu")
     p.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES),
                    help="model dtype (default: float32 for the tiny model and on a CPU, "
-                   "bfloat16 for --preset on a GPU; a --model loads its own)")
+                   "bfloat16 for --preset on a GPU and for fp8; a --model loads its own)")
     p.add_argument("--batch-sizes", type=int_list, default=None,
                    help="throughput, breakdown: requests per run; compare: one comparison per "
                    "batch size (default 1,4,16,64; breakdown 1; compare 64); equal-memory: the batch "
@@ -146,13 +155,15 @@ def register(sub) -> None:
     p.add_argument("--prompt-len", type=length_range, default=None,
                    help="prompt tokens, N or MIN-MAX (lengths drawn uniformly); compare: N "
                    "means prompts of 16..4N (default 64; equality 1-300, breakdown 16-400, "
-                   "equal-memory 16-128)")
+                   "equal-memory 16-128, fp8 16-256)")
     p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
                    help="tokens generated per request (default 32; equality and "
                    "equal-memory 16, breakdown 20)")
     p.add_argument("--kernel", default=None,
-                   help="throughput, compare, trace, equality, breakdown, equal-memory: "
+                   help="throughput, compare, trace, equality, breakdown, equal-memory, fp8: "
                    "attention backend (default auto)")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="fp8: KV cache memory of each run, e.g. 4GiB (default 256MiB)")
     p.add_argument("--repeat", type=integer(1, 1000), default=None,
                    help="throughput, compare: timed runs after one warm-up, the median "
                    "reported (default 1)")
@@ -178,8 +189,8 @@ def register(sub) -> None:
     t.add_argument("--trace", default=None,
                    help="azure-code, azure-conv, mooncake-conv or a file (default mooncake-conv)")
     t.add_argument("--num-requests", type=integer(1, 100_000), default=None,
-                   help="sample size (default 32); equality, equal-memory: requests "
-                   "(default 8, 32)")
+                   help="sample size (default 32); equality, equal-memory, fp8: requests "
+                   "(default 8, 32, 32)")
     t.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None,
                    help="requests clipped to this many tokens (default 1024)")
     t.add_argument("--max-output-len", type=integer(1, 1_000_000), default=None,
@@ -211,6 +222,8 @@ def _model(args, device: str):
     from pagebench.engine.engine import load_model
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    if dtype is None and args.experiment == "fp8":
+        dtype = torch.bfloat16  # its baseline is a bf16 cache, on any device
     if args.model:
         return load_model(args.model, dtype=dtype, device=device)
     if args.preset:
@@ -228,6 +241,18 @@ def _kernel(name: str) -> str:
     return name
 
 
+def _check_memory_size(text: str) -> None:
+    from pagebench.config import parse_bytes
+    from pagebench.errors import ConfigError
+
+    try:
+        size = parse_bytes(text)
+    except ConfigError as e:
+        raise ValueError(f"--kv-cache-memory: {e}") from None
+    if size < 1:
+        raise ValueError(f"--kv-cache-memory: must be positive, got {text!r}")
+
+
 def run(args) -> int:
     from pagebench.engine import bench
 
@@ -238,6 +263,8 @@ def run(args) -> int:
         opts["kernel"] = _kernel(opts["kernel"])
     if "methods" in opts:
         opts["methods"] = compare_methods(opts["methods"])
+    if "kv_cache_memory" in opts:
+        _check_memory_size(opts["kv_cache_memory"])
     modes = opts.get("modes")
     for mode in modes or ():
         if mode not in bench.MODES:
@@ -280,6 +307,10 @@ def run(args) -> int:
                                      kernel=opts["kernel"])
     elif args.experiment == "breakdown":
         rows = breakdown(model, opts, args.threads)
+    elif args.experiment == "fp8":
+        prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab, seed=11)
+        rows = bench.fp8_comparison(model, prompts, kv_cache_memory=opts["kv_cache_memory"],
+                                    kernel=opts["kernel"], **common)
     elif args.experiment == "equal-memory":
         lo, hi = opts["prompt_len"]
         prompts = bench.random_prompts(opts["num_requests"], lo, hi, vocab, seed=7)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
 import math
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    add_output_options, check_memory, check_output_file, dumps, format_table, int_list, integer,
-    progress, write_results)
+    MAX_INT, add_output_options, check_memory, check_output_file, dumps, format_table, int_list,
+    integer, progress, write_results)
 
 DECODE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
                 ("context", "context (tokens)", 0), ("block_size", "block (tokens)", 0),
@@ -24,6 +25,12 @@ TUNE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0), ("context", "c
               ("num_stages", "stages", 0), ("one_loop", "one walk", 0),
               ("table_ahead", "ids ahead", 0), ("maxnreg", "max regs", 0),
               ("chosen", "chosen", 0), ("num_splits", "splits", 0), ("time_us", "time (us)", 1)]
+FP8_TABLE = [("op", "op", 0), ("cache_dtype", "cache", 0), ("batch", "batch", 0),
+             ("context", "context", 0), ("query_len", "query", 0), ("cached", "cached", 0),
+             ("block_size", "block", 0),
+             ("launch", "launch", 0), ("time_us", "time (us)", 1),
+             ("copy_fraction", "of copy", 2), ("err_vs_bf16_cache", "err vs bf16", 4),
+             ("err_vs_dequantised", "err vs dequantised", 4)]
 LAYOUT_COLUMNS = [("table_layout", "table layout", 0), ("fits_l2", "fits L2", 0)]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
@@ -44,13 +51,17 @@ def register(sub) -> None:
                    "Llama-3-8B and Qwen2.5-0.5B shapes)")
     p.add_argument("--batches", type=int_list, help="with --contexts: the grid's batch sizes")
     p.add_argument("--contexts", type=int_list, help="context lengths in tokens (with --batches)")
+    p.add_argument("--points", type=point_list, metavar="BxC,...",
+                   help="decode points as BATCHxCONTEXT, e.g. 1x65536,64x4096 (instead of "
+                   "--batches/--contexts, whose grid is their product)")
     p.add_argument("--block-sizes", type=int_list,
                    help="paged block sizes in tokens (default: "
                    f"{','.join(map(str, defaults.BLOCK_SIZES))}; {defaults.BLOCK_SIZE} for a "
                    "quick CUDA run and for --prefill)")
     p.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES),
                    help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--backends", help="comma-separated backend names (default: all that run here)")
+    p.add_argument("--backends", help="comma-separated backend names, or variants such as "
+                   "triton-paged (default: all that run here)")
     p.add_argument("--repeat", type=integer(1, 10_000), default=None,
                    help="timed repeats per point (default 5 on CPU, 30 on CUDA)")
     add_output_options(p, "timings (one row per measurement)")
@@ -65,6 +76,17 @@ def register(sub) -> None:
                    help="block-table layouts of the paged cases, comma-separated: contiguous "
                    "(arange tables), shuffled (a random permutation of the pool), aged (tables "
                    "of a block manager that has served a trace with churn); default %(default)s")
+    p.add_argument("--cuda-graphs", choices=["both", "only", "off"], default="both",
+                   help="CUDA: time the calls that can be captured eagerly and replayed from a "
+                   "CUDA graph (both), from a graph alone (only) or eagerly alone (off); "
+                   "default %(default)s")
+    p.add_argument("--fp8", action="store_true",
+                   help="Triton decode and prefill with a --dtype (default bfloat16) cache and "
+                   "fp8 ones (e4m3; e5m2 at block 16) on the same inputs: time, fraction of "
+                   "the copy bandwidth, and the fp8 output's error against the --dtype cache's "
+                   "and against float32 on the dequantised cache, over its own grid "
+                   "(pagebench.kernels.fp8_sweep; the H200 grid on CUDA, a tiny one on a CPU; "
+                   "--shape, --points, --block-sizes and --repeat override it)")
     p.add_argument("--tune", action="store_true",
                    help="CUDA: time the Triton kernel's launch grid (tile, warps, stages, KV "
                    "splits; with --prefill: rows, tile, warps) through CUDA graphs instead of "
@@ -72,6 +94,19 @@ def register(sub) -> None:
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities, then exit")
     p.set_defaults(func=run_bench)
+
+
+def point_list(text: str) -> list[tuple[int, int]]:
+    """argparse type for ``--points 1x65536,64x4096``: (batch, context) pairs in 1..MAX_INT."""
+    try:
+        points = [tuple(int(v) for v in p.lower().split("x")) for p in str(text).split(",")
+                  if p.strip()]
+    except ValueError:
+        points = []
+    if not points or any(len(p) != 2 or not 1 <= min(p) <= max(p) <= MAX_INT for p in points):
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated BATCHxCONTEXT pairs, e.g. 1x65536,64x4096, got {text!r}")
+    return points
 
 
 def _parse_shape(text: str) -> tuple[str, tuple[int, int, int]]:
@@ -84,6 +119,17 @@ def _parse_shape(text: str) -> tuple[str, tuple[int, int, int]]:
         raise ValueError(f"--shape: heads and head dim must be 1..1024 and HQ a multiple of "
                          f"HKV, got {text!r}")
     return name, (hq, hkv, d)
+
+
+def backend_choices(available: dict) -> list[str]:
+    """What ``--backends`` accepts: each available backend's name and its variants' labels
+    (``triton``, ``triton-paged``, ``triton-contiguous``)."""
+    out = []
+    for name, caps in sorted(available.items()):
+        ops = caps["operations"]
+        out += [name] + [f"{name}-{layout}" for op, layout in (("contiguous", "contiguous"),
+                                                               ("decode", "paged")) if op in ops]
+    return out
 
 
 def sweep_bytes(shapes, points, block_sizes, dtype: str) -> int:
@@ -135,18 +181,20 @@ def run_bench(args) -> int:
         raise ValueError("--device: cuda requested but no CUDA device is available")
     check_output_file("--out", args.out)
     shapes = dict(_parse_shape(s) for s in args.shape) if args.shape else None
-    points = None
+    points = args.points
     if args.batches or args.contexts:
-        if not (args.batches and args.contexts):
-            raise ValueError("--batches/--contexts: give both (the grid is their product)")
+        if not (args.batches and args.contexts) or args.points:
+            raise ValueError("--batches/--contexts: give both (the grid is their product), "
+                             "and not with --points")
         points = [(b, c) for b in args.batches for c in args.contexts]
     include = None
     if args.backends:
         include = [b.strip() for b in args.backends.split(",") if b.strip()]
-        unknown = sorted(set(include) - set(available_backends()))
+        known = backend_choices(available_backends())
+        unknown = sorted(set(include) - set(known))
         if unknown or not include:
             raise ValueError(f"--backends: not available here: {unknown or args.backends!r} "
-                             f"(available: {sorted(available_backends())})")
+                             f"(available: {', '.join(known)})")
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     unknown = sorted(set(layouts) - set(TABLE_LAYOUTS))
     if unknown or not layouts:
@@ -158,11 +206,29 @@ def run_bench(args) -> int:
     kv_dtype = kv_dtype_from_name(args.kv_dtype, dtype, "--kv-dtype") if args.kv_dtype else None
     skipped: list = []
     ranks = SweepRanks(args.device)
-    if args.tune:
+    if args.fp8:
+        from pagebench.kernels.fp8_sweep import run_fp8_sweep
+
+        if args.tune or args.prefill or args.kv_dtype or args.backends \
+                or layouts != ["shuffled"] or args.cuda_graphs != "both" or ranks.world > 1:
+            raise ValueError("--fp8: times Triton decode and prefill with every cache dtype "
+                             "over its own grid, on one GPU; give at most --device, --dtype, "
+                             "one --shape, --points (or --batches/--contexts), --block-sizes "
+                             "and --repeat")
+        if shapes and len(shapes) > 1:
+            raise ValueError("--shape: --fp8 times one attention shape")
+        with progress(None, "fp8 points") as bar:
+            rows = run_fp8_sweep(args.device, shape=next(iter(shapes.items())) if shapes else None,
+                                 points=points, block_sizes=args.block_sizes,
+                                 dtype=getattr(torch, args.dtype or "bfloat16"),
+                                 repeat=args.repeat, progress=lambda row: bar.update())
+        df = pd.DataFrame(rows)
+        table = FP8_TABLE
+    elif args.tune:
         from pagebench.kernels import tuning
 
         if args.device != "cuda" or shapes or points or args.block_sizes or args.backends \
-                or args.kv_dtype or layouts != ["shuffled"]:
+                or args.kv_dtype or layouts != ["shuffled"] or args.cuda_graphs != "both":
             raise ValueError("--tune: CUDA only, over its own grid (pagebench.kernels.tuning): "
                              "give --device cuda and at most --prefill and --repeat")
         grid = tuning.prefill_launch_grid if args.prefill else tuning.decode_launch_grid
@@ -176,7 +242,8 @@ def run_bench(args) -> int:
             raise ValueError("--layouts: applies to the decode sweep, not --prefill")
         if points or (args.block_sizes and len(args.block_sizes) > 1):
             raise ValueError("--prefill: its points are fixed (batch, query_len, cached); "
-                             "give no --batches/--contexts and at most one --block-sizes")
+                             "give no --points or --batches/--contexts and at most one "
+                             "--block-sizes")
         block_size = args.block_sizes[0] if args.block_sizes else defaults.BLOCK_SIZE
         if block_size > 16384:
             raise ValueError(f"--block-sizes: at most 16,384 tokens for --prefill, got "
@@ -185,7 +252,8 @@ def run_bench(args) -> int:
             df = run_prefill_sweep(args.device, quick=quick, shapes=shapes,
                                    block_size=block_size, dtype=dtype, include=include,
                                    repeat=args.repeat, progress=lambda row: bar.update(),
-                                   share=ranks.share, kv_dtype=kv_dtype)
+                                   share=ranks.share, kv_dtype=kv_dtype,
+                                   cuda_graphs=args.cuda_graphs)
         table = PREFILL_TABLE + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     else:
         from pagebench.kernels.sweep import run_sweep
@@ -196,7 +264,8 @@ def run_bench(args) -> int:
                            block_sizes=args.block_sizes, dtype=dtype, include=include,
                            exclude=None if include is None else (), repeat=args.repeat,
                            skipped=skipped, progress=lambda row: bar.update(),
-                           share=ranks.share, layouts=layouts, kv_dtype=kv_dtype)
+                           share=ranks.share, layouts=layouts, kv_dtype=kv_dtype,
+                           cuda_graphs=args.cuda_graphs)
         table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else []) \
             + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     df, skipped = ranks.merge(df, skipped)

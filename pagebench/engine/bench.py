@@ -515,3 +515,54 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
 def _greedy(engine: LLMEngine, prompts, max_tokens: int) -> list[list[int]]:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     return [r.outputs[0].token_ids for r in engine.generate(prompts, params)]
+
+
+def record_logits(engine: LLMEngine, steps: int) -> list[torch.Tensor]:
+    """A list that fills with the logits of ``engine``'s first ``steps`` model steps as it
+    runs (its runner's ``execute`` wrapped)."""
+    logits: list[torch.Tensor] = []
+    execute = engine.runner.execute
+
+    def recording(seqs, blocks):
+        out, rows = execute(seqs, blocks)
+        if len(logits) < steps:
+            logits.append(out.clone())
+        return out, rows
+
+    engine.runner.execute = recording
+    return logits
+
+
+@_threads
+def fp8_comparison(model, prompts, max_tokens: int = 32, kv_cache_memory="4GiB",
+                   logit_steps: int = 4, **engine_kwargs) -> list[dict]:
+    """The engine with a cache in the model's dtype and an fp8_e4m3 one in the same
+    ``kv_cache_memory``: each pool's blocks (one byte an element: twice a bf16 pool's), the
+    greedy agreement of the fp8 run with the other (:func:`agreement`'s token fraction; and of
+    the first tokens alone), and the largest relative error of its logits over the first
+    ``logit_steps`` steps. Both eager: this compares cache dtypes, not graph capture (tests/test_decode_graphs.py
+    checks that fp8 replay equals eager steps)."""
+    from pagebench.kernels.fixtures import relative_error
+
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    runs = {}
+    for kv_dtype in ("auto", "fp8_e4m3"):
+        engine = LLMEngine(model, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_dtype,
+                           **MODES["eager"], **engine_kwargs)
+        logits = record_logits(engine, logit_steps)
+        seconds, outs = _wall(functools.partial(engine.generate, prompts, params), _device(model))
+        runs[kv_dtype] = dict(blocks=engine.num_blocks, seconds=seconds, logits=logits,
+                              tokens=[o.outputs[0].token_ids for o in outs])
+        del engine  # its pool is freed before the next run allocates one
+    base, fp8 = runs["auto"], runs["fp8_e4m3"]
+    errors = [relative_error(b, a) for a, b in zip(base["logits"], fp8["logits"])
+              if a.shape == b.shape]
+    first = sum(a[:1] == b[:1] for a, b in zip(base["tokens"], fp8["tokens"])) / len(prompts)
+    return [base_row(model, datasets.FP8_ENGINE, kv_cache_memory=str(kv_cache_memory),
+                     blocks_bf16=base["blocks"], blocks_fp8=fp8["blocks"],
+                     blocks_ratio=fp8["blocks"] / base["blocks"], num_prompts=len(prompts),
+                     max_tokens=max_tokens,
+                     greedy_agreement=agreement(fp8["tokens"], base["tokens"])[1],
+                     first_token_agreement=first,
+                     logit_rel_err_first_steps=max(errors, default=float("nan")),
+                     seconds_bf16=base["seconds"], seconds_fp8=fp8["seconds"])]

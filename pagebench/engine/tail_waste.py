@@ -11,6 +11,7 @@ import numpy as np
 from pagebench.config import ceil_div
 from pagebench.defaults import BLOCK_SIZES
 from pagebench.engine.block_manager import BlockManager
+from pagebench.results.datasets import BLOCK_WASTE
 
 
 def tail_waste_rows(lengths, block_sizes=BLOCK_SIZES) -> list[dict]:
@@ -29,7 +30,7 @@ def tail_waste_rows(lengths, block_sizes=BLOCK_SIZES) -> list[dict]:
             waste.append(len(manager.block_table(i)) * bs - manager.num_tokens(i))
             manager.free(i)
         waste = np.asarray(waste)
-        rows.append({"block_size": bs, "num_seqs": len(lengths),
-                     "max_waste_slots": int(waste.max()), "mean_waste_slots": float(waste.mean()),
-                     "bound_slots": bs - 1})
+        rows.append(BLOCK_WASTE.row(block_size=bs, num_seqs=len(lengths),
+                                    max_waste_slots=int(waste.max()),
+                                    mean_waste_slots=float(waste.mean()), bound_slots=bs - 1))
     return rows

@@ -24,6 +24,7 @@ import numpy as np
 
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
+from pagebench.results.datasets import REAL_TRACES_ENGINE
 from pagebench.sim.real_traces import DEFAULT_STEP_MS, read_timed_trace
 from pagebench.sim.trace import HASH_BLOCK_TOKENS, Workload
 from pagebench.timing import cpu_threads, environment
@@ -83,7 +84,7 @@ def replay_trace(model, trace: str, num_requests: int, *, max_model_len: int = 1
                                 max_len=max_model_len, prefix_caching=True)
     device = next(model.parameters()).device
     cfg = model.config
-    return environment(device) | dict(
+    return REAL_TRACES_ENGINE.row(**environment(device) | dict(
         model=f"{cfg.model_type}-L{cfg.num_hidden_layers}-H{cfg.hidden_size}",
         trace=trace, num_requests=workload.num_requests, seed=seed, step_ms=step_ms,
         max_model_len=max_model_len, max_output_len=max_output_len,
@@ -95,4 +96,4 @@ def replay_trace(model, trace: str, num_requests: int, *, max_model_len: int = 1
         sim_num_preemptions=sim["num_preemptions"],
         engine_peak_blocks=stats["peak_blocks"], engine_steps=len(stats["steps"]),
         idle_steps=stats["idle_steps"], tokens_per_s=stats["tokens_per_s"],
-        elapsed_s=stats["elapsed_s"], torch_threads=threads)
+        elapsed_s=stats["elapsed_s"], torch_threads=threads))

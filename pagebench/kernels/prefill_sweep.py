@@ -22,7 +22,9 @@ from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.fixtures import prefill_case, quantized_inputs
 from pagebench.kernels.quant import is_fp8
+from pagebench.kernels.sweep import graph_modes
 from pagebench.kernels.validate import check_prefill
+from pagebench.results.datasets import KERNELS_PREFILL
 from pagebench.timing import environment, measure
 
 PREFILL_COLUMNS = [
@@ -64,12 +66,14 @@ def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                       block_size=defaults.BLOCK_SIZE, dtype=None, include=None, repeat=None,
-                      progress=None, share=(0, 1), kv_dtype=None):
+                      progress=None, share=(0, 1), kv_dtype=None, cuda_graphs="both"):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
     this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
     (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
-    scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``)."""
+    scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``).
+    ``include``: backend names or paged variants' labels (``triton-paged``) to time.
+    ``cuda_graphs``: as the decode sweep's (``sweep.graph_modes``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"
@@ -82,22 +86,24 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
     backends = [name for name, b in registry.registered_backends().items()
                 if b.prefill is not None and torch.device(device).type in b.devices
                 and registry.backend_available(b) and b.supports_cache_dtype(kv_dtype, dtype)
-                and (name in include if include is not None else b.is_kernel_on(device))]
+                and (name in include or f"{name}-paged" in include if include is not None
+                     else b.is_kernel_on(device))]
+    graph_modes(cuda_graphs, False, on_cuda)  # a bad mode fails before any work
     env = environment(device)
     rows = []
 
     def record(shape_name, shape, point, backend, kernel, layout, fn, capturable):
-        for graph in (False, True) if on_cuda and capturable else (False,):
+        for graph in graph_modes(cuda_graphs, capturable, on_cuda):
             t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
-            row = {**env, "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
-                   "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
-                   "batch": point[0], "query_len": point[1], "cached": point[2],
-                   "block_size": block_size if layout == "paged" else None, "backend": backend,
-                   "kernel": kernel, "layout": layout, "cuda_graphs": graph,
-                   "time_us": t.median_us,
-                   "q20_us": t.q20_us, "q80_us": t.q80_us,
-                   "tflops": causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
-                   "kv_dtype": str(kv_dtype if layout == "paged" else dtype).replace("torch.", "")}
+            row = KERNELS_PREFILL.row(
+                **env, dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
+                batch=point[0], query_len=point[1], cached=point[2],
+                block_size=block_size if layout == "paged" else None, backend=backend,
+                kernel=kernel, layout=layout, cuda_graphs=graph, time_us=t.median_us,
+                q20_us=t.q20_us, q80_us=t.q80_us,
+                tflops=causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
+                kv_dtype=str(kv_dtype if layout == "paged" else dtype).replace("torch.", ""))
             rows.append(row)
             if progress:
                 progress(row)

@@ -28,6 +28,7 @@ from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, page
                                         quantized_inputs)
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.validate import check_contiguous, check_decode
+from pagebench.results.datasets import KERNELS
 from pagebench.timing import cpu_threads, environment, measure
 
 COLUMNS = [
@@ -57,7 +58,8 @@ class Variant:
 def variants(device: str, include=None, exclude=None) -> list[Variant]:
     """Timed variants from the registry, for backends that run on ``device``; ``exclude``
     (default: the backends that are no real kernel there, ``Backend.is_kernel_on``) names
-    backends to leave out, ``include`` the only ones to time.
+    backends to leave out, ``include`` the only ones to time: a backend's name (all its
+    variants) or a variant's label (``triton-paged``).
 
     Ordered as timed at each point: contiguous baselines, then paged kernels by the memory a
     call allocates, so the heavy gather runs last and cannot warm or throttle the GPU ahead of
@@ -65,16 +67,14 @@ def variants(device: str, include=None, exclude=None) -> list[Variant]:
     out = []
     device_type = torch.device(device).type
     for name, b in registry.registered_backends().items():
-        if include is not None and name not in include:
-            continue
         if name in (exclude or ()) or (exclude is None and not b.is_kernel_on(device)):
             continue
         if device_type not in b.devices or not registry.backend_available(b):
             continue
-        if b.contiguous is not None:
-            out.append(Variant(f"{name}-contiguous", name, "contiguous"))
-        if b.decode is not None:
-            out.append(Variant(f"{name}-paged", name, "paged"))
+        for layout, kernel in (("contiguous", b.contiguous), ("paged", b.decode)):
+            label = f"{name}-{layout}"
+            if kernel is not None and (include is None or name in include or label in include):
+                out.append(Variant(label, name, layout))
     ratio = {v.backend: registry.get_backend(v.backend).scratch_ratio for v in out}
     return sorted(out, key=lambda v: (v.layout == "paged", ratio[v.backend]))
 
@@ -125,10 +125,25 @@ def _scratch_bytes(variant: Variant, batch, context, shape, dtype) -> int:
     return int(ratio * kv_bytes(batch, context, shape[1], shape[2], dtype))
 
 
+CUDA_GRAPH_MODES = ("both", "only", "off")
+
+
+def graph_modes(cuda_graphs: str, capturable: bool, on_cuda: bool) -> tuple[bool, ...]:
+    """The ``cuda_graphs`` values a call is timed with: eagerly and replayed from a CUDA graph
+    (``both``), from a graph alone (``only``) or eagerly alone (``off``); eagerly wherever a
+    graph cannot be used (a CPU, a call that cannot be captured)."""
+    if cuda_graphs not in CUDA_GRAPH_MODES:
+        raise ValueError(f"cuda_graphs: expected one of {', '.join(CUDA_GRAPH_MODES)}, got "
+                         f"{cuda_graphs!r}")
+    if not (on_cuda and capturable) or cuda_graphs == "off":
+        return (False,)
+    return (True,) if cuda_graphs == "only" else (False, True)
+
+
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
-              dtype=None, include=None, exclude=None, graph_batch1=None,
-              repeat=None, copy_gbps=None, progress=None, skipped=None,
-              graph_all=True, share=(0, 1), layouts=("shuffled",), kv_dtype=None):
+              dtype=None, include=None, exclude=None, repeat=None, copy_gbps=None,
+              progress=None, skipped=None, cuda_graphs="both", share=(0, 1),
+              layouts=("shuffled",), kv_dtype=None):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
@@ -143,8 +158,10 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     ``sweep_block_sizes`` is timed at those of them only. ``exclude`` defaults to the backends
     that are no real kernel on ``device`` (``Backend.is_kernel_on``).
     ``skipped`` (a list) collects (point, variant, reason) for combinations not measured.
-    On CUDA, ``graph_all`` times every point with and without a CUDA graph (else batch 1 only,
-    ``graph_batch1``), for the backends that declare the operation ``graph_capturable``.
+    On CUDA, the backends that declare the operation ``graph_capturable`` are timed as
+    ``cuda_graphs`` says (:func:`graph_modes`: by default with and without a CUDA graph, as a
+    serving engine runs decode with one: without it, a Triton call's Python launch overhead,
+    tens of us, hides small kernels).
     ``share=(rank, world)`` times only this rank's (shape, point) pairs
     (``pagebench.distributed.take_share``), for a sweep split over GPUs.
     """
@@ -163,9 +180,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     block_sizes = block_sizes or ((defaults.BLOCK_SIZE,) if quick and on_cuda
                                   else defaults.BLOCK_SIZES)
     repeat = repeat or 30
-    # On CUDA every point is also timed through a CUDA graph (as a serving engine runs decode):
-    # without one, a Triton call's Python launch overhead (tens of us) hides small kernels.
-    graph_batch1 = on_cuda if graph_batch1 is None else graph_batch1
+    graph_modes(cuda_graphs, False, on_cuda)  # a bad mode fails before any work
     vs = variants(device, include, exclude)
     env = environment(device)
     if copy_gbps is None:
@@ -191,28 +206,26 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
         footprint = nbytes if tables is None else footprint_bytes(
             tables, block_size, shape[1], shape[2], cache_dtype)
-        rows.append({**{k: env[k] for k in COLUMNS[:6]},
-                     "dtype": str(dtype).replace("torch.", ""), "model_shape": shape_name,
-                     "num_q_heads": shape[0], "num_kv_heads": shape[1], "head_dim": shape[2],
-                     "batch": batch, "context": context, "block_size": block_size,
-                     "backend": v.label, "kernel": v.backend, "layout": v.layout,
-                     "cuda_graphs": graph,
-                     "time_us": t.median_us, "q20_us": t.q20_us, "q80_us": t.q80_us,
-                     "kv_bytes": nbytes, "gbps": nbytes / (t.median_us * 1e-6) / 1e9,
-                     "copy_gbps": copy_gbps, "table_layout": table_layout,
-                     "adjacent_fraction": None if tables is None else adjacent_fraction(tables),
-                     "footprint_bytes": footprint, "l2_bytes": l2, "fits_l2": footprint <= l2,
-                     "kv_dtype": str(cache_dtype).replace("torch.", "")})
+        rows.append(KERNELS.row(**{k: env[k] for k in COLUMNS[:6]},
+                                dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                                num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
+                                batch=batch, context=context, block_size=block_size,
+                                backend=v.label, kernel=v.backend, layout=v.layout,
+                                cuda_graphs=graph, time_us=t.median_us, q20_us=t.q20_us,
+                                q80_us=t.q80_us, kv_bytes=nbytes,
+                                gbps=nbytes / (t.median_us * 1e-6) / 1e9, copy_gbps=copy_gbps,
+                                table_layout=table_layout,
+                                adjacent_fraction=None if tables is None
+                                else adjacent_fraction(tables),
+                                footprint_bytes=footprint, l2_bytes=l2, fits_l2=footprint <= l2,
+                                kv_dtype=str(cache_dtype).replace("torch.", "")))
         if progress:
             progress(rows[-1])
 
-    def graphs(variant, batch):
+    def graphs(variant):
         op = "decode" if variant.layout == "paged" else "contiguous"
-        if op not in registry.get_backend(variant.backend).graph_capturable:
-            return (False,)
-        if graph_all and on_cuda:
-            return (False, True)
-        return (False, True) if graph_batch1 and batch == 1 else (False,)
+        return graph_modes(cuda_graphs, op in registry.get_backend(variant.backend).graph_capturable,
+                           on_cuda)
 
     units = itertools.count()
     for shape_name, shape in shapes.items():
@@ -229,7 +242,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                     # None: every sequence fills the cache
                     fn = registry.get_backend(var.backend).prepared_call(
                         "contiguous", case.q, case.k, case.v, None, scale)
-                    for graph in graphs(var, batch):
+                    for graph in graphs(var):
                         record(var, shape_name, shape, batch, context, None, fn, graph)
                 del case
             elif contiguous:
@@ -266,7 +279,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                                              table_layout), var.label,
                                             f"{type(e).__name__}: {str(e)[:160]}"))
                             continue
-                        for graph in graphs(var, batch):
+                        for graph in graphs(var):
                             record(var, shape_name, shape, batch, context, block_size, fn, graph,
                                    table_layout, case.block_tables)
                     del case

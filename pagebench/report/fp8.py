@@ -18,7 +18,7 @@ from pagebench.results.devices import frame_devices
 from pagebench.report.sections import Section, View, claims_table, derived
 
 DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
-SOURCE = "reports/data/h200/ (scripts/h200_fp8.py)"
+SOURCE = "reports/data/h200/ (scripts/h200_fp8.sh)"
 FP8 = "float8_e4m3fn"
 # the long-context points: batch >= 32 x 4,096 tokens, or a sequence of >= 65,536
 LONG_BATCH, LONG_BATCH_CONTEXT, LONG_CONTEXT = 32, 4096, 65536

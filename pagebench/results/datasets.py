@@ -93,7 +93,8 @@ KERNELS_PREFILL_EQUIVALENCE = schema(
     "kernels_prefill_equivalence", "one prefill case against the float64 reference",
     *EQUIVALENCE_COLUMNS, environment=False)
 KERNELS_FP8 = schema(
-    "kernels_fp8", "one timed decode or prefill call with a bf16 or fp8 cache",
+    "kernels_fp8", "one timed Triton decode or prefill call with a bf16 or fp8 cache "
+    "(kernels.fp8_sweep.run_fp8_sweep)",
     C("op", "str", "decode or prefill"), C("cache_dtype", "str", "K/V cache element type"),
     C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE, TIME_US,
     *optional(C("launch", "str", "launch configuration"), C("kv_bytes", "float", "bytes read"),
@@ -101,16 +102,16 @@ KERNELS_FP8 = schema(
               C("copy_fraction", "float", "gbps / copy_gbps"),
               C("err_vs_dequantised", "float", "error against the dequantised cache"),
               C("err_vs_bf16_cache", "float", "error against a bf16 cache"),
-              C("query_len", "int", "prefill chunk"), C("cached", "int", "cached tokens")))
+              C("query_len", "int", "prefill chunk"), C("cached", "int", "cached tokens"),
+              MODEL_SHAPE),
+    *HEADS)
 KERNELS_LAYOUT = schema(
-    "kernels_layout", "one timed decode step over a given block-table layout",
+    "kernels_layout", "one timed paged decode step over a given block-table layout: a row of "
+    "the decode sweep over several layouts (kernels.sweep.run_sweep, "
+    "`pagebench bench --layouts ...`)",
     C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE,
     C("table_layout", "str", "contiguous, shuffled or aged"), TIME_US,
-    *optional(BACKEND, C("cache_dtype", "str", "K/V element type"),
-              C("fits_l2", "bool", "footprint fits in L2"),
-              C("adjacent_fraction", "float", "adjacent table entries"),
-              C("footprint_bytes", "int", "unique K/V bytes"), C("l2_bytes", "int", "L2 size"),
-              C("gbps", "float", "GB/s")))
+    *optional(*KERNELS.columns))
 
 # ---- engine ------------------------------------------------------------------------------
 
@@ -244,12 +245,21 @@ REAL_TRACES_PREFIX = schema("real_traces_prefix", "prefix-cache hit rate at one 
 REAL_TRACES_ENGINE = schema("real_traces_engine", "the engine replaying a trace sample", TRACE,
                             BLOCK_SIZE)
 
-# ---- fp8 and two GPUs (scripts/h200_fp8.py; pagebench tp-bench, scripts/h200x2_tp.sh) ---
+# ---- fp8 engine and two GPUs (scripts/h200_fp8.sh; pagebench tp-bench, scripts/h200x2_tp.sh) -
 
-FP8_ENGINE = schema("fp8_engine", "engine pool and agreement with a bf16 and an fp8 cache",
-                    C("blocks_bf16", "int", "pool with bf16"),
-                    C("blocks_fp8", "int", "pool with fp8"),
-                    C("blocks_ratio", "float", "blocks_fp8 / blocks_bf16"), *optional(MODEL))
+FP8_ENGINE = engine_schema(
+    "fp8_engine", "engine pool and agreement with a bf16 and an fp8 cache in the same memory "
+    "(engine.bench.fp8_comparison)",
+    C("blocks_bf16", "int", "pool with a cache in the model's dtype (bf16)"),
+    C("blocks_fp8", "int", "pool with fp8"), C("blocks_ratio", "float", "blocks_fp8 / blocks_bf16"),
+    *optional(C("kv_cache_memory", "str", "KV cache memory of each run, e.g. 4GiB"),
+              C("num_prompts", "int", "requests"),
+              C("greedy_agreement", "float", "tokens up to each sequence's first difference / "
+                "all"),
+              C("first_token_agreement", "float", "share of sequences whose first token agrees"),
+              C("logit_rel_err_first_steps", "float", "largest logit error, first steps"),
+              C("seconds_bf16", "float", "wall seconds, bf16 cache"),
+              C("seconds_fp8", "float", "wall seconds, fp8 cache")))
 TP = C("tp", "int", "tensor-parallel size")
 TP_EQUALITY = schema("tp_equality", "greedy outputs at tp=2 against tp=1",
                      C("num_prompts", "int", "prompts"), C("prompts_equal", "int", "equal"),

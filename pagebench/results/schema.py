@@ -1,19 +1,24 @@
 """A dataset's schema: its columns, each with a type and a meaning, and the one check that a
 table (a file read back, or rows a sweep just measured) has them.
 
-Writers build rows with :meth:`Schema.row`, readers pass frames through :meth:`Schema.validate`;
-both read the same :class:`Column` list, so a renamed column fails at the writer, not in a report
-section months later. Extra columns (the environment, notes) are kept: tidy rows may carry
-context the schema does not name.
+Writers build rows with :meth:`Schema.row` (a columnar table, such as a simulator's timeline,
+with :meth:`Schema.table`), readers pass frames through :meth:`Schema.validate`; both read the
+same :class:`Column` list, so a renamed column fails at the writer, not in a report section
+months later. Extra columns (the environment, notes) are kept: tidy rows may carry context the
+schema does not name. pandas is imported by the reader only: the simulators that write rows
+load numpy alone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from pagebench.errors import PagebenchError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DTYPES = ("str", "int", "float", "bool")
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "1.0", "yes", "on"), ("false", "0", "0.0", "no", "off")
@@ -68,10 +73,20 @@ class Schema:
 
     def row(self, **fields) -> dict:
         """One row of this dataset; ``ValueError`` naming the required fields left out."""
-        missing = [n for n in self.required if n not in fields]
-        if missing:
-            raise ValueError(f"{self.name} row: missing {', '.join(missing)}")
+        self._check_names(fields, "row")
         return fields
+
+    def table(self, data):
+        """``data`` (column name -> values: a dict of arrays or a DataFrame) as a table of this
+        dataset; ``ValueError`` naming the required columns left out."""
+        self._check_names(data, "table")
+        return data
+
+    def _check_names(self, names: Iterable[str], what: str) -> None:
+        present = set(names)
+        missing = [n for n in self.required if n not in present]
+        if missing:
+            raise ValueError(f"{self.name} {what}: missing {', '.join(missing)}")
 
     def validate(self, frame: pd.DataFrame, source: str) -> pd.DataFrame:
         """``frame`` with every declared column coerced to its type; :class:`DataError` naming
@@ -88,6 +103,8 @@ class Schema:
 
 
 def coerce(values: pd.Series, col: Column, where: str) -> pd.Series:
+    import pandas as pd
+
     if col.dtype == "str":
         return values
     if col.dtype == "bool":

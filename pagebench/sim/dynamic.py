@@ -92,6 +92,7 @@ import numpy as np
 from pagebench.config import ceil_div
 from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_SEED
 from pagebench.errors import ConfigError
+from pagebench.results.datasets import MEMORY_DYNAMIC_SUMMARY, MEMORY_DYNAMIC_TIMELINE
 from pagebench.sim.dynamic_loops import (WINDOW_FIELDS, RunStats, Window, simulate_contiguous,
                                          simulate_paged)
 from pagebench.sim.trace import MAX_TRACE_VALUE, Workload
@@ -275,7 +276,7 @@ def _run_one(workload, budget, allocator, block_size, max_len, cow, max_num_seqs
         prompt_tokens = int(workload.prompt_len.sum())
         row["prefix_cache_hit_rate"] = stats.prefix_hit_tokens / prompt_tokens if paged else None
         row["prefix_blocks_saved"] = stats.prefix_blocks_saved if paged else None
-    return row, win
+    return MEMORY_DYNAMIC_SUMMARY.row(**row), win
 
 
 def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
@@ -345,7 +346,8 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
                       "label": np.full(size, label(allocator, bs), dtype=object),
                       "budget_tokens": np.full(size, int(budget_tokens), dtype=np.int64)}
                      | {k: v for k, v in cols.items() if k != "step"})
-    timeline = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    timeline = MEMORY_DYNAMIC_TIMELINE.table(
+        {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
     return DynamicResult(int(budget_tokens), workload.describe(), rows, timeline, int(every))
 
 

@@ -30,6 +30,8 @@ import numpy as np
 
 from pagebench.defaults import ENGINE_BLOCK_SIZES
 from pagebench.errors import ConfigError, check_positive_int
+from pagebench.results.datasets import (REAL_TRACES_DYNAMIC, REAL_TRACES_PREFIX,
+                                        REAL_TRACES_STATIC, REAL_TRACES_TIMELINE)
 from pagebench.sim.trace import (HASH_BLOCK_TOKENS, MAX_TRACE_VALUE, Workload, open_text,
                                  read_trace)
 
@@ -355,14 +357,15 @@ def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
                 "mean_prompt_len": float(w.prompt_len.mean()),
                 "mean_output_len": float(w.output_len.mean())}
         res = static_fragmentation(w.length, max_len, STUDY_STATIC_BLOCK_SIZES)
-        out["static"] += [info | r for r in res["results"]]
+        out["static"] += [REAL_TRACES_STATIC.row(**info | r) for r in res["results"]]
         run = run_dynamic(w, memory_bound_budget(w, max_len),
                           block_sizes=STUDY_DYNAMIC_BLOCK_SIZES, max_len=max_len,
                           max_timeline_rows=300)
-        out["dynamic"] += [info | {"step_ms": DEFAULT_STEP_MS} | r for r in run.summary]
+        out["dynamic"] += [REAL_TRACES_DYNAMIC.row(**info | {"step_ms": DEFAULT_STEP_MS} | r)
+                           for r in run.summary]
         tl = run.timeline_frame()
         tl = tl[(tl["allocator"] != "paged") | (tl["block_size"] == 16)]
-        out["timeline"].append(tl.assign(trace=name))
+        out["timeline"].append(REAL_TRACES_TIMELINE.table(tl.assign(trace=name)))
         if w.hash_ids is None:
             continue
         for multiple in tuple(prefix_budget_multiples) + (None,):
@@ -373,11 +376,11 @@ def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
                 continue
             row, _ = simulate_allocator(w, budget, "paged", 16, max_len=max_len,
                                         prefix_caching=True)
-            out["prefix"].append(info | {
+            out["prefix"].append(REAL_TRACES_PREFIX.row(**info | {
                 "budget_tokens": budget, "budget_vs_article": multiple,
                 "unlimited": multiple is None} | {k: row[k] for k in (
                     "prefix_cache_hit_rate", "prefix_blocks_saved", "num_preemptions",
-                    "free_fraction")})
+                    "free_fraction")}))
     frames = {kind: pd.DataFrame(rows) for kind, rows in out.items() if kind != "timeline"}
     for kind in ("static", "dynamic"):
         frames[kind]["block_size"] = frames[kind]["block_size"].astype("Int64")

@@ -1,0 +1,149 @@
+"""fp8 KV caches against bf16 on the same inputs (``pagebench bench --fp8``; dataset
+``kernels_fp8``): the Triton paged decode and prefill timed with each cache, and the fp8
+output's error.
+
+At each point K/V are drawn once in ``dtype`` (standard normal: no outlier channels) and
+quantised with per-head scales, each head's largest value mapped to the format's largest
+(``fixtures.quantized_inputs``). One row per (point, cache dtype, launch): the time, and for
+decode the bytes a step reads (fp8 counted in fp8 bytes), GB/s and its fraction of the measured
+copy bandwidth; for an fp8 cache, the output's relative error against the ``dtype`` cache's
+output and, as a correctness check, against the torch backend in float32 on the dequantised
+cache. Decode: e4m3 at every block size, e5m2 at ``defaults.BLOCK_SIZE`` only (a second format,
+not a second grid), where e4m3 is also timed with the larger tile its one-byte elements allow
+(``FP8_LAUNCHES``). Prefill: whole prompts and a chunk after a cached prefix, at
+``defaults.BLOCK_SIZE``. On CUDA every call is timed replayed from a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagebench import defaults
+from pagebench.kernels.fixtures import paged_case, prefill_case, quantized_inputs, relative_error
+from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
+from pagebench.kernels.sweep import kv_bytes, measure_copy_gbps
+from pagebench.kernels.validate import check_decode, check_prefill
+from pagebench.results.datasets import KERNELS_FP8
+from pagebench.timing import environment, measure
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+# the H200 grid: long contexts, where a decode step is bound by the bytes it reads
+SHAPE = ("llama-3-8b", defaults.SHAPES["llama-3-8b"])
+DECODE_POINTS = [(32, 4096), (64, 4096), (128, 4096), (1, 65536)]
+BLOCK_SIZES = defaults.SHORT_BLOCK_SIZES
+PREFILL_POINTS = [(1, 2048, 0), (1, 8192, 0), (8, 512, 3584)]  # batch, query_len, cached
+# the same steps at CPU sizes (Triton interpreted): a dry run
+CPU_SHAPE = ("tiny", (4, 2, 16))
+CPU_DECODE_POINTS = [(2, 64)]
+CPU_BLOCK_SIZES = (1, defaults.BLOCK_SIZE)
+CPU_PREFILL_POINTS = [(1, 32, 16)]
+# launch options beside the default, for e4m3 at defaults.BLOCK_SIZE: an fp8 tile holds half
+# the bytes of a bf16 one, so a tile of twice the tokens reads as much per load
+FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}
+
+
+def dtype_name(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def cache_dtypes(block_size: int, dtype) -> list:
+    """The caches timed at ``block_size``: ``dtype``, e4m3, and e5m2 at the default block."""
+    return [dtype, E4M3] + ([E5M2] if block_size == defaults.BLOCK_SIZE else [])
+
+
+def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=None,
+                  prefill_points=None, dtype=torch.bfloat16, repeat: int | None = None,
+                  copy_gbps: float | None = None, progress=None) -> list[dict]:
+    """Rows of ``kernels_fp8``: decode at ``points`` x ``block_sizes`` and prefill at
+    ``prefill_points`` (batch, query_len, cached), each with a ``dtype`` cache and fp8 ones.
+    ``shape`` is (name, (num_q_heads, num_kv_heads, head_dim)). Defaults: the H200 grid on
+    CUDA (``DECODE_POINTS`` ...), the CPU one elsewhere (``CPU_DECODE_POINTS`` ...); ``repeat``
+    20 on CUDA, 1 on a CPU. ``progress`` is called with each row."""
+    from pagebench.kernels import triton_decode, triton_prefill
+
+    on_cuda = torch.device(device).type == "cuda"
+    if on_cuda and not torch.cuda.is_available():
+        raise ValueError("device: CUDA requested but torch.cuda.is_available() is False")
+    shape_name, shape = shape or (SHAPE if on_cuda else CPU_SHAPE)
+    points = points or (DECODE_POINTS if on_cuda else CPU_DECODE_POINTS)
+    block_sizes = block_sizes or (BLOCK_SIZES if on_cuda else CPU_BLOCK_SIZES)
+    if prefill_points is None:
+        prefill_points = PREFILL_POINTS if on_cuda else CPU_PREFILL_POINTS
+    repeat = repeat or (20 if on_cuda else 1)
+    if copy_gbps is None:
+        copy_gbps = measure_copy_gbps(device) if on_cuda else float("nan")
+    scale = shape[2] ** -0.5
+    env = environment(device)
+    rows: list[dict] = []
+
+    def timed(fn) -> float:
+        return measure(fn, device=device, warmup=3 if on_cuda else 0, repeat=repeat,
+                       cuda_graph=on_cuda).median_us
+
+    def record(**fields) -> None:
+        rows.append(KERNELS_FP8.row(**env, model_shape=shape_name, num_q_heads=shape[0],
+                                    num_kv_heads=shape[1], head_dim=shape[2], **fields))
+        if progress:
+            progress(rows[-1])
+
+    for batch, context in points:
+        for block_size in block_sizes:
+            case = paged_case(batch, context, shape, block_size, dtype, device, seed=batch)
+            check_decode(*case.args(), scale)
+            base = triton_decode.triton_paged_decode(*case.args(), scale)
+            for cache_dtype in cache_dtypes(block_size, dtype):
+                inputs = case if cache_dtype == dtype else quantized_inputs(
+                    case, cache_dtype, spread=1.0)
+                launches = {"default": {}}
+                if cache_dtype == E4M3 and block_size == defaults.BLOCK_SIZE:
+                    launches |= FP8_LAUNCHES
+                errors = {}
+                for launch, options in launches.items():
+                    def call(inputs=inputs, options=options):
+                        return triton_decode.triton_paged_decode(
+                            *inputs.args(), scale, **inputs.scales(), **options)
+                    if launch == "default" and cache_dtype != dtype:
+                        errors = fp8_errors(call(), base, torch_paged_decode, inputs, scale)
+                    else:
+                        call()  # compiles outside the timed (and captured) calls
+                    t = timed(call)
+                    nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
+                    gbps = nbytes / t / 1e3
+                    record(op="decode", cache_dtype=dtype_name(cache_dtype), batch=batch,
+                           context=context, block_size=block_size, launch=launch, time_us=t,
+                           kv_bytes=nbytes, gbps=gbps, copy_gbps=copy_gbps,
+                           copy_fraction=gbps / copy_gbps, **errors)
+                del inputs
+            del case, base
+            if on_cuda:
+                torch.cuda.empty_cache()
+    for batch, query_len, cached in prefill_points:
+        case = prefill_case(batch, query_len, cached, shape, defaults.BLOCK_SIZE, dtype, device,
+                            seed=query_len)
+        check_prefill(*case.args(), scale)
+        base = triton_prefill.triton_paged_prefill(*case.args(), scale)
+        for cache_dtype in (dtype, E4M3):
+            inputs = case if cache_dtype == dtype else quantized_inputs(case, cache_dtype,
+                                                                        spread=1.0)
+
+            def call(inputs=inputs):
+                return triton_prefill.triton_paged_prefill(*inputs.args(), scale,
+                                                           **inputs.scales())
+            errors = {} if cache_dtype == dtype else fp8_errors(
+                call(), base, torch_paged_prefill, inputs, scale)
+            record(op="prefill", cache_dtype=dtype_name(cache_dtype), batch=batch,
+                   query_len=query_len, cached=cached, context=query_len + cached,
+                   block_size=defaults.BLOCK_SIZE, time_us=timed(call), **errors)
+            del inputs
+        del case, base
+        if on_cuda:
+            torch.cuda.empty_cache()
+    return rows
+
+
+def fp8_errors(out, base, reference, inputs, scale) -> dict:
+    """An fp8 output's relative error against the unquantised cache's output ``base`` and
+    against ``reference`` (the torch backend) in float32 on the dequantised cache."""
+    exact = reference(inputs.q.float(), *inputs.args()[1:], scale, **inputs.scales())
+    return dict(err_vs_dequantised=relative_error(out, exact),
+                err_vs_bf16_cache=relative_error(out, base))

@@ -1,6 +1,6 @@
 """The report's "fp8 KV cache and block-table layout" section, with its verdicts.
 
-Datasets (``scripts/h200_fp8.py``, committed under ``reports/data/h200/``): ``kernels_fp8``
+Datasets (``scripts/h200_fp8.sh``, committed under ``reports/data/h200/``): ``kernels_fp8``
 (Triton decode and prefill, bf16 vs fp8 caches: time, bytes, fraction of the copy bandwidth,
 error against the bf16 cache), ``kernels_layout`` (Triton bf16 decode over contiguous,
 shuffled and aged block tables: time, unique K/V footprint, L2 flag) and ``fp8_engine`` (the

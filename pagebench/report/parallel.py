@@ -1,5 +1,5 @@
 """The report's "Past one GPU" section: the tensor-parallel engine and the kernel sweep on two
-GPUs, read from ``reports/data/h200x2/`` (written by ``scripts/h200x2_tp.py``), beside the
+GPUs, read from ``reports/data/h200x2/`` (written by ``scripts/h200x2_tp.sh``), beside the
 capacity planner's arithmetic for tensor parallelism (``capacity_tp``:
 :func:`pagebench.sim.capacity.tensor_parallel_rows`, any machine).
 

@@ -2,7 +2,7 @@
 # Engine data committed under reports/data/h200/ (one H200): the engine with CUDA-graph decode on
 # a random-weight Qwen2.5-0.5B (bf16, Triton kernels), each step one `pagebench engine-bench` call.
 #
-#   scripts/h200_engine.sh OUT_DIR             # on the GPU (about 4 minutes on an H200)
+#   scripts/h200_engine.sh OUT_DIR             # on the GPU (equality and breakdown took 2.5 min on an H200; all steps not yet timed there)
 #   DEVICE=cpu scripts/h200_engine.sh OUT_DIR  # the same steps at tiny sizes on the CPU (a dry
 #                                              # run: tiny model, torch kernel, few tokens)
 #   STEPS="throughput peers" scripts/h200_engine.sh OUT_DIR  # a subset of the steps below

@@ -189,11 +189,12 @@ def test_batch1_ratio_pairs_paged_with_contiguous():
 
 def test_recommendation_follows_the_measured_curves():
     rec = derive.recommend(synthetic_results().get("memory_static"),
-                           synthetic_results().get("kernels"))
+                           derive.kernel_cost_per_block(synthetic_results().get("kernels")))
     assert rec["kernel_measured"] and rec["block_size"] in (8, 16, 32)
     # if small blocks cost nothing in the kernel, memory wins: block 1
     flat = synthetic_results(paged_ratio={1: 1.0, 16: 1.0, 128: 1.0})
-    assert derive.recommend(flat.get("memory_static"), flat.get("kernels"))["block_size"] == 1
+    assert derive.recommend(flat.get("memory_static"),
+                            derive.kernel_cost_per_block(flat.get("kernels")))["block_size"] == 1
     # without kernel data the recommendation says it is memory-only
     assert not derive.recommend(flat.get("memory_static"), None)["kernel_measured"]
 

@@ -240,7 +240,7 @@ def worst_case_waste(results: Results) -> Measured | None:
 
 def batch1_slower(results: Results) -> Measured | None:
     kernels = results.get("kernels")
-    ratio = derive.batch1_ratio(kernels)
+    ratio = derive.table(results, "kernels_batch1_ratio")
     ratio = ratio[ratio["block_size"] == derive.PRIMARY_BLOCK_SIZE] if len(ratio) else ratio
     if ratio.empty:
         return None
@@ -327,7 +327,7 @@ def batching_beats_gather(results: Results) -> Measured | None:
 def block16_sweet_spot(results: Results) -> Measured | None:
     u1 = utilisation(results, allocator="paged", block_size=1)
     u16 = utilisation(results, **PAGED_16)
-    cost = derive.kernel_cost_per_block(results.get("kernels"))
+    cost = derive.table(results, "kernels_block_cost")
     cost16 = cost[cost["block_size"] == 16] if len(cost) else cost
     if u1 is None or u16 is None or cost16.empty:
         return None

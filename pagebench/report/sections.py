@@ -44,8 +44,9 @@ class View:
     """One dataset as a section shows it: text, plots, then a table linked to its CSV; without
     data, a "No data: ``missing``" note (nothing when ``missing`` is empty).
 
-    ``frame`` reads what is shown (default: the dataset ``data``; a table derived from another
-    dataset is saved, and linked, under the name ``data``). ``text`` and ``plot`` may be
+    ``frame`` reads what is shown (default: the dataset or kernel table ``data``,
+    :func:`pagebench.report.derive.table`; a table derived from another dataset is saved, and
+    linked, under the name ``data``). ``text`` and ``plot`` may be
     functions of that frame; ``table`` gives what the table shows of it (default: all of it).
     Without data, a ``needed`` view ends the views after it: they are derived from it.
     """
@@ -89,7 +90,7 @@ class Section:
     def show(self, results: Results, views: Sequence[View]) -> Section:
         """Each view's text, plots and table in turn, or its "no data" note."""
         for v in views:
-            frame = v.frame(results) if v.frame else results.get(v.data)
+            frame = v.frame(results) if v.frame else derive.table(results, v.data)
             if frame is None or len(frame) == 0:
                 if v.missing:
                     self.nodata(v.missing)
@@ -375,27 +376,23 @@ KERNELS = (
              "block size (tokens)", "paged / contiguous time (×)",
              "line chart of batch-1 time ratio", legend_title="context (tokens)", logx=True,
              hlines={"contiguous": 1.0}, panel="panel"),
-         missing="batch-1 paged versus contiguous pairs",
-         frame=derived("kernels", derive.batch1_ratio)),
+         missing="batch-1 paged versus contiguous pairs"),
     View("kernels_throughput", "Throughput versus batch", ("device_label", "shape", "context",
          "series", "batch", "time_us", "tokens_per_s"), text="Attention-kernel throughput versus "
          "batch size (tokens/s = batch / step time) for each block size of the fastest paged "
          "backend and the contiguous baselines, at the context where batch was swept (every "
          "backend in the CSV). Attention alone reads each sequence's own K/V, so it scales with "
          "batch only while launch-bound; the engine section shows whole-model throughput.",
-         plot=throughput_plot, missing="throughput versus batch size",
-         frame=derived("kernels", derive.throughput)),
+         plot=throughput_plot, missing="throughput versus batch size"),
     View("kernels_bandwidth", "Achieved bandwidth (block 16 paged and contiguous)",
          ("device_label", "shape", "backend", "block_size", "batch", "context", "time_us",
           "gbps", "copy_gbps"), plot=bandwidth_plots,
-         missing="achieved bandwidth (needs gbps and copy_gbps columns)",
-         frame=derived("kernels", derive.bandwidth)),
+         missing="achieved bandwidth (needs gbps and copy_gbps columns)"),
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",
              "Paged kernel time per block size (1.0 = best block size)", "block size (tokens)",
              "kernel time / best block size's (median over cases)",
-             "line chart of kernel cost per block size", legend_title="device", logx=True),
-         frame=derived("kernels", derive.kernel_cost_per_block)),
+             "line chart of kernel cost per block size", legend_title="device", logx=True)),
     *PREFILL,
 )
 

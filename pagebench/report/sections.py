@@ -67,6 +67,15 @@ def derived(name: str, fn: Callable) -> Callable[[Results], pd.DataFrame | None]
     return lambda results: fn(results.get(name))
 
 
+def view_frame(results: Results, view: View) -> pd.DataFrame | None:
+    """What ``view`` shows of ``results``."""
+    return view.frame(results) if view.frame else derive.table(results, view.data)
+
+
+def has_rows(frame: pd.DataFrame | None) -> bool:
+    return frame is not None and len(frame) > 0
+
+
 @dataclass(slots=True)
 class Section:
     id: str
@@ -87,11 +96,16 @@ class Section:
         if plot is not None:
             self.items.append(Item("plot", plot=plot))
 
-    def show(self, results: Results, views: Sequence[View]) -> Section:
-        """Each view's text, plots and table in turn, or its "no data" note."""
-        for v in views:
-            frame = v.frame(results) if v.frame else derive.table(results, v.data)
-            if frame is None or len(frame) == 0:
+    def show(self, results: Results, views: Sequence[View], empty: str = "") -> Section:
+        """Each view's text, plots and table in turn, or its "no data" note; with ``empty``,
+        where no view has data, one "No data: ``empty``" note instead of theirs."""
+        frames = [view_frame(results, v) for v in views] if empty else None
+        if frames is not None and not any(has_rows(f) for f in frames):
+            self.nodata(empty)
+            return self
+        for i, v in enumerate(views):
+            frame = frames[i] if frames is not None else view_frame(results, v)
+            if not has_rows(frame):
                 if v.missing:
                     self.nodata(v.missing)
                 if v.needed:

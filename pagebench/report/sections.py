@@ -186,7 +186,7 @@ def environment(results: Results, env: dict, options: dict) -> Section:
     rows += [[k, fmt(v)] for k, v in options.items()]
     s.table(Table("This run", ["field", "value"], rows))
     s.table(devices_table(results))
-    srcs = [[name, str(len(frame)), ", ".join(distinct(frame, "machine")),
+    srcs = [[name, str(len(frame)), devices.frame_devices(frame, default=""),
              "; ".join(dict.fromkeys(results.sources.get(name, [])))]
             for name, frame in sorted(results.frames.items())]
     if srcs:

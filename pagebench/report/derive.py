@@ -14,8 +14,11 @@ PRIMARY_BLOCK_SIZE = 16
 
 
 def row_labels(df: pd.DataFrame) -> pd.Series:
-    """Each row's device label (:func:`pagebench.results.devices.frame_labels`), never empty."""
-    return devices.frame_labels(df).fillna("unknown device").astype(str)
+    """Each row's device label, never empty: the ``machine`` column, which
+    :meth:`pagebench.results.Results.add` fills with labels
+    (:func:`pagebench.results.devices.frame_labels`); labelled here for a frame without one."""
+    labels = df["machine"] if "machine" in df.columns else devices.frame_labels(df)
+    return labels.fillna("unknown device").astype(str)
 
 
 def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:

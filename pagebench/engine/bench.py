@@ -8,6 +8,7 @@ a tiny random model (``tiny_model()``); pass a real-shaped model for device runs
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import time
 
@@ -84,17 +85,27 @@ def base_row(model, dataset: Schema, **fields) -> dict:
         experiment=dataset.name) | fields)
 
 
-def _wall(fn, device):
-    """One cold call of ``fn()``: (wall seconds, result), the device synchronised around it.
-    For runs whose state a warm-up would change (a prefix cache, a shared pool)."""
-    cuda = torch.device(device).type == "cuda"
+def wall(fn, device):
+    """One cold call of ``fn()``: (wall seconds, result), ``device`` synchronised around it
+    (a CUDA device; nothing to wait for on a CPU). For runs whose state a warm-up would change
+    (a prefix cache, a shared pool)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
     if cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     out = fn()
     if cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0, out
+
+
+def release_memory(device) -> None:
+    """Free a dropped engine's cache before the next one allocates its own: collect what only
+    a reference cycle still holds and, on CUDA, hand the allocator's cached blocks back."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _engine_row(engine: LLMEngine, seconds: float) -> dict:
@@ -130,7 +141,7 @@ def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs
     engine.generate(prompts, params)
     times, decode, outs = [], [], None
     for _ in range(repeat):
-        seconds, outs = _wall(lambda: engine.generate(prompts, params), dev)
+        seconds, outs = wall(lambda: engine.generate(prompts, params), dev)
         times.append(seconds)
         decode.append(engine.stats["decode_tokens_per_s"])
     seconds = sorted(times)[len(times) // 2]
@@ -242,7 +253,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
         for m in methods:
             if m in errors:
                 continue
-            seconds, outputs[m] = _wall(runs[m], dev)
+            seconds, outputs[m] = wall(runs[m], dev)
             times[m].append(seconds)
             if m == "engine":
                 decode.append(engine.stats["decode_tokens_per_s"])
@@ -330,7 +341,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
                                       (f"{n} separate requests", [prompt] * n, 1, None)):
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, n=k, seed=seed,
                                 ignore_eos=True)
-        seconds, _ = _wall(lambda: engine.generate(prompts, params), _device(model))
+        seconds, _ = wall(lambda: engine.generate(prompts, params), _device(model))
         rows.append(base_row(model, datasets.ENGINE_COW, variant=label, n=shared,
                              completions=len(prompts) * k,
                           prompt_len=prompt_len, max_tokens=max_tokens, block_size=block_size,
@@ -353,7 +364,7 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
         engine = LLMEngine(model, block_size=block_size, enable_prefix_caching=on,
                            num_blocks=num_requests * ceil_div(system_len + suffix_len[1] + max_tokens,
                                                              block_size))
-        seconds, _ = _wall(lambda: engine.generate(
+        seconds, _ = wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         s = engine.stats
         rows.append(base_row(model, datasets.ENGINE_PREFIX, enable_prefix_caching=on,
@@ -379,7 +390,7 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
     for frac in pool_fractions:
         blocks = max(biggest, round(full * frac))
         engine = LLMEngine(model, block_size=block_size, num_blocks=blocks)
-        seconds, _ = _wall(lambda: engine.generate(
+        seconds, _ = wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         rows.append(base_row(model, datasets.ENGINE_POOL, pool_fraction=blocks / full,
                           blocks_needed_all=full, num_requests=num_requests,
@@ -404,8 +415,8 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     dev = _device(model)
     rows = []
     padded_generate(model, prompts[:contiguous_batch], 2)  # warm-up
-    seconds, _ = _wall(lambda: padded_generate(model, prompts, max_tokens,
-                                               batch_size=contiguous_batch), dev)
+    seconds, _ = wall(lambda: padded_generate(model, prompts, max_tokens,
+                                              batch_size=contiguous_batch), dev)
     generated = len(prompts) * max_tokens
     rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="padded_generate",
                       kv_bytes=kv_bytes, concurrent_seqs=contiguous_batch,
@@ -415,7 +426,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
                        max_num_seqs=len(prompts), max_num_batched_tokens=8192)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-    seconds, _ = _wall(lambda: engine.generate(prompts, params), dev)
+    seconds, _ = wall(lambda: engine.generate(prompts, params), dev)
     rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="engine", kv_bytes=kv_bytes,
                       concurrent_seqs=max(x["batch_size"] for x in engine.stats["steps"]),
                       num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,
@@ -469,6 +480,12 @@ def agreement(outputs, reference) -> tuple[int, float]:
     return sum(a == b for a, b in zip(outputs, reference)), same / max(1, total)
 
 
+def greedy_tokens(engine: LLMEngine, prompts, max_tokens: int) -> list[list[int]]:
+    """Each prompt's tokens from ``engine``, greedy, ``max_tokens`` each (no stop at EOS)."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return [r.outputs[0].token_ids for r in engine.generate(prompts, params)]
+
+
 # the experiment name the committed H200 rows carry (engine dataset, any device)
 GREEDY_EQUALITY = "gpu_greedy_equality"
 
@@ -500,21 +517,16 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
                                  compiled_layers=g["compiled_layers"], max_tokens=max_tokens))
 
         default = LLMEngine(model, **kw)
-        default_out = _greedy(default, prompts, max_tokens)
+        default_out = greedy_tokens(default, prompts, max_tokens)
         check("engine vs model.generate", default, default_out, reference)
         cached = LLMEngine(model, enable_prefix_caching=True, **kw)
-        check("engine vs model.generate", cached, _greedy(cached, prompts, max_tokens),
+        check("engine vs model.generate", cached, greedy_tokens(cached, prompts, max_tokens),
               reference, prefix=True)
-        eager = _greedy(LLMEngine(model, **MODES["eager"], **kw), prompts, max_tokens)
+        eager = greedy_tokens(LLMEngine(model, **MODES["eager"], **kw), prompts, max_tokens)
         plain = LLMEngine(model, **MODES["graphs_uncompiled"], **kw)
-        check("graphs vs eager", plain, _greedy(plain, prompts, max_tokens), eager)
+        check("graphs vs eager", plain, greedy_tokens(plain, prompts, max_tokens), eager)
         check("graphs vs eager", default, default_out, eager)
     return rows
-
-
-def _greedy(engine: LLMEngine, prompts, max_tokens: int) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return [r.outputs[0].token_ids for r in engine.generate(prompts, params)]
 
 
 def record_logits(engine: LLMEngine, steps: int) -> list[torch.Tensor]:
@@ -550,7 +562,7 @@ def fp8_comparison(model, prompts, max_tokens: int = 32, kv_cache_memory="4GiB",
         engine = LLMEngine(model, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_dtype,
                            **MODES["eager"], **engine_kwargs)
         logits = record_logits(engine, logit_steps)
-        seconds, outs = _wall(functools.partial(engine.generate, prompts, params), _device(model))
+        seconds, outs = wall(functools.partial(engine.generate, prompts, params), _device(model))
         runs[kv_dtype] = dict(blocks=engine.num_blocks, seconds=seconds, logits=logits,
                               tokens=[o.outputs[0].token_ids for o in outs])
         del engine  # its pool is freed before the next run allocates one

@@ -216,3 +216,33 @@ def test_cli_fp8_compares_a_bf16_and_an_fp8_pool_in_the_same_memory(tmp_path):
     assert "greedy agreement" in out
     code, _, err = run_cli("engine-bench", "fp8", "--kv-cache-memory", "lots")
     assert code == 2 and "--kv-cache-memory: bytes: cannot parse 'lots'" in err
+
+
+def test_fp8_comparison_frees_each_engine_when_it_is_dropped(monkeypatch):
+    """Reference counting alone frees the first engine's runner (which holds the KV pool)
+    before the second engine allocates: restoring the runner's ``execute`` leaves no cycle for
+    a later collection."""
+    import gc
+    import weakref
+
+    import torch
+
+    runners, dead_at_release = [], []
+    real = bench.LLMEngine
+
+    def tracked(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        runners.append(weakref.ref(engine.runner))
+        return engine
+
+    monkeypatch.setattr(bench, "LLMEngine", tracked)
+    monkeypatch.setattr(bench, "release_memory",
+                        lambda device: dead_at_release.append([r() is None for r in runners]))
+    model = bench.tiny_model(dtype=torch.bfloat16, hidden_size=64, intermediate_size=128)
+    prompts = bench.random_prompts(2, 3, 5, model.config.vocab_size)
+    gc.disable()
+    try:
+        bench.fp8_comparison(model, prompts, max_tokens=2, kv_cache_memory="1MiB", logit_steps=2)
+    finally:
+        gc.enable()
+    assert dead_at_release == [[True], [True, True]]

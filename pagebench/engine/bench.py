@@ -7,6 +7,7 @@ a tiny random model (``tiny_model()``); pass a real-shaped model for device runs
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import os
@@ -529,20 +530,40 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
     return rows
 
 
-def record_logits(engine: LLMEngine, steps: int) -> list[torch.Tensor]:
-    """A list that fills with the logits of ``engine``'s first ``steps`` model steps as it
-    runs (its runner's ``execute`` wrapped)."""
+@contextlib.contextmanager
+def wrapped_execute(runner, wrapper):
+    """Within the block, ``runner.execute`` is ``wrapper(execute)`` (to record or mark the model
+    steps); after it, the runner's own ``execute`` again. Restored by deleting the instance
+    attribute, not by storing the bound method back: a runner holding its own bound method is a
+    reference cycle, which keeps the runner and its KV cache until a garbage collection."""
+    had_own = "execute" in vars(runner)
+    own = vars(runner).get("execute")
+    runner.execute = wrapper(runner.execute)
+    try:
+        yield
+    finally:
+        if had_own:
+            runner.execute = own
+        else:
+            del runner.execute
+
+
+@contextlib.contextmanager
+def record_logits(engine: LLMEngine, steps: int):
+    """Within the block, a list that fills with the logits of ``engine``'s first ``steps`` model
+    steps as it runs (its runner's ``execute`` wrapped)."""
     logits: list[torch.Tensor] = []
-    execute = engine.runner.execute
 
-    def recording(seqs, blocks):
-        out, rows = execute(seqs, blocks)
-        if len(logits) < steps:
-            logits.append(out.clone())
-        return out, rows
+    def recorder(execute):
+        def recording(seqs, blocks):
+            out, rows = execute(seqs, blocks)
+            if len(logits) < steps:
+                logits.append(out.clone())
+            return out, rows
+        return recording
 
-    engine.runner.execute = recording
-    return logits
+    with wrapped_execute(engine.runner, recorder):
+        yield logits
 
 
 @_threads
@@ -561,11 +582,13 @@ def fp8_comparison(model, prompts, max_tokens: int = 32, kv_cache_memory="4GiB",
     for kv_dtype in ("auto", "fp8_e4m3"):
         engine = LLMEngine(model, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_dtype,
                            **MODES["eager"], **engine_kwargs)
-        logits = record_logits(engine, logit_steps)
-        seconds, outs = wall(functools.partial(engine.generate, prompts, params), _device(model))
+        with record_logits(engine, logit_steps) as logits:
+            seconds, outs = wall(functools.partial(engine.generate, prompts, params),
+                                 _device(model))
         runs[kv_dtype] = dict(blocks=engine.num_blocks, seconds=seconds, logits=logits,
                               tokens=[o.outputs[0].token_ids for o in outs])
-        del engine  # its pool is freed before the next run allocates one
+        del engine, outs  # its pool is freed before the next run allocates one
+        release_memory(_device(model))
     base, fp8 = runs["auto"], runs["fp8_e4m3"]
     errors = [relative_error(b, a) for a, b in zip(base["logits"], fp8["logits"])
               if a.shape == b.shape]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from pagebench.config import ceil_div
-from pagebench.engine.bench import base_row, mode_options
+from pagebench.engine.bench import base_row, mode_options, wrapped_execute
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.results import datasets
@@ -39,20 +39,17 @@ def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
                        **mode_options(mode))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts, params)  # warm-up
-    execute = engine.runner.execute
 
-    def marked(seqs, blocks):
-        with record_function(DECODE if all(kv.num_new == 1 for kv in blocks) else OTHER):
-            return execute(seqs, blocks)
+    def marker(execute):
+        def marked(seqs, blocks):
+            with record_function(DECODE if all(kv.num_new == 1 for kv in blocks) else OTHER):
+                return execute(seqs, blocks)
+        return marked
 
     cuda = next(model.parameters()).device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    engine.runner.execute = marked
-    try:
-        with profile(activities=activities) as prof:
-            engine.generate(prompts, params)
-    finally:
-        engine.runner.execute = execute
+    with wrapped_execute(engine.runner, marker), profile(activities=activities) as prof:
+        engine.generate(prompts, params)
     events = list(prof.events())
     marks = sorted((e.time_range.start, e.name) for e in events if e.name in (DECODE, OTHER))
     windows = [(t, marks[i + 1][0] if i + 1 < len(marks) else float("inf"))

@@ -6,8 +6,8 @@ import argparse
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, experiment_options, format_table, int_list,
-    integer, name_list, number, progress, torch_device, write_results)
+    add_output_options, check_bytes, check_output_file, dumps, experiment_options, format_table,
+    int_list, integer, name_list, number, progress, torch_device, write_results)
 
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -241,18 +241,6 @@ def _kernel(name: str) -> str:
     return name
 
 
-def _check_memory_size(text: str) -> None:
-    from pagebench.config import parse_bytes
-    from pagebench.errors import ConfigError
-
-    try:
-        size = parse_bytes(text)
-    except ConfigError as e:
-        raise ValueError(f"--kv-cache-memory: {e}") from None
-    if size < 1:
-        raise ValueError(f"--kv-cache-memory: must be positive, got {text!r}")
-
-
 def run(args) -> int:
     from pagebench.engine import bench
 
@@ -264,7 +252,7 @@ def run(args) -> int:
     if "methods" in opts:
         opts["methods"] = compare_methods(opts["methods"])
     if "kv_cache_memory" in opts:
-        _check_memory_size(opts["kv_cache_memory"])
+        check_bytes("--kv-cache-memory", opts["kv_cache_memory"])
     modes = opts.get("modes")
     for mode in modes or ():
         if mode not in bench.MODES:

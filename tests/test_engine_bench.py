@@ -149,7 +149,7 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
     small = ["--prompt-len", "2-8", "--max-tokens", "2", "--kernel", "torch"]
     runs = {
         "engine": ["equality", "--num-requests", "2", "--block-sizes", "16", "--dtype",
-                   "bfloat16", "--seed", "5"],
+                   "bfloat16", "--seed", "5", "--threads", "2"],
         "engine_batch": ["throughput", "--batch-sizes", "2", "--block-sizes", "8", "--modes",
                          "eager,graphs_uncompiled", "--bandwidth"],
         "engine_compare": ["compare", "--batch-sizes", "1,2", "--methods", "engine"],
@@ -162,6 +162,7 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
         assert code == 0, err
         frames[name] = validated(name, pd.read_csv(path))
     assert frames["engine"].dtype.eq("bfloat16").all() and len(frames["engine"]) == 4
+    assert frames["engine"].torch_threads.eq(2).all()  # --threads reaches the measurement
     assert frames["engine_batch"]["mode"].tolist() == ["eager", "graphs_uncompiled"]
     assert frames["engine_batch"].bandwidth_fraction.gt(0).all()
     assert frames["engine_compare"].batch.tolist() == [1, 2]  # one comparison per batch size
@@ -172,11 +173,12 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
 def test_cli_breakdown_writes_rows_and_profile(tmp_path):
     path, profile = tmp_path / "b.csv", tmp_path / "p.txt"
     code, out, err = run_cli("engine-bench", "breakdown", "--batch-sizes", "1,2", "--prompt-len",
-                             "3", "--max-tokens", "4", "--kernel", "torch", "--out", str(path),
-                             "--profile-out", str(profile))
+                             "3", "--max-tokens", "4", "--kernel", "torch", "--threads", "2",
+                             "--out", str(path), "--profile-out", str(profile))
     assert code == 0, err
     rows = validated("engine", pd.read_csv(path))
     assert rows.batch.tolist() == [1, 2] and (rows.experiment == "step_breakdown").all()
+    assert rows.torch_threads.eq(2).all()
     assert profile.read_text().count("=== batch") == 2 and "host (ms)" in out
 
 

@@ -292,7 +292,7 @@ def run(args) -> int:
         prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab,
                                        seed=opts["seed"])
         rows = bench.greedy_equality(model, prompts, opts["max_tokens"], opts["block_sizes"],
-                                     kernel=opts["kernel"])
+                                     kernel=opts["kernel"], threads=args.threads)
     elif args.experiment == "breakdown":
         rows = breakdown(model, opts, args.threads)
     elif args.experiment == "fp8":
@@ -327,7 +327,6 @@ def breakdown(model, opts: dict, threads: int) -> list[dict]:
     from pagebench.atomic import atomic_write_text
     from pagebench.engine import bench
     from pagebench.engine.step_profile import step_breakdown
-    from pagebench.timing import cpu_threads
 
     rows, tables = [], []
     points = [(mode, bs, b) for mode in opts["modes"] or [None] for bs in opts["block_sizes"]
@@ -337,10 +336,9 @@ def breakdown(model, opts: dict, threads: int) -> list[dict]:
             prompts = bench.random_prompts(b, *opts["prompt_len"], model.config.vocab_size,
                                            seed=11)
             table = []
-            with cpu_threads(threads):
-                rows.append(step_breakdown(model, prompts, opts["max_tokens"], block_size=bs,
-                                           kernel=opts["kernel"], mode=mode,
-                                           profile_table=table) | {"torch_threads": threads})
+            rows.append(step_breakdown(model, prompts, opts["max_tokens"], block_size=bs,
+                                       kernel=opts["kernel"], mode=mode, profile_table=table,
+                                       threads=threads))
             tables.append(f"=== batch {b}, block {bs}, mode {mode or 'default'} ===\n{table[0]}")
             bar.update()
     if opts["profile_out"]:

@@ -58,13 +58,16 @@ def random_prompts(num: int, min_len: int, max_len: int, vocab_size: int, seed: 
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def _threads(fn):
-    """Adds ``threads=1`` (CPU intra-op threads while the measurement runs) to a bench function."""
+def with_threads(fn):
+    """Adds ``threads=1`` (CPU intra-op threads while the measurement runs; None: torch's
+    current setting) to a bench function returning a row or a list of rows, and names the
+    count in each row's ``torch_threads``."""
     @functools.wraps(fn)
     def wrapper(*args, threads: int | None = 1, **kwargs):
         with cpu_threads(threads):
-            rows = fn(*args, **kwargs)
-        return [r | {"torch_threads": threads or torch.get_num_threads()} for r in rows]
+            result = fn(*args, **kwargs)
+        used = {"torch_threads": threads or torch.get_num_threads()}
+        return result | used if isinstance(result, dict) else [r | used for r in result]
     return wrapper
 
 
@@ -217,7 +220,7 @@ def generate_batch(model, prompts, max_tokens: int):
 TRANSFORMERS_METHODS = ("padded_generate", "generate_batch", "generate_static_compile")
 
 
-@_threads
+@with_threads
 def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int = 3,
                               methods=("engine", "padded_generate", "generate_batch"),
                               compile_mode: str = "default", **engine_kwargs) -> list[dict]:
@@ -288,7 +291,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
 
 # ---- report-facing measurements ----------------------------------------------------------------
 
-@_threads
+@with_threads
 def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGINE_BLOCK_SIZES,
                         prompt_len: int | tuple[int, int] = 64, max_tokens: int = 32,
                         kernel: str = "auto", repeat: int = 1, num_blocks: int | None = None,
@@ -328,7 +331,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
     return rows
 
 
-@_threads
+@with_threads
 def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: int = 4,
                    block_size: int = 16, seed: int = 0) -> list[dict]:
     """Parallel sampling: one request with ``n`` completions sharing its prompt's blocks
@@ -350,7 +353,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
     return rows
 
 
-@_threads
+@with_threads
 def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int = 16,
                             suffix_len: tuple[int, int] = (8, 64), max_tokens: int = 16,
                             block_size: int = 16, seed: int = 0) -> list[dict]:
@@ -377,7 +380,7 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
     return rows
 
 
-@_threads
+@with_threads
 def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
                     num_requests: int = 32, prompt_len: tuple[int, int] = (16, 128),
                     max_tokens: int = 64, block_size: int = 16, seed: int = 0) -> list[dict]:
@@ -402,7 +405,7 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
     return rows
 
 
-@_threads
+@with_threads
 def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
                             block_size: int = 16, kernel: str = "auto") -> list[dict]:
     """Same KV memory for both: padded ``generate`` reserves ``max prompt + max_tokens`` slots
@@ -491,7 +494,7 @@ def greedy_tokens(engine: LLMEngine, prompts, max_tokens: int) -> list[list[int]
 GREEDY_EQUALITY = "gpu_greedy_equality"
 
 
-@_threads
+@with_threads
 def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
                     kernel: str = "auto") -> list[dict]:
     """Greedy outputs of the engine, per block size: against ``model.generate`` one prompt at a
@@ -566,7 +569,7 @@ def record_logits(engine: LLMEngine, steps: int):
         yield logits
 
 
-@_threads
+@with_threads
 def fp8_comparison(model, prompts, max_tokens: int = 32, kv_cache_memory="4GiB",
                    logit_steps: int = 4, **engine_kwargs) -> list[dict]:
     """The engine with a cache in the model's dtype and an fp8_e4m3 one in the same

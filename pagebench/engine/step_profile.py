@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from pagebench.config import ceil_div
-from pagebench.engine.bench import base_row, mode_options, wrapped_execute
+from pagebench.engine.bench import base_row, mode_options, with_threads, wrapped_execute
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.results import datasets
@@ -21,6 +21,7 @@ DECODE, OTHER = "decode_step", "other_step"
 REPLAYS = 20
 
 
+@with_threads
 def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
                    kernel: str = "auto", mode: str | None = None,
                    profile_table: list[str] | None = None) -> dict:

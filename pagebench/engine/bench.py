@@ -17,6 +17,7 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.defaults import ENGINE_BLOCK_SIZES, TINY_MODEL
+from pagebench.engine.block_manager import blocks_needed
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.results import datasets
@@ -50,6 +51,12 @@ def preset_model(name: str = "qwen2.5-0.5b", dtype=torch.bfloat16, device="cuda"
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config.eos_token_id = None
     return model.eval()
+
+
+def blocks_for_all(prompts, max_tokens: int, block_size: int) -> int:
+    """Blocks of ``block_size`` that hold every prompt with its ``max_tokens`` at once: a pool
+    that never preempts."""
+    return sum(blocks_needed(len(p) + max_tokens, block_size) for p in prompts)
 
 
 def random_prompts(num: int, min_len: int, max_len: int, vocab_size: int, seed: int = 0):
@@ -311,7 +318,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
         for b in batch_sizes:
             prompts = random_prompts(b, lo, hi, model.config.vocab_size,
                                      seed=b if seed is None else seed)
-            need = sum(ceil_div(len(p) + max_tokens, bs) for p in prompts)
+            need = blocks_for_all(prompts, max_tokens, bs)
             row, _ = run_engine(model, prompts, max_tokens, repeat, block_size=bs,
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
                                 max_num_batched_tokens=max(2048, min(8192, b * hi)),
@@ -507,7 +514,7 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
     rows = []
     for bs in block_sizes:
         kw = dict(block_size=bs, kernel=kernel, max_num_seqs=len(prompts),
-                  num_blocks=sum(ceil_div(len(p) + max_tokens, bs) for p in prompts))
+                  num_blocks=blocks_for_all(prompts, max_tokens, bs))
 
         def check(what, engine, outputs, expected, prefix=False):
             equal, tokens = agreement(outputs, expected)

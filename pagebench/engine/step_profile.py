@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from pagebench.config import ceil_div
-from pagebench.engine.bench import base_row, mode_options, with_threads, wrapped_execute
+from pagebench.engine.bench import (
+    base_row, blocks_for_all, mode_options, with_threads, wrapped_execute)
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.results import datasets
@@ -36,7 +36,7 @@ def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
 
     engine = LLMEngine(model, block_size=block_size, kernel=kernel, max_num_seqs=len(prompts),
                        max_num_batched_tokens=8192,
-                       num_blocks=sum(ceil_div(len(p) + max_tokens, block_size) for p in prompts),
+                       num_blocks=blocks_for_all(prompts, max_tokens, block_size),
                        **mode_options(mode))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts, params)  # warm-up

@@ -248,3 +248,8 @@ def test_fp8_comparison_frees_each_engine_when_it_is_dropped(monkeypatch):
     finally:
         gc.enable()
     assert dead_at_release == [[True], [True, True]]
+
+
+def test_blocks_for_all_holds_every_prompt_with_its_new_tokens():
+    assert bench.blocks_for_all([[0] * 5, [0] * 16], max_tokens=3, block_size=8) == 1 + 3
+    assert bench.blocks_for_all([], max_tokens=3, block_size=8) == 0

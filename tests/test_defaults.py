@@ -40,6 +40,6 @@ def test_cpu_recommendation_ranges_over_every_swept_block_size():
                         repeat=1)
     kernels["machine"] = here("cpu")
     assert sorted(kernels.block_size.dropna().astype(int)) == sorted(defaults.BLOCK_SIZES)
-    rec = derive.recommend(results.get("memory_static"), kernels)
+    rec = derive.recommend(results.get("memory_static"), derive.kernel_cost_per_block(kernels))
     assert rec["kernel_measured"]
     assert list(rec["table"]["block_size"]) == sorted(defaults.BLOCK_SIZES)

@@ -187,13 +187,33 @@ def test_batch1_ratio_pairs_paged_with_contiguous():
     assert r16["paged_backend"].iloc[0] == "triton-paged"
 
 
+def test_kernel_tables_are_computed_once_per_results_until_data_is_added():
+    results = synthetic_results()
+    ratio = derive.table(results, "kernels_batch1_ratio")
+    assert derive.table(results, "kernels_batch1_ratio") is ratio
+    pd.testing.assert_frame_equal(ratio, derive.batch1_ratio(results.get("kernels")))
+    results.add("kernels", results.get("kernels").head(1), "more")
+    assert derive.table(results, "kernels_batch1_ratio") is not ratio
+
+
+def test_a_kernel_table_that_fails_is_empty_and_named_in_a_warning(monkeypatch):
+    def broken(kernels):
+        raise KeyError("odd")
+    monkeypatch.setitem(derive.KERNEL_TABLES, "kernels_throughput", broken)
+    results = synthetic_results()
+    assert derive.table(results, "kernels_throughput").empty
+    assert any(w.startswith("kernels_throughput: could not be derived (KeyError")
+               for w in results.warnings)
+
+
 def test_recommendation_follows_the_measured_curves():
     rec = derive.recommend(synthetic_results().get("memory_static"),
-                           synthetic_results().get("kernels"))
+                           derive.kernel_cost_per_block(synthetic_results().get("kernels")))
     assert rec["kernel_measured"] and rec["block_size"] in (8, 16, 32)
     # if small blocks cost nothing in the kernel, memory wins: block 1
     flat = synthetic_results(paged_ratio={1: 1.0, 16: 1.0, 128: 1.0})
-    assert derive.recommend(flat.get("memory_static"), flat.get("kernels"))["block_size"] == 1
+    assert derive.recommend(flat.get("memory_static"),
+                            derive.kernel_cost_per_block(flat.get("kernels")))["block_size"] == 1
     # without kernel data the recommendation says it is memory-only
     assert not derive.recommend(flat.get("memory_static"), None)["kernel_measured"]
 

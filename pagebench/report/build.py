@@ -20,16 +20,8 @@ EVERY_CLAIM = ARTICLE_CLAIMS + fp8.CLAIMS + parallel.CLAIMS
 def derived_frames(results: Results, rec: dict | None, claims) -> dict:
     """Tables computed from the raw frames, saved beside the report like the raw ones (those
     with rows: an empty table has no CSV and no link)."""
-    kernels = results.get("kernels")
     frames = {"claims": claims_mod.claims_frame(claims)}
-    for name, fn in (("kernels_batch1_ratio", derive.batch1_ratio),
-                     ("kernels_throughput", derive.throughput),
-                     ("kernels_bandwidth", derive.bandwidth),
-                     ("kernels_block_cost", derive.kernel_cost_per_block)):
-        try:
-            frames[name] = fn(kernels)
-        except Exception as e:  # noqa: BLE001 -- odd kernel data: warn, keep the rest
-            results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
+    frames |= {name: derive.table(results, name) for name in derive.KERNEL_TABLES}
     if rec is not None:
         frames["recommendation"] = rec["table"]
     return {name: frame for name, frame in frames.items() if len(frame)}
@@ -52,7 +44,8 @@ def build_sections(results: Results, env: dict, options: dict):
     """The page's sections, the article's verdicts and the recommendation (None: none)."""
     claims = claims_mod.evaluate(results, ARTICLE_CLAIMS)
     try:
-        rec = derive.recommend(results.get("memory_static"), results.get("kernels"))
+        rec = derive.recommend(results.get("memory_static"),
+                               derive.table(results, "kernels_block_cost"))
     except Exception as e:  # noqa: BLE001 (no recommendation must not lose the page)
         results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
         rec = None

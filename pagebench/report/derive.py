@@ -14,8 +14,11 @@ PRIMARY_BLOCK_SIZE = 16
 
 
 def row_labels(df: pd.DataFrame) -> pd.Series:
-    """Each row's device label (:func:`pagebench.results.devices.frame_labels`), never empty."""
-    return devices.frame_labels(df).fillna("unknown device").astype(str)
+    """Each row's device label, never empty: the ``machine`` column, which
+    :meth:`pagebench.results.Results.add` fills with labels
+    (:func:`pagebench.results.devices.frame_labels`); labelled here for a frame without one."""
+    labels = df["machine"] if "machine" in df.columns else devices.frame_labels(df)
+    return labels.fillna("unknown device").astype(str)
 
 
 def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -187,13 +190,14 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
     if rel.empty:
         return rel.reset_index(drop=True)
     out = rel.groupby(["device_label", "block_size"], as_index=False)["relative_time"].median()
-    out["gpu"] = out["device_label"].isin(gpu_labels(kernels))
+    out["gpu"] = out["device_label"].isin(set(df.loc[df["gpu"], "device_label"]))
     out["block_size"] = out["block_size"].astype(int)
     return out
 
 
-def recommend(static: pd.DataFrame | None, kernels: pd.DataFrame | None) -> dict | None:
-    """Block size maximising (KV utilisation / relative kernel time) on the measured curves.
+def recommend(static: pd.DataFrame | None, cost: pd.DataFrame | None) -> dict | None:
+    """Block size maximising (KV utilisation / relative kernel time) on the measured curves:
+    ``static`` (dataset ``memory_static``) and ``cost`` (:func:`kernel_cost_per_block`).
 
     Capacity grows with utilisation (sequences that fit) and speed with 1 / kernel time, so the
     product of the two is the throughput one block size buys relative to the others. The kernel
@@ -205,9 +209,8 @@ def recommend(static: pd.DataFrame | None, kernels: pd.DataFrame | None) -> dict
     util = {int(b): float(u) for b, u in zip(paged["block_size"], paged["utilisation"])}
     if not util:
         return None
-    cost = kernel_cost_per_block(kernels)
     device, kcost = None, {}
-    if not cost.empty:
+    if cost is not None and not cost.empty:
         chosen = cost[cost["gpu"]] if cost["gpu"].any() else cost
         device = str(chosen.groupby("device_label")["block_size"].nunique().idxmax())
         chosen = chosen[chosen["device_label"] == device]
@@ -225,3 +228,22 @@ def recommend(static: pd.DataFrame | None, kernels: pd.DataFrame | None) -> dict
             "relative_kernel_time": float(best["relative_kernel_time"]),
             "score": float(best["score"]), "within_2pct": [int(b) for b in near],
             "kernel_device": device, "table": table, "kernel_measured": bool(kcost)}
+
+
+# the kernel tables the report shows, judges and saves: name -> function of dataset "kernels"
+KERNEL_TABLES = {"kernels_batch1_ratio": batch1_ratio, "kernels_throughput": throughput,
+                 "kernels_bandwidth": bandwidth, "kernels_block_cost": kernel_cost_per_block}
+
+
+def table(results, name: str) -> pd.DataFrame | None:
+    """Dataset ``name`` of ``results``, or the kernel table ``name`` (:data:`KERNEL_TABLES`),
+    computed once per ``results`` (empty, with a warning naming it, where the data defeats it)."""
+    if name not in KERNEL_TABLES:
+        return results.get(name)
+    if name not in results.derived:
+        try:
+            results.derived[name] = KERNEL_TABLES[name](results.get("kernels"))
+        except Exception as e:  # noqa: BLE001 -- odd kernel data: warn, keep the rest
+            results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
+            results.derived[name] = pd.DataFrame()
+    return results.derived[name]

@@ -17,7 +17,6 @@ from pagebench.results import Results
 from pagebench.results.devices import frame_devices
 from pagebench.report.sections import Section, View, claims_table, derived
 
-DATASETS = ("kernels_fp8", "kernels_layout", "fp8_engine")
 SOURCE = "reports/data/h200/ (scripts/h200_fp8.sh)"
 FP8 = "float8_e4m3fn"
 # the long-context points: batch >= 32 x 4,096 tokens, or a sequence of >= 65,536
@@ -173,7 +172,4 @@ def section(results: Results) -> Section:
            "the block manager after it served a trace with churn.")
     s.table(claims_table(evaluate(results, CLAIMS), "Verdicts"))
     s.show(results, (PLANNER,))
-    if all(results.get(d) is None for d in DATASETS):
-        s.nodata(f"fp8 and layout measurements ({SOURCE})")
-        return s
-    return s.show(results, VIEWS)
+    return s.show(results, VIEWS, empty=f"fp8 and layout measurements ({SOURCE})")

@@ -19,8 +19,6 @@ from pagebench.results import Results
 from pagebench.results.devices import frame_devices
 from pagebench.report.sections import Section, View, claims_table
 
-DATASETS = ("tp_equality", "tp_capacity", "tp_throughput", "tp_allreduce", "tp_attention",
-            "sweep_wall")
 SOURCE = "reports/data/h200x2/ (scripts/h200x2_tp.sh)"
 
 
@@ -143,8 +141,5 @@ def section(results: Results) -> Section:
            "--nproc-per-node N`; `pagebench bench` under torchrun splits its points over the "
            "GPUs.")
     s.table(claims_table(evaluate(results, CLAIMS), "Verdicts"))
-    if all(results.get(d) is None for d in DATASETS):
-        s.nodata(f"two-GPU measurements ({SOURCE})")
-    else:
-        s.show(results, MEASURED)
+    s.show(results, MEASURED, empty=f"two-GPU measurements ({SOURCE})")
     return s.show(results, (PLANNER,))

@@ -15,7 +15,8 @@ from dataclasses import replace
 import pandas as pd
 
 from pagebench.report import plots
-from pagebench.report.claims import PAGED_16, SIM, Claim, Measured, Part, first, pct
+from pagebench.report.claims import (NAIVE_SHARE, PAGED_16, PAGED_SHARE, SIM, Claim, Measured,
+                                     Part, first, pct, percent_range, within)
 from pagebench.results import Results
 from pagebench.report.sections import Section, View
 
@@ -121,7 +122,8 @@ CLAIMS = (
           mark_parts=True),
     Claim("real_traces_dynamic", "On real traces under memory pressure: naive reservation "
           "keeps 20–40% of KV memory as token state, paging about 96%.", "time-stepped "
-          "simulation at a memory-bound budget, memory-bound steps: reserve-max within 20–40% "
-          "and paged block 16 within 93–100%", ("real_traces_dynamic",), dynamic_parts,
-          lambda v: 0.20 <= v[1] <= 0.40 and 0.93 <= v[0] <= 1.0, mark_parts=True),
+          "simulation at a memory-bound budget, memory-bound steps: reserve-max within "
+          f"{percent_range(NAIVE_SHARE)} and paged block 16 within {percent_range(PAGED_SHARE)}",
+          ("real_traces_dynamic",), dynamic_parts,
+          lambda v: within(v[1], NAIVE_SHARE) and within(v[0], PAGED_SHARE), mark_parts=True),
 )

@@ -44,8 +44,9 @@ class View:
     """One dataset as a section shows it: text, plots, then a table linked to its CSV; without
     data, a "No data: ``missing``" note (nothing when ``missing`` is empty).
 
-    ``frame`` reads what is shown (default: the dataset ``data``; a table derived from another
-    dataset is saved, and linked, under the name ``data``). ``text`` and ``plot`` may be
+    ``frame`` reads what is shown (default: the dataset or kernel table ``data``,
+    :func:`pagebench.report.derive.table`; a table derived from another dataset is saved, and
+    linked, under the name ``data``). ``text`` and ``plot`` may be
     functions of that frame; ``table`` gives what the table shows of it (default: all of it).
     Without data, a ``needed`` view ends the views after it: they are derived from it.
     """
@@ -64,6 +65,15 @@ class View:
 def derived(name: str, fn: Callable) -> Callable[[Results], pd.DataFrame | None]:
     """A view's ``frame``: ``fn`` of the dataset ``name`` (None where there is none)."""
     return lambda results: fn(results.get(name))
+
+
+def view_frame(results: Results, view: View) -> pd.DataFrame | None:
+    """What ``view`` shows of ``results``."""
+    return view.frame(results) if view.frame else derive.table(results, view.data)
+
+
+def has_rows(frame: pd.DataFrame | None) -> bool:
+    return frame is not None and len(frame) > 0
 
 
 @dataclass(slots=True)
@@ -86,11 +96,16 @@ class Section:
         if plot is not None:
             self.items.append(Item("plot", plot=plot))
 
-    def show(self, results: Results, views: Sequence[View]) -> Section:
-        """Each view's text, plots and table in turn, or its "no data" note."""
-        for v in views:
-            frame = v.frame(results) if v.frame else results.get(v.data)
-            if frame is None or len(frame) == 0:
+    def show(self, results: Results, views: Sequence[View], empty: str = "") -> Section:
+        """Each view's text, plots and table in turn, or its "no data" note; with ``empty``,
+        where no view has data, one "No data: ``empty``" note instead of theirs."""
+        frames = [view_frame(results, v) for v in views] if empty else None
+        if frames is not None and not any(has_rows(f) for f in frames):
+            self.nodata(empty)
+            return self
+        for i, v in enumerate(views):
+            frame = frames[i] if frames is not None else view_frame(results, v)
+            if not has_rows(frame):
                 if v.missing:
                     self.nodata(v.missing)
                 if v.needed:
@@ -171,7 +186,7 @@ def environment(results: Results, env: dict, options: dict) -> Section:
     rows += [[k, fmt(v)] for k, v in options.items()]
     s.table(Table("This run", ["field", "value"], rows))
     s.table(devices_table(results))
-    srcs = [[name, str(len(frame)), ", ".join(distinct(frame, "machine")),
+    srcs = [[name, str(len(frame)), devices.frame_devices(frame, default=""),
              "; ".join(dict.fromkeys(results.sources.get(name, [])))]
             for name, frame in sorted(results.frames.items())]
     if srcs:
@@ -375,27 +390,23 @@ KERNELS = (
              "block size (tokens)", "paged / contiguous time (×)",
              "line chart of batch-1 time ratio", legend_title="context (tokens)", logx=True,
              hlines={"contiguous": 1.0}, panel="panel"),
-         missing="batch-1 paged versus contiguous pairs",
-         frame=derived("kernels", derive.batch1_ratio)),
+         missing="batch-1 paged versus contiguous pairs"),
     View("kernels_throughput", "Throughput versus batch", ("device_label", "shape", "context",
          "series", "batch", "time_us", "tokens_per_s"), text="Attention-kernel throughput versus "
          "batch size (tokens/s = batch / step time) for each block size of the fastest paged "
          "backend and the contiguous baselines, at the context where batch was swept (every "
          "backend in the CSV). Attention alone reads each sequence's own K/V, so it scales with "
          "batch only while launch-bound; the engine section shows whole-model throughput.",
-         plot=throughput_plot, missing="throughput versus batch size",
-         frame=derived("kernels", derive.throughput)),
+         plot=throughput_plot, missing="throughput versus batch size"),
     View("kernels_bandwidth", "Achieved bandwidth (block 16 paged and contiguous)",
          ("device_label", "shape", "backend", "block_size", "batch", "context", "time_us",
           "gbps", "copy_gbps"), plot=bandwidth_plots,
-         missing="achieved bandwidth (needs gbps and copy_gbps columns)",
-         frame=derived("kernels", derive.bandwidth)),
+         missing="achieved bandwidth (needs gbps and copy_gbps columns)"),
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",
              "Paged kernel time per block size (1.0 = best block size)", "block size (tokens)",
              "kernel time / best block size's (median over cases)",
-             "line chart of kernel cost per block size", legend_title="device", logx=True),
-         frame=derived("kernels", derive.kernel_cost_per_block)),
+             "line chart of kernel cost per block size", legend_title="device", logx=True)),
     *PREFILL,
 )
 

@@ -7,7 +7,7 @@ full description (device name, versions, commit, where the data came from) is sh
 the Environment section.
 
 :func:`device_label` names one device; :func:`frame_labels` names every row of a results
-frame (``collect.Results.add`` applies it, so every dataset's ``machine`` column holds labels).
+frame (``read.Results.add`` applies it, so every dataset's ``machine`` column holds labels).
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ class Results:
         self.sources: dict[str, list[str]] = {}
         self.warnings: list[str] = []
         self.timings_s: dict[str, float] = {}
+        # tables computed from the datasets (pagebench.report.derive.table), each once: add
+        # clears them, so none outlives the data it came from
+        self.derived: dict[str, pd.DataFrame] = {}
 
     def add(self, name: str, frame: pd.DataFrame | None, source: str) -> None:
         """Add ``frame``'s rows to dataset ``name``; a frame that fails its schema is named in a
@@ -47,6 +50,7 @@ class Results:
         if labels.notna().any():  # one device naming scheme in every table, plot and claim
             frame["machine"] = labels
         old = self.frames.get(name)
+        self.derived.clear()
         self.frames[name] = frame if old is None else pd.concat([old, frame], ignore_index=True)
         self.sources.setdefault(name, []).append(source)
 

@@ -83,14 +83,18 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                         else defaults.SHAPES)
     points = points or (QUICK_PREFILL_POINTS if quick or not on_cuda else FULL_PREFILL_POINTS)
     repeat = repeat or (5 if quick else 20)
-    backends = [name for name, b in registry.registered_backends().items()
-                if b.prefill is not None and torch.device(device).type in b.devices
-                and registry.backend_available(b) and b.supports_cache_dtype(kv_dtype, dtype)
-                and (name in include or f"{name}-paged" in include if include is not None
-                     else b.is_kernel_on(device))]
     graph_modes(cuda_graphs, False, on_cuda)  # a bad mode fails before any work
     env = environment(device)
     rows = []
+
+    def timed_backends(head_dim: int) -> list[str]:
+        """The backends timed at this head size: those that accept the input (device, dtypes,
+        block size, head size), named in ``include`` or else real kernels on ``device``."""
+        return [name for name, b in registry.registered_backends().items()
+                if b.supports("prefill", device, dtype, block_size, head_dim, kv_dtype)
+                and registry.backend_available(b)
+                and (name in include or f"{name}-paged" in include if include is not None
+                     else b.is_kernel_on(device))]
 
     def record(shape_name, shape, point, backend, kernel, layout, fn, capturable):
         for graph in graph_modes(cuda_graphs, capturable, on_cuda):
@@ -111,6 +115,7 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
     units = itertools.count()
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
+        backends = timed_backends(shape[2])
         for point in points:
             if not take_share(next(units), share):
                 continue

@@ -105,13 +105,6 @@ def footprint_bytes(tables, block_size: int, num_kv_heads: int, head_dim: int, d
     return 2 * int(torch.unique(tables).numel()) * block_size * num_kv_heads * head_dim * element
 
 
-def _times_at(backend: registry.Backend, block_size: int, kv_dtype, dtype) -> bool:
-    """Whether the sweep times ``backend`` paged at this block size and cache dtype."""
-    return (backend.supports_block_size(block_size)
-            and backend.supports_cache_dtype(kv_dtype, dtype)
-            and (backend.sweep_block_sizes is None or block_size in backend.sweep_block_sizes))
-
-
 def _fits(device: str, need_bytes: int) -> bool:
     if torch.device(device).type != "cuda":
         return True
@@ -248,9 +241,11 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             elif contiguous:
                 skipped.append(((shape_name, batch, context, None), "contiguous", "memory"))
             for block_size in block_sizes:
+                # what the backend accepts, at the block sizes it asks to be timed at
                 paged = [v for v in vs if v.layout == "paged"
-                         and _times_at(registry.get_backend(v.backend), block_size, kv_dtype,
-                                       dtype)]
+                         and (b := registry.get_backend(v.backend)).supports(
+                             "decode", device, dtype, block_size, shape[2], kv_dtype)
+                         and (b.sweep_block_sizes is None or block_size in b.sweep_block_sizes)]
                 if not paged:
                     continue
                 for table_layout in layouts:

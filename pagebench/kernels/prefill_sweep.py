@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from pagebench import defaults
+from pagebench.config import dtype_name
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.fixtures import prefill_case, quantized_inputs
@@ -100,14 +101,14 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
         for graph in graph_modes(cuda_graphs, capturable, on_cuda):
             t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
             row = KERNELS_PREFILL.row(
-                **env, dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                **env, dtype=dtype_name(dtype), model_shape=shape_name,
                 num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
                 batch=point[0], query_len=point[1], cached=point[2],
                 block_size=block_size if layout == "paged" else None, backend=backend,
                 kernel=kernel, layout=layout, cuda_graphs=graph, time_us=t.median_us,
                 q20_us=t.q20_us, q80_us=t.q80_us,
                 tflops=causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
-                kv_dtype=str(kv_dtype if layout == "paged" else dtype).replace("torch.", ""))
+                kv_dtype=dtype_name(kv_dtype if layout == "paged" else dtype))
             rows.append(row)
             if progress:
                 progress(row)

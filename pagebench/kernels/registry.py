@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from pagebench.config import dtype_name
+
 OPERATIONS = ("decode", "prefill", "contiguous")
 
 
@@ -127,9 +129,8 @@ class Backend:
         return {
             "operations": list(self.operations()),
             "devices": list(self.devices),
-            "dtypes": [str(d).replace("torch.", "") for d in self.dtypes],
-            "cache_dtypes": [str(d).replace("torch.", "")
-                             for d in (self.cache_dtypes or self.dtypes)],
+            "dtypes": [dtype_name(d) for d in self.dtypes],
+            "cache_dtypes": [dtype_name(d) for d in (self.cache_dtypes or self.dtypes)],
             "block_sizes": self.block_sizes,
             "head_dims": self.head_dims,
             "priority": self.priority,
@@ -257,11 +258,10 @@ def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None
         if getattr(b, op) is None:
             raise ValueError(f"backend: {backend!r} has no {op} kernel (it has {list(b.operations())})")
         if not b.supports(op, device, dtype, block_size, head_dim, cache_dtype):
-            cache = "" if cache_dtype in (None, dtype) else \
-                f", cache {str(cache_dtype).replace('torch.', '')}"
+            cache = "" if cache_dtype in (None, dtype) else f", cache {dtype_name(cache_dtype)}"
             raise ValueError(
                 f"backend: {backend!r} does not support this input ({device_type}, "
-                f"{str(dtype).replace('torch.', '')}{cache}, block_size={block_size}, "
+                f"{dtype_name(dtype)}{cache}, block_size={block_size}, "
                 f"head_dim={head_dim}); it supports {b.capabilities()}")
         return b
     candidates = [b for b in _REGISTRY.values()

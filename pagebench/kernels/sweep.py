@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from pagebench import defaults
+from pagebench.config import dtype_name
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, paged_case,
@@ -200,7 +201,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         footprint = nbytes if tables is None else footprint_bytes(
             tables, block_size, shape[1], shape[2], cache_dtype)
         rows.append(KERNELS.row(**{k: env[k] for k in COLUMNS[:6]},
-                                dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                                dtype=dtype_name(dtype), model_shape=shape_name,
                                 num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
                                 batch=batch, context=context, block_size=block_size,
                                 backend=v.label, kernel=v.backend, layout=v.layout,
@@ -211,7 +212,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                                 adjacent_fraction=None if tables is None
                                 else adjacent_fraction(tables),
                                 footprint_bytes=footprint, l2_bytes=l2, fits_l2=footprint <= l2,
-                                kv_dtype=str(cache_dtype).replace("torch.", "")))
+                                kv_dtype=dtype_name(cache_dtype)))
         if progress:
             progress(rows[-1])
 

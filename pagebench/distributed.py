@@ -35,24 +35,10 @@ class SweepRanks:
     """This process's share of a sweep: ``(rank, world)``; world 1 outside torchrun."""
 
     def __init__(self, device: str = "cpu"):
-        import torch
-
         self.rank, self.world = world_from_environment()
-        self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
-        self.gpu = "cpu"
-        self.owns_group = False
-        if torch.device(device).type == "cuda":
-            if self.local_rank >= torch.cuda.device_count():
-                raise ValueError(f"--device: local rank {self.local_rank} has no GPU "
-                                 f"({torch.cuda.device_count()} visible)")
-            torch.cuda.set_device(self.local_rank)
-            self.gpu = f"cuda:{self.local_rank}"
-        if self.world > 1:
-            import torch.distributed as dist
-
-            if not dist.is_initialized():
-                dist.init_process_group("gloo")
-                self.owns_group = True
+        self.gpu = str(rank_device(device))  # "cpu", or this rank's "cuda:LOCAL_RANK"
+        # the rows are gathered as Python objects, over gloo whatever the device
+        self.owns_group = join_group("cpu")
 
     @property
     def share(self) -> tuple[int, int]:
@@ -73,9 +59,7 @@ class SweepRanks:
 
         parts = [None] * self.world if self.rank == 0 else None
         dist.gather_object((frame, skipped), parts, dst=0)
-        if self.owns_group:
-            dist.barrier()
-            dist.destroy_process_group()
+        leave_group(self.owns_group)
         if self.rank != 0:
             return None, None
         return (pd.concat([f for f, _ in parts], ignore_index=True),

@@ -175,6 +175,37 @@ def test_triton_prefill_tiles_match_reference():
     prop()
 
 
+# Every launch ``prefill_launch`` picks on a GPU (docs/kernels.md): the float64 reference holds
+# at most 128 queries a sequence, so the default launch of these cases never takes the regime
+# of long chunks; each launch is forced here with all its options (warps, register cap).
+PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=64, num_warps=8, num_stages=2,
+                                        one_loop=False, table_ahead=False, maxnreg=128),
+                    "short tables": dict(rows=64, tile_n=32, num_warps=4, num_stages=3,
+                                         one_loop=True, table_ahead=True, maxnreg=168),
+                    "very short tables": dict(rows=64, tile_n=32, num_warps=4, num_stages=2,
+                                              one_loop=True, table_ahead=False, maxnreg=128),
+                    "ids ahead": dict(rows=64, tile_n=64, num_warps=4, num_stages=3,
+                                      one_loop=True, table_ahead=True)}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("launch", sorted(PREFILL_LAUNCHES))
+def test_triton_prefill_launches_match_reference_cuda(launch):
+    if "triton" not in backends_for("cuda", "prefill"):
+        pytest.skip("triton not available on CUDA")
+    from pagebench.kernels.triton_prefill import triton_paged_prefill
+
+    @settings(max_examples=6, deadline=None)
+    @given(drawn=prefill_cases("triton", large=True))
+    def prop(drawn):
+        case, query_lens = drawn
+        check_prefill("triton", case, query_lens, device="cuda",
+                      prefill=lambda *args: triton_paged_prefill(
+                          *args, case["head_dim"] ** -0.5, **PREFILL_LAUNCHES[launch]))
+    prop()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", backends_for("cuda", "prefill"))

@@ -97,6 +97,16 @@ def test_format_table_rounds_and_keeps_integers():
     assert lines[2].split() == ["16", "17.5", "a"] and lines[3].split() == ["-", "1,234.5", "bb"]
 
 
+@pytest.mark.parametrize("text, message", [
+    ("lots", "--kv-memory: bytes: cannot parse 'lots'"),
+    ("0", "--kv-memory: must be positive, got '0'"),
+    ("-1GB", "--kv-memory: bytes: must be a finite non-negative size")])
+def test_check_bytes_names_the_option_it_refuses(text, message):
+    assert options.check_bytes("--kv-memory", "2MiB") == 2 * 2**20
+    with pytest.raises(ValueError, match=message):
+        options.check_bytes("--kv-memory", text)
+
+
 def test_progress_bar_only_on_a_terminal(monkeypatch):
     class Terminal(io.StringIO):
         def isatty(self):

@@ -149,7 +149,7 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
     small = ["--prompt-len", "2-8", "--max-tokens", "2", "--kernel", "torch"]
     runs = {
         "engine": ["equality", "--num-requests", "2", "--block-sizes", "16", "--dtype",
-                   "bfloat16", "--seed", "5"],
+                   "bfloat16", "--seed", "5", "--threads", "2"],
         "engine_batch": ["throughput", "--batch-sizes", "2", "--block-sizes", "8", "--modes",
                          "eager,graphs_uncompiled", "--bandwidth"],
         "engine_compare": ["compare", "--batch-sizes", "1,2", "--methods", "engine"],
@@ -162,6 +162,7 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
         assert code == 0, err
         frames[name] = validated(name, pd.read_csv(path))
     assert frames["engine"].dtype.eq("bfloat16").all() and len(frames["engine"]) == 4
+    assert frames["engine"].torch_threads.eq(2).all()  # --threads reaches the measurement
     assert frames["engine_batch"]["mode"].tolist() == ["eager", "graphs_uncompiled"]
     assert frames["engine_batch"].bandwidth_fraction.gt(0).all()
     assert frames["engine_compare"].batch.tolist() == [1, 2]  # one comparison per batch size
@@ -172,11 +173,12 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
 def test_cli_breakdown_writes_rows_and_profile(tmp_path):
     path, profile = tmp_path / "b.csv", tmp_path / "p.txt"
     code, out, err = run_cli("engine-bench", "breakdown", "--batch-sizes", "1,2", "--prompt-len",
-                             "3", "--max-tokens", "4", "--kernel", "torch", "--out", str(path),
-                             "--profile-out", str(profile))
+                             "3", "--max-tokens", "4", "--kernel", "torch", "--threads", "2",
+                             "--out", str(path), "--profile-out", str(profile))
     assert code == 0, err
     rows = validated("engine", pd.read_csv(path))
     assert rows.batch.tolist() == [1, 2] and (rows.experiment == "step_breakdown").all()
+    assert rows.torch_threads.eq(2).all()
     assert profile.read_text().count("=== batch") == 2 and "host (ms)" in out
 
 
@@ -216,3 +218,38 @@ def test_cli_fp8_compares_a_bf16_and_an_fp8_pool_in_the_same_memory(tmp_path):
     assert "greedy agreement" in out
     code, _, err = run_cli("engine-bench", "fp8", "--kv-cache-memory", "lots")
     assert code == 2 and "--kv-cache-memory: bytes: cannot parse 'lots'" in err
+
+
+def test_fp8_comparison_frees_each_engine_when_it_is_dropped(monkeypatch):
+    """Reference counting alone frees the first engine's runner (which holds the KV pool)
+    before the second engine allocates: restoring the runner's ``execute`` leaves no cycle for
+    a later collection."""
+    import gc
+    import weakref
+
+    import torch
+
+    runners, dead_at_release = [], []
+    real = bench.LLMEngine
+
+    def tracked(*args, **kwargs):
+        engine = real(*args, **kwargs)
+        runners.append(weakref.ref(engine.runner))
+        return engine
+
+    monkeypatch.setattr(bench, "LLMEngine", tracked)
+    monkeypatch.setattr(bench, "release_memory",
+                        lambda device: dead_at_release.append([r() is None for r in runners]))
+    model = bench.tiny_model(dtype=torch.bfloat16, hidden_size=64, intermediate_size=128)
+    prompts = bench.random_prompts(2, 3, 5, model.config.vocab_size)
+    gc.disable()
+    try:
+        bench.fp8_comparison(model, prompts, max_tokens=2, kv_cache_memory="1MiB", logit_steps=2)
+    finally:
+        gc.enable()
+    assert dead_at_release == [[True], [True, True]]
+
+
+def test_blocks_for_all_holds_every_prompt_with_its_new_tokens():
+    assert bench.blocks_for_all([[0] * 5, [0] * 16], max_tokens=3, block_size=8) == 1 + 3
+    assert bench.blocks_for_all([], max_tokens=3, block_size=8) == 0

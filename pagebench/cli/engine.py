@@ -6,8 +6,8 @@ import argparse
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    add_output_options, check_output_file, dumps, experiment_options, format_table, int_list,
-    integer, name_list, number, progress, torch_device, write_results)
+    add_output_options, check_bytes, check_output_file, dumps, experiment_options, format_table,
+    int_list, integer, name_list, number, progress, torch_device, write_results)
 
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -241,18 +241,6 @@ def _kernel(name: str) -> str:
     return name
 
 
-def _check_memory_size(text: str) -> None:
-    from pagebench.config import parse_bytes
-    from pagebench.errors import ConfigError
-
-    try:
-        size = parse_bytes(text)
-    except ConfigError as e:
-        raise ValueError(f"--kv-cache-memory: {e}") from None
-    if size < 1:
-        raise ValueError(f"--kv-cache-memory: must be positive, got {text!r}")
-
-
 def run(args) -> int:
     from pagebench.engine import bench
 
@@ -264,7 +252,7 @@ def run(args) -> int:
     if "methods" in opts:
         opts["methods"] = compare_methods(opts["methods"])
     if "kv_cache_memory" in opts:
-        _check_memory_size(opts["kv_cache_memory"])
+        check_bytes("--kv-cache-memory", opts["kv_cache_memory"])
     modes = opts.get("modes")
     for mode in modes or ():
         if mode not in bench.MODES:
@@ -304,7 +292,7 @@ def run(args) -> int:
         prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab,
                                        seed=opts["seed"])
         rows = bench.greedy_equality(model, prompts, opts["max_tokens"], opts["block_sizes"],
-                                     kernel=opts["kernel"])
+                                     kernel=opts["kernel"], threads=args.threads)
     elif args.experiment == "breakdown":
         rows = breakdown(model, opts, args.threads)
     elif args.experiment == "fp8":
@@ -339,7 +327,6 @@ def breakdown(model, opts: dict, threads: int) -> list[dict]:
     from pagebench.atomic import atomic_write_text
     from pagebench.engine import bench
     from pagebench.engine.step_profile import step_breakdown
-    from pagebench.timing import cpu_threads
 
     rows, tables = [], []
     points = [(mode, bs, b) for mode in opts["modes"] or [None] for bs in opts["block_sizes"]
@@ -349,10 +336,9 @@ def breakdown(model, opts: dict, threads: int) -> list[dict]:
             prompts = bench.random_prompts(b, *opts["prompt_len"], model.config.vocab_size,
                                            seed=11)
             table = []
-            with cpu_threads(threads):
-                rows.append(step_breakdown(model, prompts, opts["max_tokens"], block_size=bs,
-                                           kernel=opts["kernel"], mode=mode,
-                                           profile_table=table) | {"torch_threads": threads})
+            rows.append(step_breakdown(model, prompts, opts["max_tokens"], block_size=bs,
+                                       kernel=opts["kernel"], mode=mode, profile_table=table,
+                                       threads=threads))
             tables.append(f"=== batch {b}, block {bs}, mode {mode or 'default'} ===\n{table[0]}")
             bar.update()
     if opts["profile_out"]:

@@ -148,6 +148,20 @@ def format_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
+def check_bytes(option: str, text: str) -> int:
+    """A memory size given as ``option`` (``16GiB``, ``800MB``, ``1e9``): its bytes, at least 1;
+    ValueError naming ``option`` otherwise."""
+    from pagebench.config import parse_bytes
+
+    try:
+        size = parse_bytes(text)
+    except ValueError as e:
+        raise ValueError(f"{option}: {e}") from None
+    if size < 1:
+        raise ValueError(f"{option}: must be positive, got {text!r}")
+    return size
+
+
 def check_memory(option: str, need_bytes: float, what: str, available: int | None = None,
                  where: str = "this machine") -> None:
     """Refuse, before allocating, work whose estimated memory exceeds what is available."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 import shlex
 
 from pagebench.cli.options import (
-    add_output_options, check_memory, check_output_file, dumps, experiment_options, format_table,
-    int_list, integer, torch_device, write_results)
+    add_output_options, check_bytes, check_memory, check_output_file, dumps, experiment_options,
+    format_table, int_list, integer, torch_device, write_results)
 
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
 # any other option given is refused rather than silently ignored
@@ -119,17 +119,12 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
 
 def check_model_options(opts: dict) -> None:
     """``--preset`` and ``--kv-memory`` checked before any model is built."""
-    from pagebench.config import PRESETS, parse_bytes, preset_key
+    from pagebench.config import PRESETS, preset_key
 
     if opts.get("preset") is not None and preset_key(opts["preset"]) not in PRESETS:
         raise ValueError(f"--preset: unknown {opts['preset']!r} (presets: {', '.join(PRESETS)})")
     if "kv_memory" in opts:
-        try:
-            kv_bytes = parse_bytes(opts["kv_memory"])
-        except ValueError as e:
-            raise ValueError(f"--kv-memory: {e}") from None
-        if kv_bytes < 1:
-            raise ValueError(f"--kv-memory: needs some memory, got {opts['kv_memory']!r}")
+        check_bytes("--kv-memory", opts["kv_memory"])
 
 
 def check_kv_memory(opts: dict, device) -> None:

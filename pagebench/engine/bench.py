@@ -7,7 +7,9 @@ a tiny random model (``tiny_model()``); pass a real-shaped model for device runs
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import os
 import time
 
@@ -15,6 +17,7 @@ import torch
 
 from pagebench.config import ceil_div, dtype_name
 from pagebench.defaults import ENGINE_BLOCK_SIZES, TINY_MODEL
+from pagebench.engine.block_manager import blocks_needed
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.results import datasets
@@ -50,19 +53,28 @@ def preset_model(name: str = "qwen2.5-0.5b", dtype=torch.bfloat16, device="cuda"
     return model.eval()
 
 
+def blocks_for_all(prompts, max_tokens: int, block_size: int) -> int:
+    """Blocks of ``block_size`` that hold every prompt with its ``max_tokens`` at once: a pool
+    that never preempts."""
+    return sum(blocks_needed(len(p) + max_tokens, block_size) for p in prompts)
+
+
 def random_prompts(num: int, min_len: int, max_len: int, vocab_size: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(min_len, max_len + 1, (num,), generator=g).tolist()
     return [torch.randint(0, vocab_size, (n,), generator=g).tolist() for n in lengths]
 
 
-def _threads(fn):
-    """Adds ``threads=1`` (CPU intra-op threads while the measurement runs) to a bench function."""
+def with_threads(fn):
+    """Adds ``threads=1`` (CPU intra-op threads while the measurement runs; None: torch's
+    current setting) to a bench function returning a row or a list of rows, and names the
+    count in each row's ``torch_threads``."""
     @functools.wraps(fn)
     def wrapper(*args, threads: int | None = 1, **kwargs):
         with cpu_threads(threads):
-            rows = fn(*args, **kwargs)
-        return [r | {"torch_threads": threads or torch.get_num_threads()} for r in rows]
+            result = fn(*args, **kwargs)
+        used = {"torch_threads": threads or torch.get_num_threads()}
+        return result | used if isinstance(result, dict) else [r | used for r in result]
     return wrapper
 
 
@@ -84,17 +96,27 @@ def base_row(model, dataset: Schema, **fields) -> dict:
         experiment=dataset.name) | fields)
 
 
-def _wall(fn, device):
-    """One cold call of ``fn()``: (wall seconds, result), the device synchronised around it.
-    For runs whose state a warm-up would change (a prefix cache, a shared pool)."""
-    cuda = torch.device(device).type == "cuda"
+def wall(fn, device):
+    """One cold call of ``fn()``: (wall seconds, result), ``device`` synchronised around it
+    (a CUDA device; nothing to wait for on a CPU). For runs whose state a warm-up would change
+    (a prefix cache, a shared pool)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
     if cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     t0 = time.perf_counter()
     out = fn()
     if cuda:
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     return time.perf_counter() - t0, out
+
+
+def release_memory(device) -> None:
+    """Free a dropped engine's cache before the next one allocates its own: collect what only
+    a reference cycle still holds and, on CUDA, hand the allocator's cached blocks back."""
+    gc.collect()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _engine_row(engine: LLMEngine, seconds: float) -> dict:
@@ -130,7 +152,7 @@ def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs
     engine.generate(prompts, params)
     times, decode, outs = [], [], None
     for _ in range(repeat):
-        seconds, outs = _wall(lambda: engine.generate(prompts, params), dev)
+        seconds, outs = wall(lambda: engine.generate(prompts, params), dev)
         times.append(seconds)
         decode.append(engine.stats["decode_tokens_per_s"])
     seconds = sorted(times)[len(times) // 2]
@@ -205,7 +227,7 @@ def generate_batch(model, prompts, max_tokens: int):
 TRANSFORMERS_METHODS = ("padded_generate", "generate_batch", "generate_static_compile")
 
 
-@_threads
+@with_threads
 def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int = 3,
                               methods=("engine", "padded_generate", "generate_batch"),
                               compile_mode: str = "default", **engine_kwargs) -> list[dict]:
@@ -242,7 +264,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
         for m in methods:
             if m in errors:
                 continue
-            seconds, outputs[m] = _wall(runs[m], dev)
+            seconds, outputs[m] = wall(runs[m], dev)
             times[m].append(seconds)
             if m == "engine":
                 decode.append(engine.stats["decode_tokens_per_s"])
@@ -276,7 +298,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
 
 # ---- report-facing measurements ----------------------------------------------------------------
 
-@_threads
+@with_threads
 def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGINE_BLOCK_SIZES,
                         prompt_len: int | tuple[int, int] = 64, max_tokens: int = 32,
                         kernel: str = "auto", repeat: int = 1, num_blocks: int | None = None,
@@ -296,7 +318,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
         for b in batch_sizes:
             prompts = random_prompts(b, lo, hi, model.config.vocab_size,
                                      seed=b if seed is None else seed)
-            need = sum(ceil_div(len(p) + max_tokens, bs) for p in prompts)
+            need = blocks_for_all(prompts, max_tokens, bs)
             row, _ = run_engine(model, prompts, max_tokens, repeat, block_size=bs,
                                 num_blocks=num_blocks or need, kernel=kernel, max_num_seqs=b,
                                 max_num_batched_tokens=max(2048, min(8192, b * hi)),
@@ -316,7 +338,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
     return rows
 
 
-@_threads
+@with_threads
 def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: int = 4,
                    block_size: int = 16, seed: int = 0) -> list[dict]:
     """Parallel sampling: one request with ``n`` completions sharing its prompt's blocks
@@ -330,7 +352,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
                                       (f"{n} separate requests", [prompt] * n, 1, None)):
         params = SamplingParams(max_tokens=max_tokens, temperature=1.0, n=k, seed=seed,
                                 ignore_eos=True)
-        seconds, _ = _wall(lambda: engine.generate(prompts, params), _device(model))
+        seconds, _ = wall(lambda: engine.generate(prompts, params), _device(model))
         rows.append(base_row(model, datasets.ENGINE_COW, variant=label, n=shared,
                              completions=len(prompts) * k,
                           prompt_len=prompt_len, max_tokens=max_tokens, block_size=block_size,
@@ -338,7 +360,7 @@ def cow_comparison(model=None, prompt_len: int = 512, max_tokens: int = 32, n: i
     return rows
 
 
-@_threads
+@with_threads
 def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int = 16,
                             suffix_len: tuple[int, int] = (8, 64), max_tokens: int = 16,
                             block_size: int = 16, seed: int = 0) -> list[dict]:
@@ -353,7 +375,7 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
         engine = LLMEngine(model, block_size=block_size, enable_prefix_caching=on,
                            num_blocks=num_requests * ceil_div(system_len + suffix_len[1] + max_tokens,
                                                              block_size))
-        seconds, _ = _wall(lambda: engine.generate(
+        seconds, _ = wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         s = engine.stats
         rows.append(base_row(model, datasets.ENGINE_PREFIX, enable_prefix_caching=on,
@@ -365,7 +387,7 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
     return rows
 
 
-@_threads
+@with_threads
 def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
                     num_requests: int = 32, prompt_len: tuple[int, int] = (16, 128),
                     max_tokens: int = 64, block_size: int = 16, seed: int = 0) -> list[dict]:
@@ -379,7 +401,7 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
     for frac in pool_fractions:
         blocks = max(biggest, round(full * frac))
         engine = LLMEngine(model, block_size=block_size, num_blocks=blocks)
-        seconds, _ = _wall(lambda: engine.generate(
+        seconds, _ = wall(lambda: engine.generate(
             prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True)), _device(model))
         rows.append(base_row(model, datasets.ENGINE_POOL, pool_fraction=blocks / full,
                           blocks_needed_all=full, num_requests=num_requests,
@@ -390,7 +412,7 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
     return rows
 
 
-@_threads
+@with_threads
 def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
                             block_size: int = 16, kernel: str = "auto") -> list[dict]:
     """Same KV memory for both: padded ``generate`` reserves ``max prompt + max_tokens`` slots
@@ -404,8 +426,8 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     dev = _device(model)
     rows = []
     padded_generate(model, prompts[:contiguous_batch], 2)  # warm-up
-    seconds, _ = _wall(lambda: padded_generate(model, prompts, max_tokens,
-                                               batch_size=contiguous_batch), dev)
+    seconds, _ = wall(lambda: padded_generate(model, prompts, max_tokens,
+                                              batch_size=contiguous_batch), dev)
     generated = len(prompts) * max_tokens
     rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="padded_generate",
                       kv_bytes=kv_bytes, concurrent_seqs=contiguous_batch,
@@ -415,7 +437,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
                        max_num_seqs=len(prompts), max_num_batched_tokens=8192)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-    seconds, _ = _wall(lambda: engine.generate(prompts, params), dev)
+    seconds, _ = wall(lambda: engine.generate(prompts, params), dev)
     rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="engine", kv_bytes=kv_bytes,
                       concurrent_seqs=max(x["batch_size"] for x in engine.stats["steps"]),
                       num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,
@@ -469,11 +491,17 @@ def agreement(outputs, reference) -> tuple[int, float]:
     return sum(a == b for a, b in zip(outputs, reference)), same / max(1, total)
 
 
+def greedy_tokens(engine: LLMEngine, prompts, max_tokens: int) -> list[list[int]]:
+    """Each prompt's tokens from ``engine``, greedy, ``max_tokens`` each (no stop at EOS)."""
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    return [r.outputs[0].token_ids for r in engine.generate(prompts, params)]
+
+
 # the experiment name the committed H200 rows carry (engine dataset, any device)
 GREEDY_EQUALITY = "gpu_greedy_equality"
 
 
-@_threads
+@with_threads
 def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
                     kernel: str = "auto") -> list[dict]:
     """Greedy outputs of the engine, per block size: against ``model.generate`` one prompt at a
@@ -486,7 +514,7 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
     rows = []
     for bs in block_sizes:
         kw = dict(block_size=bs, kernel=kernel, max_num_seqs=len(prompts),
-                  num_blocks=sum(ceil_div(len(p) + max_tokens, bs) for p in prompts))
+                  num_blocks=blocks_for_all(prompts, max_tokens, bs))
 
         def check(what, engine, outputs, expected, prefix=False):
             equal, tokens = agreement(outputs, expected)
@@ -500,40 +528,55 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
                                  compiled_layers=g["compiled_layers"], max_tokens=max_tokens))
 
         default = LLMEngine(model, **kw)
-        default_out = _greedy(default, prompts, max_tokens)
+        default_out = greedy_tokens(default, prompts, max_tokens)
         check("engine vs model.generate", default, default_out, reference)
         cached = LLMEngine(model, enable_prefix_caching=True, **kw)
-        check("engine vs model.generate", cached, _greedy(cached, prompts, max_tokens),
+        check("engine vs model.generate", cached, greedy_tokens(cached, prompts, max_tokens),
               reference, prefix=True)
-        eager = _greedy(LLMEngine(model, **MODES["eager"], **kw), prompts, max_tokens)
+        eager = greedy_tokens(LLMEngine(model, **MODES["eager"], **kw), prompts, max_tokens)
         plain = LLMEngine(model, **MODES["graphs_uncompiled"], **kw)
-        check("graphs vs eager", plain, _greedy(plain, prompts, max_tokens), eager)
+        check("graphs vs eager", plain, greedy_tokens(plain, prompts, max_tokens), eager)
         check("graphs vs eager", default, default_out, eager)
     return rows
 
 
-def _greedy(engine: LLMEngine, prompts, max_tokens: int) -> list[list[int]]:
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    return [r.outputs[0].token_ids for r in engine.generate(prompts, params)]
+@contextlib.contextmanager
+def wrapped_execute(runner, wrapper):
+    """Within the block, ``runner.execute`` is ``wrapper(execute)`` (to record or mark the model
+    steps); after it, the runner's own ``execute`` again. Restored by deleting the instance
+    attribute, not by storing the bound method back: a runner holding its own bound method is a
+    reference cycle, which keeps the runner and its KV cache until a garbage collection."""
+    had_own = "execute" in vars(runner)
+    own = vars(runner).get("execute")
+    runner.execute = wrapper(runner.execute)
+    try:
+        yield
+    finally:
+        if had_own:
+            runner.execute = own
+        else:
+            del runner.execute
 
 
-def record_logits(engine: LLMEngine, steps: int) -> list[torch.Tensor]:
-    """A list that fills with the logits of ``engine``'s first ``steps`` model steps as it
-    runs (its runner's ``execute`` wrapped)."""
+@contextlib.contextmanager
+def record_logits(engine: LLMEngine, steps: int):
+    """Within the block, a list that fills with the logits of ``engine``'s first ``steps`` model
+    steps as it runs (its runner's ``execute`` wrapped)."""
     logits: list[torch.Tensor] = []
-    execute = engine.runner.execute
 
-    def recording(seqs, blocks):
-        out, rows = execute(seqs, blocks)
-        if len(logits) < steps:
-            logits.append(out.clone())
-        return out, rows
+    def recorder(execute):
+        def recording(seqs, blocks):
+            out, rows = execute(seqs, blocks)
+            if len(logits) < steps:
+                logits.append(out.clone())
+            return out, rows
+        return recording
 
-    engine.runner.execute = recording
-    return logits
+    with wrapped_execute(engine.runner, recorder):
+        yield logits
 
 
-@_threads
+@with_threads
 def fp8_comparison(model, prompts, max_tokens: int = 32, kv_cache_memory="4GiB",
                    logit_steps: int = 4, **engine_kwargs) -> list[dict]:
     """The engine with a cache in the model's dtype and an fp8_e4m3 one in the same
@@ -549,11 +592,13 @@ def fp8_comparison(model, prompts, max_tokens: int = 32, kv_cache_memory="4GiB",
     for kv_dtype in ("auto", "fp8_e4m3"):
         engine = LLMEngine(model, kv_cache_memory=kv_cache_memory, kv_cache_dtype=kv_dtype,
                            **MODES["eager"], **engine_kwargs)
-        logits = record_logits(engine, logit_steps)
-        seconds, outs = _wall(functools.partial(engine.generate, prompts, params), _device(model))
+        with record_logits(engine, logit_steps) as logits:
+            seconds, outs = wall(functools.partial(engine.generate, prompts, params),
+                                 _device(model))
         runs[kv_dtype] = dict(blocks=engine.num_blocks, seconds=seconds, logits=logits,
                               tokens=[o.outputs[0].token_ids for o in outs])
-        del engine  # its pool is freed before the next run allocates one
+        del engine, outs  # its pool is freed before the next run allocates one
+        release_memory(_device(model))
     base, fp8 = runs["auto"], runs["fp8_e4m3"]
     errors = [relative_error(b, a) for a, b in zip(base["logits"], fp8["logits"])
               if a.shape == b.shape]

@@ -12,14 +12,11 @@ seconds on a CPU (gloo) with the tiny random model; pass a preset's model for de
 
 from __future__ import annotations
 
-import gc
-import time
-
 import torch
 import torch.distributed as dist
 
 from pagebench.config import KVGeometry, dtype_name, parse_bytes
-from pagebench.defaults import TINY_MODEL
+from pagebench.defaults import BLOCK_SIZE, TINY_MODEL
 from pagebench.distributed import world_from_environment
 from pagebench.engine import bench
 from pagebench.engine.engine import LLMEngine
@@ -28,7 +25,6 @@ from pagebench.errors import ConfigError
 from pagebench.results import datasets
 from pagebench.timing import environment, measure
 
-BLOCK_SIZE = 16
 # the batch of the warm-up call before an engine's timed runs: kernels compiled, allocator grown
 WARMUP_BATCH = 16
 # torch.compile of the layers is left out: it costs a minute per 8B engine, and the 8B decode
@@ -63,25 +59,8 @@ def model_dtype(model) -> str:
     return dtype_name(next(model.parameters()).dtype)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _generate_seconds(engine: LLMEngine, prompts, params) -> float:
-    device = engine.tp.device
-    _sync(device)
-    t0 = time.perf_counter()
-    engine.generate(prompts, params)
-    _sync(device)
-    return time.perf_counter() - t0
-
-
-def _release(device: torch.device) -> None:
-    """Free a dropped engine's cache before the next one allocates its own."""
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
+    return bench.wall(lambda: engine.generate(prompts, params), engine.tp.device)[0]
 
 
 def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_prompt_len: int = 40,
@@ -93,23 +72,22 @@ def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_pro
     device = torch.device(device)
     prompts = bench.random_prompts(num_prompts, 1, max_prompt_len, TINY_MODEL["vocab_size"],
                                    seed=seed)
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     rows = []
     for prefix in (False, True):
         options = dict(block_size=BLOCK_SIZE, num_blocks=512, kernel=kernel,
                        enable_prefix_caching=prefix, max_num_seqs=num_prompts,
                        compile_model=False)
         single = LLMEngine(bench.tiny_model(device=device), **options)
-        want = [r.outputs[0].token_ids for r in single.generate(prompts, params)]
+        want = bench.greedy_tokens(single, prompts, max_tokens)
         engine = LLMEngine(bench.tiny_model(device=device), tensor_parallel_size=tp, **options)
         engine.tp.check_tables = True
-        got = [r.outputs[0].token_ids for r in engine.generate(prompts, params)]
+        got = bench.greedy_tokens(engine, prompts, max_tokens)
         every = [None] * tp
         dist.all_gather_object(every, got, group=engine.tp.group)
         rows.append(datasets.TP_EQUALITY.row(**environment(device) | dict(
             experiment="tp_greedy_equality", model="tiny-qwen2-fp32", dtype="float32", tp=tp,
             prefix_caching=prefix, kernel=engine.runner.decode_backend.name,
-            num_prompts=len(prompts), prompts_equal=sum(a == b for a, b in zip(got, want)),
+            num_prompts=len(prompts), prompts_equal=bench.agreement(got, want)[0],
             ranks_agree=all(e == every[0] for e in every),
             kv_heads_per_gpu=engine.kv_heads_per_rank)))
     return rows
@@ -132,7 +110,7 @@ def capacity(model, name: str, kv_memory) -> list[dict]:
             bytes_per_block_per_gpu=geometry.per_rank(tp).bytes_per_block(BLOCK_SIZE),
             num_blocks_per_gpu=engine.num_blocks)))
         del engine
-        _release(device)
+        bench.release_memory(device)
     return rows
 
 
@@ -179,7 +157,7 @@ def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int 
                     num_blocks_per_gpu=engine.num_blocks,
                     num_preemptions=stats["num_preemptions"])))
             del engine
-            _release(device)
+            bench.release_memory(device)
     return rows
 
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from pagebench.config import ceil_div
-from pagebench.engine.bench import base_row, mode_options
+from pagebench.engine.bench import (
+    base_row, blocks_for_all, mode_options, with_threads, wrapped_execute)
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.results import datasets
@@ -21,6 +21,7 @@ DECODE, OTHER = "decode_step", "other_step"
 REPLAYS = 20
 
 
+@with_threads
 def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
                    kernel: str = "auto", mode: str | None = None,
                    profile_table: list[str] | None = None) -> dict:
@@ -35,24 +36,21 @@ def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
 
     engine = LLMEngine(model, block_size=block_size, kernel=kernel, max_num_seqs=len(prompts),
                        max_num_batched_tokens=8192,
-                       num_blocks=sum(ceil_div(len(p) + max_tokens, block_size) for p in prompts),
+                       num_blocks=blocks_for_all(prompts, max_tokens, block_size),
                        **mode_options(mode))
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     engine.generate(prompts, params)  # warm-up
-    execute = engine.runner.execute
 
-    def marked(seqs, blocks):
-        with record_function(DECODE if all(kv.num_new == 1 for kv in blocks) else OTHER):
-            return execute(seqs, blocks)
+    def marker(execute):
+        def marked(seqs, blocks):
+            with record_function(DECODE if all(kv.num_new == 1 for kv in blocks) else OTHER):
+                return execute(seqs, blocks)
+        return marked
 
     cuda = next(model.parameters()).device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    engine.runner.execute = marked
-    try:
-        with profile(activities=activities) as prof:
-            engine.generate(prompts, params)
-    finally:
-        engine.runner.execute = execute
+    with wrapped_execute(engine.runner, marker), profile(activities=activities) as prof:
+        engine.generate(prompts, params)
     events = list(prof.events())
     marks = sorted((e.time_range.start, e.name) for e in events if e.name in (DECODE, OTHER))
     windows = [(t, marks[i + 1][0] if i + 1 < len(marks) else float("inf"))
@@ -60,8 +58,8 @@ def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
     busy_us = sum(k.time_range.elapsed_us() for k in events if k.device_type == DeviceType.CUDA
                   and any(a <= k.time_range.start < z for a, z in windows))
     gpu_ms = busy_us / 1e3 / max(1, len(windows))
-    decode = [s for s in engine.stats["steps"] if s["num_batched_tokens"] == s["batch_size"]]
-    wall_ms = 1e3 * sum(s["time_s"] for s in decode) / max(1, len(decode))
+    stats = engine.stats
+    wall_ms = 1e3 * stats["decode_time_s"] / max(1, stats["num_decode_steps"])
     if profile_table is not None:
         profile_table.append(prof.key_averages().table(sort_by="self_cpu_time_total",
                                                        row_limit=15))
@@ -69,7 +67,8 @@ def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
                kernel=engine.runner.decode_backend.name, max_tokens=max_tokens,
                cuda_graphs=engine.graphs()["cuda_graphs"], decode_step_wall_ms=wall_ms,
                gpu_busy_ms=gpu_ms, host_ms=wall_ms - gpu_ms,
-               graph_replay_ms=graph_replay_ms(engine, len(prompts)), decode_steps=len(decode))
+               graph_replay_ms=graph_replay_ms(engine, len(prompts)),
+               decode_steps=stats["num_decode_steps"])
     if mode is not None:
         row["mode"] = mode
     return base_row(model, datasets.ENGINE, **row)

@@ -64,9 +64,14 @@ ALIASES = {
 }
 
 
+def dtype_name(dtype) -> str:
+    """A torch dtype's name as results and messages spell it ("bfloat16"); a name as it is."""
+    return str(dtype).removeprefix("torch.")
+
+
 def dtype_bytes(dtype) -> int:
     """Bytes per element of a dtype given as a name ("bf16") or a torch dtype."""
-    name = str(dtype).removeprefix("torch.").lower()
+    name = dtype_name(dtype).lower()
     if name not in DTYPE_BYTES:
         raise ConfigError(f"dtype: unknown dtype {dtype!r}; known: {sorted(set(DTYPE_BYTES))}")
     return DTYPE_BYTES[name]
@@ -125,9 +130,8 @@ class KVGeometry:
         return max(1, tensor_parallel_size // self.num_kv_heads)
 
     def with_dtype(self, dtype) -> KVGeometry:
-        name = str(dtype).removeprefix("torch.")
         return KVGeometry(self.num_layers, self.num_kv_heads, self.head_dim, self.num_q_heads,
-                          name, self.name)
+                          dtype_name(dtype), self.name)
 
     def to_dict(self) -> dict:
         return asdict(self) | {"bytes_per_token": self.bytes_per_token}
@@ -155,7 +159,7 @@ class KVGeometry:
         if dtype is None:
             dtype = get("torch_dtype") or get("dtype") or "bfloat16"
         return cls(layers, kv_heads, int(head_dim), q_heads,
-                   str(dtype).removeprefix("torch."), name or get("model_type") or "custom")
+                   dtype_name(dtype), name or get("model_type") or "custom")
 
     @classmethod
     def from_name(cls, name: str, dtype=None) -> KVGeometry:

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from pagebench.config import PRESETS
+from pagebench.config import PRESETS, KVGeometry
 
 # The article's workload: sequence lengths log-normal(mu 5.5, sigma 0.9) in tokens (median
 # ~245), 2,000 sequences, seed 0, clipped at a max_model_len of 4,096.
@@ -34,12 +34,10 @@ CURVE_BLOCK_SIZES = tuple(2 ** i for i in range(max(BLOCK_SIZES).bit_length()))
 
 def attention_shape(model: str) -> tuple[int, int, int]:
     """(num_q_heads, num_kv_heads, head_dim) of a preset in ``config.PRESETS``."""
-    if model not in PRESETS:
+    if model not in PRESETS:  # a preset's key only (KVGeometry.from_name takes paths too)
         raise ValueError(f"model: expected one of {sorted(PRESETS)}, got {model!r}")
-    preset = PRESETS[model]
-    heads = preset["num_attention_heads"]
-    return heads, preset["num_key_value_heads"], preset.get("head_dim",
-                                                            preset["hidden_size"] // heads)
+    geometry = KVGeometry.from_config(PRESETS[model], name=model)
+    return geometry.num_q_heads, geometry.num_kv_heads, geometry.head_dim
 
 
 # The kernel sweeps' shapes: a GQA-4 model with 128-wide heads and a GQA-7 one with 64-wide.

@@ -95,6 +95,27 @@ def test_a_backend_that_is_no_real_kernel_here_is_timed_only_when_named():
         unregister_backend("interpreted")
 
 
+def test_the_sweeps_time_a_backend_only_on_inputs_it_accepts():
+    """A backend restricting head and block sizes (``Backend.supports``) is timed by neither
+    sweep on an input it rejects, only on those it accepts."""
+    register_backend("narrow", decode=torch_paged_decode, prefill=torch_paged_prefill,
+                     devices=("cpu",), dtypes=(torch.float32,),
+                     supports_head_dim=lambda d: d == SHAPE[2],
+                     supports_block_size=lambda bs: bs == 8)
+    shapes = {"t": SHAPE, "wide": (4, 2, 2 * SHAPE[2])}
+    try:
+        df = run_sweep("cpu", shapes=shapes, points=[(1, 32)], block_sizes=(4, 8),
+                       include=["narrow"], repeat=1)
+        assert set(zip(df.model_shape, df.block_size)) == {("t", 8)}
+        for block_size, timed in ((8, {"t"}), (4, set())):
+            df = run_prefill_sweep("cpu", shapes=shapes, points=[(1, 4, 0)],
+                                   block_size=block_size, include=["narrow"], repeat=1)
+            assert set(df[df.backend == "narrow-paged"].model_shape) == timed
+            assert set(df[df.backend == "sdpa-contiguous"].model_shape) == set(shapes)
+    finally:
+        unregister_backend("narrow")
+
+
 @pytest.mark.parametrize("kwargs, message", [
     (dict(graph_capturable=("prefill",)), "graph_capturable"),
     (dict(prepare={"contiguous": lambda *a: None}), "prepare"),

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from pagebench.config import ceil_div
+from pagebench.config import ceil_div, dtype_name
 from pagebench.defaults import ENGINE_BLOCK_SIZES, TINY_MODEL
 from pagebench.engine.block_manager import blocks_needed
 from pagebench.engine.engine import LLMEngine
@@ -92,7 +92,7 @@ def base_row(model, dataset: Schema, **fields) -> dict:
     cores = {"cpu_count": os.cpu_count()} if dev.type == "cpu" else {}
     return dataset.row(**environment(dev) | cores | dict(
         model=f"{cfg.model_type}-L{cfg.num_hidden_layers}-H{cfg.hidden_size}",
-        dtype=str(next(model.parameters()).dtype).removeprefix("torch."),
+        dtype=dtype_name(next(model.parameters()).dtype),
         experiment=dataset.name) | fields)
 
 

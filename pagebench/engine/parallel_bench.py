@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from pagebench.config import KVGeometry, parse_bytes
+from pagebench.config import KVGeometry, dtype_name, parse_bytes
 from pagebench.defaults import BLOCK_SIZE, TINY_MODEL
 from pagebench.distributed import world_from_environment
 from pagebench.engine import bench
@@ -56,7 +56,7 @@ def random_model(preset: str | None, device, dtype=torch.bfloat16):
 
 
 def model_dtype(model) -> str:
-    return str(next(model.parameters()).dtype).removeprefix("torch.")
+    return dtype_name(next(model.parameters()).dtype)
 
 
 def _generate_seconds(engine: LLMEngine, prompts, params) -> float:
@@ -223,7 +223,7 @@ def attention_per_step(device, geometry: KVGeometry, batch_sizes=(1, 4), context
             t = measure(lambda: backend.decode(q, k, v, tables, lens, d ** -0.5),
                         device=device.type, repeat=repeat, cuda_graph=cuda)
             rows.append(datasets.TP_ATTENTION.row(**environment(device) | dict(
-                backend=backend.name, dtype=str(dtype).removeprefix("torch."), tp=tp,
+                backend=backend.name, dtype=dtype_name(dtype), tp=tp,
                 num_q_heads=heads.num_q_heads, num_kv_heads=heads.num_kv_heads, head_dim=d,
                 batch=b, context=context, block_size=BLOCK_SIZE, time_us=t.median_us,
                 layers=geometry.num_layers, per_step_us=t.median_us * geometry.num_layers)))

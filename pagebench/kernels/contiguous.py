@@ -14,21 +14,26 @@ from pagebench.kernels.reference import identity_tables
 from pagebench.kernels.triton_decode import triton_paged_decode
 
 
-def triton_contiguous_decode(q, k, v, seq_lens, scale, *, tables=None, **kernel_options):
-    """``seq_lens=None`` means every sequence fills max_len; ``tables`` may be passed in
-    (``identity_tables``) so that timing loops allocate nothing."""
+def _as_paged(k, seq_lens, tables=None):
+    """The identity block tables and the lengths (``None``: every sequence fills max_len)
+    under which the paged kernel reads the contiguous cache ``k``."""
     num_seqs, max_len = k.shape[:2]
     if seq_lens is None:
         seq_lens = torch.full((num_seqs,), max_len, dtype=torch.int32, device=k.device)
     if tables is None:
         tables = identity_tables(num_seqs, k.device)
+    return tables, seq_lens
+
+
+def triton_contiguous_decode(q, k, v, seq_lens, scale, *, tables=None, **kernel_options):
+    """``seq_lens=None`` means every sequence fills max_len; ``tables`` may be passed in
+    (``identity_tables``) so that timing loops allocate nothing."""
+    tables, seq_lens = _as_paged(k, seq_lens, tables)
     return triton_paged_decode(q, k, v, tables, seq_lens, scale, **kernel_options)
 
 
 def prepare_triton_contiguous(q, k, v, seq_lens, scale):
     """``triton_contiguous_decode`` on these inputs as a no-argument call, with the identity
     tables and the lengths built once (the registry's ``prepare`` hook)."""
-    if seq_lens is None:
-        seq_lens = torch.full((k.shape[0],), k.shape[1], dtype=torch.int32, device=k.device)
-    tables = identity_tables(k.shape[0], k.device)
+    tables, seq_lens = _as_paged(k, seq_lens)
     return lambda: triton_contiguous_decode(q, k, v, seq_lens, scale, tables=tables)

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from pagebench import defaults
+from pagebench.config import dtype_name
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.fixtures import prefill_case, quantized_inputs
@@ -83,27 +84,31 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                         else defaults.SHAPES)
     points = points or (QUICK_PREFILL_POINTS if quick or not on_cuda else FULL_PREFILL_POINTS)
     repeat = repeat or (5 if quick else 20)
-    backends = [name for name, b in registry.registered_backends().items()
-                if b.prefill is not None and torch.device(device).type in b.devices
-                and registry.backend_available(b) and b.supports_cache_dtype(kv_dtype, dtype)
-                and (name in include or f"{name}-paged" in include if include is not None
-                     else b.is_kernel_on(device))]
     graph_modes(cuda_graphs, False, on_cuda)  # a bad mode fails before any work
     env = environment(device)
     rows = []
+
+    def timed_backends(head_dim: int) -> list[str]:
+        """The backends timed at this head size: those that accept the input (device, dtypes,
+        block size, head size), named in ``include`` or else real kernels on ``device``."""
+        return [name for name, b in registry.registered_backends().items()
+                if b.supports("prefill", device, dtype, block_size, head_dim, kv_dtype)
+                and registry.backend_available(b)
+                and (name in include or f"{name}-paged" in include if include is not None
+                     else b.is_kernel_on(device))]
 
     def record(shape_name, shape, point, backend, kernel, layout, fn, capturable):
         for graph in graph_modes(cuda_graphs, capturable, on_cuda):
             t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
             row = KERNELS_PREFILL.row(
-                **env, dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                **env, dtype=dtype_name(dtype), model_shape=shape_name,
                 num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
                 batch=point[0], query_len=point[1], cached=point[2],
                 block_size=block_size if layout == "paged" else None, backend=backend,
                 kernel=kernel, layout=layout, cuda_graphs=graph, time_us=t.median_us,
                 q20_us=t.q20_us, q80_us=t.q80_us,
                 tflops=causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
-                kv_dtype=str(kv_dtype if layout == "paged" else dtype).replace("torch.", ""))
+                kv_dtype=dtype_name(kv_dtype if layout == "paged" else dtype))
             rows.append(row)
             if progress:
                 progress(row)
@@ -111,6 +116,7 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
     units = itertools.count()
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
+        backends = timed_backends(shape[2])
         for point in points:
             if not take_share(next(units), share):
                 continue

@@ -18,6 +18,8 @@ import math
 
 import torch
 
+from pagebench.config import dtype_name
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 # names accepted where a cache dtype is given as text (engine, CLI)
 KV_DTYPE_NAMES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn,
@@ -66,7 +68,7 @@ def check_kv_scales(k_cache, k_scale, v_scale):
         for name, s in (("k_scale", k_scale), ("v_scale", v_scale)):
             if s is not None:
                 raise ValueError(f"{name}: scales apply to fp8 caches only; the cache is "
-                                 f"{str(k_cache.dtype).replace('torch.', '')}")
+                                 f"{dtype_name(k_cache.dtype)}")
         return None, None
     kv_heads = k_cache.shape[2]
     return (_scale_tensor("k_scale", k_scale, kv_heads, k_cache.device),

@@ -37,6 +37,8 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from pagebench.config import dtype_name
+
 OPERATIONS = ("decode", "prefill", "contiguous")
 
 
@@ -50,6 +52,12 @@ def _always_true(_value) -> bool:
 
 def _any_block_size(block_size: int) -> bool:
     return block_size >= 1
+
+
+def _device_type(device) -> str:
+    """``device``'s type ("cuda" for "cuda:1"); a torch.device's own, without building another
+    (``resolve`` builds one and asks every backend about it)."""
+    return device.type if isinstance(device, torch.device) else torch.device(device).type
 
 
 @dataclass(frozen=True)
@@ -91,9 +99,8 @@ class Backend:
 
     def supports(self, op: str, device, dtype, block_size: int | None = None,
                  head_dim: int | None = None, cache_dtype=None) -> bool:
-        device_type = torch.device(device).type
         return (getattr(self, op, None) is not None
-                and device_type in self.devices
+                and _device_type(device) in self.devices
                 and dtype in self.dtypes
                 and (cache_dtype is None or op == "contiguous"
                      or self.supports_cache_dtype(cache_dtype, dtype))
@@ -103,7 +110,7 @@ class Backend:
     def is_kernel_on(self, device) -> bool:
         """Whether it runs as a real kernel on ``device`` (not interpreted or a reference):
         ``"auto"`` picks it and the sweeps time it only there."""
-        return torch.device(device).type in (self.auto_devices or self.devices)
+        return _device_type(device) in (self.auto_devices or self.devices)
 
     def prepared_call(self, op: str, *args, **scales) -> Callable[[], torch.Tensor]:
         """A no-argument call of ``op`` on already-validated ``args`` (``scales``: the fp8
@@ -122,9 +129,8 @@ class Backend:
         return {
             "operations": list(self.operations()),
             "devices": list(self.devices),
-            "dtypes": [str(d).replace("torch.", "") for d in self.dtypes],
-            "cache_dtypes": [str(d).replace("torch.", "")
-                             for d in (self.cache_dtypes or self.dtypes)],
+            "dtypes": [dtype_name(d) for d in self.dtypes],
+            "cache_dtypes": [dtype_name(d) for d in (self.cache_dtypes or self.dtypes)],
             "block_sizes": self.block_sizes,
             "head_dims": self.head_dims,
             "priority": self.priority,
@@ -245,17 +251,17 @@ def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None
     ``cache_dtype``: the paged cache's dtype when it may differ from q's (fp8)."""
     if not isinstance(backend, str):
         raise ValueError(f"backend: expected a backend name or 'auto', got {backend!r}")
-    device_type = torch.device(device).type
+    device = torch.device(device)  # once: every backend below is asked about it
+    device_type = device.type
     if backend != "auto":
         b = get_backend(backend)
         if getattr(b, op) is None:
             raise ValueError(f"backend: {backend!r} has no {op} kernel (it has {list(b.operations())})")
         if not b.supports(op, device, dtype, block_size, head_dim, cache_dtype):
-            cache = "" if cache_dtype in (None, dtype) else \
-                f", cache {str(cache_dtype).replace('torch.', '')}"
+            cache = "" if cache_dtype in (None, dtype) else f", cache {dtype_name(cache_dtype)}"
             raise ValueError(
                 f"backend: {backend!r} does not support this input ({device_type}, "
-                f"{str(dtype).replace('torch.', '')}{cache}, block_size={block_size}, "
+                f"{dtype_name(dtype)}{cache}, block_size={block_size}, "
                 f"head_dim={head_dim}); it supports {b.capabilities()}")
         return b
     candidates = [b for b in _REGISTRY.values()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from pagebench import defaults
+from pagebench.config import dtype_name
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
 from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, paged_case,
@@ -103,13 +104,6 @@ def footprint_bytes(tables, block_size: int, num_kv_heads: int, head_dim: int, d
     """Unique K and V bytes behind ``tables`` (every entry used): what a step reads at least."""
     element = torch.empty((), dtype=dtype).element_size()
     return 2 * int(torch.unique(tables).numel()) * block_size * num_kv_heads * head_dim * element
-
-
-def _times_at(backend: registry.Backend, block_size: int, kv_dtype, dtype) -> bool:
-    """Whether the sweep times ``backend`` paged at this block size and cache dtype."""
-    return (backend.supports_block_size(block_size)
-            and backend.supports_cache_dtype(kv_dtype, dtype)
-            and (backend.sweep_block_sizes is None or block_size in backend.sweep_block_sizes))
 
 
 def _fits(device: str, need_bytes: int) -> bool:
@@ -207,7 +201,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         footprint = nbytes if tables is None else footprint_bytes(
             tables, block_size, shape[1], shape[2], cache_dtype)
         rows.append(KERNELS.row(**{k: env[k] for k in COLUMNS[:6]},
-                                dtype=str(dtype).replace("torch.", ""), model_shape=shape_name,
+                                dtype=dtype_name(dtype), model_shape=shape_name,
                                 num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
                                 batch=batch, context=context, block_size=block_size,
                                 backend=v.label, kernel=v.backend, layout=v.layout,
@@ -218,7 +212,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                                 adjacent_fraction=None if tables is None
                                 else adjacent_fraction(tables),
                                 footprint_bytes=footprint, l2_bytes=l2, fits_l2=footprint <= l2,
-                                kv_dtype=str(cache_dtype).replace("torch.", "")))
+                                kv_dtype=dtype_name(cache_dtype)))
         if progress:
             progress(rows[-1])
 
@@ -248,9 +242,11 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             elif contiguous:
                 skipped.append(((shape_name, batch, context, None), "contiguous", "memory"))
             for block_size in block_sizes:
+                # what the backend accepts, at the block sizes it asks to be timed at
                 paged = [v for v in vs if v.layout == "paged"
-                         and _times_at(registry.get_backend(v.backend), block_size, kv_dtype,
-                                       dtype)]
+                         and (b := registry.get_backend(v.backend)).supports(
+                             "decode", device, dtype, block_size, shape[2], kv_dtype)
+                         and (b.sweep_block_sizes is None or block_size in b.sweep_block_sizes)]
                 if not paged:
                     continue
                 for table_layout in layouts:

@@ -75,7 +75,7 @@ def decode_launch_grid(device: str = "cuda", repeat: int = 15, skipped: list | N
 
 def _decode_point(timed, device: str, shape_name: str, batch: int, context: int) -> None:
     from pagebench.kernels import reference, triton_decode
-    from pagebench.kernels.flex import flex_block_mask, flex_paged_decode
+    from pagebench.kernels.flex import prepare_flex_decode
 
     shape = SHAPES[shape_name]
     scale = shape[2] ** -0.5
@@ -88,9 +88,7 @@ def _decode_point(timed, device: str, shape_name: str, batch: int, context: int)
     q = k = v = None  # the contiguous cache is not needed beside the paged one
     case = paged_case(batch, context, shape, BLOCK_SIZE, torch.bfloat16, device, seed=4).args()
     if batch == 1 and context <= 4096:
-        mask = flex_block_mask(case[3], case[4], case[1].shape[0], BLOCK_SIZE)
-        timed(lambda: flex_paged_decode(*case, scale, block_mask=mask), base, nbytes,
-              backend="flex")
+        timed(prepare_flex_decode(*case, scale), base, nbytes, backend="flex")
     chosen = triton_decode.decode_plan(*case, scale).num_splits
     timed(lambda: triton_decode.triton_paged_decode(*case, scale), base, nbytes,
           backend="triton", num_splits=chosen, heuristic=True)

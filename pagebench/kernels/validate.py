@@ -16,6 +16,7 @@ from numbers import Integral
 
 import torch
 
+from pagebench.config import dtype_name
 from pagebench.kernels.quant import FP8_DTYPES
 from pagebench.kernels.value_checks import CheckedValues
 
@@ -37,8 +38,8 @@ def _tensor(name: str, x, ndim: int, dtypes=None):
     if x.dim() != ndim:
         _fail(name, f"expected {ndim} dimensions, got shape {tuple(x.shape)}")
     if dtypes is not None and x.dtype not in dtypes:
-        names = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        _fail(name, f"dtype {str(x.dtype).replace('torch.', '')} not supported (use one of {names})")
+        names = ", ".join(dtype_name(d) for d in dtypes)
+        _fail(name, f"dtype {dtype_name(x.dtype)} not supported (use one of {names})")
 
 
 def _same_device(ref_name: str, ref: torch.Tensor, **others: torch.Tensor):

@@ -42,18 +42,20 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # name -> triton_paged_decode options; {} is the committed default
 VARIANTS = {
     "committed": {},
-    "slices4": dict(slices=4, tile_n=64, num_warps=4),
-    "slices4_st2": dict(slices=4, tile_n=64, num_warps=4, num_stages=2),
-    "slices4_st3": dict(slices=4, tile_n=64, num_warps=4, num_stages=3),
+    # run 1 (c11f70c) also timed slices4 (tile 64, 4 warps) with 2, 3 and the default stages
     "slices2_w2": dict(slices=2, tile_n=32, num_warps=2),
+    "v_contig8": dict(v_contig=8),
+    "w2_t32": dict(tile_n=32, num_warps=2),
+    "v_contig8_w2_t32": dict(v_contig=8, tile_n=32, num_warps=2),
 }
-CHECKED_E5M2 = ("committed", "slices4")
+CHECKED_E5M2 = ("committed", "v_contig8", "slices2_w2")
 CASES = [(32, 4096, 1), (32, 4096, 16), (32, 4096, 128), (128, 4096, 16), (1, 65536, 1),
          (1, 65536, 16)]
-# ncu: (name, cache, block, options) at 32 x 4096
-PROFILED = [("bf16_b16", None, 16, {}), ("e4m3_b16", E4M3, 16, {}), ("e4m3_b1", E4M3, 1, {}),
-            ("slices4_b16", E4M3, 16, VARIANTS["slices4"]),
-            ("slices4_b1", E4M3, 1, VARIANTS["slices4"])]
+# ncu: (name, cache, block, options) at 32 x 4096 (run 1: bf16, e4m3 blocks 1/16, slices4)
+PROFILED = [("e4m3_b16", E4M3, 16, {}),
+            ("v_contig8_b16", E4M3, 16, VARIANTS["v_contig8"]),
+            ("slices2_w2_b16", E4M3, 16, VARIANTS["slices2_w2"]),
+            ("w2_t32_b16", E4M3, 16, VARIANTS["w2_t32"])]
 if SMOKE:
     SHAPE, SCALE = (8, 2, 64), 64 ** -0.5
     CASES = [(2, 300, 1), (2, 300, 16)]
@@ -118,15 +120,11 @@ def run_times(rows, copy_gbps, env):
         fp8 = quantized_inputs(base, E4M3, spread=1.0)
         scales = (fp8.k_scale, fp8.v_scale)
         ref = gpu_reference(fp8.args(), *scales) if not SMOKE else None
-        timed = [("bf16", base.args(), (), {}),
-                 ("bf16_slices4", base.args(), (), VARIANTS["slices4"])]
-        timed += [(name, fp8.args(), scales, options) for name, options in VARIANTS.items()
-                  if not (block > 1 and name == "slices4_st2")]  # st2 is slices4's default there
+        timed = [("bf16", base.args(), (), {})]
+        timed += [(name, fp8.args(), scales, options) for name, options in VARIANTS.items()]
         timed += [("committed_again", fp8.args(), scales, VARIANTS["committed"])]
         bf16_us = None
         for name, args, sc, options in timed:
-            if name == "bf16_slices4" and (batch, block) != (32, 16):
-                continue
 
             def call():
                 return triton_decode.triton_paged_decode(*args, SCALE, *sc, **options)

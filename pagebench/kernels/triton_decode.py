@@ -173,6 +173,7 @@ def _decode_split_kernel(
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
     Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr, SLICES: tl.constexpr,
+    V_CONTIG: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -215,12 +216,25 @@ def _decode_split_kernel(
             kv_mask = pos_ok[:, None] & dim_ok[None, :]
             k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
                         mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
-            v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
-                        mask=kv_mask, other=0.0)
-            if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot operand's layout)
-                k, v = k.to(q.dtype), fp8_to_f16(v)
+            if V_CONTIG > 0:
+                chunks = (tl.arange(0, DIM_PAD // V_CONTIG)[:, None] * V_CONTIG
+                          + tl.arange(0, V_CONTIG)[None, :])
+                v = tl.load(V + (v_row + kv_head * stride_vh)[None, :, None] + chunks[:, None, :],
+                            mask=pos_ok[None, :, None] & (chunks < HEAD_DIM)[:, None, :],
+                            other=0.0)  # [chunk, token, V_CONTIG]
+                if FP8_CVT_ASM:
+                    v = fp8_to_f16(v)
+                else:
+                    v = v.to(q.dtype)
+                v = tl.reshape(tl.permute(v, (1, 0, 2)), [TILE_N, DIM_PAD])
+                k = k.to(q.dtype)
             else:
-                k, v = k.to(q.dtype), v.to(q.dtype)
+                v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
+                            mask=kv_mask, other=0.0)
+                if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot layout)
+                    k, v = k.to(q.dtype), fp8_to_f16(v)
+                else:
+                    k, v = k.to(q.dtype), v.to(q.dtype)
             m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
                                         IEEE_DOT)
     if FP8:  # the output is linear in V: one multiply instead of one per element loaded
@@ -409,7 +423,7 @@ class DecodePlan:
     strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages, slices=None):
+                 num_warps, num_stages, slices=None, v_contig=None):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
@@ -429,7 +443,7 @@ class DecodePlan:
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
             FP8=fp8, Q_TO_F16=fp8 and q.dtype == torch.bfloat16,
             FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device),
-            SLICES=slices or 1)
+            SLICES=slices or 1, V_CONTIG=v_contig or 0)
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
@@ -504,13 +518,13 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
-                slices: int | None = None) -> DecodePlan:
+                slices: int | None = None, v_contig: int | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
-    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, slices,
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, slices, v_contig,
            *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
                                                        seq_lens)))
     plan = _PLANS.get(key)
@@ -518,7 +532,8 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                        num_splits, tile_n, num_warps, num_stages, slices)
+                                        num_splits, tile_n, num_warps, num_stages, slices,
+                                        v_contig)
     return plan
 
 

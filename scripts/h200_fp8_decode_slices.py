@@ -42,20 +42,23 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # name -> triton_paged_decode options; {} is the committed default
 VARIANTS = {
     "committed": {},
-    # run 1 (c11f70c) also timed slices4 (tile 64, 4 warps) with 2, 3 and the default stages
+    # run 1 (c11f70c) also timed slices of 4 (tile 64, 4 warps) with 2, 3 and 5 stages; run 2
+    # (3c43c58) v_contig=8 (V's rows as 8-byte chunks), alone and with 2 warps x tile 32
     "slices2_w2": dict(slices=2, tile_n=32, num_warps=2),
-    "v_contig8": dict(v_contig=8),
+    "slices2_w2_st3": dict(slices=2, tile_n=32, num_warps=2, num_stages=3),
     "w2_t32": dict(tile_n=32, num_warps=2),
-    "v_contig8_w2_t32": dict(v_contig=8, tile_n=32, num_warps=2),
+    "w2_t32_st2": dict(tile_n=32, num_warps=2, num_stages=2),
+    "w2_t32_st3": dict(tile_n=32, num_warps=2, num_stages=3),
+    "w1_t16": dict(tile_n=16, num_warps=1),
+    "w1_t16_st3": dict(tile_n=16, num_warps=1, num_stages=3),
 }
-CHECKED_E5M2 = ("committed", "v_contig8", "slices2_w2")
-CASES = [(32, 4096, 1), (32, 4096, 16), (32, 4096, 128), (128, 4096, 16), (1, 65536, 1),
-         (1, 65536, 16)]
-# ncu: (name, cache, block, options) at 32 x 4096 (run 1: bf16, e4m3 blocks 1/16, slices4)
-PROFILED = [("e4m3_b16", E4M3, 16, {}),
-            ("v_contig8_b16", E4M3, 16, VARIANTS["v_contig8"]),
-            ("slices2_w2_b16", E4M3, 16, VARIANTS["slices2_w2"]),
-            ("w2_t32_b16", E4M3, 16, VARIANTS["w2_t32"])]
+BLOCK1_ONLY = ("w2_t32_st2", "w2_t32_st3")  # at larger blocks 2 stages are the default
+CHECKED_E5M2 = ("committed", "w2_t32", "slices2_w2")
+CASES = [(32, 4096, 1), (32, 4096, 16), (128, 4096, 16), (1, 65536, 1), (1, 65536, 16)]
+# ncu: (name, cache, block, options) at 32 x 4096 (run 1: bf16, e4m3 blocks 1/16, slices4;
+# run 2: e4m3, v_contig8, slices2_w2, w2_t32 at block 16)
+PROFILED = [("e4m3_b1", E4M3, 1, {}), ("w2_t32_st3_b1", E4M3, 1, VARIANTS["w2_t32_st3"]),
+            ("w1_t16_b16", E4M3, 16, VARIANTS["w1_t16"])]
 if SMOKE:
     SHAPE, SCALE = (8, 2, 64), 64 ** -0.5
     CASES = [(2, 300, 1), (2, 300, 16)]
@@ -88,7 +91,8 @@ def run_checks(rows):
                 args = (fp8.q * qmul, *fp8.args()[1:])
                 ref = reference_decode(*args, SCALE, **fp8.scales())
                 for name, options in VARIANTS.items():
-                    if cache == E5M2 and name not in CHECKED_E5M2:
+                    if (cache == E5M2 and name not in CHECKED_E5M2
+                            or block > 1 and name in BLOCK1_ONLY):
                         continue
                     for splits in (None, 1):
                         row = dict(block=block, cache=str(cache).replace("torch.", ""),
@@ -121,7 +125,8 @@ def run_times(rows, copy_gbps, env):
         scales = (fp8.k_scale, fp8.v_scale)
         ref = gpu_reference(fp8.args(), *scales) if not SMOKE else None
         timed = [("bf16", base.args(), (), {})]
-        timed += [(name, fp8.args(), scales, options) for name, options in VARIANTS.items()]
+        timed += [(name, fp8.args(), scales, options) for name, options in VARIANTS.items()
+                  if block == 1 or name not in BLOCK1_ONLY]
         timed += [("committed_again", fp8.args(), scales, VARIANTS["committed"])]
         bf16_us = None
         for name, args, sc, options in timed:

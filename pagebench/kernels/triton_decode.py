@@ -104,62 +104,6 @@ def fp8_to_f16(x):
 
 
 @triton.jit
-def walk_slices(q, K, V, table_row, start, end, scale_log2e, stride_kb, stride_kt, stride_vb,
-                stride_vt, dims, dim_ok, SLICES: tl.constexpr, GROUP_PAD: tl.constexpr,
-                DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr,
-                IEEE_DOT: tl.constexpr, FP8_CVT_ASM: tl.constexpr):
-    """The online softmax over ``[start, end)`` with each tile cut into ``SLICES`` slices of
-    consecutive tokens, each slice with its own running max, sum and output (batched dots, one
-    slice per warp): no step of a tile crosses warps, so q stays in registers as the dot
-    operand and p goes from the scores to the ``p @ v`` operand in registers. The slices are
-    merged once at the end. Returns (max, sum, output) of the group's rows, as the plain loop.
-    ``K``, ``V`` point at the program's KV head."""
-    SLICE_N: tl.constexpr = TILE_N // SLICES
-    qs = tl.broadcast_to(q[None, :, :], (SLICES, GROUP_PAD, DIM_PAD))
-    if IEEE_DOT:
-        qs = qs.to(tl.float32)
-    scale = (tl.full([GROUP_PAD, 1], 1.0, tl.float32) * scale_log2e)[None, :, :]
-    m_i = tl.full([SLICES, GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([SLICES, GROUP_PAD], tl.float32)
-    acc = tl.zeros([SLICES, GROUP_PAD, DIM_PAD], tl.float32)
-    offsets = tl.arange(0, SLICES)[:, None] * SLICE_N + tl.arange(0, SLICE_N)[None, :]
-    for tile_start in range(start, end, TILE_N):
-        pos = tile_start + offsets  # [SLICES, SLICE_N]
-        pos_ok = pos < end
-        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-        k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
-        v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
-        kv_mask = pos_ok[:, :, None] & dim_ok[None, None, :]
-        k = tl.load(K + k_row[:, :, None] + dims[None, None, :], mask=kv_mask, other=0.0)
-        v = tl.load(V + v_row[:, :, None] + dims[None, None, :], mask=kv_mask, other=0.0)
-        if FP8_CVT_ASM:
-            k, v = k.to(q.dtype), fp8_to_f16(v)
-        else:
-            k, v = k.to(q.dtype), v.to(q.dtype)
-        if IEEE_DOT:
-            s = tl.dot(qs, tl.permute(k.to(tl.float32), (0, 2, 1)), input_precision="ieee")
-        else:
-            s = tl.dot(qs, tl.permute(k, (0, 2, 1)))  # [SLICES, GROUP_PAD, SLICE_N]
-        s = tl.where(pos_ok[:, None, :], s * scale, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 2))
-        # a slice can be all masked (the sequence's last tile) before any token: no NaN from it
-        m_ref = tl.where(m_new > float("-inf"), m_new, 0.0)
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, :, None])
-        l_i = l_i * alpha + tl.sum(p, 2)
-        if IEEE_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, :, None] + pv
-        m_i = m_new
-    m = tl.max(m_i, 0)  # [GROUP_PAD]: -inf only where no slice saw a token
-    weight = tl.where(m_i > float("-inf"),
-                      tl.exp2(m_i - tl.where(m > float("-inf"), m, 0.0)[None, :]), 0.0)
-    return m, tl.sum(l_i * weight, 0), tl.sum(acc * weight[:, :, None], 0)
-
-
-@triton.jit
 def _decode_split_kernel(
     Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE,
     scale_log2e, tokens_per_split, ml_offset,
@@ -172,8 +116,7 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
-    Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr, SLICES: tl.constexpr,
-    V_CONTIG: tl.constexpr,
+    Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr,
 ):
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -196,47 +139,28 @@ def _decode_split_kernel(
         q, q_shift = rows_to_f16(q)
         scale_log2e = scale_log2e * q_shift[:, None]
 
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     table_row = TABLES + seq * stride_ts
-    if SLICES > 1:
-        m_i, l_i, acc = walk_slices(
-            q, K + kv_head * stride_kh, V + kv_head * stride_vh, table_row, start, end,
-            scale_log2e, stride_kb, stride_kt, stride_vb, stride_vt, dims, dim_ok,
-            SLICES, GROUP_PAD, DIM_PAD, BLOCK_SIZE, TILE_N, IEEE_DOT, FP8_CVT_ASM)
-    else:
-        m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-        l_i = tl.zeros([GROUP_PAD], tl.float32)
-        acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
-        for tile_start in range(start, end, TILE_N):
-            pos = tile_start + tl.arange(0, TILE_N)
-            pos_ok = pos < end
-            # each token's page from the table: tile and page sizes are independent
-            block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-            k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
-            v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
-            kv_mask = pos_ok[:, None] & dim_ok[None, :]
-            k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
-                        mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
-            if V_CONTIG > 0:
-                chunks = (tl.arange(0, DIM_PAD // V_CONTIG)[:, None] * V_CONTIG
-                          + tl.arange(0, V_CONTIG)[None, :])
-                v = tl.load(V + (v_row + kv_head * stride_vh)[None, :, None] + chunks[:, None, :],
-                            mask=pos_ok[None, :, None] & (chunks < HEAD_DIM)[:, None, :],
-                            other=0.0)  # [chunk, token, V_CONTIG]
-                if FP8_CVT_ASM:
-                    v = fp8_to_f16(v)
-                else:
-                    v = v.to(q.dtype)
-                v = tl.reshape(tl.permute(v, (1, 0, 2)), [TILE_N, DIM_PAD])
-                k = k.to(q.dtype)
-            else:
-                v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
-                            mask=kv_mask, other=0.0)
-                if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot layout)
-                    k, v = k.to(q.dtype), fp8_to_f16(v)
-                else:
-                    k, v = k.to(q.dtype), v.to(q.dtype)
-            m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
-                                        IEEE_DOT)
+    for tile_start in range(start, end, TILE_N):
+        pos = tile_start + tl.arange(0, TILE_N)
+        pos_ok = pos < end
+        # each token's page from the table: tile and page sizes are independent
+        block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
+        k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
+        v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
+        kv_mask = pos_ok[:, None] & dim_ok[None, :]
+        k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
+                    mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
+        v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
+                    mask=kv_mask, other=0.0)
+        if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot operand's layout)
+            k, v = k.to(q.dtype), fp8_to_f16(v)
+        else:
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
+                                    IEEE_DOT)
     if FP8:  # the output is linear in V: one multiply instead of one per element loaded
         acc = acc * tl.load(V_SCALE + kv_head)
 
@@ -336,11 +260,23 @@ def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
     return 32 if head_dim > 128 or dtype == torch.float32 else 64
 
 
-def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int):
-    """(tile_n, num_warps) for ``pairs`` (sequence, KV head) pairs over ``capacity`` tokens."""
+# An fp8 cache read through blocks of 2+ tokens: half-size tiles on 2 warps. The fp8 loop is
+# bound by its per-tile steps on the SM (shared-memory traffic, cross-warp reductions, barriers;
+# ncu in docs/kernels.md), not by its loads, and 2 warps split each tile's work between fewer
+# warps that synchronise (H200, Llama shape: 0.92-0.96x the time of (64, 4) at blocks 16/128,
+# 32-128 x 4096, 0.99x at 1 x 65536; at block 1, where 5 stages pay, it was not faster).
+FP8_LAUNCH = (32, 2)
+
+
+def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int,
+                   fp8: bool = False, block_size: int = 16):
+    """(tile_n, num_warps) for ``pairs`` (sequence, KV head) pairs over ``capacity`` tokens;
+    ``fp8``: the cache is fp8, in blocks of ``block_size`` tokens."""
     tile_n = default_tile_n(head_dim, dtype)
     if tile_n == 64 and capacity >= LONG_CONTEXT and pairs <= FEW_PAIRS:
         return 128, 8
+    if fp8 and tile_n == 64 and block_size > 1:
+        return FP8_LAUNCH
     return tile_n, 4
 
 
@@ -423,17 +359,18 @@ class DecodePlan:
     strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages, slices=None, v_contig=None):
+                 num_warps, num_stages):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
         capacity = tables.shape[1] * block_size
+        fp8 = is_fp8(k_cache.dtype)
         if tile_n is None and num_warps is None:
-            tile_n, num_warps = default_launch(head_dim, q.dtype, num_seqs * kv_heads, capacity)
+            tile_n, num_warps = default_launch(head_dim, q.dtype, num_seqs * kv_heads, capacity,
+                                               fp8, block_size)
         else:  # partly given: the general defaults for the rest
             tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
         dim_pad = max(16, next_pow2(head_dim))
-        fp8 = is_fp8(k_cache.dtype)
         num_stages = num_stages or default_num_stages(block_size, fp8)
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
@@ -442,8 +379,7 @@ class DecodePlan:
             DIRECT=False,
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
             FP8=fp8, Q_TO_F16=fp8 and q.dtype == torch.bfloat16,
-            FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device),
-            SLICES=slices or 1, V_CONTIG=v_contig or 0)
+            FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device))
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
@@ -517,14 +453,13 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
-                num_warps: int | None = None, num_stages: int | None = None,
-                slices: int | None = None, v_contig: int | None = None) -> DecodePlan:
+                num_warps: int | None = None, num_stages: int | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
-    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, slices, v_contig,
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages,
            *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
                                                        seq_lens)))
     plan = _PLANS.get(key)
@@ -532,8 +467,7 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                        num_splits, tile_n, num_warps, num_stages, slices,
-                                        v_contig)
+                                        num_splits, tile_n, num_warps, num_stages)
     return plan
 
 

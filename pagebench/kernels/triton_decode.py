@@ -261,10 +261,11 @@ def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
 
 
 # An fp8 cache read through blocks of 2+ tokens: half-size tiles on 2 warps. The fp8 loop is
-# bound by its per-tile steps on the SM (shared-memory traffic, cross-warp reductions, barriers;
-# ncu in docs/kernels.md), not by its loads, and 2 warps split each tile's work between fewer
-# warps that synchronise (H200, Llama shape: 0.92-0.96x the time of (64, 4) at blocks 16/128,
-# 32-128 x 4096, 0.99x at 1 x 65536; at block 1, where 5 stages pay, it was not faster).
+# bound by the latency of its per-tile chain on the SM (shared-memory loads and stores,
+# cross-warp reductions, barriers; ncu in docs/kernels.md), not by its loads, and fewer warps
+# per program wait less at each barrier (H200, Llama shape, same process: 0.93-0.98x the time
+# of (64, 4) at blocks 16/128, 32 and 128 x 4096, 0.98-0.99x at 1 x 65536; at block 1, where
+# 5 stages pay, 0.995-1.35x whatever the stages).
 FP8_LAUNCH = (32, 2)
 
 

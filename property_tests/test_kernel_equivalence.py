@@ -158,7 +158,8 @@ def test_paged_prefill_matches_float64_reference_cpu(backend):
 def test_triton_prefill_tiles_match_reference():
     """Several query tiles per sequence and key tiles across the diagonal, forced small; the
     query lengths scanned in steps of one or two sequences as well as all at once; one walk
-    over the keys or two, block ids loaded with their tile or a tile ahead."""
+    over the keys or two, block ids loaded with their tile or a tile ahead; later programs'
+    Q prefetched (interpreted: loaded) or not."""
     if "triton" not in backends_for("cpu", "prefill"):
         pytest.skip("triton not installed")
     from pagebench.kernels.triton_prefill import triton_paged_prefill
@@ -166,18 +167,21 @@ def test_triton_prefill_tiles_match_reference():
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
            tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
-           one_loop=st.booleans(), table_ahead=st.booleans())
-    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead):
+           one_loop=st.booleans(), table_ahead=st.booleans(),
+           prefetch=st.sampled_from([0, 1, 3, 64]))
+    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, prefetch):
         case, query_lens = drawn
         check_prefill("triton", case, query_lens, prefill=lambda *args: triton_paged_prefill(
             *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan,
-            one_loop=one_loop, table_ahead=table_ahead))
+            one_loop=one_loop, table_ahead=table_ahead, prefetch=prefetch))
     prop()
 
 
 # Every launch ``prefill_launch`` picks on a GPU (docs/kernels.md): the float64 reference holds
 # at most 128 queries a sequence, so the default launch of these cases never takes the regime
-# of long chunks; each launch is forced here with all its options (warps, register cap).
+# of long chunks; each launch is forced here with all its options (warps, register cap), on
+# the inputs it is picked for (bf16/fp16, head dims <= 128: fp32 or head dim 256 tiles of this
+# size do not fit in shared memory).
 PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=64, num_warps=8, num_stages=2,
                                         one_loop=False, table_ahead=False, maxnreg=128),
                     "short tables": dict(rows=64, tile_n=32, num_warps=4, num_stages=3,
@@ -185,7 +189,11 @@ PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=64, num_warps=8, num_st
                     "very short tables": dict(rows=64, tile_n=32, num_warps=4, num_stages=2,
                                               one_loop=True, table_ahead=False, maxnreg=128),
                     "ids ahead": dict(rows=64, tile_n=64, num_warps=4, num_stages=3,
-                                      one_loop=True, table_ahead=True)}
+                                      one_loop=True, table_ahead=True),
+                    "short tables, Q prefetched": dict(rows=64, tile_n=32, num_warps=4,
+                                                       num_stages=3, one_loop=True,
+                                                       table_ahead=True, maxnreg=168,
+                                                       prefetch=16)}
 
 
 @pytest.mark.gpu
@@ -200,6 +208,8 @@ def test_triton_prefill_launches_match_reference_cuda(launch):
     @given(drawn=prefill_cases("triton", large=True))
     def prop(drawn):
         case, query_lens = drawn
+        case = dict(case, head_dim=min(case["head_dim"], 128),
+                    dtype=torch.bfloat16 if case["dtype"] == torch.float32 else case["dtype"])
         check_prefill("triton", case, query_lens, device="cuda",
                       prefill=lambda *args: triton_paged_prefill(
                           *args, case["head_dim"] ** -0.5, **PREFILL_LAUNCHES[launch]))

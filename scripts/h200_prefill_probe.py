@@ -22,7 +22,7 @@ import os
 
 import pandas as pd
 import torch
-from prefill_probe_kernel import probe_prefill
+from prefill_probe_kernel import COMPILED, probe_prefill, resources
 
 from pagebench.defaults import BLOCK_SIZE, SHAPES
 from pagebench.kernels import triton_prefill
@@ -40,7 +40,7 @@ POINTS = "1x512+0,1x2048+0,1x8192+0,8x512+0,32x128+0,1x512+3584"
 def parse_value(text: str):
     if text in ("True", "False"):
         return text == "True"
-    return int(text)
+    return None if text == "None" else int(text)
 
 
 def variant(name: str):
@@ -129,6 +129,10 @@ def main() -> None:
             torch.cuda.empty_cache()
     times, errors = pd.DataFrame(rows), pd.DataFrame(checks)
     stem = os.path.join(args.out, "prefill_probe")
+    if COMPILED:
+        res = pd.DataFrame([dict(launch=str(k), **resources(c)) for k, c in COMPILED.items()])
+        res.to_csv(stem + "_resources.csv", index=False)
+        print(res.to_string())
     times.to_csv(stem + ".csv", index=False)
     errors.to_csv(stem + "_checks.csv", index=False)
     table = times.pivot_table(index="variant", columns=["batch", "query_len", "cached"],

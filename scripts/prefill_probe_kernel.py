@@ -7,6 +7,9 @@ before anything moves into the package:
   walk with the shortest), so every program of a sequence walks about the same number of key
   tiles and there are half as many programs;
 - ``MERGE``: as ``PAIR``, both walks in one loop (the pipeline filled once per program);
+- ``QREG``: the softmax scale folded into q once (the scores come out in the log2 domain), so
+  q is a computed dot operand that Triton may keep in registers (wgmma A from registers: no
+  re-read of the Q tile from shared memory for every key tile);
 - ``DIAG`` (diagnostics, wrong results): 1 = no walk at all (the scan, the Q load and the output
   store only), 2 = only the first key tile of each walk.
 """
@@ -51,7 +54,7 @@ def _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
 def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale_log2e,
           offs, dims, k_head, v_head, stride_kb, stride_kt, stride_vb, stride_vt,
           BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, MASKED: tl.constexpr,
-          TABLE_AHEAD: tl.constexpr):
+          TABLE_AHEAD: tl.constexpr, SCALED: tl.constexpr):
     if TABLE_AHEAD:
         block = _table_entries(table_row, lo + offs, end, BLOCK_SIZE, True)
     for start in range(lo, hi, TILE_N):
@@ -67,8 +70,12 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
             if start + TILE_N > full_end:
                 s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
                              float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
-        p = tl.exp2(s * scale_log2e - m_new[:, None])
+        if SCALED:
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp2(s - m_new[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+            p = tl.exp2(s * scale_log2e - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -85,7 +92,8 @@ def _attend(tile_in_seq, Q, K, V, OUT, table_row, q_start, q_len, seq_len, kv_he
             stride_vb, stride_vt, stride_vh, stride_ot, stride_oh,
             GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
             BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-            ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr, DIAG: tl.constexpr):
+            ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr, DIAG: tl.constexpr,
+            QREG: tl.constexpr):
     """Query tile ``tile_in_seq`` of its sequence, one KV head's group: load Q, walk, store."""
     first = tile_in_seq * TOKENS
     rows = tl.arange(0, ROWS)
@@ -97,6 +105,8 @@ def _attend(tile_in_seq, Q, K, V, OUT, table_row, q_start, q_len, seq_len, kv_he
     q_rows = (q_start + tok).to(tl.int64)
     q = tl.load(Q + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None], other=0.0)
+    if QREG:  # scale folded into q: a computed dot operand, which Triton may keep in registers
+        q = (q.to(tl.float32) * scale_log2e).to(q.dtype)
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
@@ -117,16 +127,16 @@ def _attend(tile_in_seq, Q, K, V, OUT, table_row, q_start, q_len, seq_len, kv_he
             m_i, l_i, acc = _walk(q, K, V, table_row, 0, hi, full_end, end, q_pos, m_i, l_i,
                                   acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
-                                  BLOCK_SIZE, TILE_N, True, TABLE_AHEAD)
+                                  BLOCK_SIZE, TILE_N, True, TABLE_AHEAD, QREG)
         else:
             m_i, l_i, acc = _walk(q, K, V, table_row, 0, tl.minimum(full_end, hi), full_end,
                                   end, q_pos, m_i, l_i, acc, scale_log2e, offs, dims, k_head,
                                   v_head, stride_kb, stride_kt, stride_vb, stride_vt,
-                                  BLOCK_SIZE, TILE_N, False, TABLE_AHEAD)
+                                  BLOCK_SIZE, TILE_N, False, TABLE_AHEAD, QREG)
             m_i, l_i, acc = _walk(q, K, V, table_row, full_end, hi, full_end, end, q_pos, m_i,
                                   l_i, acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
-                                  BLOCK_SIZE, TILE_N, True, TABLE_AHEAD)
+                                  BLOCK_SIZE, TILE_N, True, TABLE_AHEAD, QREG)
     out = acc / l_i[:, None]
     tl.store(OUT + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
              out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
@@ -221,7 +231,7 @@ def _probe_kernel(
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
-    PAIR: tl.constexpr, DIAG: tl.constexpr, MERGE: tl.constexpr,
+    PAIR: tl.constexpr, DIAG: tl.constexpr, MERGE: tl.constexpr, QREG: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -264,25 +274,25 @@ def _probe_kernel(
                     scale_log2e, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
                     stride_vb, stride_vt, stride_vh, stride_ot, stride_oh,
                     GROUP, TOKENS, ROWS, BLOCK_SIZE, TILE_N, HEAD_DIM, ONE_LOOP, TABLE_AHEAD,
-                    DIAG)
+                    DIAG, QREG)
             if j < n - 1 - j:
                 _attend(j, Q, K, V, OUT, table_row, q_start, q_len, seq_len, kv_head,
                         scale_log2e, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
                         stride_vb, stride_vt, stride_vh, stride_ot, stride_oh,
                         GROUP, TOKENS, ROWS, BLOCK_SIZE, TILE_N, HEAD_DIM, ONE_LOOP,
-                        TABLE_AHEAD, DIAG)
+                        TABLE_AHEAD, DIAG, QREG)
         else:
             _attend(j, Q, K, V, OUT, table_row, q_start, q_len, seq_len, kv_head,
                     scale_log2e, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh,
                     stride_vb, stride_vt, stride_vh, stride_ot, stride_oh,
                     GROUP, TOKENS, ROWS, BLOCK_SIZE, TILE_N, HEAD_DIM, ONE_LOOP, TABLE_AHEAD,
-                    DIAG)
+                    DIAG, QREG)
 
 
 def probe_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale, *,
                   rows=64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
                   table_ahead=True, maxnreg=None, pair=False, diag=0,
-                  merge=False):
+                  merge=False, qreg=False):
     """bf16/fp16, head dim a power of two, caches under 2^31 elements (the probe's cases)."""
     total, q_heads, head_dim = q.shape
     num_seqs = query_lens.shape[0]
@@ -294,7 +304,7 @@ def probe_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale
     per_unit = 2 * tokens if pair or merge else tokens
     grid = ((total // per_unit + num_seqs) * kv_heads,)
     q_lens = query_lens.to(torch.int32).contiguous()
-    _probe_kernel[grid](
+    compiled = _probe_kernel[grid](
         q, k_cache, v_cache, block_tables, seq_lens, q_lens, out, num_seqs,
         scale * 1.4426950408889634, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -302,7 +312,24 @@ def probe_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale
         block_tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, SCAN=next_pow2(min(num_seqs, 1024)),
-        ONE_LOOP=one_loop, TABLE_AHEAD=table_ahead, PAIR=pair or merge, DIAG=diag, MERGE=merge,
+        ONE_LOOP=one_loop, TABLE_AHEAD=table_ahead, PAIR=pair or merge, DIAG=diag, MERGE=merge, QREG=qreg,
         num_warps=num_warps, num_stages=num_stages,
         **({} if maxnreg is None else {"maxnreg": maxnreg}))
+    COMPILED[(rows, tile_n, num_warps, num_stages, one_loop, table_ahead, maxnreg, pair, diag,
+              merge, qreg)] = compiled
+    return out
+
+
+COMPILED: dict = {}  # the last compiled kernel of each launch (registers, spills, PTX)
+
+
+def resources(compiled) -> dict:
+    """Registers, spills, shared memory and how the wgmma instructions take their A operand."""
+    out = dict(n_regs=getattr(compiled, "n_regs", None), n_spills=getattr(compiled, "n_spills", None),
+               shared=getattr(compiled, "metadata", None) and compiled.metadata.shared)
+    ptx = compiled.asm.get("ptx", "") if hasattr(compiled, "asm") else ""
+    lines = [ln for ln in ptx.splitlines() if "wgmma.mma_async" in ln]
+    out["wgmma"] = len(lines)
+    # A from shared memory: the third operand is a 64-bit descriptor (%rd), else registers {..}
+    out["wgmma_a_regs"] = sum(1 for ln in lines if ln.count("{") >= 2)
     return out

@@ -139,21 +139,9 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
-def _prefetch_l2(ptrs, INTERPRETED_LOAD: tl.constexpr):
-    """Bring the 128-byte lines at ``ptrs`` into L2 without waiting for them (no registers
-    held). Interpreted, a plain load stands in (the interpreter has no inline PTX), so the
-    addresses are still exercised."""
-    if INTERPRETED_LOAD:
-        tl.load(ptrs)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
 def _prefill_kernel(
     Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
-    num_seqs, scale_log2e, prefetch_tiles,
+    num_seqs, scale_log2e,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -162,9 +150,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    PREFETCH: tl.constexpr, LINES: tl.constexpr, LINE_ELEMS: tl.constexpr,
-    INTERPRETED_LOAD: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, Q_SCALED: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -183,13 +169,6 @@ def _prefill_kernel(
     tiles_before = 0
     q_len = 0
     seq_len = 0
-    # PREFETCH: the same for the query tile ``prefetch_tiles`` before this one, which a program
-    # started about one generation of resident programs later will take
-    ahead = tile - prefetch_tiles
-    ahead_seq = 0
-    ahead_q_start = 0
-    ahead_tile_start = 0
-    ahead_q_len = 0
     for chunk in range(0, num_seqs, SCAN):
         idx = chunk + tl.arange(0, SCAN)
         listed = idx < num_seqs
@@ -204,27 +183,7 @@ def _prefill_kernel(
         tile_start += tl.sum(tl.where(before, tiles, 0), 0)
         q_len += tl.sum(tl.where(mine, lens, 0), 0)
         seq_len += tl.sum(tl.where(mine, totals, 0), 0)
-        if PREFETCH:
-            ahead_before = through <= ahead
-            ahead_mine = (through - tiles <= ahead) & (ahead < through)
-            ahead_seq += tl.sum(ahead_before.to(tl.int32), 0)
-            ahead_q_start += tl.sum(tl.where(ahead_before, lens, 0), 0)
-            ahead_tile_start += tl.sum(tl.where(ahead_before, tiles, 0), 0)
-            ahead_q_len += tl.sum(tl.where(ahead_mine, lens, 0), 0)
         tiles_before += tl.sum(tiles, 0)
-    if PREFETCH:
-        # Q of that later program into L2 now, while this one computes: its Q load then hits
-        # L2 instead of waiting on HBM (the Q reads and output writes of short programs are
-        # otherwise not overlapped with compute). Lines outside any query point at Q itself.
-        line = tl.arange(0, ROWS * LINES)
-        ahead_rows = line // LINES
-        ahead_tok = (ahead - ahead_tile_start) * TOKENS + ahead_rows // GROUP
-        ahead_ok = ((ahead_rows < TOKENS * GROUP) & (ahead_tok >= 0)
-                    & (ahead_tok < ahead_q_len))
-        lines = (Q + (ahead_q_start + ahead_tok).to(tl.int64) * stride_qt
-                 + (kv_head * GROUP + ahead_rows % GROUP) * stride_qh
-                 + (line % LINES) * LINE_ELEMS)
-        _prefetch_l2(tl.where(ahead_ok, lines, Q), INTERPRETED_LOAD)
     if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
         first = (tile - tile_start) * TOKENS
         rows = tl.arange(0, ROWS)
@@ -237,6 +196,11 @@ def _prefill_kernel(
         q_rows = (q_start + tok).to(tl.int64)  # outside the key loop: 64-bit costs nothing here
         q = tl.load(Q + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                     mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+        if Q_SCALED:  # the softmax scale folded into q once: the scores come out in the log2
+            # domain, and q, a computed dot operand, may stay in registers (wgmma A from
+            # registers) instead of being re-read from shared memory for every key tile
+            q = (q.to(tl.float32) * scale_log2e).to(q.dtype)
+            scale_log2e = 1.0
 
         m_i = tl.full([ROWS], float("-inf"), tl.float32)
         l_i = tl.zeros([ROWS], tl.float32)
@@ -289,7 +253,7 @@ class PrefillLaunch:
     one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
     table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
-    prefetch: int = 0  # Q of the program this many programs later prefetched into L2 (0: off)
+    q_scaled: bool = False  # the softmax scale folded into q before the walk
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -358,7 +322,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None, prefetch: int | None = None):
+                         maxnreg: int | None = None, q_scaled: bool | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -370,9 +334,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
     unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
-    two; default up to ``MAX_SCAN``); ``prefetch``: each program prefetches into L2 the Q
-    tile of the program about this many programs later (rounded up to whole query tiles; 0:
-    none; only where a Q row is whole 128-byte lines). Nothing is read back to the host, so a call can be
+    two; default up to ``MAX_SCAN``); ``q_scaled``: the softmax scale folded into q (rounded
+    to q's dtype) before the walk. Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
@@ -398,15 +361,10 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tile_n = tile_n or chosen.tile_n
     maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    prefetch = chosen.prefetch if prefetch is None else prefetch
-    line_elems = 128 // q.element_size()
-    lines = head_dim // line_elems
-    if head_dim % line_elems or lines & (lines - 1):
-        prefetch = 0  # whole 128-byte lines of each Q row only (a power of two of them)
     _prefill_kernel[(_grid_size(total, num_seqs, tokens, kv_heads),)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
-        num_seqs, scale * 1.4426950408889634, ceil_div(prefetch, kv_heads),
+        num_seqs, scale * 1.4426950408889634,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -419,8 +377,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
-        PREFETCH=prefetch > 0, LINES=max(1, lines), LINE_ELEMS=line_elems,
-        INTERPRETED_LOAD=INTERPRETED,
+        Q_SCALED=chosen.q_scaled if q_scaled is None else bool(q_scaled),
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

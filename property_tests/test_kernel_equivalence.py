@@ -166,12 +166,12 @@ def test_triton_prefill_tiles_match_reference():
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
            tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
-           one_loop=st.booleans(), table_ahead=st.booleans(), q_scaled=st.booleans())
-    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, q_scaled):
+           one_loop=st.booleans(), table_ahead=st.booleans())
+    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead):
         case, query_lens = drawn
         check_prefill("triton", case, query_lens, prefill=lambda *args: triton_paged_prefill(
             *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan,
-            one_loop=one_loop, table_ahead=table_ahead, q_scaled=q_scaled))
+            one_loop=one_loop, table_ahead=table_ahead))
     prop()
 
 
@@ -187,10 +187,7 @@ PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=64, num_warps=8, num_st
                     "very short tables": dict(rows=64, tile_n=32, num_warps=4, num_stages=2,
                                               one_loop=True, table_ahead=False, maxnreg=128),
                     "ids ahead": dict(rows=64, tile_n=64, num_warps=4, num_stages=3,
-                                      one_loop=True, table_ahead=True),
-                    "short tables, q scaled": dict(rows=64, tile_n=32, num_warps=4,
-                                                   num_stages=3, one_loop=True, table_ahead=True,
-                                                   maxnreg=168, q_scaled=True)}
+                                      one_loop=True, table_ahead=True)}
 
 
 @pytest.mark.gpu

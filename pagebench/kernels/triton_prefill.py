@@ -150,7 +150,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, Q_SCALED: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -196,11 +196,6 @@ def _prefill_kernel(
         q_rows = (q_start + tok).to(tl.int64)  # outside the key loop: 64-bit costs nothing here
         q = tl.load(Q + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + dims[None, :],
                     mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
-        if Q_SCALED:  # the softmax scale folded into q once: the scores come out in the log2
-            # domain, and q, a computed dot operand, may stay in registers (wgmma A from
-            # registers) instead of being re-read from shared memory for every key tile
-            q = (q.to(tl.float32) * scale_log2e).to(q.dtype)
-            scale_log2e = 1.0
 
         m_i = tl.full([ROWS], float("-inf"), tl.float32)
         l_i = tl.zeros([ROWS], tl.float32)
@@ -253,7 +248,6 @@ class PrefillLaunch:
     one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
     table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
-    q_scaled: bool = False  # the softmax scale folded into q before the walk
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -322,7 +316,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None, q_scaled: bool | None = None):
+                         maxnreg: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -334,8 +328,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
     unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
-    two; default up to ``MAX_SCAN``); ``q_scaled``: the softmax scale folded into q (rounded
-    to q's dtype) before the walk. Nothing is read back to the host, so a call can be
+    two; default up to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
@@ -377,7 +370,6 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
-        Q_SCALED=chosen.q_scaled if q_scaled is None else bool(q_scaled),
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

@@ -450,6 +450,20 @@ def test_launch_defaults_widen_tiles_only_for_long_contexts_over_few_pairs():
     assert default_launch(128, torch.float32, 2, 65536) == (32, 4)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_fp8_caches_in_blocks_take_half_tiles_on_two_warps():
+    from pagebench.kernels.triton_decode import FP8_LAUNCH, default_launch
+    bf16 = torch.bfloat16
+    assert FP8_LAUNCH == (32, 2)
+    assert default_launch(128, bf16, 256, 4096, fp8=True, block_size=16) == FP8_LAUNCH
+    assert default_launch(128, bf16, 8, 65536, fp8=True, block_size=128) == FP8_LAUNCH
+    assert default_launch(128, bf16, 256, 4096, fp8=True, block_size=1) == (64, 4)
+    assert default_launch(128, bf16, 256, 4096, fp8=False, block_size=16) == (64, 4)
+    assert default_launch(64, bf16, 2, 65536, fp8=True, block_size=16) == (128, 8)
+    assert default_launch(128, torch.float32, 256, 4096, fp8=True, block_size=16) == (32, 4)
+    assert default_launch(256, bf16, 256, 4096, fp8=True, block_size=16) == (32, 4)
+
+
 def test_triton_takes_cpu_tensors_only_where_it_interprets():
     """On a GPU machine Triton compiles: CPU tensors would reach its driver, so the backend does
     not list "cpu" and a CPU call is a ValueError, not a driver error (TRITON_INTERPRET=0 stands

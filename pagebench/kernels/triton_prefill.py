@@ -173,7 +173,8 @@ def _prefill_kernel(
         idx = chunk + tl.arange(0, SCAN)
         listed = idx < num_seqs
         lens = tl.load(Q_LENS + idx, mask=listed, other=0)
-        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0)
+        # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
+        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
         tiles = (lens + (TOKENS - 1)) // TOKENS
         through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
         before = through <= tile

@@ -1,0 +1,117 @@
+"""The Triton kernels compile for an NVIDIA GPU (sm_90) on every input the validation accepts.
+
+Interpreted on the CPU, a kernel runs whatever its types: the interpreter does not check, for
+instance, that a loop-carried value keeps its type, which the GPU compiler refuses (int64
+lengths once broke the prefill kernel on the H200 only). Triton's compiler and ``ptxas`` need
+no GPU: a child process with ``TRITON_INTERPRET=0`` calls the public wrappers on CPU tensors,
+catches each launch Triton would make, and compiles it for sm_90 instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pagebench.kernels import available_backends
+
+CHILD = textwrap.dedent(r'''
+    import json
+    import torch
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+    from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
+    from pagebench.kernels import triton_decode
+    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_prefill import triton_paged_prefill
+
+    TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
+             torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv",
+             torch.float8_e5m2: "fp8e5"}
+    OPTIONS = ("num_warps", "num_stages", "maxnreg")
+    launches = []
+    triton_decode.hardware_fp8_convert = lambda device: True  # as on an sm_90 GPU
+    JITFunction.run = lambda self, *args, grid, warmup, **kwargs: launches.append(
+        (self, args, kwargs))
+
+    def compile_for_sm90(kernel, args, kwargs):
+        constexprs = {p.name for p in kernel.params if p.is_constexpr}
+        values = dict(zip(kernel.arg_names, args)) | kwargs
+        signature, constants = {}, {}
+        for name in kernel.arg_names:
+            v = values[name]
+            if name in constexprs:
+                signature[name], constants[name] = "constexpr", v
+            elif isinstance(v, torch.Tensor):
+                signature[name] = "*" + TYPES[v.dtype]
+            elif isinstance(v, float):
+                signature[name] = "fp32"
+            else:
+                signature[name] = "i64" if abs(v) >= 2**31 else "i32"
+        options = {k: kwargs[k] for k in OPTIONS if kwargs.get(k) is not None}
+        triton.compile(ASTSource(kernel, signature, constants),
+                       target=GPUTarget("cuda", 90, 32), options=options)
+
+    def case(dtype, tables, lens, cache=None):
+        """Decode (one split and three: the combine kernel) and prefill calls on one input."""
+        inp = make_paged_inputs([1, 37, 200], 8, 2, 64, 16, dtype, seed=1)
+        if cache is not None:
+            inp = quantized_inputs(inp, cache, seed=1)
+        args = (inp.q, inp.k_cache, inp.v_cache, inp.block_tables.to(tables),
+                inp.seq_lens.to(lens))
+        scales = {} if cache is None else dict(k_scale=inp.k_scale, v_scale=inp.v_scale)
+        q = torch.randn(85, 8, 64).to(dtype)
+        qlens = torch.tensor([1, 20, 64], dtype=lens)
+        name = f"{dtype} cache={cache} tables={tables} seq_lens={lens}"
+        calls = [(f"decode splits={n} {name}",
+                  lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
+                 for n in (1, 3)]
+        every_launch = (dtype, tables, lens, cache) == (torch.bfloat16, I64, I64, None)
+        forced = PREFILL_LAUNCHES if every_launch else [{}]
+        return calls + [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(
+            q, *args[1:], qlens, 0.125, **scales, **launch)) for launch in forced]
+
+    # the GPU launches prefill_launch picks on an H200 (it picks the first on a CPU)
+    PREFILL_LAUNCHES = [dict(), dict(rows=128, tile_n=64, num_warps=8, num_stages=2,
+                                      one_loop=False, table_ahead=False, maxnreg=128),
+                        dict(rows=64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
+                             table_ahead=True, maxnreg=168)]
+    I32, I64 = torch.int32, torch.int64
+    cases = [c for tables, lens in ((I32, I32), (I32, I64), (I64, I32), (I64, I64))
+             for c in case(torch.bfloat16, tables, lens)]
+    cases += [c for dtype, cache in ((torch.float16, None), (torch.float32, None),
+                                     (torch.bfloat16, torch.float8_e4m3fn))
+              for c in case(dtype, I64, I64, cache)]
+    results = []
+    for name, call in cases:
+        launches.clear()
+        call()
+        if not launches:
+            results.append([name, "", "launched no kernel"])
+        for kernel, args, kwargs in launches:
+            try:
+                compile_for_sm90(kernel, args, kwargs)
+                results.append([name, kernel.__name__, ""])
+            except Exception as e:
+                results.append([name, kernel.__name__, f"{type(e).__name__}: {str(e)[-400:]}"])
+    print(json.dumps(results))
+''')
+
+
+@pytest.mark.skipif("triton" not in available_backends(), reason="triton not installed")
+def test_triton_kernels_compile_for_sm90_on_every_accepted_input():
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    kernels = {kernel for _, kernel, _ in results}
+    assert kernels == {"_decode_split_kernel", "_combine_kernel", "_prefill_kernel"}
+    failed = [f"{name}: {kernel}: {error}" for name, kernel, error in results if error]
+    assert not failed, "\n".join(failed)

@@ -114,3 +114,20 @@ def test_claims_command_reads_results_directories(tmp_path, capsys):
 def test_claims_command_rejects_a_missing_directory(tmp_path, capsys):
     assert main(["claims", "--results", str(tmp_path / "nope")]) == 2
     assert "--results" in capsys.readouterr().err
+
+
+def test_claims_command_runs_the_report_simulators_when_asked(monkeypatch, capsys):
+    from pagebench import suite
+
+    asked = []
+
+    def capacity_only(run_sweeps):  # the capacity planner alone: the whole plan takes ~15 s
+        asked.append(run_sweeps)
+        return [("capacity planner", suite.capacity)]
+    monkeypatch.setattr(suite, "plan", capacity_only)
+    def about_250(argv) -> str:
+        assert main(argv) == 0
+        return next(x for x in capsys.readouterr().out.splitlines() if x.startswith("about_250"))
+    assert UNMEASURED in about_250(["claims"]) and asked == []
+    line = about_250(["claims", "--simulate"])
+    assert HOLDS in line and "246 requests" in line and asked == [False]

@@ -69,8 +69,12 @@ def register_claims(sub) -> None:
         description="Read committed data under reports/data/ and any --results directories "
         "(as `pagebench report` does, without running a sweep or a simulator), judge every "
         "claim, and print one line per claim (id, verdict, measured headline) and the tally. "
-        "Claims whose data only a simulator run makes are 'not measured here'.")
+        "Claims whose data only a simulator run makes are 'not measured here' unless "
+        "--simulate runs them.")
     add_data_options(p)
+    p.add_argument("--simulate", action="store_true",
+                   help="also run the simulators `pagebench report --quick` runs (memory, "
+                   "capacity, real traces; about 20 s on 2 CPU cores)")
     p.add_argument("--csv", default=None, metavar="FILE",
                    help="also write the verdicts (dataset claims: one row per claim) to FILE")
     p.set_defaults(func=run_claims)
@@ -83,7 +87,13 @@ def run_claims(args) -> int:
     from pagebench.results.collect import collect
     from pagebench.results.derived import tally
 
-    results = collect(data_dir=args.data_dir, results_dirs=args.results, progress=False)
+    steps = ()
+    if args.simulate:
+        from pagebench.suite import plan
+
+        steps = plan(run_sweeps=False)
+    results = collect(quick=True, steps=steps, data_dir=args.data_dir, results_dirs=args.results,
+                      progress=False)
     analyse(results)
     verdicts = results.get("claims")
     width = max(map(len, verdicts["key"]))

@@ -305,6 +305,8 @@ DATASETS: dict[str, Schema] = {s.name: s for s in (
 
 DEVICE_LABEL = C("device_label", "str", "device label (pagebench.results.devices)")
 SHAPE = C("shape", "str", "preset whose attention shape was used")
+BATCH, CONTEXT = C("batch", "int", "sequences"), C("context", "int", "cached tokens")
+POINT = (BATCH, CONTEXT, BLOCK_SIZE)
 TIMED_COLUMNS = (C("paged", "bool", "a paged layout"), DEVICE_LABEL,
                  C("gpu", "bool", "measured on a GPU"), SHAPE)
 VERDICT = schema(
@@ -322,7 +324,7 @@ KERNELS_TIMED = schema("kernels_timed", "a timed kernel row of dataset kernels, 
                        *KERNELS.columns, *TIMED_COLUMNS, environment=False)
 KERNELS_BATCH1_RATIO = schema(
     "kernels_batch1_ratio", "batch 1: fastest paged / fastest contiguous time at one point",
-    DEVICE_LABEL, SHAPE, C("context", "int", "cached tokens"), C("block_size", "int", "paged"),
+    DEVICE_LABEL, SHAPE, CONTEXT, BLOCK_SIZE,
     C("paged_backend", "str", "fastest paged variant"),
     C("time_us_paged", "float", "its time"), C("contiguous_backend", "str", "fastest contiguous"),
     C("time_us_contiguous", "float", "its time"), C("ratio", "float", "paged / contiguous"),
@@ -337,20 +339,18 @@ KERNELS_BANDWIDTH = schema(
     *KERNELS.columns, *TIMED_COLUMNS, environment=False)
 KERNELS_BLOCK_COST = schema(
     "kernels_block_cost", "one block size's median paged time relative to the best block",
-    DEVICE_LABEL, C("block_size", "int", "paged"),
+    DEVICE_LABEL, BLOCK_SIZE,
     C("relative_time", "float", "median of time / best block's time"),
     C("gpu", "bool", "measured on a GPU"), environment=False)
 KERNELS_PREFILL_SUMMARY = schema(
     "kernels_prefill_summary", "one prefill point: each variant's time and their ratios",
-    DEVICE_LABEL, SHAPE, C("batch", "int", "sequences"), C("query_len", "int", "new tokens"),
+    DEVICE_LABEL, SHAPE, BATCH, C("query_len", "int", "new tokens"),
     C("cached", "int", "cached tokens"), environment=False)
 RECOMMENDATION = schema(
     "recommendation", "one block size's score: utilisation / relative kernel time",
-    C("block_size", "int", "paged"), UTILISATION,
+    BLOCK_SIZE, UTILISATION,
     C("relative_kernel_time", "float", "kernel time / best block size's"),
     C("score", "float", "utilisation / relative_kernel_time"), environment=False)
-POINT = (C("batch", "int", "sequences"), C("context", "int", "cached tokens"),
-         C("block_size", "int", "paged"))
 FP8_DECODE = schema("fp8_decode", "one decode point, bf16 against e4m3 cache", *POINT,
                     C("bf16_us", "float", "bf16 time"), C("fp8_us", "float", "e4m3 time"),
                     C("fp8_over_bf16", "float", "their ratio"), environment=False)

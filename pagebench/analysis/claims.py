@@ -4,8 +4,9 @@ A :class:`Claim` is a record: its id, the claim in the article's words, the crit
 function that measures it and the predicate. The measure returns ``None`` when there is no data,
 else a :class:`Measured`: one :class:`Part` per device (or trace) with the value the predicate
 judges (``None``: shown, not judged), its details and its headline. :func:`judge` turns that
-into a :class:`Verdict` (a row of the derived dataset ``claims``): ``holds`` when the predicate holds on every judged part, ``does not
-hold`` (with the numbers that contradict it), or ``not measured here`` (nothing to judge).
+into a :class:`Verdict` (a row of the derived dataset ``claims``): ``holds`` when the predicate
+holds on every judged part, ``does not hold`` (with the numbers that contradict it), or ``not
+measured here`` (nothing to judge).
 
 ``headline`` is what the claims table shows at a glance: the number each judged device
 measured, named by its device label (:mod:`pagebench.results.devices`); ``measured`` holds every

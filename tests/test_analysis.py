@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from synthetic_report import synthetic_results
 
-from pagebench.analysis import analyse, claims, derive, pipeline
+from pagebench.analysis import analyse, claims, pipeline
 from pagebench.cli import main
 from pagebench.report import build
 from pagebench.results import Results
@@ -67,13 +67,6 @@ def test_add_derived_checks_the_name_and_the_schema():
         results.add_derived("recommendation", pd.DataFrame({
             "block_size": [16], "utilisation": [0.98], "relative_kernel_time": [1.0]}))
     assert results.derived == {}
-
-
-def test_kernel_tables_are_derived_once_per_results():
-    results = synthetic_results()
-    ratio = derive.table(results, "kernels_batch1_ratio")
-    analyse(results)
-    assert results.get("kernels_batch1_ratio") is ratio
 
 
 # ---- pagebench claims ----------------------------------------------------------------------

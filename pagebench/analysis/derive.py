@@ -240,14 +240,16 @@ KERNEL_TABLES = {"kernels_timed": kernel_rows, "kernels_batch1_ratio": batch1_ra
                  "kernels_block_cost": kernel_cost_per_block}
 
 
-def table(results, name: str) -> pd.DataFrame:
-    """The kernel table ``name`` (:data:`KERNEL_TABLES`) of ``results``, derived once and kept
-    in ``results.derived`` (empty, with a warning naming it, where the data defeats it)."""
+def table(results, name: str, compute=None) -> pd.DataFrame:
+    """The derived table ``name`` of ``results``, computed once by ``compute(results)`` (default:
+    the kernel table of :data:`KERNEL_TABLES`) and kept in ``results.derived`` (empty, with a
+    warning naming it, where the data defeats it)."""
     if name not in results.derived:
+        compute = compute or (lambda r: KERNEL_TABLES[name](r.get("kernels")))
         try:
-            frame = KERNEL_TABLES[name](results.get("kernels"))
+            frame = compute(results)
             results.add_derived(name, pd.DataFrame() if frame is None else frame)
-        except Exception as e:  # noqa: BLE001 -- odd kernel data: warn, keep the rest
+        except Exception as e:  # noqa: BLE001 -- odd data: warn, keep the rest
             results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
             results.add_derived(name, pd.DataFrame())
     return results.derived[name]

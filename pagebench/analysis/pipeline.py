@@ -17,7 +17,7 @@ from pagebench.results.derived import ARTICLE
 # the report section whose verdict table shows each claim
 SECTION_CLAIMS = ((ARTICLE, claims.CLAIMS + real_traces.CLAIMS), (fp8.SECTION, fp8.CLAIMS),
                   (parallel.SECTION, parallel.CLAIMS))
-EVERY_CLAIM = tuple(c for _, section in SECTION_CLAIMS for c in section)
+EVERY_CLAIM = tuple(claim for _, section_claims in SECTION_CLAIMS for claim in section_claims)
 # derived tables beside the kernel ones: name -> function of the results
 TABLES = {"kernels_prefill_summary": lambda r: derive.prefill_summary(r.get("kernels_prefill")),
           **fp8.TABLES, **parallel.TABLES}
@@ -29,13 +29,8 @@ def analyse(results: Results) -> None:
     them."""
     for name in derive.KERNEL_TABLES:
         derive.table(results, name)
-    for name, fn in TABLES.items():
-        try:
-            frame = fn(results)
-            results.add_derived(name, pd.DataFrame() if frame is None else frame)
-        except Exception as e:  # noqa: BLE001 -- odd data: warn, keep the rest
-            results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
-            results.add_derived(name, pd.DataFrame())
+    for name, compute in TABLES.items():
+        derive.table(results, name, compute)
     try:
         rec = derive.recommend(results.get("memory_static"),
                                derive.table(results, "kernels_block_cost"))
@@ -43,7 +38,7 @@ def analyse(results: Results) -> None:
         results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
         rec = None
     results.add_derived("recommendation", pd.DataFrame() if rec is None else rec[1])
-    verdicts = [claims.verdict_frame(claims.evaluate(results, section), name)
-                for name, section in SECTION_CLAIMS]
+    verdicts = [claims.verdict_frame(claims.evaluate(results, section_claims), section)
+                for section, section_claims in SECTION_CLAIMS]
     results.add_derived("claims", pd.concat(verdicts, ignore_index=True))
     results.recommendation = None if rec is None else rec[0]

@@ -55,6 +55,6 @@ def section(results: Results) -> Section:
            "declares fp8, Triton interpreted on the CPU). The block-table layout is a sweep "
            "axis (`pagebench bench --layouts contiguous,shuffled,aged`); aged tables come from "
            "the block manager after it served a trace with churn.")
-    s.table(claims_table(verdicts(results, "fp8"), "Verdicts"))
+    s.table(claims_table(verdicts(results, s.id), "Verdicts"))
     s.show(results, (PLANNER,))
     return s.show(results, VIEWS, empty=f"fp8 and layout measurements ({SOURCE})")

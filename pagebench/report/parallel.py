@@ -69,6 +69,6 @@ def section(results: Results) -> Section:
            "and down_proj). `LLMEngine(..., tensor_parallel_size=N)` under `torchrun "
            "--nproc-per-node N`; `pagebench bench` under torchrun splits its points over the "
            "GPUs.")
-    s.table(claims_table(verdicts(results, "parallel"), "Verdicts"))
+    s.table(claims_table(verdicts(results, s.id), "Verdicts"))
     s.show(results, MEASURED, empty=f"two-GPU measurements ({SOURCE})")
     return s.show(results, (PLANNER,))

@@ -74,7 +74,7 @@ def register_claims(sub) -> None:
     add_data_options(p)
     p.add_argument("--simulate", action="store_true",
                    help="also run the simulators `pagebench report --quick` runs (memory, "
-                   "capacity, real traces; about 20 s on 2 CPU cores)")
+                   "capacity, real traces; about 15 s on 2 CPU cores)")
     p.add_argument("--csv", default=None, metavar="FILE",
                    help="also write the verdicts (dataset claims: one row per claim) to FILE")
     p.set_defaults(func=run_claims)
@@ -85,7 +85,7 @@ def run_claims(args) -> int:
     check_output_file("--csv", args.csv)
     from pagebench.analysis import analyse
     from pagebench.results.collect import collect
-    from pagebench.results.derived import tally
+    from pagebench.results.derived import VERDICTS, tally
 
     steps = ()
     if args.simulate:
@@ -96,9 +96,9 @@ def run_claims(args) -> int:
                       progress=False)
     analyse(results)
     verdicts = results.get("claims")
-    width = max(map(len, verdicts["key"]))
+    key_width, verdict_width = max(map(len, verdicts["key"])), max(map(len, VERDICTS))
     for v in verdicts.itertuples(index=False):
-        print(f"{v.key:<{width}}  {v.verdict:<17}  {v.headline}")
+        print(f"{v.key:<{key_width}}  {v.verdict:<{verdict_width}}  {v.headline}")
     print(tally(verdicts["verdict"]))
     for w in results.warnings:
         print(f"pagebench claims: warning: {w}", file=sys.stderr)

@@ -11,7 +11,7 @@ from pagebench.analysis import analyse, claims, pipeline
 from pagebench.cli import main
 from pagebench.report import build
 from pagebench.results import Results
-from pagebench.results.datasets import DERIVED, VERDICT
+from pagebench.results.datasets import DATASETS, DERIVED, VERDICT
 from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 
 
@@ -31,6 +31,7 @@ def test_analyse_adds_every_derived_table_the_recommendation_and_the_verdicts():
     assert rec.kernel_measured and rec.block_size == table.loc[table["score"].idxmax(),
                                                                "block_size"]
     assert results.frames.keys().isdisjoint(results.derived)  # datasets stay as read
+    assert DATASETS.keys().isdisjoint(DERIVED)  # Results.get finds each under one name
 
 
 def test_adding_data_clears_what_was_derived_from_the_old_data():

@@ -5,8 +5,8 @@ Each step calls the subsystem that measures (sim, engine, kernels) and adds its 
 :class:`~pagebench.results.Results` under a dataset name. Simulators run in seconds; the CPU
 kernel and engine sweeps take a minute or two and are skipped by ``pagebench report --quick``.
 :func:`plan` lists the steps; :func:`pagebench.results.collect.collect` runs each through
-``guarded``, so an error becomes a warning naming the step; :func:`pagebench.report.write_report`
-renders what was gathered.
+``guarded``, so an error becomes a warning naming the step; :func:`pagebench.analysis.analyse`
+derives the tables and verdicts, and :func:`pagebench.report.write_report` renders them.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from pagebench import defaults
+from pagebench.analysis import analyse
 from pagebench.engine.tail_waste import tail_waste_rows
 from pagebench.report import write_report
 from pagebench.results import Results
@@ -180,5 +181,6 @@ def build_report(out="reports/index.html", *, device: str | None = None, quick: 
                "simulators, CPU kernel sweep, engine comparisons",
                "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}
     options |= {f"time: {k}": f"{v:.1f} s" for k, v in results.timings_s.items()}
+    analyse(results)
     path = write_report(results, out, env=environment(device), options=options)
     return path, results

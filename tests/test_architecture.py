@@ -11,8 +11,10 @@
    `tests/**/test_X.py` or `property_tests/test_X.py` may use private names of any module whose
    file is `X.py` or that lies in a package directory `X/` (the module or package it tests).
    Dunder names are not private.
-3. The report imports no subsystem that measures (sim, engine, kernels, timing): it renders a
-   `Results`; `results` imports only `errors` (imports inside functions included).
+3. The report imports no subsystem that measures (sim, engine, kernels, timing) and not the
+   analysis: it renders an analysed `Results`; the analysis computes from a `Results` and
+   imports neither the report nor a subsystem that measures; `results` imports only `errors`
+   (imports inside functions included).
 4. The engine's step path (`engine/engine.py`, `scheduler.py`, `model_runner.py`,
    `decode_graphs.py`, `parallel.py`) does no block-boundary arithmetic: no `//` or `%` by a
    block size and no `ceil_div` call; blocks for n tokens and a token's cache slot come from
@@ -221,14 +223,16 @@ def test_checker_sees_relative_and_attribute_imports(tmp_path, monkeypatch):
                                  "tests/test_d.py:2: pagebench.sub.b._hidden"]
 
 
-# what each layer may import, imports inside functions included: the report renders a Results
-# (measuring is pagebench.suite's, through sim, engine and kernels); results gathers and checks
-# data and imports no subsystem (steps that measure are passed in)
+# what each layer may import, imports inside functions included: the analysis computes derived
+# tables and verdicts from a Results, the report renders them (measuring is pagebench.suite's,
+# through sim, engine and kernels); results gathers and checks data and imports no subsystem
+# (steps that measure are passed in)
 LAYERS = {"pagebench.report": {"pagebench.results", "pagebench.atomic", "pagebench.config"},
+          "pagebench.analysis": {"pagebench.results", "pagebench.config", "pagebench.errors"},
           "pagebench.results": {"pagebench.errors"}}
 
 
-def test_the_report_renders_and_results_gather_without_measuring():
+def test_analysis_computes_the_report_renders_and_results_gather_without_measuring():
     graph = package_graph(import_graph(top_level_only=False))
     assert {layer: graph[layer] - allowed for layer, allowed in LAYERS.items()} == \
         {layer: set() for layer in LAYERS}

@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 from synthetic_report import synthetic_results
 
+from pagebench.analysis import analyse
 from pagebench.report import build
 from pagebench.results import devices
 
@@ -38,14 +39,14 @@ def report(tmp_path_factory):
         "device_name": "x86_64", "cpu_count": 2}), "reports/data/cpu/engine_cow.csv")
     results.warn("synthetic data: this page is the browser test's fixture")
     out = tmp_path_factory.mktemp("site") / "index.html"
+    analyse(results)
     build.write_report(results, out, env={"device": "cpu", "device_name": "test"}, options={})
-    page, claims, _ = build.build_sections(results, {"device": "cpu"}, {})
+    page = build.build_sections(results, {"device": "cpu"}, {})
+    frames = build.derived_frames(results)
     columns = set()
-    for frame in build.derived_frames(results, None, claims).values():
+    for frame in [*frames.values(), *results.frames.values()]:
         columns.update(map(str, frame.columns))
-    for frame in results.frames.values():
-        columns.update(map(str, frame.columns))
-    return out, sum(len(s.plots) for s in page), len(claims), columns
+    return out, sum(len(s.plots) for s in page), len(frames["claims"]), columns
 
 
 def test_report_opens_offline_without_errors(report):

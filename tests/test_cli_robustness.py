@@ -18,6 +18,7 @@ from synthetic_report import synthetic_results
 
 from pagebench import benchcompare
 from pagebench.cli import main, options
+from pagebench.analysis import analyse
 from pagebench.report import build
 from pagebench.results import DataError, Results, read_table
 from pagebench.sim.static import static_fragmentation
@@ -262,9 +263,14 @@ def test_a_truncated_csv_is_named_and_skipped(tmp_path):
     assert list(read_table(tmp_path / "ok.csv").time_us) == [17.52, 20.1]
 
 
+def analysed(results: Results) -> Results:
+    analyse(results)
+    return results
+
+
 def test_the_data_directory_is_replaced_whole(tmp_path, monkeypatch):
     out = tmp_path / "index.html"
-    build.write_report(synthetic_results(), out, env={"device": "cpu"}, options={})
+    build.write_report(analysed(synthetic_results()), out, env={"device": "cpu"}, options={})
     data = tmp_path / "index_data"
     before = {p.name: p.read_text() for p in data.iterdir()}
 
@@ -274,12 +280,12 @@ def test_the_data_directory_is_replaced_whole(tmp_path, monkeypatch):
 
     monkeypatch.setattr(build.render, "write_datasets", write_half)
     with pytest.raises(KeyboardInterrupt):
-        build.write_report(Results(), out, env={"device": "cpu"}, options={})
+        build.write_report(analysed(Results()), out, env={"device": "cpu"}, options={})
     assert {p.name: p.read_text() for p in data.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["index.html", "index_data"]
 
 
 def test_report_out_with_a_trailing_slash_is_a_directory(tmp_path):
-    out = build.write_report(Results(), f"{tmp_path}/site/", env={"device": "cpu"},
+    out = build.write_report(analysed(Results()), f"{tmp_path}/site/", env={"device": "cpu"},
                              options={})
     assert out == tmp_path / "site" / "index.html" and out.is_file()

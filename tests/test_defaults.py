@@ -30,7 +30,7 @@ def test_cpu_recommendation_ranges_over_every_swept_block_size():
     """The report's CPU kernel sweep and its static simulation both cover BLOCK_SIZES, so the
     recommendation made from them weighs every one (not an intersection of two lists)."""
     from pagebench.kernels.sweep import run_sweep
-    from pagebench.report import derive
+    from pagebench.analysis import derive
     from pagebench.results import Results
     from pagebench.suite import here, static_memory
 
@@ -40,6 +40,7 @@ def test_cpu_recommendation_ranges_over_every_swept_block_size():
                         repeat=1)
     kernels["machine"] = here("cpu")
     assert sorted(kernels.block_size.dropna().astype(int)) == sorted(defaults.BLOCK_SIZES)
-    rec = derive.recommend(results.get("memory_static"), derive.kernel_cost_per_block(kernels))
-    assert rec["kernel_measured"]
-    assert list(rec["table"]["block_size"]) == sorted(defaults.BLOCK_SIZES)
+    rec, table = derive.recommend(results.get("memory_static"),
+                                  derive.kernel_cost_per_block(kernels))
+    assert rec.kernel_measured
+    assert list(table["block_size"]) == sorted(defaults.BLOCK_SIZES)

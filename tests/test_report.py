@@ -13,11 +13,12 @@ from synthetic_report import synthetic_results
 
 from pagebench.cli import main
 from pagebench import suite
-from pagebench.report import build, claims, derive, render, sections
-from pagebench.report.claims import FAILS, HOLDS, UNMEASURED
+from pagebench.analysis import analyse, claims, derive
+from pagebench.report import build, render, sections
 from pagebench.results import DataError, Results, classify, load_data_dir, read_table
 from pagebench.results.collect import guarded
 from pagebench.results.datasets import KERNELS
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 from pagebench.results.history import load_benchmark_json
 
 
@@ -25,7 +26,13 @@ def by_key(results: Results) -> dict:
     return {c.key: c for c in claims.evaluate(results)}
 
 
+def analysed(results: Results) -> Results:
+    analyse(results)
+    return results
+
+
 def write_page(results: Results, tmp_path: Path) -> str:
+    analyse(results)
     out = build.write_report(results, tmp_path / "index.html", env={"device": "cpu"},
                              options={})
     return out.read_text(encoding="utf-8")
@@ -151,8 +158,8 @@ def test_contradicted_claims_say_so_plainly():
     assert c["batch1_slower"].verdict == FAILS
     assert "as fast or faster" in c["batch1_slower"].measured
     assert c["cow_n4"].verdict == FAILS and "4.50×" in c["cow_n4"].measured
-    page = sections.claims_section(list(c.values()))
-    table = page.items[-1].table
+    analyse(results)
+    table = sections.claims_section(results).items[-1].table
     verdicts = [row[3] for row in table.rows]
     assert FAILS in verdicts
 
@@ -207,15 +214,16 @@ def test_a_kernel_table_that_fails_is_empty_and_named_in_a_warning(monkeypatch):
 
 
 def test_recommendation_follows_the_measured_curves():
-    rec = derive.recommend(synthetic_results().get("memory_static"),
-                           derive.kernel_cost_per_block(synthetic_results().get("kernels")))
-    assert rec["kernel_measured"] and rec["block_size"] in (8, 16, 32)
+    rec, table = derive.recommend(synthetic_results().get("memory_static"),
+                                  derive.kernel_cost_per_block(synthetic_results().get("kernels")))
+    assert rec.kernel_measured and rec.block_size in (8, 16, 32)
+    assert table.loc[table["score"].idxmax(), "block_size"] == rec.block_size
     # if small blocks cost nothing in the kernel, memory wins: block 1
     flat = synthetic_results(paged_ratio={1: 1.0, 16: 1.0, 128: 1.0})
     assert derive.recommend(flat.get("memory_static"),
-                            derive.kernel_cost_per_block(flat.get("kernels")))["block_size"] == 1
+                            derive.kernel_cost_per_block(flat.get("kernels")))[0].block_size == 1
     # without kernel data the recommendation says it is memory-only
-    assert not derive.recommend(flat.get("memory_static"), None)["kernel_measured"]
+    assert not derive.recommend(flat.get("memory_static"), None)[0].kernel_measured
 
 
 # ---- sections, page, escaping, atomic write ------------------------------------------------
@@ -231,7 +239,8 @@ def test_every_section_renders_no_data_on_empty_results(tmp_path):
 
 def test_full_synthetic_page_has_every_plot_and_links_its_data(tmp_path):
     results = synthetic_results()
-    page, _, _ = build.build_sections(results, {"device": "cpu"}, {})
+    analyse(results)
+    page = build.build_sections(results, {"device": "cpu"}, {})
     expected_plots = sum(len(s.plots) for s in page)
     html = write_page(results, tmp_path)
     assert expected_plots >= 10
@@ -432,16 +441,16 @@ SECTIONS = {  # section -> (builder, plots expected on the synthetic results)
 @pytest.mark.parametrize("name", sorted(SECTIONS))
 def test_each_section_on_synthetic_and_on_no_data(name):
     builder, num_plots = SECTIONS[name]
-    full = builder(synthetic_results())
+    full = builder(analysed(synthetic_results()))
     assert len(full.plots) >= num_plots
     assert any(i.kind == "table" for i in full.items)
     assert not [i.text for i in full.items if i.kind == "nodata"]
-    empty = builder(Results())
+    empty = builder(analysed(Results()))
     assert empty.plots == [] and any(i.kind == "nodata" for i in empty.items)
 
 
 def test_out_may_name_a_directory(tmp_path):
-    out = build.write_report(Results(), tmp_path, env={}, options={})
+    out = build.write_report(analysed(Results()), tmp_path, env={}, options={})
     assert out == tmp_path / "index.html" and out.is_file()
 
 
@@ -472,8 +481,8 @@ def test_prefill_data_is_read_summarised_and_shown(tmp_path):
     assert r["triton TFLOP/s (best)"] == pytest.approx(1.5)
     results = Results()
     results.add("kernels_prefill", pd.DataFrame(rows).assign(machine="gpu"), "test")
-    section = sections.Section("kernels", "Kernels").show(results, sections.PREFILL)
+    section = sections.Section("kernels", "Kernels").show(analysed(results), sections.PREFILL)
     tables = [i.table for i in section.items if i.kind == "table"]
     assert tables and tables[0].data == "kernels_prefill_summary"
-    empty = sections.Section("kernels", "Kernels").show(Results(), sections.PREFILL)
+    empty = sections.Section("kernels", "Kernels").show(analysed(Results()), sections.PREFILL)
     assert [i.kind for i in empty.items] == ["nodata"]

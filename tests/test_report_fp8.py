@@ -5,9 +5,12 @@ from pathlib import Path
 import pandas as pd
 
 from pagebench import suite
+from pagebench.analysis import analyse
+from pagebench.analysis import fp8 as fp8_claims
+from pagebench.analysis.claims import ARITHMETIC, evaluate
 from pagebench.report import fp8
-from pagebench.report.claims import ARITHMETIC, FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results, classify
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 from pagebench.sim.capacity import fp8_rows
 
 ENV = {"device": "cuda", "device_name": "NVIDIA H200"}
@@ -43,11 +46,12 @@ def results_with(**frames) -> Results:
     r = Results()
     for name, frame in frames.items():
         r.add(name, frame, "test")
+    analyse(r)
     return r
 
 
 def verdict(key: str, results: Results):
-    return {v.key: v for v in evaluate(results, fp8.CLAIMS)}[key]
+    return {v.key: v for v in evaluate(results, fp8_claims.CLAIMS)}[key]
 
 
 def test_fp8_time_claim_both_ways():
@@ -82,13 +86,14 @@ def test_capacity_claim_from_the_planner_and_the_engine_pool():
 def test_the_suite_adds_the_planner_rows_the_section_judges_and_shows():
     results = Results()
     suite.capacity(results)
+    analyse(results)
     assert verdict("fp8_capacity", results).verdict == HOLDS
     tables = [i.table for i in fp8.section(results).items if i.table is not None]
     assert [t.data for t in tables if t.caption.startswith("Capacity planner")] == ["capacity_fp8"]
 
 
 def test_section_renders_with_and_without_data():
-    empty = fp8.section(Results())
+    empty = fp8.section(results_with())
     assert any(i.kind == "nodata" for i in empty.items)
     full = fp8.section(results_with(kernels_fp8=decode_frame(0.5),
                                     kernels_layout=layout_frame(1.0, 1.0)))

@@ -3,9 +3,12 @@
 import pandas as pd
 import pytest
 
+from pagebench.analysis import analyse
+from pagebench.analysis import parallel as parallel_claims
+from pagebench.analysis.claims import evaluate
 from pagebench.report import parallel
-from pagebench.report.claims import FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results, load_data_dir
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 from pagebench.sim.capacity import tensor_parallel_rows
 
 GPU = dict(device="cuda:0", device_name="NVIDIA H200")
@@ -36,6 +39,7 @@ def loaded(root) -> Results:
     results = Results()
     load_data_dir(results, root)
     results.add("capacity_tp", pd.DataFrame(tensor_parallel_rows()), "planner")
+    analyse(results)
     return results
 
 
@@ -43,7 +47,7 @@ def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
     write_h200x2(tmp_path)
     results = loaded(tmp_path)
     assert results.get("kernels") is None  # the split sweep's rows are not decode data here
-    capacity, attention = evaluate(results, parallel.CLAIMS)
+    capacity, attention = evaluate(results, parallel_claims.CLAIMS)
     assert capacity.verdict == HOLDS and "8,192 → 16,384" in capacity.measured
     assert capacity.device == "H200"  # the device label (pagebench.results.devices)
     assert attention.verdict == HOLDS and "batch 256: 0.50×" in attention.measured
@@ -56,7 +60,7 @@ def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
 
 def test_attention_that_does_not_halve_fails(tmp_path):
     write_h200x2(tmp_path, attention_ratio=0.9)
-    assert evaluate(loaded(tmp_path), parallel.CLAIMS)[1].verdict == FAILS
+    assert evaluate(loaded(tmp_path), parallel_claims.CLAIMS)[1].verdict == FAILS
 
 
 def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
@@ -67,7 +71,9 @@ def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
     verdicts = next(i.table for i in s.items if i.kind == "table")
     assert [r[3] for r in verdicts.rows] == [UNMEASURED, UNMEASURED]
     assert any(i.table.data == "capacity_tp" for i in s.items if i.kind == "table")
-    assert [i.text for i in parallel.section(Results()).items if i.kind == "nodata"][-1] == \
+    nothing = Results()
+    analyse(nothing)
+    assert [i.text for i in parallel.section(nothing).items if i.kind == "nodata"][-1] == \
         f"No data: {parallel.PLANNER.missing}"
     planner = pd.DataFrame(tensor_parallel_rows())
     eight = planner[(planner["model"] == "llama-3-8b")]
@@ -85,6 +91,6 @@ def test_allreduce_set_against_the_graph_decode_step(tmp_path):
     pd.DataFrame([GPU | dict(batch=16, step_ms=20.0, allreduce_calls_per_step=64,
                              isolated_allreduce_us=25.0)]).to_csv(d / "tp_allreduce.csv",
                                                                   index=False)
-    frame = parallel.allreduce_frame(loaded(tmp_path))
+    frame = loaded(tmp_path).get("tp_allreduce_step")
     assert frame["graph_decode_step_ms"].iloc[0] == pytest.approx(10.0)  # 16 / 1600 tokens/s
     assert frame["isolated_share_of_graph_step"].iloc[0] == pytest.approx(0.16)  # 64 x 25 us

@@ -7,8 +7,10 @@ import re
 
 import pandas as pd
 
-from pagebench.report import claims, plots, sections
-from pagebench.report.claims import UNMEASURED
+from pagebench.analysis import analyse, claims
+from pagebench.report import plots, sections
+from pagebench.results import Results
+from pagebench.results.derived import UNMEASURED
 
 from synthetic_report import DEVICE, synthetic_results
 
@@ -23,32 +25,35 @@ def test_claim_headlines_name_every_judged_device_and_keep_the_details():
     evaluated = {c.key: c for c in claims.evaluate(results)}
     cow = evaluated["cow_n4"]
     assert cow.device == f"CPU (2-core x86_64), {DEVICE}"
-    assert cow.summary == (f"CPU (2-core x86_64): n=4 takes 1.30× the blocks of n=1; "
+    assert cow.headline == (f"CPU (2-core x86_64): n=4 takes 1.30× the blocks of n=1; "
                            f"{DEVICE}: n=4 takes 1.30× the blocks of n=1")
     assert "peak blocks n=4 / n=1 = 1.30× (130 vs 100)" in cow.measured  # the details
     for c in evaluated.values():
         if c.verdict == UNMEASURED or c.device.startswith("any machine ("):
             continue
-        assert all(label in c.summary for label in c.device.split(", ")), c
-    frame = claims.claims_frame(list(evaluated.values()))
-    assert {"headline", "measured", "device", "verdict"} <= set(frame.columns)
+        assert all(label in c.headline for label in c.device.split(", ")), c
+    frame = claims.verdict_frame(list(evaluated.values()), "claims")
+    assert {"headline", "measured", "device", "verdict", "section"} <= set(frame.columns)
 
 
 def test_claims_table_shows_the_headline_and_details_one_click_away():
     c = claims.Verdict("k", "a claim", "criterion", "holds", "X: 1.0×; more detail", "X",
-                     headline="X: 1.0×")
+                       headline="X: 1.0×")
     short = claims.Verdict("s", "short", "criterion", "holds", "2.0×", "any machine (simulation)")
-    table = sections.claims_section([c, short]).items[-1].table
+    results = Results()
+    results.add_derived("claims", claims.verdict_frame([c, short], "claims"))
+    table = sections.claims_section(results).items[-1].table
     measured = table.columns.index("measured")
     assert [r[measured] for r in table.rows] == ["X: 1.0×", "2.0×"]
     assert [d[measured] for d in table.details] == ["X: 1.0×; more detail", ""]
 
 
 def test_plots_record_axis_labels_in_words():
-    results = synthetic_results()
+    analysed = synthetic_results()
+    analyse(analysed)
     for builder in (sections.memory, sections.capacity, sections.kernels, sections.engine,
                     sections.benchmarks):
-        for plot in builder(results).plots:
+        for plot in builder(analysed).plots:
             drawn = [a for a in plot.axes if a["y"] is not None]
             assert drawn, plot.title
             for a in drawn:

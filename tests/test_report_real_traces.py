@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pagebench.analysis import real_traces as trace_claims
+from pagebench.analysis.claims import evaluate
 from pagebench.report import real_traces
-from pagebench.report.claims import FAILS, HOLDS, UNMEASURED, evaluate
 from pagebench.results import Results
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 from pagebench.sim.real_traces import STUDY_TRACES, study_traces
 
 
@@ -24,7 +26,7 @@ def test_quick_sweep_section_and_claims():
     assert (prefix["prefix_cache_hit_rate"] <= unlimited + 1e-12).all() and unlimited > 0.05
     section = real_traces.section(results)
     assert len(section.plots) == 5  # utilisation bars, 3 memory timelines, hit rate
-    rows = evaluate(results, real_traces.CLAIMS)
+    rows = evaluate(results, trace_claims.CLAIMS)
     assert [c.key for c in rows] == ["real_traces_static", "real_traces_dynamic"]
     assert all(c.verdict in (HOLDS, FAILS) and "mooncake-conv" in c.measured for c in rows)
 
@@ -33,4 +35,4 @@ def test_section_and_claims_without_data():
     results = Results()
     section = real_traces.section(results)
     assert [i.kind for i in section.items] == ["nodata"]
-    assert all(c.verdict == UNMEASURED for c in evaluate(results, real_traces.CLAIMS))
+    assert all(c.verdict == UNMEASURED for c in evaluate(results, trace_claims.CLAIMS))

@@ -1,14 +1,30 @@
-"""`pagebench report`: one self-contained HTML page with a verdict on every article claim."""
+"""`pagebench report`: one self-contained HTML page with a verdict on every article claim;
+`pagebench claims`: the verdicts alone, judged from committed data without measuring."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-from pagebench.cli.options import check_input_dir, check_output_file
+from pagebench.cli.options import check_input_dir, check_output_file, write_results
+
+
+def add_data_options(p) -> None:
+    """``--results`` and ``--data-dir``: where committed and extra results are read from."""
+    p.add_argument("--results", action="append", default=[], metavar="DIR",
+                   help="extra directory of results (CSV/JSON, asv, pytest-benchmark); repeatable")
+    p.add_argument("--data-dir", default=None, metavar="DIR",
+                   help="committed data directory (default: reports/data in the repository)")
+
+
+def check_data_options(args) -> None:
+    for path in args.results:
+        check_input_dir("--results", path)
+    check_input_dir("--data-dir", args.data_dir)
 
 
 def register(sub) -> None:
+    register_claims(sub)
     p = sub.add_parser(
         "report", help="build the HTML report (sweeps here + committed GPU data)",
         description="Run the quick sweeps this machine affords, read committed data under "
@@ -18,10 +34,7 @@ def register(sub) -> None:
                    help="run only the simulators (seconds); skip the CPU kernel and engine sweeps")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="device for the sweeps run here (default: cuda if available, else cpu)")
-    p.add_argument("--results", action="append", default=[], metavar="DIR",
-                   help="extra directory of results (CSV/JSON, asv, pytest-benchmark); repeatable")
-    p.add_argument("--data-dir", default=None, metavar="DIR",
-                   help="committed data directory (default: reports/data in the repository)")
+    add_data_options(p)
     p.add_argument("--out", default="reports/index.html",
                    help="output page, or a directory for its index.html (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
@@ -36,9 +49,7 @@ def page_path(out: str) -> str:
 
 
 def run_report(args) -> int:
-    for path in args.results:
-        check_input_dir("--results", path)
-    check_input_dir("--data-dir", args.data_dir)
+    check_data_options(args)
     out = page_path(args.out)
     check_output_file("--out", out)
     from pagebench.suite import build_report
@@ -49,4 +60,47 @@ def run_report(args) -> int:
     for w in results.warnings:
         print(f"pagebench report: warning: {w}", file=sys.stderr)
     print(f"wrote {path} ({len(results.frames)} datasets, {len(results.warnings)} warnings)")
+    return 0
+
+
+def register_claims(sub) -> None:
+    p = sub.add_parser(
+        "claims", help="judge every claim from committed data (no measuring; seconds)",
+        description="Read committed data under reports/data/ and any --results directories "
+        "(as `pagebench report` does, without running a sweep or a simulator), judge every "
+        "claim, and print one line per claim (id, verdict, measured headline) and the tally. "
+        "Claims whose data only a simulator run makes are 'not measured here' unless "
+        "--simulate runs them.")
+    add_data_options(p)
+    p.add_argument("--simulate", action="store_true",
+                   help="also run the simulators `pagebench report --quick` runs (memory, "
+                   "capacity, real traces; about 15 s on 2 CPU cores)")
+    p.add_argument("--csv", default=None, metavar="FILE",
+                   help="also write the verdicts (dataset claims: one row per claim) to FILE")
+    p.set_defaults(func=run_claims)
+
+
+def run_claims(args) -> int:
+    check_data_options(args)
+    check_output_file("--csv", args.csv)
+    from pagebench.analysis import analyse
+    from pagebench.results.collect import collect
+    from pagebench.results.derived import VERDICTS, tally
+
+    steps = ()
+    if args.simulate:
+        from pagebench.suite import plan
+
+        steps = plan(run_sweeps=False)
+    results = collect(quick=True, steps=steps, data_dir=args.data_dir, results_dirs=args.results,
+                      progress=False)
+    analyse(results)
+    verdicts = results.get("claims")
+    key_width, verdict_width = max(map(len, verdicts["key"])), max(map(len, VERDICTS))
+    for v in verdicts.itertuples(index=False):
+        print(f"{v.key:<{key_width}}  {v.verdict:<{verdict_width}}  {v.headline}")
+    print(tally(verdicts["verdict"]))
+    for w in results.warnings:
+        print(f"pagebench claims: warning: {w}", file=sys.stderr)
+    write_results(args.csv, verdicts.to_dict("records"))
     return 0

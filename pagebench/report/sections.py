@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from pagebench.report import derive, plots
-from pagebench.report.claims import FAILS, HOLDS, Verdict, tally
+from pagebench.report import plots
 from pagebench.results import Results
 from pagebench.results import devices
+from pagebench.results.derived import ARTICLE, FAILS, HOLDS, tally
 
 
 @dataclass(slots=True)
@@ -44,9 +44,9 @@ class View:
     """One dataset as a section shows it: text, plots, then a table linked to its CSV; without
     data, a "No data: ``missing``" note (nothing when ``missing`` is empty).
 
-    ``frame`` reads what is shown (default: the dataset or kernel table ``data``,
-    :func:`pagebench.report.derive.table`; a table derived from another dataset is saved, and
-    linked, under the name ``data``). ``text`` and ``plot`` may be
+    ``frame`` reads what is shown (default: the dataset, or the table
+    :func:`pagebench.analysis.analyse` derived, named ``data``; the table is linked to the CSV
+    of ``data``). ``text`` and ``plot`` may be
     functions of that frame; ``table`` gives what the table shows of it (default: all of it).
     Without data, a ``needed`` view ends the views after it: they are derived from it.
     """
@@ -62,14 +62,19 @@ class View:
     needed: bool = False
 
 
-def derived(name: str, fn: Callable) -> Callable[[Results], pd.DataFrame | None]:
+def reshaped(name: str, fn: Callable) -> Callable[[Results], pd.DataFrame | None]:
     """A view's ``frame``: ``fn`` of the dataset ``name`` (None where there is none)."""
     return lambda results: fn(results.get(name))
 
 
+def derived(name: str) -> Callable[[Results], pd.DataFrame | None]:
+    """A view's ``frame``: the table :func:`pagebench.analysis.analyse` derived as ``name``."""
+    return lambda results: results.get(name)
+
+
 def view_frame(results: Results, view: View) -> pd.DataFrame | None:
     """What ``view`` shows of ``results``."""
-    return view.frame(results) if view.frame else derive.table(results, view.data)
+    return view.frame(results) if view.frame else results.get(view.data)
 
 
 def has_rows(frame: pd.DataFrame | None) -> bool:
@@ -371,8 +376,7 @@ PREFILL = (  # paged prefill (whole prompts, chunks after a cached prefix) again
          "SDPA on a contiguous cache (FlashAttention where the GPU has it): the bar a paged "
          "prefill kernel is measured against; torch-paged gathers each sequence first.",
          missing="prefill timings (pagebench bench --prefill --out ..., or commit "
-         "reports/data/<gpu>/kernels_prefill.csv)",
-         frame=derived("kernels_prefill", derive.prefill_summary)),
+         "reports/data/<gpu>/kernels_prefill.csv)"),
 )
 KERNELS = (
     View("kernels_equivalence", "Paged kernels versus the float64 reference",
@@ -381,7 +385,7 @@ KERNELS = (
          table=equivalence_table),
     View("kernels", text=devices_text, missing="kernel sweep (run without --quick on this "
          "machine, or commit reports/data/<gpu>/kernels.csv)",
-         frame=derived("kernels", derive.kernel_rows), needed=True),
+         frame=derived("kernels_timed"), needed=True),
     View("kernels_batch1_ratio", "Batch-1 paged/contiguous ratio", text="Batch 1: fastest "
          "paged backend / fastest contiguous backend, per block size and context. Above 1 "
          "means paging costs time.", plot=lambda ratio: plots.lines(
@@ -496,7 +500,7 @@ ENGINE = (
     View("engine_batch", "Engine throughput versus batch", text="Error bars: min and max over "
          "repeats, where the data has them. On a GPU the engine replays decode steps from CUDA "
          "graphs of compiled layers; 'eager' rows run every step from Python.",
-         plot=batch_plots, frame=derived("engine_batch", batch_series),
+         plot=batch_plots, frame=reshaped("engine_batch", batch_series),
          missing="engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)"),
     View("engine_compare", "Engine versus transformers", text="The engine against "
          "transformers' own generation on the same model and requests: continuous batching "
@@ -550,20 +554,21 @@ BENCHMARKS = (
 benchmarks = shown("benchmarks", "Benchmark histories (asv, pytest-benchmark)", BENCHMARKS)
 
 
-def recommendation(rec: dict | None) -> Section:
-    """The recommended block size (:func:`pagebench.report.derive.recommend`) and why."""
+def recommendation(results: Results) -> Section:
+    """The recommended block size (:func:`pagebench.analysis.derive.recommend`) and why."""
     s = Section("recommendation", "Recommendation")
+    rec, table = results.recommendation, results.get("recommendation")
     if rec is None:
         s.nodata("needs the static memory curve (and kernel data for the speed side)")
         return s
-    if rec["kernel_measured"]:
-        s.text(f"Block size {rec['block_size']}: it holds {rec['utilisation']:.1%} of KV slots "
-               f"as tokens and its paged kernel runs at {rec['relative_kernel_time']:.2f}× the "
-               f"best block size's time on {rec['kernel_device']}, the best product of "
+    if rec.kernel_measured:
+        s.text(f"Block size {rec.block_size}: it holds {rec.utilisation:.1%} of KV slots "
+               f"as tokens and its paged kernel runs at {rec.relative_kernel_time:.2f}× the "
+               f"best block size's time on {rec.kernel_device}, the best product of "
                "capacity (utilisation) and speed (1 / kernel time) among the block sizes "
                "measured. Within 2% of it: block sizes "
-               + ", ".join(map(str, rec["within_2pct"])) + ".")
-        curve = rec["table"].assign(**{"utilisation %": rec["table"]["utilisation"] * 100})
+               + ", ".join(map(str, rec.within_2pct)) + ".")
+        curve = table.assign(**{"utilisation %": table["utilisation"] * 100})
         s.plot(plots.twin_lines(curve, "block_size", "utilisation %",
                                 "relative_kernel_time", "What a block size buys (utilisation) "
                                 "and costs (paged kernel time, 1.0 = best block size)",
@@ -573,10 +578,10 @@ def recommendation(rec: dict | None) -> Section:
                                 right_label="paged kernel time / best block size's (×)",
                                 logx=True))
     else:
-        s.text(f"Memory alone favours block size {rec['block_size']} "
-               f"({rec['utilisation']:.1%}), but no kernel data was measured, so the cost of "
+        s.text(f"Memory alone favours block size {rec.block_size} "
+               f"({rec.utilisation:.1%}), but no kernel data was measured, so the cost of "
                "small blocks in the attention kernel is unknown here: treat this as incomplete.")
-    s.table(make_table(rec["table"], "Score = utilisation / relative kernel time",
+    s.table(make_table(table, "Score = utilisation / relative kernel time",
                        data="recommendation"))
     return s
 
@@ -586,24 +591,31 @@ def recommendation(rec: dict | None) -> Section:
 VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
 
 
-def claims_section(claims: list[Verdict]) -> Section:
+def verdicts(results: Results, section: str) -> pd.DataFrame:
+    """The verdicts (dataset ``claims``) the verdict table of ``section`` shows."""
+    claims = results.get("claims")
+    return claims[claims["section"] == section]
+
+
+def claims_section(results: Results) -> Section:
     s = Section("claims", "Claims of the article, measured")
-    s.text(f"{tally(claims)}. Each verdict is computed from the data linked in its row, with "
-           "the criterion shown; a claim the data contradicts is marked 'does not hold' with "
-           "the numbers that contradict it. Kernel claims are judged on GPU data when a GPU "
-           "measured them.")
+    claims = verdicts(results, ARTICLE)
+    s.text(f"{tally(claims['verdict'])}. Each verdict is computed from the data linked in its "
+           "row, with the criterion shown; a claim the data contradicts is marked 'does not "
+           "hold' with the numbers that contradict it. Kernel claims are judged on GPU data when "
+           "a GPU measured them.")
     s.table(claims_table(claims, "Claims", "claims"))
     return s
 
 
-def claims_table(claims: list[Verdict], caption: str, data: str | None = None) -> Table:
-    """Claims as a table: each verdict coloured, the measured headline in the cell with every
-    detail one click away (the claims section and the sections with verdicts of their own)."""
+def claims_table(claims: pd.DataFrame, caption: str, data: str | None = None) -> Table:
+    """Verdicts as a table: each coloured, the measured headline in the cell with every detail
+    one click away (the claims section and the sections with verdicts of their own)."""
     rows, classes, details = [], [], []
-    for c in claims:
-        rows.append([c.claim, c.summary, c.device, c.verdict, c.criterion, " ".join(c.data)])
+    for c in claims.itertuples(index=False):
+        rows.append([c.claim, c.headline, c.device, c.verdict, c.criterion, c.data])
         classes.append(["", "measured", "device", "verdict " + VERDICT_CLASS.get(
             c.verdict, "unmeasured"), "criterion", "links"])
-        details.append(["", c.measured if c.summary != c.measured else "", "", "", "", ""])
+        details.append(["", c.measured if c.headline != c.measured else "", "", "", "", ""])
     return Table(caption, ["claim", "measured", "device", "verdict", "criterion", "data"],
                  rows, data, classes, details)

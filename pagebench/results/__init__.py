@@ -1,6 +1,7 @@
 """Results: one schema per dataset (:mod:`.datasets`), written by whoever measures it and read
-back, checked, by the report (:mod:`.read`, :mod:`.history`); :mod:`.devices` names the device
-of every row.
+back, checked (:mod:`.read`, :mod:`.history`); :mod:`.devices` names the device of every row.
+The tables and verdicts :mod:`pagebench.analysis` derives are kept beside the datasets
+(:data:`.datasets.DERIVED`, :mod:`.derived`) for the report to render.
 
 The readers (``Results``, ``load_data_dir``, ``read_table``) load pandas, so they are imported
 on first use: a writer that needs only a schema (the simulators) does not pay for pandas.

@@ -301,6 +301,73 @@ DATASETS: dict[str, Schema] = {s.name: s for s in (
     REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
     TP_ATTENTION, SWEEP_WALL, ASV, PYTEST_BENCHMARK)}
 
+# ---- derived by pagebench.analysis from the datasets above (never read from files) --------
+
+DEVICE_LABEL = C("device_label", "str", "device label (pagebench.results.devices)")
+SHAPE = C("shape", "str", "preset whose attention shape was used")
+BATCH, CONTEXT = C("batch", "int", "sequences"), C("context", "int", "cached tokens")
+POINT = (BATCH, CONTEXT, BLOCK_SIZE)
+TIMED_COLUMNS = (C("paged", "bool", "a paged layout"), DEVICE_LABEL,
+                 C("gpu", "bool", "measured on a GPU"), SHAPE)
+VERDICT = schema(
+    "claims", "one claim's verdict (pagebench.analysis.claims.judge)",
+    C("key", "str", "the claim's id"), C("claim", "str", "the claim in the article's words"),
+    C("headline", "str", "the measured number(s) at a glance; else all of measured"),
+    C("measured", "str", "every detail measured"),
+    C("device", "str", "the devices (or 'any machine (...)') the verdict was judged on"),
+    C("verdict", "str", "holds, does not hold, or not measured here"),
+    C("criterion", "str", "what was checked"),
+    C("data", "str", "the datasets measured, space-separated"),
+    C("section", "str", "the report section whose verdict table shows it: claims (the "
+      "article's), fp8, parallel"), environment=False)
+KERNELS_TIMED = schema("kernels_timed", "a timed kernel row of dataset kernels, labelled",
+                       *KERNELS.columns, *TIMED_COLUMNS, environment=False)
+KERNELS_BATCH1_RATIO = schema(
+    "kernels_batch1_ratio", "batch 1: fastest paged / fastest contiguous time at one point",
+    DEVICE_LABEL, SHAPE, CONTEXT, BLOCK_SIZE,
+    C("paged_backend", "str", "fastest paged variant"),
+    C("time_us_paged", "float", "its time"), C("contiguous_backend", "str", "fastest contiguous"),
+    C("time_us_contiguous", "float", "its time"), C("ratio", "float", "paged / contiguous"),
+    environment=False)
+KERNELS_THROUGHPUT = schema(
+    "kernels_throughput", "the fastest row of one series (backend, block) at one batch size",
+    *KERNELS.columns, *TIMED_COLUMNS, C("series", "str", "backend and block size"),
+    C("tokens_per_s", "float", "batch / step time"),
+    C("primary", "bool", "contiguous, or the primary paged backend"), environment=False)
+KERNELS_BANDWIDTH = schema(
+    "kernels_bandwidth", "achieved GB/s of the fastest row per backend and batch",
+    *KERNELS.columns, *TIMED_COLUMNS, environment=False)
+KERNELS_BLOCK_COST = schema(
+    "kernels_block_cost", "one block size's median paged time relative to the best block",
+    DEVICE_LABEL, BLOCK_SIZE,
+    C("relative_time", "float", "median of time / best block's time"),
+    C("gpu", "bool", "measured on a GPU"), environment=False)
+KERNELS_PREFILL_SUMMARY = schema(
+    "kernels_prefill_summary", "one prefill point: each variant's time and their ratios",
+    DEVICE_LABEL, SHAPE, BATCH, C("query_len", "int", "new tokens"),
+    C("cached", "int", "cached tokens"), environment=False)
+RECOMMENDATION = schema(
+    "recommendation", "one block size's score: utilisation / relative kernel time",
+    BLOCK_SIZE, UTILISATION,
+    C("relative_kernel_time", "float", "kernel time / best block size's"),
+    C("score", "float", "utilisation / relative_kernel_time"), environment=False)
+FP8_DECODE = schema("fp8_decode", "one decode point, bf16 against e4m3 cache", *POINT,
+                    C("bf16_us", "float", "bf16 time"), C("fp8_us", "float", "e4m3 time"),
+                    C("fp8_over_bf16", "float", "their ratio"), environment=False)
+LAYOUT_SPREAD = schema("layout_spread", "one decode point, each table layout's time", *POINT,
+                       C("slowest_over_fastest", "float", "slowest / fastest layout"),
+                       environment=False)
+TP_ALLREDUCE_STEP = schema("tp_allreduce_step", "tp_allreduce beside the CUDA-graph step",
+                           *TP_ALLREDUCE.columns, environment=False)
+SWEEP_WALL_SPEEDUP = schema("sweep_wall_speedup", "sweep_wall with the speedup over one GPU",
+                            *SWEEP_WALL.columns, C("speedup", "float", "one GPU's wall / this"),
+                            environment=False)
+
+DERIVED: dict[str, Schema] = {s.name: s for s in (
+    VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
+    KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, RECOMMENDATION, FP8_DECODE, LAYOUT_SPREAD,
+    TP_ALLREDUCE_STEP, SWEEP_WALL_SPEEDUP)}
+
 # file-name prefix under reports/data/<machine>/ -> dataset; first match wins; None: a file the
 # report does not read
 FILE_KINDS = (

@@ -15,22 +15,24 @@ from pathlib import Path
 import pandas as pd
 
 from pagebench.results import devices
-from pagebench.results.datasets import DATASETS, classify
+from pagebench.results.datasets import DATASETS, DERIVED, classify
+from pagebench.results.derived import Recommendation
 from pagebench.results.schema import DataError
 
 
 class Results:
     """Named tidy DataFrames, each checked against its dataset's schema, where each came from,
-    and the warnings met on the way."""
+    the warnings met on the way, and what :func:`pagebench.analysis.analyse` derived from them."""
 
     def __init__(self):
         self.frames: dict[str, pd.DataFrame] = {}
         self.sources: dict[str, list[str]] = {}
         self.warnings: list[str] = []
         self.timings_s: dict[str, float] = {}
-        # tables computed from the datasets (pagebench.report.derive.table), each once: add
-        # clears them, so none outlives the data it came from
+        # tables derived from the frames (DERIVED) and the recommended block size: add clears
+        # them, so none outlives the data it came from
         self.derived: dict[str, pd.DataFrame] = {}
+        self.recommendation: Recommendation | None = None
 
     def add(self, name: str, frame: pd.DataFrame | None, source: str) -> None:
         """Add ``frame``'s rows to dataset ``name``; a frame that fails its schema is named in a
@@ -51,11 +53,23 @@ class Results:
             frame["machine"] = labels
         old = self.frames.get(name)
         self.derived.clear()
+        self.recommendation = None
         self.frames[name] = frame if old is None else pd.concat([old, frame], ignore_index=True)
         self.sources.setdefault(name, []).append(source)
 
+    def add_derived(self, name: str, frame: pd.DataFrame) -> None:
+        """Keep ``frame`` as the derived table ``name`` (:data:`DERIVED`; empty: nothing could
+        be derived); ``ValueError`` naming the required columns a non-empty frame lacks."""
+        if name not in DERIVED:
+            raise ValueError(f"name: {name!r} is not a derived table of "
+                             "pagebench.results.datasets.DERIVED")
+        if len(frame):
+            DERIVED[name].table(frame)
+        self.derived[name] = frame
+
     def get(self, name: str) -> pd.DataFrame | None:
-        return self.frames.get(name)
+        """Dataset ``name``, or the table derived under that name (None: neither)."""
+        return self.frames.get(name, self.derived.get(name))
 
     def warn(self, message: str) -> None:
         if message not in self.warnings:

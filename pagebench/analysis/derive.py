@@ -1,6 +1,7 @@
-"""Derived tables: the curves the sections plot and the claims judge, computed from the
-datasets of :mod:`pagebench.results.datasets` (kernel rows: ``backend`` = ``<kernel>-<layout>``,
-``layout`` paged or contiguous, ``block_size`` empty when contiguous).
+"""Derived tables: the curves the report plots and the claims judge, computed from the datasets
+of :mod:`pagebench.results.datasets` (kernel rows: ``backend`` = ``<kernel>-<layout>``,
+``layout`` paged or contiguous, ``block_size`` empty when contiguous), and the recommended
+block size. Their schemas are :data:`pagebench.results.datasets.DERIVED`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from pagebench.results import devices
+from pagebench.results.derived import Recommendation
 
 PRIMARY_BLOCK_SIZE = 16
 
@@ -195,9 +197,11 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
     return out
 
 
-def recommend(static: pd.DataFrame | None, cost: pd.DataFrame | None) -> dict | None:
+def recommend(static: pd.DataFrame | None,
+              cost: pd.DataFrame | None) -> tuple[Recommendation, pd.DataFrame] | None:
     """Block size maximising (KV utilisation / relative kernel time) on the measured curves:
-    ``static`` (dataset ``memory_static``) and ``cost`` (:func:`kernel_cost_per_block`).
+    ``static`` (dataset ``memory_static``) and ``cost`` (:func:`kernel_cost_per_block`); with
+    its score table (None: no memory curve).
 
     Capacity grows with utilisation (sequences that fit) and speed with 1 / kernel time, so the
     product of the two is the throughput one block size buys relative to the others. The kernel
@@ -224,26 +228,28 @@ def recommend(static: pd.DataFrame | None, cost: pd.DataFrame | None) -> dict | 
     table["score"] = table["utilisation"] / table["relative_kernel_time"]
     best = table.loc[table["score"].idxmax()]
     near = table[table["score"] >= 0.98 * best["score"]]["block_size"].tolist()
-    return {"block_size": int(best["block_size"]), "utilisation": float(best["utilisation"]),
-            "relative_kernel_time": float(best["relative_kernel_time"]),
-            "score": float(best["score"]), "within_2pct": [int(b) for b in near],
-            "kernel_device": device, "table": table, "kernel_measured": bool(kcost)}
+    return Recommendation(int(best["block_size"]), float(best["utilisation"]),
+                          float(best["relative_kernel_time"]), float(best["score"]),
+                          tuple(int(b) for b in near), device, bool(kcost)), table
 
 
-# the kernel tables the report shows, judges and saves: name -> function of dataset "kernels"
-KERNEL_TABLES = {"kernels_batch1_ratio": batch1_ratio, "kernels_throughput": throughput,
-                 "kernels_bandwidth": bandwidth, "kernels_block_cost": kernel_cost_per_block}
+# the kernel tables the report shows, the claims judge and the report saves: name -> function
+# of dataset "kernels"
+KERNEL_TABLES = {"kernels_timed": kernel_rows, "kernels_batch1_ratio": batch1_ratio,
+                 "kernels_throughput": throughput, "kernels_bandwidth": bandwidth,
+                 "kernels_block_cost": kernel_cost_per_block}
 
 
-def table(results, name: str) -> pd.DataFrame | None:
-    """Dataset ``name`` of ``results``, or the kernel table ``name`` (:data:`KERNEL_TABLES`),
-    computed once per ``results`` (empty, with a warning naming it, where the data defeats it)."""
-    if name not in KERNEL_TABLES:
-        return results.get(name)
+def table(results, name: str, compute=None) -> pd.DataFrame:
+    """The derived table ``name`` of ``results``, computed once by ``compute(results)`` (default:
+    the kernel table of :data:`KERNEL_TABLES`) and kept in ``results.derived`` (empty, with a
+    warning naming it, where the data defeats it)."""
     if name not in results.derived:
+        compute = compute or (lambda r: KERNEL_TABLES[name](r.get("kernels")))
         try:
-            results.derived[name] = KERNEL_TABLES[name](results.get("kernels"))
-        except Exception as e:  # noqa: BLE001 -- odd kernel data: warn, keep the rest
+            frame = compute(results)
+            results.add_derived(name, pd.DataFrame() if frame is None else frame)
+        except Exception as e:  # noqa: BLE001 -- odd data: warn, keep the rest
             results.warn(f"{name}: could not be derived ({type(e).__name__}: {e})")
-            results.derived[name] = pd.DataFrame()
+            results.add_derived(name, pd.DataFrame())
     return results.derived[name]

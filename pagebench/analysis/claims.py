@@ -4,8 +4,9 @@ A :class:`Claim` is a record: its id, the claim in the article's words, the crit
 function that measures it and the predicate. The measure returns ``None`` when there is no data,
 else a :class:`Measured`: one :class:`Part` per device (or trace) with the value the predicate
 judges (``None``: shown, not judged), its details and its headline. :func:`judge` turns that
-into a :class:`Verdict`: ``holds`` when the predicate holds on every judged part, ``does not
-hold`` (with the numbers that contradict it), or ``not measured here`` (nothing to judge).
+into a :class:`Verdict` (a row of the derived dataset ``claims``): ``holds`` when the predicate
+holds on every judged part, ``does not hold`` (with the numbers that contradict it), or ``not
+measured here`` (nothing to judge).
 
 ``headline`` is what the claims table shows at a glance: the number each judged device
 measured, named by its device label (:mod:`pagebench.results.devices`); ``measured`` holds every
@@ -20,10 +21,11 @@ from typing import Any
 
 import pandas as pd
 
-from pagebench.report import derive
+from pagebench.analysis import derive
 from pagebench.results import Results
+from pagebench.results.datasets import VERDICT
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 
-HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured here"
 SIM, ARITHMETIC = "any machine (simulation)", "any machine (arithmetic)"
 
 
@@ -65,15 +67,12 @@ class Verdict:
     data: list[str] = field(default_factory=list)
     headline: str = ""  # the measured number(s) at a glance; empty: ``measured`` is short
 
-    @property
-    def summary(self) -> str:
-        """What the table cell shows: the headline, or all of ``measured`` if it has none."""
-        return self.headline or self.measured
-
-    def to_row(self) -> dict:
-        return {"key": self.key, "claim": self.claim, "headline": self.summary,
-                "measured": self.measured, "device": self.device, "verdict": self.verdict,
-                "criterion": self.criterion, "data": " ".join(self.data)}
+    def to_row(self, section: str) -> dict:
+        """A row of dataset ``claims``: ``headline`` is what the table cell shows (all of
+        ``measured`` where there is no headline)."""
+        return VERDICT.row(key=self.key, claim=self.claim, headline=self.headline or self.measured,
+                           measured=self.measured, device=self.device, verdict=self.verdict,
+                           criterion=self.criterion, data=" ".join(self.data), section=section)
 
 
 def judge(claim: Claim, results: Results) -> Verdict:
@@ -109,14 +108,9 @@ def evaluate(results: Results, claims: Iterable[Claim] | None = None) -> list[Ve
     return out
 
 
-def tally(verdicts: list[Verdict]) -> str:
-    n = {v: sum(c.verdict == v for c in verdicts) for v in (HOLDS, FAILS, UNMEASURED)}
-    return (f"{len(verdicts)} claims: {n[HOLDS]} hold, {n[FAILS]} do not hold, "
-            f"{n[UNMEASURED]} not measured here")
-
-
-def claims_frame(verdicts: list[Verdict]) -> pd.DataFrame:
-    return pd.DataFrame([c.to_row() for c in verdicts])
+def verdict_frame(verdicts: list[Verdict], section: str) -> pd.DataFrame:
+    """``verdicts`` as rows of dataset ``claims``, shown in the report's ``section``."""
+    return pd.DataFrame([v.to_row(section) for v in verdicts])
 
 
 def pct(x: float, digits: int = 1) -> str:

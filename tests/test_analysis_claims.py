@@ -1,13 +1,13 @@
-"""The one judge of the report's claims: no data, a failing predicate, unjudged parts, ids."""
+"""The one judge of the claims: no data, a failing predicate, unjudged parts, ids."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.report import build
-from pagebench.report.claims import (FAILS, HOLDS, UNMEASURED, Claim, Measured, Part, evaluate,
-                                     first, judge)
+from pagebench.analysis.claims import Claim, Measured, Part, evaluate, first, judge
+from pagebench.analysis.pipeline import EVERY_CLAIM
 from pagebench.results import Results
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 
 
 def claim(measure, holds=lambda v: v < 2, **kwargs) -> Claim:
@@ -22,7 +22,8 @@ def two_devices(results) -> Measured:
 def test_a_measure_without_data_gives_no_data():
     v = judge(claim(lambda results: None), Results())
     assert (v.verdict, v.measured, v.device, v.headline) == (UNMEASURED, "no data", "", "")
-    assert v.to_row()["data"] == "data"
+    row = v.to_row("claims")
+    assert (row["data"], row["headline"], row["section"]) == ("data", "no data", "claims")
     assert judge(claim(lambda results: Measured([])), Results()).measured == "no data"
 
 
@@ -51,9 +52,9 @@ def test_a_measure_that_raises_is_a_warning_and_a_row():
 
 
 def test_every_registered_claim_has_a_unique_id():
-    ids = [c.id for c in build.EVERY_CLAIM]
+    ids = [c.id for c in EVERY_CLAIM]
     assert len(ids) == len(set(ids)) == 23
-    assert all(c.text and c.criterion and c.data for c in build.EVERY_CLAIM)
+    assert all(c.text and c.criterion and c.data for c in EVERY_CLAIM)
 
 
 def test_first_matches_every_condition_and_skips_missing_block_sizes():

@@ -1,0 +1,44 @@
+""":func:`analyse`: everything computed from the datasets, added to the same ``Results``.
+
+In order: the derived tables (kernel curves, prefill ratios, fp8 and tensor-parallel tables),
+the recommended block size, then every claim's verdict (the article's, judged in the claims
+table, and those of the fp8 and parallel sections: the ``section`` column says which). A table
+or claim that fails on odd data becomes a warning naming it, never an exception.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from pagebench.analysis import claims, derive, fp8, parallel, real_traces
+from pagebench.results import Results
+from pagebench.results.derived import ARTICLE
+
+# the report section whose verdict table shows each claim
+SECTION_CLAIMS = ((ARTICLE, claims.CLAIMS + real_traces.CLAIMS), (fp8.SECTION, fp8.CLAIMS),
+                  (parallel.SECTION, parallel.CLAIMS))
+EVERY_CLAIM = tuple(claim for _, section_claims in SECTION_CLAIMS for claim in section_claims)
+# derived tables beside the kernel ones: name -> function of the results
+TABLES = {"kernels_prefill_summary": lambda r: derive.prefill_summary(r.get("kernels_prefill")),
+          **fp8.TABLES, **parallel.TABLES}
+
+
+def analyse(results: Results) -> None:
+    """Add the derived tables, the recommendation and the verdicts (dataset ``claims``) to
+    ``results``; run it after the last :meth:`~pagebench.results.Results.add`, which clears
+    them."""
+    for name in derive.KERNEL_TABLES:
+        derive.table(results, name)
+    for name, compute in TABLES.items():
+        derive.table(results, name, compute)
+    try:
+        rec = derive.recommend(results.get("memory_static"),
+                               derive.table(results, "kernels_block_cost"))
+    except Exception as e:  # noqa: BLE001 -- no recommendation must not lose the verdicts
+        results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
+        rec = None
+    results.add_derived("recommendation", pd.DataFrame() if rec is None else rec[1])
+    verdicts = [claims.verdict_frame(claims.evaluate(results, section_claims), section)
+                for section, section_claims in SECTION_CLAIMS]
+    results.add_derived("claims", pd.concat(verdicts, ignore_index=True))
+    results.recommendation = None if rec is None else rec[0]

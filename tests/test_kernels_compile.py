@@ -1,10 +1,13 @@
-"""The Triton kernels compile for an NVIDIA GPU (sm_90) on every input the validation accepts.
+"""The Triton kernels compile for NVIDIA GPUs (sm_80, sm_90) on every input the validation and
+the backend registry accept there.
 
 Interpreted on the CPU, a kernel runs whatever its types: the interpreter does not check, for
 instance, that a loop-carried value keeps its type, which the GPU compiler refuses (int64
 lengths once broke the prefill kernel on the H200 only). Triton's compiler and ``ptxas`` need
 no GPU: a child process with ``TRITON_INTERPRET=0`` calls the public wrappers on CPU tensors,
-catches each launch Triton would make, and compiles it for sm_90 instead.
+catches each launch Triton would make, and compiles it for the architecture instead, with
+``torch.cuda.get_device_capability`` answering as that GPU would (so the registry's fp8 rule and
+the kernels' choice of conversion instruction follow it).
 """
 
 from __future__ import annotations
@@ -20,14 +23,14 @@ import pytest
 from pagebench.kernels import available_backends
 
 CHILD = textwrap.dedent(r'''
-    import json
+    import json, sys
     import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
     from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
-    from pagebench.kernels import triton_decode
+    from pagebench.kernels import registered_backends, triton_decode
     from pagebench.kernels.triton_decode import triton_paged_decode
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
@@ -35,12 +38,15 @@ CHILD = textwrap.dedent(r'''
              torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv",
              torch.float8_e5m2: "fp8e5"}
     OPTIONS = ("num_warps", "num_stages", "maxnreg")
+    ARCH = int(sys.argv[1])
+    CUDA = torch.device("cuda", 0)
+    torch.cuda.get_device_capability = lambda device=None: divmod(ARCH, 10)
+    triton_decode.hardware_fp8_convert = lambda device: ARCH >= 89
     launches = []
-    triton_decode.hardware_fp8_convert = lambda device: True  # as on an sm_90 GPU
     JITFunction.run = lambda self, *args, grid, warmup, **kwargs: launches.append(
         (self, args, kwargs))
 
-    def compile_for_sm90(kernel, args, kwargs):
+    def compile_for_arch(kernel, args, kwargs):
         constexprs = {p.name for p in kernel.params if p.is_constexpr}
         values = dict(zip(kernel.arg_names, args)) | kwargs
         signature, constants = {}, {}
@@ -56,7 +62,7 @@ CHILD = textwrap.dedent(r'''
                 signature[name] = "i64" if abs(v) >= 2**31 else "i32"
         options = {k: kwargs[k] for k in OPTIONS if kwargs.get(k) is not None}
         triton.compile(ASTSource(kernel, signature, constants),
-                       target=GPUTarget("cuda", 90, 32), options=options)
+                       target=GPUTarget("cuda", ARCH, 32), options=options)
 
     def case(dtype, tables, lens, cache=None):
         """Decode (one split and three: the combine kernel) and prefill calls on one input."""
@@ -74,8 +80,11 @@ CHILD = textwrap.dedent(r'''
                  for n in (1, 3)]
         every_launch = (dtype, tables, lens, cache) == (torch.bfloat16, I64, I64, None)
         forced = PREFILL_LAUNCHES if every_launch else [{}]
-        return calls + [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(
+        calls += [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(
             q, *args[1:], qlens, 0.125, **scales, **launch)) for launch in forced]
+        accepted = registered_backends()["triton"].supports("decode", CUDA, dtype,
+                                                            cache_dtype=cache)
+        return calls if accepted else [(name, None)]  # refused: resolve names the reason
 
     # the GPU launches prefill_launch picks on an H200 (it picks the first on a CPU)
     PREFILL_LAUNCHES = [dict(), dict(rows=128, tile_n=64, num_warps=8, num_stages=2,
@@ -86,17 +95,21 @@ CHILD = textwrap.dedent(r'''
     cases = [c for tables, lens in ((I32, I32), (I32, I64), (I64, I32), (I64, I64))
              for c in case(torch.bfloat16, tables, lens)]
     cases += [c for dtype, cache in ((torch.float16, None), (torch.float32, None),
-                                     (torch.bfloat16, torch.float8_e4m3fn))
+                                     (torch.bfloat16, torch.float8_e4m3fn),
+                                     (torch.bfloat16, torch.float8_e5m2))
               for c in case(dtype, I64, I64, cache)]
     results = []
     for name, call in cases:
+        if call is None:
+            results.append([name, "", "refused"])
+            continue
         launches.clear()
         call()
         if not launches:
             results.append([name, "", "launched no kernel"])
         for kernel, args, kwargs in launches:
             try:
-                compile_for_sm90(kernel, args, kwargs)
+                compile_for_arch(kernel, args, kwargs)
                 results.append([name, kernel.__name__, ""])
             except Exception as e:
                 results.append([name, kernel.__name__, f"{type(e).__name__}: {str(e)[-400:]}"])
@@ -105,13 +118,19 @@ CHILD = textwrap.dedent(r'''
 
 
 @pytest.mark.skipif("triton" not in available_backends(), reason="triton not installed")
-def test_triton_kernels_compile_for_sm90_on_every_accepted_input():
+@pytest.mark.parametrize("arch", [80, 90])  # A100, H100/H200
+def test_triton_kernels_compile_for_every_input_accepted_on(arch):
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
-                          env=env, timeout=600)
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(arch)], capture_output=True,
+                          text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    kernels = {kernel for _, kernel, _ in results}
-    assert kernels == {"_decode_split_kernel", "_combine_kernel", "_prefill_kernel"}
-    failed = [f"{name}: {kernel}: {error}" for name, kernel, error in results if error]
+    refused = [name for name, _, error in results if error == "refused"]
+    compiled = [r for r in results if r[2] != "refused"]
+    assert {kernel for _, kernel, _ in compiled} == {"_decode_split_kernel", "_combine_kernel",
+                                                     "_prefill_kernel"}
+    failed = [f"{name}: {kernel}: {error}" for name, kernel, error in compiled if error]
     assert not failed, "\n".join(failed)
+    # the registry refuses e4m3 exactly where Triton cannot compile it
+    assert all("float8_e4m3fn" in name for name in refused)
+    assert len(refused) == (1 if arch < 89 else 0)

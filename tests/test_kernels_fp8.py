@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from pagebench.kernels import (available_backends, paged_decode, paged_prefill,
+from pagebench.kernels import (available_backends, get_backend, paged_decode, paged_prefill,
                                register_backend, resolve, unregister_backend, write_kv)
 from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
 from pagebench.kernels.quant import (calibrated_scales, check_kv_scales, dequantize,
@@ -43,6 +43,28 @@ def test_a_backend_without_fp8_is_refused_and_never_auto_picked():
             paged_decode(*inp.args(), backend="unquantised-only", **inp.scales())
     finally:
         unregister_backend("unquantised-only")
+
+
+@pytest.mark.skipif("triton" not in available_backends(), reason="triton not installed")
+@pytest.mark.parametrize("capability,reads_e4m3", [((8, 0), False), ((8, 6), False),
+                                                   ((8, 9), True), ((9, 0), True)])
+def test_triton_reads_e4m3_only_on_gpus_it_compiles_e4m3_for(monkeypatch, capability,
+                                                             reads_e4m3):
+    """Triton compiles e4m3 for compute capability 8.9+ only (tests/test_kernels_compile.py
+    compiles what the registry accepts per architecture): elsewhere "auto" takes the torch
+    backend, and asking for Triton is a ValueError, not a compiler error mid-call."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    triton, gpu = get_backend("triton"), torch.device("cuda", 0)
+    for op in ("decode", "prefill"):
+        assert triton.supports(op, gpu, torch.bfloat16, cache_dtype=E4M3) is reads_e4m3
+        assert triton.supports(op, gpu, torch.bfloat16, cache_dtype=E5M2)
+        picked = resolve(op, "auto", gpu, torch.bfloat16, 16, 128, E4M3)
+        assert picked.name == ("triton" if reads_e4m3 else "torch")
+    assert ("float8_e4m3fn" in triton.capabilities(gpu)["cache_dtypes"]) is reads_e4m3
+    assert "float8_e4m3fn" in triton.capabilities()["cache_dtypes"]  # some device reads it
+    if not reads_e4m3:
+        with pytest.raises(ValueError, match="backend: 'triton' does not support"):
+            resolve("decode", "triton", gpu, torch.bfloat16, 16, 128, E4M3)
 
 
 @pytest.mark.parametrize("cache_dtype", [E4M3, E5M2])

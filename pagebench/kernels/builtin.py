@@ -64,6 +64,15 @@ def _prepare_flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
 
 FLOAT_AND_FP8 = (torch.float32, torch.float16, torch.bfloat16, *FP8_DTYPES)
 
+
+def triton_reads_cache(device: torch.device, cache_dtype: torch.dtype) -> bool:
+    """Whether Triton's kernels can read a cache of ``cache_dtype`` on ``device``: Triton
+    compiles e4m3 (its ``fp8e4nv``) for NVIDIA GPUs of compute capability 8.9+ only (an A100
+    takes e5m2, or the torch backend); interpreted on a CPU, or on ROCm, both formats."""
+    if cache_dtype != torch.float8_e4m3fn or device.type != "cuda" or torch.version.hip:
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
 # graph_capturable: torch's prefill reads the lengths back to the host, so only its decode is.
 # scratch_ratio: torch gathers a contiguous copy of K and V on every call.
 register_backend(
@@ -79,7 +88,7 @@ register_backend(
 # would reach Triton's driver, so "cpu" is then not among its devices (a clear ValueError).
 register_backend(
     "triton", decode=_triton_decode, prefill=_triton_prefill, contiguous=_triton_contiguous,
-    priority=20, cache_dtypes=FLOAT_AND_FP8,
+    priority=20, cache_dtypes=FLOAT_AND_FP8, reads_cache_on=triton_reads_cache,
     devices=("cpu", "cuda") if interprets() else ("cuda",),
     auto_devices=("cuda",), is_available=_has_triton,
     graph_capturable=("decode", "prefill", "contiguous"),

@@ -11,7 +11,9 @@ tensors and a resolved float ``scale``:
 A backend that reads fp8 caches lists them in ``cache_dtypes``; it is then called with
 keywords ``k_scale=``, ``v_scale=`` (float32 tensors ``[num_kv_heads]``, see
 ``pagebench.kernels.quant``) for such a cache, and without them otherwise, so backends that
-only read unquantised caches need not know about scales.
+only read unquantised caches need not know about scales. Where the hardware decides (Triton
+compiles e4m3 only for NVIDIA GPUs of compute capability 8.9+), ``reads_cache_on(device,
+cache_dtype)`` says which of them a device reads; the others resolve to another backend.
 
 What the timing sweeps need is declared here too, so they name no backend:
 
@@ -84,6 +86,8 @@ class Backend:
     # dtypes the paged cache may have: q's own dtype (one of ``dtypes``), or an fp8 dtype read
     # with per-head scales; None: q's dtype only
     cache_dtypes: tuple[torch.dtype, ...] | None = None
+    # (device, one of cache_dtypes) -> whether that device reads it; None: every device does
+    reads_cache_on: Callable[[torch.device, torch.dtype], bool] | None = None
     graph_capturable: tuple[str, ...] = ()  # operations a CUDA graph can capture
     # operation -> function(the operation's arguments) -> no-argument call, state built once
     prepare: Mapping[str, Callable] = field(default_factory=dict, compare=False)
@@ -93,9 +97,14 @@ class Backend:
     def operations(self) -> tuple[str, ...]:
         return tuple(op for op in OPERATIONS if getattr(self, op) is not None)
 
-    def supports_cache_dtype(self, cache_dtype, dtype) -> bool:
-        """Whether a paged cache of ``cache_dtype`` can be read with queries of ``dtype``."""
-        return cache_dtype == dtype or cache_dtype in (self.cache_dtypes or ())
+    def supports_cache_dtype(self, cache_dtype, dtype, device=None) -> bool:
+        """Whether a paged cache of ``cache_dtype`` can be read with queries of ``dtype`` (on
+        ``device``, where given)."""
+        if cache_dtype == dtype:
+            return True
+        return cache_dtype in (self.cache_dtypes or ()) and (
+            device is None or self.reads_cache_on is None
+            or self.reads_cache_on(torch.device(device), cache_dtype))
 
     def supports(self, op: str, device, dtype, block_size: int | None = None,
                  head_dim: int | None = None, cache_dtype=None) -> bool:
@@ -103,7 +112,7 @@ class Backend:
                 and _device_type(device) in self.devices
                 and dtype in self.dtypes
                 and (cache_dtype is None or op == "contiguous"
-                     or self.supports_cache_dtype(cache_dtype, dtype))
+                     or self.supports_cache_dtype(cache_dtype, dtype, device))
                 and (head_dim is None or self.supports_head_dim(head_dim))
                 and (block_size is None or self.supports_block_size(block_size)))
 
@@ -125,12 +134,14 @@ class Backend:
         kernel = getattr(self, op)
         return lambda: kernel(*args, **scales)
 
-    def capabilities(self) -> dict:
+    def capabilities(self, device=None) -> dict:
+        """What it runs; ``device``: list only the cache dtypes that device reads."""
         return {
             "operations": list(self.operations()),
             "devices": list(self.devices),
             "dtypes": [dtype_name(d) for d in self.dtypes],
-            "cache_dtypes": [dtype_name(d) for d in (self.cache_dtypes or self.dtypes)],
+            "cache_dtypes": [dtype_name(d) for d in (self.cache_dtypes or self.dtypes)
+                             if d in self.dtypes or self.supports_cache_dtype(d, None, device)],
             "block_sizes": self.block_sizes,
             "head_dims": self.head_dims,
             "priority": self.priority,
@@ -150,12 +161,13 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
                      supports_block_size: Callable[[int], bool] = _any_block_size,
                      is_available: Callable[[], bool] = _always, priority: int = 0,
                      description: str = "", auto_devices=None, nan_safe: bool = True,
-                     cache_dtypes=None, graph_capturable=(), prepare=None,
+                     cache_dtypes=None, reads_cache_on=None, graph_capturable=(), prepare=None,
                      sweep_block_sizes=None, scratch_ratio: float = 0.125,
                      replace: bool = False) -> Backend:
     """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite.
     ``cache_dtypes``: the paged cache dtypes it reads (default: q's dtype only; list fp8
-    dtypes to be called with ``k_scale``/``v_scale`` on fp8 caches). ``graph_capturable``,
+    dtypes to be called with ``k_scale``/``v_scale`` on fp8 caches; ``reads_cache_on``: which
+    of them a device reads, where the hardware decides). ``graph_capturable``,
     ``prepare``, ``sweep_block_sizes``, ``scratch_ratio``: what the timing sweeps need (see
     the module docstring)."""
     if not isinstance(name, str) or not name or name == "auto":
@@ -182,6 +194,8 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
         if not set(named) <= ops:
             raise ValueError(f"{arg}: names operations the backend lacks: "
                              f"{sorted(set(named) - ops)} (it has {sorted(ops)})")
+    if reads_cache_on is not None and not callable(reads_cache_on):
+        raise ValueError(f"reads_cache_on: expected a callable, got {type(reads_cache_on).__name__}")
     for op, hook in prepare.items():
         if not callable(hook):
             raise ValueError(f"prepare: the {op} hook is a {type(hook).__name__}, not callable")
@@ -197,7 +211,7 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
         name, decode, prefill, contiguous, tuple(devices), tuple(dtypes), str(head_dims),
         supports_head_dim, block_sizes, supports_block_size, is_available, priority, description,
         None if auto_devices is None else tuple(auto_devices), bool(nan_safe),
-        None if cache_dtypes is None else tuple(cache_dtypes),
+        None if cache_dtypes is None else tuple(cache_dtypes), reads_cache_on=reads_cache_on,
         graph_capturable=tuple(graph_capturable), prepare=prepare,
         sweep_block_sizes=None if sweep_block_sizes is None else tuple(sweep_block_sizes),
         scratch_ratio=float(scratch_ratio))
@@ -238,7 +252,7 @@ def available_backends() -> dict[str, dict]:
     for name, b in sorted(_REGISTRY.items(), key=lambda kv: -kv[1].priority):
         if not backend_available(b):
             continue
-        caps = b.capabilities()
+        caps = b.capabilities("cuda" if has_cuda else None)  # cache dtypes this GPU reads
         caps["devices"] = [d for d in b.devices if d == "cpu" or has_cuda]
         if caps["devices"]:
             out[name] = caps
@@ -262,7 +276,7 @@ def resolve(op: str, backend: str, device, dtype, block_size=None, head_dim=None
             raise ValueError(
                 f"backend: {backend!r} does not support this input ({device_type}, "
                 f"{dtype_name(dtype)}{cache}, block_size={block_size}, "
-                f"head_dim={head_dim}); it supports {b.capabilities()}")
+                f"head_dim={head_dim}); on this device it supports {b.capabilities(device)}")
         return b
     candidates = [b for b in _REGISTRY.values()
                   if b.is_kernel_on(device) and backend_available(b)

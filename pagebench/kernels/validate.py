@@ -77,17 +77,23 @@ def check_scale(scale, head_dim: int) -> float:
     return value
 
 
-def check_cache(q, k_cache, v_cache) -> tuple[int, int, int, int, int]:
-    """q's last two dims against a paged cache; returns (num_blocks, block_size, kv_heads, q_heads, head_dim)."""
+def check_cache_pair(k_cache, v_cache) -> tuple[int, int, int, int]:
+    """A paged K/V cache pair: 4-d, the same shape and dtype, every dimension >= 1; returns
+    (num_blocks, block_size, kv_heads, head_dim)."""
     _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
     _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
     if v_cache.dtype != k_cache.dtype:
         _fail("v_cache", f"dtype {v_cache.dtype} differs from k_cache's dtype {k_cache.dtype}")
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
-    if num_blocks < 1 or block_size < 1 or kv_heads < 1 or head_dim < 1:
+    if min(k_cache.shape) < 1:
         _fail("k_cache", f"every dimension must be >= 1, got shape {tuple(k_cache.shape)}")
+    return tuple(k_cache.shape)
+
+
+def check_cache(q, k_cache, v_cache) -> tuple[int, int, int, int, int]:
+    """q's last two dims against a paged cache; returns (num_blocks, block_size, kv_heads, q_heads, head_dim)."""
+    num_blocks, block_size, kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
     _check_q_against_kv(q, kv_heads, head_dim, k_cache=k_cache, v_cache=v_cache)
     return num_blocks, block_size, kv_heads, q.shape[-2], head_dim
 
@@ -233,14 +239,8 @@ def check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> b
     check_validate(validate)
     _tensor("k", k, 3, FLOAT_DTYPES)
     _tensor("v", v, 3, FLOAT_DTYPES)
-    _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
-    _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
+    num_blocks, block_size, kv_heads, head_dim = check_cache_pair(k_cache, v_cache)
     _tensor("slot_mapping", slot_mapping, 1, INDEX_DTYPES)
-    if v_cache.shape != k_cache.shape:
-        _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
-    if v_cache.dtype != k_cache.dtype:
-        _fail("v_cache", f"dtype {v_cache.dtype} differs from k_cache's dtype {k_cache.dtype}")
-    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     for name, x in (("k", k), ("v", v)):
         if tuple(x.shape[1:]) != (kv_heads, head_dim):
             _fail(name, f"shape {tuple(x.shape)} does not match [num_tokens, {kv_heads}, {head_dim}]")

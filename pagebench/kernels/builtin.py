@@ -7,7 +7,7 @@ import importlib.util
 
 import torch
 
-from pagebench.kernels.quant import FP8_DTYPES
+from pagebench.kernels.quant import FP8_DTYPES, nvidia_fp8_hardware
 from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_decode,
                                          torch_paged_prefill)
 from pagebench.kernels.registry import register_backend
@@ -71,7 +71,7 @@ def triton_reads_cache(device: torch.device, cache_dtype: torch.dtype) -> bool:
     takes e5m2, or the torch backend); interpreted on a CPU, or on ROCm, both formats."""
     if cache_dtype != torch.float8_e4m3fn or device.type != "cuda" or torch.version.hip:
         return True
-    return torch.cuda.get_device_capability(device) >= (8, 9)
+    return nvidia_fp8_hardware(device)
 
 # graph_capturable: torch's prefill reads the lengths back to the host, so only its decode is.
 # scratch_ratio: torch gathers a contiguous copy of K and V on every call.

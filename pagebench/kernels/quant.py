@@ -30,6 +30,13 @@ KV_DTYPE_NAMES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8": torch.float8_e4m3fn,
 CALIBRATION_HEADROOM = 2.0
 
 
+def nvidia_fp8_hardware(device: torch.device) -> bool:
+    """Whether ``device`` is an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper and later):
+    the ones with fp8 conversion instructions, and the only ones Triton compiles e4m3 for."""
+    return (device.type == "cuda" and torch.version.hip is None
+            and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
 def is_fp8(dtype) -> bool:
     return dtype in FP8_DTYPES
 

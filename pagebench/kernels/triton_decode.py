@@ -26,7 +26,7 @@ import functools
 import torch
 
 from pagebench.config import ceil_div
-from pagebench.kernels.quant import is_fp8
+from pagebench.kernels.quant import is_fp8, nvidia_fp8_hardware
 from pagebench.triton_setup import interpret_without_gpu
 
 # Triton's interpreter (3.9) computes bf16 tl.dot wrongly: where INTERPRETED, the dots run in fp32.
@@ -298,8 +298,7 @@ def default_num_stages(block_size: int, fp8: bool) -> int:
 def hardware_fp8_convert(device: torch.device) -> bool:
     """Whether compiled kernels on ``device`` can convert fp8 with the ``cvt`` instruction
     (NVIDIA compute capability 8.9+); interpreted Triton cannot run inline assembly."""
-    return (not INTERPRETED and device.type == "cuda" and torch.version.hip is None
-            and torch.cuda.get_device_capability(device) >= (8, 9))
+    return not INTERPRETED and nvidia_fp8_hardware(device)
 
 
 def _launch_hooks_set() -> bool:

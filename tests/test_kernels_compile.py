@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -39,6 +40,8 @@ CHILD = textwrap.dedent(r'''
              torch.float8_e5m2: "fp8e5"}
     OPTIONS = ("num_warps", "num_stages", "maxnreg")
     ARCH = int(sys.argv[1])
+    sys.path.insert(0, sys.argv[2])  # property_tests: the launches prefill_launch picks on a GPU
+    from test_kernel_equivalence import PREFILL_LAUNCHES
     CUDA = torch.device("cuda", 0)
     torch.cuda.get_device_capability = lambda device=None: divmod(ARCH, 10)
     triton_decode.hardware_fp8_convert = lambda device: ARCH >= 89
@@ -79,18 +82,13 @@ CHILD = textwrap.dedent(r'''
                   lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
                  for n in (1, 3)]
         every_launch = (dtype, tables, lens, cache) == (torch.bfloat16, I64, I64, None)
-        forced = PREFILL_LAUNCHES if every_launch else [{}]
+        forced = [{}, *PREFILL_LAUNCHES.values()] if every_launch else [{}]
         calls += [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(
             q, *args[1:], qlens, 0.125, **scales, **launch)) for launch in forced]
         accepted = registered_backends()["triton"].supports("decode", CUDA, dtype,
                                                             cache_dtype=cache)
         return calls if accepted else [(name, None)]  # refused: resolve names the reason
 
-    # the GPU launches prefill_launch picks on an H200 (it picks the first on a CPU)
-    PREFILL_LAUNCHES = [dict(), dict(rows=128, tile_n=64, num_warps=8, num_stages=2,
-                                      one_loop=False, table_ahead=False, maxnreg=128),
-                        dict(rows=64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
-                             table_ahead=True, maxnreg=168)]
     I32, I64 = torch.int32, torch.int64
     cases = [c for tables, lens in ((I32, I32), (I32, I64), (I64, I32), (I64, I64))
              for c in case(torch.bfloat16, tables, lens)]
@@ -121,8 +119,9 @@ CHILD = textwrap.dedent(r'''
 @pytest.mark.parametrize("arch", [80, 90])  # A100, H100/H200
 def test_triton_kernels_compile_for_every_input_accepted_on(arch):
     env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run([sys.executable, "-c", CHILD, str(arch)], capture_output=True,
-                          text=True, env=env, timeout=600)
+    property_tests = Path(__file__).resolve().parent.parent / "property_tests"
+    proc = subprocess.run([sys.executable, "-c", CHILD, str(arch), str(property_tests)],
+                          capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     refused = [name for name, _, error in results if error == "refused"]

@@ -4,9 +4,9 @@ bf16 in the same process (docs/kernels.md, "fp8 KV caches").
     PYTHONPATH=. python3 scripts/h200_fp8_decode_kv_pairs.py OUT_DIR            # on the GPU
     PYTHONPATH=. python3 scripts/h200_fp8_decode_kv_pairs.py OUT_DIR --smoke    # CPU dry run
 
-Checks first: each variant's output against the float64 reference on the dequantised cache
+Checks after the timed cases: each variant's output against the float64 reference on the dequantised cache
 (NaN-poisoned scattered caches, lengths 1 to 2,999, q scaled by 1 and 2^20, one split and the
-default) at the block sizes it is timed at, e4m3, and e5m2 for the default. Then each case:
+default) at the block sizes it is timed at, e4m3, and e5m2 for the default. Each case:
 bf16, every variant with an e4m3 cache (standard-normal K/V, per-head max / 448 scales), the
 default again at the end (the spread of one version); CUDA graphs, L2 flushed, medians of 30;
 each fp8 output's error against float32 on the dequantised cache. Writes ``kv_pairs_checks.csv``
@@ -172,14 +172,14 @@ def main():
     if not SMOKE:
         torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     env = environment(DEVICE)
-    checks: list[dict] = []
-    run_checks(checks)
-    write(os.path.join(out_dir, "kv_pairs_checks.csv"), checks)
     copy_gbps = measure_copy_gbps(DEVICE) if not SMOKE else 1.0
     times: list[dict] = []
     for case in CASES:
         time_case(times, *case, copy_gbps, env)
         write(os.path.join(out_dir, "kv_pairs_times.csv"), times)
+    checks: list[dict] = []
+    run_checks(checks)
+    write(os.path.join(out_dir, "kv_pairs_checks.csv"), checks)
     worst: dict = {}
     for r in checks:
         key = (r["shape"], r["variant"], r["cache"])

@@ -3,15 +3,16 @@
     PYTHONPATH=. python3 scripts/h200_prefill_overlap.py --out $OUT
     PYTHONPATH=. python3 scripts/h200_prefill_overlap.py --device cpu   # tiny dry run
 
-bf16 part: at each point the package's launch (``default``) and variants of it, each a set of
-``triton_paged_prefill`` launch options written ``key=value`` joined by ``/``
-(``ahead`` = ``scores_ahead=True`` on the point's default launch; ``rows`` is left to the
-wrapper unless named). fp8 part (e4m3 caches, per
-KV-head scales): the fp8 launch ``prefill_launch`` picks against the bf16 one (its fields passed
-explicitly) at the same points. Every variant is checked against float64 on ragged NaN-poisoned
-inputs (bf16 and e4m3) and against float32 at every timed point, then timed through a CUDA
-graph (L2 flushed, median of ``--repeat``) beside causal SDPA on a contiguous cache, in
-``--rounds`` rounds. Writes prefill_overlap.csv and prefill_overlap_checks.csv.
+    PYTHONPATH=. python3 scripts/h200_prefill_overlap.py --copy FILE   # also time a copy
+
+Variants (``variants``): the package's launch on bf16 caches and on e4m3 caches (per KV-head
+scales) at every point of the prefill sweep, e4m3 with the launch fp8 caches took before, and,
+with ``--copy``, a modified copy of ``triton_prefill.py`` (its default and launch options such
+as ``persistent=3``) at a few points. Every variant is checked against float64 on ragged
+NaN-poisoned inputs and against float32 at every timed point (e4m3: on the dequantised cache),
+then timed through a CUDA graph (L2 flushed, median of ``--repeat``) beside causal SDPA on a
+contiguous bf16 cache, in ``--rounds`` rounds. Writes prefill_overlap.csv and
+prefill_overlap_checks.csv.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import importlib.util
 import os
+import sys
 
 import pandas as pd
 import torch
@@ -35,12 +38,38 @@ from pagebench.timing import measure
 SHAPE = SHAPES["llama-3-8b"]
 RAGGED = [([1, 15, 16, 17, 300, 1000, 513, 64], [1, 15, 3, 17, 300, 0, 100, 64]),
           ([512] * 4 + [100, 37], [512, 512, 500, 1, 100, 37])]
-BF16_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (32, 128, 0), (1, 512, 3584)]
-FP8_POINTS = [(1, 2048, 0), (1, 8192, 0), (8, 512, 0), (1, 512, 3584)]
-# extra variants (beyond default and ahead) and the points they are timed at
-EXTRA = {"ahead/num_stages=2": [(8, 512, 0), (32, 128, 0), (1, 512, 0)],
-         "ahead/rows=64/tile_n=64/num_warps=4/num_stages=3/one_loop=True/table_ahead=True/maxnreg=None":
-         [(1, 2048, 0), (1, 8192, 0)]}
+ALL_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (32, 128, 0), (1, 512, 3584),
+              (1, 512, 15872), (16, 64, 1024), (64, 16, 2048)]
+E4M3 = torch.float8_e4m3fn
+# The launch fp8 caches took before (two walks, 2 stages; 128 rows, 4 warps, 3 stages from 2,048
+# queries a chunk; maxnreg 255: no cap, as the compiler's own choice would be)
+EARLIER_FP8 = dict(tile_n=64, num_warps=4, num_stages=2, one_loop=False, table_ahead=False,
+                   maxnreg=255)
+EARLIER_FP8_LONG = dict(EARLIER_FP8, num_stages=3)
+# label -> (cache dtype, module, options or a function of the case giving them, points)
+PERSISTENT_POINTS = [(8, 512, 0), (32, 128, 0), (1, 512, 0), (1, 2048, 0)]
+
+
+def earlier_fp8(case) -> dict:
+    long = case.q.shape[0] >= 2048 * case.query_lens.shape[0]
+    return EARLIER_FP8_LONG if long else EARLIER_FP8
+
+
+def variants(copy, on_cuda: bool):
+    """label -> (cache dtype or None for q's, prefill function, options(case), points)."""
+    pkg = triton_prefill.triton_paged_prefill
+    none = lambda case: {}  # noqa: E731
+    out = {"bf16 default": (None, pkg, none, ALL_POINTS)}
+    if copy is not None:
+        out["copy default"] = (None, copy.triton_paged_prefill, none, PERSISTENT_POINTS)
+        # (a persistent grid is sized from the GPU's SM count: CUDA only)
+        for opts in ("persistent=3", "persistent=2", "persistent=3/flatten=True")[:3 * on_cuda]:
+            parsed = {k: parse_value(v) for k, v in (o.split("=") for o in opts.split("/"))}
+            out[f"copy {opts}"] = (None, copy.triton_paged_prefill,
+                                   lambda case, parsed=parsed: parsed, PERSISTENT_POINTS)
+    out["e4m3 default"] = (E4M3, pkg, none, ALL_POINTS)
+    out["e4m3 earlier"] = (E4M3, pkg, earlier_fp8, ALL_POINTS)
+    return out
 
 
 def parse_value(text: str):
@@ -49,116 +78,78 @@ def parse_value(text: str):
     return None if text == "None" else int(text)
 
 
-def options(name: str, launch: dict) -> dict:
-    """Launch options of a variant name on top of the point's default ``launch``."""
-    if name == "default":
-        return dict(launch)
-    opts = dict(launch)
-    for part in name.split("/"):
-        if part == "ahead":
-            opts["scores_ahead"] = True
-        elif part != "fp8-launch":
-            key, _, value = part.partition("=")
-            opts[key] = parse_value(value)
-    return opts
-
-
-def default_launch(case, fp8: bool) -> dict:
-    """``prefill_launch``'s choice for this input, as keyword options of the wrapper."""
-    q, block_tables = case.q, case.block_tables
-    num_seqs, total = case.query_lens.shape[0], q.shape[0]
-    group = q.shape[1] // case.k_cache.shape[2]
-    tokens = max(16, 64) // group  # the wrapper sizes the grid for 64-row programs
-    programs = (total // tokens + num_seqs) * case.k_cache.shape[2]
-    launch = triton_prefill.prefill_launch(
-        q.shape[2], q.dtype, q.device, mean_chunk=-(-total // num_seqs), programs=programs,
-        max_keys=block_tables.shape[1] * case.k_cache.shape[1], fp8=fp8)
-    return {k: v for k, v in dataclasses.asdict(launch).items() if k != "rows"}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--copy", default="", help="a copy of triton_prefill.py to time too")
     args = parser.parse_args()
     dev = args.device
     on_cuda = dev == "cuda"
     scale = SHAPE[2] ** -0.5
     dtype = torch.bfloat16 if on_cuda else torch.float32
-    e4m3 = torch.float8_e4m3fn
+    copy = None
+    if args.copy:
+        spec = importlib.util.spec_from_file_location("prefill_copy", args.copy)
+        copy = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = copy  # dataclasses look their module up
+        spec.loader.exec_module(copy)
+    chosen = variants(copy, on_cuda)
     gen = torch.Generator().manual_seed(7)
     checks, rows = [], []
-    bf16_variants = ["default", "ahead", *EXTRA]
-    fp8_variants = ["fp8-launch", "default", "ahead"]  # default/ahead: the bf16 launch
 
-    def check(kind, name, case_name, out, ref):
-        checks.append(dict(kind=kind, variant=name, case=case_name, err=relative_error(out, ref)))
+    def cast(inp, cache):
+        return inp if cache is None else quantized_inputs(inp, cache, seed=5)
+
+    def check(name, case_name, out, ref):
+        checks.append(dict(variant=name, case=case_name, err=relative_error(out, ref)))
         print(checks[-1], flush=True)
 
-    ragged = RAGGED if on_cuda else [([1, 17, 40], [1, 0, 40])]
-    for lens, qlens in ragged:
+    for lens, qlens in RAGGED if on_cuda else [([1, 17, 40], [1, 0, 40])]:
         inp = make_paged_inputs(lens, *SHAPE, BLOCK_SIZE, dtype, dev, seed=5)
         q = torch.randn(sum(qlens), SHAPE[0], SHAPE[2], generator=gen).to(dev, dtype)
         inp = dataclasses.replace(inp, q=q, query_lens=torch.tensor(qlens, dtype=torch.int32,
                                                                     device=dev))
-        quant = quantized_inputs(inp, e4m3, seed=5) if on_cuda else None
-        for kind, case in (("bf16", inp), ("e4m3", quant)):
-            if case is None:
-                continue
-            ref = reference_prefill(*case.args(), scale, **case.scales())
-            base = default_launch(case, fp8=False)
-            for name in bf16_variants if kind == "bf16" else fp8_variants:
-                launch = default_launch(case, fp8=True) if name == "fp8-launch" else base
-                out = triton_prefill.triton_paged_prefill(*case.args(), scale, **case.scales(),
-                                                          **options(name, launch))
-                check(kind, name, f"ragged{len(lens)}", out, ref)
+        for name, (cache, fn, opts, _) in chosen.items():
+            case = cast(inp, cache)
+            check(name, f"ragged{len(lens)}",
+                  fn(*case.args(), scale, **case.scales(), **opts(case)),
+                  reference_prefill(*case.args(), scale, **case.scales()))
 
     timing = dict(device=dev, warmup=2 if on_cuda else 0, repeat=args.repeat if on_cuda else 1,
                   cuda_graph=on_cuda)
-    cpu_points = [(2, 16, 0), (1, 8, 20)]
-    plan = [("bf16", p) for p in (BF16_POINTS if on_cuda else cpu_points)]
-    plan += [("e4m3", p) for p in (FP8_POINTS if on_cuda else cpu_points[:1])]
-    for kind, point in plan:
-        case = prefill_case(*point, SHAPE, BLOCK_SIZE, dtype, dev, seed=3)
-        if kind == "e4m3":
-            case = quantized_inputs(case, e4m3, spread=1.0)
-        base = default_launch(case, fp8=False)
-        if kind == "bf16":
-            names = [n for n in bf16_variants if n not in EXTRA or point in EXTRA[n]
-                     or not on_cuda]
-        else:
-            names = fp8_variants
+    for point in ALL_POINTS if on_cuda else [(2, 16, 0), (1, 8, 20)]:
+        here = {n: v for n, v in chosen.items() if point in v[3] or not on_cuda}
+        plain = prefill_case(*point, SHAPE, BLOCK_SIZE, dtype, dev, seed=3)
         calls = {}
-        for name in names:
-            launch = default_launch(case, fp8=True) if name == "fp8-launch" else base
-            calls[name] = functools.partial(triton_prefill.triton_paged_prefill, *case.args(),
-                                            scale, **case.scales(), **options(name, launch))
-        ref = torch_paged_prefill(*[t.float() if t.is_floating_point() and t.element_size() > 1
-                                    else t for t in case.args()], scale, **case.scales())
-        for name, fn in calls.items():
-            check(kind, name, str(point), fn(), ref)
-        del ref
+        for cache in {v[0] for v in here.values()}:
+            case = plain if cache is None else quantized_inputs(plain, cache, spread=1.0)
+            ref = torch_paged_prefill(*[t.float() if t.is_floating_point()
+                                        and t.element_size() > 1 else t for t in case.args()],
+                                      scale, **case.scales())
+            for name, (c, fn, opts, _) in here.items():
+                if c == cache:
+                    calls[name] = functools.partial(fn, *case.args(), scale, **case.scales(),
+                                                    **opts(case))
+                    check(name, str(point), calls[name](), ref)
+            del ref
         sdpa = sdpa_causal(*point, SHAPE, dtype, dev, seed=3)
         for rnd in range(args.rounds if on_cuda else 1):
             sdpa_us = measure(sdpa, **timing).median_us
-            rows.append(dict(kind=kind, variant="sdpa", round=rnd, batch=point[0],
-                             query_len=point[1], cached=point[2], time_us=sdpa_us,
-                             sdpa_us=sdpa_us, ratio=1.0))
+            rows.append(dict(variant="sdpa", round=rnd, batch=point[0], query_len=point[1],
+                             cached=point[2], time_us=sdpa_us, sdpa_us=sdpa_us, ratio=1.0))
             for name, fn in calls.items():
                 t = measure(fn, **timing)
-                rows.append(dict(kind=kind, variant=name, round=rnd, batch=point[0],
-                                 query_len=point[1], cached=point[2], time_us=t.median_us,
-                                 q20_us=t.q20_us, q80_us=t.q80_us, sdpa_us=sdpa_us,
-                                 ratio=t.median_us / sdpa_us,
+                rows.append(dict(variant=name, round=rnd, batch=point[0], query_len=point[1],
+                                 cached=point[2], time_us=t.median_us, q20_us=t.q20_us,
+                                 q80_us=t.q80_us, sdpa_us=sdpa_us, ratio=t.median_us / sdpa_us,
                                  tflops=causal_flops(*point, SHAPE[0], SHAPE[2])
-                                 / t.median_us / 1e6,
-                                 launch=str(options(name, default_launch(case, True)
-                                                    if name == "fp8-launch" else base))))
-                print({k: rows[-1][k] for k in ("kind", "variant", "round", "batch", "query_len",
+                                 / t.median_us / 1e6))
+                print({k: rows[-1][k] for k in ("variant", "round", "batch", "query_len",
                                                 "cached", "time_us", "ratio")}, flush=True)
-        del case, calls
+        del plain, calls
         if on_cuda:
             torch.cuda.empty_cache()
     times, errors = pd.DataFrame(rows), pd.DataFrame(checks)
@@ -166,20 +157,13 @@ def main() -> None:
     times.to_csv(stem + ".csv", index=False)
     errors.to_csv(stem + "_checks.csv", index=False)
     pd.set_option("display.width", 250)
-    pd.set_option("display.max_colwidth", 40)
-    worst = errors.groupby(["kind", "variant"])["err"].max()
-    for kind in ("bf16", "e4m3"):
-        part = times[times.kind == kind]
-        if part.empty:
-            continue
-        table = part.pivot_table(index="variant", columns=["batch", "query_len", "cached"],
-                                 values="ratio", aggfunc="mean", sort=False)
-        table["worst err"] = worst[kind].reindex(table.index) if kind in worst else None
-        print(f"\n{kind}: mean time / SDPA over rounds (same process, CUDA graphs, L2 flushed)")
-        print(table.round(3).to_string())
-        print(part.pivot_table(index=["variant", "round"], columns=["batch", "query_len",
-                                                                    "cached"],
-                               values="time_us", sort=False).round(1).to_string())
+    table = times.pivot_table(index="variant", columns=["batch", "query_len", "cached"],
+                              values="ratio", aggfunc="mean", sort=False)
+    print("\nmean time / SDPA over rounds (same process, CUDA graphs, L2 flushed)")
+    print(table.round(3).to_string())
+    print("worst error per variant:", errors.groupby("variant")["err"].max().round(4).to_dict())
+    print(times.pivot_table(index=["variant", "round"], columns=["batch", "query_len", "cached"],
+                            values="time_us", sort=False).round(1).to_string())
 
 
 if __name__ == "__main__":

@@ -54,30 +54,27 @@ def _table_entries(table_row, pos, end, BLOCK_SIZE: tl.constexpr, MASKED: tl.con
 
 
 @triton.jit
-def _cache_rows(X, block, pos, end, dims, head, stride_b, stride_t,
-                BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-                MASKED: tl.constexpr, WIDE_INDEX: tl.constexpr):
-    """The rows of cache ``X`` (K or V) of the key positions ``pos`` in blocks ``block``."""
-    if WIDE_INDEX:
-        block = block.to(tl.int64)
-    ptr = X + (block * stride_b + (pos % BLOCK_SIZE) * stride_t + head)[:, None] + dims[None, :]
-    if MASKED:
-        return tl.load(ptr, mask=(pos < end)[:, None] & (dims < HEAD_DIM)[None, :], other=0.0)
-    if DIM_PAD != HEAD_DIM:
-        return tl.load(ptr, mask=(dims < HEAD_DIM)[None, :], other=0.0)
-    return tl.load(ptr)
-
-
-@triton.jit
 def _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
              stride_kb, stride_kt, stride_vb, stride_vt,
              BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
              MASKED: tl.constexpr, WIDE_INDEX: tl.constexpr):
     """The K and V rows of the key positions ``pos`` in blocks ``block``."""
-    k = _cache_rows(K, block, pos, end, dims, k_head, stride_kb, stride_kt,
-                    BLOCK_SIZE, HEAD_DIM, DIM_PAD, MASKED, WIDE_INDEX)
-    v = _cache_rows(V, block, pos, end, dims, v_head, stride_vb, stride_vt,
-                    BLOCK_SIZE, HEAD_DIM, DIM_PAD, MASKED, WIDE_INDEX)
+    if WIDE_INDEX:
+        block = block.to(tl.int64)
+    slot = pos % BLOCK_SIZE
+    k_ptr = K + (block * stride_kb + slot * stride_kt + k_head)[:, None] + dims[None, :]
+    v_ptr = V + (block * stride_vb + slot * stride_vt + v_head)[:, None] + dims[None, :]
+    if MASKED:
+        kv_mask = (pos < end)[:, None] & (dims < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr, mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr, mask=kv_mask, other=0.0)
+    elif DIM_PAD != HEAD_DIM:
+        dim_ok = (dims < HEAD_DIM)[None, :]
+        k = tl.load(k_ptr, mask=dim_ok, other=0.0)
+        v = tl.load(v_ptr, mask=dim_ok, other=0.0)
+    else:
+        k = tl.load(k_ptr)
+        v = tl.load(v_ptr)
     return k, v
 
 
@@ -91,30 +88,20 @@ def _scores(q, k, IEEE_DOT: tl.constexpr):
 
 
 @triton.jit
-def _softmax_weights(s, m_i, l_i, acc, scale_log2e):
-    """The online softmax's update for the scores ``s`` (masked ones -inf) of one key tile:
-    running max ``m_i`` and sum ``l_i`` (log2 domain), ``acc`` rescaled to the new max, and
-    the tile's weights ``p``, which ``acc`` takes times the tile's values next. The scale
-    (positive) goes into the exponent's multiply-add; -inf stays -inf."""
+def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
+    """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
+    and the output ``acc``, updated with the scores ``s`` (masked ones -inf) and values
+    ``v``. The scale (positive) goes into the exponent's multiply-add; -inf stays -inf."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
     p = tl.exp2(s * scale_log2e - m_new[:, None])
     alpha = tl.exp2(m_i - m_new)
-    return m_new, l_i * alpha + tl.sum(p, 1), acc * alpha[:, None], p
-
-
-@triton.jit
-def _add_values(p, v, acc, IEEE_DOT: tl.constexpr):
-    """``acc + p @ v`` (``p`` taken in ``v``'s dtype unless ``IEEE_DOT``)."""
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
     if IEEE_DOT:
-        return tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(p.to(v.dtype), v, acc)
-
-
-@triton.jit
-def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
-    """One key tile of the online softmax (``_softmax_weights``), its values added."""
-    m_i, l_i, acc, p = _softmax_weights(s, m_i, l_i, acc, scale_log2e)
-    return m_i, l_i, _add_values(p, v, acc, IEEE_DOT)
+        acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
+    else:
+        acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_new, l_i, acc
 
 
 @triton.jit
@@ -152,68 +139,6 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
-def _causal(s, pos, end, q_pos):
-    """Scores ``s`` with those of keys at or beyond ``end`` or after the row's query -inf."""
-    return tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-
-
-@triton.jit
-def _walk_scores_ahead(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc,
-                       scale_log2e, offs, dims, k_head, v_head,
-                       stride_kb, stride_kt, stride_vb, stride_vt,
-                       BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                       DIM_PAD: tl.constexpr, IEEE_DOT: tl.constexpr, WIDE_INDEX: tl.constexpr):
-    """As ``_walk`` with ``MASKED`` (for ``lo < hi``), ordered so that a tile's softmax runs
-    while the tensor cores compute the next tile's scores (FlashAttention-3's overlap within
-    a warpgroup). Iteration ``j`` adds tile ``j - 1``'s values (``p @ v``, waited on), then
-    issues ``q @ k^T`` of tile ``j + 1`` and computes tile ``j``'s softmax from the scores
-    issued an iteration earlier. Triton's pipeliner leaves a Hopper dot in flight across
-    iterations only when its result, carried through the loop, is first read after a dot
-    that is waited on (here ``p @ v``); any other order waits on ``q @ k^T`` at once.
-    Block ids are loaded an iteration before the K or V rows they address."""
-    last = lo + (hi - 1 - lo) // TILE_N * TILE_N  # the last tile's first key
-    pos = lo + offs
-    block = _table_entries(table_row, pos, end, BLOCK_SIZE, True)
-    k = _cache_rows(K, block, pos, end, dims, k_head, stride_kb, stride_kt,
-                    BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-    m_i, l_i, acc, p = _softmax_weights(_causal(_scores(q, k.to(q.dtype), IEEE_DOT), pos, end,
-                                                q_pos), m_i, l_i, acc, scale_log2e)
-    v_block = block
-    if lo < last:
-        pos = lo + TILE_N + offs
-        block = _table_entries(table_row, pos, end, BLOCK_SIZE, True)
-        k = _cache_rows(K, block, pos, end, dims, k_head, stride_kb, stride_kt,
-                        BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-        s = _causal(_scores(q, k.to(q.dtype), IEEE_DOT), pos, end, q_pos)
-    else:
-        s = tl.zeros([q.shape[0], TILE_N], tl.float32)
-    k_block = _table_entries(table_row, lo + 2 * TILE_N + offs, end, BLOCK_SIZE, True)
-    for start in range(lo + TILE_N, last, TILE_N):
-        pos = start + offs
-        v = _cache_rows(V, v_block, pos - TILE_N, end, dims, v_head, stride_vb, stride_vt,
-                        BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-        k = _cache_rows(K, k_block, pos + TILE_N, end, dims, k_head, stride_kb, stride_kt,
-                        BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-        v_block = _table_entries(table_row, pos, end, BLOCK_SIZE, True)
-        k_block = _table_entries(table_row, pos + 2 * TILE_N, end, BLOCK_SIZE, True)
-        acc = _add_values(p, v.to(q.dtype), acc, IEEE_DOT)
-        s_next = _scores(q, k.to(q.dtype), IEEE_DOT)
-        m_i, l_i, acc, p = _softmax_weights(_causal(s, pos, end, q_pos), m_i, l_i, acc,
-                                            scale_log2e)
-        s = s_next
-    if lo < last:  # the last tile, its scores issued in the loop (or before it)
-        pos = last + offs
-        v = _cache_rows(V, v_block, pos - TILE_N, end, dims, v_head, stride_vb, stride_vt,
-                        BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-        acc = _add_values(p, v.to(q.dtype), acc, IEEE_DOT)
-        m_i, l_i, acc, p = _softmax_weights(s, m_i, l_i, acc, scale_log2e)
-        v_block = _table_entries(table_row, pos, end, BLOCK_SIZE, True)
-    v = _cache_rows(V, v_block, last + offs, end, dims, v_head, stride_vb, stride_vt,
-                    BLOCK_SIZE, HEAD_DIM, DIM_PAD, True, WIDE_INDEX)
-    return m_i, l_i, _add_values(p, v.to(q.dtype), acc, IEEE_DOT)
-
-
-@triton.jit
 def _prefill_kernel(
     Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
@@ -224,7 +149,7 @@ def _prefill_kernel(
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
-    SCORES_AHEAD: tl.constexpr, IEEE_DOT: tl.constexpr,
+    IEEE_DOT: tl.constexpr,
     FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -290,13 +215,7 @@ def _prefill_kernel(
         offs = tl.arange(0, TILE_N)
         # (key 0 is visible to every row, so each row's running max is finite after the first
         # tile, whichever loop visits it)
-        if SCORES_AHEAD:  # one walk, each tile's q @ k^T issued before the previous softmax
-            m_i, l_i, acc = _walk_scores_ahead(q, K, V, table_row, 0, end, full_end, end, q_pos,
-                                               m_i, l_i, acc, scale_log2e, offs, dims, k_head,
-                                               v_head, stride_kb, stride_kt, stride_vb,
-                                               stride_vt, BLOCK_SIZE, TILE_N, HEAD_DIM,
-                                               DIM_PAD, IEEE_DOT, WIDE_INDEX)
-        elif ONE_LOOP:  # one pipelined walk; only the tiles across the diagonal are masked
+        if ONE_LOOP:  # one pipelined walk; only the tiles across the diagonal are masked
             m_i, l_i, acc = _walk(q, K, V, table_row, 0, end, full_end, end, q_pos, m_i, l_i,
                                   acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
@@ -330,12 +249,10 @@ class PrefillLaunch:
     one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
     table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
-    scores_ahead: bool = False  # one walk, each tile's q @ k^T issued a tile ahead
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
-                   mean_chunk: int, programs: int, max_keys: int,
-                   fp8: bool = False) -> PrefillLaunch:
+                   mean_chunk: int, programs: int, max_keys: int) -> PrefillLaunch:
     """The launch for chunks of ``mean_chunk`` queries on average, ``programs`` programs of 64
     rows, and at most ``max_keys`` keys per sequence (the block table's capacity). Measured on
     the H200 (docs/kernels.md, "The Triton paged prefill"):
@@ -351,15 +268,12 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
       only more programs in flight hide.
 
-    fp8 caches, fp32, head dims over 128 and other devices keep the earlier launch (64 rows,
-    4 warps, 2 stages, two walks; 128 rows pipelined 3 deep for long chunks): not measured
-    otherwise."""
+    fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 2-11% faster
+    with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
+    warps, 3 stages for long chunks). fp32, head dims over 128 and other devices keep that
+    earlier launch: not measured otherwise."""
     tile_n = default_tile_n(head_dim, dtype)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return PrefillLaunch(64, tile_n, 4, 2, False, False)
-    if fp8:
-        if mean_chunk >= LONG_CHUNK:
-            return PrefillLaunch(128, tile_n, 4, 3, False, False)
         return PrefillLaunch(64, tile_n, 4, 2, False, False)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= LONG_CHUNK:
@@ -399,7 +313,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None, scores_ahead: bool | None = None):
+                         maxnreg: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -429,7 +343,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
                             programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
                                                 kv_heads),
-                            max_keys=tables.shape[1] * block_size, fp8=fp8)
+                            max_keys=tables.shape[1] * block_size)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
         rows = min(chosen.rows, mean_chunk * group)
     rows = _padded_rows(rows, group)
@@ -450,7 +364,6 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
         ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
-        SCORES_AHEAD=chosen.scores_ahead if scores_ahead is None else bool(scores_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,

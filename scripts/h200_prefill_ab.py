@@ -1,18 +1,16 @@
-"""H200: prefill launch variants against SDPA in one process (CUDA graphs), each checked first.
+"""H200: the Triton paged prefill against SDPA and against another version of itself, one process.
 
-    PYTHONPATH=. python3 scripts/h200_prefill_overlap.py --out $OUT
-    PYTHONPATH=. python3 scripts/h200_prefill_overlap.py --device cpu   # tiny dry run
+    PYTHONPATH=. python3 scripts/h200_prefill_ab.py --out $OUT [--copy FILE]
+    PYTHONPATH=. python3 scripts/h200_prefill_ab.py --device cpu   # tiny dry run
 
-    PYTHONPATH=. python3 scripts/h200_prefill_overlap.py --copy FILE   # also time a copy
-
-Variants (``variants``): the package's launch on bf16 caches and on e4m3 caches (per KV-head
-scales) at every point of the prefill sweep, e4m3 with the launch fp8 caches took before, and,
-with ``--copy``, a modified copy of ``triton_prefill.py`` (its default and launch options such
-as ``persistent=3``) at a few points. Every variant is checked against float64 on ragged
-NaN-poisoned inputs and against float32 at every timed point (e4m3: on the dequantised cache),
-then timed through a CUDA graph (L2 flushed, median of ``--repeat``) beside causal SDPA on a
-contiguous bf16 cache, in ``--rounds`` rounds. Writes prefill_overlap.csv and
-prefill_overlap_checks.csv.
+Variants (``variants``), at every point of the prefill sweep (Llama-3-8B shape, block 16): the
+package's launch on bf16 caches and on e4m3 caches (per KV-head scales), e4m3 with the launch
+fp8 caches took before, and with ``--copy FILE`` another version of ``triton_prefill.py``
+(e.g. ``git show REV:pagebench/kernels/triton_prefill.py > FILE``) with its own launches. Each
+is checked against float64 on ragged NaN-poisoned inputs and against float32 at every timed
+point (e4m3: on the dequantised cache), then timed through a CUDA graph (L2 flushed, median of
+``--repeat``) beside causal SDPA on a contiguous bf16 cache, in ``--rounds`` rounds. Writes
+prefill_ab.csv and prefill_ab_checks.csv.
 """
 
 from __future__ import annotations
@@ -46,8 +44,6 @@ E4M3 = torch.float8_e4m3fn
 EARLIER_FP8 = dict(tile_n=64, num_warps=4, num_stages=2, one_loop=False, table_ahead=False,
                    maxnreg=255)
 EARLIER_FP8_LONG = dict(EARLIER_FP8, num_stages=3)
-# label -> (cache dtype, module, options or a function of the case giving them, points)
-PERSISTENT_POINTS = [(8, 512, 0), (32, 128, 0), (1, 512, 0), (1, 2048, 0)]
 
 
 def earlier_fp8(case) -> dict:
@@ -55,18 +51,13 @@ def earlier_fp8(case) -> dict:
     return EARLIER_FP8_LONG if long else EARLIER_FP8
 
 
-def variants(copy, on_cuda: bool):
+def variants(copy):
     """label -> (cache dtype or None for q's, prefill function, options(case), points)."""
     pkg = triton_prefill.triton_paged_prefill
     none = lambda case: {}  # noqa: E731
     out = {"bf16 default": (None, pkg, none, ALL_POINTS)}
     if copy is not None:
-        out["copy default"] = (None, copy.triton_paged_prefill, none, PERSISTENT_POINTS)
-        # (a persistent grid is sized from the GPU's SM count: CUDA only)
-        for opts in ("persistent=3", "persistent=2", "persistent=3/flatten=True")[:3 * on_cuda]:
-            parsed = {k: parse_value(v) for k, v in (o.split("=") for o in opts.split("/"))}
-            out[f"copy {opts}"] = (None, copy.triton_paged_prefill,
-                                   lambda case, parsed=parsed: parsed, PERSISTENT_POINTS)
+        out["copy default"] = (None, copy.triton_paged_prefill, none, ALL_POINTS)
     out["e4m3 default"] = (E4M3, pkg, none, ALL_POINTS)
     out["e4m3 earlier"] = (E4M3, pkg, earlier_fp8, ALL_POINTS)
     return out
@@ -96,7 +87,7 @@ def main() -> None:
         copy = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = copy  # dataclasses look their module up
         spec.loader.exec_module(copy)
-    chosen = variants(copy, on_cuda)
+    chosen = variants(copy)
     gen = torch.Generator().manual_seed(7)
     checks, rows = [], []
 
@@ -153,7 +144,7 @@ def main() -> None:
         if on_cuda:
             torch.cuda.empty_cache()
     times, errors = pd.DataFrame(rows), pd.DataFrame(checks)
-    stem = os.path.join(args.out, "prefill_overlap")
+    stem = os.path.join(args.out, "prefill_ab")
     times.to_csv(stem + ".csv", index=False)
     errors.to_csv(stem + "_checks.csv", index=False)
     pd.set_option("display.width", 250)

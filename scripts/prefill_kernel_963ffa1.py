@@ -139,30 +139,7 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
-def _scan_step(Q_LENS, SEQ_LENS, chunk, num_seqs, tile, seq, q_start, tile_start, tiles_before,
-               q_len, seq_len, TOKENS: tl.constexpr, SCAN: tl.constexpr):
-    """Sequences ``chunk .. chunk + SCAN`` of the scan for ``tile``'s sequence."""
-    idx = chunk + tl.arange(0, SCAN)
-    listed = idx < num_seqs
-    lens = tl.load(Q_LENS + idx, mask=listed, other=0)
-    # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
-    totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
-    tiles = (lens + (TOKENS - 1)) // TOKENS
-    through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
-    before = through <= tile
-    mine = (through - tiles <= tile) & (tile < through)
-    seq += tl.sum(before.to(tl.int32), 0)
-    q_start += tl.sum(tl.where(before, lens, 0), 0)
-    tile_start += tl.sum(tl.where(before, tiles, 0), 0)
-    q_len += tl.sum(tl.where(mine, lens, 0), 0)
-    seq_len += tl.sum(tl.where(mine, totals, 0), 0)
-    tiles_before += tl.sum(tiles, 0)
-    return seq, q_start, tile_start, tiles_before, q_len, seq_len
-
-
-@triton.jit
-def _prefill_one(
-    w, num_work,
+def _prefill_kernel(
     Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
     stride_qt, stride_qh,
@@ -173,10 +150,11 @@ def _prefill_one(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ONE_SCAN: tl.constexpr, FLATTEN: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
-    kv_head = w % KV_HEADS
-    tile = (num_work - 1 - w) // KV_HEADS  # the last tiles (longest walks) first
+    pid = tl.program_id(0)
+    kv_head = pid % KV_HEADS
+    tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
     # This tile's sequence is the one whose tiles (numbered one after another over the
@@ -191,16 +169,23 @@ def _prefill_one(
     tiles_before = 0
     q_len = 0
     seq_len = 0
-    if ONE_SCAN:  # every sequence in one step: no loop
-        seq, q_start, tile_start, tiles_before, q_len, seq_len = _scan_step(
-            Q_LENS, SEQ_LENS, 0, num_seqs, tile, seq, q_start, tile_start, tiles_before, q_len,
-            seq_len, TOKENS, SCAN)
-    else:
-        for chunk in range(0, num_seqs, SCAN):
-            seq, q_start, tile_start, tiles_before, q_len, seq_len = _scan_step(
-                Q_LENS, SEQ_LENS, chunk, num_seqs, tile, seq, q_start, tile_start, tiles_before,
-                q_len, seq_len, TOKENS, SCAN)
-    if (seq < num_seqs) | FLATTEN:  # the grid is an upper bound on the tile count: the rest do nothing
+    for chunk in range(0, num_seqs, SCAN):
+        idx = chunk + tl.arange(0, SCAN)
+        listed = idx < num_seqs
+        lens = tl.load(Q_LENS + idx, mask=listed, other=0)
+        # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
+        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
+        tiles = (lens + (TOKENS - 1)) // TOKENS
+        through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
+        before = through <= tile
+        mine = (through - tiles <= tile) & (tile < through)
+        seq += tl.sum(before.to(tl.int32), 0)
+        q_start += tl.sum(tl.where(before, lens, 0), 0)
+        tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+        q_len += tl.sum(tl.where(mine, lens, 0), 0)
+        seq_len += tl.sum(tl.where(mine, totals, 0), 0)
+        tiles_before += tl.sum(tiles, 0)
+    if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
         first = (tile - tile_start) * TOKENS
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
@@ -254,29 +239,6 @@ def _prefill_one(
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-
-@triton.jit
-def _prefill_kernel(
-    Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
-    num_seqs, num_work, scale_log2e,
-    stride_qt, stride_qh,
-    stride_kb, stride_kt, stride_kh,
-    stride_vb, stride_vt, stride_vh,
-    stride_ts, stride_ot, stride_oh,
-    KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
-    IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    ONE_SCAN: tl.constexpr, PERSISTENT: tl.constexpr, FLATTEN: tl.constexpr,
-):
-    if PERSISTENT:  # one program per slot, taking work items num_programs apart
-        for w in tl.range(tl.program_id(0), num_work, tl.num_programs(0), flatten=FLATTEN):
-            _prefill_one(w, num_work, Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE, num_seqs, scale_log2e, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_ts, stride_ot, stride_oh, KV_HEADS, GROUP, TOKENS, ROWS, BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, SCAN, ONE_LOOP, TABLE_AHEAD, IEEE_DOT, FP8, WIDE_INDEX, ONE_SCAN, FLATTEN)
-    else:
-        _prefill_one(tl.program_id(0), num_work, Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE, num_seqs, scale_log2e, stride_qt, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_ts, stride_ot, stride_oh, KV_HEADS, GROUP, TOKENS, ROWS, BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, SCAN, ONE_LOOP, TABLE_AHEAD, IEEE_DOT, FP8, WIDE_INDEX, ONE_SCAN, FLATTEN)
-
-
 @dataclasses.dataclass(frozen=True, slots=True)
 class PrefillLaunch:
     """A launch configuration of the prefill kernel (``triton_paged_prefill``'s options)."""
@@ -290,8 +252,7 @@ class PrefillLaunch:
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
-                   mean_chunk: int, programs: int, max_keys: int,
-                   fp8: bool = False) -> PrefillLaunch:
+                   mean_chunk: int, programs: int, max_keys: int) -> PrefillLaunch:
     """The launch for chunks of ``mean_chunk`` queries on average, ``programs`` programs of 64
     rows, and at most ``max_keys`` keys per sequence (the block table's capacity). Measured on
     the H200 (docs/kernels.md, "The Triton paged prefill"):
@@ -307,15 +268,12 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
       only more programs in flight hide.
 
-    fp8 caches, fp32, head dims over 128 and other devices keep the earlier launch (64 rows,
-    4 warps, 2 stages, two walks; 128 rows pipelined 3 deep for long chunks): not measured
-    otherwise."""
+    fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 2-11% faster
+    with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
+    warps, 3 stages for long chunks). fp32, head dims over 128 and other devices keep that
+    earlier launch: not measured otherwise."""
     tile_n = default_tile_n(head_dim, dtype)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return PrefillLaunch(64, tile_n, 4, 2, False, False)
-    if fp8:
-        if mean_chunk >= LONG_CHUNK:
-            return PrefillLaunch(128, tile_n, 4, 3, False, False)
         return PrefillLaunch(64, tile_n, 4, 2, False, False)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= LONG_CHUNK:
@@ -355,8 +313,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None, persistent: int = 0,
-                         flatten: bool = False):
+                         maxnreg: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -386,7 +343,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
                             programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
                                                 kv_heads),
-                            max_keys=tables.shape[1] * block_size, fp8=fp8)
+                            max_keys=tables.shape[1] * block_size)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
         rows = min(chosen.rows, mean_chunk * group)
     rows = _padded_rows(rows, group)
@@ -394,12 +351,10 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tile_n = tile_n or chosen.tile_n
     maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    num_work = _grid_size(total, num_seqs, tokens, kv_heads)
-    grid = min(num_work, persistent * _sm_count(q.device)) if persistent else num_work
-    _prefill_kernel[(grid,)](
+    _prefill_kernel[(_grid_size(total, num_seqs, tokens, kv_heads),)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
-        num_seqs, num_work, scale * 1.4426950408889634,
+        num_seqs, scale * 1.4426950408889634,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
@@ -412,7 +367,6 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
-        PERSISTENT=bool(persistent), FLATTEN=bool(flatten), ONE_SCAN=num_seqs <= MAX_SCAN,
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

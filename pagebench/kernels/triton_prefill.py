@@ -139,29 +139,6 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
-def _scan_step(Q_LENS, SEQ_LENS, chunk, num_seqs, tile, seq, q_start, tile_start, tiles_before,
-               q_len, seq_len, TOKENS: tl.constexpr, SCAN: tl.constexpr):
-    """Sequences ``chunk .. chunk + SCAN - 1`` of the scan for ``tile``'s sequence: the running
-    counts (``_prefill_kernel``) updated with them."""
-    idx = chunk + tl.arange(0, SCAN)
-    listed = idx < num_seqs
-    lens = tl.load(Q_LENS + idx, mask=listed, other=0)
-    # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
-    totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
-    tiles = (lens + (TOKENS - 1)) // TOKENS
-    through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
-    before = through <= tile
-    mine = (through - tiles <= tile) & (tile < through)
-    seq += tl.sum(before.to(tl.int32), 0)
-    q_start += tl.sum(tl.where(before, lens, 0), 0)
-    tile_start += tl.sum(tl.where(before, tiles, 0), 0)
-    q_len += tl.sum(tl.where(mine, lens, 0), 0)
-    seq_len += tl.sum(tl.where(mine, totals, 0), 0)
-    tiles_before += tl.sum(tiles, 0)
-    return seq, q_start, tile_start, tiles_before, q_len, seq_len
-
-
-@triton.jit
 def _prefill_kernel(
     Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
@@ -173,7 +150,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ONE_SCAN: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -192,15 +169,22 @@ def _prefill_kernel(
     tiles_before = 0
     q_len = 0
     seq_len = 0
-    if ONE_SCAN:  # every sequence in one step, without a loop around it (2-4% at 1 x 512)
-        seq, q_start, tile_start, tiles_before, q_len, seq_len = _scan_step(
-            Q_LENS, SEQ_LENS, 0, num_seqs, tile, seq, q_start, tile_start, tiles_before, q_len,
-            seq_len, TOKENS, SCAN)
-    else:
-        for chunk in range(0, num_seqs, SCAN):
-            seq, q_start, tile_start, tiles_before, q_len, seq_len = _scan_step(
-                Q_LENS, SEQ_LENS, chunk, num_seqs, tile, seq, q_start, tile_start, tiles_before,
-                q_len, seq_len, TOKENS, SCAN)
+    for chunk in range(0, num_seqs, SCAN):
+        idx = chunk + tl.arange(0, SCAN)
+        listed = idx < num_seqs
+        lens = tl.load(Q_LENS + idx, mask=listed, other=0)
+        # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
+        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
+        tiles = (lens + (TOKENS - 1)) // TOKENS
+        through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
+        before = through <= tile
+        mine = (through - tiles <= tile) & (tile < through)
+        seq += tl.sum(before.to(tl.int32), 0)
+        q_start += tl.sum(tl.where(before, lens, 0), 0)
+        tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+        q_len += tl.sum(tl.where(mine, lens, 0), 0)
+        seq_len += tl.sum(tl.where(mine, totals, 0), 0)
+        tiles_before += tl.sum(tiles, 0)
     if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
         first = (tile - tile_start) * TOKENS
         rows = tl.arange(0, ROWS)
@@ -367,7 +351,6 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tile_n = tile_n or chosen.tile_n
     maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    scan_width = next_pow2(scan or min(num_seqs, MAX_SCAN))
     _prefill_kernel[(_grid_size(total, num_seqs, tokens, kv_heads),)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
@@ -378,7 +361,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
-        SCAN=scan_width, ONE_SCAN=num_seqs <= scan_width,
+        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
         ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),

@@ -268,10 +268,11 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
       only more programs in flight hide.
 
-    fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 2-11% faster
+    fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
     with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
-    warps, 3 stages for long chunks). fp32, head dims over 128 and other devices keep that
-    earlier launch: not measured otherwise."""
+    warps, 3 stages for long chunks) at seven of the prefill sweep's nine points, 1% slower
+    for a chunk after a long cached prefix. fp32, head dims over 128 and other devices keep
+    that earlier launch: not measured otherwise."""
     tile_n = default_tile_n(head_dim, dtype)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
         return PrefillLaunch(64, tile_n, 4, 2, False, False)

@@ -15,6 +15,7 @@ reports it at real sizes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import hypothesis.strategies as st
@@ -31,7 +32,9 @@ from pagebench.kernels.registry import backend_available
 
 # per stored element: |stored x scale - real| <= rel x |real| + abs_step x scale. rel is half
 # the spacing of normal numbers (3 mantissa bits for e4m3, 2 for e5m2), abs_step half the
-# subnormal spacing (2^-9 and 2^-16); 2^-8 more covers the unquantised cache's own bf16 rounding.
+# subnormal spacing (2^-9 and 2^-16); 2^-8 more covers the unquantised cache's own bf16 rounding,
+# and half its dtype's subnormal spacing its rounding of tiny values (fp16: 2^-25, which e5m2
+# with a small scale resolves more finely).
 ROUNDING = {torch.float8_e4m3fn: (2.0 ** -4 + 2.0 ** -8, 2.0 ** -10),
             torch.float8_e5m2: (2.0 ** -3 + 2.0 ** -8, 2.0 ** -17)}
 
@@ -67,11 +70,12 @@ def check_rounding(inp, fp8, cache_dtype, seed):
     real = unquantized_caches(inp, seed=seed)
     for name, stored, scale, value in (("k", fp8.k_cache, fp8.k_scale, real[0]),
                                        ("v", fp8.v_cache, fp8.v_scale, real[1])):
+        own = torch.finfo(value.dtype)
         value = value.to(torch.float64)
         scale = scale.to(value.device, torch.float64)[None, None, :, None]
         deq = stored.to(torch.float64) * scale
         finite = torch.isfinite(value)
-        slack = rel * value.abs() + abs_step * scale
+        slack = rel * value.abs() + abs_step * scale + own.smallest_normal * own.eps / 2
         bad = finite & ((deq - value).abs() > slack)
         assert not bad.any(), f"{name}: {int(bad.sum())} elements off by more than the rounding"
     return real
@@ -194,3 +198,18 @@ def test_triton_fp8_decode_any_query_magnitude():
         err = relative_error(out, reference_decode(*args, **fp8.scales()))
         assert err < TOLERANCE[torch.bfloat16], f"relative error {err:.2e}"
     prop()
+
+
+def test_rounding_check_allows_the_unquantised_dtypes_own_rounding():
+    """An fp16 cache's tiny values are fp16 subnormals, rounded more coarsely than e5m2 with a
+    small scale stores them (found on the H200: 2^-24 in fp16 stored as 2.97e-8): the rounding
+    check takes that rounding, and still refuses an element off by more than both."""
+    case = dict(lengths=[1, 1, 1, 1, 1, 242], q_heads=8, kv_heads=8, head_dim=80, block_size=1,
+                dtype=torch.float16, seed=1)
+    inp, fp8 = _inputs("torch", case, torch.float8_e5m2, "cpu")
+    check_rounding(inp, fp8, torch.float8_e5m2, case["seed"])
+    k_cache = fp8.k_cache.clone()
+    k_cache.view(torch.uint8).bitwise_xor_(0x04)  # the lowest exponent bit: a factor of 2 off
+    off = dataclasses.replace(fp8, k_cache=k_cache)
+    with pytest.raises(AssertionError, match="off by more than the rounding"):
+        check_rounding(inp, off, torch.float8_e5m2, case["seed"])

@@ -252,8 +252,7 @@ class PrefillLaunch:
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
-                   mean_chunk: int, programs: int, max_keys: int,
-                   fp8: bool = False) -> PrefillLaunch:
+                   mean_chunk: int, programs: int, max_keys: int) -> PrefillLaunch:
     """The launch for chunks of ``mean_chunk`` queries on average, ``programs`` programs of 64
     rows, and at most ``max_keys`` keys per sequence (the block table's capacity). Measured on
     the H200 (docs/kernels.md, "The Triton paged prefill"):
@@ -269,15 +268,13 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
       only more programs in flight hide.
 
-    fp8 caches, fp32, head dims over 128 and other devices keep the earlier launch (64 rows,
-    4 warps, 2 stages, two walks; 128 rows pipelined 3 deep for long chunks): not measured
-    otherwise."""
+    fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
+    with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
+    warps, 3 stages for long chunks) at seven of the prefill sweep's nine points, 1% slower
+    for a chunk after a long cached prefix. fp32, head dims over 128 and other devices keep
+    that earlier launch: not measured otherwise."""
     tile_n = default_tile_n(head_dim, dtype)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return PrefillLaunch(64, tile_n, 4, 2, False, False)
-    if fp8:
-        if mean_chunk >= LONG_CHUNK:
-            return PrefillLaunch(128, tile_n, 4, 3, False, False)
         return PrefillLaunch(64, tile_n, 4, 2, False, False)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= LONG_CHUNK:
@@ -347,7 +344,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
                             programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
                                                 kv_heads),
-                            max_keys=tables.shape[1] * block_size, fp8=fp8)
+                            max_keys=tables.shape[1] * block_size)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
         rows = min(chosen.rows, mean_chunk * group)
     rows = _padded_rows(rows, group)

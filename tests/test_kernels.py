@@ -463,6 +463,42 @@ def test_fp8_caches_in_blocks_take_half_tiles_on_two_warps():
     assert default_launch(256, bf16, 256, 4096, fp8=True, block_size=16) == (32, 4)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
+    from pagebench.kernels.fixtures import quantized_inputs
+    from pagebench.kernels.triton_decode import (FP8_LAUNCH, decode_plan, kv_heads_pair,
+                                                 triton_paged_decode)
+
+    assert kv_heads_pair(4, 8, fp8=True) and kv_heads_pair(7, 2, fp8=True)  # Llama, Qwen
+    assert not kv_heads_pair(4, 8, fp8=False)
+    assert not kv_heads_pair(4, 1, fp8=True) and not kv_heads_pair(4, 3, fp8=True)
+    assert not kv_heads_pair(16, 4, fp8=True)  # one group fills the 16 rows
+
+    def launch(inp, **options):
+        kw = decode_plan(*inp.args(), 0.25, **options).split.kwargs
+        return kw["KV_PER_PROGRAM"], (kw["TILE_N"], kw["num_warps"]), kw["GROUP_PAD"]
+
+    for block in (1, 16):
+        inp = make_paged_inputs([5, 70], 16, 4, 16, block, torch.bfloat16, poison=False)
+        fp8 = quantized_inputs(inp, torch.float8_e4m3fn, seed=1)
+        assert launch(fp8) == (2, FP8_LAUNCH, 16)  # block 1 too: its (64, 4) was slower
+        assert launch(inp) == (1, (64, 4), 16)  # bf16 keeps one KV head per program
+        # one head per program on request: the launch it had before pairs existed
+        assert launch(fp8, kv_per_program=1) == (1, FP8_LAUNCH if block > 1 else (64, 4), 16)
+        assert launch(fp8, kv_per_program=4, tile_n=16) == (4, (16, 4), 16)
+        ref = reference_decode(*fp8.args(), 0.25, **fp8.scales())
+        for kv_per_program in (None, 1, 2, 4):
+            for splits in (None, 1):
+                out = triton_paged_decode(*fp8.args(), 0.25, **fp8.scales(), num_splits=splits,
+                                          kv_per_program=kv_per_program)
+                assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
+    odd = quantized_inputs(make_paged_inputs([5], 12, 3, 16, 16, torch.bfloat16),
+                           torch.float8_e5m2)
+    assert launch(odd)[0] == 1
+    with pytest.raises(ValueError, match="kv_per_program: must divide the 3 KV heads"):
+        decode_plan(*odd.args(), 0.25, kv_per_program=2)
+
+
 def test_triton_takes_cpu_tensors_only_where_it_interprets():
     """On a GPU machine Triton compiles: CPU tensors would reach its driver, so the backend does
     not list "cpu" and a CPU call is a ValueError, not a driver error (TRITON_INTERPRET=0 stands

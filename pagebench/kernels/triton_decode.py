@@ -2,8 +2,11 @@
 
 Grid of stage 1: (sequence, KV head, KV split). One program loads the whole group of query heads
 that share its KV head (G = num_q_heads / num_kv_heads, padded to 16 rows for ``tl.dot``), so
-each K/V row is read from memory once per group. It walks its split's token range in tiles of
-``TILE_N`` tokens; each token's physical slot is ``block_tables[s, p // BLOCK_SIZE]`` *
+each K/V row is read from memory once per group; an fp8 cache's programs take two KV heads
+each where their groups fit the 16 rows (``KV_PER_PROGRAM``, ``kv_heads_pair``): the groups
+stacked in the rows, the heads' tiles side by side in the columns, each row masked to its own
+head's columns. It walks its split's token range in tiles of ``TILE_N`` tokens (per KV head);
+each token's physical slot is ``block_tables[s, p // BLOCK_SIZE]`` *
 BLOCK_SIZE + ``p % BLOCK_SIZE``, so the tile size is independent of the block size and any
 block size >= 1 works. Scores and the running max / sum / output are fp32 whatever the input
 dtype. An fp8 cache (``FP8``) is converted exactly as it is loaded (every e4m3 and e5m2 value
@@ -35,6 +38,7 @@ import triton  # noqa: E402 (after TRITON_INTERPRET is decided)
 import triton.language as tl  # noqa: E402 (after TRITON_INTERPRET is decided)
 
 MAX_SPLITS = 512
+MMA_ROWS = 16  # tl.dot's fewest rows: a program's query rows are padded to this
 # A program's fixed cost (load q, write its partial, launch share) in KV tiles: it is what makes
 # an extra wave of short programs cost more than a wave of long ones.
 SPLIT_OVERHEAD_TILES = 2
@@ -116,25 +120,32 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
-    Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr,
+    Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr, KV_PER_PROGRAM: tl.constexpr,
 ):
     seq = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    kv_head = tl.program_id(1) * KV_PER_PROGRAM  # the first of the program's KV heads
     split = tl.program_id(2)
-    if FP8:  # scores of the stored K times k_scale are the real scores
-        scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
     seq_len = tl.load(SEQ_LENS + seq)
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, seq_len)
 
+    # rows: the query groups of the program's KV heads, one after another; each row's KV head
+    # (padding rows take the last one's)
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, DIM_PAD)
-    row_ok = rows < GROUP
+    row_ok = rows < GROUP * KV_PER_PROGRAM
     dim_ok = dims < HEAD_DIM
     heads = kv_head * GROUP + rows
+    row_kv = kv_head + tl.minimum(rows // GROUP, KV_PER_PROGRAM - 1)
+    # columns: the KV heads' tiles side by side, column c is token c % TILE_N of KV head
+    # kv_head + c // TILE_N; a row attends to its own head's columns only
+    cols = tl.arange(0, KV_PER_PROGRAM * TILE_N)
+    col_kv = kv_head + cols // TILE_N
     # load q for the whole group: it stays in registers throughout
     q = tl.load(Q + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
                 mask=row_ok[:, None] & dim_ok[None, :], other=0.0)
+    if FP8:  # scores of the stored K times k_scale are the real scores
+        scale_log2e = scale_log2e * tl.load(K_SCALE + row_kv)[:, None]
     if Q_TO_F16:  # fp8 converts to fp16 in one instruction per pair, to bf16 in three
         q, q_shift = rows_to_f16(q)
         scale_log2e = scale_log2e * q_shift[:, None]
@@ -144,25 +155,26 @@ def _decode_split_kernel(
     acc = tl.zeros([GROUP_PAD, DIM_PAD], tl.float32)
     table_row = TABLES + seq * stride_ts
     for tile_start in range(start, end, TILE_N):
-        pos = tile_start + tl.arange(0, TILE_N)
+        pos = tile_start + cols % TILE_N
         pos_ok = pos < end
         # each token's page from the table: tile and page sizes are independent
         block = tl.load(table_row + pos // BLOCK_SIZE, mask=pos_ok, other=0).to(tl.int64)
-        k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt
-        v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt
+        k_row = block * stride_kb + (pos % BLOCK_SIZE) * stride_kt + col_kv * stride_kh
+        v_row = block * stride_vb + (pos % BLOCK_SIZE) * stride_vt + col_kv * stride_vh
         kv_mask = pos_ok[:, None] & dim_ok[None, :]
-        k = tl.load(K + (k_row + kv_head * stride_kh)[:, None] + dims[None, :],
-                    mask=kv_mask, other=0.0)  # [TILE_N, DIM_PAD]
-        v = tl.load(V + (v_row + kv_head * stride_vh)[:, None] + dims[None, :],
-                    mask=kv_mask, other=0.0)
+        k = tl.load(K + k_row[:, None] + dims[None, :], mask=kv_mask,
+                    other=0.0)  # [KV_PER_PROGRAM * TILE_N, DIM_PAD]
+        v = tl.load(V + v_row[:, None] + dims[None, :], mask=kv_mask, other=0.0)
+        visible = pos_ok[None, :]
+        if KV_PER_PROGRAM > 1:
+            visible = visible & (row_kv[:, None] == col_kv[None, :])
         if FP8_CVT_ASM:  # K converts well where Triton puts it (in the dot operand's layout)
             k, v = k.to(q.dtype), fp8_to_f16(v)
         else:
             k, v = k.to(q.dtype), v.to(q.dtype)
-        m_i, l_i, acc = attend_tile(q, k, v, pos_ok[None, :], m_i, l_i, acc, scale_log2e,
-                                    IEEE_DOT)
+        m_i, l_i, acc = attend_tile(q, k, v, visible, m_i, l_i, acc, scale_log2e, IEEE_DOT)
     if FP8:  # the output is linear in V: one multiply instead of one per element loaded
-        acc = acc * tl.load(V_SCALE + kv_head)
+        acc = acc * tl.load(V_SCALE + row_kv)[:, None]
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
     if DIRECT:
@@ -260,23 +272,33 @@ def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
     return 32 if head_dim > 128 or dtype == torch.float32 else 64
 
 
-# An fp8 cache read through blocks of 2+ tokens: half-size tiles on 2 warps. The fp8 loop is
-# bound by the latency of its per-tile chain on the SM (shared-memory loads and stores,
-# cross-warp reductions, barriers; ncu in docs/kernels.md), not by its loads, and fewer warps
-# per program wait less at each barrier (H200, Llama shape, same process: 0.93-0.98x the time
-# of (64, 4) at blocks 16/128, 32 and 128 x 4096, 0.98-0.99x at 1 x 65536; at block 1, where
-# 5 stages pay, 0.995-1.35x whatever the stages).
+# An fp8 cache read through blocks of 2+ tokens, or whose KV heads pair up: half-size tiles on 2
+# warps. The fp8 loop is bound by the latency of its per-tile chain on the SM (shared-memory
+# loads and stores, cross-warp reductions, barriers; ncu in docs/kernels.md), not by its loads,
+# and fewer warps per program wait less at each barrier (H200, Llama shape, same process:
+# 0.93-0.98x the time of (64, 4) at blocks 16/128, 32 and 128 x 4096, 0.98-0.99x at 1 x 65536;
+# at block 1, where 5 stages pay, 0.995-1.35x whatever the stages). Two KV heads per program
+# (``kv_heads_pair``) then give each step of that chain twice the bytes: 0.94-1.00x the time of
+# one head per program at blocks 16/128, and at block 1 (5 stages) 0.89-0.94x that of (64, 4)
+# (H200, Llama shape, same process; docs/kernels.md).
 FP8_LAUNCH = (32, 2)
 
 
+def kv_heads_pair(group: int, kv_heads: int, fp8: bool) -> bool:
+    """Whether the decode of an ``fp8`` cache can take two KV heads per program: their query
+    groups of ``group`` rows fit the ``MMA_ROWS`` padded rows together."""
+    return fp8 and kv_heads % 2 == 0 and 2 * group <= MMA_ROWS
+
+
 def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int,
-                   fp8: bool = False, block_size: int = 16):
+                   fp8: bool = False, block_size: int = 16, heads_pair: bool = False):
     """(tile_n, num_warps) for ``pairs`` (sequence, KV head) pairs over ``capacity`` tokens;
-    ``fp8``: the cache is fp8, in blocks of ``block_size`` tokens."""
+    ``fp8``: the cache is fp8, in blocks of ``block_size`` tokens; ``heads_pair``: its KV
+    heads pair up (``kv_heads_pair``)."""
     tile_n = default_tile_n(head_dim, dtype)
     if tile_n == 64 and capacity >= LONG_CONTEXT and pairs <= FEW_PAIRS:
         return 128, 8
-    if fp8 and tile_n == 64 and block_size > 1:
+    if fp8 and tile_n == 64 and (block_size > 1 or heads_pair):
         return FP8_LAUNCH
     return tile_n, 4
 
@@ -359,27 +381,36 @@ class DecodePlan:
     strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages):
+                 num_warps, num_stages, kv_per_program=None):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
+        group = q_heads // kv_heads
         capacity = tables.shape[1] * block_size
         fp8 = is_fp8(k_cache.dtype)
+        if kv_per_program is not None and (kv_per_program < 1 or kv_heads % kv_per_program):
+            raise ValueError(f"kv_per_program: must divide the {kv_heads} KV heads, got "
+                             f"{kv_per_program}")
         if tile_n is None and num_warps is None:
+            pair = kv_per_program in (None, 2) and kv_heads_pair(group, kv_heads, fp8)
             tile_n, num_warps = default_launch(head_dim, q.dtype, num_seqs * kv_heads, capacity,
-                                               fp8, block_size)
+                                               fp8, block_size, pair)
+            if kv_per_program is None and pair and (tile_n, num_warps) == FP8_LAUNCH:
+                kv_per_program = 2
         else:  # partly given: the general defaults for the rest
             tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
+        kv_per_program = kv_per_program or 1
         dim_pad = max(16, next_pow2(head_dim))
         num_stages = num_stages or default_num_stages(block_size, fp8)
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
-            GROUP=q_heads // kv_heads, GROUP_PAD=max(16, next_pow2(q_heads // kv_heads)),
+            GROUP=group, GROUP_PAD=max(MMA_ROWS, next_pow2(group * kv_per_program)),
             BLOCK_SIZE=block_size, TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
             DIRECT=False,
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
             FP8=fp8, Q_TO_F16=fp8 and q.dtype == torch.bfloat16,
-            FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device))
+            FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device),
+            KV_PER_PROGRAM=kv_per_program)
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
@@ -401,14 +432,15 @@ class DecodePlan:
                         *scalars(2, tile_n, 16), grid=(1,), **constexprs, **options)
                     _SLOTS[key] = _slots(compiled, q.device.index or 0)
                 slots = _SLOTS[key]
-            num_splits = choose_num_splits(num_seqs * kv_heads, capacity, tile_n, slots)
+            num_splits = choose_num_splits(num_seqs * kv_heads // kv_per_program, capacity,
+                                           tile_n, slots)
         num_splits = max(1, min(num_splits, ceil_div(capacity, tile_n)))
         tokens_per_split = ceil_div(ceil_div(capacity, num_splits), tile_n) * tile_n
         self.num_splits = num_splits = ceil_div(capacity, tokens_per_split)
         parts = num_seqs * q_heads * num_splits
         self.part_numel = parts * (dim_pad + 2) if num_splits > 1 else 0
         self.split = _Launcher(
-            _decode_split_kernel, (num_seqs, kv_heads, num_splits),
+            _decode_split_kernel, (num_seqs, kv_heads // kv_per_program, num_splits),
             scalars(num_splits, tokens_per_split, parts * dim_pad),
             {**constexprs, "DIRECT": num_splits == 1}, options, num_tensors=9)
         self.combine = None
@@ -453,13 +485,14 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
-                num_warps: int | None = None, num_stages: int | None = None) -> DecodePlan:
+                num_warps: int | None = None, num_stages: int | None = None,
+                kv_per_program: int | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
-    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages,
+    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, kv_per_program,
            *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
                                                        seq_lens)))
     plan = _PLANS.get(key)
@@ -467,7 +500,8 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
         if len(_PLANS) >= MAX_PLANS:
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                        num_splits, tile_n, num_warps, num_stages)
+                                        num_splits, tile_n, num_warps, num_stages,
+                                        kv_per_program)
     return plan
 
 
@@ -480,7 +514,9 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_sc
     on the table's capacity and the kernel's occupancy (no device sync, so the call can be
     captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two) and
     ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` is
-    Triton's (default ``default_num_stages``).
+    Triton's (default ``default_num_stages``); ``kv_per_program`` the KV heads each program
+    reads (a divisor of num_kv_heads; default 2 where ``kv_heads_pair`` and the default launch
+    is ``FP8_LAUNCH``, else 1).
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()

@@ -134,7 +134,7 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_prefill_launch_rules(monkeypatch):
-    """The launch per regime (docs/kernels.md): long chunks 128 rows in two walks; many
+    """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two walks; many
     programs over short tables 32-key tiles with capped registers; else 64 rows in one walk
     with block ids ahead (fp8 caches too); fp32 and non-CUDA devices keep the earlier
     launch."""
@@ -149,13 +149,13 @@ def test_prefill_launch_rules(monkeypatch):
                                                           "max_keys": 512, **kw})
 
     assert launch(mean_chunk=2048) == PrefillLaunch(128, 64, 8, 2, False, False, 128)
-    assert launch(head_dim=64, mean_chunk=8192) == PrefillLaunch(128, 64, 4, 3, False, False)
     assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168)  # 8 x 512
     assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
         64, 32, 4, 2, True, False, 128)  # 32 x 128
     ahead = PrefillLaunch(64, 64, 4, 3, True, True)
     assert launch() == ahead  # one wave of programs: 1 x 512
     assert launch(programs=2112, max_keys=4096) == ahead  # long prefixes
+    assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == ahead  # long chunks, dim 64
     earlier = PrefillLaunch(64, 64, 4, 2, False, False)
     assert launch(device=torch.device("cpu"), programs=2112) == earlier
     assert launch(dtype=torch.float32) == PrefillLaunch(64, 32, 4, 2, False, False)

@@ -257,9 +257,11 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     rows, and at most ``max_keys`` keys per sequence (the block table's capacity). Measured on
     the H200 (docs/kernels.md, "The Triton paged prefill"):
 
-    - long chunks: 128 rows (each K/V tile serves more queries), the unmasked and the
-      diagonal tiles in two walks; above head dim 64, 8 warps capped at 128 registers (two
-      programs per SM; four warps spilled at 255 registers), else 4 warps, 3 stages;
+    - long chunks above head dim 64: 128 rows (each K/V tile serves more queries), the
+      unmasked and the diagonal tiles in two walks, 8 warps capped at 128 registers (two
+      programs per SM; four warps spilled at 255 registers). At head dim 64 the 64-row launch
+      below took 0.71-0.92x the time of 128 rows on 4 warps (Qwen2.5-0.5B shape, one prompt
+      of 2,048-8,192 tokens): with 7 heads a group, 128 rows leave too few programs;
     - otherwise 64 rows in one walk with each tile's block ids loaded a tile ahead, so that
       three stages keep two K/V tiles in flight; and where the walks are short (the whole
       table is at most 16 tiles) and the programs more than two per SM, 32-key tiles with
@@ -277,9 +279,7 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
         return PrefillLaunch(64, tile_n, 4, 2, False, False)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
-    if mean_chunk >= LONG_CHUNK:
-        if head_dim <= 64:  # four warps hold 128 rows' output in 64 registers a thread
-            return PrefillLaunch(128, tile_n, 4, 3, False, False)
+    if mean_chunk >= LONG_CHUNK and head_dim > 64:
         return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None)
     if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * _sm_count(device):
         if max_keys <= 4 * 32:

@@ -134,9 +134,9 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_prefill_launch_rules(monkeypatch):
-    """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two walks; many
-    programs over short tables 32-key tiles with capped registers; else 64 rows in one walk
-    with block ids ahead (fp8 caches too); fp32 and non-CUDA devices keep the earlier
+    """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two
+    walks; many programs over short tables 32-key tiles with capped registers; else 64 rows in
+    one walk with block ids ahead (fp8 caches too); fp32 and non-CUDA devices keep the earlier
     launch."""
     from pagebench.kernels import triton_prefill
     from pagebench.kernels.triton_prefill import PrefillLaunch, prefill_launch

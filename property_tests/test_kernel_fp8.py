@@ -156,18 +156,21 @@ def test_paged_prefill_fp8_matches_float64_reference_cuda(backend):
 
 
 def test_triton_fp8_split_kv_matches_reference():
-    """The split-KV path (partials scaled by v_scale before the combine), forced on the CPU."""
+    """The split-KV path (partials scaled by v_scale before the combine), forced on the CPU,
+    with one KV head per program or two (each head's scales on its own rows)."""
     if "triton" not in fp8_backends_for("cpu", "decode"):
         pytest.skip("triton not installed")
     from pagebench.kernels.triton_decode import triton_paged_decode
 
     @settings(max_examples=fp8_examples("triton"), deadline=None)
     @given(case=decode_cases("triton"), cache_dtype=st.sampled_from(FP8_DTYPES),
-           splits=st.integers(2, 5), tile_n=st.sampled_from([16, 32]))
-    def prop(case, cache_dtype, splits, tile_n):
+           splits=st.integers(2, 5), tile_n=st.sampled_from([16, 32]), pair=st.booleans())
+    def prop(case, cache_dtype, splits, tile_n, pair):
+        kv_per_program = 2 if pair and case["kv_heads"] % 2 == 0 else 1
         check_decode_fp8("triton", case, cache_dtype, decode=lambda *args, **scales:
                          triton_paged_decode(*args, case["head_dim"] ** -0.5, **scales,
-                                             num_splits=splits, tile_n=tile_n))
+                                             num_splits=splits, tile_n=tile_n,
+                                             kv_per_program=kv_per_program))
     prop()
 
 

@@ -3,6 +3,10 @@ bf16 in the same process (docs/kernels.md, "fp8 KV caches").
 
     PYTHONPATH=. python3 scripts/h200_fp8_decode_kv_pairs.py OUT_DIR            # on the GPU
     PYTHONPATH=. python3 scripts/h200_fp8_decode_kv_pairs.py OUT_DIR --smoke    # CPU dry run
+    PYTHONPATH=. python3 scripts/h200_fp8_decode_kv_pairs.py OUT_DIR --stages   # pipelining depth
+
+``--stages`` times the paired launch at 2 (its default before), 3, 4 and 5 stages and 64-token
+tiles on 4 warps at 3, at blocks 16 and 128, instead of the variants below.
 
 Checks after the timed cases: each variant's output against the float64 reference on the dequantised cache
 (NaN-poisoned scattered caches, lengths 1 to 2,999, q scaled by 1 and 2^20, one split and the
@@ -51,12 +55,23 @@ CASES = [("llama-3-8b", 32, 4096, 16, LLAMA_ALL), ("llama-3-8b", 128, 4096, 16, 
          ("llama-3-8b", 1, 65536, 1, ["default", "one_kv_head", "pair_st3"]),
          ("qwen2.5-0.5b", 32, 4096, 16, ["default", "one_kv_head"]),
          ("qwen2.5-0.5b", 256, 4096, 16, ["default", "one_kv_head"])]
+if "--stages" in sys.argv:
+    VARIANTS = {"default": {}, **{f"pair_st{n}": dict(kv_per_program=2, num_stages=n)
+                                  for n in (2, 3, 4, 5)},
+                "pair_t64_w4_st3": dict(kv_per_program=2, tile_n=64, num_warps=4, num_stages=3)}
+    BLOCK1_ONLY = ()
+    STAGED = list(VARIANTS)
+    CASES = [("llama-3-8b", batch, context, block, STAGED)
+             for block in (16, 128) for batch, context in ((32, 4096), (128, 4096), (1, 65536))]
+    CASES += [("llama-3-8b", 32, 4096, 1, ["default"])]
 SHAPE_OF = dict(SHAPES)
 REPEAT = 30
 if SMOKE:
     SHAPE_OF = {"llama-3-8b": (16, 4, 32), "qwen2.5-0.5b": (14, 2, 16)}
     CASES = [(s, 2, 200, b, v) for s, _, _, b, v in CASES[3:5]] + [("qwen2.5-0.5b", 2, 100, 16,
                                                                     ["default", "one_kv_head"])]
+    if "--stages" in sys.argv:
+        CASES = [("llama-3-8b", 2, 200, 16, STAGED)]
     REPEAT = 2
 
 

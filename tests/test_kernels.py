@@ -486,6 +486,12 @@ def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
         # one head per program on request: the launch it had before pairs existed
         assert launch(fp8, kv_per_program=1) == (1, FP8_LAUNCH if block > 1 else (64, 4), 16)
         assert launch(fp8, kv_per_program=4, tile_n=16) == (4, (16, 4), 16)
+        # two K/V tiles in flight for pairs at every block size (block 1: every fp8 launch)
+        stages = {kv: decode_plan(*fp8.args(), 0.25, kv_per_program=kv).split.kwargs[
+            "num_stages"] for kv in (None, 1)}
+        assert stages == {None: 5, 1: 5 if block == 1 else 2}
+        assert decode_plan(*inp.args(), 0.25).split.kwargs["num_stages"] == (3 if block == 1
+                                                                             else 2)
         ref = reference_decode(*fp8.args(), 0.25, **fp8.scales())
         for kv_per_program in (None, 1, 2, 4):
             for splits in (None, 1):

@@ -303,17 +303,20 @@ def default_launch(head_dim: int, dtype: torch.dtype, pairs: int, capacity: int,
     return tile_n, 4
 
 
-def default_num_stages(block_size: int, fp8: bool) -> int:
+def default_num_stages(block_size: int, fp8: bool, kv_per_program: int = 1) -> int:
     """Triton's pipelining depth. Through a block table each tile's K/V addresses come from a
     load, and Triton 3.6 splits ``num_stages - 1`` stages between the two levels of loads
     (rounding down): 2 stages keep one tile of K/V in flight with its table entries loaded
     just before it, 3 load the table a tile ahead, 5 also keep two K/V tiles in flight. With
     one-token blocks every token's entry is its own load, and prefetching them pays (H200,
-    docs/kernels.md: bf16 3 stages 0.90-0.92x the time of 2, fp8 5 stages 0.82-0.98x); with
+    docs/kernels.md: bf16 3 stages 0.90-0.92x the time of 2, fp8 5 stages 0.82-0.98x). With
     larger blocks the extra stages cost shared memory and occupancy for nothing (bf16 3
-    stages 1.00-1.01x, fp8 5 stages 0.99-1.12x)."""
+    stages 1.00-1.01x; fp8 one KV head per program 5 stages 0.99-1.12x), except for an fp8
+    cache read two KV heads per program, whose loop waits on its per-tile chain: two K/V tiles
+    in flight took 0.91-0.95x the time of one at blocks 16 and 128 (3 or 4 stages, the table a
+    tile ahead without them, 1.05-1.07x)."""
     if block_size > 1:
-        return 2
+        return 5 if fp8 and kv_per_program > 1 else 2
     return 5 if fp8 else 3
 
 
@@ -401,7 +404,7 @@ class DecodePlan:
             tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
         kv_per_program = kv_per_program or 1
         dim_pad = max(16, next_pow2(head_dim))
-        num_stages = num_stages or default_num_stages(block_size, fp8)
+        num_stages = num_stages or default_num_stages(block_size, fp8, kv_per_program)
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
             GROUP=group, GROUP_PAD=max(MMA_ROWS, next_pow2(group * kv_per_program)),

@@ -162,6 +162,7 @@ def main() -> None:
         if on_cuda:
             torch.cuda.empty_cache()
     times, errors = pd.DataFrame(rows), pd.DataFrame(checks)
+    os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "prefill_ab")
     times.to_csv(stem + ".csv", index=False)
     errors.to_csv(stem + "_checks.csv", index=False)

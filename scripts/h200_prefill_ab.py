@@ -35,7 +35,7 @@ from pagebench.kernels.fixtures import (make_paged_inputs, prefill_case, quantiz
                                         relative_error)
 from pagebench.kernels.prefill_sweep import causal_flops, sdpa_causal
 from pagebench.kernels.reference import reference_prefill, torch_paged_prefill
-from pagebench.timing import measure
+from pagebench.timing import environment, measure
 
 RAGGED = [([1, 15, 16, 17, 300, 1000, 513, 64], [1, 15, 3, 17, 300, 0, 100, 64]),
           ([512] * 4 + [100, 37], [512, 512, 500, 1, 100, 37])]
@@ -161,7 +161,9 @@ def main() -> None:
         del plain, calls
         if on_cuda:
             torch.cuda.empty_cache()
-    times, errors = pd.DataFrame(rows), pd.DataFrame(checks)
+    env = environment(dev)  # device, versions, commit (PAGEBENCH_COMMIT on a copied tree)
+    times = pd.DataFrame(rows).assign(shape=args.shape, **env)
+    errors = pd.DataFrame(checks).assign(shape=args.shape, **env)
     os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, "prefill_ab")
     times.to_csv(stem + ".csv", index=False)

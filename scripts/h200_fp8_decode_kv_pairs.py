@@ -8,9 +8,9 @@ bf16 in the same process (docs/kernels.md, "fp8 KV caches").
 ``--stages`` times the paired launch at 2 (its default before), 3, 4 and 5 stages and 64-token
 tiles on 4 warps at 3, at blocks 16 and 128, instead of the variants below.
 
-Checks after the timed cases: each variant's output against the float64 reference on the dequantised cache
-(NaN-poisoned scattered caches, lengths 1 to 2,999, q scaled by 1 and 2^20, one split and the
-default) at the block sizes it is timed at, e4m3, and e5m2 for the default. Each case:
+Checks after the timed cases: each variant's output against the float64 reference on the
+dequantised cache (NaN-poisoned scattered caches, lengths 1 to 2,999, q scaled by 1 and 2^20,
+one split and the default) at the block sizes it is timed at, e4m3, and e5m2 for the default. Each case:
 bf16, every variant with an e4m3 cache (standard-normal K/V, per-head max / 448 scales), the
 default again at the end (the spread of one version); CUDA graphs, L2 flushed, medians of 30;
 each fp8 output's error against float32 on the dequantised cache. Writes ``kv_pairs_checks.csv``
@@ -25,12 +25,11 @@ import sys
 
 import torch
 
-from pagebench.config import ceil_div
 from pagebench.defaults import SHAPES
 from pagebench.kernels import triton_decode
 from pagebench.kernels.fixtures import (make_paged_inputs, paged_case, quantized_inputs,
                                         relative_error)
-from pagebench.kernels.reference import reference_decode
+from pagebench.kernels.reference import reference_decode, torch_paged_decode
 from pagebench.kernels.sweep import measure_copy_gbps
 from pagebench.timing import environment, measure
 
@@ -73,23 +72,6 @@ if SMOKE:
     if "--stages" in sys.argv:
         CASES = [("llama-3-8b", 2, 200, 16, STAGED)]
     REPEAT = 2
-
-
-def gpu_reference(case, k_scale, v_scale, scale):
-    """float32 decode on the dequantised cache (every sequence ``context`` tokens long)."""
-    q, k_cache, v_cache, tables, lens = case
-    context, block = int(lens[0]), k_cache.shape[1]
-    blocks = tables[:, :ceil_div(context, block)].long()
-    batch, q_heads, dim = q.shape
-    kv_heads = k_cache.shape[2]
-    out = torch.empty(q.shape, device=q.device, dtype=torch.float32)
-    for s in range(batch):  # one sequence at a time: float32 K/V of a whole batch is large
-        k = (k_cache[blocks[s]].float() * k_scale[:, None]).reshape(-1, kv_heads, dim)[:context]
-        v = (v_cache[blocks[s]].float() * v_scale[:, None]).reshape(-1, kv_heads, dim)[:context]
-        qs = q[s].float().view(kv_heads, q_heads // kv_heads, dim)
-        p = torch.softmax(torch.einsum("hgd,nhd->hgn", qs, k) * scale, dim=-1)
-        out[s] = torch.einsum("hgn,nhd->hgd", p, v).reshape(q_heads, dim)
-    return out
 
 
 def run_checks(rows):
@@ -138,7 +120,9 @@ def time_case(rows, shape_name, batch, context, block, names, copy_gbps, env):
     base = paged_case(batch, context, shape, block, torch.bfloat16, DEVICE, seed=batch)
     fp8 = quantized_inputs(base, E4M3, spread=1.0)
     scales = (fp8.k_scale, fp8.v_scale)
-    ref = gpu_reference(fp8.args(), *scales, scale) if not SMOKE else None
+    # float32 on the dequantised cache, as the fp8 sweep's error column (fp8_sweep.fp8_errors)
+    ref = (torch_paged_decode(fp8.q.float(), *fp8.args()[1:], scale, **fp8.scales())
+           if not SMOKE else None)
     timed = [("bf16", base.args(), (), {})]
     timed += [(name, fp8.args(), scales, VARIANTS[name]) for name in names]
     timed += [("default_again", fp8.args(), scales, VARIANTS["default"])]

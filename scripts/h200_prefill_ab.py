@@ -11,10 +11,11 @@ bf16 caches and (unless ``--bf16-only``) on e4m3 caches (per KV-head scales) and
 launch fp8 caches took before; with ``--copy FILE`` another version of ``triton_prefill.py``
 (e.g. ``git show REV:pagebench/kernels/triton_prefill.py > FILE``) with its own launches; with
 each ``--launch`` the package's kernel on bf16 with those launch options forced
-(``triton_paged_prefill``'s keywords; the others stay its choice). Each is checked against float64 on ragged NaN-poisoned inputs and against float32 at every timed
-point (e4m3: on the dequantised cache), then timed through a CUDA graph (L2 flushed, median of
-``--repeat``) beside causal SDPA on a contiguous bf16 cache, in ``--rounds`` rounds. Writes
-prefill_ab.csv and prefill_ab_checks.csv.
+(``triton_paged_prefill``'s keywords; the others stay its choice). Each is checked against
+float64 on ragged NaN-poisoned inputs and against float32 at every timed point (e4m3: on the
+dequantised cache), then timed through a CUDA graph (L2 flushed, median of ``--repeat``)
+beside causal SDPA on a contiguous bf16 cache, in ``--rounds`` rounds. Writes prefill_ab.csv
+and prefill_ab_checks.csv (with device, versions and commit).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Kernels called as users call them: one process, calls in random order, each with its own
-index dtypes, memory layouts and float dtype, over shapes that repeat.
+index dtypes, memory layouts, float dtype and cache format (q's dtype or fp8 with per-head
+scales), over shapes that repeat.
 
 A user passes an int64 table after an int32 one of the same shape, a strided slice of a length
 vector, a transposed table, a view into a larger buffer; the Triton backend caches a launch plan
@@ -17,11 +18,12 @@ import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import given, note, settings
+from test_kernel_fp8 import formats_read_on
 
 from pagebench.config import ceil_div
-from pagebench.kernels import available_backends, paged_decode, paged_prefill
-from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
-                                        with_layout)
+from pagebench.kernels import FP8_DTYPES, available_backends, paged_decode, paged_prefill
+from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, quantized_inputs,
+                                        relative_error, with_layout)
 from pagebench.kernels.reference import reference_decode, reference_prefill
 
 BACKENDS = ["torch"] + (["triton"] if "triton" in available_backends() else [])
@@ -29,6 +31,13 @@ FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INDEX_DTYPES = [torch.int32, torch.int64]
 CACHE_LAYOUTS_ACCEPTED = ("contiguous", "offset", "padded")  # head_dim at unit stride
 CI_EXAMPLES = 12  # in the "ci" profile (40 examples); scaled with the profile
+
+
+def cache_formats(device: str) -> list:
+    """None (the cache in q's dtype) and the fp8 formats every backend under test reads on
+    ``device`` (Triton: e4m3 from compute capability 8.9)."""
+    return [None] + [d for d in FP8_DTYPES
+                     if all(d in formats_read_on(device, backend) for backend in BACKENDS)]
 
 
 def examples(cuda: bool) -> int:
@@ -49,12 +58,13 @@ def geometries(draw, large: bool):
 
 
 @st.composite
-def calls(draw, num_geometries: int):
+def calls(draw, num_geometries: int, formats: list):
     """One call's choices: everything a user may vary for a fixed geometry."""
     return dict(
         geometry=draw(st.integers(0, num_geometries - 1)),
         op=draw(st.sampled_from(["decode", "prefill"])),
         dtype=draw(st.sampled_from(FLOAT_DTYPES)),
+        cache=draw(st.sampled_from(formats)),
         table_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         lens_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         qlens_dtype=draw(st.sampled_from(INDEX_DTYPES)),
@@ -68,9 +78,9 @@ def calls(draw, num_geometries: int):
 
 
 @st.composite
-def call_sequences(draw, large: bool = False):
+def call_sequences(draw, formats: list, large: bool = False):
     geometry_list = draw(st.lists(geometries(large), min_size=1, max_size=2))
-    sequence = draw(st.lists(calls(len(geometry_list)), min_size=2, max_size=5))
+    sequence = draw(st.lists(calls(len(geometry_list), formats), min_size=2, max_size=5))
     return geometry_list, sequence
 
 
@@ -82,11 +92,14 @@ def spare_block(tables: torch.Tensor, lengths, block_size: int, num_blocks: int)
 
 
 def build_call(geometry: dict, call: dict, device: str, large: bool):
-    """The call's arguments in its dtypes and layouts; the memory around each view holds values
-    that give a wrong (NaN) result if read: a poisoned block, a length of 1."""
+    """The call's arguments in its dtypes and layouts, and an fp8 cache's scales (keywords);
+    the memory around each view holds values that give a wrong (NaN) result if read: a
+    poisoned block, a length of 1."""
     inp = make_paged_inputs(geometry["lengths"], geometry["q_heads"], geometry["kv_heads"],
                             geometry["head_dim"], geometry["block_size"], call["dtype"], device,
                             seed=geometry["seed"])
+    if call["cache"] is not None:
+        inp = quantized_inputs(inp, call["cache"], seed=geometry["seed"])
     num_blocks = inp.k_cache.shape[0]
     junk_block = spare_block(inp.block_tables.cpu(), geometry["lengths"],
                              geometry["block_size"], num_blocks)
@@ -98,7 +111,7 @@ def build_call(geometry: dict, call: dict, device: str, large: bool):
     v_cache = with_layout(inp.v_cache, call["cache_layout"], nan)
     if call["op"] == "decode":
         q = with_layout(inp.q, call["q_layout"], nan)
-        return (q, k_cache, v_cache, tables, seq_lens)
+        return (q, k_cache, v_cache, tables, seq_lens), inp.scales()
     # large: at most 128 queries (the float64 reference holds heads x queries x keys scores)
     qlens = [min(max(1, round(n * call["query_fraction"])), 128 if large else n)
              for n in geometry["lengths"]]
@@ -107,24 +120,24 @@ def build_call(geometry: dict, call: dict, device: str, large: bool):
     q = with_layout(q.to(device, call["dtype"]), call["q_layout"], nan)
     query_lens = torch.tensor(qlens, dtype=call["qlens_dtype"], device=device)
     query_lens = with_layout(query_lens, call["qlens_layout"], 1)
-    return (q, k_cache, v_cache, tables, seq_lens, query_lens)
+    return (q, k_cache, v_cache, tables, seq_lens, query_lens), inp.scales()
 
 
 def run_sequence(geometry_list, sequence, device: str, large: bool = False) -> None:
     for i, call in enumerate(sequence):
-        args = build_call(geometry_list[call["geometry"]], call, device, large)
+        args, scales = build_call(geometry_list[call["geometry"]], call, device, large)
         kernel, reference = ((paged_decode, reference_decode) if call["op"] == "decode"
                              else (paged_prefill, reference_prefill))
         note(f"call {i}: {call}")
         if call["cache_layout"] not in CACHE_LAYOUTS_ACCEPTED:  # head_dim not at unit stride
             for backend in BACKENDS:
                 with pytest.raises(ValueError, match=r"^k_cache:"):
-                    kernel(*args, backend=backend)
+                    kernel(*args, backend=backend, **scales)
             continue
-        ref = reference(*args)
+        ref = reference(*args, **scales)
         outs = {}
         for backend in BACKENDS:
-            out = outs[backend] = kernel(*args, backend=backend)
+            out = outs[backend] = kernel(*args, backend=backend, **scales)
             assert out.shape == args[0].shape and out.dtype == args[0].dtype, backend
             assert not torch.isnan(out).any(), f"{backend}, call {i}: NaN (a poisoned read)"
             err = relative_error(out, ref)
@@ -136,7 +149,7 @@ def run_sequence(geometry_list, sequence, device: str, large: bool = False) -> N
 
 def test_call_sequences_match_reference_cpu():
     @settings(max_examples=examples(cuda=False), deadline=None)
-    @given(drawn=call_sequences())
+    @given(drawn=call_sequences(cache_formats("cpu")))
     def prop(drawn):
         run_sequence(*drawn, device="cpu")
     prop()
@@ -146,7 +159,7 @@ def test_call_sequences_match_reference_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_call_sequences_match_reference_cuda():
     @settings(max_examples=examples(cuda=True), deadline=None)
-    @given(drawn=call_sequences(large=True))
+    @given(drawn=call_sequences(cache_formats("cuda"), large=True))
     def prop(drawn):
         run_sequence(*drawn, device="cuda", large=True)
     prop()

@@ -1,0 +1,525 @@
+"""fp8 paged decode in CUDA C++ (compiled at first use with NVRTC): one warp per KV split,
+everything in registers.
+
+Why a second fp8 decode beside Triton's: Triton's paged decode puts the query rows in the MMA's
+M dimension (16 rows for 4-7 heads a group) and stages the converted K/V tiles through shared
+memory, so its fp8 loop is bound by that per-tile chain, not by the bytes it reads (0.66-0.74x
+the bf16 time on an H200 at blocks 16/128, docs/kernels.md). This kernel swaps the operands,
+as decode kernels with few query rows do: scores are computed transposed, ``S^T = K Q^T``, with
+16 tokens in M and the group's query rows (padded to 8) in N of ``mma.m16n8k16``, and the output
+as ``O^T = V^T P^T``. The token and head-dim orders inside the MMA fragments are chosen so that
+each lane loads whole 16-byte runs of fp8 straight from the cache into the registers of its
+fragment: K needs only the ``cvt`` from fp8 pairs to fp16 pairs; V, whose reduction axis is
+the token, needs a byte permute (``prmt``) to pair two tokens of one dimension first; P goes
+from the scores' accumulator layout to the MMA operand layout with one ``movmatrix`` per 8
+tokens. No shared memory, no barrier: each warp runs its own online softmax over its split
+and writes the same partial (output, max, sum) as Triton's split kernel, whose combine kernel
+merges them.
+
+The mapping, per warp and step of 16 tokens (lane = 4 r + c):
+
+- K: lane holds tokens ``r`` and ``r + 8`` of the step, head dims ``c D/4 .. (c+1) D/4``;
+  the k index ``2c + e`` of MMA step ``i`` is dim ``c D/4 + 4i + e``, ``2c + 8 + e`` is
+  ``c D/4 + 4i + 2 + e`` (q's fragment takes the same order);
+- scores ``S^T``: lane holds tokens ``r``, ``r + 8`` x query rows ``2c``, ``2c + 1``, so the
+  softmax's reduction over tokens is over the lanes of one ``c`` (3 shuffles);
+- V: lane holds tokens ``2c, 2c + 1, 2c + 8, 2c + 9``, dims ``r D/8 .. (r+1) D/8``; row
+  ``r`` of output tile ``j`` is dim ``r D/8 + 2j``, row ``r + 8`` is ``r D/8 + 2j + 1``.
+
+Requirements (``supports``): an fp8 cache, q of fp16/bf16, head dim 64/128/256, at most 8
+query heads per KV head, caches 16-byte aligned with strides in multiples of 16 bytes; an
+NVIDIA GPU of compute capability 8.9+ (the fp8 ``cvt``). A bf16 q is rescaled per head to fp16
+by a power of two as in Triton's kernel (``rows_to_f16``); K's scale folds into the softmax
+scale and V's multiplies the output once.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from pagebench.config import ceil_div
+from pagebench.kernels.quant import is_fp8, nvidia_fp8_hardware
+
+LANES = 32
+STEP = 16  # tokens per MMA step (the M of S^T; the source's STEP)
+MAX_GROUP = 8  # query rows per KV head: the N of the MMAs
+HEAD_DIMS = (64, 128, 256)
+MAX_SPLITS = 512
+COMBINE_WARPS = 8
+SPLIT_OVERHEAD_STEPS = 4  # a split's fixed cost (q, its partial's writes) in 16-token steps
+COMBINE_SPLITS_PER_STEP = 32  # the combine's cost: a step time per this many splits
+
+
+def heads_per_block(kv_heads: int, most: int = 4) -> int:
+    """Warps (KV heads) per block: the largest power of two up to ``most`` dividing
+    ``kv_heads``."""
+    warps = most
+    while kv_heads % warps:
+        warps //= 2
+    return warps
+
+
+SOURCE = r"""
+typedef unsigned int u32;
+typedef unsigned short u16;
+typedef unsigned char u8;
+typedef long long i64;
+
+#define KW (HEAD_DIM / 16)  /* 32-bit words of a K row per lane (HEAD_DIM / 4 bytes) */
+#define VW (HEAD_DIM / 32)  /* words of a V row per lane (HEAD_DIM / 8 bytes) */
+#define MT (HEAD_DIM / 16)  /* MMA k-steps of S^T, and output tiles of O^T */
+#define STEP 16
+#define NEG_INF __int_as_float(0xff800000)
+
+__device__ __forceinline__ u32 fp8x2_lo(u32 w) {  /* bytes 0, 1 of w -> f16x2 */
+  u32 d;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2." FP8_NAME "x2 %0, lo;}"
+      : "=r"(d) : "r"(w));
+  return d;
+}
+__device__ __forceinline__ u32 fp8x2_hi(u32 w) {  /* bytes 2, 3 of w -> f16x2 */
+  u32 d;
+  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2." FP8_NAME "x2 %0, hi;}"
+      : "=r"(d) : "r"(w));
+  return d;
+}
+__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
+  u32 d;
+  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+__device__ __forceinline__ u32 transpose8x8(u32 x) {
+  u32 d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(x));
+  return d;
+}
+__device__ __forceinline__ void mma16816(float* acc, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ float q_to_float(u16 x) {
+#if Q_BF16
+  return __uint_as_float(((u32)x) << 16);
+#else
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
+  return f;
+#endif
+}
+__device__ __forceinline__ u16 float_to_out(float x) {
+  u16 h;
+#if Q_BF16
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#else
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#endif
+  return h;
+}
+template <int N>
+__device__ __forceinline__ void load_words(const u8* p, u32* w) {  /* N words, aligned */
+  if (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N; i += 4) {
+      uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
+      w[i] = v.x; w[i + 1] = v.y; w[i + 2] = v.z; w[i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; i += 2) {
+      uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i / 2);
+      w[i] = v.x; w[i + 1] = v.y;
+    }
+  }
+}
+
+struct Step { u32 k[2][KW]; u32 v[4][VW]; };
+
+/* The block ids a step needs, loaded a step ahead of its K/V loads: with blocks of 16k tokens
+   the step's one block (every lane loads it), else lane i's is token t0 + i % 16's block. */
+__device__ __forceinline__ int load_ids(const TABLE_T* trow, int t0, int end, int lane) {
+#if BLOCK_SIZE % STEP == 0  /* the step's 16 tokens lie in one block (t0 % 16 == 0) */
+  return t0 < end ? (int)trow[t0 / BLOCK_SIZE] : 0;
+#else
+  const int pos = t0 + (lane & 15);
+  return pos < end ? (int)trow[pos / BLOCK_SIZE] : 0;
+#endif
+}
+
+/* The step's K rows (tokens r, r + 8: lane c takes bytes 16c .. 16c + 16 of each 64) and V
+   rows (tokens 2c, 2c+1, 2c+8, 2c+9: lane r's HEAD_DIM / 8 bytes) of this lane, with the
+   step's block ids `ids` (load_ids); tokens at or past `end` are zeros and read nothing
+   (their slots and table entries may hold anything). */
+__device__ __forceinline__ void load_step(Step& s, int t0, int end, int r, int c, int ids,
+                                          const u8* kbase, const u8* vbase, int stride_kb,
+                                          int stride_kt, int stride_vb, int stride_vt) {
+  int kblk[2], vblk[4];  /* every lane shuffles (before any branch) */
+#pragma unroll
+  for (int h = 0; h < 2; ++h) kblk[h] = BLOCK_SIZE % STEP == 0 ? ids
+                                        : __shfl_sync(0xffffffffu, ids, r + 8 * h);
+#pragma unroll
+  for (int h = 0; h < 4; ++h) vblk[h] = BLOCK_SIZE % STEP == 0 ? ids
+                                        : __shfl_sync(0xffffffffu, ids, 2 * c + (h & 1) + 8 * (h >> 1));
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int pos = t0 + r + 8 * h;
+    if (pos < end) {
+      const u8* row = kbase + (i64)kblk[h] * stride_kb + (i64)(pos % BLOCK_SIZE) * stride_kt;
+#pragma unroll
+      for (int j = 0; j < KW / 4; ++j) load_words<4>(row + 64 * j + 16 * c, &s.k[h][4 * j]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < KW; ++i) s.k[h][i] = 0u;
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < 4; ++h) {
+    const int pos = t0 + 2 * c + (h & 1) + 8 * (h >> 1);
+    if (pos < end) {
+      load_words<VW>(vbase + (i64)vblk[h] * stride_vb + (i64)(pos % BLOCK_SIZE) * stride_vt,
+                     s.v[h]);
+    } else {
+#pragma unroll
+      for (int i = 0; i < VW; ++i) s.v[h][i] = 0u;
+    }
+  }
+}
+
+struct Softmax { float m0, m1, l0, l1; float acc[MT][4]; };
+
+/* One step of 16 tokens: scores S^T = K Q^T, the online softmax, O^T += V^T P^T. */
+__device__ __forceinline__ void attend_step(Softmax& st, const Step& s, u32 (*qf)[2],
+                                            float sc0, float sc1, int t0, int end, int r) {
+  float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {  /* two accumulators: half the dependent chain */
+    float* acc = (i & 1) ? sb : sa;
+    mma16816(acc, fp8x2_lo(s.k[0][i]), fp8x2_lo(s.k[1][i]), fp8x2_hi(s.k[0][i]),
+             fp8x2_hi(s.k[1][i]), qf[i][0], qf[i][1]);
+  }
+  float s0 = (sa[0] + sb[0]) * sc0, s1 = (sa[1] + sb[1]) * sc1;  /* token r */
+  float s2 = (sa[2] + sb[2]) * sc0, s3 = (sa[3] + sb[3]) * sc1;  /* token r + 8 */
+  if (t0 + STEP > end) {  /* the last, partial step (warp-uniform) */
+    if (t0 + r >= end) { s0 = NEG_INF; s1 = NEG_INF; }
+    if (t0 + r + 8 >= end) { s2 = NEG_INF; s3 = NEG_INF; }
+  }
+  float mt0 = fmaxf(s0, s2), mt1 = fmaxf(s1, s3);
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, o));
+    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
+  }
+  float mn0 = fmaxf(st.m0, mt0), mn1 = fmaxf(st.m1, mt1);  /* finite: one token is valid */
+  float alpha0 = exp2f(st.m0 - mn0), alpha1 = exp2f(st.m1 - mn1);
+  float p0 = exp2f(s0 - mn0), p1 = exp2f(s1 - mn1), p2 = exp2f(s2 - mn0), p3 = exp2f(s3 - mn1);
+  st.m0 = mn0; st.m1 = mn1;
+  st.l0 = st.l0 * alpha0 + p0 + p2;
+  st.l1 = st.l1 * alpha1 + p1 + p3;
+  u32 b0 = transpose8x8(pack_f16x2(p0, p1)), b1 = transpose8x8(pack_f16x2(p2, p3));
+#pragma unroll
+  for (int j = 0; j < MT; ++j) {
+    st.acc[j][0] *= alpha0; st.acc[j][1] *= alpha1;
+    st.acc[j][2] *= alpha0; st.acc[j][3] *= alpha1;
+    const int u = j >> 1;
+    const u32 sel = (j & 1) ? 0x7362u : 0x5140u;
+    u32 d1 = __byte_perm(s.v[0][u], s.v[1][u], sel), d2 = __byte_perm(s.v[2][u], s.v[3][u], sel);
+    mma16816(st.acc[j], fp8x2_lo(d1), fp8x2_hi(d1), fp8x2_lo(d2), fp8x2_hi(d2), b0, b1);
+  }
+}
+
+extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_decode(
+    const u16* Q, const u8* K, const u8* V, const TABLE_T* TABLES, const SEQ_T* SEQ_LENS,
+    u16* OUT, float* PART, const float* K_SCALE, const float* V_SCALE, double scale_log2e,
+    int tokens_per_split, int num_splits, int ml_offset, int stride_qs, int stride_qh,
+    int stride_kb, int stride_kt, int stride_kh, int stride_vb, int stride_vt, int stride_vh,
+    int stride_ts, int q_heads) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+  /* a block's warps read adjacent KV heads of the same tokens: longer contiguous runs */
+  const int seq = blockIdx.x, kvh = blockIdx.y * WARPS + (threadIdx.x >> 5);
+  const int split = blockIdx.z;
+  const int seq_len = (int)SEQ_LENS[seq];
+  const int start = split * tokens_per_split;
+  const int end = min(start + tokens_per_split, seq_len);
+
+  /* the first step's loads go out before q's: its latency overlaps theirs */
+  const TABLE_T* trow = TABLES + (i64)seq * stride_ts;
+  const u8* kbase = K + (i64)kvh * stride_kh;
+  const u8* vbase = V + (i64)kvh * stride_vh + r * (HEAD_DIM / 8);
+  Step a, b;  /* ping-pong: the next step's loads are in flight while this one computes */
+  if (start < end) load_step(a, start, end, r, c, load_ids(trow, start, end, lane), kbase,
+                             vbase, stride_kb, stride_kt, stride_vb, stride_vt);
+  int ids = load_ids(trow, start + STEP, end, lane);  /* the next step's */
+
+  /* q row r of the group (zeros past it): the dims of this lane's K words, as fp16 MMA
+     fragments (K word i is dims 64 (i / 4) + 16 c + 4 (i % 4) .. + 4) */
+  float qv[HEAD_DIM / 4];
+  float amax = 0.f;
+  const u16* qrow = Q + (i64)seq * stride_qs + (i64)(kvh * GROUP + r) * stride_qh + 16 * c;
+#pragma unroll
+  for (int d = 0; d < HEAD_DIM / 4; ++d) {
+    qv[d] = r < GROUP ? q_to_float(qrow[64 * (d >> 4) + (d & 15)]) : 0.f;
+    amax = fmaxf(amax, fabsf(qv[d]));
+  }
+  float row_mul = 1.f, row_scale = 1.f;
+#if Q_BF16  /* the row's largest magnitude into [2^14, 2^15): exact in fp16 */
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+  if (amax > 0.f) {
+    int e;
+    frexpf(amax, &e);  /* amax in [2^(e-1), 2^e) */
+    row_mul = exp2f((float)(15 - e));
+    row_scale = exp2f((float)(e - 15));
+  }
+#endif
+  u32 qf[MT][2];
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    qf[i][0] = pack_f16x2(qv[4 * i] * row_mul, qv[4 * i + 1] * row_mul);
+    qf[i][1] = pack_f16x2(qv[4 * i + 2] * row_mul, qv[4 * i + 3] * row_mul);
+  }
+  /* the score scale of query rows 2c and 2c + 1 (lane 4 q holds row q's power of two) */
+  const float base = (float)scale_log2e * K_SCALE[kvh];
+  const float sc0 = base * __shfl_sync(0xffffffffu, row_scale, 8 * c);
+  const float sc1 = base * __shfl_sync(0xffffffffu, row_scale, 8 * c + 4);
+
+  Softmax st;
+  st.m0 = NEG_INF; st.m1 = NEG_INF; st.l0 = 0.f; st.l1 = 0.f;
+#pragma unroll
+  for (int j = 0; j < MT; ++j) st.acc[j][0] = st.acc[j][1] = st.acc[j][2] = st.acc[j][3] = 0.f;
+
+  for (int t0 = start; t0 < end; t0 += 2 * STEP) {
+    if (t0 + STEP < end) {
+      load_step(b, t0 + STEP, end, r, c, ids, kbase, vbase, stride_kb, stride_kt, stride_vb,
+                stride_vt);
+      ids = load_ids(trow, t0 + 2 * STEP, end, lane);
+    }
+    attend_step(st, a, qf, sc0, sc1, t0, end, r);
+    if (t0 + STEP >= end) break;
+    if (t0 + 2 * STEP < end) {
+      load_step(a, t0 + 2 * STEP, end, r, c, ids, kbase, vbase, stride_kb, stride_kt,
+                stride_vb, stride_vt);
+      ids = load_ids(trow, t0 + 3 * STEP, end, lane);
+    }
+    attend_step(st, b, qf, sc0, sc1, t0 + STEP, end, r);
+  }
+#pragma unroll
+  for (int o = 4; o < 32; o <<= 1) {
+    st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, o);
+    st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, o);
+  }
+  const float vs = V_SCALE[kvh];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  /* query rows 2c and 2c + 1 */
+    const int row = 2 * c + h;
+    if (row >= GROUP) continue;
+    const int head = kvh * GROUP + row;
+    const float m = h ? st.m1 : st.m0, l = h ? st.l1 : st.l0;
+    const int dim0 = r * (HEAD_DIM / 8);
+    if (num_splits == 1) {
+      u16* o = OUT + ((i64)seq * q_heads + head) * HEAD_DIM + dim0;
+      const float f = vs / l;
+#pragma unroll
+      for (int t = 0; t < HEAD_DIM / 8; ++t) o[t] = float_to_out(st.acc[t >> 1][2 * (t & 1) + h] * f);
+    } else {
+      const i64 part = ((i64)seq * q_heads + head) * num_splits + split;
+      float4* o = reinterpret_cast<float4*>(PART + part * HEAD_DIM + dim0);
+#pragma unroll
+      for (int t = 0; t < HEAD_DIM / 8; t += 2)  /* dims t, t + 1: tile t / 2, rows r, r + 8 */
+        if (t % 4 == 0) o[t / 4] = make_float4(st.acc[t >> 1][h] * vs, st.acc[t >> 1][2 + h] * vs,
+                                               st.acc[(t >> 1) + 1][h] * vs,
+                                               st.acc[(t >> 1) + 1][2 + h] * vs);
+      if (r == 0) {
+        PART[ml_offset + part * 2] = m;
+        PART[ml_offset + part * 2 + 1] = l;
+      }
+    }
+  }
+}
+
+/* The splits' partial outputs of one (sequence, query head) merged: block x = seq * q_heads +
+   head; the weights exp2(m_i - max m) first, then COMBINE_WARPS warps each summing a share of
+   the splits (lane: dims lane + 32 k), then the warps' sums added. */
+extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_combine(
+    const float* PART, u16* OUT, int num_splits, int ml_offset) {
+  __shared__ float weight[MAX_SPLITS];
+  __shared__ float partial[COMBINE_WARPS][HEAD_DIM];
+  __shared__ float reduce[COMBINE_WARPS];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 base = (i64)blockIdx.x * num_splits;
+  const float* ML = PART + ml_offset;
+  float m = NEG_INF;
+  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) m = fmaxf(m, ML[(base + i) * 2]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) reduce[warp] = m;
+  __syncthreads();
+  m = reduce[0];
+#pragma unroll
+  for (int w = 1; w < COMBINE_WARPS; ++w) m = fmaxf(m, reduce[w]);
+  __syncthreads();
+  float den = 0.f;
+  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) {
+    const float mi = ML[(base + i) * 2];
+    const float w = mi > NEG_INF ? exp2f(mi - m) : 0.f;  /* empty splits weigh 0 */
+    weight[i] = w;
+    den += w * ML[(base + i) * 2 + 1];
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+  if (lane == 0) reduce[warp] = den;
+  __syncthreads();
+  den = 0.f;
+#pragma unroll
+  for (int w = 0; w < COMBINE_WARPS; ++w) den += reduce[w];
+  float acc[HEAD_DIM / 32];
+#pragma unroll
+  for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] = 0.f;
+#pragma unroll 8
+  for (int i = warp; i < num_splits; i += COMBINE_WARPS) {
+    const float w = weight[i];
+    const float* p = PART + (base + i) * HEAD_DIM + lane;
+#pragma unroll
+    for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] += w * p[32 * k];
+  }
+#pragma unroll
+  for (int k = 0; k < HEAD_DIM / 32; ++k) partial[warp][lane + 32 * k] = acc[k];
+  __syncthreads();
+  for (int d = tid; d < HEAD_DIM; d += COMBINE_WARPS * 32) {
+    float sum = 0.f;
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) sum += partial[w][d];
+    OUT[(i64)blockIdx.x * HEAD_DIM + d] = float_to_out(sum / den);
+  }
+}
+"""
+
+_INDEX_TYPES = {torch.int32: "int", torch.int64: "long long"}
+
+
+def available(device) -> bool:
+    """Whether ``device`` runs the kernel: an NVIDIA GPU of compute capability 8.9+ and a torch
+    that compiles CUDA with NVRTC."""
+    return nvidia_fp8_hardware(device) and hasattr(torch.cuda, "_compile_kernel")
+
+
+def _aligned(x: torch.Tensor) -> bool:
+    return x.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in x.stride()[:3])
+
+
+def unsupported_reason(q, k_cache, v_cache, block_tables, seq_lens) -> str | None:
+    """Why the kernel cannot take this call (None when it can)."""
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    kv_heads = k_cache.shape[2]
+    if not is_fp8(k_cache.dtype) or v_cache.dtype != k_cache.dtype:
+        return "the caches are not one fp8 dtype"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        return f"q is {q.dtype}, not fp16/bf16"
+    if head_dim not in HEAD_DIMS:
+        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
+    if num_q_heads // kv_heads > MAX_GROUP:
+        return f"{num_q_heads // kv_heads} query heads per KV head (at most {MAX_GROUP})"
+    if not (_aligned(k_cache) and _aligned(v_cache)):
+        return "a cache is not 16-byte aligned in its pointer and strides"
+    if block_tables.dtype not in _INDEX_TYPES or seq_lens.dtype not in _INDEX_TYPES:
+        return "block tables and lengths must be int32 or int64"
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
+        return "the last dimension of a cache or the table is strided"
+    if max(k_cache.stride(0), v_cache.stride(0)) >= 2 ** 31:
+        return "a cache block is 2 GiB or more"
+    if not available(q.device):
+        return "the device is not an NVIDIA GPU of compute capability 8.9+"
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(head_dim, group, block_size, fp8_name, q_bf16, table_t, seq_t, warps, min_blocks):
+    """(split kernel, combine kernel, warps the GPU holds at once) for these constants."""
+    defines = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size,
+                   FP8_NAME=f'"{fp8_name}"', Q_BF16=int(q_bf16), TABLE_T=table_t, SEQ_T=seq_t,
+                   WARPS=warps, MIN_BLOCKS=min_blocks, COMBINE_WARPS=COMBINE_WARPS,
+                   MAX_SPLITS=MAX_SPLITS)
+    source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
+    split = torch.cuda._compile_kernel(source, "fp8_paged_decode")
+    combine = torch.cuda._compile_kernel(source, "fp8_decode_combine")
+    return split, combine, _resident_warps(split, warps)
+
+
+def _resident_warps(kernel, warps: int) -> int:
+    """Warps of ``kernel`` in blocks of ``warps`` that the whole GPU runs at once (the CUDA
+    driver's occupancy calculation, times the SM count)."""
+    import ctypes
+
+    blocks = ctypes.c_int(0)
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    if libcuda.cuOccupancyMaxActiveBlocksPerMultiprocessor(ctypes.byref(blocks), kernel.func,
+                                                           LANES * warps, ctypes.c_size_t(0)):
+        blocks.value = 1  # unknown: assume one block per SM
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return max(1, blocks.value) * warps * sms
+
+
+@functools.lru_cache(maxsize=1024)
+def choose_splits(units: int, capacity: int, slots: int) -> tuple[int, int]:
+    """(splits, tokens per split) of each of ``units`` (sequence, KV head) pairs' ``capacity``
+    tokens, from a wave model: ``units x splits`` warps run ``slots`` at a time, so the kernel
+    takes about ``waves x (steps per split + SPLIT_OVERHEAD_STEPS)`` step times, and the combine
+    one more per ``COMBINE_SPLITS_PER_STEP`` splits. The cheapest wins, the fewest splits on
+    ties."""
+    steps = ceil_div(capacity, STEP)
+    best, best_cost = (1, steps * STEP), None
+    for splits in range(1, min(MAX_SPLITS, steps) + 1):
+        per_split = ceil_div(steps, splits)  # steps, rounded up
+        used = ceil_div(steps, per_split)  # splits that then hold any tokens
+        cost = ceil_div(units * used, slots) * (per_split + SPLIT_OVERHEAD_STEPS)
+        cost += ceil_div(used, COMBINE_SPLITS_PER_STEP) if used > 1 else 0
+        if best_cost is None or cost < best_cost:
+            best, best_cost = (used, per_split * STEP), cost
+    return best
+
+
+def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale,
+                          *, num_splits: int | None = None, warps_per_block: int = 4,
+                          min_blocks: int = 1) -> torch.Tensor:
+    """Paged decode of an fp8 cache; arguments as ``triton_paged_decode`` (validated; scales
+    float32 tensors ``[num_kv_heads]``), in a layout ``unsupported_reason`` accepts (else a
+    ``ValueError``). ``num_splits`` overrides ``choose_splits``; a block's warps read
+    ``heads_per_block(kv_heads, warps_per_block)`` adjacent KV heads; ``min_blocks``: blocks
+    per SM the compiler must fit (a register cap). No device sync: the call can be captured in
+    a CUDA graph."""
+    reason = unsupported_reason(q, k_cache, v_cache, block_tables, seq_lens)
+    if reason:
+        raise ValueError(f"cuda-fp8 decode: {reason}")
+    num_seqs, q_heads, head_dim = q.shape
+    _, block_size, kv_heads, _ = k_cache.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if num_seqs == 0:
+        return out
+    warps = heads_per_block(kv_heads, warps_per_block)
+    split, combine, slots = _compiled(
+        head_dim, q_heads // kv_heads, block_size,
+        "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2", q.dtype == torch.bfloat16,
+        _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype], warps, min_blocks)
+    capacity = block_tables.shape[1] * block_size
+    if num_splits is None:
+        splits, per_split = choose_splits(num_seqs * kv_heads, capacity, slots)
+    else:
+        per_split = ceil_div(ceil_div(capacity, max(1, min(num_splits, MAX_SPLITS))), STEP) * STEP
+        splits = ceil_div(capacity, per_split)
+    parts = num_seqs * q_heads * splits
+    part = (torch.empty(parts * (head_dim + 2), device=q.device, dtype=torch.float32)
+            if splits > 1 else out)  # with one split the kernel writes out directly
+    k8, v8 = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
+    split(grid=(num_seqs, kv_heads // warps, splits), block=(LANES * warps, 1, 1),
+          args=[q, k8, v8, block_tables, seq_lens, out, part, k_scale, v_scale,
+                float(scale * 1.4426950408889634), per_split, splits, parts * head_dim,
+                q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
+                v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
+    if splits > 1:
+        combine(grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
+                args=[part, out, splits, parts * head_dim])
+    return out

@@ -31,9 +31,11 @@ DEFAULT_CI_EXAMPLES = 12
 
 
 def backends_for(device: str, op: str = "decode") -> list[str]:
-    """Registered, available backends with a paged ``op`` kernel that runs on ``device``."""
+    """Registered, available backends with a paged ``op`` kernel that runs on ``device`` and
+    reads a cache of q's dtype (fp8-only kernels: ``test_kernel_fp8``)."""
     return sorted(name for name, b in registered_backends().items()
-                  if getattr(b, op) is not None and device in b.devices and backend_available(b))
+                  if getattr(b, op) is not None and device in b.devices and backend_available(b)
+                  and b.reads_own_dtype)
 
 
 def examples_for(backend: str) -> int:

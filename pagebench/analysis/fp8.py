@@ -23,27 +23,33 @@ LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
 
 
 def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
-    """One row per decode point: bf16 and e4m3 times, their ratio, fp8's copy fraction and
-    error against the bf16 cache."""
+    """One row per decode point and fp8 kernel (``backend``: Triton's, the CUDA one): Triton's
+    bf16 and the kernel's e4m3 times, their ratio, fp8's copy fraction and error against the
+    bf16 cache."""
     if frame is None:
         return None
-    dec = frame[frame["op"] == "decode"]
+    dec = frame[frame["op"] == "decode"].copy()
     if "launch" in dec:  # other launch options are shown in the CSV, not compared here
         dec = dec[dec["launch"].fillna("default") == "default"]
+    dec["backend"] = dec["backend"].fillna("triton") if "backend" in dec else "triton"
     keys = ["batch", "context", "block_size"]
-    bf16 = dec[dec["cache_dtype"] == "bfloat16"].set_index(keys)
-    fp8 = dec[dec["cache_dtype"] == FP8].set_index(keys)
-    both = bf16.index.intersection(fp8.index)
-    if not len(both):
+    bf16 = dec[(dec["cache_dtype"] == "bfloat16") & (dec["backend"] == "triton")]
+    fp8 = dec[dec["cache_dtype"] == FP8]
+    out = fp8.merge(bf16[keys + ["time_us", *(["copy_fraction"] if "copy_fraction" in bf16
+                                              else [])]],
+                    on=keys, suffixes=("", "_bf16"))
+    if out.empty:
         return None
-    out = pd.DataFrame({"bf16_us": bf16.loc[both, "time_us"], "fp8_us": fp8.loc[both, "time_us"]})
+    out = out.rename(columns={"time_us": "fp8_us", "time_us_bf16": "bf16_us",
+                              "copy_fraction_bf16": "bf16_copy_fraction",
+                              **{c: f"fp8_{c}" for c in ("copy_fraction", "err_vs_bf16_cache",
+                                                         "err_vs_dequantised")}})
     out["fp8_over_bf16"] = out["fp8_us"] / out["bf16_us"]
-    if "copy_fraction" in bf16:
-        out["bf16_copy_fraction"] = bf16.loc[both, "copy_fraction"]
-    for col in ("copy_fraction", "err_vs_bf16_cache", "err_vs_dequantised"):
-        if col in fp8:
-            out[f"fp8_{col}"] = fp8.loc[both, col]
-    return out.reset_index().sort_values(["block_size", "context", "batch"])
+    cols = keys + ["backend", "bf16_us", "fp8_us", "fp8_over_bf16"] + [
+        c for c in ("bf16_copy_fraction", "fp8_copy_fraction", "fp8_err_vs_bf16_cache",
+                    "fp8_err_vs_dequantised") if c in out]
+    return out[cols].sort_values(["block_size", "context", "batch", "backend"]).reset_index(
+        drop=True)
 
 
 def capacity_parts(results: Results) -> Measured | None:
@@ -62,16 +68,19 @@ def capacity_parts(results: Results) -> Measured | None:
 
 
 def decode_time_parts(results: Results) -> Measured | None:
+    """The fastest fp8 decode at each long-context point against Triton's bf16; judged at
+    block 16, the worst of those points."""
     ratios = decode_ratios(results.get("kernels_fp8"))
     if ratios is None:
         return None
     long = ratios[((ratios["batch"] >= LONG_BATCH) & (ratios["context"] >= LONG_BATCH_CONTEXT))
                   | (ratios["context"] >= LONG_CONTEXT)]
-    judged = long[long["block_size"] == 16]
+    best = long.loc[long.groupby(["batch", "context", "block_size"])["fp8_over_bf16"].idxmin()]
+    judged = best[best["block_size"] == 16]
     if judged.empty:
         return None
     text = ", ".join(f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: "
-                     f"{r.fp8_over_bf16:.2f}×" for r in long.itertuples())
+                     f"{r.fp8_over_bf16:.2f}× ({r.backend})" for r in best.itertuples())
     return Measured([Part(judged["fp8_over_bf16"].max(), text)],
                     frame_devices(results.get("kernels_fp8")))
 
@@ -115,9 +124,10 @@ CLAIMS = (
           capacity_parts,
           lambda ratios: all(1.95 <= r <= 2.05 for r in ratios)),
     Claim("fp8_decode_time", "fp8 KV halves decode time at long context.",
-          f"Triton decode, e4m3 / bf16 time ≤ {HALF_TIME_BOUND}× at every block-16 point of "
-          "batch ≥ 32 × 4,096 and 1 × 65,536 (Llama-3-8B shape, CUDA graphs); blocks 1 and 128 "
-          "shown, not judged", ("kernels_fp8",), decode_time_parts,
+          f"the fastest e4m3 decode kernel (Triton's or the CUDA one) / Triton bf16 time ≤ "
+          f"{HALF_TIME_BOUND}× at every block-16 point of batch ≥ 32 × 4,096 and 1 × 65,536 "
+          "(Llama-3-8B shape, CUDA graphs); blocks 1 and 128 shown, not judged",
+          ("kernels_fp8",), decode_time_parts,
           lambda worst: worst <= HALF_TIME_BOUND),
     Claim("layout_cost", "Block-table layout does not matter to the kernel.",
           f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "

@@ -44,7 +44,7 @@ from pagebench.kernels.quant import is_fp8, nvidia_fp8_hardware
 
 LANES = 32
 STEP = 16  # tokens per MMA step (the M of S^T; the source's STEP)
-MAX_GROUP = 8  # query rows per KV head: the N of the MMAs
+MMA_N = 8  # query rows a warp reads: the N of the MMAs (larger groups: chunks of 8)
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 512
 COMBINE_WARPS = 8
@@ -122,7 +122,15 @@ __device__ __forceinline__ u16 float_to_out(float x) {
   return h;
 }
 template <int N>
-__device__ __forceinline__ void load_words(const u8* p, u32* w) {  /* N words, aligned */
+__device__ __forceinline__ void load_words(const u8* p, u32* w) {  /* N words */
+#if !ALIGNED  /* a cache view whose rows are not 16-byte aligned: byte loads (slow, exact) */
+#pragma unroll
+  for (int i = 0; i < 4 * N; ++i) {
+    const u32 byte = p[i];
+    w[i / 4] = (i % 4 ? w[i / 4] : 0u) | (byte << (8 * (i % 4)));
+  }
+  return;
+#endif
   if (N % 4 == 0) {
 #pragma unroll
     for (int i = 0; i < N; i += 4) {
@@ -240,8 +248,12 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     int stride_ts, int q_heads) {
   const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
   /* a block's warps read adjacent KV heads of the same tokens: longer contiguous runs */
-  const int seq = blockIdx.x, kvh = blockIdx.y * WARPS + (threadIdx.x >> 5);
+  /* grid y: (KV heads / WARPS) x QCHUNKS; a group of more than 8 query heads is read in chunks
+     of 8 rows, each chunk's warp reading the KV head's tokens again (mostly from L2) */
+  const int qchunk = blockIdx.y % QCHUNKS;
+  const int seq = blockIdx.x, kvh = (blockIdx.y / QCHUNKS) * WARPS + (threadIdx.x >> 5);
   const int split = blockIdx.z;
+  const int row0 = 8 * qchunk;  /* the chunk's first row in the group */
   const int seq_len = (int)SEQ_LENS[seq];
   const int start = split * tokens_per_split;
   const int end = min(start + tokens_per_split, seq_len);
@@ -255,14 +267,15 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
                              vbase, stride_kb, stride_kt, stride_vb, stride_vt);
   int ids = load_ids(trow, start + STEP, end, lane);  /* the next step's */
 
-  /* q row r of the group (zeros past it): the dims of this lane's K words, as fp16 MMA
+  /* q row row0 + r of the group (zeros past it): the dims of this lane's K words, as fp16 MMA
      fragments (K word i is dims 64 (i / 4) + 16 c + 4 (i % 4) .. + 4) */
   float qv[HEAD_DIM / 4];
   float amax = 0.f;
-  const u16* qrow = Q + (i64)seq * stride_qs + (i64)(kvh * GROUP + r) * stride_qh + 16 * c;
+  const u16* qrow = Q + (i64)seq * stride_qs + (i64)(kvh * GROUP + row0 + r) * stride_qh
+                    + 16 * c;
 #pragma unroll
   for (int d = 0; d < HEAD_DIM / 4; ++d) {
-    qv[d] = r < GROUP ? q_to_float(qrow[64 * (d >> 4) + (d & 15)]) : 0.f;
+    qv[d] = row0 + r < GROUP ? q_to_float(qrow[64 * (d >> 4) + (d & 15)]) : 0.f;
     amax = fmaxf(amax, fabsf(qv[d]));
   }
   float row_mul = 1.f, row_scale = 1.f;
@@ -315,7 +328,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   const float vs = V_SCALE[kvh];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  /* query rows 2c and 2c + 1 */
-    const int row = 2 * c + h;
+    const int row = row0 + 2 * c + h;
     if (row >= GROUP) continue;
     const int head = kvh * GROUP + row;
     const float m = h ? st.m1 : st.m0, l = h ? st.l1 : st.l0;
@@ -341,29 +354,29 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   }
 }
 
-/* The splits' partial outputs of one (sequence, query head) merged: block x = seq * q_heads +
-   head; the weights exp2(m_i - max m) first, then COMBINE_WARPS warps each summing a share of
-   the splits (lane: dims lane + 32 k), then the warps' sums added. */
+/* The splits' partial outputs merged: block x = (seq * q_heads + head) * (HEAD_DIM / 32) + the
+   block's 32 dims; its warps (blockDim.x / 32, at most COMBINE_WARPS) each sum a share of the
+   splits, weighted by exp2(m_i - max m), lane = dim; then the warps' sums are added. */
 extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_combine(
     const float* PART, u16* OUT, int num_splits, int ml_offset) {
   __shared__ float weight[MAX_SPLITS];
-  __shared__ float partial[COMBINE_WARPS][HEAD_DIM];
+  __shared__ float partial[COMBINE_WARPS][32];
   __shared__ float reduce[COMBINE_WARPS];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const i64 base = (i64)blockIdx.x * num_splits;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  const int pair = blockIdx.x / (HEAD_DIM / 32), dim = (blockIdx.x % (HEAD_DIM / 32)) * 32 + lane;
+  const i64 base = (i64)pair * num_splits;
   const float* ML = PART + ml_offset;
   float m = NEG_INF;
-  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) m = fmaxf(m, ML[(base + i) * 2]);
+  for (int i = tid; i < num_splits; i += blockDim.x) m = fmaxf(m, ML[(base + i) * 2]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if (lane == 0) reduce[warp] = m;
   __syncthreads();
   m = reduce[0];
-#pragma unroll
-  for (int w = 1; w < COMBINE_WARPS; ++w) m = fmaxf(m, reduce[w]);
+  for (int w = 1; w < warps; ++w) m = fmaxf(m, reduce[w]);
   __syncthreads();
   float den = 0.f;
-  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) {
+  for (int i = tid; i < num_splits; i += blockDim.x) {
     const float mi = ML[(base + i) * 2];
     const float w = mi > NEG_INF ? exp2f(mi - m) : 0.f;  /* empty splits weigh 0 */
     weight[i] = w;
@@ -374,26 +387,17 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_comb
   if (lane == 0) reduce[warp] = den;
   __syncthreads();
   den = 0.f;
-#pragma unroll
-  for (int w = 0; w < COMBINE_WARPS; ++w) den += reduce[w];
-  float acc[HEAD_DIM / 32];
-#pragma unroll
-  for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] = 0.f;
+  for (int w = 0; w < warps; ++w) den += reduce[w];
+  float acc = 0.f;
+  const float* p = PART + base * HEAD_DIM + dim;
 #pragma unroll 8
-  for (int i = warp; i < num_splits; i += COMBINE_WARPS) {
-    const float w = weight[i];
-    const float* p = PART + (base + i) * HEAD_DIM + lane;
-#pragma unroll
-    for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] += w * p[32 * k];
-  }
-#pragma unroll
-  for (int k = 0; k < HEAD_DIM / 32; ++k) partial[warp][lane + 32 * k] = acc[k];
+  for (int i = warp; i < num_splits; i += warps) acc += weight[i] * p[(i64)i * HEAD_DIM];
+  partial[warp][lane] = acc;
   __syncthreads();
-  for (int d = tid; d < HEAD_DIM; d += COMBINE_WARPS * 32) {
+  if (warp == 0) {
     float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) sum += partial[w][d];
-    OUT[(i64)blockIdx.x * HEAD_DIM + d] = float_to_out(sum / den);
+    for (int w = 0; w < warps; ++w) sum += partial[w][lane];
+    OUT[(i64)pair * HEAD_DIM + dim] = float_to_out(sum / den);
   }
 }
 """
@@ -404,7 +408,8 @@ _INDEX_TYPES = {torch.int32: "int", torch.int64: "long long"}
 def available(device) -> bool:
     """Whether ``device`` runs the kernel: an NVIDIA GPU of compute capability 8.9+ and a torch
     that compiles CUDA with NVRTC."""
-    return nvidia_fp8_hardware(device) and hasattr(torch.cuda, "_compile_kernel")
+    return (torch.cuda.is_available() and nvidia_fp8_hardware(device)
+            and hasattr(torch.cuda, "_compile_kernel"))
 
 
 def _aligned(x: torch.Tensor) -> bool:
@@ -412,36 +417,35 @@ def _aligned(x: torch.Tensor) -> bool:
 
 
 def unsupported_reason(q, k_cache, v_cache, block_tables, seq_lens) -> str | None:
-    """Why the kernel cannot take this call (None when it can)."""
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
-    kv_heads = k_cache.shape[2]
+    """Why the kernel cannot take this call, naming the argument (None when it can): the
+    registry's capabilities (fp8 caches, fp16/bf16 q, ``HEAD_DIMS``, NVIDIA 8.9+) and the
+    layout (caches with unit stride in the head dim and strides below 2 GiB)."""
     if not is_fp8(k_cache.dtype) or v_cache.dtype != k_cache.dtype:
-        return "the caches are not one fp8 dtype"
+        return (f"k_cache: the cuda-fp8 backend reads fp8 caches (e4m3, e5m2), got "
+                f"{k_cache.dtype} / {v_cache.dtype}")
     if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"q is {q.dtype}, not fp16/bf16"
-    if head_dim not in HEAD_DIMS:
-        return f"head dim {head_dim} is not one of {HEAD_DIMS}"
-    if num_q_heads // kv_heads > MAX_GROUP:
-        return f"{num_q_heads // kv_heads} query heads per KV head (at most {MAX_GROUP})"
-    if not (_aligned(k_cache) and _aligned(v_cache)):
-        return "a cache is not 16-byte aligned in its pointer and strides"
-    if block_tables.dtype not in _INDEX_TYPES or seq_lens.dtype not in _INDEX_TYPES:
-        return "block tables and lengths must be int32 or int64"
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1 or block_tables.stride(-1) != 1:
-        return "the last dimension of a cache or the table is strided"
-    if max(k_cache.stride(0), v_cache.stride(0)) >= 2 ** 31:
-        return "a cache block is 2 GiB or more"
+        return f"q: the cuda-fp8 backend takes fp16 or bf16 queries, got {q.dtype}"
+    if q.shape[-1] not in HEAD_DIMS:
+        return f"q: the cuda-fp8 backend takes head dims {HEAD_DIMS}, got {q.shape[-1]}"
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.stride(-1) != 1:
+            return f"{name}: the last dimension must have unit stride"
+        if max(x.stride()) >= 2 ** 31:
+            return f"{name}: strides of 2 GiB or more"
     if not available(q.device):
-        return "the device is not an NVIDIA GPU of compute capability 8.9+"
+        return f"q: the cuda-fp8 backend runs on NVIDIA GPUs of compute capability 8.9+, " \
+               f"not {q.device}"
     return None
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(head_dim, group, block_size, fp8_name, q_bf16, table_t, seq_t, warps, min_blocks):
+def _compiled(head_dim, group, block_size, fp8_name, q_bf16, table_t, seq_t, warps, min_blocks,
+              aligned):
     """(split kernel, combine kernel, warps the GPU holds at once) for these constants."""
     defines = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size,
                    FP8_NAME=f'"{fp8_name}"', Q_BF16=int(q_bf16), TABLE_T=table_t, SEQ_T=seq_t,
-                   WARPS=warps, MIN_BLOCKS=min_blocks, COMBINE_WARPS=COMBINE_WARPS,
+                   QCHUNKS=ceil_div(group, MMA_N), WARPS=warps, MIN_BLOCKS=min_blocks,
+                   ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS,
                    MAX_SPLITS=MAX_SPLITS)
     source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
     split = torch.cuda._compile_kernel(source, "fp8_paged_decode")
@@ -493,7 +497,10 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     a CUDA graph."""
     reason = unsupported_reason(q, k_cache, v_cache, block_tables, seq_lens)
     if reason:
-        raise ValueError(f"cuda-fp8 decode: {reason}")
+        raise ValueError(reason)
+    q = q if q.stride(-1) == 1 else q.contiguous()  # as Triton's: rows of unit stride
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     num_seqs, q_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -503,10 +510,12 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     split, combine, slots = _compiled(
         head_dim, q_heads // kv_heads, block_size,
         "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2", q.dtype == torch.bfloat16,
-        _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype], warps, min_blocks)
+        _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype], warps, min_blocks,
+        _aligned(k_cache) and _aligned(v_cache))
     capacity = block_tables.shape[1] * block_size
+    qchunks = ceil_div(q_heads // kv_heads, MMA_N)  # warps per (sequence, KV head, split)
     if num_splits is None:
-        splits, per_split = choose_splits(num_seqs * kv_heads, capacity, slots)
+        splits, per_split = choose_splits(num_seqs * kv_heads * qchunks, capacity, slots)
     else:
         per_split = ceil_div(ceil_div(capacity, max(1, min(num_splits, MAX_SPLITS))), STEP) * STEP
         splits = ceil_div(capacity, per_split)
@@ -514,12 +523,13 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     part = (torch.empty(parts * (head_dim + 2), device=q.device, dtype=torch.float32)
             if splits > 1 else out)  # with one split the kernel writes out directly
     k8, v8 = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    split(grid=(num_seqs, kv_heads // warps, splits), block=(LANES * warps, 1, 1),
+    split(grid=(num_seqs, kv_heads // warps * qchunks, splits), block=(LANES * warps, 1, 1),
           args=[q, k8, v8, block_tables, seq_lens, out, part, k_scale, v_scale,
                 float(scale * 1.4426950408889634), per_split, splits, parts * head_dim,
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
     if splits > 1:
-        combine(grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
+        combine(grid=(num_seqs * q_heads * (head_dim // LANES), 1, 1),
+                block=(LANES * min(COMBINE_WARPS, splits), 1, 1),
                 args=[part, out, splits, parts * head_dim])
     return out

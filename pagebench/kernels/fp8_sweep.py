@@ -1,6 +1,6 @@
 """fp8 KV caches against bf16 on the same inputs (``pagebench bench --fp8``; dataset
-``kernels_fp8``): the Triton paged decode and prefill timed with each cache, and the fp8
-output's error.
+``kernels_fp8``): the Triton paged decode and prefill timed with each cache, the CUDA fp8
+decode (backend ``cuda-fp8``, where it runs) with each fp8 cache, and the fp8 output's error.
 
 At each point K/V are drawn once in ``dtype`` (standard normal: no outlier channels) and
 quantised with per-head scales, each head's largest value mapped to the format's largest
@@ -21,6 +21,7 @@ import torch
 from pagebench import defaults
 from pagebench.config import dtype_name
 from pagebench.kernels.fixtures import paged_case, prefill_case, quantized_inputs, relative_error
+from pagebench.kernels.registry import get_backend
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
 from pagebench.kernels.sweep import kv_bytes, measure_copy_gbps
 from pagebench.kernels.validate import check_decode, check_prefill
@@ -42,6 +43,21 @@ CPU_PREFILL_POINTS = [(1, 32, 16)]
 # the bytes of a bf16 one, so a tile of twice the tokens reads as much per load (the default
 # goes the other way, triton_decode.FP8_LAUNCH: this row keeps the comparison measured)
 FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}
+# fp8 decode kernels timed beside Triton's where they run and read the format
+OTHER_FP8_DECODE = ("cuda-fp8",)
+
+
+def other_fp8_decoders(device, cache_dtype) -> list[str]:
+    """The backends of ``OTHER_FP8_DECODE`` that read ``cache_dtype`` on ``device``."""
+    from pagebench.kernels import registry
+
+    names = []
+    for name in OTHER_FP8_DECODE:
+        b = registry.registered_backends().get(name)
+        if b is not None and registry.backend_available(b) and b.is_kernel_on(device) \
+                and b.supports_cache_dtype(cache_dtype, None, device):
+            names.append(name)
+    return names
 
 
 def cache_dtypes(block_size: int, dtype) -> list:
@@ -93,23 +109,30 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
             for cache_dtype in cache_dtypes(block_size, dtype):
                 inputs = case if cache_dtype == dtype else quantized_inputs(
                     case, cache_dtype, spread=1.0)
-                launches = {"default": {}}
+                # (backend, launch, call): Triton's default and other launches, then the
+                # other fp8 kernels
+                calls = [("triton", "default", {})]
                 if cache_dtype == E4M3 and block_size == defaults.BLOCK_SIZE:
-                    launches |= FP8_LAUNCHES
-                errors = {}
-                for launch, options in launches.items():
-                    def call(inputs=inputs, options=options):
-                        return triton_decode.triton_paged_decode(
-                            *inputs.args(), scale, **inputs.scales(), **options)
-                    if launch == "default" and cache_dtype != dtype:
-                        errors = fp8_errors(call(), base, torch_paged_decode, inputs, scale)
+                    calls += [("triton", launch, o) for launch, o in FP8_LAUNCHES.items()]
+                if cache_dtype != dtype:
+                    calls += [(name, "default", None)
+                              for name in other_fp8_decoders(device, cache_dtype)]
+                for backend, launch, options in calls:
+                    def call(inputs=inputs, backend=backend, options=options):
+                        if backend == "triton":
+                            return triton_decode.triton_paged_decode(
+                                *inputs.args(), scale, **inputs.scales(), **options)
+                        return get_backend(backend).decode(*inputs.args(), scale,
+                                                           **inputs.scales())
+                    errors = {} if cache_dtype == dtype else fp8_errors(
+                        call(), base, torch_paged_decode, inputs, scale)
                     t = timed(call)
                     nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
                     gbps = nbytes / t / 1e3
                     record(op="decode", cache_dtype=dtype_name(cache_dtype), batch=batch,
-                           context=context, block_size=block_size, launch=launch, time_us=t,
-                           kv_bytes=nbytes, gbps=gbps, copy_gbps=copy_gbps,
-                           copy_fraction=gbps / copy_gbps, **errors)
+                           context=context, block_size=block_size, backend=backend,
+                           launch=launch, time_us=t, kv_bytes=nbytes, gbps=gbps,
+                           copy_gbps=copy_gbps, copy_fraction=gbps / copy_gbps, **errors)
                 del inputs
             del case, base
             if on_cuda:
@@ -128,7 +151,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                                                            **inputs.scales())
             errors = {} if cache_dtype == dtype else fp8_errors(
                 call(), base, torch_paged_prefill, inputs, scale)
-            record(op="prefill", cache_dtype=dtype_name(cache_dtype), batch=batch,
+            record(op="prefill", cache_dtype=dtype_name(cache_dtype), backend="triton", batch=batch,
                    query_len=query_len, cached=cached, context=query_len + cached,
                    block_size=defaults.BLOCK_SIZE, time_us=timed(call), **errors)
             del inputs

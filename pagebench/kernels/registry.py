@@ -86,6 +86,8 @@ class Backend:
     # dtypes the paged cache may have: q's own dtype (one of ``dtypes``), or an fp8 dtype read
     # with per-head scales; None: q's dtype only
     cache_dtypes: tuple[torch.dtype, ...] | None = None
+    # False: it reads only the fp8 ``cache_dtypes``, not a cache of q's own dtype
+    reads_own_dtype: bool = True
     # (device, one of cache_dtypes) -> whether that device reads it; None: every device does
     reads_cache_on: Callable[[torch.device, torch.dtype], bool] | None = None
     graph_capturable: tuple[str, ...] = ()  # operations a CUDA graph can capture
@@ -101,7 +103,7 @@ class Backend:
         """Whether a paged cache of ``cache_dtype`` can be read with queries of ``dtype`` (on
         ``device``, where given)."""
         if cache_dtype == dtype:
-            return True
+            return self.reads_own_dtype
         return cache_dtype in (self.cache_dtypes or ()) and (
             device is None or self.reads_cache_on is None
             or self.reads_cache_on(torch.device(device), cache_dtype))
@@ -111,8 +113,8 @@ class Backend:
         return (getattr(self, op, None) is not None
                 and _device_type(device) in self.devices
                 and dtype in self.dtypes
-                and (cache_dtype is None or op == "contiguous"
-                     or self.supports_cache_dtype(cache_dtype, dtype, device))
+                and (op == "contiguous"  # None: a cache of q's dtype
+                     or self.supports_cache_dtype(cache_dtype or dtype, dtype, device))
                 and (head_dim is None or self.supports_head_dim(head_dim))
                 and (block_size is None or self.supports_block_size(block_size)))
 
@@ -141,7 +143,8 @@ class Backend:
             "devices": list(self.devices),
             "dtypes": [dtype_name(d) for d in self.dtypes],
             "cache_dtypes": [dtype_name(d) for d in (self.cache_dtypes or self.dtypes)
-                             if d in self.dtypes or self.supports_cache_dtype(d, None, device)],
+                             if (d in self.dtypes and self.reads_own_dtype)
+                             or self.supports_cache_dtype(d, None, device)],
             "block_sizes": self.block_sizes,
             "head_dims": self.head_dims,
             "priority": self.priority,
@@ -163,11 +166,12 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
                      description: str = "", auto_devices=None, nan_safe: bool = True,
                      cache_dtypes=None, reads_cache_on=None, graph_capturable=(), prepare=None,
                      sweep_block_sizes=None, scratch_ratio: float = 0.125,
-                     replace: bool = False) -> Backend:
+                     reads_own_dtype: bool = True, replace: bool = False) -> Backend:
     """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite.
     ``cache_dtypes``: the paged cache dtypes it reads (default: q's dtype only; list fp8
     dtypes to be called with ``k_scale``/``v_scale`` on fp8 caches; ``reads_cache_on``: which
-    of them a device reads, where the hardware decides). ``graph_capturable``,
+    of them a device reads, where the hardware decides; ``reads_own_dtype=False``: only those
+    fp8 dtypes, not a cache of q's dtype). ``graph_capturable``,
     ``prepare``, ``sweep_block_sizes``, ``scratch_ratio``: what the timing sweeps need (see
     the module docstring)."""
     if not isinstance(name, str) or not name or name == "auto":
@@ -194,6 +198,9 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
         if not set(named) <= ops:
             raise ValueError(f"{arg}: names operations the backend lacks: "
                              f"{sorted(set(named) - ops)} (it has {sorted(ops)})")
+    if not reads_own_dtype and not cache_dtypes:
+        raise ValueError("reads_own_dtype: a backend that reads no cache of q's dtype must list "
+                         "the cache_dtypes it reads")
     if reads_cache_on is not None and not callable(reads_cache_on):
         raise ValueError(f"reads_cache_on: expected a callable, got {type(reads_cache_on).__name__}")
     for op, hook in prepare.items():
@@ -214,7 +221,7 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
         None if cache_dtypes is None else tuple(cache_dtypes), reads_cache_on=reads_cache_on,
         graph_capturable=tuple(graph_capturable), prepare=prepare,
         sweep_block_sizes=None if sweep_block_sizes is None else tuple(sweep_block_sizes),
-        scratch_ratio=float(scratch_ratio))
+        scratch_ratio=float(scratch_ratio), reads_own_dtype=bool(reads_own_dtype))
     _REGISTRY[name] = backend
     return backend
 

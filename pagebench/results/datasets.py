@@ -93,11 +93,12 @@ KERNELS_PREFILL_EQUIVALENCE = schema(
     "kernels_prefill_equivalence", "one prefill case against the float64 reference",
     *EQUIVALENCE_COLUMNS, environment=False)
 KERNELS_FP8 = schema(
-    "kernels_fp8", "one timed Triton decode or prefill call with a bf16 or fp8 cache "
-    "(kernels.fp8_sweep.run_fp8_sweep)",
+    "kernels_fp8", "one timed decode (Triton, or the CUDA fp8 kernel) or Triton prefill call "
+    "with a bf16 or fp8 cache (kernels.fp8_sweep.run_fp8_sweep)",
     C("op", "str", "decode or prefill"), C("cache_dtype", "str", "K/V cache element type"),
     C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE, TIME_US,
-    *optional(C("launch", "str", "launch configuration"), C("kv_bytes", "float", "bytes read"),
+    *optional(C("backend", "str", "kernel backend (missing: triton)"),
+              C("launch", "str", "launch configuration"), C("kv_bytes", "float", "bytes read"),
               C("gbps", "float", "GB/s"), C("copy_gbps", "float", "copy GB/s"),
               C("copy_fraction", "float", "gbps / copy_gbps"),
               C("err_vs_dequantised", "float", "error against the dequantised cache"),

@@ -1,0 +1,155 @@
+"""The CUDA fp8 decode (backend ``cuda-fp8``): what it declares and refuses, its split count, and
+on an NVIDIA GPU of compute capability 8.9+ its output against the float64 reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+from pagebench.kernels import paged_decode, register_backend, registered_backends
+from pagebench.kernels import cuda_fp8_decode as cf
+from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
+from pagebench.kernels.quant import FP8_DTYPES
+from pagebench.kernels.reference import reference_decode
+from pagebench.kernels.registry import resolve, unregister_backend
+
+E4M3 = torch.float8_e4m3fn
+HAS_KERNEL = cf.available(torch.device("cuda"))
+
+
+def test_declares_fp8_caches_only():
+    b = registered_backends()["cuda-fp8"]
+    assert b.operations() == ("decode",) and b.devices == ("cuda",)
+    assert b.capabilities()["cache_dtypes"] == ["float8_e4m3fn", "float8_e5m2"]
+    assert b.supports_cache_dtype(E4M3, torch.bfloat16)
+    assert not b.supports_cache_dtype(torch.bfloat16, torch.bfloat16)
+    assert not b.supports("decode", "cuda", torch.bfloat16, 16, 128)  # no cache dtype: q's
+    assert not b.supports("decode", "cuda", torch.float32, 16, 128, E4M3)
+    assert not b.supports("decode", "cuda", torch.bfloat16, 16, 80, E4M3)
+    assert registered_backends()["triton"].priority > b.priority  # "auto" keeps Triton
+
+
+def test_a_backend_reading_only_fp8_is_resolved_for_fp8_caches_only():
+    def decode(*args, **scales):
+        return args[0]
+    with pytest.raises(ValueError, match="reads_own_dtype"):
+        register_backend("fp8-only", decode=decode, reads_own_dtype=False)
+    register_backend("fp8-only", decode=decode, devices=("cpu",), cache_dtypes=FP8_DTYPES,
+                     reads_own_dtype=False, priority=99)
+    try:
+        assert resolve("decode", "fp8-only", "cpu", torch.float32, 16, 64, E4M3).name == \
+            "fp8-only"
+        assert resolve("decode", "auto", "cpu", torch.float32, 16, 64, E4M3).name == "fp8-only"
+        assert resolve("decode", "auto", "cpu", torch.float32, 16, 64).name != "fp8-only"
+        with pytest.raises(ValueError, match="does not support this input"):
+            resolve("decode", "fp8-only", "cpu", torch.float32, 16, 64, torch.float32)
+    finally:
+        unregister_backend("fp8-only")
+
+
+def _args(q_dtype=torch.bfloat16, cache_dtype=E4M3, head_dim=64, transpose=False):
+    q = torch.zeros(2, 4, head_dim, dtype=q_dtype)
+    k = torch.zeros(3, 16, 2, head_dim, dtype=torch.float32)
+    if transpose:
+        k = k.transpose(-1, -2).contiguous().transpose(-1, -2)
+    k = k.to(cache_dtype)
+    return q, k, k, torch.zeros(2, 2, dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(cache_dtype=torch.bfloat16), "k_cache: the cuda-fp8 backend reads fp8"),
+    (dict(q_dtype=torch.float32), "q: the cuda-fp8 backend takes fp16 or bf16"),
+    (dict(head_dim=80), r"q: the cuda-fp8 backend takes head dims \(64, 128, 256\)"),
+    (dict(transpose=True), "k_cache: the last dimension must have unit stride"),
+])
+def test_refuses_what_it_cannot_read_naming_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        cf.cuda_fp8_paged_decode(*_args(**kwargs), 0.125, None, None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without a GPU")
+def test_refuses_a_cpu_tensor():
+    with pytest.raises(ValueError, match="runs on NVIDIA GPUs"):
+        cf.cuda_fp8_paged_decode(*_args(), 0.125, None, None)
+    with pytest.raises(ValueError, match="cuda-fp8"):  # not available here: named, refused
+        q, k, v, tables, lens = _args()
+        paged_decode(q, k, v, tables, lens, backend="cuda-fp8", k_scale=1.0, v_scale=1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(units=st.integers(1, 4096), capacity=st.integers(1, 1 << 17),
+       slots=st.integers(32, 8192))
+def test_splits_cover_the_table_in_whole_steps(units, capacity, slots):
+    splits, per_split = cf.choose_splits(units, capacity, slots)
+    assert 1 <= splits <= cf.MAX_SPLITS and per_split % cf.STEP == 0
+    assert (splits - 1) * per_split < capacity <= splits * per_split  # no empty split
+
+
+def test_splits_fill_one_wave_when_the_pairs_are_few():
+    # H200, Llama-3-8B shape: 12 warps on each of 132 SMs (146 registers, blocks of 4 warps)
+    for units, splits in ((256, 6), (512, 3), (128, 12)):
+        assert cf.choose_splits(units, 4096, 1584)[0] == splits
+        assert units * splits <= 1584
+
+
+@pytest.mark.parametrize("kv_heads, most, warps", [(8, 4, 4), (6, 4, 2), (7, 4, 1), (2, 8, 2)])
+def test_heads_per_block_divides_the_kv_heads(kv_heads, most, warps):
+    assert cf.heads_per_block(kv_heads, most) == warps
+
+
+def _misaligned(x: torch.Tensor, offset: int) -> torch.Tensor:
+    """``x`` copied into a byte buffer at ``offset`` bytes past a 16-byte boundary."""
+    raw = torch.zeros(x.numel() + 16, dtype=torch.uint8, device=x.device)
+    view = raw[offset:offset + x.numel()].view(x.dtype).view(x.shape)
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_KERNEL, reason="needs an NVIDIA GPU of compute capability 8.9+")
+def test_matches_float64_reference_cuda():
+    """Head dims, groups of 1 to 16 query heads (chunks of 8 past 8), block sizes with and
+    without 16 | block, int32 / int64 tables and lengths, forced split counts, caches moved off
+    16-byte alignment (the byte-load build), q far outside fp16's range: NaN-poisoned caches."""
+    @settings(max_examples=25, deadline=None)
+    @given(head_dim=st.sampled_from(cf.HEAD_DIMS), kv_heads=st.sampled_from([1, 2, 8]),
+           group=st.sampled_from([1, 4, 5, 7, 8, 16]), block=st.sampled_from([1, 3, 16, 128]),
+           lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=5),
+           index=st.sampled_from([torch.int32, torch.int64]),
+           q_dtype=st.sampled_from([torch.float16, torch.bfloat16]),
+           cache=st.sampled_from(FP8_DTYPES), splits=st.sampled_from([None, 1, 2, 7]),
+           offset=st.sampled_from([0, 0, 1, 8]), exponent=st.integers(-20, 20),
+           seed=st.integers(0, 2 ** 16))
+    def prop(head_dim, kv_heads, group, block, lengths, index, q_dtype, cache, splits, offset,
+             exponent, seed):
+        inp = make_paged_inputs(lengths, kv_heads * group, kv_heads, head_dim, block, q_dtype,
+                                "cuda", seed=seed)
+        fp8 = quantized_inputs(inp, cache, seed=seed)
+        q = (fp8.q.double() * 2.0 ** (exponent if q_dtype == torch.bfloat16 else 0)).to(q_dtype)
+        k, v = (_misaligned(x, offset) if offset else x for x in (fp8.k_cache, fp8.v_cache))
+        args = (q, k, v, fp8.block_tables.to(index), fp8.seq_lens.to(index))
+        note(f"k aligned={cf._aligned(k)} splits={splits}")
+        out = cf.cuda_fp8_paged_decode(*args, head_dim ** -0.5, fp8.k_scale, fp8.v_scale,
+                                       num_splits=splits)
+        ref = reference_decode(*args, head_dim ** -0.5, **fp8.scales())
+        assert out.shape == q.shape and out.dtype == q.dtype
+        assert torch.isfinite(out).all(), "a poisoned slot or table entry was read"
+        assert relative_error(out, ref) < 1e-2
+    prop()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_KERNEL, reason="needs an NVIDIA GPU of compute capability 8.9+")
+def test_graph_replay_equals_eager_cuda():
+    inp = make_paged_inputs([700, 1, 4096], 32, 8, 128, 16, torch.bfloat16, "cuda", seed=3)
+    fp8 = quantized_inputs(inp, E4M3, seed=3)
+    args = (*fp8.args(), 128 ** -0.5, fp8.k_scale, fp8.v_scale)
+    eager = cf.cuda_fp8_paged_decode(*args)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = cf.cuda_fp8_paged_decode(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, eager)

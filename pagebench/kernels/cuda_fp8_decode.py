@@ -354,29 +354,29 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
   }
 }
 
-/* The splits' partial outputs merged: block x = (seq * q_heads + head) * (HEAD_DIM / 32) + the
-   block's 32 dims; its warps (blockDim.x / 32, at most COMBINE_WARPS) each sum a share of the
-   splits, weighted by exp2(m_i - max m), lane = dim; then the warps' sums are added. */
+/* The splits' partial outputs of one (sequence, query head) merged: block x = seq * q_heads +
+   head; the weights exp2(m_i - max m) first, then COMBINE_WARPS warps each summing a share of
+   the splits (lane: dims lane + 32 k), then the warps' sums added. */
 extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_combine(
     const float* PART, u16* OUT, int num_splits, int ml_offset) {
   __shared__ float weight[MAX_SPLITS];
-  __shared__ float partial[COMBINE_WARPS][32];
+  __shared__ float partial[COMBINE_WARPS][HEAD_DIM];
   __shared__ float reduce[COMBINE_WARPS];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-  const int pair = blockIdx.x / (HEAD_DIM / 32), dim = (blockIdx.x % (HEAD_DIM / 32)) * 32 + lane;
-  const i64 base = (i64)pair * num_splits;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const i64 base = (i64)blockIdx.x * num_splits;
   const float* ML = PART + ml_offset;
   float m = NEG_INF;
-  for (int i = tid; i < num_splits; i += blockDim.x) m = fmaxf(m, ML[(base + i) * 2]);
+  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) m = fmaxf(m, ML[(base + i) * 2]);
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
   if (lane == 0) reduce[warp] = m;
   __syncthreads();
   m = reduce[0];
-  for (int w = 1; w < warps; ++w) m = fmaxf(m, reduce[w]);
+#pragma unroll
+  for (int w = 1; w < COMBINE_WARPS; ++w) m = fmaxf(m, reduce[w]);
   __syncthreads();
   float den = 0.f;
-  for (int i = tid; i < num_splits; i += blockDim.x) {
+  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) {
     const float mi = ML[(base + i) * 2];
     const float w = mi > NEG_INF ? exp2f(mi - m) : 0.f;  /* empty splits weigh 0 */
     weight[i] = w;
@@ -387,17 +387,26 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_comb
   if (lane == 0) reduce[warp] = den;
   __syncthreads();
   den = 0.f;
-  for (int w = 0; w < warps; ++w) den += reduce[w];
-  float acc = 0.f;
-  const float* p = PART + base * HEAD_DIM + dim;
+#pragma unroll
+  for (int w = 0; w < COMBINE_WARPS; ++w) den += reduce[w];
+  float acc[HEAD_DIM / 32];
+#pragma unroll
+  for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] = 0.f;
 #pragma unroll 8
-  for (int i = warp; i < num_splits; i += warps) acc += weight[i] * p[(i64)i * HEAD_DIM];
-  partial[warp][lane] = acc;
+  for (int i = warp; i < num_splits; i += COMBINE_WARPS) {
+    const float w = weight[i];
+    const float* p = PART + (base + i) * HEAD_DIM + lane;
+#pragma unroll
+    for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] += w * p[32 * k];
+  }
+#pragma unroll
+  for (int k = 0; k < HEAD_DIM / 32; ++k) partial[warp][lane + 32 * k] = acc[k];
   __syncthreads();
-  if (warp == 0) {
+  for (int d = tid; d < HEAD_DIM; d += COMBINE_WARPS * 32) {
     float sum = 0.f;
-    for (int w = 0; w < warps; ++w) sum += partial[w][lane];
-    OUT[(i64)pair * HEAD_DIM + dim] = float_to_out(sum / den);
+#pragma unroll
+    for (int w = 0; w < COMBINE_WARPS; ++w) sum += partial[w][d];
+    OUT[(i64)blockIdx.x * HEAD_DIM + d] = float_to_out(sum / den);
   }
 }
 """
@@ -529,7 +538,6 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
     if splits > 1:
-        combine(grid=(num_seqs * q_heads * (head_dim // LANES), 1, 1),
-                block=(LANES * min(COMBINE_WARPS, splits), 1, 1),
+        combine(grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
                 args=[part, out, splits, parts * head_dim])
     return out

@@ -2,6 +2,7 @@
 shared memory) against Triton's fp8 and bf16 decode, in the same process (docs/kernels.md).
 
     PYTHONPATH=. python3 scripts/h200_fp8_decode_cuda.py OUT_DIR          # on the GPU
+    ... OUT_DIR --points 64x4096,128x4096 --blocks 16 --no-checks          # a subset
 
 First the checks: the CUDA kernel's output against the float64 reference on the dequantised
 cache (NaN-poisoned scattered caches and table tails, lengths 1 to 2,999), over head dims
@@ -137,13 +138,22 @@ def write(path, rows):
             w.writerows(rows)
 
 
+def option(name, default):
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
 def main():
+    global POINTS
     out_dir = sys.argv[1]
+    POINTS = [tuple(map(int, p.split("x"))) for p in option("--points", "").split(",") if p] \
+        or POINTS
+    blocks = [int(b) for b in option("--blocks", "16,1,128").split(",")]
     os.makedirs(out_dir, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     env = environment("cuda")
     checks: list[dict] = []
-    run_checks(checks)
+    if "--no-checks" not in sys.argv:
+        run_checks(checks)
     write(os.path.join(out_dir, "cuda_checks.csv"), checks)
     worst: dict = {}
     for r in checks:
@@ -154,13 +164,14 @@ def main():
     copy_gbps = measure_copy_gbps("cuda")
     times: list[dict] = []
     for batch, context in POINTS:
-        for block in (16, 1, 128):
+        for block in blocks:
             names = [*CUDA_VARIANTS, "cuda_earlier"] if block == 16 else OTHER_BLOCKS
             time_case(times, "llama-3-8b", batch, context, block, names, copy_gbps, env)
             write(os.path.join(out_dir, "cuda_times.csv"), times)
-    time_case(times, "qwen2.5-0.5b", 32, 4096, 16, ["cuda", "cuda_b2"], copy_gbps, env)
-    time_case(times, "qwen2.5-0.5b", 1, 65536, 16, ["cuda", "cuda_b2"], copy_gbps, env)
-    write(os.path.join(out_dir, "cuda_times.csv"), times)
+    if "--points" not in sys.argv:
+        time_case(times, "qwen2.5-0.5b", 32, 4096, 16, ["cuda", "cuda_b2"], copy_gbps, env)
+        time_case(times, "qwen2.5-0.5b", 1, 65536, 16, ["cuda", "cuda_b2"], copy_gbps, env)
+        write(os.path.join(out_dir, "cuda_times.csv"), times)
     print(f"copy {copy_gbps:.0f} GB/s")
     print(f"{'case':>22s} {'variant':>18s} {'us':>8s} {'/bf16':>6s} {'copy':>5s} {'err':>8s}")
     for r in times:

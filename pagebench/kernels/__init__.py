@@ -18,8 +18,9 @@ behind torch's back: DLPack, ``.data``, a custom kernel, a CUDA graph replay).
 Backends (``available_backends()`` lists what runs here): ``torch`` (gather-then-attend, runs
 anywhere), ``triton`` (paged decode with split-KV; on a machine without a GPU it runs
 interpreted, see ``pagebench.triton_setup``), ``sdpa`` (contiguous baseline),
-``flex`` (FlexAttention with a page table, where the installed torch has it). Third-party kernels
-are added with ``register_backend``.
+``flex`` (FlexAttention with a page table, where the installed torch has it), ``cuda-fp8``
+(decode of fp8 caches in CUDA C++, NVIDIA compute capability 8.9+; opt-in: ``"auto"`` keeps
+Triton). Third-party kernels are added with ``register_backend``.
 """
 
 from __future__ import annotations

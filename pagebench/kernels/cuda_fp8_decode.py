@@ -1,36 +1,40 @@
-"""fp8 paged decode in CUDA C++ (compiled at first use with NVRTC): one warp per KV split,
-everything in registers.
+"""fp8 paged decode in CUDA C++ (compiled at first use with NVRTC; backend ``cuda-fp8``): one
+warp per (sequence, KV head, KV split), everything in registers.
 
 Why a second fp8 decode beside Triton's: Triton's paged decode puts the query rows in the MMA's
 M dimension (16 rows for 4-7 heads a group) and stages the converted K/V tiles through shared
 memory, so its fp8 loop is bound by that per-tile chain, not by the bytes it reads (0.66-0.74x
 the bf16 time on an H200 at blocks 16/128, docs/kernels.md). This kernel swaps the operands,
 as decode kernels with few query rows do: scores are computed transposed, ``S^T = K Q^T``, with
-16 tokens in M and the group's query rows (padded to 8) in N of ``mma.m16n8k16``, and the output
-as ``O^T = V^T P^T``. The token and head-dim orders inside the MMA fragments are chosen so that
-each lane loads whole 16-byte runs of fp8 straight from the cache into the registers of its
-fragment: K needs only the ``cvt`` from fp8 pairs to fp16 pairs; V, whose reduction axis is
-the token, needs a byte permute (``prmt``) to pair two tokens of one dimension first; P goes
-from the scores' accumulator layout to the MMA operand layout with one ``movmatrix`` per 8
-tokens. No shared memory, no barrier: each warp runs its own online softmax over its split
-and writes the same partial (output, max, sum) as Triton's split kernel, whose combine kernel
-merges them.
+16 tokens in M and up to 8 query rows of the group in N of ``mma.m16n8k16`` (a larger group
+takes one warp per 8 rows), and the output as ``O^T = V^T P^T``. The token and head-dim orders
+inside the MMA fragments are chosen so that each lane loads whole 16-byte runs of fp8 straight
+from the cache into the registers of its fragment: K needs only the ``cvt`` from fp8 pairs to
+fp16 pairs; V, whose reduction axis is the token, needs a byte permute (``prmt``) to pair two
+tokens of one dimension first; P goes from the scores' accumulator layout to the MMA operand
+layout with one ``movmatrix`` per 8 tokens. No shared memory, no barrier: each warp runs its
+own online softmax over its split, the next step's loads (and the block ids of the one after)
+in flight while it computes, and writes a partial (output, max, sum) that a second kernel
+merges, one block per (sequence, query head).
 
-The mapping, per warp and step of 16 tokens (lane = 4 r + c):
+The mapping, per warp and step of 16 tokens (lane = 4 r + c, head dim D):
 
-- K: lane holds tokens ``r`` and ``r + 8`` of the step, head dims ``c D/4 .. (c+1) D/4``;
-  the k index ``2c + e`` of MMA step ``i`` is dim ``c D/4 + 4i + e``, ``2c + 8 + e`` is
-  ``c D/4 + 4i + 2 + e`` (q's fragment takes the same order);
+- K: lane holds tokens ``r`` and ``r + 8`` of the step, bytes ``16c .. 16c + 16`` of each
+  64-byte run of the row (4 lanes read a run whole); its word ``i`` is dims
+  ``64 (i / 4) + 16 c + 4 (i % 4) ..`` + 4, whose low and high halves are the k indices
+  ``2c, 2c + 1`` and ``2c + 8, 2c + 9`` of MMA step ``i`` (q's fragment takes the same order);
 - scores ``S^T``: lane holds tokens ``r``, ``r + 8`` x query rows ``2c``, ``2c + 1``, so the
   softmax's reduction over tokens is over the lanes of one ``c`` (3 shuffles);
 - V: lane holds tokens ``2c, 2c + 1, 2c + 8, 2c + 9``, dims ``r D/8 .. (r+1) D/8``; row
   ``r`` of output tile ``j`` is dim ``r D/8 + 2j``, row ``r + 8`` is ``r D/8 + 2j + 1``.
 
-Requirements (``supports``): an fp8 cache, q of fp16/bf16, head dim 64/128/256, at most 8
-query heads per KV head, caches 16-byte aligned with strides in multiples of 16 bytes; an
-NVIDIA GPU of compute capability 8.9+ (the fp8 ``cvt``). A bf16 q is rescaled per head to fp16
-by a power of two as in Triton's kernel (``rows_to_f16``); K's scale folds into the softmax
-scale and V's multiplies the output once.
+What it reads (``unsupported_reason`` names the argument otherwise): fp8 caches (e4m3, e5m2)
+with unit stride in the head dim, q of fp16/bf16, head dim 64/128/256, any group size and
+block size, int32/int64 tables and lengths, on NVIDIA GPUs of compute capability 8.9+ (the fp8
+``cvt``). Caches whose pointer or strides are not multiples of 16 bytes take a build that
+loads bytes (exact, slow). A bf16 q is rescaled per head to fp16 by a power of two as in
+Triton's kernel (``rows_to_f16``); K's scale folds into the softmax scale and V's multiplies
+the output once.
 """
 
 from __future__ import annotations

@@ -20,16 +20,17 @@ PLANNER = View("capacity_fp8", "Capacity planner, bf16 vs fp8 (e4m3) KV cache: b
                "reservation)", missing="capacity planner, bf16 vs fp8 "
                "(pagebench.sim.capacity.fp8_rows)")
 VIEWS = (
-    View("kernels_fp8", "Triton paged decode, bf16 vs e4m3 cache (Llama-3-8B shape 32/8 × 128, "
-         "CUDA graphs): copy fraction = bytes read (fp8 counted in fp8 bytes) / time / measured "
-         "copy bandwidth; error = relative error of the output against the bf16 cache's "
-         "(standard-normal K/V, scale = per-head max / 448) and against float32 on the "
-         "dequantised cache", frame=derived("fp8_decode")),
+    View("kernels_fp8", "Paged decode, Triton bf16 vs each e4m3 kernel (backend: Triton's, and "
+         "the CUDA one, cuda-fp8; Llama-3-8B shape 32/8 × 128, CUDA graphs): copy fraction = "
+         "bytes read (fp8 counted in fp8 bytes) / time / measured copy bandwidth; error = "
+         "relative error of the output against the bf16 cache's (standard-normal K/V, scale = "
+         "per-head max / 448) and against float32 on the dequantised cache",
+         frame=derived("fp8_decode")),
     View("kernels_fp8", "Triton paged prefill, bf16 vs e4m3 cache (block 16)",
          ("cache_dtype", "batch", "query_len", "cached", "time_us", "err_vs_bf16_cache",
           "err_vs_dequantised"), table=lambda fp8: fp8[fp8["op"] == "prefill"]),
     View("kernels_fp8", "Decode with an e5m2 cache (block 16)",
-         ("batch", "context", "time_us", "copy_fraction", "err_vs_bf16_cache",
+         ("batch", "context", "backend", "time_us", "copy_fraction", "err_vs_bf16_cache",
           "err_vs_dequantised"),
          table=lambda fp8: fp8[(fp8["op"] == "decode") & (fp8["cache_dtype"] == "float8_e5m2")]),
     View("fp8_engine", "Engine, random-weight Qwen2.5-0.5B, bf16 vs fp8_e4m3 cache at equal KV "
@@ -48,7 +49,8 @@ def section(results: Results) -> Section:
            "scale per KV head: `paged_decode(..., k_scale=, v_scale=)`, `paged_prefill` and "
            "`write_kv` take them; `write_kv` quantises with saturation; the torch backend "
            "dequantises while it gathers, the Triton kernels convert on load and fold the scales "
-           "into the softmax scale and the output. `LLMEngine(..., kv_cache_dtype=\"fp8_e4m3\")` "
+           "into the softmax scale and the output; the CUDA decode (`backend=\"cuda-fp8\"`, "
+           "NVIDIA 8.9+, opt-in) loads fp8 straight into its MMA registers. `LLMEngine(..., kv_cache_dtype=\"fp8_e4m3\")` "
            "calibrates each layer's scales on its first step; `pagebench capacity --kv-dtype "
            "fp8_e4m3` plans with one byte per element. Correctness: property tests against a "
            "float64 reference on the dequantised cache (both formats, every backend that "

@@ -63,6 +63,26 @@ def test_fp8_time_claim_both_ways():
     assert "1024" not in c.measured  # short contexts are not part of the claim
 
 
+def test_fp8_time_claim_takes_the_fastest_fp8_kernel_per_point():
+    """Rows without a backend are Triton's; a second fp8 kernel's rows are compared with the
+    same Triton bf16 time, and the claim judges the faster fp8 kernel at each point."""
+    slow = decode_frame(0.8)
+    fast = slow[slow["cache_dtype"] == "float8_e4m3fn"].copy()
+    fast["backend"] = "cuda-fp8"
+    fast.loc[fast["context"] != 1024, "time_us"] *= 0.55 / 0.8
+    frame = pd.concat([slow, fast], ignore_index=True)
+    ratios = fp8_claims.decode_ratios(frame)
+    assert set(ratios["backend"]) == {"triton", "cuda-fp8"}
+    assert len(ratios) == 2 * 8  # every point, once per fp8 kernel
+    c = verdict("fp8_decode_time", results_with(kernels_fp8=frame))
+    assert c.verdict == HOLDS and "32×4096 b16: 0.55× (cuda-fp8)" in c.measured
+    # a kernel that is faster at one point only: the worst point's best kernel decides
+    fast.loc[(fast["batch"] == 1) & (fast["context"] == 65536), "time_us"] *= 2
+    c = verdict("fp8_decode_time",
+                results_with(kernels_fp8=pd.concat([slow, fast], ignore_index=True)))
+    assert c.verdict == FAILS and "1×65536 b16: 0.80× (triton)" in c.measured
+
+
 def test_layout_claim_leaves_l2_resident_points_out():
     ok = verdict("layout_cost", results_with(kernels_layout=layout_frame(1.05, 3.0)))
     assert ok.verdict == HOLDS and "1 L2-resident points left out" in ok.measured
@@ -98,7 +118,7 @@ def test_section_renders_with_and_without_data():
     full = fp8.section(results_with(kernels_fp8=decode_frame(0.5),
                                     kernels_layout=layout_frame(1.0, 1.0)))
     captions = [i.table.caption for i in full.items if i.table is not None]
-    assert any(c.startswith("Triton paged decode, bf16 vs e4m3") for c in captions)
+    assert any(c.startswith("Paged decode, Triton bf16 vs each e4m3 kernel") for c in captions)
     assert any(c.startswith("Triton bf16 decode by block-table layout") for c in captions)
 
 

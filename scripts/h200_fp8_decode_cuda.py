@@ -15,12 +15,12 @@ at the end; CUDA graphs, L2 flushed, medians of 30. Writes ``cuda_checks.csv`` a
 
 from __future__ import annotations
 
-import csv
 import os
 import sys
 
 import torch
 
+from pagebench.cli.options import write_results
 from pagebench.defaults import SHAPES
 from pagebench.kernels import cuda_fp8_decode, triton_decode
 from pagebench.kernels.fixtures import (make_paged_inputs, paged_case, quantized_inputs,
@@ -117,25 +117,19 @@ def time_case(rows, shape_name, batch, context, block, variants, copy_gbps, env)
             continue
         nbytes = 2 * batch * context * shape[1] * shape[2] * (2 if name == "triton_bf16" else 1)
         bf16_us = t.median_us if name == "triton_bf16" else bf16_us
+        gbps = nbytes / t.median_us / 1e3
         rows.append(dict(model_shape=shape_name, batch=batch, context=context, block=block,
                          cache="bf16" if name == "triton_bf16" else "float8_e4m3fn",
                          variant=name, time_us=t.median_us, q20_us=t.q20_us, q80_us=t.q80_us,
-                         over_bf16=t.median_us / bf16_us,
-                         copy_fraction=nbytes / t.median_us / 1e3 / copy_gbps,
-                         err_vs_f32=err, copy_gbps=copy_gbps,
-                         env=f"torch {env['torch_version']} triton {env['triton_version']} "
-                             f"{env['device_name']}",
-                         commit=os.environ.get("PAGEBENCH_COMMIT", env.get("commit"))))
+                         over_bf16=t.median_us / bf16_us, copy_fraction=gbps / copy_gbps,
+                         err_vs_f32=err, copy_gbps=copy_gbps, **env))
     timed.clear()
     torch.cuda.empty_cache()
 
 
 def write(path, rows):
     if rows:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_results(path, rows)
 
 
 def option(name, default):

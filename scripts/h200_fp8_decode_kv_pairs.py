@@ -19,12 +19,12 @@ and ``kv_pairs_times.csv``; prints a table last.
 
 from __future__ import annotations
 
-import csv
 import os
 import sys
 
 import torch
 
+from pagebench.cli.options import write_results
 from pagebench.defaults import SHAPES
 from pagebench.kernels import triton_decode
 from pagebench.kernels.fixtures import (make_paged_inputs, paged_case, quantized_inputs,
@@ -159,10 +159,7 @@ def time_case(rows, shape_name, batch, context, block, names, copy_gbps, env):
 
 def write(path, rows):
     if rows:
-        with open(path, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
+        write_results(path, rows)
 
 
 def main():

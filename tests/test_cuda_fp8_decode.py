@@ -153,3 +153,66 @@ def test_graph_replay_equals_eager_cuda():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
+
+
+def _nvrtc():
+    """NVRTC from the ``nvidia-cuda-nvrtc`` wheel (a test dependency: no GPU needed)."""
+    import ctypes
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("nvidia")
+    libs = sorted(p for base in (spec.submodule_search_locations if spec else [])
+                  for p in Path(base).glob("**/libnvrtc.so*") if "builtins" not in p.name)
+    if not libs:
+        pytest.fail("NVRTC not found: install the test extras (pip install -e '.[test]')")
+    return ctypes.CDLL(str(libs[-1]))
+
+
+def _compile(nvrtc, source: str, arch: int) -> tuple[int, str]:
+    """Compile ``source`` to SASS for sm_``arch``: (NVRTC's result, its log)."""
+    import ctypes
+
+    prog = ctypes.c_void_p()
+    assert nvrtc.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"k.cu", 0, None,
+                                    None) == 0
+    options = [f"--gpu-architecture=sm_{arch}".encode()]
+    rc = nvrtc.nvrtcCompileProgram(prog, len(options), (ctypes.c_char_p * len(options))(*options))
+    size = ctypes.c_size_t()
+    nvrtc.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    nvrtc.nvrtcGetProgramLog(prog, log)
+    if rc == 0:
+        assert nvrtc.nvrtcGetCUBINSize(prog, ctypes.byref(size)) == 0 and size.value > 0
+    nvrtc.nvrtcDestroyProgram(ctypes.byref(prog))
+    return rc, log.value.decode(errors="replace")
+
+
+# builds the backend makes (kernel_source's arguments): every head dim, both formats and q
+# dtypes, int32/int64 tables and lengths, block sizes with and without 16 | block, groups of
+# 1-16 (two warps' chunks past 8), the byte-load build for unaligned caches, a register cap
+BUILDS = [(128, 4, 16, "e4m3", True, "int", "int", 4, 1, True),
+          (128, 4, 1, "e5m2", False, "long long", "long long", 4, 1, True),
+          (64, 7, 3, "e4m3", True, "int", "long long", 2, 1, False),
+          (256, 8, 128, "e5m2", True, "long long", "int", 2, 1, True),
+          (128, 16, 32, "e4m3", False, "int", "int", 1, 4, False),
+          (64, 1, 16, "e4m3", True, "int", "int", 4, 1, True)]
+
+
+@pytest.mark.parametrize("arch", [89, 90])  # L4/L40S/RTX 4090, H100/H200
+def test_source_compiles_for_every_kind_of_build(arch):
+    """The CUDA source compiles (NVRTC, no GPU) for the builds the backend asks for: CI has no
+    GPU, so this is what guards an edit of the source there."""
+    nvrtc = _nvrtc()
+    failed = []
+    for build in BUILDS:
+        rc, log = _compile(nvrtc, cf.kernel_source(*build), arch)
+        if rc != 0 or "warning" in log.lower():
+            failed.append(f"{build}: rc={rc}\n{log[-2000:]}")
+    assert not failed, "\n".join(failed)
+
+
+def test_a_broken_source_fails_to_compile():
+    rc, log = _compile(_nvrtc(), cf.kernel_source(*BUILDS[0]).replace("mma16816(st.acc[j]",
+                                                                     "mma16816(st.acc[j][0]"), 90)
+    assert rc != 0 and "error" in log

@@ -451,19 +451,28 @@ def unsupported_reason(q, k_cache, v_cache, block_tables, seq_lens) -> str | Non
     return None
 
 
-@functools.lru_cache(maxsize=64)
-def _compiled(head_dim, group, block_size, fp8_name, q_bf16, table_t, seq_t, warps, min_blocks,
-              aligned):
-    """(split kernel, combine kernel, warps the GPU holds at once) for these constants."""
+def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_bf16: bool,
+                  table_t: str, seq_t: str, warps: int, min_blocks: int = 1,
+                  aligned: bool = True) -> str:
+    """The CUDA source of one build: ``SOURCE`` after the constants it is compiled for (``fp8_name``
+    "e4m3" or "e5m2", ``table_t``/``seq_t`` C types of the tables and lengths)."""
     defines = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size,
                    FP8_NAME=f'"{fp8_name}"', Q_BF16=int(q_bf16), TABLE_T=table_t, SEQ_T=seq_t,
                    QCHUNKS=ceil_div(group, MMA_N), WARPS=warps, MIN_BLOCKS=min_blocks,
-                   ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS,
-                   MAX_SPLITS=MAX_SPLITS)
-    source = "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
-    split = torch.cuda._compile_kernel(source, "fp8_paged_decode")
-    combine = torch.cuda._compile_kernel(source, "fp8_decode_combine")
-    return split, combine, _resident_warps(split, warps)
+                   ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS, MAX_SPLITS=MAX_SPLITS)
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
+
+
+KERNELS = ("fp8_paged_decode", "fp8_decode_combine")
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(*build):
+    """(split kernel, combine kernel, warps the GPU holds at once) for ``kernel_source``'s
+    arguments ``build``."""
+    source = kernel_source(*build)
+    split, combine = (torch.cuda._compile_kernel(source, name) for name in KERNELS)
+    return split, combine, _resident_warps(split, build[7])
 
 
 def _resident_warps(kernel, warps: int) -> int:

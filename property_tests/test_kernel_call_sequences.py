@@ -6,8 +6,9 @@ A user passes an int64 table after an int32 one of the same shape, a strided sli
 vector, a transposed table, a view into a larger buffer; the Triton backend caches a launch plan
 per call signature, so what a call gets can depend on the calls before it. Each example here is
 a sequence of decode and prefill calls over one or two fixed geometries (so shapes repeat while
-dtypes and layouts change); every call runs on every backend under test and must equal the
-float64 reference, and the backends one another. A layout validation refuses must raise a
+dtypes and layouts change); every call runs on every backend under test (on a GPU, cuda-fp8
+too for the fp8 decode calls its capabilities accept) and must equal the float64 reference,
+and the backends one another. A layout validation refuses must raise a
 ``ValueError`` naming the argument. On CUDA the same sequences run at larger sizes, where the
 plan cache launches compiled kernels directly.
 """
@@ -21,12 +22,16 @@ from hypothesis import given, note, settings
 from test_kernel_fp8 import formats_read_on
 
 from pagebench.config import ceil_div
-from pagebench.kernels import FP8_DTYPES, available_backends, paged_decode, paged_prefill
+from pagebench.kernels import (FP8_DTYPES, available_backends, paged_decode, paged_prefill,
+                               registered_backends)
 from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error, with_layout)
 from pagebench.kernels.reference import reference_decode, reference_prefill
 
 BACKENDS = ["torch"] + (["triton"] if "triton" in available_backends() else [])
+# backends that take only some calls (cuda-fp8: decode of fp8 caches, on NVIDIA 8.9+ GPUs):
+# they join the calls their capabilities accept
+PARTIAL = [name for name in ("cuda-fp8",) if name in available_backends()]
 FLOAT_DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 INDEX_DTYPES = [torch.int32, torch.int64]
 CACHE_LAYOUTS_ACCEPTED = ("contiguous", "offset", "padded")  # head_dim at unit stride
@@ -123,20 +128,29 @@ def build_call(geometry: dict, call: dict, device: str, large: bool):
     return (q, k_cache, v_cache, tables, seq_lens, query_lens), inp.scales()
 
 
+def call_backends(geometry: dict, call: dict, device: str) -> list[str]:
+    """``BACKENDS``, and those of ``PARTIAL`` whose capabilities accept the call."""
+    return BACKENDS + [name for name in PARTIAL if registered_backends()[name].supports(
+        call["op"], device, call["dtype"], geometry["block_size"], geometry["head_dim"],
+        call["cache"])]
+
+
 def run_sequence(geometry_list, sequence, device: str, large: bool = False) -> None:
     for i, call in enumerate(sequence):
-        args, scales = build_call(geometry_list[call["geometry"]], call, device, large)
+        geometry = geometry_list[call["geometry"]]
+        args, scales = build_call(geometry, call, device, large)
+        backends = call_backends(geometry, call, device)
         kernel, reference = ((paged_decode, reference_decode) if call["op"] == "decode"
                              else (paged_prefill, reference_prefill))
         note(f"call {i}: {call}")
         if call["cache_layout"] not in CACHE_LAYOUTS_ACCEPTED:  # head_dim not at unit stride
-            for backend in BACKENDS:
+            for backend in backends:
                 with pytest.raises(ValueError, match=r"^k_cache:"):
                     kernel(*args, backend=backend, **scales)
             continue
         ref = reference(*args, **scales)
         outs = {}
-        for backend in BACKENDS:
+        for backend in backends:
             out = outs[backend] = kernel(*args, backend=backend, **scales)
             assert out.shape == args[0].shape and out.dtype == args[0].dtype, backend
             assert not torch.isnan(out).any(), f"{backend}, call {i}: NaN (a poisoned read)"

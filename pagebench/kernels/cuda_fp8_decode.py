@@ -541,13 +541,18 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     else:
         per_split = ceil_div(ceil_div(capacity, max(1, min(num_splits, MAX_SPLITS))), STEP) * STEP
         splits = ceil_div(capacity, per_split)
+    if splits > 1 and num_seqs * q_heads * splits * (head_dim + 2) >= 2 ** 31:
+        # the kernel takes the partials' offsets as 32-bit ints: so many sequences fill the
+        # GPU with one split each anyway
+        per_split, splits = ceil_div(capacity, STEP) * STEP, 1
     parts = num_seqs * q_heads * splits
     part = (torch.empty(parts * (head_dim + 2), device=q.device, dtype=torch.float32)
             if splits > 1 else out)  # with one split the kernel writes out directly
     k8, v8 = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     split(grid=(num_seqs, kv_heads // warps * qchunks, splits), block=(LANES * warps, 1, 1),
           args=[q, k8, v8, block_tables, seq_lens, out, part, k_scale, v_scale,
-                float(scale * 1.4426950408889634), per_split, splits, parts * head_dim,
+                float(scale * 1.4426950408889634), per_split, splits,
+                parts * head_dim if splits > 1 else 0,
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
     if splits > 1:

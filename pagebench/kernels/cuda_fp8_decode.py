@@ -251,9 +251,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     int stride_kb, int stride_kt, int stride_kh, int stride_vb, int stride_vt, int stride_vh,
     int stride_ts, int q_heads) {
   const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-  /* a block's warps read adjacent KV heads of the same tokens: longer contiguous runs */
-  /* grid y: (KV heads / WARPS) x QCHUNKS; a group of more than 8 query heads is read in chunks
-     of 8 rows, each chunk's warp reading the KV head's tokens again (mostly from L2) */
+  /* grid y: (KV heads / WARPS) x QCHUNKS. A block's warps read adjacent KV heads of the same
+     tokens; a group of more than 8 query heads is read in chunks of 8 rows, each chunk's warp
+     reading its KV head's tokens again (mostly from L2). */
   const int qchunk = blockIdx.y % QCHUNKS;
   const int seq = blockIdx.x, kvh = (blockIdx.y / QCHUNKS) * WARPS + (threadIdx.x >> 5);
   const int split = blockIdx.z;

@@ -239,3 +239,29 @@ def test_bench_cli_fp8_writes_its_dataset_and_refuses_other_modes(tmp_path, caps
     assert "--fp8: times Triton decode and prefill" in capsys.readouterr().err
     assert main(["bench", "--fp8", "--shape", "a=4/2/16", "--shape", "b=4/2/16"]) == 2
     assert "--shape: --fp8 times one attention shape" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("head_dims", [(16,), (64,)])
+def test_fp8_sweep_times_the_other_fp8_kernels_on_what_they_take(monkeypatch, head_dims):
+    """A kernel of ``OTHER_FP8_DECODE`` (on a GPU, cuda-fp8) is timed beside Triton's on the
+    fp8 decodes its capabilities accept, with its errors, as its backend's rows; nowhere else."""
+    from pagebench.kernels import fp8_sweep
+    from pagebench.kernels.reference import torch_paged_decode
+    from pagebench.results.datasets import KERNELS_FP8
+
+    register_backend("toy-fp8", decode=torch_paged_decode, devices=("cpu",),
+                     cache_dtypes=(torch.float8_e4m3fn,), reads_own_dtype=False,
+                     supports_head_dim=lambda d: d in head_dims)
+    monkeypatch.setattr(fp8_sweep, "OTHER_FP8_DECODE", ("toy-fp8",))
+    try:
+        rows = KERNELS_FP8.validate(pd.DataFrame(fp8_sweep.run_fp8_sweep(
+            "cpu", shape=("t", (4, 2, 16)), points=[(1, 20)], block_sizes=(4, 16),
+            prefill_points=[])), "run_fp8_sweep")
+    finally:
+        unregister_backend("toy-fp8")
+    toy = rows[rows["backend"] == "toy-fp8"]
+    if 16 not in head_dims:
+        assert toy.empty
+        return
+    assert sorted(toy["block_size"]) == [4, 16] and set(toy["cache_dtype"]) == {"float8_e4m3fn"}
+    assert set(toy["launch"]) == {"default"} and (toy["err_vs_dequantised"] < 0.02).all()

@@ -21,7 +21,7 @@ import torch
 from pagebench import defaults
 from pagebench.config import dtype_name
 from pagebench.kernels.fixtures import paged_case, prefill_case, quantized_inputs, relative_error
-from pagebench.kernels.registry import get_backend
+from pagebench.kernels.registry import backend_available, get_backend, registered_backends
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
 from pagebench.kernels.sweep import kv_bytes, measure_copy_gbps
 from pagebench.kernels.validate import check_decode, check_prefill
@@ -47,17 +47,13 @@ FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}
 OTHER_FP8_DECODE = ("cuda-fp8",)
 
 
-def other_fp8_decoders(device, cache_dtype) -> list[str]:
-    """The backends of ``OTHER_FP8_DECODE`` that read ``cache_dtype`` on ``device``."""
-    from pagebench.kernels import registry
-
-    names = []
-    for name in OTHER_FP8_DECODE:
-        b = registry.registered_backends().get(name)
-        if b is not None and registry.backend_available(b) and b.is_kernel_on(device) \
-                and b.supports_cache_dtype(cache_dtype, None, device):
-            names.append(name)
-    return names
+def other_fp8_decoders(device, dtype, block_size: int, head_dim: int, cache_dtype) -> list[str]:
+    """The backends of ``OTHER_FP8_DECODE`` that run on ``device`` and take this decode."""
+    backends = registered_backends()
+    return [name for name in OTHER_FP8_DECODE
+            if (b := backends.get(name)) is not None and backend_available(b)
+            and b.is_kernel_on(device)
+            and b.supports("decode", device, dtype, block_size, head_dim, cache_dtype)]
 
 
 def cache_dtypes(block_size: int, dtype) -> list:
@@ -115,15 +111,16 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                 if cache_dtype == E4M3 and block_size == defaults.BLOCK_SIZE:
                     calls += [("triton", launch, o) for launch, o in FP8_LAUNCHES.items()]
                 if cache_dtype != dtype:
-                    calls += [(name, "default", None)
-                              for name in other_fp8_decoders(device, cache_dtype)]
+                    calls += [(name, "default", None) for name in other_fp8_decoders(
+                        device, dtype, block_size, shape[2], cache_dtype)]
                 for backend, launch, options in calls:
-                    def call(inputs=inputs, backend=backend, options=options):
-                        if backend == "triton":
+                    if backend == "triton":
+                        def call(inputs=inputs, options=options):
                             return triton_decode.triton_paged_decode(
                                 *inputs.args(), scale, **inputs.scales(), **options)
-                        return get_backend(backend).decode(*inputs.args(), scale,
-                                                           **inputs.scales())
+                    else:  # as the decode sweep times a backend
+                        call = get_backend(backend).prepared_call(
+                            "decode", *inputs.args(), scale, **inputs.scales())
                     errors = {} if cache_dtype == dtype else fp8_errors(
                         call(), base, torch_paged_decode, inputs, scale)
                     t = timed(call)
@@ -151,8 +148,8 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                                                            **inputs.scales())
             errors = {} if cache_dtype == dtype else fp8_errors(
                 call(), base, torch_paged_prefill, inputs, scale)
-            record(op="prefill", cache_dtype=dtype_name(cache_dtype), backend="triton", batch=batch,
-                   query_len=query_len, cached=cached, context=query_len + cached,
+            record(op="prefill", cache_dtype=dtype_name(cache_dtype), backend="triton",
+                   batch=batch, query_len=query_len, cached=cached, context=query_len + cached,
                    block_size=defaults.BLOCK_SIZE, time_us=timed(call), **errors)
             del inputs
         del case, base

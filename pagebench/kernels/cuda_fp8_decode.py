@@ -429,7 +429,7 @@ def _aligned(x: torch.Tensor) -> bool:
     return x.data_ptr() % 16 == 0 and all(s % 16 == 0 for s in x.stride()[:3])
 
 
-def unsupported_reason(q, k_cache, v_cache, block_tables, seq_lens) -> str | None:
+def unsupported_reason(q, k_cache, v_cache) -> str | None:
     """Why the kernel cannot take this call, naming the argument (None when it can): the
     registry's capabilities (fp8 caches, fp16/bf16 q, ``HEAD_DIMS``, NVIDIA 8.9+) and the
     layout (caches with unit stride in the head dim and strides below 2 GiB)."""
@@ -517,7 +517,7 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     ``heads_per_block(kv_heads, warps_per_block)`` adjacent KV heads; ``min_blocks``: blocks
     per SM the compiler must fit (a register cap). No device sync: the call can be captured in
     a CUDA graph."""
-    reason = unsupported_reason(q, k_cache, v_cache, block_tables, seq_lens)
+    reason = unsupported_reason(q, k_cache, v_cache)
     if reason:
         raise ValueError(reason)
     q = q if q.stride(-1) == 1 else q.contiguous()  # as Triton's: rows of unit stride

@@ -4,6 +4,9 @@ CPU: ``time.perf_counter`` around each call, after warm-up; the median is report
 CUDA: CUDA events around each call after warm-up, L2 flushed before every repeat (so each call
 reads its K/V from HBM, as in a real decode step), optionally replayed from a CUDA graph (batch-1
 cases are launch-bound; a graph removes the Python launch gaps that a server would not have).
+The flush *reads* a buffer larger than L2: a flush that writes one (zeroing it) leaves L2 full of
+dirty lines, and the timed call then pays for writing them back (about 8 us on the H200 for any
+call that reads more than L2 holds; ``scripts/h200_timing_modes.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import asdict, dataclass
 from collections.abc import Callable
 
 L2_FLUSH_BYTES = 256 * 2**20  # well above any current GPU's L2 (H200: 60 MB)
+_flush_buffers: dict = {}  # device index -> the process's flush buffer
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +106,12 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
         call = graph.replay
         for _ in range(2):
             call()
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if flush_l2 else None
+    flush = l2_flush() if flush_l2 else None
     samples: list[float] = []
     total_ms = 0.0
     while len(samples) < repeat or total_ms < min_time_s * 1e3:
         if flush is not None:
-            flush.zero_()
+            flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         call()
@@ -116,9 +120,22 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
         ms = start.elapsed_time(end)
         samples.append(ms * 1e3)
         total_ms += ms
-    method = "cuda events, median" + (", L2 flushed" if flush_l2 else "") + (
+    method = "cuda events, median" + (", L2 flushed by a read" if flush_l2 else "") + (
         ", cuda graph" if cuda_graph else "")
     return _summarise(samples, method)
+
+
+def l2_flush() -> Callable[[], object]:
+    """A call that evicts the current CUDA device's L2 by reading (summing) a buffer of
+    ``L2_FLUSH_BYTES``, one per device and process. Reading leaves only clean lines behind."""
+    import torch
+
+    index = torch.cuda.current_device()
+    if index not in _flush_buffers:
+        _flush_buffers[index] = torch.zeros(L2_FLUSH_BYTES // 4, dtype=torch.int32,
+                                            device=f"cuda:{index}")
+    buf = _flush_buffers[index]
+    return lambda: buf.sum(dtype=torch.int64)
 
 
 @functools.cache

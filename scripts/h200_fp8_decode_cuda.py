@@ -3,6 +3,7 @@ shared memory) against Triton's fp8 and bf16 decode, in the same process (docs/k
 
     PYTHONPATH=. python3 scripts/h200_fp8_decode_cuda.py OUT_DIR          # on the GPU
     ... OUT_DIR --points 64x4096,128x4096 --blocks 16 --no-checks          # a subset
+    ... OUT_DIR --splits                    # split counts, and the split kernel alone
 
 First the checks: the CUDA kernel's output against the float64 reference on the dequantised
 cache (NaN-poisoned scattered caches and table tails, lengths 1 to 2,999), over head dims
@@ -127,6 +128,42 @@ def time_case(rows, shape_name, batch, context, block, variants, copy_gbps, env)
     torch.cuda.empty_cache()
 
 
+def time_splits(rows, env):
+    """Block 16, Llama shape: the CUDA kernel at fixed split counts and at its own without the
+    combine kernel (its share of the time), against Triton bf16, in one process."""
+    shape = SHAPE_OF["llama-3-8b"]
+    scale = shape[2] ** -0.5
+    compiled = cuda_fp8_decode._compiled
+    for (batch, context), counts in {(1, 65536): (33, 66, 99, 132, 165, 198, 264, 330, 396, 512),
+                                     (32, 4096): (1, 2, 3, 4, 5, 6, 8, 10)}.items():
+        base = paged_case(batch, context, shape, 16, torch.bfloat16, "cuda", seed=batch)
+        fp8 = quantized_inputs(base, E4M3, spread=1.0)
+        bargs, fargs, sc = base.args(), fp8.args(), (fp8.k_scale, fp8.v_scale)
+        chosen = cuda_fp8_decode.choose_splits(batch * shape[1], context, 1584)[0]
+        timed = [("triton_bf16", None, lambda: triton_decode.triton_paged_decode(*bargs, scale)),
+                 ("cuda", None, lambda: cuda_fp8_decode.cuda_fp8_paged_decode(*fargs, scale, *sc))]
+        timed += [(f"cuda_splits{n}", n, lambda n=n: cuda_fp8_decode.cuda_fp8_paged_decode(
+            *fargs, scale, *sc, num_splits=n)) for n in counts]
+        for name, n, call in timed:
+            rows.append(dict(batch=batch, context=context, variant=name, splits=n or chosen,
+                             time_us=measure(call, device="cuda", repeat=REPEAT,
+                                             cuda_graph=True).median_us, **env))
+        # the split kernel alone: the same launch with the combine replaced by nothing
+        cuda_fp8_decode._compiled = lambda *b: (compiled(*b)[0], lambda **kw: None,
+                                                compiled(*b)[2])
+        try:
+            t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
+        finally:
+            cuda_fp8_decode._compiled = compiled
+        rows.append(dict(batch=batch, context=context, variant="cuda_no_combine", splits=chosen,
+                         time_us=t.median_us, **env))
+        bf16 = rows[-len(timed) - 1]["time_us"]
+        for r in rows[-len(timed) - 1:]:
+            r["over_bf16"] = r["time_us"] / bf16
+            print(f"{batch}x{context} {r['variant']:>16s} splits {r['splits']:4d} "
+                  f"{r['time_us']:7.1f} us {r['over_bf16']:.3f}", flush=True)
+
+
 def write(path, rows):
     if rows:
         write_results(path, rows)
@@ -145,6 +182,11 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays float32
     env = environment("cuda")
+    if "--splits" in sys.argv:
+        rows: list[dict] = []
+        time_splits(rows, env)
+        write(os.path.join(out_dir, "cuda_splits.csv"), rows)
+        return
     checks: list[dict] = []
     if "--no-checks" not in sys.argv:
         run_checks(checks)

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 from collections.abc import Callable
 
 L2_FLUSH_BYTES = 256 * 2**20  # well above any current GPU's L2 (H200: 60 MB)
+CUDA_WARMUP_S = 0.05  # replays before the timed ones (after ``warmup`` calls), in seconds
 _flush_buffers: dict = {}  # device index -> the process's flush buffer
 
 
@@ -104,12 +105,9 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
         with torch.cuda.graph(graph):
             fn()
         call = graph.replay
-        for _ in range(2):
-            call()
     flush = l2_flush() if flush_l2 else None
-    samples: list[float] = []
-    total_ms = 0.0
-    while len(samples) < repeat or total_ms < min_time_s * 1e3:
+
+    def once_us() -> float:
         if flush is not None:
             flush()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -117,9 +115,17 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
         call()
         end.record()
         end.synchronize()
-        ms = start.elapsed_time(end)
-        samples.append(ms * 1e3)
-        total_ms += ms
+        return start.elapsed_time(end) * 1e3
+
+    # Warm up for a while, not for a number of calls: on the H200 a new graph's first few
+    # milliseconds of replays ran up to 12% slower when the process had just taken memory from
+    # the driver (scripts/h200_timing_modes.py, "transient")
+    warm_until = time.perf_counter() + CUDA_WARMUP_S
+    while time.perf_counter() < warm_until:
+        once_us()
+    samples: list[float] = []
+    while len(samples) < repeat or sum(samples) < min_time_s * 1e6:
+        samples.append(once_us())
     method = "cuda events, median" + (", L2 flushed by a read" if flush_l2 else "") + (
         ", cuda graph" if cuda_graph else "")
     return _summarise(samples, method)

@@ -12,7 +12,10 @@ Modes (each "round" is 30 replays and gives one median; 8 rounds per mode and ca
   gN_read       a new graph every round; one buffer, read before each replay
   g1_none       one graph per case; no flush
   interleaved   one graph per case; cases replayed in turn, each after a read flush
-Writes ``timing_modes.csv`` (one row per round) and prints the rounds' medians last.
+Then the "transient": for each case, 4 GB taken from the driver and given back (as a sweep does
+between points), a new graph captured, and 60 replays timed one by one from the first
+(``timing_transient.csv``), and ``measure()`` as it is now. Writes ``timing_modes.csv`` (one
+row per round) and prints the rounds' medians last.
 """
 
 from __future__ import annotations
@@ -116,6 +119,19 @@ def main():
         for name, s in samples.items():
             record(name, "interleaved", rnd, s)
     write_results(os.path.join(out_dir, "timing_modes.csv"), rows)
+    transient = []
+    for name, fn in calls.items():
+        torch.empty(4 * 2**30, dtype=torch.uint8, device="cuda").fill_(1)
+        torch.cuda.empty_cache()
+        g = capture(fn)
+        for i in range(60):
+            transient.append(dict(case=name, replay=i, time_us=timed(g.replay, read), **env))
+        s = [r["time_us"] for r in transient[-60:]]
+        t = measure(fn, device="cuda", repeat=REPLAYS, cuda_graph=True)
+        print(f"transient {name:>22s}: replays 0-9 {statistics.median(s[:10]):6.1f}, 10-29 "
+              f"{statistics.median(s[10:30]):6.1f}, 30-59 {statistics.median(s[30:]):6.1f} us; "
+              f"measure() after it {t.median_us:6.1f}", flush=True)
+    write_results(os.path.join(out_dir, "timing_transient.csv"), transient)
     print(f"{'case':>22s} {'mode':>12s}  medians of {ROUNDS} rounds (us)")
     for name in calls:
         for mode in dict.fromkeys(r["mode"] for r in rows):

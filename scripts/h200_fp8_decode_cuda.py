@@ -149,7 +149,7 @@ def time_splits(rows, env):
                              time_us=measure(call, device="cuda", repeat=REPEAT,
                                              cuda_graph=True).median_us, **env))
         # the split kernel alone: the same launch with the combine replaced by nothing
-        cuda_fp8_decode._compiled = lambda *b: (compiled(*b)[0], lambda **kw: None,
+        cuda_fp8_decode._compiled = lambda *b: (compiled(*b)[0], [lambda **kw: None] * 2,
                                                 compiled(*b)[2])
         try:
             t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
@@ -157,8 +157,15 @@ def time_splits(rows, env):
             cuda_fp8_decode._compiled = compiled
         rows.append(dict(batch=batch, context=context, variant="cuda_no_combine", splits=chosen,
                          time_us=t.median_us, **env))
-        bf16 = rows[-len(timed) - 1]["time_us"]
-        for r in rows[-len(timed) - 1:]:
+        cuda_fp8_decode.COMBINE, combine = 1, cuda_fp8_decode.COMBINE
+        try:
+            t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
+        finally:
+            cuda_fp8_decode.COMBINE = combine
+        rows.append(dict(batch=batch, context=context, variant="cuda_combine_3pass",
+                         splits=chosen, time_us=t.median_us, **env))
+        bf16 = rows[-len(timed) - 2]["time_us"]
+        for r in rows[-len(timed) - 2:]:
             r["over_bf16"] = r["time_us"] / bf16
             print(f"{batch}x{context} {r['variant']:>16s} splits {r['splits']:4d} "
                   f"{r['time_us']:7.1f} us {r['over_bf16']:.3f}", flush=True)

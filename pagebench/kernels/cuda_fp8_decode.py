@@ -413,6 +413,53 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_comb
     OUT[(i64)blockIdx.x * HEAD_DIM + d] = float_to_out(sum / den);
   }
 }
+/* The wide merge: block (x, y) = (seq * q_heads + head, dims 32 y .. 32 y + 31), blockDim.x / 32
+   warps (up to 32). The splits' (m, l) are read once into shared memory, one per thread; then
+   warp w sums splits w, w + warps, ... for its lane's dim, so a warp holds few splits and all
+   its loads are in flight together. */
+extern "C" __global__ void __launch_bounds__(1024) fp8_decode_combine_wide(
+    const float* PART, u16* OUT, int num_splits, int ml_offset) {
+  __shared__ float weight[MAX_SPLITS];
+  __shared__ float reduce[2][32];
+  __shared__ float partial[32][33];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
+  const i64 base = (i64)blockIdx.x * num_splits;
+  const float2* ML = reinterpret_cast<const float2*>(PART + ml_offset);
+  float m = NEG_INF;
+  for (int i = tid; i < num_splits; i += blockDim.x) {
+    const float2 ml = ML[base + i];
+    weight[i] = ml.x;
+    m = fmaxf(m, ml.x);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (lane == 0) reduce[0][warp] = m;
+  __syncthreads();
+  m = reduce[0][0];
+  for (int w = 1; w < warps; ++w) m = fmaxf(m, reduce[0][w]);
+  float den = 0.f;
+  for (int i = tid; i < num_splits; i += blockDim.x) {
+    const float mi = weight[i];
+    const float w = mi > NEG_INF ? exp2f(mi - m) : 0.f;  /* empty splits weigh 0 */
+    weight[i] = w;
+    den += w * ML[base + i].y;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
+  if (lane == 0) reduce[1][warp] = den;
+  __syncthreads();
+  const float* p = PART + base * HEAD_DIM + 32 * blockIdx.y + lane;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int i = warp; i < num_splits; i += warps) acc += weight[i] * p[(i64)i * HEAD_DIM];
+  partial[warp][lane] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    float sum = 0.f, total = 0.f;
+    for (int w = 0; w < warps; ++w) { sum += partial[w][lane]; total += reduce[1][w]; }
+    OUT[(i64)blockIdx.x * HEAD_DIM + 32 * blockIdx.y + lane] = float_to_out(sum / total);
+  }
+}
 """
 
 _INDEX_TYPES = {torch.int32: "int", torch.int64: "long long"}
@@ -463,7 +510,8 @@ def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_b
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
 
 
-KERNELS = ("fp8_paged_decode", "fp8_decode_combine")
+KERNELS = ("fp8_paged_decode", "fp8_decode_combine", "fp8_decode_combine_wide")
+COMBINE = 2  # which combine kernel: 1 the block per head, 2 the wide one (an A/B switch)
 
 
 @functools.lru_cache(maxsize=64)
@@ -471,8 +519,8 @@ def _compiled(*build):
     """(split kernel, combine kernel, warps the GPU holds at once) for ``kernel_source``'s
     arguments ``build``."""
     source = kernel_source(*build)
-    split, combine = (torch.cuda._compile_kernel(source, name) for name in KERNELS)
-    return split, combine, _resident_warps(split, build[7])
+    split, *combines = (torch.cuda._compile_kernel(source, name) for name in KERNELS)
+    return split, combines, _resident_warps(split, build[7])
 
 
 def _resident_warps(kernel, warps: int) -> int:
@@ -529,7 +577,7 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     if num_seqs == 0:
         return out
     warps = heads_per_block(kv_heads, warps_per_block)
-    split, combine, slots = _compiled(
+    split, combines, slots = _compiled(
         head_dim, q_heads // kv_heads, block_size,
         "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2", q.dtype == torch.bfloat16,
         _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype], warps, min_blocks,
@@ -556,6 +604,11 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
     if splits > 1:
-        combine(grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
-                args=[part, out, splits, parts * head_dim])
+        if COMBINE == 1:
+            combines[0](grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
+                        args=[part, out, splits, parts * head_dim])
+        else:  # a warp per few splits: all of a warp's loads in flight at once
+            warps = min(32, ceil_div(splits, 4))
+            combines[1](grid=(num_seqs * q_heads, head_dim // LANES, 1),
+                        block=(LANES * warps, 1, 1), args=[part, out, splits, parts * head_dim])
     return out

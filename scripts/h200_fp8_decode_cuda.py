@@ -157,15 +157,16 @@ def time_splits(rows, env):
             cuda_fp8_decode._compiled = compiled
         rows.append(dict(batch=batch, context=context, variant="cuda_no_combine", splits=chosen,
                          time_us=t.median_us, **env))
-        cuda_fp8_decode.COMBINE, combine = 1, cuda_fp8_decode.COMBINE
-        try:
-            t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
-        finally:
-            cuda_fp8_decode.COMBINE = combine
-        rows.append(dict(batch=batch, context=context, variant="cuda_combine_3pass",
-                         splits=chosen, time_us=t.median_us, **env))
-        bf16 = rows[-len(timed) - 2]["time_us"]
-        for r in rows[-len(timed) - 2:]:
+        for forced, label in ((1, "cuda_combine_per_head"), (2, "cuda_combine_wide")):
+            cuda_fp8_decode.COMBINE = forced
+            try:
+                t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
+            finally:
+                cuda_fp8_decode.COMBINE = None
+            rows.append(dict(batch=batch, context=context, variant=label, splits=chosen,
+                             time_us=t.median_us, **env))
+        bf16 = rows[-len(timed) - 3]["time_us"]
+        for r in rows[-len(timed) - 3:]:
             r["over_bf16"] = r["time_us"] / bf16
             print(f"{batch}x{context} {r['variant']:>16s} splits {r['splits']:4d} "
                   f"{r['time_us']:7.1f} us {r['over_bf16']:.3f}", flush=True)

@@ -112,18 +112,19 @@ def _misaligned(x: torch.Tensor, offset: int) -> torch.Tensor:
 def test_matches_float64_reference_cuda():
     """Head dims, groups of 1 to 16 query heads (chunks of 8 past 8), block sizes with and
     without 16 | block, int32 / int64 tables and lengths, forced split counts, caches moved off
-    16-byte alignment (the byte-load build), q far outside fp16's range: NaN-poisoned caches."""
-    @settings(max_examples=25, deadline=None)
+    16-byte alignment (the byte-load build), q far outside fp16's range, either combine kernel
+    (empty splits included: short sequences in a wide table): NaN-poisoned caches."""
+    @settings(max_examples=40, deadline=None)
     @given(head_dim=st.sampled_from(cf.HEAD_DIMS), kv_heads=st.sampled_from([1, 2, 8]),
            group=st.sampled_from([1, 4, 5, 7, 8, 16]), block=st.sampled_from([1, 3, 16, 128]),
            lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=5),
            index=st.sampled_from([torch.int32, torch.int64]),
            q_dtype=st.sampled_from([torch.float16, torch.bfloat16]),
-           cache=st.sampled_from(FP8_DTYPES), splits=st.sampled_from([None, 1, 2, 7]),
-           offset=st.sampled_from([0, 0, 1, 8]), exponent=st.integers(-20, 20),
-           seed=st.integers(0, 2 ** 16))
-    def prop(head_dim, kv_heads, group, block, lengths, index, q_dtype, cache, splits, offset,
-             exponent, seed):
+           cache=st.sampled_from(FP8_DTYPES), splits=st.sampled_from([None, 1, 2, 7, 40, 187]),
+           combine=st.sampled_from([None, 1, 2]), offset=st.sampled_from([0, 0, 1, 8]),
+           exponent=st.integers(-20, 20), seed=st.integers(0, 2 ** 16))
+    def prop(head_dim, kv_heads, group, block, lengths, index, q_dtype, cache, splits, combine,
+             offset, exponent, seed):
         inp = make_paged_inputs(lengths, kv_heads * group, kv_heads, head_dim, block, q_dtype,
                                 "cuda", seed=seed)
         fp8 = quantized_inputs(inp, cache, seed=seed)
@@ -131,8 +132,12 @@ def test_matches_float64_reference_cuda():
         k, v = (_misaligned(x, offset) if offset else x for x in (fp8.k_cache, fp8.v_cache))
         args = (q, k, v, fp8.block_tables.to(index), fp8.seq_lens.to(index))
         note(f"k aligned={cf._aligned(k)} splits={splits}")
-        out = cf.cuda_fp8_paged_decode(*args, head_dim ** -0.5, fp8.k_scale, fp8.v_scale,
-                                       num_splits=splits)
+        cf.COMBINE = combine
+        try:
+            out = cf.cuda_fp8_paged_decode(*args, head_dim ** -0.5, fp8.k_scale, fp8.v_scale,
+                                           num_splits=splits)
+        finally:
+            cf.COMBINE = None
         ref = reference_decode(*args, head_dim ** -0.5, **fp8.scales())
         assert out.shape == q.shape and out.dtype == q.dtype
         assert torch.isfinite(out).all(), "a poisoned slot or table entry was read"

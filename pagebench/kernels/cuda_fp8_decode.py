@@ -51,7 +51,8 @@ STEP = 16  # tokens per MMA step (the M of S^T; the source's STEP)
 MMA_N = 8  # query rows a warp reads: the N of the MMAs (larger groups: chunks of 8)
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 512
-COMBINE_WARPS = 8
+COMBINE_WARPS = 8  # the block-per-head combine's
+WIDE_AHEAD = 8  # partials a lane of the wide combine loads before the weights
 SPLIT_OVERHEAD_STEPS = 4  # a split's fixed cost (q, its partial's writes) in 16-token steps
 COMBINE_SPLITS_PER_STEP = 32  # the combine's cost: a step time per this many splits
 
@@ -414,9 +415,9 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_comb
   }
 }
 /* The wide merge: block (x, y) = (seq * q_heads + head, dims 32 y .. 32 y + 31), blockDim.x / 32
-   warps (up to 32). The splits' (m, l) are read once into shared memory, one per thread; then
-   warp w sums splits w, w + warps, ... for its lane's dim, so a warp holds few splits and all
-   its loads are in flight together. */
+   warps (up to 32). Warp w sums splits w, w + warps, ... for its lane's dim: a warp holds few
+   splits, and loads its first WIDE_AHEAD partials at once, before the splits' (m, l) are read
+   into shared memory (one per thread) and turned into weights. */
 extern "C" __global__ void __launch_bounds__(1024) fp8_decode_combine_wide(
     const float* PART, u16* OUT, int num_splits, int ml_offset) {
   __shared__ float weight[MAX_SPLITS];
@@ -425,6 +426,14 @@ extern "C" __global__ void __launch_bounds__(1024) fp8_decode_combine_wide(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
   const i64 base = (i64)blockIdx.x * num_splits;
   const float2* ML = reinterpret_cast<const float2*>(PART + ml_offset);
+  /* this lane's first partials, loaded before the weights are known: one round of loads */
+  const float* p = PART + base * HEAD_DIM + 32 * blockIdx.y + lane;
+  float ahead[WIDE_AHEAD];
+#pragma unroll
+  for (int k = 0; k < WIDE_AHEAD; ++k) {
+    const int i = warp + k * warps;
+    ahead[k] = i < num_splits ? p[(i64)i * HEAD_DIM] : 0.f;
+  }
   float m = NEG_INF;
   for (int i = tid; i < num_splits; i += blockDim.x) {
     const float2 ml = ML[base + i];
@@ -448,10 +457,14 @@ extern "C" __global__ void __launch_bounds__(1024) fp8_decode_combine_wide(
   for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
   if (lane == 0) reduce[1][warp] = den;
   __syncthreads();
-  const float* p = PART + base * HEAD_DIM + 32 * blockIdx.y + lane;
   float acc = 0.f;
-#pragma unroll 8
-  for (int i = warp; i < num_splits; i += warps) acc += weight[i] * p[(i64)i * HEAD_DIM];
+#pragma unroll
+  for (int k = 0; k < WIDE_AHEAD; ++k) {
+    const int i = warp + k * warps;
+    if (i < num_splits) acc += weight[i] * ahead[k];
+  }
+  for (int i = warp + WIDE_AHEAD * warps; i < num_splits; i += warps)
+    acc += weight[i] * p[(i64)i * HEAD_DIM];
   partial[warp][lane] = acc;
   __syncthreads();
   if (warp == 0) {
@@ -506,12 +519,14 @@ def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_b
     defines = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size,
                    FP8_NAME=f'"{fp8_name}"', Q_BF16=int(q_bf16), TABLE_T=table_t, SEQ_T=seq_t,
                    QCHUNKS=ceil_div(group, MMA_N), WARPS=warps, MIN_BLOCKS=min_blocks,
-                   ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS, MAX_SPLITS=MAX_SPLITS)
+                   ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS, MAX_SPLITS=MAX_SPLITS,
+                   WIDE_AHEAD=WIDE_AHEAD)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
 
 
 KERNELS = ("fp8_paged_decode", "fp8_decode_combine", "fp8_decode_combine_wide")
-COMBINE = 2  # which combine kernel: 1 the block per head, 2 the wide one (an A/B switch)
+WIDE_COMBINE_SPLITS = 32  # from this many splits on, the wide combine (fewer: a block per head)
+COMBINE = None  # an A/B switch for scripts: 1 or 2 forces the block-per-head or the wide combine
 
 
 @functools.lru_cache(maxsize=64)
@@ -604,7 +619,7 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
     if splits > 1:
-        if COMBINE == 1:
+        if (COMBINE or (2 if splits >= WIDE_COMBINE_SPLITS else 1)) == 1:
             combines[0](grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
                         args=[part, out, splits, parts * head_dim])
         else:  # a warp per few splits: all of a warp's loads in flight at once

@@ -15,7 +15,8 @@ tokens of one dimension first; P goes from the scores' accumulator layout to the
 layout with one ``movmatrix`` per 8 tokens. No shared memory, no barrier: each warp runs its
 own online softmax over its split, the next step's loads (and the block ids of the one after)
 in flight while it computes, and writes a partial (output, max, sum) that a second kernel
-merges, one block per (sequence, query head).
+merges: one block per (sequence, query head), or, from ``WIDE_COMBINE_SPLITS`` splits on, one
+per (sequence, query head, 32 dims) with a warp per few splits.
 
 The mapping, per warp and step of 16 tokens (lane = 4 r + c, head dim D):
 

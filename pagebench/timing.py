@@ -1,9 +1,10 @@
 """The one timing primitive, for CPU and CUDA, and the environment stamped on every result.
 
 CPU: ``time.perf_counter`` around each call, after warm-up; the median is reported.
-CUDA: CUDA events around each call after warm-up, L2 flushed before every repeat (so each call
-reads its K/V from HBM, as in a real decode step), optionally replayed from a CUDA graph (batch-1
-cases are launch-bound; a graph removes the Python launch gaps that a server would not have).
+CUDA: CUDA events around each call after warm-up (``warmup`` calls, then ``CUDA_WARMUP_S`` of
+untimed repeats), L2 flushed before every repeat (so each call reads its K/V from HBM, as in a
+real decode step), optionally replayed from a CUDA graph (batch-1 cases are launch-bound; a
+graph removes the Python launch gaps that a server would not have).
 The flush *reads* a buffer larger than L2: a flush that writes one (zeroing it) leaves L2 full of
 dirty lines, and the timed call then pays for writing them back (about 8 us on the H200 for any
 call that reads more than L2 holds; ``scripts/h200_timing_modes.py``).

@@ -133,7 +133,6 @@ def time_splits(rows, env):
     combine kernel (its share of the time), against Triton bf16, in one process."""
     shape = SHAPE_OF["llama-3-8b"]
     scale = shape[2] ** -0.5
-    compiled = cuda_fp8_decode._compiled
     for (batch, context), counts in {(1, 65536): (33, 66, 99, 132, 165, 198, 264, 330, 396, 512),
                                      (32, 4096): (1, 2, 3, 4, 5, 6, 8, 10)}.items():
         base = paged_case(batch, context, shape, 16, torch.bfloat16, "cuda", seed=batch)
@@ -148,17 +147,9 @@ def time_splits(rows, env):
             rows.append(dict(batch=batch, context=context, variant=name, splits=n or chosen,
                              time_us=measure(call, device="cuda", repeat=REPEAT,
                                              cuda_graph=True).median_us, **env))
-        # the split kernel alone: the same launch with the combine replaced by nothing
-        cuda_fp8_decode._compiled = lambda *b: (compiled(*b)[0], [lambda **kw: None] * 2,
-                                                compiled(*b)[2])
-        try:
-            t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
-        finally:
-            cuda_fp8_decode._compiled = compiled
-        rows.append(dict(batch=batch, context=context, variant="cuda_no_combine", splits=chosen,
-                         time_us=t.median_us, **env))
-        for forced, label in ((1, "cuda_combine_per_head"), (2, "cuda_combine_wide")):
-            cuda_fp8_decode.COMBINE = forced
+        for forced, label in ((0, "cuda_no_combine"), (1, "cuda_combine_per_head"),
+                              (2, "cuda_combine_wide")):
+            cuda_fp8_decode.COMBINE = forced  # 0: the split kernel alone
             try:
                 t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
             finally:

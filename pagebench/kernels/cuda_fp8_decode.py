@@ -527,7 +527,9 @@ def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_b
 
 KERNELS = ("fp8_paged_decode", "fp8_decode_combine", "fp8_decode_combine_wide")
 WIDE_COMBINE_SPLITS = 32  # from this many splits on, the wide combine (fewer: a block per head)
-COMBINE = None  # an A/B switch for scripts: 1 or 2 forces the block-per-head or the wide combine
+# An A/B switch for scripts: 1 or 2 forces the block-per-head or the wide combine; 0 skips the
+# combine (the split kernel timed alone: the output is then not the result); None: by splits
+COMBINE = None
 
 
 @functools.lru_cache(maxsize=64)
@@ -620,10 +622,11 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
     if splits > 1:
-        if (COMBINE or (2 if splits >= WIDE_COMBINE_SPLITS else 1)) == 1:
+        kind = COMBINE if COMBINE is not None else 2 if splits >= WIDE_COMBINE_SPLITS else 1
+        if kind == 1:
             combines[0](grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
                         args=[part, out, splits, parts * head_dim])
-        else:  # a warp per few splits: all of a warp's loads in flight at once
+        elif kind == 2:  # a warp per few splits: all of a warp's loads in flight at once
             warps = min(32, ceil_div(splits, 4))
             combines[1](grid=(num_seqs * q_heads, head_dim // LANES, 1),
                         block=(LANES * warps, 1, 1), args=[part, out, splits, parts * head_dim])

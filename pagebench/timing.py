@@ -22,6 +22,10 @@ import time
 from dataclasses import asdict, dataclass
 from collections.abc import Callable
 
+# Version of the CUDA timing below, stamped on every row (``timing_harness``): 1 (rows without
+# the column, before 79a173a) zeroed a new flush buffer per call and warmed up for 3 calls;
+# 2 reads one buffer and warms up for CUDA_WARMUP_S (docs/kernels.md, "Timing on the GPU").
+HARNESS = 2
 L2_FLUSH_BYTES = 256 * 2**20  # well above any current GPU's L2 (H200: 60 MB)
 CUDA_WARMUP_S = 0.05  # replays before the timed ones (after ``warmup`` calls), in seconds
 _flush_buffers: dict = {}  # device index -> the process's flush buffer
@@ -173,6 +177,7 @@ def environment(device="cpu") -> dict:
         "pagebench_version": pagebench.__version__,
         "python_version": platform.python_version(),
         "commit": git_commit(),
+        "timing_harness": HARNESS,
     }
     if str(device).startswith("cuda") and torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name()

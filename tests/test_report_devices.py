@@ -64,3 +64,23 @@ def test_benchmark_machines_are_labelled(tmp_path):
     load_benchmark_json(r, [tmp_path])
     assert r.get("asv")["machine"].tolist() == ["H100 80GB HBM3"]
     assert r.get("pytest_benchmark")["machine"].tolist() == ["CPU (4-core aarch64)"]
+
+
+def test_gpu_rows_name_their_timing_harness_and_older_ones_read_as_harness_1():
+    from pagebench.report.sections import gpu_harnesses
+
+    old = pd.DataFrame({"device": ["cuda", "cuda"], "time_us": [1.0, 2.0]})
+    assert gpu_harnesses(old) == ["1"]  # measured before rows carried the column
+    mixed = pd.DataFrame({"device": ["cuda", "cuda", "cpu"], "timing_harness": [None, 2, 2],
+                          "time_us": [1.0, 2.0, 3.0]})
+    assert gpu_harnesses(mixed) == ["1", "2"]
+    cpu = pd.DataFrame({"device": ["cpu"], "timing_harness": [2], "time_us": [1.0]})
+    assert gpu_harnesses(cpu) == []
+    engine = pd.DataFrame({"device": ["cuda"], "tokens_per_s": [9.0]})  # timed end to end
+    assert gpu_harnesses(engine) == []
+
+
+def test_every_row_carries_the_timing_harness():
+    from pagebench.timing import HARNESS, environment
+
+    assert environment("cpu")["timing_harness"] == HARNESS

@@ -138,7 +138,7 @@ PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
 # shown once per dataset in the environment section, not in every table (all kept in the CSVs)
 PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
                       "pagebench_version", "python_version", "commit", "source", "experiment",
-                      "timing_method")
+                      "timing_harness")
 
 
 def fmt(value, column: str = "") -> str:
@@ -192,25 +192,34 @@ def environment(results: Results, env: dict, options: dict) -> Section:
     s.table(Table("This run", ["field", "value"], rows))
     s.table(devices_table(results))
     srcs = [[name, str(len(frame)), devices.frame_devices(frame, default=""),
+             ", ".join(gpu_harnesses(frame)),
              "; ".join(dict.fromkeys(results.sources.get(name, [])))]
             for name, frame in sorted(results.frames.items())]
     if srcs:
         s.table(Table("Data sources (every dataset is a CSV beside this page)",
-                      ["dataset", "rows", "devices", "from"], srcs))
-    methods = sorted({m for frame in results.frames.values()
-                      for m in distinct(frame, "timing_method")})
+                      ["dataset", "rows", "devices", "GPU timing harness", "from"], srcs))
     s.text("Timing: one primitive (pagebench.timing.measure): CPU perf_counter after warm-up, "
-           "median; CUDA events after warm-up with L2 flushed between repeats, median, batch-1 "
-           "cases also replayed from a CUDA graph."
-           + (" Methods in the data: " + "; ".join(methods) + "." if methods else ""))
+           "median; CUDA events, median, batch-1 cases also replayed from a CUDA graph. GPU "
+           "timing harness 2 (rows since 79a173a; pagebench.timing.HARNESS): 50 ms of untimed "
+           "replays first, L2 flushed between repeats by reading a 256 MB buffer. Harness 1: "
+           "a buffer zeroed as the flush, whose write-backs the timed call paid (about 8 us on "
+           "the H200 for a call reading past L2), and a 3-call warm-up, so a point could sit in "
+           "a slow start up to 14% high (docs/kernels.md, \"Timing on the GPU\").")
     return s
 
 
-def distinct(frame: pd.DataFrame, column: str) -> list[str]:
-    """The values of an optional ``column`` (none where the frame lacks it), in order."""
-    if column not in frame.columns:
+def gpu_harnesses(frame: pd.DataFrame) -> list[str]:
+    """The timing harnesses (``pagebench.timing.measure``'s versions) of ``frame``'s timed rows
+    measured on a CUDA device (a row without the column: harness 1), in order; none for a frame
+    without such rows (or without ``time_us``: engine rows are timed end to end instead)."""
+    if "device" not in frame.columns or "time_us" not in frame.columns:
         return []
-    return list(dict.fromkeys(frame[column].dropna().astype(str)))
+    gpu = frame[frame["device"].astype(str).str.startswith("cuda")]
+    if gpu.empty:
+        return []
+    column = (gpu["timing_harness"] if "timing_harness" in gpu.columns
+              else pd.Series(pd.NA, index=gpu.index))
+    return list(dict.fromkeys(str(int(v)) if pd.notna(v) else "1" for v in column))
 
 
 DEVICE_FIELDS = {"device": "kind", "device_name": "name / architecture", "cpu_count": "CPUs",

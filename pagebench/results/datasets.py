@@ -29,6 +29,7 @@ ENVIRONMENT = optional(
     C("cpu_count", "int", "logical CPUs"), C("torch_threads", "int", "torch intra-op threads"),
     C("machine", "str", "device label (pagebench.results.devices)"),
     C("source", "str", "file or function the row came from"), C("note", "str", "free text"),
+    C("timing_harness", "int", "pagebench.timing.HARNESS the row was timed with; empty: 1"),
 )
 BLOCK_SIZE = C("block_size", "int", "paged block size in tokens; empty: not paged")
 KERNEL = C("kernel", "str", "registry backend name (triton, torch, flex, sdpa)")

@@ -98,42 +98,51 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
     for _ in range(max(warmup, 1)):
         fn()
     torch.cuda.synchronize()
-    call = fn
-    if cuda_graph:
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-        call = graph.replay
+    call = capture_graph(fn).replay if cuda_graph else fn
     flush = l2_flush() if flush_l2 else None
-
-    def once_us() -> float:
-        if flush is not None:
-            flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end) * 1e3
-
     # Warm up for a while, not for a number of calls: on the H200 a new graph's first few
-    # milliseconds of replays ran up to 12% slower when the process had just taken memory from
+    # milliseconds of replays ran up to 14% slower when the process had just taken memory from
     # the driver (scripts/h200_timing_modes.py, "transient")
     warm_until = time.perf_counter() + CUDA_WARMUP_S
     while time.perf_counter() < warm_until:
-        once_us()
+        cuda_event_us(call, flush)
     samples: list[float] = []
     while len(samples) < repeat or sum(samples) < min_time_s * 1e6:
-        samples.append(once_us())
+        samples.append(cuda_event_us(call, flush))
     method = "cuda events, median" + (", L2 flushed by a read" if flush_l2 else "") + (
         ", cuda graph" if cuda_graph else "")
     return _summarise(samples, method)
+
+
+def capture_graph(fn: Callable[[], object]):
+    """``fn`` captured in a ``torch.cuda.CUDAGraph`` (after two calls on a side stream, as
+    capture needs); ``fn``'s allocations live in the graph's private pool."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def cuda_event_us(call: Callable[[], object], flush: Callable[[], object] | None = None) -> float:
+    """One ``call()`` between two CUDA events, after ``flush()`` (if given), in microseconds."""
+    import torch
+
+    if flush is not None:
+        flush()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3
 
 
 def l2_flush() -> Callable[[], object]:

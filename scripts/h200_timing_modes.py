@@ -30,7 +30,8 @@ from pagebench.cli.options import write_results
 from pagebench.defaults import SHAPES
 from pagebench.kernels import cuda_fp8_decode, triton_decode
 from pagebench.kernels.fixtures import paged_case, quantized_inputs
-from pagebench.timing import L2_FLUSH_BYTES, environment, measure
+from pagebench.timing import L2_FLUSH_BYTES, capture_graph, environment, measure
+from pagebench.timing import cuda_event_us as timed
 
 SHAPE = dict(SHAPES)["llama-3-8b"]
 SCALE = SHAPE[2] ** -0.5
@@ -52,30 +53,11 @@ def cases():
 
 def capture(fn):
     fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph = capture_graph(fn)
     for _ in range(2):
         graph.replay()
     torch.cuda.synchronize()
     return graph
-
-
-def timed(replay, flush):
-    if flush is not None:
-        flush()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3
 
 
 def main():

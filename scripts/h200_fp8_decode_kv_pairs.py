@@ -120,7 +120,7 @@ def time_case(rows, shape_name, batch, context, block, names, copy_gbps, env):
     base = paged_case(batch, context, shape, block, torch.bfloat16, DEVICE, seed=batch)
     fp8 = quantized_inputs(base, E4M3, spread=1.0)
     scales = (fp8.k_scale, fp8.v_scale)
-    # float32 on the dequantised cache, as the fp8 sweep's error column (fp8_sweep.fp8_errors)
+    # float32 on the dequantised cache, as the fp8 sweep's error column (fp8_sweep.dequantised_output)
     ref = (torch_paged_decode(fp8.q.float(), *fp8.args()[1:], scale, **fp8.scales())
            if not SMOKE else None)
     timed = [("bf16", base.args(), (), {})]

@@ -105,6 +105,8 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
             for cache_dtype in cache_dtypes(block_size, dtype):
                 inputs = case if cache_dtype == dtype else quantized_inputs(
                     case, cache_dtype, spread=1.0)
+                exact = None if cache_dtype == dtype else dequantised_output(
+                    torch_paged_decode, inputs, scale)  # once for every kernel timed on it
                 # (backend, launch, call): Triton's default and other launches, then the
                 # other fp8 kernels
                 calls = [("triton", "default", {})]
@@ -121,8 +123,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                     else:  # as the decode sweep times a backend
                         call = get_backend(backend).prepared_call(
                             "decode", *inputs.args(), scale, **inputs.scales())
-                    errors = {} if cache_dtype == dtype else fp8_errors(
-                        call(), base, torch_paged_decode, inputs, scale)
+                    errors = {} if exact is None else fp8_errors(call(), base, exact)
                     t = timed(call)
                     nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
                     gbps = nbytes / t / 1e3
@@ -130,7 +131,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                            context=context, block_size=block_size, backend=backend,
                            launch=launch, time_us=t, kv_bytes=nbytes, gbps=gbps,
                            copy_gbps=copy_gbps, copy_fraction=gbps / copy_gbps, **errors)
-                del inputs
+                del inputs, exact
             del case, base
             if on_cuda:
                 torch.cuda.empty_cache()
@@ -147,7 +148,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                 return triton_prefill.triton_paged_prefill(*inputs.args(), scale,
                                                            **inputs.scales())
             errors = {} if cache_dtype == dtype else fp8_errors(
-                call(), base, torch_paged_prefill, inputs, scale)
+                call(), base, dequantised_output(torch_paged_prefill, inputs, scale))
             record(op="prefill", cache_dtype=dtype_name(cache_dtype), backend="triton",
                    batch=batch, query_len=query_len, cached=cached, context=query_len + cached,
                    block_size=defaults.BLOCK_SIZE, time_us=timed(call), **errors)
@@ -158,9 +159,14 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
     return rows
 
 
-def fp8_errors(out, base, reference, inputs, scale) -> dict:
+def dequantised_output(reference, inputs, scale) -> torch.Tensor:
+    """``reference`` (the torch backend) on fp8 ``inputs`` in float32: what an fp8 kernel
+    computes exactly, on the dequantised cache."""
+    return reference(inputs.q.float(), *inputs.args()[1:], scale, **inputs.scales())
+
+
+def fp8_errors(out, base, exact) -> dict:
     """An fp8 output's relative error against the unquantised cache's output ``base`` and
-    against ``reference`` (the torch backend) in float32 on the dequantised cache."""
-    exact = reference(inputs.q.float(), *inputs.args()[1:], scale, **inputs.scales())
+    against ``exact`` (``dequantised_output``)."""
     return dict(err_vs_dequantised=relative_error(out, exact),
                 err_vs_bf16_cache=relative_error(out, base))

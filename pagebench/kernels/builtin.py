@@ -7,7 +7,7 @@ import importlib.util
 
 import torch
 
-from pagebench.kernels.cuda_fp8_decode import HEAD_DIMS, cuda_fp8_paged_decode
+from pagebench.kernels.cuda_fp8_decode import HEAD_DIMS, compiler_available, cuda_fp8_paged_decode
 from pagebench.kernels.cuda_fp8_decode import available as cuda_fp8_available
 from pagebench.kernels.quant import FP8_DTYPES, nvidia_fp8_hardware
 from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_decode,
@@ -67,11 +67,6 @@ def _prepare_flex_decode(q, k_cache, v_cache, block_tables, seq_lens, scale):
 FLOAT_AND_FP8 = (torch.float32, torch.float16, torch.bfloat16, *FP8_DTYPES)
 
 
-@functools.lru_cache(maxsize=1)
-def _cuda_fp8_available() -> bool:
-    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
-
-
 def triton_reads_cache(device: torch.device, cache_dtype: torch.dtype) -> bool:
     """Whether Triton's kernels can read a cache of ``cache_dtype`` on ``device``: Triton
     compiles e4m3 (its ``fp8e4nv``) for NVIDIA GPUs of compute capability 8.9+ only (an A100
@@ -118,7 +113,7 @@ register_backend(
     "cuda-fp8", decode=cuda_fp8_paged_decode, devices=("cuda",),
     dtypes=(torch.float16, torch.bfloat16), priority=15, cache_dtypes=FP8_DTYPES,
     reads_own_dtype=False, reads_cache_on=lambda device, _: cuda_fp8_available(device),
-    is_available=_cuda_fp8_available, graph_capturable=("decode",),
+    is_available=compiler_available, graph_capturable=("decode",),
     head_dims=", ".join(map(str, HEAD_DIMS)), supports_head_dim=lambda d: d in HEAD_DIMS,
     scratch_ratio=1.0,
     description="fp8 paged decode in CUDA C++ compiled at first use (NVRTC): scores computed "

@@ -479,11 +479,16 @@ extern "C" __global__ void __launch_bounds__(1024) fp8_decode_combine_wide(
 _INDEX_TYPES = {torch.int32: "int", torch.int64: "long long"}
 
 
+@functools.lru_cache(maxsize=1)
+def compiler_available() -> bool:
+    """Whether this process has a CUDA GPU and a torch that compiles CUDA with NVRTC."""
+    return torch.cuda.is_available() and hasattr(torch.cuda, "_compile_kernel")
+
+
 def available(device) -> bool:
     """Whether ``device`` runs the kernel: an NVIDIA GPU of compute capability 8.9+ and a torch
     that compiles CUDA with NVRTC."""
-    return (torch.cuda.is_available() and nvidia_fp8_hardware(device)
-            and hasattr(torch.cuda, "_compile_kernel"))
+    return compiler_available() and nvidia_fp8_hardware(device)
 
 
 def _aligned(x: torch.Tensor) -> bool:

@@ -59,7 +59,8 @@ def cpu_threads(n: int | None):
         torch.set_num_threads(saved)
 
 
-def _summarise(samples_us: list[float], method: str) -> Timing:
+def summarise(samples_us: list[float], method: str) -> Timing:
+    """Samples in microseconds (any order) as a ``Timing``: median, 20th/80th percentiles, min."""
     samples = sorted(samples_us)
     n = len(samples)
 
@@ -89,7 +90,7 @@ def measure(fn: Callable[[], object], *, device="cpu", warmup: int = 3, repeat: 
         dt = time.perf_counter() - t0
         samples.append(dt * 1e6)
         total += dt
-    return _summarise(samples, "cpu perf_counter, median")
+    return summarise(samples, "cpu perf_counter, median")
 
 
 def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timing:
@@ -111,7 +112,7 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
         samples.append(cuda_event_us(call, flush))
     method = "cuda events, median" + (", L2 flushed by a read" if flush_l2 else "") + (
         ", cuda graph" if cuda_graph else "")
-    return _summarise(samples, method)
+    return summarise(samples, method)
 
 
 def capture_graph(fn: Callable[[], object]):

@@ -30,7 +30,8 @@ from pagebench.cli.options import write_results
 from pagebench.defaults import SHAPES
 from pagebench.kernels import cuda_fp8_decode, triton_decode
 from pagebench.kernels.fixtures import paged_case, quantized_inputs
-from pagebench.timing import L2_FLUSH_BYTES, capture_graph, environment, measure
+from pagebench.timing import (L2_FLUSH_BYTES, Timing, capture_graph, environment, measure,
+                              summarise)
 from pagebench.timing import cuda_event_us as timed
 
 SHAPE = dict(SHAPES)["llama-3-8b"]
@@ -70,27 +71,28 @@ def main():
     graphs = {name: capture(fn) for name, fn in calls.items()}
     rows = []
 
-    def record(case, mode, rnd, samples):
-        s = sorted(samples)
-        rows.append(dict(case=case, mode=mode, round=rnd, median_us=statistics.median(s),
-                         q20_us=s[len(s) // 5], q80_us=s[4 * len(s) // 5], min_us=s[0], **env))
+    def record(case, mode, rnd, t: Timing):
+        rows.append(dict(case=case, mode=mode, round=rnd, median_us=t.median_us,
+                         q20_us=t.q20_us, q80_us=t.q80_us, min_us=t.min_us, **env))
 
     for name, fn in calls.items():
         g = graphs[name]
         for rnd in range(ROUNDS):
-            t = measure(fn, device="cuda", warmup=3, repeat=REPLAYS, cuda_graph=True)
-            rows.append(dict(case=name, mode="measure", round=rnd, median_us=t.median_us,
-                             q20_us=t.q20_us, q80_us=t.q80_us, min_us=t.min_us, **env))
+            record(name, "measure", rnd,
+                   measure(fn, device="cuda", warmup=3, repeat=REPLAYS, cuda_graph=True))
         for rnd in range(ROUNDS):
             own = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-            record(name, "g1_zero_new", rnd, [timed(g.replay, own.zero_) for _ in range(REPLAYS)])
+            record(name, "g1_zero_new", rnd,
+                   summarise([timed(g.replay, own.zero_) for _ in range(REPLAYS)], "cuda events per replay"))
             del own
         for mode, flush in (("g1_zero", zero), ("g1_read", read), ("g1_none", None)):
             for rnd in range(ROUNDS):
-                record(name, mode, rnd, [timed(g.replay, flush) for _ in range(REPLAYS)])
+                record(name, mode, rnd,
+                       summarise([timed(g.replay, flush) for _ in range(REPLAYS)], "cuda events per replay"))
         for rnd in range(ROUNDS):
             gn = capture(fn)
-            record(name, "gN_read", rnd, [timed(gn.replay, read) for _ in range(REPLAYS)])
+            record(name, "gN_read", rnd,
+                   summarise([timed(gn.replay, read) for _ in range(REPLAYS)], "cuda events per replay"))
             del gn
         write_results(os.path.join(out_dir, "timing_modes.csv"), rows)
     for rnd in range(ROUNDS):
@@ -99,7 +101,7 @@ def main():
             for name, g in graphs.items():
                 samples[name].append(timed(g.replay, read))
         for name, s in samples.items():
-            record(name, "interleaved", rnd, s)
+            record(name, "interleaved", rnd, summarise(s, "cuda events per replay"))
     write_results(os.path.join(out_dir, "timing_modes.csv"), rows)
     transient = []
     for name, fn in calls.items():

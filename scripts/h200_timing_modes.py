@@ -61,6 +61,14 @@ def capture(fn):
     return graph
 
 
+PER_REPLAY = "cuda events per replay"
+
+
+def replays(replay, flush):
+    """REPLAYS replays of a graph, each timed alone after ``flush`` (None: none)."""
+    return summarise([timed(replay, flush) for _ in range(REPLAYS)], PER_REPLAY)
+
+
 def main():
     out_dir = sys.argv[1]
     os.makedirs(out_dir, exist_ok=True)
@@ -82,17 +90,14 @@ def main():
                    measure(fn, device="cuda", warmup=3, repeat=REPLAYS, cuda_graph=True))
         for rnd in range(ROUNDS):
             own = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-            record(name, "g1_zero_new", rnd,
-                   summarise([timed(g.replay, own.zero_) for _ in range(REPLAYS)], "cuda events per replay"))
+            record(name, "g1_zero_new", rnd, replays(g.replay, own.zero_))
             del own
         for mode, flush in (("g1_zero", zero), ("g1_read", read), ("g1_none", None)):
             for rnd in range(ROUNDS):
-                record(name, mode, rnd,
-                       summarise([timed(g.replay, flush) for _ in range(REPLAYS)], "cuda events per replay"))
+                record(name, mode, rnd, replays(g.replay, flush))
         for rnd in range(ROUNDS):
             gn = capture(fn)
-            record(name, "gN_read", rnd,
-                   summarise([timed(gn.replay, read) for _ in range(REPLAYS)], "cuda events per replay"))
+            record(name, "gN_read", rnd, replays(gn.replay, read))
             del gn
         write_results(os.path.join(out_dir, "timing_modes.csv"), rows)
     for rnd in range(ROUNDS):
@@ -101,7 +106,7 @@ def main():
             for name, g in graphs.items():
                 samples[name].append(timed(g.replay, read))
         for name, s in samples.items():
-            record(name, "interleaved", rnd, summarise(s, "cuda events per replay"))
+            record(name, "interleaved", rnd, summarise(s, PER_REPLAY))
     write_results(os.path.join(out_dir, "timing_modes.csv"), rows)
     transient = []
     for name, fn in calls.items():

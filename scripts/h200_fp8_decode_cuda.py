@@ -147,20 +147,17 @@ def time_splits(rows, env):
             rows.append(dict(batch=batch, context=context, variant=name, splits=n or chosen,
                              time_us=measure(call, device="cuda", repeat=REPEAT,
                                              cuda_graph=True).median_us, **env))
-        forced = {"cuda_no_combine": dict(COMBINE=0), "cuda_combine_per_head": dict(COMBINE=1),
-                  "cuda_combine_wide": dict(COMBINE=2), "cuda_no_pdl": dict(PDL=False),
-                  "cuda_again": {}}
-        for label, switches in forced.items():
-            try:  # COMBINE=0: the split kernel alone; PDL=False: the combine launched plainly
-                for name, value in switches.items():
-                    setattr(cuda_fp8_decode, name, value)
+        for forced, label in ((0, "cuda_no_combine"), (1, "cuda_combine_per_head"),
+                              (2, "cuda_combine_wide")):
+            cuda_fp8_decode.COMBINE = forced  # 0: the split kernel alone
+            try:
                 t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
             finally:
-                cuda_fp8_decode.COMBINE, cuda_fp8_decode.PDL = None, True
+                cuda_fp8_decode.COMBINE = None
             rows.append(dict(batch=batch, context=context, variant=label, splits=chosen,
                              time_us=t.median_us, **env))
-        bf16 = rows[-len(timed) - len(forced)]["time_us"]
-        for r in rows[-len(timed) - len(forced):]:
+        bf16 = rows[-len(timed) - 3]["time_us"]
+        for r in rows[-len(timed) - 3:]:
             r["over_bf16"] = r["time_us"] / bf16
             print(f"{batch}x{context} {r['variant']:>16s} splits {r['splits']:4d} "
                   f"{r['time_us']:7.1f} us {r['over_bf16']:.3f}", flush=True)

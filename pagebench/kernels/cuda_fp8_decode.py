@@ -246,28 +246,12 @@ __device__ __forceinline__ void attend_step(Softmax& st, const Step& s, u32 (*qf
   }
 }
 
-/* Programmatic dependent launch (compute capability 9.0+; elsewhere, or when the combine is
-   launched plainly, both are no-ops): the split kernel lets the combine be launched as soon as
-   all its blocks run, and the combine waits for the split kernel's completion (and its
-   memory) before reading the partials. */
-__device__ __forceinline__ void dependents_may_launch() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void wait_for_split_kernel() {
-#if __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
-#endif
-}
-
 extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_decode(
     const u16* Q, const u8* K, const u8* V, const TABLE_T* TABLES, const SEQ_T* SEQ_LENS,
     u16* OUT, float* PART, const float* K_SCALE, const float* V_SCALE, double scale_log2e,
     int tokens_per_split, int num_splits, int ml_offset, int stride_qs, int stride_qh,
     int stride_kb, int stride_kt, int stride_kh, int stride_vb, int stride_vt, int stride_vh,
     int stride_ts, int q_heads) {
-  dependents_may_launch();
   const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
   /* grid y: (KV heads / WARPS) x QCHUNKS. A block's warps read adjacent KV heads of the same
      tokens; a group of more than 8 query heads is read in chunks of 8 rows, each chunk's warp
@@ -387,7 +371,6 @@ extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_comb
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const i64 base = (i64)blockIdx.x * num_splits;
   const float* ML = PART + ml_offset;
-  wait_for_split_kernel();
   float m = NEG_INF;
   for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) m = fmaxf(m, ML[(base + i) * 2]);
 #pragma unroll
@@ -444,7 +427,6 @@ extern "C" __global__ void __launch_bounds__(1024) fp8_decode_combine_wide(
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
   const i64 base = (i64)blockIdx.x * num_splits;
   const float2* ML = reinterpret_cast<const float2*>(PART + ml_offset);
-  wait_for_split_kernel();
   /* this lane's first partials, loaded before the weights are known: one round of loads */
   const float* p = PART + base * HEAD_DIM + 32 * blockIdx.y + lane;
   float ahead[WIDE_AHEAD];
@@ -646,79 +628,11 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
     if splits > 1:
         kind = COMBINE if COMBINE is not None else 2 if splits >= WIDE_COMBINE_SPLITS else 1
-        launch = launch_dependent if PDL and _dependent_launch(q.device) else _launch
         if kind == 1:
-            launch(combines[0], (num_seqs * q_heads, 1, 1), (LANES * COMBINE_WARPS, 1, 1),
-                   [part, out, splits, parts * head_dim])
+            combines[0](grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
+                        args=[part, out, splits, parts * head_dim])
         elif kind == 2:  # a warp per few splits: all of a warp's loads in flight at once
             warps = min(32, ceil_div(splits, 4))
-            launch(combines[1], (num_seqs * q_heads, head_dim // LANES, 1),
-                   (LANES * warps, 1, 1), [part, out, splits, parts * head_dim])
+            combines[1](grid=(num_seqs * q_heads, head_dim // LANES, 1),
+                        block=(LANES * warps, 1, 1), args=[part, out, splits, parts * head_dim])
     return out
-
-
-# An A/B switch for scripts: False launches the combine after the split kernel plainly
-PDL = True
-
-
-@functools.cache
-def _dependent_launch(device: torch.device) -> bool:
-    """Whether ``device`` runs programmatic dependent launches (compute capability 9.0+)."""
-    return torch.cuda.get_device_capability(device) >= (9, 0)
-
-
-def _launch(kernel, grid, block, args):
-    kernel(grid=grid, block=block, args=args)
-
-
-def launch_dependent(kernel, grid, block, args):
-    """Launch ``kernel`` (a ``torch.cuda._compile_kernel`` one) on the current stream as a
-    programmatic dependent of the kernel before it (``cuLaunchKernelEx`` with programmatic
-    stream serialisation): it may start while that kernel runs, and waits for it with
-    ``griddepcontrol.wait``. Arguments as torch's launcher takes them (tensors, ints as C
-    ints, floats as C doubles). A CUDA graph captures the dependency as such."""
-    import ctypes
-
-    values = [ctypes.c_void_p(a.data_ptr()) if isinstance(a, torch.Tensor)
-              else ctypes.c_int(a) if isinstance(a, int) else ctypes.c_double(a) for a in args]
-    params = (ctypes.c_void_p * len(values))(*(ctypes.addressof(v) for v in values))
-    attribute = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-    attribute.value.flag = 1
-    config = _LaunchConfig(*grid, *block, 0,
-                           ctypes.c_void_p(torch.cuda.current_stream().cuda_stream),
-                           ctypes.pointer(attribute), 1)
-    result = _cu_launch_kernel_ex()(ctypes.byref(config), kernel.func, params, None)
-    if result != 0:
-        raise RuntimeError(f"cuLaunchKernelEx failed with CUDA error {result}")
-
-
-@functools.cache
-def _cu_launch_kernel_ex():
-    import ctypes
-
-    return ctypes.CDLL("libcuda.so.1").cuLaunchKernelEx
-
-
-def _launch_structs():
-    """ctypes mirrors of the driver API's CUlaunchAttribute and CUlaunchConfig (cuda.h)."""
-    import ctypes
-
-    class Value(ctypes.Union):  # CUlaunchAttributeValue: a 64-byte union
-        _fields_ = [("pad", ctypes.c_char * 64), ("flag", ctypes.c_int),
-                    ("align", ctypes.c_void_p)]
-
-    class Attribute(ctypes.Structure):  # id, padding to 8 bytes, value
-        _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", Value)]
-
-    class Config(ctypes.Structure):
-        _fields_ = [*((name, ctypes.c_uint) for name in (
-                        "gridDimX", "gridDimY", "gridDimZ", "blockDimX", "blockDimY",
-                        "blockDimZ", "sharedMemBytes")),
-                    ("hStream", ctypes.c_void_p), ("attrs", ctypes.POINTER(Attribute)),
-                    ("numAttrs", ctypes.c_uint)]
-
-    return Attribute, Config
-
-
-_LaunchAttribute, _LaunchConfig = _launch_structs()
-_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION

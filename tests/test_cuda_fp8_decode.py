@@ -147,14 +147,15 @@ def test_matches_float64_reference_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_KERNEL, reason="needs an NVIDIA GPU of compute capability 8.9+")
-def test_graph_replay_equals_eager_cuda():
+@pytest.mark.parametrize("splits", [5, 40])  # either combine kernel
+def test_graph_replay_equals_eager_cuda(splits):
     inp = make_paged_inputs([700, 1, 4096], 32, 8, 128, 16, torch.bfloat16, "cuda", seed=3)
     fp8 = quantized_inputs(inp, E4M3, seed=3)
     args = (*fp8.args(), 128 ** -0.5, fp8.k_scale, fp8.v_scale)
-    eager = cf.cuda_fp8_paged_decode(*args)
+    eager = cf.cuda_fp8_paged_decode(*args, num_splits=splits)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cf.cuda_fp8_paged_decode(*args)
+        out = cf.cuda_fp8_paged_decode(*args, num_splits=splits)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)

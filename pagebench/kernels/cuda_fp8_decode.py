@@ -139,15 +139,16 @@ __device__ __forceinline__ void load_words(const u8* p, u32* w) {  /* N words */
 #endif
   if (N % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < N; i += 4)
-      asm("ld.global.nc" LOAD_HINT ".v4.u32 {%0,%1,%2,%3}, [%4];"
-                   : "=r"(w[i]), "=r"(w[i + 1]), "=r"(w[i + 2]), "=r"(w[i + 3])
-                   : "l"(p + 4 * i));
+    for (int i = 0; i < N; i += 4) {
+      uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
+      w[i] = v.x; w[i + 1] = v.y; w[i + 2] = v.z; w[i + 3] = v.w;
+    }
   } else {
 #pragma unroll
-    for (int i = 0; i < N; i += 2)
-      asm("ld.global.nc" LOAD_HINT ".v2.u32 {%0,%1}, [%2];"
-                   : "=r"(w[i]), "=r"(w[i + 1]) : "l"(p + 4 * i));
+    for (int i = 0; i < N; i += 2) {
+      uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i / 2);
+      w[i] = v.x; w[i + 1] = v.y;
+    }
   }
 }
 
@@ -518,14 +519,14 @@ def unsupported_reason(q, k_cache, v_cache) -> str | None:
 
 def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_bf16: bool,
                   table_t: str, seq_t: str, warps: int, min_blocks: int = 1,
-                  aligned: bool = True, load_hint: str = "") -> str:
+                  aligned: bool = True) -> str:
     """The CUDA source of one build: ``SOURCE`` after the constants it is compiled for (``fp8_name``
     "e4m3" or "e5m2", ``table_t``/``seq_t`` C types of the tables and lengths)."""
     defines = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size,
                    FP8_NAME=f'"{fp8_name}"', Q_BF16=int(q_bf16), TABLE_T=table_t, SEQ_T=seq_t,
                    QCHUNKS=ceil_div(group, MMA_N), WARPS=warps, MIN_BLOCKS=min_blocks,
                    ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS, MAX_SPLITS=MAX_SPLITS,
-                   WIDE_AHEAD=WIDE_AHEAD, LOAD_HINT=f'"{load_hint}"')
+                   WIDE_AHEAD=WIDE_AHEAD)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
 
 
@@ -534,8 +535,6 @@ WIDE_COMBINE_SPLITS = 32  # from this many splits on, the wide combine (fewer: a
 # An A/B switch for scripts: 1 or 2 forces the block-per-head or the wide combine; 0 skips the
 # combine (the split kernel timed alone: the output is then not the result); None: by splits
 COMBINE = None
-# An A/B switch: the qualifiers of the K/V loads after ``ld.global.nc`` (e.g. ".L2::256B")
-LOAD_HINT = ""
 
 
 @functools.lru_cache(maxsize=64)
@@ -605,7 +604,7 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
         head_dim, q_heads // kv_heads, block_size,
         "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2", q.dtype == torch.bfloat16,
         _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype], warps, min_blocks,
-        _aligned(k_cache) and _aligned(v_cache), LOAD_HINT)
+        _aligned(k_cache) and _aligned(v_cache))
     capacity = block_tables.shape[1] * block_size
     qchunks = ceil_div(q_heads // kv_heads, MMA_N)  # warps per (sequence, KV head, split)
     if num_splits is None:

@@ -19,8 +19,9 @@ other.
 - Q and the K/V tiles are copied by ``cp.async`` (16 bytes a copy; rows beyond the sequence
   zero-filled, never read) into shared memory in the layout ``wgmma`` reads with 128-byte
   swizzling: 64-element column blocks of 128-byte rows, 16-byte chunk ``c`` of row ``r`` at
-  ``c ^ (r % 8)``. K/V tiles are copied ``STAGES - 2`` tiles ahead of the one computed (the
-  stage of tile ``t - 1`` is still read by its ``P V``), each tile's block ids a tile earlier.
+  ``c ^ (r % 8)``, in ``STAGES`` slots for K and as many for V: K is copied ``STAGES - 1``
+  tiles ahead of the scores computed and V ``STAGES - 2`` (tile ``t - 1``'s V is still read
+  by its ``P V`` while tile ``t``'s scores are computed), each tile's block ids a copy earlier.
 - ``S = Q K^T`` takes both operands from shared memory (K-major); ``O += P V`` takes P from
   registers (the scores' accumulators converted in place) and V from shared memory as stored,
   MN-major (``wgmma``'s transposed B).
@@ -199,7 +200,7 @@ paged_prefill(const u32* __restrict__ Q, const u32* __restrict__ K, const u32* _
               int stride_kh, int stride_vb, int stride_vt, int stride_vh, int stride_ts,
               int stride_ot, int stride_oh) {
   /* strides in 2-byte elements, except the tables' (entries). Shared memory: each warpgroup's
-     Q (later its output), STAGES x (K, V) tiles, then the scan's scratch; no static shared
+     Q (later its output), STAGES K tiles, STAGES V tiles, then the scan's scratch; no static shared
      memory, so the dynamic area starts 1 KB aligned, as the swizzled layout needs */
   extern __shared__ __align__(1024) unsigned char smem[];
   const u32 base = (u32)__cvta_generic_to_shared(smem);
@@ -234,35 +235,45 @@ paged_prefill(const u32* __restrict__ Q, const u32* __restrict__ K, const u32* _
   }
   cp_commit();
 
-  /* this thread's share of a K/V tile: chunk c of rows my_row + i * (THREADS / CH) */
+  /* this thread's share of a K or V tile: chunk c of rows my_row + i * (THREADS / CH). Copy
+     group j holds K of tile j and V of tile j - 1: iteration t needs group t (K of t for its
+     scores, V of t - 1 for the P V it issues) and commits group t + STAGES - 1, into the K slot
+     of tile t - 1 (its scores are done) and the V slot of tile t - 2 (its P V is done). */
   const int my_chunk = tid % CH, my_row = tid / CH;
-  int blocks[ROWS_PER_THREAD];  /* block ids of the next tile to copy (-1: beyond the sequence) */
-  auto load_ids = [&](int t) {
+  int ids_k[ROWS_PER_THREAD], ids_v[ROWS_PER_THREAD];  /* block ids (-1: beyond the sequence) */
+  auto load_ids = [&](int t, int (&ids)[ROWS_PER_THREAD]) {
 #pragma unroll
     for (int i = 0; i < ROWS_PER_THREAD; ++i) {
       const int key = t * TILE_N + my_row + i * (THREADS / CH);
-      blocks[i] = key < seq_len ? (int)table[key / BLOCK_SIZE] : -1;
+      ids[i] = key < seq_len ? (int)table[key / BLOCK_SIZE] : -1;
     }
   };
-  auto copy_tile = [&](int t) {  /* tile t's K and V rows, with the block ids in `blocks` */
-    const u32 k_dst = kv_base + (t % STAGES) * 2 * TILE_BYTES, v_dst = k_dst + TILE_BYTES;
+  auto copy_rows = [&](int t, const int (&ids)[ROWS_PER_THREAD], u32 dst,
+                       const unsigned short* head, int stride_b, int stride_t) {
 #pragma unroll
     for (int i = 0; i < ROWS_PER_THREAD; ++i) {
       const int r = my_row + i * (THREADS / CH);
-      const int slot = (t * TILE_N + r) % BLOCK_SIZE;
-      const bool ok = blocks[i] >= 0;
-      const i64 b = ok ? blocks[i] : 0;
-      const u32 at = tile_offset(r, my_chunk, TILE_N);
-      cp_async16(k_dst + at, k_head + b * stride_kb + (i64)slot * stride_kt + my_chunk * 8, ok);
-      cp_async16(v_dst + at, v_head + b * stride_vb + (i64)slot * stride_vt + my_chunk * 8, ok);
+      const bool ok = ids[i] >= 0;
+      const i64 b = ok ? ids[i] : 0;
+      cp_async16(dst + tile_offset(r, my_chunk, TILE_N),
+                 head + b * stride_b + (i64)((t * TILE_N + r) % BLOCK_SIZE) * stride_t
+                 + my_chunk * 8, ok);
     }
   };
-  load_ids(0);
-#pragma unroll
-  for (int t = 0; t < STAGES - 2; ++t) {
-    if (t < n_tiles) { copy_tile(t); load_ids(t + 1); }
+  auto copy_group = [&](int j) {  /* K of tile j (ids_k), V of tile j - 1 (ids_v) */
+    if (j < n_tiles)
+      copy_rows(j, ids_k, kv_base + (j % STAGES) * TILE_BYTES, k_head, stride_kb, stride_kt);
+    if (j >= 1 && j - 1 < n_tiles)
+      copy_rows(j - 1, ids_v, kv_base + (STAGES + (j - 1) % STAGES) * TILE_BYTES, v_head,
+                stride_vb, stride_vt);
     cp_commit();
-  }
+#pragma unroll
+    for (int i = 0; i < ROWS_PER_THREAD; ++i) ids_v[i] = ids_k[i];
+    if (j + 1 < n_tiles) load_ids(j + 1, ids_k);
+  };
+  load_ids(0, ids_k);
+#pragma unroll
+  for (int j = 0; j < STAGES - 1; ++j) copy_group(j);
 
   /* this thread's rows of its warpgroup's 64: g and g + 8 of its warp's 16 */
   const int g = lane >> 2, q4 = lane & 3, row0 = (warp & 3) * 16 + g;
@@ -279,15 +290,14 @@ paged_prefill(const u32* __restrict__ Q, const u32* __restrict__ K, const u32* _
   for (int i = 0; i < ON; ++i) o[i] = 0.f;
 
   float rescale[2], sum[2];
-  /* tile t's scores issued (after its copies landed; the copy of tile t + STAGES - 2 goes into
-     the stage whose P V finished in the iteration before) */
+  /* tile t's scores issued, once its K (copy group t) landed */
   auto issue_scores = [&](int t) {
-    cp_wait<STAGES - 3>();  /* tile t (and Q) landed, for this thread's copies */
+    cp_wait<STAGES - 2>();  /* copy group t (and Q) landed, for this thread's copies */
     proxy_fence();
-    __syncthreads();        /* ... and everyone's; every warpgroup is past P V of tile t - 2 */
-    if (t + STAGES - 2 < n_tiles) { copy_tile(t + STAGES - 2); load_ids(t + STAGES - 1); }
-    cp_commit();
-    const u32 k_tile = kv_base + (t % STAGES) * 2 * TILE_BYTES;
+    __syncthreads();        /* ... and everyone's; every warpgroup is past the scores of t - 1
+                               and the P V of t - 2 */
+    copy_group(t + STAGES - 1);
+    const u32 k_tile = kv_base + (t % STAGES) * TILE_BYTES;
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < KT; ++kk)
@@ -296,7 +306,7 @@ paged_prefill(const u32* __restrict__ Q, const u32* __restrict__ K, const u32* _
     wg_commit();
   };
   auto issue_values = [&](int t) {  /* O += P V of tile t */
-    const u32 v_tile = kv_base + (t % STAGES) * 2 * TILE_BYTES + TILE_BYTES;
+    const u32 v_tile = kv_base + (STAGES + t % STAGES) * TILE_BYTES;
 #pragma unroll
     for (int u = 0; u < PK; ++u)
       wgmma_values(o, p[u], smem_desc(v_tile + u * 16 * 128, TILE_N * 128, 1024), 1);
@@ -355,6 +365,9 @@ paged_prefill(const u32* __restrict__ Q, const u32* __restrict__ K, const u32* _
     wg_wait<0>();
     update();
   }
+  cp_wait<STAGES - 2>();  /* copy group n_tiles: the last tile's V */
+  proxy_fence();
+  __syncthreads();
   wg_fence();
   issue_values(n_tiles - 1);
   wg_wait<0>();
@@ -398,8 +411,8 @@ _INDEX_TYPES = {torch.int32: "int", torch.int64: "long long"}
 @dataclasses.dataclass(frozen=True, slots=True)
 class CudaPrefillLaunch:
     """A launch of the kernel: ``wgs`` warpgroups of 64 query rows a block, ``tile_n`` keys a
-    tile, ``stages`` K/V tiles in shared memory (``stages - 2`` copied ahead), ``min_blocks``
-    blocks per SM the compiler must fit (a register cap)."""
+    tile, ``stages`` K and as many V tiles in shared memory (K copied ``stages - 1`` tiles
+    ahead), ``min_blocks`` blocks per SM the compiler must fit (a register cap)."""
     wgs: int = 1
     tile_n: int = 64
     stages: int = 3

@@ -9,9 +9,6 @@ import torch
 
 from pagebench.kernels.cuda_fp8_decode import HEAD_DIMS, compiler_available, cuda_fp8_paged_decode
 from pagebench.kernels.cuda_fp8_decode import available as cuda_fp8_available
-from pagebench.kernels.cuda_prefill import HEAD_DIMS as PREFILL_HEAD_DIMS
-from pagebench.kernels.cuda_prefill import available as cuda_prefill_available
-from pagebench.kernels.cuda_prefill import cuda_paged_prefill
 from pagebench.kernels.quant import FP8_DTYPES, nvidia_fp8_hardware
 from pagebench.kernels.reference import (sdpa_contiguous_decode, torch_paged_decode,
                                          torch_paged_prefill)
@@ -122,14 +119,3 @@ register_backend(
     description="fp8 paged decode in CUDA C++ compiled at first use (NVRTC): scores computed "
     "transposed (16 tokens x the group's query rows per MMA), fp8 loaded from the cache "
     "straight into MMA registers, one warp per KV split (NVIDIA compute capability 8.9+)")
-# Opt-in, as cuda-fp8: "auto" keeps Triton's prefill, which the engine's GPU tests cover.
-register_backend(
-    "cuda-prefill", prefill=cuda_paged_prefill, devices=("cuda",),
-    dtypes=(torch.float16, torch.bfloat16), priority=15,
-    is_available=lambda: compiler_available() and cuda_prefill_available("cuda"),
-    graph_capturable=("prefill",), head_dims=", ".join(map(str, PREFILL_HEAD_DIMS)),
-    supports_head_dim=lambda d: d in PREFILL_HEAD_DIMS, scratch_ratio=0.0,
-    description="causal paged prefill in CUDA C++ for Hopper compiled at first use (NVRTC): "
-    "wgmma with each key tile's softmax overlapping the previous tile's P V, K/V tiles copied "
-    "by cp.async into 128-byte-swizzled shared memory, the group's heads packed as rows "
-    "(compute capability 9.0)")

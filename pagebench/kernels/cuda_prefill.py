@@ -261,6 +261,7 @@ paged_prefill(const u32* __restrict__ Q, const u32* __restrict__ K, const u32* _
     }
   };
   auto copy_group = [&](int j) {  /* K of tile j (ids_k), V of tile j - 1 (ids_v) */
+    if (!COPY && j > STAGES) { cp_commit(); return; }  /* a timing probe: stale tiles */
     if (j < n_tiles)
       copy_rows(j, ids_k, kv_base + (j % STAGES) * TILE_BYTES, k_head, stride_kb, stride_kt);
     if (j >= 1 && j - 1 < n_tiles)
@@ -360,7 +361,7 @@ paged_prefill(const u32* __restrict__ Q, const u32* __restrict__ K, const u32* _
   for (int t = 1; t < n_tiles; ++t) {
     issue_scores(t);
     issue_values(t - 1);  /* runs on while this tile's softmax is computed */
-    wg_wait<1>();
+    if (OVERLAP) wg_wait<1>(); else wg_wait<0>();
     softmax(t);
     wg_wait<0>();
     update();
@@ -417,6 +418,8 @@ class CudaPrefillLaunch:
     tile_n: int = 64
     stages: int = 3
     min_blocks: int = 2
+    copy: bool = True  # False: a timing probe that stops copying K/V after the first tiles
+    overlap: bool = True  # False: each tile's softmax waits for the previous P V
 
 
 def default_launch(head_dim: int) -> CudaPrefillLaunch:
@@ -436,6 +439,7 @@ def kernel_source(head_dim: int, group: int, block_size: int, kv_heads: int, bf1
                    BLOCK_SIZE=block_size, KV_HEADS=kv_heads, IS_BF16=int(bf16),
                    TABLE_T=table_t, SEQ_T=seq_t, QLEN_T=qlen_t, WGS=launch.wgs,
                    TILE_N=launch.tile_n, STAGES=launch.stages, MIN_BLOCKS=launch.min_blocks,
+                   COPY=int(launch.copy), OVERLAP=int(launch.overlap),
                    SCAN_SEQS=SCAN_SEQS)
     wrappers = (_wgmma("wgmma_scores", launch.tile_n, False, 0)
                 + _wgmma("wgmma_values", head_dim, True, 1))

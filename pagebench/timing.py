@@ -173,8 +173,14 @@ def git_commit() -> str:
         return "unknown"
 
 
+# the columns every result row carries (``environment``'s keys, in this order)
+ENVIRONMENT_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
+                       "pagebench_version", "python_version", "commit", "timing_harness")
+
+
 def environment(device="cpu") -> dict:
-    """Device, versions and commit: the columns every result row carries."""
+    """Device, versions, commit and timing harness: the columns every result row carries
+    (``ENVIRONMENT_COLUMNS``)."""
     import torch
 
     import pagebench

@@ -285,6 +285,16 @@ def test_register_backend_rejects_bad_definitions():
 
 # ---- sweep and CLI --------------------------------------------------------------------------
 
+def _carries_the_environment(df):
+    """Every row names its device, versions, commit and timing harness (the sweeps once kept
+    only the first six of these, so GPU rows timed by harness 2 read as harness 1)."""
+    from pagebench.timing import ENVIRONMENT_COLUMNS, HARNESS, environment
+
+    assert set(ENVIRONMENT_COLUMNS) == set(environment("cpu"))
+    assert df[list(ENVIRONMENT_COLUMNS)].notna().all().drop("triton_version").all()
+    assert (df.timing_harness == HARNESS).all()
+
+
 def test_quick_cpu_sweep_has_the_shared_columns():
     from pagebench.kernels.sweep import COLUMNS, run_sweep
     df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(1, 64), (2, 32)],
@@ -292,6 +302,7 @@ def test_quick_cpu_sweep_has_the_shared_columns():
     assert list(df.columns) == COLUMNS
     assert set(df.backend) == {"torch-paged", "sdpa-contiguous"}
     assert len(df) == 2 * (1 + 2)  # per point: sdpa once, torch-paged per block size
+    _carries_the_environment(df)
     row = df[(df.backend == "torch-paged") & (df.batch == 2)].iloc[0]
     assert row.kv_bytes == 2 * 2 * 32 * 2 * 16 * 4
     assert row.gbps == pytest.approx(row.kv_bytes / row.time_us / 1e3)
@@ -324,6 +335,7 @@ def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
     df = run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(2, 3, 5), (1, 8, 0)],
                            block_size=4, repeat=2, include=["torch", "triton"])
     assert list(df.columns) == PREFILL_COLUMNS
+    _carries_the_environment(df)
     expected = {"sdpa-contiguous", "torch-paged"} | ({"triton-paged"} if HAS_TRITON else set())
     assert set(df.backend) == expected and len(df) == 2 * len(expected)
     assert not df.cuda_graphs.any()  # CPU: no graph rows

@@ -26,10 +26,10 @@ from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.sweep import graph_modes
 from pagebench.kernels.validate import check_prefill
 from pagebench.results.datasets import KERNELS_PREFILL
-from pagebench.timing import environment, measure
+from pagebench.timing import ENVIRONMENT_COLUMNS, environment, measure
 
 PREFILL_COLUMNS = [
-    "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
+    *ENVIRONMENT_COLUMNS,
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "query_len",
     "cached", "block_size", "backend", "kernel", "layout", "cuda_graphs", "time_us", "q20_us",
     "q80_us", "tflops", "kv_dtype",

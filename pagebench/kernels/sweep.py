@@ -30,10 +30,10 @@ from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, page
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.validate import check_contiguous, check_decode
 from pagebench.results.datasets import KERNELS
-from pagebench.timing import cpu_threads, environment, measure
+from pagebench.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
 
 COLUMNS = [
-    "device", "device_name", "torch_version", "triton_version", "pagebench_version", "commit",
+    *ENVIRONMENT_COLUMNS,
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "context",
     "block_size", "backend", "kernel", "layout", "cuda_graphs", "time_us", "q20_us", "q80_us",
     "kv_bytes", "gbps", "copy_gbps", "table_layout", "adjacent_fraction", "footprint_bytes",
@@ -200,7 +200,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
         nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
         footprint = nbytes if tables is None else footprint_bytes(
             tables, block_size, shape[1], shape[2], cache_dtype)
-        rows.append(KERNELS.row(**{k: env[k] for k in COLUMNS[:6]},
+        rows.append(KERNELS.row(**env,
                                 dtype=dtype_name(dtype), model_shape=shape_name,
                                 num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
                                 batch=batch, context=context, block_size=block_size,

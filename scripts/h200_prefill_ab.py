@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from pagebench.defaults import BLOCK_SIZE, SHAPES
-from pagebench.kernels import cuda_prefill, triton_prefill
+from pagebench.kernels import triton_prefill
 from pagebench.kernels.fixtures import (make_paged_inputs, prefill_case, quantized_inputs,
                                         relative_error)
 from pagebench.kernels.prefill_sweep import causal_flops, sdpa_causal
@@ -55,16 +55,11 @@ def earlier_fp8(case) -> dict:
     return EARLIER_FP8_LONG if long else EARLIER_FP8
 
 
-def variants(copy, launches: list[dict], fp8: bool, cuda_launches: list[dict] = ()):
+def variants(copy, launches: list[dict], fp8: bool):
     """label -> (cache dtype or None for q's, prefill function, options(case))."""
     pkg = triton_prefill.triton_paged_prefill
     none = lambda case: {}  # noqa: E731
     out = {"bf16 default": (None, pkg, none)}
-    for launch in cuda_launches:
-        chosen = cuda_prefill.CudaPrefillLaunch(**launch)
-        out["cuda " + ",".join(f"{k}={v}" for k, v in launch.items())] = (
-            None, cuda_prefill.cuda_paged_prefill,
-            functools.partial(lambda forced, case: {"launch": forced}, chosen))
     if copy is not None:
         out["copy default"] = (None, copy.triton_paged_prefill, none)
     for launch in launches:
@@ -92,18 +87,14 @@ def main() -> None:
     parser.add_argument("--launch", action="append", default=[],
                         help="forced launch options on bf16, e.g. rows=64,one_loop=True "
                              "(repeatable)")
-    parser.add_argument("--cuda", action="append", default=[],
-                        help="the cuda-prefill kernel with this launch, e.g. wgs=1,tile_n=64 "
-                             "(repeatable; CudaPrefillLaunch's fields)")
     parser.add_argument("--bf16-only", action="store_true", help="no e4m3 variants")
     parser.add_argument("--shape", default="llama-3-8b", choices=sorted(SHAPES))
     parser.add_argument("--points", default="",
                         help="batch x queries x cached, comma-separated (default: all)")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
-    launches, cuda_launches = ([{k: parse_value(v) for k, v in (item.split("=", 1)
-                                                            for item in text.split(","))}
-                                for text in texts] for texts in (args.launch, args.cuda))
+    launches = [{k: parse_value(v) for k, v in (item.split("=", 1) for item in text.split(","))}
+                for text in args.launch]
     points = ([tuple(int(n) for n in p.split("x")) for p in args.points.split(",")]
               if args.points else ALL_POINTS)
     dev = args.device
@@ -116,7 +107,7 @@ def main() -> None:
         copy = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = copy  # dataclasses look their module up
         spec.loader.exec_module(copy)
-    chosen = variants(copy, launches, not args.bf16_only, cuda_launches)
+    chosen = variants(copy, launches, not args.bf16_only)
     gen = torch.Generator().manual_seed(7)
     checks, rows = [], []
 

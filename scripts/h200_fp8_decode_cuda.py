@@ -35,10 +35,15 @@ SHAPE_OF = dict(SHAPES)
 CHECK_SHAPES = {"llama-3-8b": (32, 8, 128), "qwen2.5-0.5b": (14, 2, 64), "g8": (32, 4, 128),
                 "d256": (16, 2, 256)}
 CUDA_VARIANTS = {"cuda": {}, "cuda_mb4": dict(min_blocks=4),
-                 "cuda_b2": dict(warps_per_block=2)}
+                 "cuda_b2": dict(warps_per_block=2),
+                 # a block's warps on one KV head's splits, merged in the block (or not: sw1)
+                 "cuda_sw1": dict(split_warps=1), "cuda_sw4": dict(split_warps=4),
+                 "cuda_sw2": dict(split_warps=2),
+                 "cuda_sw2h1": dict(warps_per_block=2, split_warps=2),
+                 "cuda_sw8": dict(warps_per_block=8, split_warps=8)}
 # the split counts that timed best in the run before (about 8 warps per SM), per point
 EARLIER_SPLITS = {(16, 4096): 9, (32, 4096): 5, (64, 4096): 2, (128, 4096): 3, (1, 65536): 132}
-OTHER_BLOCKS = ["cuda", "cuda_mb4"]
+OTHER_BLOCKS = ["cuda", "cuda_sw1", "cuda_sw4"]
 POINTS = [(16, 4096), (32, 4096), (64, 4096), (128, 4096), (1, 65536)]
 REPEAT = 30
 
@@ -139,25 +144,33 @@ def time_splits(rows, env):
         fp8 = quantized_inputs(base, E4M3, spread=1.0)
         bargs, fargs, sc = base.args(), fp8.args(), (fp8.k_scale, fp8.v_scale)
         chosen = cuda_fp8_decode.choose_splits(batch * shape[1], context, 1584)[0]
+        sw4 = dict(split_warps=4)
         timed = [("triton_bf16", None, lambda: triton_decode.triton_paged_decode(*bargs, scale)),
-                 ("cuda", None, lambda: cuda_fp8_decode.cuda_fp8_paged_decode(*fargs, scale, *sc))]
+                 ("cuda_sw1", None, lambda: cuda_fp8_decode.cuda_fp8_paged_decode(
+                     *fargs, scale, *sc, split_warps=1)),
+                 ("cuda_sw4", None, lambda: cuda_fp8_decode.cuda_fp8_paged_decode(
+                     *fargs, scale, *sc, **sw4))]
         timed += [(f"cuda_splits{n}", n, lambda n=n: cuda_fp8_decode.cuda_fp8_paged_decode(
-            *fargs, scale, *sc, num_splits=n)) for n in counts]
+            *fargs, scale, *sc, num_splits=n, split_warps=1)) for n in counts]
+        timed += [(f"cuda_sw4_splits{n}", n, lambda n=n: cuda_fp8_decode.cuda_fp8_paged_decode(
+            *fargs, scale, *sc, num_splits=n, **sw4)) for n in counts]
         for name, n, call in timed:
             rows.append(dict(batch=batch, context=context, variant=name, splits=n or chosen,
                              time_us=measure(call, device="cuda", repeat=REPEAT,
                                              cuda_graph=True).median_us, **env))
-        for forced, label in ((0, "cuda_no_combine"), (1, "cuda_combine_per_head"),
-                              (2, "cuda_combine_wide")):
+        forced_runs = [(0, "cuda_no_combine", 1), (1, "cuda_combine_per_head", 1),
+                       (2, "cuda_combine_wide", 1), (0, "cuda_sw4_no_combine", 2),
+                       (1, "cuda_sw4_combine_per_head", 2), (2, "cuda_sw4_combine_wide", 2)]
+        for forced, label, which in forced_runs:
             cuda_fp8_decode.COMBINE = forced  # 0: the split kernel alone
             try:
-                t = measure(timed[1][2], device="cuda", repeat=REPEAT, cuda_graph=True)
+                t = measure(timed[which][2], device="cuda", repeat=REPEAT, cuda_graph=True)
             finally:
                 cuda_fp8_decode.COMBINE = None
             rows.append(dict(batch=batch, context=context, variant=label, splits=chosen,
                              time_us=t.median_us, **env))
-        bf16 = rows[-len(timed) - 3]["time_us"]
-        for r in rows[-len(timed) - 3:]:
+        bf16 = rows[-len(timed) - len(forced_runs)]["time_us"]
+        for r in rows[-len(timed) - len(forced_runs):]:
             r["over_bf16"] = r["time_us"] / bf16
             print(f"{batch}x{context} {r['variant']:>16s} splits {r['splits']:4d} "
                   f"{r['time_us']:7.1f} us {r['over_bf16']:.3f}", flush=True)

@@ -94,6 +94,24 @@ def test_splits_fill_one_wave_when_the_pairs_are_few():
         assert units * splits <= 1584
 
 
+def test_merged_splits_make_the_combine_cheaper_in_the_wave_model():
+    # 1 x 65,536, Llama-3-8B shape: 187 and 196 splits both fit one wave; with a partial per
+    # split their combines tie them (fewest wins), with a partial per 4 the shorter splits win
+    assert cf.choose_splits(8, 65536, 1584)[0] == 187
+    assert cf.choose_splits(8, 65536, 1584, merged=4)[0] == 196
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not HAS_KERNEL, reason="needs an NVIDIA GPU of compute capability 8.9+")
+def test_a_block_merges_splits_from_merge_from_splits_on_cuda():
+    build = (128, 4, 16, "e4m3", True, "int", "int", True, 1)
+    for num_seqs, capacity, merged in ((1, 65536, True), (32, 4096, False), (1, 512, False)):
+        _, _, heads, split_warps, splits, _ = cf._plan(build, num_seqs, 32, 8, capacity, None,
+                                                       4, None)
+        assert (split_warps == cf.MERGED_SPLIT_WARPS) == merged, (num_seqs, capacity)
+        assert heads * split_warps <= 4 and (splits >= cf.MERGE_FROM_SPLITS) == merged
+
+
 @pytest.mark.parametrize("kv_heads, most, warps", [(8, 4, 4), (6, 4, 2), (7, 4, 1), (2, 8, 2)])
 def test_heads_per_block_divides_the_kv_heads(kv_heads, most, warps):
     assert cf.heads_per_block(kv_heads, most) == warps
@@ -114,7 +132,7 @@ def test_matches_float64_reference_cuda():
     without 16 | block, int32 / int64 tables and lengths, forced split counts, caches moved off
     16-byte alignment (the byte-load build), q far outside fp16's range, either combine kernel
     (empty splits included: short sequences in a wide table): NaN-poisoned caches."""
-    @settings(max_examples=40, deadline=None)
+    @settings(max_examples=60, deadline=None)
     @given(head_dim=st.sampled_from(cf.HEAD_DIMS), kv_heads=st.sampled_from([1, 2, 8]),
            group=st.sampled_from([1, 4, 5, 7, 8, 16]), block=st.sampled_from([1, 3, 16, 128]),
            lengths=st.lists(st.integers(1, 3000), min_size=1, max_size=5),
@@ -122,20 +140,22 @@ def test_matches_float64_reference_cuda():
            q_dtype=st.sampled_from([torch.float16, torch.bfloat16]),
            cache=st.sampled_from(FP8_DTYPES), splits=st.sampled_from([None, 1, 2, 7, 40, 187]),
            combine=st.sampled_from([None, 1, 2]), offset=st.sampled_from([0, 0, 1, 8]),
+           layout=st.sampled_from([(4, None), (4, 1), (4, 4), (4, 2), (2, 2)]),
            exponent=st.integers(-20, 20), seed=st.integers(0, 2 ** 16))
     def prop(head_dim, kv_heads, group, block, lengths, index, q_dtype, cache, splits, combine,
-             offset, exponent, seed):
+             offset, layout, exponent, seed):
         inp = make_paged_inputs(lengths, kv_heads * group, kv_heads, head_dim, block, q_dtype,
                                 "cuda", seed=seed)
         fp8 = quantized_inputs(inp, cache, seed=seed)
         q = (fp8.q.double() * 2.0 ** (exponent if q_dtype == torch.bfloat16 else 0)).to(q_dtype)
         k, v = (_misaligned(x, offset) if offset else x for x in (fp8.k_cache, fp8.v_cache))
         args = (q, k, v, fp8.block_tables.to(index), fp8.seq_lens.to(index))
-        note(f"k aligned={cf._aligned(k)} splits={splits}")
+        note(f"k aligned={cf._aligned(k)} splits={splits} warps, split warps per block={layout}")
         cf.COMBINE = combine
         try:
             out = cf.cuda_fp8_paged_decode(*args, head_dim ** -0.5, fp8.k_scale, fp8.v_scale,
-                                           num_splits=splits)
+                                           num_splits=splits, warps_per_block=layout[0],
+                                           split_warps=layout[1])
         finally:
             cf.COMBINE = None
         ref = reference_decode(*args, head_dim ** -0.5, **fp8.scales())
@@ -148,14 +168,16 @@ def test_matches_float64_reference_cuda():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_KERNEL, reason="needs an NVIDIA GPU of compute capability 8.9+")
 @pytest.mark.parametrize("splits", [5, 40])  # either combine kernel
-def test_graph_replay_equals_eager_cuda(splits):
+@pytest.mark.parametrize("split_warps", [1, 4])  # splits merged in the block or not
+def test_graph_replay_equals_eager_cuda(splits, split_warps):
     inp = make_paged_inputs([700, 1, 4096], 32, 8, 128, 16, torch.bfloat16, "cuda", seed=3)
     fp8 = quantized_inputs(inp, E4M3, seed=3)
     args = (*fp8.args(), 128 ** -0.5, fp8.k_scale, fp8.v_scale)
-    eager = cf.cuda_fp8_paged_decode(*args, num_splits=splits)
+    options = dict(num_splits=splits, split_warps=split_warps)
+    eager = cf.cuda_fp8_paged_decode(*args, **options)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cf.cuda_fp8_paged_decode(*args, num_splits=splits)
+        out = cf.cuda_fp8_paged_decode(*args, **options)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
@@ -196,13 +218,16 @@ def _compile(nvrtc, source: str, arch: int) -> tuple[int, str]:
 
 # builds the backend makes (kernel_source's arguments): every head dim, both formats and q
 # dtypes, int32/int64 tables and lengths, block sizes with and without 16 | block, groups of
-# 1-16 (two warps' chunks past 8), the byte-load build for unaligned caches, a register cap
-BUILDS = [(128, 4, 16, "e4m3", True, "int", "int", 4, 1, True),
-          (128, 4, 1, "e5m2", False, "long long", "long long", 4, 1, True),
-          (64, 7, 3, "e4m3", True, "int", "long long", 2, 1, False),
-          (256, 8, 128, "e5m2", True, "long long", "int", 2, 1, True),
-          (128, 16, 32, "e4m3", False, "int", "int", 1, 4, False),
-          (64, 1, 16, "e4m3", True, "int", "int", 4, 1, True)]
+# 1-16 (two warps' chunks past 8), the byte-load build for unaligned caches, a register cap,
+# a block's warps on the splits of one KV head (the in-block merge)
+BUILDS = [(128, 4, 16, "e4m3", True, "int", "int", 4, 1, True, 1),
+          (128, 4, 1, "e5m2", False, "long long", "long long", 4, 1, True, 1),
+          (64, 7, 3, "e4m3", True, "int", "long long", 2, 1, False, 1),
+          (256, 8, 128, "e5m2", True, "long long", "int", 2, 1, True, 1),
+          (128, 16, 32, "e4m3", False, "int", "int", 1, 4, False, 1),
+          (64, 1, 16, "e4m3", True, "int", "int", 4, 1, True, 1),
+          (128, 4, 16, "e4m3", True, "int", "int", 1, 1, True, 4),
+          (256, 16, 1, "e5m2", False, "long long", "int", 2, 1, False, 2)]
 
 
 @pytest.mark.parametrize("arch", [89, 90])  # L4/L40S/RTX 4090, H100/H200

@@ -53,6 +53,9 @@ MMA_N = 8  # query rows a warp reads: the N of the MMAs (larger groups: chunks o
 HEAD_DIMS = (64, 128, 256)
 MAX_SPLITS = 512
 COMBINE_WARPS = 8  # the block-per-head combine's
+SPLIT_MERGE_FLOATS = 1536  # split_warps x warps x (head dim + 4) <= 48 KB / 32 B (the merge's)
+MERGE_FROM_SPLITS = 32  # from this many splits on, a block's warps read splits of one KV head
+MERGED_SPLIT_WARPS = 4  # ... this many, merged in the block
 WIDE_AHEAD = 8  # partials a lane of the wide combine loads before the weights
 SPLIT_OVERHEAD_STEPS = 4  # a split's fixed cost (q, its partial's writes) in 16-token steps
 COMBINE_SPLITS_PER_STEP = 32  # the combine's cost: a step time per this many splits
@@ -246,19 +249,83 @@ __device__ __forceinline__ void attend_step(Softmax& st, const Step& s, u32 (*qf
   }
 }
 
-extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_decode(
+#if SPLIT_WARPS > 1
+/* The SPLIT_WARPS splits of a block merged in shared memory into one partial (or the output,
+   with one partial per head): each warp rescales its state to the block's running max of its
+   rows, then the block's threads sum the warps' states over (KV head, row, dim). */
+__device__ __forceinline__ void merge_splits(const Softmax& st, u16* OUT, float* PART,
+                                             const float* V_SCALE, int num_parts, int ml_offset,
+                                             int q_heads, int seq, int row0, int hw, int r,
+                                             int c) {
+  __shared__ float ml[SPLIT_WARPS][WARPS][8][2];  /* (m, l) of each warp's 8 rows */
+  /* row, dim r D/8 + t at row (D + 4) + 8 t + r: a warp's stores, and a thread's reads in
+     phase 3, touch 32 banks */
+  __shared__ float acc[SPLIT_WARPS][WARPS][8 * (HEAD_DIM + 4)];
+  const int sw = (threadIdx.x >> 5) / WARPS;
+  if (r == 0) {
+    ml[sw][hw][2 * c][0] = st.m0; ml[sw][hw][2 * c + 1][0] = st.m1;
+  }
+  __syncthreads();
+  float m0 = NEG_INF, m1 = NEG_INF;
+#pragma unroll
+  for (int s = 0; s < SPLIT_WARPS; ++s) {
+    m0 = fmaxf(m0, ml[s][hw][2 * c][0]);
+    m1 = fmaxf(m1, ml[s][hw][2 * c + 1][0]);
+  }
+  const float w0 = st.m0 > NEG_INF ? exp2f(st.m0 - m0) : 0.f;  /* an empty split weighs 0 */
+  const float w1 = st.m1 > NEG_INF ? exp2f(st.m1 - m1) : 0.f;
+  if (r == 0) {
+    ml[sw][hw][2 * c][1] = st.l0 * w0; ml[sw][hw][2 * c + 1][1] = st.l1 * w1;
+  }
+#pragma unroll
+  for (int t = 0; t < HEAD_DIM / 8; ++t) {  /* this lane's dims r D/8 + t */
+    acc[sw][hw][2 * c * (HEAD_DIM + 4) + 8 * t + r] = st.acc[t >> 1][2 * (t & 1)] * w0;
+    acc[sw][hw][(2 * c + 1) * (HEAD_DIM + 4) + 8 * t + r] = st.acc[t >> 1][2 * (t & 1) + 1] * w1;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < WARPS * 8 * HEAD_DIM; i += WARPS * SPLIT_WARPS * 32) {
+    const int rr = i % 8, t = (i / 8) % (HEAD_DIM / 8), row = (i / HEAD_DIM) % 8;
+    const int h = i / (8 * HEAD_DIM), d = rr * (HEAD_DIM / 8) + t;
+    if (row0 + row >= GROUP) continue;
+    const int kvh = (blockIdx.y / QCHUNKS) * WARPS + h;
+    const int head = kvh * GROUP + row0 + row;
+    float sum = 0.f, l = 0.f, m = NEG_INF;
+#pragma unroll
+    for (int s = 0; s < SPLIT_WARPS; ++s) {
+      sum += acc[s][h][row * (HEAD_DIM + 4) + 8 * t + rr];
+      l += ml[s][h][row][1];
+      m = fmaxf(m, ml[s][h][row][0]);
+    }
+    const float vs = V_SCALE[kvh];
+    if (num_parts == 1) {
+      OUT[((i64)seq * q_heads + head) * HEAD_DIM + d] = float_to_out(sum * vs / l);
+    } else {
+      const i64 part = ((i64)seq * q_heads + head) * num_parts + blockIdx.z;
+      PART[part * HEAD_DIM + d] = sum * vs;
+      if (d == 0) {
+        PART[ml_offset + part * 2] = m;
+        PART[ml_offset + part * 2 + 1] = l;
+      }
+    }
+  }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(WARPS * SPLIT_WARPS * 32, MIN_BLOCKS)
+fp8_paged_decode(
     const u16* Q, const u8* K, const u8* V, const TABLE_T* TABLES, const SEQ_T* SEQ_LENS,
     u16* OUT, float* PART, const float* K_SCALE, const float* V_SCALE, double scale_log2e,
-    int tokens_per_split, int num_splits, int ml_offset, int stride_qs, int stride_qh,
+    int tokens_per_split, int num_parts, int ml_offset, int stride_qs, int stride_qh,
     int stride_kb, int stride_kt, int stride_kh, int stride_vb, int stride_vt, int stride_vh,
     int stride_ts, int q_heads) {
   const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-  /* grid y: (KV heads / WARPS) x QCHUNKS. A block's warps read adjacent KV heads of the same
-     tokens; a group of more than 8 query heads is read in chunks of 8 rows, each chunk's warp
-     reading its KV head's tokens again (mostly from L2). */
-  const int qchunk = blockIdx.y % QCHUNKS;
-  const int seq = blockIdx.x, kvh = (blockIdx.y / QCHUNKS) * WARPS + (threadIdx.x >> 5);
-  const int split = blockIdx.z;
+  /* grid y: (KV heads / WARPS) x QCHUNKS, grid z: the partials (groups of SPLIT_WARPS splits).
+     Warp w of a block reads KV head w % WARPS (a block's WARPS heads are adjacent: the same
+     tokens) of split SPLIT_WARPS z + w / WARPS; a group of more than 8 query heads is read in
+     chunks of 8 rows, each chunk's warp reading its KV head's tokens again (mostly from L2). */
+  const int qchunk = blockIdx.y % QCHUNKS, hw = (threadIdx.x >> 5) % WARPS;
+  const int seq = blockIdx.x, kvh = (blockIdx.y / QCHUNKS) * WARPS + hw;
+  const int split = blockIdx.z * SPLIT_WARPS + (threadIdx.x >> 5) / WARPS;
   const int row0 = 8 * qchunk;  /* the chunk's first row in the group */
   const int seq_len = (int)SEQ_LENS[seq];
   const int start = split * tokens_per_split;
@@ -331,6 +398,9 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, o);
     st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, o);
   }
+#if SPLIT_WARPS > 1
+  merge_splits(st, OUT, PART, V_SCALE, num_parts, ml_offset, q_heads, seq, row0, hw, r, c);
+#else
   const float vs = V_SCALE[kvh];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {  /* query rows 2c and 2c + 1 */
@@ -339,13 +409,13 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
     const int head = kvh * GROUP + row;
     const float m = h ? st.m1 : st.m0, l = h ? st.l1 : st.l0;
     const int dim0 = r * (HEAD_DIM / 8);
-    if (num_splits == 1) {
+    if (num_parts == 1) {
       u16* o = OUT + ((i64)seq * q_heads + head) * HEAD_DIM + dim0;
       const float f = vs / l;
 #pragma unroll
       for (int t = 0; t < HEAD_DIM / 8; ++t) o[t] = float_to_out(st.acc[t >> 1][2 * (t & 1) + h] * f);
     } else {
-      const i64 part = ((i64)seq * q_heads + head) * num_splits + split;
+      const i64 part = ((i64)seq * q_heads + head) * num_parts + blockIdx.z;
       float4* o = reinterpret_cast<float4*>(PART + part * HEAD_DIM + dim0);
 #pragma unroll
       for (int t = 0; t < HEAD_DIM / 8; t += 2)  /* dims t, t + 1: tile t / 2, rows r, r + 8 */
@@ -358,6 +428,7 @@ extern "C" __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) fp8_paged_d
       }
     }
   }
+#endif
 }
 
 /* The splits' partial outputs of one (sequence, query head) merged: block x = seq * q_heads +
@@ -519,14 +590,14 @@ def unsupported_reason(q, k_cache, v_cache) -> str | None:
 
 def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_bf16: bool,
                   table_t: str, seq_t: str, warps: int, min_blocks: int = 1,
-                  aligned: bool = True) -> str:
+                  aligned: bool = True, split_warps: int = 1) -> str:
     """The CUDA source of one build: ``SOURCE`` after the constants it is compiled for (``fp8_name``
     "e4m3" or "e5m2", ``table_t``/``seq_t`` C types of the tables and lengths)."""
     defines = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size,
                    FP8_NAME=f'"{fp8_name}"', Q_BF16=int(q_bf16), TABLE_T=table_t, SEQ_T=seq_t,
                    QCHUNKS=ceil_div(group, MMA_N), WARPS=warps, MIN_BLOCKS=min_blocks,
                    ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS, MAX_SPLITS=MAX_SPLITS,
-                   WIDE_AHEAD=WIDE_AHEAD)
+                   WIDE_AHEAD=WIDE_AHEAD, SPLIT_WARPS=split_warps)
     return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
 
 
@@ -543,7 +614,7 @@ def _compiled(*build):
     arguments ``build``."""
     source = kernel_source(*build)
     split, *combines = (torch.cuda._compile_kernel(source, name) for name in KERNELS)
-    return split, combines, _resident_warps(split, build[7])
+    return split, combines, _resident_warps(split, build[7] * build[10])
 
 
 def _resident_warps(kernel, warps: int) -> int:
@@ -561,33 +632,67 @@ def _resident_warps(kernel, warps: int) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def choose_splits(units: int, capacity: int, slots: int) -> tuple[int, int]:
+def choose_splits(units: int, capacity: int, slots: int, merged: int = 1) -> tuple[int, int]:
     """(splits, tokens per split) of each of ``units`` (sequence, KV head) pairs' ``capacity``
     tokens, from a wave model: ``units x splits`` warps run ``slots`` at a time, so the kernel
     takes about ``waves x (steps per split + SPLIT_OVERHEAD_STEPS)`` step times, and the combine
-    one more per ``COMBINE_SPLITS_PER_STEP`` splits. The cheapest wins, the fewest splits on
-    ties."""
+    one more per ``COMBINE_SPLITS_PER_STEP`` partials (a partial per ``merged`` splits). The
+    cheapest wins, the fewest splits on ties."""
     steps = ceil_div(capacity, STEP)
     best, best_cost = (1, steps * STEP), None
     for splits in range(1, min(MAX_SPLITS, steps) + 1):
         per_split = ceil_div(steps, splits)  # steps, rounded up
         used = ceil_div(steps, per_split)  # splits that then hold any tokens
         cost = ceil_div(units * used, slots) * (per_split + SPLIT_OVERHEAD_STEPS)
-        cost += ceil_div(used, COMBINE_SPLITS_PER_STEP) if used > 1 else 0
+        parts = ceil_div(used, merged)
+        cost += ceil_div(parts, COMBINE_SPLITS_PER_STEP) if parts > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = (used, per_split * STEP), cost
     return best
 
 
+@functools.lru_cache(maxsize=1024)
+def _plan(build: tuple, num_seqs: int, q_heads: int, kv_heads: int, capacity: int,
+          num_splits: int | None, warps_per_block: int, split_warps: int | None):
+    """The launch of one call (``cuda_fp8_paged_decode``'s options; ``build``: the source's
+    constants but the warps): (split kernel, combine kernels, KV heads per block, split warps,
+    splits, tokens per split)."""
+    *source, aligned, min_blocks = build
+    head_dim = source[0]
+    units = num_seqs * kv_heads * ceil_div(q_heads // kv_heads, MMA_N)  # warps per split
+    if split_warps is None:  # as many splits as the one-head-per-warp layout would take
+        heads = heads_per_block(kv_heads, warps_per_block)
+        slots = _compiled(*source, heads, min_blocks, aligned, 1)[2]
+        few = (num_splits or choose_splits(units, capacity, slots)[0]) < MERGE_FROM_SPLITS
+        split_warps = 1 if few else MERGED_SPLIT_WARPS
+    heads = heads_per_block(kv_heads, max(1, warps_per_block // split_warps))
+    if split_warps * heads * (head_dim + 4) > SPLIT_MERGE_FLOATS:
+        raise ValueError(f"split_warps: {split_warps} x {heads} warps of head dim {head_dim} "
+                         "need more than 48 KB of shared memory")
+    split, combines, slots = _compiled(*source, heads, min_blocks, aligned, split_warps)
+    if num_splits is None:
+        splits, per_split = choose_splits(units, capacity, slots, split_warps)
+    else:
+        per_split = ceil_div(ceil_div(capacity, max(1, min(num_splits, MAX_SPLITS))), STEP) * STEP
+        splits = ceil_div(capacity, per_split)
+    if splits > 1 and num_seqs * q_heads * splits * (head_dim + 2) >= 2 ** 31:
+        # the kernel takes the partials' offsets as 32-bit ints: so many sequences fill the
+        # GPU with one split each anyway
+        per_split, splits = ceil_div(capacity, STEP) * STEP, 1
+    return split, combines, heads, split_warps, splits, per_split
+
+
 def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale,
                           *, num_splits: int | None = None, warps_per_block: int = 4,
-                          min_blocks: int = 1) -> torch.Tensor:
+                          split_warps: int | None = None, min_blocks: int = 1) -> torch.Tensor:
     """Paged decode of an fp8 cache; arguments as ``triton_paged_decode`` (validated; scales
     float32 tensors ``[num_kv_heads]``), in a layout ``unsupported_reason`` accepts (else a
-    ``ValueError``). ``num_splits`` overrides ``choose_splits``; a block's warps read
-    ``heads_per_block(kv_heads, warps_per_block)`` adjacent KV heads; ``min_blocks``: blocks
-    per SM the compiler must fit (a register cap). No device sync: the call can be captured in
-    a CUDA graph."""
+    ``ValueError``). ``num_splits`` overrides ``choose_splits``. A block has ``warps_per_block``
+    warps: ``split_warps`` of them read consecutive splits of one KV head and merge them in the
+    block (one partial for the combine instead of ``split_warps``), the block's others
+    adjacent KV heads (``heads_per_block``); by default ``MERGED_SPLIT_WARPS`` from
+    ``MERGE_FROM_SPLITS`` splits on, else 1. ``min_blocks``: blocks per SM the compiler must fit
+    (a register cap). No device sync: the call can be captured in a CUDA graph."""
     reason = unsupported_reason(q, k_cache, v_cache)
     if reason:
         raise ValueError(reason)
@@ -599,40 +704,33 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
-    warps = heads_per_block(kv_heads, warps_per_block)
-    split, combines, slots = _compiled(
-        head_dim, q_heads // kv_heads, block_size,
-        "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2", q.dtype == torch.bfloat16,
-        _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype], warps, min_blocks,
-        _aligned(k_cache) and _aligned(v_cache))
-    capacity = block_tables.shape[1] * block_size
-    qchunks = ceil_div(q_heads // kv_heads, MMA_N)  # warps per (sequence, KV head, split)
-    if num_splits is None:
-        splits, per_split = choose_splits(num_seqs * kv_heads * qchunks, capacity, slots)
-    else:
-        per_split = ceil_div(ceil_div(capacity, max(1, min(num_splits, MAX_SPLITS))), STEP) * STEP
-        splits = ceil_div(capacity, per_split)
-    if splits > 1 and num_seqs * q_heads * splits * (head_dim + 2) >= 2 ** 31:
-        # the kernel takes the partials' offsets as 32-bit ints: so many sequences fill the
-        # GPU with one split each anyway
-        per_split, splits = ceil_div(capacity, STEP) * STEP, 1
-    parts = num_seqs * q_heads * splits
+    build = (head_dim, q_heads // kv_heads, block_size,
+             "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2", q.dtype == torch.bfloat16,
+             _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype],
+             _aligned(k_cache) and _aligned(v_cache), min_blocks)
+    split, combines, heads, split_warps, splits, per_split = _plan(
+        build, num_seqs, q_heads, kv_heads, block_tables.shape[1] * block_size, num_splits,
+        warps_per_block, split_warps)
+    groups = ceil_div(splits, split_warps)  # the partials per head: a block's splits merged
+    parts = num_seqs * q_heads * groups
     part = (torch.empty(parts * (head_dim + 2), device=q.device, dtype=torch.float32)
-            if splits > 1 else out)  # with one split the kernel writes out directly
+            if groups > 1 else out)  # with one partial the kernel writes out directly
     k8, v8 = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
-    split(grid=(num_seqs, kv_heads // warps * qchunks, splits), block=(LANES * warps, 1, 1),
+    qchunks = ceil_div(q_heads // kv_heads, MMA_N)
+    split(grid=(num_seqs, kv_heads // heads * qchunks, groups),
+          block=(LANES * heads * split_warps, 1, 1),
           args=[q, k8, v8, block_tables, seq_lens, out, part, k_scale, v_scale,
-                float(scale * 1.4426950408889634), per_split, splits,
-                parts * head_dim if splits > 1 else 0,
+                float(scale * 1.4426950408889634), per_split, groups,
+                parts * head_dim if groups > 1 else 0,
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
-    if splits > 1:
-        kind = COMBINE if COMBINE is not None else 2 if splits >= WIDE_COMBINE_SPLITS else 1
+    if groups > 1:
+        kind = COMBINE if COMBINE is not None else 2 if groups >= WIDE_COMBINE_SPLITS else 1
         if kind == 1:
             combines[0](grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
-                        args=[part, out, splits, parts * head_dim])
-        elif kind == 2:  # a warp per few splits: all of a warp's loads in flight at once
-            warps = min(32, ceil_div(splits, 4))
+                        args=[part, out, groups, parts * head_dim])
+        elif kind == 2:  # a warp per few partials: all of a warp's loads in flight at once
+            warps = min(32, ceil_div(groups, 4))
             combines[1](grid=(num_seqs * q_heads, head_dim // LANES, 1),
-                        block=(LANES * warps, 1, 1), args=[part, out, splits, parts * head_dim])
+                        block=(LANES * warps, 1, 1), args=[part, out, groups, parts * head_dim])
     return out

@@ -105,7 +105,7 @@ def test_merged_splits_make_the_combine_cheaper_in_the_wave_model():
 @pytest.mark.skipif(not HAS_KERNEL, reason="needs an NVIDIA GPU of compute capability 8.9+")
 def test_a_block_merges_splits_from_merge_from_splits_on_cuda():
     build = (128, 4, 16, "e4m3", True, "int", "int", True, 1)
-    for num_seqs, capacity, merged in ((1, 65536, True), (32, 4096, False), (1, 512, False)):
+    for num_seqs, capacity, merged in ((1, 65536, True), (32, 4096, False), (128, 4096, False)):
         _, _, heads, split_warps, splits, _ = cf._plan(build, num_seqs, 32, 8, capacity, None,
                                                        4, None)
         assert (split_warps == cf.MERGED_SPLIT_WARPS) == merged, (num_seqs, capacity)

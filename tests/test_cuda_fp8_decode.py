@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from pagebench.config import ceil_div
 from pagebench.kernels import paged_decode, register_backend, registered_backends
 from pagebench.kernels import cuda_fp8_decode as cf
 from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
@@ -99,6 +100,12 @@ def test_merged_splits_make_the_combine_cheaper_in_the_wave_model():
     # split their combines tie them (fewest wins), with a partial per 4 the shorter splits win
     assert cf.choose_splits(8, 65536, 1584)[0] == 187
     assert cf.choose_splits(8, 65536, 1584, merged=4)[0] == 196
+    # a block's empty split warps take slots: 4 x 16,384 has 49 splits unmerged (1,568 warps),
+    # but 13 blocks of 4 per pair would be 1,664 warps, a second wave (54 us against 43 on
+    # the H200); merged, it takes 47 (12 blocks per pair)
+    for units, capacity in ((32, 16384), (16, 32768), (8, 65536)):
+        splits = cf.choose_splits(units, capacity, 1584, merged=4)[0]
+        assert units * ceil_div(splits, 4) * 4 <= 1584, (units, capacity, splits)
 
 
 @pytest.mark.gpu

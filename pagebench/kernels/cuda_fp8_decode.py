@@ -634,7 +634,8 @@ def _resident_warps(kernel, warps: int) -> int:
 @functools.lru_cache(maxsize=1024)
 def choose_splits(units: int, capacity: int, slots: int, merged: int = 1) -> tuple[int, int]:
     """(splits, tokens per split) of each of ``units`` (sequence, KV head) pairs' ``capacity``
-    tokens, from a wave model: ``units x splits`` warps run ``slots`` at a time, so the kernel
+    tokens, from a wave model: ``units x splits`` warps (rounded up to whole blocks of
+    ``merged`` splits) run ``slots`` at a time, so the kernel
     takes about ``waves x (steps per split + SPLIT_OVERHEAD_STEPS)`` step times, and the combine
     one more per ``COMBINE_SPLITS_PER_STEP`` partials (a partial per ``merged`` splits). The
     cheapest wins, the fewest splits on ties."""
@@ -643,8 +644,8 @@ def choose_splits(units: int, capacity: int, slots: int, merged: int = 1) -> tup
     for splits in range(1, min(MAX_SPLITS, steps) + 1):
         per_split = ceil_div(steps, splits)  # steps, rounded up
         used = ceil_div(steps, per_split)  # splits that then hold any tokens
-        cost = ceil_div(units * used, slots) * (per_split + SPLIT_OVERHEAD_STEPS)
-        parts = ceil_div(used, merged)
+        parts = ceil_div(used, merged)  # a block's empty split warps take slots too
+        cost = ceil_div(units * parts * merged, slots) * (per_split + SPLIT_OVERHEAD_STEPS)
         cost += ceil_div(parts, COMBINE_SPLITS_PER_STEP) if parts > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = (used, per_split * STEP), cost

@@ -12,11 +12,14 @@ inside the MMA fragments are chosen so that each lane loads whole 16-byte runs o
 from the cache into the registers of its fragment: K needs only the ``cvt`` from fp8 pairs to
 fp16 pairs; V, whose reduction axis is the token, needs a byte permute (``prmt``) to pair two
 tokens of one dimension first; P goes from the scores' accumulator layout to the MMA operand
-layout with one ``movmatrix`` per 8 tokens. No shared memory, no barrier: each warp runs its
-own online softmax over its split, the next step's loads (and the block ids of the one after)
-in flight while it computes, and writes a partial (output, max, sum) that a second kernel
-merges: one block per (sequence, query head), or, from ``WIDE_COMBINE_SPLITS`` splits on, one
-per (sequence, query head, 32 dims) with a warp per few splits.
+layout with one ``movmatrix`` per 8 tokens. No shared memory and no barrier in the loop: each
+warp runs its own online softmax over its split, the next step's loads (and the block ids of
+the one after) in flight while it computes, and writes a partial (output, max, sum) that a second kernel
+merges: one block per (sequence, query head), or, from ``WIDE_COMBINE_SPLITS`` partials on, one
+per (sequence, query head, 32 dims) with a warp per few partials. With many splits
+(``MERGE_FROM_SPLITS``) a block's warps read consecutive splits of one KV head instead of
+adjacent KV heads, and merge them through shared memory into one partial first (the only
+barrier), so the second kernel reads a quarter of the partials.
 
 The mapping, per warp and step of 16 tokens (lane = 4 r + c, head dim D):
 
@@ -431,7 +434,7 @@ fp8_paged_decode(
 #endif
 }
 
-/* The splits' partial outputs of one (sequence, query head) merged: block x = seq * q_heads +
+/* The partial outputs of one (sequence, query head) merged: block x = seq * q_heads +
    head; the weights exp2(m_i - max m) first, then COMBINE_WARPS warps each summing a share of
    the splits (lane: dims lane + 32 k), then the warps' sums added. */
 extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_combine(
@@ -602,7 +605,7 @@ def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_b
 
 
 KERNELS = ("fp8_paged_decode", "fp8_decode_combine", "fp8_decode_combine_wide")
-WIDE_COMBINE_SPLITS = 32  # from this many splits on, the wide combine (fewer: a block per head)
+WIDE_COMBINE_SPLITS = 32  # from this many partials on, the wide combine (fewer: a block per head)
 # An A/B switch for scripts: 1 or 2 forces the block-per-head or the wide combine; 0 skips the
 # combine (the split kernel timed alone: the output is then not the result); None: by splits
 COMBINE = None

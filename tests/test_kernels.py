@@ -177,6 +177,23 @@ def test_triton_prefill_64_bit_offsets_match(monkeypatch):
     assert relative_error(wide, ref) < 1e-5 and torch.equal(wide, narrow)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_triton_prefill_lazy_rescale_where_the_max_jumps(dtype):
+    """Queries scaled so that the scores' running max jumps by far more than the lazy rule's
+    2^8 between key tiles (more than fp16, and than fp32's exponent, could hold unrescaled),
+    over walks of many tiles: the lazy rescale gives the eager one's result."""
+    from pagebench.kernels.triton_prefill import triton_paged_prefill
+
+    inp = make_paged_inputs([70, 120], 4, 2, 32, 4, dtype, seed=5)
+    q = (torch.randn(40 + 24, 4, 32, generator=torch.Generator().manual_seed(1)) * 200).to(dtype)
+    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens,
+            torch.tensor([40, 24], dtype=torch.int32), 32 ** -0.5)
+    lazy = triton_paged_prefill(*args, rows=16, tile_n=16, lazy_rescale=True)
+    assert not torch.isnan(lazy).any()
+    assert relative_error(lazy, reference_prefill(*args)) < TOLERANCE[dtype]
+
+
 # ---- cache writes ---------------------------------------------------------------------------
 
 def test_write_kv_then_decode_reads_what_was_written():

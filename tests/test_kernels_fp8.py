@@ -83,8 +83,12 @@ def test_scales_as_numbers_or_tensors_give_the_same_result(cache_dtype):
 @pytest.mark.parametrize("kwargs, match", [
     ({}, "k_scale: required"),
     ({"k_scale": 1.0}, "v_scale: required"),
-    ({"k_scale": 0.0, "v_scale": 1.0}, "k_scale: must be finite and positive"),
-    ({"k_scale": 1.0, "v_scale": float("nan")}, "v_scale: must be finite"),
+    ({"k_scale": 0.0, "v_scale": 1.0}, "k_scale: must be a positive number that float32"),
+    ({"k_scale": 1.0, "v_scale": float("nan")}, "v_scale: must be a positive number"),
+    # finite as Python numbers, 0 or inf in float32
+    ({"k_scale": 1e39, "v_scale": 1.0}, "k_scale: must be a positive number that float32"),
+    ({"k_scale": 1.0, "v_scale": 1e-46}, "v_scale: must be a positive number that float32"),
+    ({"k_scale": 10**400, "v_scale": 1.0}, "k_scale: must be a positive number"),
     ({"k_scale": torch.ones(3), "v_scale": 1.0}, r"k_scale: expected shape \[num_kv_heads\]"),
     ({"k_scale": torch.ones(2, dtype=torch.float64), "v_scale": 1.0},
      "k_scale: expected a float32"),

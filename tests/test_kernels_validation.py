@@ -63,7 +63,7 @@ def test_unused_table_entries_may_hold_anything(inp):
     paged_decode(*inp.args())
 
 
-@pytest.mark.parametrize("scale", [0, -1.0, float("inf"), "x"])
+@pytest.mark.parametrize("scale", [0, -1.0, float("inf"), "x", 1e39, 1e-46, 10**400])
 def test_bad_scale(inp, scale):
     with pytest.raises(ValueError, match="^scale:"):
         paged_decode(*inp.args(), scale=scale)
@@ -90,6 +90,8 @@ def test_prefill_rejects(inp):
         paged_prefill(torch.randn(16, 8, 16), *args, torch.tensor([6, 10], dtype=torch.int32))
     with pytest.raises(ValueError, match="^query_lens:"):
         paged_prefill(q, *args, qlens.float())
+    with pytest.raises(ValueError, match="^query_lens: has 3 entries but seq_lens has 2"):
+        paged_prefill(q, *args, torch.tensor([2, 1, 1], dtype=torch.int32))
 
 
 def test_contiguous_rejects():
@@ -103,6 +105,8 @@ def test_contiguous_rejects():
         contiguous_decode(q, k[:1], k[:1], lens)
     with pytest.raises(ValueError, match="^q:"):
         contiguous_decode(q[:, :3], k, k, lens)
+    with pytest.raises(ValueError, match="^k: num_kv_heads and head_dim"):
+        contiguous_decode(q[..., :0], k[..., :0], k[..., :0], lens)
 
 
 def test_write_kv_rejects_and_leaves_the_cache_unchanged():
@@ -121,6 +125,24 @@ def test_write_kv_rejects_and_leaves_the_cache_unchanged():
     with pytest.raises(ValueError, match="^k:"):
         write_kv(k_cache, v_cache, k.half(), k, torch.tensor([0, 1]))
     assert k_cache.eq(0).all() and v_cache.eq(0).all()
+
+
+@pytest.mark.parametrize("unwritable", ["requires grad", "inference tensor"])
+def test_write_kv_refuses_a_cache_it_cannot_write_in_place_before_writing_either(unwritable):
+    # torch refuses these only at the in-place store: V's refusal came after K was written
+    k_cache = torch.zeros(3, 2, 1, 4)
+    if unwritable == "requires grad":
+        v_cache = torch.zeros_like(k_cache, requires_grad=True)
+    else:
+        with torch.inference_mode():
+            v_cache = torch.zeros_like(k_cache)
+    with pytest.raises(ValueError, match=f"^v_cache: .*{unwritable}"):
+        write_kv(k_cache, v_cache, torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([0, 1]))
+    assert k_cache.eq(0).all() and v_cache.eq(0).all()
+    # where torch lets the store happen, write_kv does it
+    with torch.inference_mode() if unwritable == "inference tensor" else torch.no_grad():
+        write_kv(k_cache, v_cache, torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([0, 1]))
+    assert v_cache.sum() == 8
 
 
 def test_copy_blocks_rejects_and_leaves_the_cache_unchanged():
@@ -145,3 +167,60 @@ def test_copy_blocks_refuses_non_integer_block_ids():
     assert torch.equal(k_cache, before[0]) and torch.equal(v_cache, before[1])
     copy_blocks(k_cache, v_cache, [(np.int64(0), 1)])  # any integer type is a block id
     assert torch.equal(k_cache[1], before[0][0])
+
+
+def test_empty_batches_give_empty_outputs_on_every_backend():
+    """No sequences (a table of no rows, or of no columns): an empty result, whatever the
+    backend (some crashed dividing by the table's width, or indexing its first row)."""
+    from pagebench.kernels import available_backends
+
+    k_cache = torch.randn(2, 16, 1, 16)
+    q = torch.randn(0, 2, 16)
+    lens = torch.zeros(0, dtype=torch.int32)
+    for width in (0, 2):
+        tables = torch.zeros(0, width, dtype=torch.int32)
+        for name, b in available_backends().items():
+            if "decode" in b["operations"]:
+                assert paged_decode(q, k_cache, k_cache, tables, lens, backend=name).shape == q.shape
+            if "prefill" in b["operations"]:
+                assert paged_prefill(q, k_cache, k_cache, tables, lens, lens,
+                                     backend=name).shape == q.shape
+    for name, b in available_backends().items():
+        if "contiguous" in b["operations"]:
+            k = torch.randn(0, 0, 1, 16)
+            assert contiguous_decode(q, k, k, lens, backend=name).shape == q.shape
+
+
+def test_flex_refuses_a_page_listed_twice_in_one_sequence():
+    """Its mask maps a physical page to one logical page: a repeated page (which the other
+    backends read twice, as the table says) was silently read once."""
+    from pagebench.kernels.flex import flex_available
+
+    if not flex_available():
+        pytest.skip("this torch has no flex_attention")
+    k_cache = torch.randn(3, 16, 1, 16)
+    q = torch.randn(1, 1, 16)
+    args = (q, k_cache, k_cache, torch.tensor([[1, 1, 2]], dtype=torch.int32),
+            torch.tensor([33], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^block_tables: sequence 0 lists a block more"):
+        paged_decode(*args, backend="flex")
+    paged_decode(*args, backend="torch")  # valid input: the table says read block 1 twice
+    # the same block in two sequences is fine
+    two = (q.expand(2, -1, -1), k_cache, k_cache, torch.tensor([[1, 2], [1, 0]], dtype=torch.int32),
+           torch.tensor([20, 17], dtype=torch.int32))
+    assert torch.allclose(paged_decode(*two, backend="flex"), paged_decode(*two, backend="torch"),
+                          atol=1e-5)
+
+
+def test_triton_decode_takes_a_one_column_table_of_any_stride():
+    """A [num_seqs, 1] table's column stride is immaterial (a transposed row has stride 2
+    there); the kernel's layout check refused it though the validation accepted it."""
+    from pagebench.kernels.reference import reference_decode
+
+    inp = make_paged_inputs([5, 8], 2, 1, 16, 8, seed=0, poison=False)
+    table = torch.tensor([[int(inp.block_tables[0, 0]), int(inp.block_tables[1, 0])]],
+                         dtype=torch.int32).t()
+    assert table.stride() == (1, 2)
+    args = (inp.q, inp.k_cache, inp.v_cache, table, inp.seq_lens)
+    assert torch.allclose(paged_decode(*args, backend="triton"), reference_decode(*args).float(),
+                          atol=1e-5)

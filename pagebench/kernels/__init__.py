@@ -25,6 +25,8 @@ Triton). Third-party kernels are added with ``register_backend``.
 
 from __future__ import annotations
 
+import torch
+
 from pagebench.kernels import builtin  # importing it registers the built-in backends
 from pagebench.kernels.cache_ops import copy_blocks, write_kv
 from pagebench.kernels.quant import FP8_DTYPES, check_kv_scales
@@ -58,6 +60,8 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, backen
     k_scale, v_scale = check_kv_scales(k_cache, k_scale, v_scale)
     impl = resolve("decode", backend, q.device, q.dtype, k_cache.shape[1], q.shape[-1],
                    k_cache.dtype)
+    if q.shape[0] == 0:  # no sequences: nothing for a backend to launch
+        return torch.empty_like(q)
     if k_scale is None:
         return impl.decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
     return impl.decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=k_scale,
@@ -80,6 +84,8 @@ def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale
     k_scale, v_scale = check_kv_scales(k_cache, k_scale, v_scale)
     impl = resolve("prefill", backend, q.device, q.dtype, k_cache.shape[1], q.shape[-1],
                    k_cache.dtype)
+    if q.shape[0] == 0:  # no query tokens (so no sequences)
+        return torch.empty_like(q)
     if k_scale is None:
         return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
     return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
@@ -93,4 +99,6 @@ def contiguous_decode(q, k, v, seq_lens, scale=None, backend="auto", validate="c
     block table) or ``"auto"``; ``validate`` as in ``paged_decode``."""
     scale, all_full = check_contiguous(q, k, v, seq_lens, scale, validate)
     impl = resolve("contiguous", backend, q.device, q.dtype, None, q.shape[-1])
+    if q.shape[0] == 0:
+        return torch.empty_like(q)
     return impl.contiguous(q, k, v, None if all_full else seq_lens, scale)

@@ -58,6 +58,7 @@ def flex_block_mask(block_tables, seq_lens, num_blocks: int, block_size: int):
     pages = torch.arange(max_blocks, dtype=torch.int32, device=tables.device).expand(num_seqs, -1)
     needed = (lens + block_size - 1) // block_size
     in_use = pages < needed[:, None]
+    _refuse_repeated_pages(block_tables, in_use)
     rows = torch.arange(num_seqs, device=tables.device)[:, None].expand(-1, max_blocks)
     logical[rows[in_use], tables[:, :max_blocks][in_use].long()] = pages[in_use]
 
@@ -69,6 +70,20 @@ def flex_block_mask(block_tables, seq_lens, num_blocks: int, block_size: int):
         has_partial, partial_indices[:, None, None, :], full, tables[:, None, None, :],
         BLOCK_SIZE=(128, block_size), mask_mod=mask_mod,  # q block: a multiple of 16
         seq_lengths=(1, num_blocks * block_size))
+
+
+def _refuse_repeated_pages(block_tables, in_use) -> None:
+    """The mask maps each physical page to one logical page of a sequence, so a table that
+    lists a page twice in one sequence cannot be expressed: a ValueError, not a wrong answer
+    (one read of its values, as the mask's construction is host work anyway)."""
+    # unused entries become distinct negatives, so only repeats among used ones compare equal
+    cols = torch.arange(block_tables.shape[1], device=block_tables.device)
+    ids = torch.where(in_use, block_tables.to(torch.int64), -1 - cols).sort(dim=1).values
+    repeated = (ids[:, 1:] == ids[:, :-1]).any(dim=1)
+    if bool(repeated.any()):
+        s = int(repeated.nonzero()[0, 0])
+        raise ValueError(f"block_tables: sequence {s} lists a block more than once; the flex "
+                         f"backend reads each physical page once per sequence")
 
 
 def flex_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, block_mask=None):

@@ -37,6 +37,24 @@ def nvidia_fp8_hardware(device: torch.device) -> bool:
             and torch.cuda.get_device_capability(device) >= (8, 9))
 
 
+# the positive float32 range (its smallest subnormal to its largest finite value): a scale
+# outside it becomes 0 or inf in the kernels' float32 arithmetic
+FLOAT32_RANGE = (float(torch.finfo(torch.float32).smallest_normal) * 2.0 ** -23,
+                 float(torch.finfo(torch.float32).max))
+
+
+def in_float32_range(value: float) -> bool:
+    return FLOAT32_RANGE[0] <= value <= FLOAT32_RANGE[1]  # (False for NaN)
+
+
+def as_float(x) -> float:
+    """``float(x)``, with integers too large for a float as infinities."""
+    try:
+        return float(x)
+    except OverflowError:
+        return math.inf if x > 0 else -math.inf
+
+
 def is_fp8(dtype) -> bool:
     return dtype in FP8_DTYPES
 
@@ -98,8 +116,9 @@ def _scale_tensor(name, s, kv_heads: int, device) -> torch.Tensor:
         return s.expand(kv_heads).contiguous() if s.dim() == 0 else s.contiguous()
     if isinstance(s, bool) or not isinstance(s, (int, float)):
         raise ValueError(f"{name}: expected a number or a float32 tensor, got {type(s).__name__}")
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"{name}: must be finite and positive, got {s!r}")
+    if not in_float32_range(as_float(s)):
+        raise ValueError(f"{name}: must be a positive number that float32 holds, got "
+                         f"{as_float(s):.6g}")
     return torch.full((kv_heads,), float(s), dtype=torch.float32, device=device)
 
 

@@ -473,10 +473,11 @@ class DecodePlan:
 
 def check_plan_layout(q, k_cache, v_cache, tables, seq_lens) -> None:
     """The layouts the kernel reads: it takes the strides of q's first two dimensions, of the
-    caches' first three and of the table's rows, and assumes unit stride elsewhere."""
+    caches' first three and of the table's rows, and assumes unit stride elsewhere (a last
+    dimension of size 1 has no stride to speak of: ``.contiguous()`` keeps any)."""
     for name, x in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache),
                     ("block_tables", tables)):
-        if x.stride(-1) != 1:
+        if x.stride(-1) != 1 and x.shape[-1] > 1:
             raise ValueError(f"{name}: the last dimension must have unit stride")
     if not seq_lens.is_contiguous():
         raise ValueError("seq_lens: must be contiguous")

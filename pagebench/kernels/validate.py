@@ -17,7 +17,7 @@ from numbers import Integral
 import torch
 
 from pagebench.config import dtype_name
-from pagebench.kernels.quant import FP8_DTYPES
+from pagebench.kernels.quant import FP8_DTYPES, as_float, in_float32_range
 from pagebench.kernels.value_checks import CheckedValues
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -69,11 +69,12 @@ def check_scale(scale, head_dim: int) -> float:
     if scale is None:
         return head_dim ** -0.5
     try:
-        value = float(scale)
+        value = as_float(scale)
     except (TypeError, ValueError):
         _fail("scale", f"expected a number or None, got {scale!r}")
-    if not value > 0 or value == float("inf"):
-        _fail("scale", f"must be a finite positive number, got {scale!r}")
+    if not in_float32_range(value):
+        _fail("scale", f"must be a positive number that float32 holds (the kernels compute in "
+              f"float32), got {value:.6g}")
     return value
 
 
@@ -176,6 +177,8 @@ def check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale
     _same_device("q", q, k_cache=k_cache, v_cache=v_cache)
     _tensor("query_lens", query_lens, 1, INDEX_DTYPES)
     num_seqs = query_lens.shape[0]
+    if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() == 1 and seq_lens.shape[0] != num_seqs:
+        _fail("query_lens", f"has {num_seqs} entries but seq_lens has {seq_lens.shape[0]}")
     if query_lens.device != q.device:
         _fail("query_lens", f"is on {query_lens.device} but q is on {q.device}")
     check_tables(block_tables, seq_lens, num_seqs, k_cache.shape[0], block_size, q.device,
@@ -207,8 +210,8 @@ def check_contiguous(q, k, v, seq_lens, scale, validate="cached"):
     num_seqs, max_len, kv_heads, head_dim = k.shape
     if num_seqs != q.shape[0]:
         _fail("k", f"has {num_seqs} sequences but q has {q.shape[0]}")
-    if kv_heads < 1:
-        _fail("k", f"num_kv_heads must be >= 1, got shape {tuple(k.shape)}")
+    if kv_heads < 1 or head_dim < 1:
+        _fail("k", f"num_kv_heads and head_dim must be >= 1, got shape {tuple(k.shape)}")
     _check_q_against_kv(q, kv_heads, head_dim, k=k, v=v)
     _same_device("q", q, k=k, v=v)
     _tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
@@ -251,6 +254,11 @@ def check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> b
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not x.is_contiguous():
             _fail(name, "must be contiguous")
+        # what torch would refuse only at the in-place store, with K already written
+        if x.requires_grad and torch.is_grad_enabled():
+            _fail(name, "requires grad: write into it under torch.no_grad() (or detach it)")
+        if x.is_inference() and not torch.is_inference_mode_enabled():
+            _fail(name, "is an inference tensor: write into it inside torch.inference_mode()")
     _same_device("k_cache", k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping)
     if slot_mapping.numel() == 0 or _capturing(k_cache.device):
         return True

@@ -5,6 +5,7 @@ The models are built with ``initializer_range=0.2`` so that their logits are spr
 decoding in float32 then has no near-ties, and equality token for token is a sharp test.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -126,7 +127,7 @@ def test_other_families(case, family):
     assert greedy(engine, prompts, 8) == expected
     if family == "mistral":  # sliding window 256: longer sequences are refused, not mis-served
         assert engine.max_model_len == 256
-        with pytest.raises(ConfigError, match="maximum of 256 positions"):
+        with pytest.raises(ConfigError, match="sliding window .* of 256 positions"):
             engine.generate([[1] * 250], SamplingParams(max_tokens=8))
 
 
@@ -152,6 +153,31 @@ def test_eos_stops_unless_ignored(model, case):
     out = engine.generate([prompts[3]], SamplingParams(max_tokens=MAX_TOKENS,
                                                        ignore_eos=True))[0].outputs[0]
     assert out.token_ids == expected[3] and out.finish_reason == "length"
+
+
+def test_end_tokens_are_the_generation_configs_as_in_generate():
+    """model.generate stops at the generation config's end tokens only: with them set to None
+    it runs on past the model config's (LlamaConfig's default 2), and so does the engine."""
+    model = tiny_model("llama")
+    assert model.config.eos_token_id == 2 and model.generation_config.eos_token_id is None
+    assert LLMEngine(model, num_blocks=32, kernel="torch").eos_token_ids == set()
+    model.generation_config.eos_token_id = [5, 7]
+    assert LLMEngine(model, num_blocks=32, kernel="torch").eos_token_ids == {5, 7}
+    del model.generation_config  # no generation config at all: the model config's
+    assert LLMEngine(model, num_blocks=32, kernel="torch").eos_token_ids == {2}
+
+
+@pytest.mark.parametrize("max_num_seqs", [4, 5, 8])
+def test_requests_with_several_samples_keep_the_batch_within_max_num_seqs(model, max_num_seqs):
+    """A request with n = 2 holds two places from its admission: the requests admitted in the
+    same step used to be charged only for its prompt, and its siblings forked in on top
+    (batches of 6 under max_num_seqs 4, 14 under 8)."""
+    engine = LLMEngine(model, num_blocks=256, kernel="torch", max_num_seqs=max_num_seqs)
+    res = engine.generate(random_prompts([3] * 8, seed=2),
+                          SamplingParams(max_tokens=4, n=2, ignore_eos=True))
+    sizes = [s["batch_size"] for s in engine.stats["steps"]]
+    assert max(sizes) == max_num_seqs - max_num_seqs % 2  # full, and never over
+    assert all(len(o.token_ids) == 4 for r in res for o in r.outputs)
 
 
 def test_seeded_sampling_is_reproducible(model):
@@ -235,6 +261,15 @@ def test_bad_input_is_a_clear_error_and_engine_stays_usable(model):
         engine.generate([[1] * 140], params)  # fits the model, not the pool of 8 blocks
     with pytest.raises(ConfigError, match=r"prompts\[0\]: token ids"):
         engine.generate([[VOCAB]], params)
+    with pytest.raises(ConfigError, match=r"prompts\[0\]: token ids"):
+        engine.generate([[True, False]], params)  # bools are not token ids
+    with pytest.raises(ConfigError, match=r"prompts\[0\]: expected a list of token ids, got int"):
+        engine.generate([1, 2, 3], params)  # one prompt, not wrapped in a list
+    # token ids as NumPy integers (an array, or a list of its elements) are token ids
+    ids = np.array([5, 6, 7])
+    first = engine.generate([ids, list(ids)], params)
+    assert first[0].outputs[0].token_ids == first[1].outputs[0].token_ids
+    assert first[0].prompt_token_ids == [5, 6, 7]
     engine_is_usable(engine, model)
 
 
@@ -249,6 +284,8 @@ def test_bad_engine_arguments(model):
         LLMEngine(model, kv_cache_memory=100)
     with pytest.raises(ConfigError, match="max_num_seqs"):
         LLMEngine(model, num_blocks=8, max_num_seqs=0)
+    with pytest.raises(ConfigError, match="max_model_len: must be a positive integer"):
+        LLMEngine(model, num_blocks=8, max_model_len=0)  # was taken as "not given"
     with pytest.raises(ConfigError, match="n: 5 completions exceed max_num_seqs"):
         LLMEngine(model, num_blocks=64, max_num_seqs=4).generate([[1]], SamplingParams(n=5))
 

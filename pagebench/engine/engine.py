@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from numbers import Integral
 
 import torch
 
@@ -99,12 +100,15 @@ class LLMEngine:
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
         num_blocks = self.tp.agree_min(num_blocks)  # every rank's pool the same size
+        if max_model_len is not None:
+            check_positive_int("max_model_len", max_model_len)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None) \
             or 2**31 - 1
         self.vocab_size = config.vocab_size
-        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = getattr(config, "eos_token_id", None)
+        # as model.generate: the generation config's end tokens (None: none), the model
+        # config's only where there is no generation config
+        generation = getattr(self.model, "generation_config", None)
+        eos = getattr(generation if generation is not None else config, "eos_token_id", None)
         self.eos_token_ids = set([eos] if isinstance(eos, int) else (eos or []))
         self.block_size = block_size
         self.block_manager = BlockManager(num_blocks, block_size, enable_prefix_caching,
@@ -112,8 +116,10 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, max_num_seqs, max_num_batched_tokens)
         self.runner = ModelRunner(self.model, self.tp.geometry, num_blocks, block_size, kernel,
                                   check_kernel_inputs, fresh_prefill, cache_dtype)
-        if self.runner.attention_window:
-            self.max_model_len = min(self.max_model_len, self.runner.attention_window)
+        self._length_limit = "the model's maximum"
+        if self.runner.attention_window and self.runner.attention_window < self.max_model_len:
+            self.max_model_len = self.runner.attention_window
+            self._length_limit = "the model's sliding window (the kernels attend to all of a sequence)"
         # a sharded model all-reduces inside its layers: it stays eager (not yet captured or
         # measured with graphs)
         if not enforce_eager and not check_kernel_inputs and param.device.type == "cuda":
@@ -191,20 +197,25 @@ class LLMEngine:
                                   f"{self.scheduler.max_num_seqs}")
         out = []
         for i, (prompt, params) in enumerate(zip(prompts, params_list)):
-            if isinstance(prompt, torch.Tensor):
+            if hasattr(prompt, "tolist"):  # a tensor or an array of token ids
                 prompt = prompt.tolist()
             if isinstance(prompt, (str, bytes)):
                 raise ConfigError(f"prompts[{i}]: expected token ids, got a string")
+            if not hasattr(prompt, "__iter__"):
+                raise ConfigError(f"prompts[{i}]: expected a list of token ids, got "
+                                  f"{type(prompt).__name__} (prompts is a list of prompts)")
             prompt = list(prompt)
             if not prompt:
                 raise ConfigError(f"prompts[{i}]: empty prompt")
-            if not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt):
+            if not all(isinstance(t, Integral) and not isinstance(t, bool)
+                       and 0 <= t < self.vocab_size for t in prompt):
                 raise ConfigError(f"prompts[{i}]: token ids must be integers in "
                                   f"0..{self.vocab_size - 1}")
+            prompt = [int(t) for t in prompt]
             total = len(prompt) + params.max_tokens
             if total > self.max_model_len:
                 raise ConfigError(f"prompts[{i}]: {len(prompt)} prompt tokens + max_tokens "
-                                  f"{params.max_tokens} exceed the model's maximum of "
+                                  f"{params.max_tokens} exceed {self._length_limit} of "
                                   f"{self.max_model_len} positions")
             need = self.block_manager.blocks_needed(total - 1)  # the last token is never cached
             if need > self.num_blocks:

@@ -75,6 +75,11 @@ class ScheduledBatch:
         return [b.block_ids for b in self.blocks]
 
 
+def _width(seq: Sequence) -> int:
+    """The running places a sequence takes: its request's n until its siblings are forked."""
+    return 1 if seq.forked else seq.params.n
+
+
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
                  max_num_batched_tokens: int):
@@ -109,10 +114,11 @@ class Scheduler:
             i += 1
         if batch.num_preempted:
             return batch  # the pool is dry: admit nothing new this step
+        # an unforked request (n > 1, prompt not yet computed) holds places for its siblings
+        occupied = sum(_width(s) for s in self.running)
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            width = 1 if seq.forked else seq.params.n  # an unforked request brings its siblings
-            if len(self.running) + width > self.max_num_seqs:
+            if occupied + _width(seq) > self.max_num_seqs:
                 break
             try:
                 self.bm.allocate(seq.seq_id, seq.token_ids)  # atomic: fails without a change
@@ -123,6 +129,7 @@ class Scheduler:
                 self.num_cached_prompt_tokens += self.bm.num_cached_tokens(seq.seq_id)
             seq.num_admissions += 1
             self.running.append(seq)
+            occupied += _width(seq)
             budget -= self._take(batch, seq, budget)
         return batch
 

@@ -20,7 +20,8 @@ from pagebench import defaults
 from pagebench.analysis import analyse
 from pagebench.engine.tail_waste import tail_waste_rows
 from pagebench.report import write_report
-from pagebench.results import Results
+from pagebench.report.build import page_path
+from pagebench.results import Results, report_data_dir
 from pagebench.results.collect import collect
 from pagebench.results.devices import device_label
 from pagebench.sim.capacity import (article_capacity, fp8_rows, geometry_rows, planner_case_rows,
@@ -175,12 +176,15 @@ def build_report(out="reports/index.html", *, device: str | None = None, quick: 
 
         if not torch.cuda.is_available():
             raise ValueError("device: cuda requested but torch sees no CUDA device")
+    page = page_path(out)
+    # the page's own CSVs (from an earlier run) are output, never read back as results
     results = collect(device=device, quick=quick, steps=plan(run_sweeps=not quick),
-                      data_dir=data_dir, results_dirs=results_dirs, progress=progress)
+                      data_dir=data_dir, results_dirs=results_dirs, progress=progress,
+                      exclude=[report_data_dir(page)])
     options = {"quick": quick, "sweeps run here": "simulators only" if quick else
                "simulators, CPU kernel sweep, engine comparisons",
                "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}
     options |= {f"time: {k}": f"{v:.1f} s" for k, v in results.timings_s.items()}
     analyse(results)
-    path = write_report(results, out, env=environment(device), options=options)
+    path = write_report(results, page, env=environment(device), options=options)
     return path, results

@@ -111,6 +111,65 @@ def test_a_huge_kernel_sweep_is_refused_with_its_size_before_allocating():
     assert "TB" in line
 
 
+CPU_ALLOC_FAILED = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't "
+                    "allocate memory: you tried to allocate 411238400000 bytes. Error code 12 "
+                    "(Cannot allocate memory)")
+SMALL_THROUGHPUT = ["engine-bench", "throughput", "--batch-sizes", "2", "--prompt-len", "8",
+                    "--max-tokens", "1", "--block-sizes", "16"]
+
+
+def refuse_to_allocate(error):
+    def engine(*args, **kwargs):
+        raise error
+
+    return engine
+
+
+def test_an_engine_run_too_large_is_refused_before_its_prompts_are_drawn(monkeypatch):
+    from pagebench.engine import bench
+
+    monkeypatch.setattr(options, "available_memory_bytes", lambda: 16 * 10**9)
+    monkeypatch.setattr(bench, "random_prompts", refuse_to_allocate(AssertionError("drawn")))
+    assert_one_line_error(["engine-bench", "throughput", "--batch-sizes", "100000",
+                           "--prompt-len", "4000", "--max-tokens", "1", "--block-sizes", "16"],
+                          "--batch-sizes", "100,000 requests of up to 4,001 tokens",
+                          "needs about 411.2 GB", "16.0 GB available")
+    assert_one_line_error(["engine-bench", "equality", "--num-requests", "100000",
+                           "--prompt-len", "100000"], "--num-requests", "needs about")
+    assert_one_line_error(["engine-bench", "fp8", "--kv-cache-memory", "1TB"],
+                          "--kv-cache-memory", "needs about 1.0 TB")
+
+
+@pytest.mark.parametrize("error, needles", [
+    (RuntimeError(CPU_ALLOC_FAILED), ("this machine", "411.2 GB")),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total "
+                            "capacity of 139.81 GiB of which 1.2 GiB is free."),
+     ("the GPU", "20.00 GiB"))])
+def test_an_allocation_failure_is_one_line_naming_the_run(monkeypatch, error, needles):
+    from pagebench.engine import bench
+
+    monkeypatch.setattr(bench, "LLMEngine", refuse_to_allocate(error))
+    line = assert_one_line_error(SMALL_THROUGHPUT, "not enough memory", "the throughput run",
+                                 "--batch-sizes 2", "--block-sizes 16", *needles)
+    assert "Traceback" not in line and "enforce fail" not in line
+
+
+def test_an_allocation_failure_in_any_command_is_one_line(monkeypatch):
+    from pagebench.kernels import sweep
+
+    monkeypatch.setattr(sweep, "run_sweep", refuse_to_allocate(RuntimeError(CPU_ALLOC_FAILED)))
+    assert_one_line_error(["bench", "--contexts", "16", "--batches", "1"],
+                          "pagebench bench: error: not enough memory", "a tensor", "411.2 GB")
+
+
+def test_another_runtime_error_is_still_a_bug(monkeypatch):
+    from pagebench.engine import bench
+
+    monkeypatch.setattr(bench, "LLMEngine", refuse_to_allocate(RuntimeError("shape mismatch")))
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        run(SMALL_THROUGHPUT)
+
+
 def test_unbounded_simulations_are_refused_with_an_estimate(files, monkeypatch):
     monkeypatch.setattr(options, "available_memory_bytes", lambda: 16 * 10**9)
     assert_one_line_error(["simulate", "--num-seqs", "1000000000"], "--num-seqs",
@@ -289,3 +348,15 @@ def test_report_out_with_a_trailing_slash_is_a_directory(tmp_path):
     out = build.write_report(analysed(Results()), f"{tmp_path}/site/", env={"device": "cpu"},
                              options={})
     assert out == tmp_path / "site" / "index.html" and out.is_file()
+
+
+@pytest.mark.parametrize("output", ["--out", "--timeline"])
+def test_an_output_that_is_also_an_input_is_refused_and_the_input_kept(tmp_path, capsys, output):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival,prompt_len,output_len\n0,10,5\n1,20,5\n")
+    before = trace.read_text()
+    code = main(["simulate", "--dynamic", "--trace", str(trace), "--budget-tokens", "4096",
+                 "--block-sizes", "16", output, str(tmp_path / "." / "trace.csv")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"{output}: " in err and "is also the input --trace" in err
+    assert len(err.strip().splitlines()) == 1 and trace.read_text() == before

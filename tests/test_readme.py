@@ -2,7 +2,8 @@
 
 The fenced ``bash`` and ``python`` blocks are extracted. ``pagebench`` commands run in-process
 from a scratch directory that sees the repository's ``examples/`` and ``reports/data/``, with the
-quick arguments of QUICK appended (a later option overrides an earlier one); ``make`` commands
+quick arguments of QUICK appended (a later option overrides an earlier one), and a
+``my_runs/`` directory of results of the reader's own; ``make`` commands
 are checked with ``make -n`` (what they would run, not running it). NOT_RUN lists, with the
 reason, the few commands that are not run here; a README command in neither fails the test.
 """
@@ -110,6 +111,10 @@ def scratch(tmp_path, monkeypatch):
     (tmp_path / "examples").symlink_to(REPO / "examples")
     (tmp_path / "reports").mkdir()
     (tmp_path / "reports" / "data").symlink_to(REPO / "reports" / "data")
+    # `--results my_runs/`: a directory of the reader's own results (one run of theirs,
+    # `engine-bench cow --out my_runs/engine_cow.csv`, stood for by a committed file's rows)
+    (tmp_path / "my_runs").mkdir()
+    shutil.copy(REPO / "reports" / "data" / "cpu" / "engine_cow.csv", tmp_path / "my_runs")
     monkeypatch.chdir(tmp_path)
     return tmp_path
 
@@ -135,6 +140,7 @@ def test_readme_pagebench_command_runs(command, scratch):
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main(argv)
     assert code == 0, f"{command}\n{err.getvalue()}"
+    assert "adds nothing" not in err.getvalue(), f"{command} reads committed data twice"
     PASSED.add(key)
 
 

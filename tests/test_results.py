@@ -217,6 +217,79 @@ def test_collect_runs_the_steps_passed_in_then_reads_committed_data(tmp_path, ca
     assert default_data_dir().parts[-2:] == ("reports", "data")
 
 
+def committed(tmp_path) -> Path:
+    """A committed data directory: one engine_cow row and the CPU pytest-benchmark JSON."""
+    data = tmp_path / "data"
+    (data / "cpu").mkdir(parents=True)
+    pd.DataFrame([{"n": 1, "variant": "n=1", "peak_blocks": 3}]).to_csv(
+        data / "cpu" / "engine_cow.csv", index=False)
+    (data / "cpu" / "pytest-benchmark.json").write_text(
+        (ROOT / "reports" / "data" / "cpu" / "pytest-benchmark.json").read_text())
+    return data
+
+
+def test_a_file_reached_twice_is_read_once(tmp_path):
+    """The README's old example, --results reports/data/cpu, doubled every committed CPU row:
+    a --results directory inside (or equal to) the committed data adds nothing, with a
+    warning; one that holds it, or a link to it, reads each file once."""
+    data = committed(tmp_path)
+    once = collect(quick=True, data_dir=data, progress=False)
+    benchmarks = len(once.get("pytest_benchmark"))
+    assert len(once.get("engine_cow")) == 1 and once.warnings == []
+    (tmp_path / "link").symlink_to(data / "cpu")
+    for extra in (data / "cpu", data, tmp_path / "link"):
+        results = collect(quick=True, data_dir=data, results_dirs=[extra], progress=False)
+        assert len(results.get("engine_cow")) == 1, extra
+        assert len(results.get("pytest_benchmark")) == benchmarks, extra
+        assert results.warnings == [f"results: {extra} is inside the committed data directory "
+                                    f"{data}, which is read already; it adds nothing (give a "
+                                    "directory of your own results)"]
+    # a directory above the committed data, reaching its files directly and through the link
+    results = collect(quick=True, data_dir=data, results_dirs=[tmp_path], progress=False)
+    assert len(results.get("engine_cow")) == 1 and results.warnings == []
+    assert len(results.get("pytest_benchmark")) == benchmarks
+    mine = tmp_path / "my_runs"
+    mine.mkdir()
+    (mine / "engine_cow.csv").write_text("n,variant,peak_blocks\n4,n=4 shared,5\n")
+    results = collect(quick=True, data_dir=data, results_dirs=[mine], progress=False)
+    assert sorted(results.get("engine_cow")["n"]) == [1, 4] and results.warnings == []
+
+
+def test_the_reports_own_data_is_never_read_back(tmp_path):
+    """`pagebench report --results X --out X/` writes X/index_data/*.csv: the next run reads
+    its results, not the tables the last one wrote."""
+    from synthetic_report import synthetic_results
+
+    from pagebench.analysis import analyse
+    from pagebench.report import write_report
+
+    data = committed(tmp_path)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "engine_cow.csv").write_text("n,variant,peak_blocks\n4,n=4 shared,5\n")
+    written = synthetic_results()
+    analyse(written)
+    write_report(written, f"{site}/", env={"device": "cpu"}, options={})
+    assert (site / "index_data" / "kernels.csv").is_file()
+    own = (f"data: {site / 'index_data'} is a report's own output (its tables as CSV), not "
+           "results; not read back")
+    for extra in (site, site / "index_data"):
+        results = collect(quick=True, data_dir=data, results_dirs=[extra], progress=False)
+        assert "kernels" not in results.frames, extra
+        expected = [4] if extra == site else []
+        assert sorted(results.get("engine_cow")["n"]) == [1, *expected]
+        assert results.warnings == [own]
+    # being swapped in by an interrupted run, or the page not (yet) there but given to exclude
+    (site / "index_data").rename(site / ".index_data.x1y2.new")
+    results = collect(quick=True, data_dir=data, results_dirs=[site], progress=False)
+    assert "kernels" not in results.frames
+    (site / ".index_data.x1y2.new").rename(site / "index_data")
+    (site / "index.html").unlink()
+    results = collect(quick=True, data_dir=data, results_dirs=[site], progress=False,
+                      exclude=[site / "index_data"])
+    assert "kernels" not in results.frames and len(results.get("engine_cow")) == 2
+
+
 def test_validate_coerces_types_and_names_bad_values():
     frame = KERNELS.validate(pd.DataFrame({
         "device": ["cuda"], "dtype": ["bfloat16"], "model_shape": ["m"], "batch": ["2"],

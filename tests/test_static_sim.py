@@ -67,6 +67,22 @@ def test_table_output_and_lengths_file(tmp_path, capsys):
     assert "paged (block=16)" in out and "tokens stored 18" in out
 
 
+def test_a_lengths_file_is_used_as_it_is_unless_num_seqs_is_given(tmp_path, capsys):
+    """A 3-line file is 3 sequences (it was cycled to the default 2,000); --num-seqs, given,
+    repeats or cuts the file's lengths, as its --help says."""
+    path = str(tmp_path / "l.txt")
+    (tmp_path / "l.txt").write_text("10\n300\n17\n")
+    for extra, count, tokens in (([], 3, 327), (["--num-seqs", "5"], 5, 327 + 310),
+                                 (["--num-seqs", "2"], 2, 310)):
+        assert main(["simulate", "--lengths", path, "--json", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert (out["num_seqs"], out["tokens_stored"]) == (count, tokens), extra
+    assert main(["capacity", "--lengths", path, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_seqs"] == 3
+    assert main(["simulate", "--lengths", REFERENCE_LENGTHS, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_seqs"] == 2000  # a distribution: default
+
+
 @pytest.mark.parametrize("spec", ["lognormal:1", "gauss:1,2", "uniform:5,2", "fixed:0",
                                   "/no/such/file"])
 def test_bad_specs_are_clear_errors(spec, capsys):

@@ -1,8 +1,9 @@
 """`pagebench` command line: one module per subsystem registers its subcommands.
 
 Building the parser imports only the standard library (``--help`` answers at once); a command
-imports torch, pandas or matplotlib when it runs. Errors a user can fix print one line on stderr
-and exit with status 2; output to a closed pipe (``pagebench ... | head``) ends quietly.
+imports torch, pandas or matplotlib when it runs. Errors a user can fix, and torch failing to
+allocate memory (a run too large for this machine or GPU), print one line on stderr and exit
+with status 2; output to a closed pipe (``pagebench ... | head``) ends quietly.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ COMMAND_MODULES = (
     "pagebench.cli.report",
     "pagebench.cli.benchcompare",
 )
-# what a user can fix: one line and exit status 2 (anything else is a bug: a traceback)
+# what a user can fix: one line and exit status 2 (anything else is a bug: a traceback), and
+# torch failing to allocate (options.allocation_failure), a run too large for the memory here
 USER_ERRORS = (PagebenchError, ValueError, OSError, OverflowError, MemoryError)
 
 
@@ -84,11 +86,22 @@ def _run(argv) -> int:
         parser.print_help()
         return 2
     try:
+        from pagebench.cli.options import check_outputs_are_not_inputs
+
+        check_outputs_are_not_inputs(args)
         return int(args.func(args) or 0)
     except BrokenPipeError:
         raise
     except USER_ERRORS as e:
         print(f"pagebench {args.command}: error: {error_line(e)}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:  # torch's allocation failures; any other is a bug: a traceback
+        from pagebench.cli.options import allocation_failure
+
+        failure = allocation_failure(e)
+        if failure is None:
+            raise
+        print(f"pagebench {args.command}: error: {error_line(failure)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"pagebench {args.command}: interrupted", file=sys.stderr)

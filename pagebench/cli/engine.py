@@ -6,8 +6,9 @@ import argparse
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    add_output_options, check_bytes, check_output_file, dumps, experiment_options, format_table,
-    int_list, integer, name_list, number, progress, torch_device, write_results)
+    add_output_options, allocating, check_bytes, check_device_memory, check_output_file, dumps,
+    experiment_options, format_table, int_list, integer, name_list, number, progress,
+    torch_device, write_results)
 
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -241,10 +242,72 @@ def _kernel(name: str) -> str:
     return name
 
 
+def kv_estimate(experiment: str, opts: dict) -> tuple[str, int, str] | None:
+    """(options, token slots, what) of the largest KV cache an experiment sizes from its
+    options (every request at its longest prompt plus its tokens, in whole blocks); None for
+    the experiments of fixed size (cow, prefix, pool, trace: the engine sizes them) or sized in
+    bytes (fp8)."""
+    from pagebench.engine.block_manager import blocks_needed
+
+    if experiment not in ("throughput", "breakdown", "equality", "equal-memory", "compare"):
+        return None
+    lo, hi = opts["prompt_len"]
+    if experiment == "compare" and lo == hi:
+        hi = 4 * hi  # one length N: prompts of 16..4N tokens
+    per_request = hi + opts["max_tokens"]
+    if experiment == "equality":  # equal-memory: its --batch-sizes set both sides' memory
+        batches, option = [opts["num_requests"]], "--num-requests"
+    else:
+        batches, option = opts["batch_sizes"], "--batch-sizes"
+    # compare (no --block-sizes): padded generate reserves the longest request in every row
+    block_sizes = opts.get("block_sizes") or [1]
+    slots, batch, block = max((b * blocks_needed(per_request, bs) * bs, b, bs)
+                              for b in batches for bs in block_sizes)
+    blocks = f" in blocks of {block}" if "block_sizes" in opts else ""
+    return (f"{option}/--prompt-len/--max-tokens", slots,
+            f"the KV cache of {batch:,} requests of up to {per_request:,} tokens{blocks}")
+
+
+def check_engine_memory(experiment: str, opts: dict, model, device: str) -> None:
+    """Refuse, before any prompt is drawn or pool allocated, a run whose KV cache alone cannot
+    fit on ``device``."""
+    from pagebench.config import KVGeometry, parse_bytes
+
+    if experiment == "fp8":
+        check_device_memory("--kv-cache-memory", parse_bytes(opts["kv_cache_memory"]),
+                            "the KV cache of each run", device)
+        return
+    estimate = kv_estimate(experiment, opts)
+    if estimate is None:
+        return
+    option, slots, what = estimate
+    dtype = next(model.parameters()).dtype
+    check_device_memory(option, slots * KVGeometry.from_config(model.config,
+                                                               dtype=dtype).bytes_per_token,
+                        what, device)
+
+
 def run(args) -> int:
+    opts = resolve_options(args)
+    sizes = ", ".join(f"--{name.replace('_', '-')} {_shown(opts[name])}"
+                      for name in ("batch_sizes", "num_requests", "prompt_len", "max_tokens",
+                                   "block_sizes", "kv_cache_memory", "max_model_len")
+                      if name in opts)
+    with allocating(f"the {args.experiment} run" + (f" at {sizes}" if sizes else "")):
+        return measure(args, opts)
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):  # --prompt-len MIN-MAX
+        return str(value[0]) if value[0] == value[1] else f"{value[0]}-{value[1]}"
+    if isinstance(value, list):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def measure(args, opts: dict) -> int:
     from pagebench.engine import bench
 
-    opts = resolve_options(args)
     check_output_file("--out", args.out)
     check_output_file("--profile-out", opts.get("profile_out"))
     if "kernel" in opts:
@@ -259,6 +322,7 @@ def run(args) -> int:
             raise ValueError(f"--modes: unknown {mode} (use {', '.join(bench.MODES)})")
     device = torch_device(args.device)
     model = _model(args, device)
+    check_engine_memory(args.experiment, opts, model, device)
     vocab = model.config.vocab_size
     common = dict(threads=args.threads, max_tokens=opts.get("max_tokens"))
     columns = table_columns(args.experiment)

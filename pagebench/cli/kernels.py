@@ -7,8 +7,8 @@ import math
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    MAX_INT, add_output_options, check_memory, check_output_file, dumps, format_table, int_list,
-    integer, progress, write_results)
+    MAX_INT, add_output_options, check_device_memory, check_output_file, dumps, format_table,
+    int_list, integer, progress, write_results)
 
 DECODE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
                 ("context", "context (tokens)", 0), ("block_size", "block (tokens)", 0),
@@ -145,8 +145,6 @@ def sweep_bytes(shapes, points, block_sizes, dtype: str) -> int:
 
 
 def _check_sweep_memory(args, shapes, points, quick: bool, dtype: str) -> None:
-    import torch
-
     from pagebench.kernels import sweep
 
     if not (points or args.block_sizes):
@@ -156,11 +154,9 @@ def _check_sweep_memory(args, shapes, points, quick: bool, dtype: str) -> None:
     points = points or (sweep.CPU_QUICK_POINTS if on_cpu else
                         sweep.QUICK_POINTS if quick else sweep.FULL_POINTS)
     block_sizes = args.block_sizes or defaults.BLOCK_SIZES
-    available = None if on_cpu else torch.cuda.mem_get_info()[0]
-    check_memory("--contexts" if args.contexts else "--block-sizes",
-                 sweep_bytes(shapes, points, block_sizes, dtype),
-                 "the largest point of this sweep", available,
-                 "this machine" if on_cpu else "the GPU")
+    check_device_memory("--contexts" if args.contexts else "--block-sizes",
+                        sweep_bytes(shapes, points, block_sizes, dtype),
+                        "the largest point of this sweep", args.device)
 
 
 def run_bench(args) -> int:

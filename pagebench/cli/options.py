@@ -7,9 +7,11 @@ Standard library only at module level: the parser must build without importing t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import re
 import sys
 
 from pagebench.atomic import atomic_write_text
@@ -119,6 +121,27 @@ def check_output_file(option: str, path: str | None) -> None:
         raise ValueError(f"{option}: cannot create {path}: {parent} is not writable")
 
 
+OUTPUT_OPTIONS = ("out", "timeline", "csv")  # the arguments commands write files to
+
+
+def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
+    """No output option names a file that another argument reads (``simulate --trace t.csv
+    --out t.csv`` would replace the trace with its results): a ValueError naming both."""
+    inputs = {}
+    for name, value in vars(args).items():
+        if name in OUTPUT_OPTIONS:
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, str) and os.path.isfile(v):
+                inputs.setdefault(os.path.realpath(v), name)
+    for name in OUTPUT_OPTIONS:
+        path = getattr(args, name, None)
+        if isinstance(path, str) and os.path.realpath(path) in inputs:
+            raise ValueError(f"--{name}: {path} is also the input --"
+                             f"{inputs[os.path.realpath(path)].replace('_', '-')}; writing "
+                             "there would replace it: give another file")
+
+
 def check_input_dir(option: str, path: str | None) -> None:
     if path is not None and not os.path.isdir(path):
         raise ValueError(f"{option}: {path} is not a directory"
@@ -169,6 +192,64 @@ def check_memory(option: str, need_bytes: float, what: str, available: int | Non
     if need_bytes > MEMORY_SHARE * available:
         raise ValueError(f"{option}: {what} needs about {format_bytes(need_bytes)}; "
                          f"{where} has {format_bytes(available)} available")
+
+
+def check_device_memory(option: str, need_bytes: float, what: str, device) -> None:
+    """:func:`check_memory` against what ``device`` (a torch device or its name) has free: the
+    GPU's free memory on CUDA, else this machine's available memory."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        check_memory(option, need_bytes, what, torch.cuda.mem_get_info(device)[0], "the GPU")
+    else:
+        check_memory(option, need_bytes, what)
+
+
+# what torch says when an allocation fails: the CPU allocator's RuntimeError ("can't allocate
+# memory: you tried to allocate N bytes"), CUDA's torch.OutOfMemoryError ("Tried to allocate
+# 2.00 GiB")
+_CPU_ALLOC_FAILED = "can't allocate memory"
+_TRIED_BYTES = re.compile(r"tried to allocate (\d+) bytes", re.IGNORECASE)
+_TRIED_SIZE = re.compile(r"tried to allocate ([\d.]+ ?[KMGTP]i?B)", re.IGNORECASE)
+
+
+def allocation_failure(error: BaseException, what: str | None = None) -> MemoryError | None:
+    """``error`` as a MemoryError naming ``what`` (else "a tensor") and the size that did not
+    fit, when it is torch's failure to allocate (``torch.OutOfMemoryError``, or a CPU
+    ``RuntimeError`` saying it can't allocate memory); None for any other error. Looks torch up
+    only if it is already imported (the parser builds without it)."""
+    if not isinstance(error, RuntimeError):
+        return None
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    text = str(error)
+    on_gpu = oom is not None and isinstance(error, oom)
+    if not (on_gpu or _CPU_ALLOC_FAILED in text):
+        return None
+    size = _TRIED_BYTES.search(text)
+    if size:
+        size = format_bytes(int(size.group(1)))
+    else:
+        size = _TRIED_SIZE.search(text)
+        size = size.group(1) if size else None
+    where = "the GPU" if on_gpu else "this machine"
+    tried = f" (an allocation of {size})" if size else ""
+    return MemoryError(f"{what or 'a tensor'} does not fit in the memory of {where}{tried}; "
+                       "make the run smaller")
+
+
+@contextlib.contextmanager
+def allocating(what: str):
+    """Inside, torch's failure to allocate becomes a MemoryError naming ``what`` (e.g. "the KV
+    pool of --batch-sizes 64"), which the command line prints as one line, exit status 2."""
+    try:
+        yield
+    except RuntimeError as e:
+        failure = allocation_failure(e, what)
+        if failure is None:
+            raise
+        raise failure from None
 
 
 # ---- output --------------------------------------------------------------------------------

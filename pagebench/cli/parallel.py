@@ -9,7 +9,8 @@ from __future__ import annotations
 import shlex
 
 from pagebench.cli.options import (
-    add_output_options, check_bytes, check_memory, check_output_file, dumps, experiment_options,
+    add_output_options, check_bytes, check_device_memory, check_output_file, dumps,
+    experiment_options,
     format_table, int_list, integer, torch_device, write_results)
 
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
@@ -129,16 +130,12 @@ def check_model_options(opts: dict) -> None:
 
 def check_kv_memory(opts: dict, device) -> None:
     """Refuse a KV cache larger than the memory free on ``device`` before allocating it."""
-    import torch
-
     from pagebench.config import parse_bytes
 
     if "kv_memory" not in opts:
         return
-    cuda = device.type == "cuda"
-    check_memory("--kv-memory", parse_bytes(opts["kv_memory"]), "the KV cache of one device",
-                 torch.cuda.mem_get_info(device)[0] if cuda else None,
-                 "the GPU" if cuda else "this machine")
+    check_device_memory("--kv-memory", parse_bytes(opts["kv_memory"]),
+                        "the KV cache of one device", device)
 
 
 def run(args) -> int:

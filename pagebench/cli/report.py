@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 from pagebench.cli.options import check_input_dir, check_output_file, write_results
@@ -31,7 +30,8 @@ def register(sub) -> None:
         "reports/data/ plus asv and pytest-benchmark results, and write one self-contained "
         "HTML page with the tidy data (CSV) beside it.")
     p.add_argument("--quick", action="store_true",
-                   help="run only the simulators (seconds); skip the CPU kernel and engine sweeps")
+                   help="run only the simulators (about 47 s on 2 CPU cores); skip the CPU kernel "
+                   "and engine sweeps")
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="device for the sweeps run here (default: cuda if available, else cpu)")
     add_data_options(p)
@@ -41,19 +41,12 @@ def register(sub) -> None:
     p.set_defaults(func=run_report)
 
 
-def page_path(out: str) -> str:
-    """``out``, or ``out/index.html`` when it names a directory (existing, or ending in /)."""
-    if out.endswith(("/", os.sep)) or os.path.isdir(out):
-        return os.path.join(out, "index.html")
-    return out
-
-
 def run_report(args) -> int:
     check_data_options(args)
-    out = page_path(args.out)
-    check_output_file("--out", out)
-    from pagebench.suite import build_report
+    from pagebench.suite import build_report, page_path
 
+    out = page_path(args.out)  # out/index.html when --out is a directory
+    check_output_file("--out", str(out))
     path, results = build_report(out, device=args.device, quick=args.quick,
                                  results_dirs=args.results, data_dir=args.data_dir,
                                  progress=not args.no_progress)

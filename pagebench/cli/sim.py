@@ -29,6 +29,8 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "timeline_every": "--timeline-every", "timeline": "--timeline",
                 "steps_per_unit": "--steps-per-unit", "step_ms": "--step-ms"}
 DEFAULT_MAX_LEN = defaults.REFERENCE_MAX_LEN
+# --lengths KIND:ARGS of pagebench.sim.workloads.sample_lengths; anything else names a file
+LENGTH_DISTRIBUTIONS = ("lognormal", "uniform", "fixed")
 
 
 def register(sub) -> None:
@@ -48,7 +50,9 @@ def register_simulate(sub) -> None:
                    help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (with --dynamic: "
                    "each request's final length)")
     p.add_argument("--num-seqs", type=integer(), default=None,
-                   help=f"static: number of sequences (default {defaults.REFERENCE_NUM_SEQS})")
+                   help=f"static: number of sequences (default {defaults.REFERENCE_NUM_SEQS}; "
+                   "with --lengths FILE, the file's lengths, each once; given with a FILE, the "
+                   "file's lengths are repeated in order or cut to this many)")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
     p.add_argument("--max-len", "--max-model-len", type=integer(2, MAX_LEN), default=None,
                    help=f"max_model_len in tokens (default {defaults.REFERENCE_MAX_LEN}; for a "
@@ -108,7 +112,7 @@ def run_simulate(args) -> int:
     from pagebench.sim.static import format_static_table, static_fragmentation
     from pagebench.sim.workloads import sample_lengths
 
-    num_seqs = defaults.REFERENCE_NUM_SEQS if args.num_seqs is None else args.num_seqs
+    num_seqs = lengths_to_draw(args.lengths, args.num_seqs)
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
     check_output_file("--out", args.out)
     block_sizes = defaults.BLOCK_SIZES if args.block_sizes is None else args.block_sizes
@@ -118,6 +122,19 @@ def run_simulate(args) -> int:
     write_results(args.out, result["results"], result)
     print(dumps(result) if args.json else format_static_table(result))
     return 0
+
+
+def lengths_to_draw(spec: str, num_seqs: int | None) -> int:
+    """How many lengths to take from ``--lengths``: ``--num-seqs`` when given (a file's lengths
+    repeated in order or cut to it); else a file's own lengths, each once; else the default
+    of a distribution (2,000)."""
+    if num_seqs is not None:
+        return num_seqs
+    if spec.partition(":")[0] not in LENGTH_DISTRIBUTIONS and os.path.exists(spec):
+        from pagebench.sim.workloads import read_lengths_file
+
+        return len(read_lengths_file(spec))
+    return defaults.REFERENCE_NUM_SEQS
 
 
 def run_dynamic_simulation(args) -> int:
@@ -221,8 +238,10 @@ def register_capacity(sub) -> None:
                    help="size the KV cache directly (skips the memory arithmetic)")
     p.add_argument("--lengths", default=defaults.REFERENCE_LENGTHS,
                    help="length distribution for the concurrency estimate (default %(default)s)")
-    p.add_argument("--num-seqs", type=integer(), default=defaults.REFERENCE_NUM_SEQS,
-                   help="lengths drawn (default %(default)s)")
+    p.add_argument("--num-seqs", type=integer(), default=None,
+                   help=f"lengths drawn (default {defaults.REFERENCE_NUM_SEQS}; with --lengths "
+                   "FILE, the file's lengths, each once; given with a FILE, the file's lengths "
+                   "are repeated in order or cut to this many)")
     p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
     p.add_argument("--tensor-parallel-size", type=integer(1, 4096), default=1,
                    help="GPUs the model is split over by attention heads; sizes are then per "
@@ -236,7 +255,8 @@ def register_capacity(sub) -> None:
 def run_capacity(args) -> int:
     from pagebench.sim.capacity import ARTICLE_CASE, capacity_plan, format_capacity
 
-    check_memory("--num-seqs", args.num_seqs * STATIC_BYTES_PER_SEQ, f"{args.num_seqs:,} lengths")
+    num_seqs = lengths_to_draw(args.lengths, args.num_seqs)
+    check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} lengths")
     check_output_file("--out", args.out)
     base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
@@ -245,7 +265,7 @@ def run_capacity(args) -> int:
             base[key] = getattr(args, key)
     plan = capacity_plan(**base, dtype=args.dtype, kv_dtype=args.kv_dtype,
                          kv_cache_bytes=args.kv_cache_bytes,
-                         lengths=args.lengths, num_seqs=args.num_seqs, seed=args.seed,
+                         lengths=args.lengths, num_seqs=num_seqs, seed=args.seed,
                          tensor_parallel_size=args.tensor_parallel_size)
     write_results(args.out, [{k: v for k, v in plan.items() if not isinstance(v, (list, dict))}],
                   plan)

@@ -8,10 +8,9 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import fp8, parallel, real_traces, render, sections
-from pagebench.results import Results, devices
+from pagebench.results import Results, devices, report_data_dir
 from pagebench.results.derived import ARTICLE, tally
 
-DATA_DIR_SUFFIX = "_data"
 # derived tables saved beside the page (the others are shown beside their source's CSV)
 SAVED = ("kernels_batch1_ratio", "kernels_throughput", "kernels_bandwidth",
          "kernels_block_cost", "recommendation")
@@ -50,16 +49,22 @@ def build_sections(results: Results, env: dict, options: dict) -> list[sections.
         ("benchmarks", "Benchmark histories", sections.benchmarks))]
 
 
+def page_path(out) -> Path:
+    """The page ``out`` names: ``out/index.html`` when it is a directory (existing, or ending
+    in a slash), else ``out``."""
+    if str(out).endswith(("/", "\\")) or Path(out).is_dir():  # before Path drops the "/"
+        return Path(out) / "index.html"
+    return Path(out)
+
+
 def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     """Write ``out`` (HTML) and ``<out stem>_data/*.csv`` from ``results`` after
     :func:`pagebench.analysis.analyse`; returns the page's path."""
     if results.get("claims") is None:
         raise ValueError("results: not analysed (run pagebench.analysis.analyse(results) after "
                          "the last Results.add)")
-    if str(out).endswith(("/", "\\")) or Path(out).is_dir():  # before Path drops the "/"
-        out = Path(out) / "index.html"
-    out = Path(out)
-    data_dir = out.parent / (out.stem + DATA_DIR_SUFFIX)
+    out = page_path(out)
+    data_dir = report_data_dir(out)
     page = build_sections(results, env, options)
     frames = results.frames | derived_frames(results)
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)

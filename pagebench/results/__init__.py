@@ -7,13 +7,14 @@ The readers (``Results``, ``load_data_dir``, ``read_table``) load pandas, so the
 on first use: a writer that needs only a schema (the simulators) does not pay for pandas.
 """
 
-from pagebench.results.datasets import DATASETS, FILE_KINDS, classify
+from pagebench.results.datasets import (
+    DATASETS, FILE_KINDS, classify, is_report_output, report_data_dir)
 from pagebench.results.schema import Column, DataError, Schema
 
 READERS = ("Results", "load_data_dir", "read_table")
 
 __all__ = ["DATASETS", "FILE_KINDS", "Column", "DataError", "Results", "Schema", "classify",
-           "load_data_dir", "read_table"]
+           "is_report_output", "load_data_dir", "read_table", "report_data_dir"]
 
 
 def __getattr__(name: str):

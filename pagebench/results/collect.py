@@ -5,7 +5,8 @@ Three kinds of source, each checked against its dataset's schema (:mod:`pagebenc
 - *measured here*: steps passed in by the caller, each a call into the subsystem that measures
   (:mod:`pagebench.suite` lists those of ``pagebench report``); this package imports none;
 - *committed data*: CSV/JSON files under ``reports/data/<machine>/`` and any ``--results DIR``,
-  named by file (:data:`pagebench.results.FILE_KINDS`);
+  named by file (:data:`pagebench.results.FILE_KINDS`), each file once (by real path), never a
+  report's own output (``<page>_data/``);
 - *benchmark histories*: asv result files and pytest-benchmark JSON.
 """
 
@@ -18,7 +19,8 @@ from pathlib import Path
 from pagebench.results.history import asv_results_dir, load_benchmark_json
 from pagebench.results.read import Results, load_data_dir
 
-__all__ = ["collect", "default_data_dir", "guarded", "read_committed", "repo_root"]
+__all__ = ["benchmark_files", "collect", "default_data_dir", "guarded", "read_committed",
+           "repo_root"]
 
 
 def guarded(results: Results, name: str, fn) -> None:
@@ -44,14 +46,15 @@ def default_data_dir() -> Path:
 
 
 def collect(*, device: str = "cpu", quick: bool = False, steps=(), data_dir=None,
-            results_dirs=(), progress: bool = True) -> Results:
+            results_dirs=(), progress: bool = True, exclude=()) -> Results:
     """Everything the report shows: ``steps`` run here (``(label, fn(results, device=,
-    quick=))``, e.g. :func:`pagebench.suite.plan`), committed data, benchmark histories. With ``progress``, one line per step on stderr: what runs, then how long it
-    took (kept in ``Results.timings_s``)."""
+    quick=))``, e.g. :func:`pagebench.suite.plan`), committed data, benchmark histories; never
+    anything under ``exclude`` (the report's own output directory). With ``progress``, one line
+    per step on stderr: what runs, then how long it took (kept in ``Results.timings_s``)."""
     results = Results()
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
     steps = [*steps, ("reading committed data and benchmark results",
-                      lambda r, **_: read_committed(r, data_dir, results_dirs))]
+                      lambda r, **_: read_committed(r, data_dir, results_dirs, exclude))]
     for done, (label, fn) in enumerate(steps, 1):
         if progress:
             print(f"report [{done}/{len(steps)}] {label} ...", file=sys.stderr, flush=True)
@@ -64,17 +67,47 @@ def collect(*, device: str = "cpu", quick: bool = False, steps=(), data_dir=None
     return results
 
 
-def read_committed(results: Results, data_dir: Path, results_dirs=()) -> None:
+def read_committed(results: Results, data_dir: Path, results_dirs=(), exclude=()) -> None:
     """The committed data under ``data_dir``, any ``results_dirs``, and the benchmark
-    histories (asv, pytest-benchmark) found in the checkout and those directories."""
-    guarded(results, "committed data", lambda: load_data_dir(results, data_dir))
+    histories (asv, pytest-benchmark) found in the checkout and those directories. Each file is
+    read once, however many of these directories reach it (real paths compared): a results
+    directory inside the committed data adds nothing and is named in a warning. Nothing under
+    ``exclude``, nor any report's own data directory, is read."""
+    seen: set[Path] = set()
+    guarded(results, "committed data",
+            lambda: load_data_dir(results, data_dir, seen=seen, exclude=exclude))
+    committed = Path(data_dir).resolve()
+    extras = []
     for extra in results_dirs:
         if not Path(extra).exists():
             results.warn(f"results: {extra} not found")
             continue
-        guarded(results, f"results {extra}", lambda e=extra: load_data_dir(results, e))
+        real = Path(extra).resolve()
+        if Path(data_dir).is_dir() and (real == committed or committed in real.parents):
+            results.warn(f"results: {extra} is inside the committed data directory {data_dir}, "
+                         "which is read already; it adds nothing (give a directory of your own "
+                         "results)")
+            continue
+        extras.append(extra)
+        guarded(results, f"results {extra}",
+                lambda e=extra: load_data_dir(results, e, seen=seen, exclude=exclude))
     root = repo_root()
     bench_roots = [asv_results_dir(root), root / ".benchmarks", root / "reports" / "bench",
-                   data_dir, *results_dirs]
-    guarded(results, "benchmark results", lambda: load_benchmark_json(results, bench_roots))
+                   data_dir, *extras]
+    guarded(results, "benchmark results",
+            lambda: load_benchmark_json(results, benchmark_files(bench_roots)))
 
+
+def benchmark_files(roots) -> list[Path]:
+    """The JSON files under ``roots`` (or a root that is a file), each once by real path, in
+    the order first reached."""
+    seen, files = set(), []
+    for root in map(Path, roots):
+        if not root.exists():
+            continue
+        for path in [root] if root.is_file() else sorted(root.rglob("*.json")):
+            real = path.resolve()
+            if real not in seen:
+                seen.add(real)
+                files.append(path)
+    return files

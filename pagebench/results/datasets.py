@@ -396,3 +396,27 @@ def classify(path) -> str | None:
     if "smoke" in stem:  # a quick check run beside the full one
         return None
     return next((name for prefix, name in FILE_KINDS if stem.startswith(prefix)), None)
+
+
+# A report page <stem>.html writes its tables as CSV to <stem>_data/ beside it
+# (report.build.write_report), built as .<stem>_data.*.new and swapped in: report output, never
+# results to read back in.
+REPORT_DATA_SUFFIX = "_data"
+
+
+def report_data_dir(page) -> Path:
+    """The directory the report page ``page`` writes its CSVs to: ``<stem>_data`` beside it."""
+    page = Path(page)
+    return page.parent / (page.stem + REPORT_DATA_SUFFIX)
+
+
+def is_report_output(directory) -> bool:
+    """``directory`` is a report's own data: ``<stem>_data`` beside a ``<stem>.html`` page, or
+    such a directory being built or replaced (``.<stem>_data.*.new`` / ``.old``)."""
+    directory = Path(directory)
+    name = directory.name
+    if name.startswith(".") and name.endswith((".new", ".old")):
+        name = name[1:].split(".", 1)[0]
+    if not name.endswith(REPORT_DATA_SUFFIX) or name == REPORT_DATA_SUFFIX:
+        return False
+    return (directory.parent / (name[:-len(REPORT_DATA_SUFFIX)] + ".html")).is_file()

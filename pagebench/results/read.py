@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from pagebench.results import devices
-from pagebench.results.datasets import DATASETS, DERIVED, classify
+from pagebench.results.datasets import DATASETS, DERIVED, classify, is_report_output
 from pagebench.results.derived import Recommendation
 from pagebench.results.schema import DataError
 
@@ -155,13 +155,41 @@ def data_files(root: Path) -> list[tuple[str, Path]]:
     return out
 
 
-def load_data_dir(results: Results, root) -> None:
-    """Every ``<root>/<machine>/*.csv|json`` file whose name says which dataset it holds."""
+def report_output_of(path: Path, root: Path, excluded=()) -> Path | None:
+    """The report output directory that ``path`` (a file under ``root``) lies in: a report's
+    own data directory at or below ``root``, or one of ``excluded`` (real paths); None if
+    none."""
+    for directory in path.parents:
+        if is_report_output(directory) or directory.resolve() in excluded:
+            return directory
+        if directory == root:
+            break
+    real = path.resolve()
+    return next((e for e in excluded if e in real.parents), None)
+
+
+def load_data_dir(results: Results, root, *, seen: set | None = None, exclude=()) -> None:
+    """Every ``<root>/<machine>/*.csv|json`` file whose name says which dataset it holds, each
+    once: a file whose real path is in ``seen`` (updated) was read already, from another
+    directory or through a link. Never read: a report's own data directory
+    (:func:`~pagebench.results.datasets.is_report_output`) nor anything under ``exclude``
+    (e.g. the directory the report being built writes to), each skipped with one warning."""
     root = Path(root)
     if not root.is_dir():
         results.warn(f"data: directory {root} not found")
         return
+    seen = set() if seen is None else seen
+    excluded = [Path(e).resolve() for e in exclude]
     for name, path in data_files(root):
+        real = path.resolve()
+        own = report_output_of(path, root, excluded)
+        if own is not None:
+            results.warn(f"data: {own} is a report's own output (its tables as CSV), not "
+                         "results; not read back")
+            continue
+        if real in seen:
+            continue
+        seen.add(real)
         try:
             frame = read_table(path)
         except DataError as e:

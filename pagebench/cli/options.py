@@ -121,7 +121,7 @@ def check_output_file(option: str, path: str | None) -> None:
         raise ValueError(f"{option}: cannot create {path}: {parent} is not writable")
 
 
-OUTPUT_OPTIONS = ("out", "timeline", "csv")  # the arguments commands write files to
+OUTPUT_OPTIONS = ("out", "timeline", "csv", "profile_out")  # the arguments written to
 
 
 def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
@@ -137,7 +137,7 @@ def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
     for name in OUTPUT_OPTIONS:
         path = getattr(args, name, None)
         if isinstance(path, str) and os.path.realpath(path) in inputs:
-            raise ValueError(f"--{name}: {path} is also the input --"
+            raise ValueError(f"--{name.replace('_', '-')}: {path} is also the input --"
                              f"{inputs[os.path.realpath(path)].replace('_', '-')}; writing "
                              "there would replace it: give another file")
 

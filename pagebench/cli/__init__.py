@@ -24,8 +24,8 @@ COMMAND_MODULES = (
     "pagebench.cli.report",
     "pagebench.cli.benchcompare",
 )
-# what a user can fix: one line and exit status 2 (anything else is a bug: a traceback), and
-# torch failing to allocate (options.allocation_failure), a run too large for the memory here
+# what a user can fix: one line and exit status 2 (anything else is a bug: a traceback); torch
+# failing to allocate becomes a MemoryError (options.allocating): a run too large for here
 USER_ERRORS = (PagebenchError, ValueError, OSError, OverflowError, MemoryError)
 
 
@@ -85,23 +85,17 @@ def _run(argv) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        from pagebench.cli.options import check_outputs_are_not_inputs
+    from pagebench.cli.options import allocating, check_outputs_are_not_inputs
 
+    try:
         check_outputs_are_not_inputs(args)
-        return int(args.func(args) or 0)
+        # torch's failures to allocate become MemoryError; any other RuntimeError is a bug
+        with allocating():
+            return int(args.func(args) or 0)
     except BrokenPipeError:
         raise
     except USER_ERRORS as e:
         print(f"pagebench {args.command}: error: {error_line(e)}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:  # torch's allocation failures; any other is a bug: a traceback
-        from pagebench.cli.options import allocation_failure
-
-        failure = allocation_failure(e)
-        if failure is None:
-            raise
-        print(f"pagebench {args.command}: error: {error_line(failure)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"pagebench {args.command}: interrupted", file=sys.stderr)

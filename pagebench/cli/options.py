@@ -240,9 +240,10 @@ def allocation_failure(error: BaseException, what: str | None = None) -> MemoryE
 
 
 @contextlib.contextmanager
-def allocating(what: str):
+def allocating(what: str | None = None):
     """Inside, torch's failure to allocate becomes a MemoryError naming ``what`` (e.g. "the KV
-    pool of --batch-sizes 64"), which the command line prints as one line, exit status 2."""
+    pool of --batch-sizes 64"; else "a tensor"), which the command line prints as one line,
+    exit status 2."""
     try:
         yield
     except RuntimeError as e:

@@ -10,8 +10,7 @@ import shlex
 
 from pagebench.cli.options import (
     add_output_options, check_bytes, check_device_memory, check_output_file, dumps,
-    experiment_options,
-    format_table, int_list, integer, torch_device, write_results)
+    experiment_options, format_table, int_list, integer, torch_device, write_results)
 
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
 # any other option given is refused rather than silently ignored

@@ -29,8 +29,6 @@ DYNAMIC_ONLY = {"trace": "--trace", "num_requests": "--num-requests", "rate": "-
                 "timeline_every": "--timeline-every", "timeline": "--timeline",
                 "steps_per_unit": "--steps-per-unit", "step_ms": "--step-ms"}
 DEFAULT_MAX_LEN = defaults.REFERENCE_MAX_LEN
-# --lengths KIND:ARGS of pagebench.sim.workloads.sample_lengths; anything else names a file
-LENGTH_DISTRIBUTIONS = ("lognormal", "uniform", "fixed")
 
 
 def register(sub) -> None:
@@ -130,9 +128,9 @@ def lengths_to_draw(spec: str, num_seqs: int | None) -> int:
     of a distribution (2,000)."""
     if num_seqs is not None:
         return num_seqs
-    if spec.partition(":")[0] not in LENGTH_DISTRIBUTIONS and os.path.exists(spec):
-        from pagebench.sim.workloads import read_lengths_file
+    from pagebench.sim.workloads import lengths_file, read_lengths_file
 
+    if lengths_file(spec):
         return len(read_lengths_file(spec))
     return defaults.REFERENCE_NUM_SEQS
 

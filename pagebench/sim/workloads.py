@@ -45,6 +45,14 @@ def _lognormal(r: random.Random, mu: float, sigma: float, max_len: int) -> int:
     return int(min(value, max_len))
 
 
+LENGTH_DISTRIBUTIONS = ("lognormal", "uniform", "fixed")  # KIND:ARGS specs; anything else: a file
+
+
+def lengths_file(spec: str) -> bool:
+    """Whether ``sample_lengths`` reads ``spec`` as a file of lengths (not a distribution)."""
+    return str(spec).partition(":")[0] not in LENGTH_DISTRIBUTIONS and os.path.exists(spec)
+
+
 def sample_lengths(spec: str, num_seqs: int, seed: int = 0, max_len: int = 4096) -> np.ndarray:
     """``num_seqs`` lengths (int64) drawn from ``spec``; a file gives its lengths in order,
     cycled if it holds fewer than ``num_seqs``."""
@@ -67,7 +75,7 @@ def sample_lengths(spec: str, num_seqs: int, seed: int = 0, max_len: int = 4096)
         if n < 1:
             raise ConfigError(f"lengths: fixed length must be >= 1 in {spec!r}")
         values = [int(n)] * num_seqs
-    elif os.path.exists(spec):
+    elif lengths_file(spec):
         data = read_lengths_file(spec)
         values = [data[i % len(data)] for i in range(num_seqs)]
     else:

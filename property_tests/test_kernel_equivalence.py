@@ -161,9 +161,9 @@ def test_paged_prefill_matches_float64_reference_cpu(backend):
 def test_triton_prefill_tiles_match_reference():
     """Several query tiles per sequence and key tiles across the diagonal, forced small; the
     query lengths scanned in steps of one or two sequences as well as all at once; one walk
-    over the keys or two, block ids loaded with their tile or a tile ahead; the output rescaled
-    on every tile or lazily, with queries scaled so that the running max rises on some tiles
-    by more than the lazy rule lets pass and by more than fp16 and fp32 hold (gain 8 and 200), and on others not."""
+    over the keys or two, block ids loaded with their tile or a tile ahead; queries scaled so
+    that the running max rises between key tiles by more than fp16 and fp32 hold unrescaled
+    (gain 8 and 200), and by little (gain 1)."""
     if "triton" not in backends_for("cpu", "prefill"):
         pytest.skip("triton not installed")
     from pagebench.kernels.triton_prefill import triton_paged_prefill
@@ -171,15 +171,14 @@ def test_triton_prefill_tiles_match_reference():
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
            tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
-           one_loop=st.booleans(), table_ahead=st.booleans(), lazy_rescale=st.booleans(),
+           one_loop=st.booleans(), table_ahead=st.booleans(),
            q_gain=st.sampled_from([1.0, 8.0, 200.0]))
-    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, lazy_rescale, q_gain):
+    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, q_gain):
         case, query_lens = drawn
         check_prefill("triton", case, query_lens, q_gain=q_gain,
                       prefill=lambda *args: triton_paged_prefill(
                           *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan,
-                          one_loop=one_loop, table_ahead=table_ahead,
-                          lazy_rescale=lazy_rescale))
+                          one_loop=one_loop, table_ahead=table_ahead))
     prop()
 
 
@@ -196,9 +195,6 @@ PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=64, num_warps=8, num_st
                                               one_loop=True, table_ahead=False, maxnreg=128),
                     "ids ahead": dict(rows=64, tile_n=64, num_warps=4, num_stages=3,
                                       one_loop=True, table_ahead=True)}
-# the lazy rescale (an A/B option, not yet any regime's choice) on the two walks' launches
-PREFILL_LAUNCHES |= {f"{name}, lazy rescale": dict(PREFILL_LAUNCHES[name], lazy_rescale=True)
-                     for name in ("long chunks", "short tables")}
 
 
 @pytest.mark.gpu

@@ -135,9 +135,9 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_prefill_launch_rules(monkeypatch):
     """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two
-    walks; many programs over short tables 32-key tiles with capped registers; else 64 rows in
-    one walk with block ids ahead (fp8 caches too); fp32 and non-CUDA devices keep the earlier
-    launch."""
+    walks; many programs over short tables (at head dim 64: very short) 32-key tiles with
+    capped registers; else 64 rows in one walk with block ids ahead (fp8 caches too); fp32 and
+    non-CUDA devices keep the earlier launch."""
     from pagebench.kernels import triton_prefill
     from pagebench.kernels.triton_prefill import PrefillLaunch, prefill_launch
 
@@ -156,6 +156,9 @@ def test_prefill_launch_rules(monkeypatch):
     assert launch() == ahead  # one wave of programs: 1 x 512
     assert launch(programs=2112, max_keys=4096) == ahead  # long prefixes
     assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == ahead  # long chunks, dim 64
+    assert launch(head_dim=64, programs=2112) == ahead  # 8 x 512 at head dim 64
+    assert launch(head_dim=64, mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
+        64, 32, 4, 2, True, False, 128)  # 32 x 128 at head dim 64
     earlier = PrefillLaunch(64, 64, 4, 2, False, False)
     assert launch(device=torch.device("cpu"), programs=2112) == earlier
     assert launch(dtype=torch.float32) == PrefillLaunch(64, 32, 4, 2, False, False)
@@ -175,23 +178,6 @@ def test_triton_prefill_64_bit_offsets_match(monkeypatch):
     ref = reference_prefill(*args[:6], scale=0.25)
     assert not torch.isnan(wide).any()
     assert relative_error(wide, ref) < 1e-5 and torch.equal(wide, narrow)
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_triton_prefill_lazy_rescale_where_the_max_jumps(dtype):
-    """Queries scaled so that the scores' running max jumps by far more than the lazy rule's
-    2^8 between key tiles (more than fp16, and than fp32's exponent, could hold unrescaled),
-    over walks of many tiles: the lazy rescale gives the eager one's result."""
-    from pagebench.kernels.triton_prefill import triton_paged_prefill
-
-    inp = make_paged_inputs([70, 120], 4, 2, 32, 4, dtype, seed=5)
-    q = (torch.randn(40 + 24, 4, 32, generator=torch.Generator().manual_seed(1)) * 200).to(dtype)
-    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens,
-            torch.tensor([40, 24], dtype=torch.int32), 32 ** -0.5)
-    lazy = triton_paged_prefill(*args, rows=16, tile_n=16, lazy_rescale=True)
-    assert not torch.isnan(lazy).any()
-    assert relative_error(lazy, reference_prefill(*args)) < TOLERANCE[dtype]
 
 
 # ---- cache writes ---------------------------------------------------------------------------

@@ -43,7 +43,6 @@ INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithm
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
-RESCALE_LOG2 = tl.constexpr(8.0)  # lazy rescaling: how far (log2) a row's max may rise first
 
 
 @triton.jit
@@ -89,35 +88,15 @@ def _scores(q, k, IEEE_DOT: tl.constexpr):
 
 
 @triton.jit
-def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr,
-                  LAZY_RESCALE: tl.constexpr):
+def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
     """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
     and the output ``acc``, updated with the scores ``s`` (masked ones -inf) and values
-    ``v``. The scale (positive) goes into the exponent's multiply-add; -inf stays -inf.
-
-    ``LAZY_RESCALE``: the running max moves only when some row's tile max exceeds it by more
-    than ``RESCALE_LOG2`` (one uniform branch per tile), so ``acc`` is rescaled on few tiles,
-    not on every one; between moves each ``p`` stays below ``2 ** RESCALE_LOG2``, which fp32
-    sums and bf16/fp16 operands hold. The result is the same softmax, referred to another
-    max."""
-    m_tile = tl.max(s, 1) * scale_log2e
-    if LAZY_RESCALE:
-        # (m_i is -inf before the first tile, which every row then exceeds)
-        if tl.sum((m_tile > m_i + RESCALE_LOG2).to(tl.int32), 0) > 0:
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        m_new = m_i
-        p = tl.exp2(s * scale_log2e - m_new[:, None])
-        l_i = l_i + tl.sum(p, 1)
-    else:
-        m_new = tl.maximum(m_i, m_tile)
-        p = tl.exp2(s * scale_log2e - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+    ``v``. The scale (positive) goes into the exponent's multiply-add; -inf stays -inf."""
+    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+    p = tl.exp2(s * scale_log2e - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
     if IEEE_DOT:
         acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     else:
@@ -130,7 +109,7 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
           offs, dims, k_head, v_head, stride_kb, stride_kt, stride_vb, stride_vt,
           BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
           DIM_PAD: tl.constexpr, MASKED: tl.constexpr, TABLE_AHEAD: tl.constexpr,
-          IEEE_DOT: tl.constexpr, WIDE_INDEX: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+          IEEE_DOT: tl.constexpr, WIDE_INDEX: tl.constexpr):
     """The online softmax over the key tiles ``lo, lo + TILE_N, .. < hi``. Keys at or beyond
     ``end`` are never read. ``MASKED``: loads are masked at ``end`` and tiles from
     ``full_end`` on take the causal mask (before it every row sees every key); otherwise no
@@ -153,8 +132,7 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
             if start + TILE_N > full_end:
                 s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
                              float("-inf"))
-        m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e, IEEE_DOT,
-                                      LAZY_RESCALE)
+        m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e, IEEE_DOT)
         if TABLE_AHEAD:
             block = block_next
     return m_i, l_i, acc
@@ -172,7 +150,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -242,18 +220,18 @@ def _prefill_kernel(
                                   acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
                                   BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
-                                  IEEE_DOT, WIDE_INDEX, LAZY_RESCALE)
+                                  IEEE_DOT, WIDE_INDEX)
         else:  # two walks: the unmasked tiles, then those across the diagonal
             m_i, l_i, acc = _walk(q, K, V, table_row, 0, full_end, full_end, end, q_pos, m_i,
                                   l_i, acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
                                   BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, False, TABLE_AHEAD,
-                                  IEEE_DOT, WIDE_INDEX, LAZY_RESCALE)
+                                  IEEE_DOT, WIDE_INDEX)
             m_i, l_i, acc = _walk(q, K, V, table_row, full_end, end, full_end, end, q_pos, m_i,
                                   l_i, acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
                                   BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
-                                  IEEE_DOT, WIDE_INDEX, LAZY_RESCALE)
+                                  IEEE_DOT, WIDE_INDEX)
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
@@ -271,7 +249,6 @@ class PrefillLaunch:
     one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
     table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
-    lazy_rescale: bool = False  # the output rescaled only when a row's max rises by 2^8
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -291,7 +268,9 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       the registers capped so that more programs share each SM (three; four with two stages
       for walks of at most four tiles, where a deeper pipeline has nothing to fetch): those
       programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
-      only more programs in flight hide.
+      only more programs in flight hide. At head dim 64 only the walks of at most four tiles:
+      longer ones kept 64-key tiles (Qwen2.5-0.5B shape, 8 x 512: 0.89x the time of the
+      32-key launch; 16 x 512: 0.97x; 32 x 128 took 1.05x with 64-key tiles).
 
     fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
     with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
@@ -307,7 +286,8 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * _sm_count(device):
         if max_keys <= 4 * 32:
             return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None)
-        return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
+        if head_dim > 64:
+            return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
     return PrefillLaunch(64, 64, 4, 3, True, True)
 
 
@@ -337,7 +317,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None, lazy_rescale: bool | None = None):
+                         maxnreg: int | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -347,8 +327,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     ``rows // group`` queries of one sequence with all ``group`` heads of a KV head; by
     default no more than the mean chunk needs); ``tile_n``: keys per tile; ``num_warps``,
     ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
-    unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead; ``lazy_rescale``: the output rescaled only
-    on the tiles where a row's running max rises by more than ``2 ** RESCALE_LOG2``;
+    unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
     two; default up to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
@@ -390,7 +369,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
-        FP8=fp8, LAZY_RESCALE=chosen.lazy_rescale if lazy_rescale is None else bool(lazy_rescale),
+        FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))

@@ -6,8 +6,8 @@ is recorded in ``skipped`` instead. The decode grid crosses (tile_n, num_warps, 
 the number of KV splits at each point, beside SDPA (both GQA layouts), Flex at short batch-1
 contexts, and the split count the model picks (``heuristic=True``): the data behind
 ``triton_decode``'s defaults (docs/kernels.md). The prefill grid crosses (rows, tile_n,
-num_warps, num_stages, one or two walks, block ids ahead, register cap, lazy rescale) at the
-prefill sweep's points, beside the launch ``prefill_launch`` picks (``chosen=True``).
+num_warps, num_stages, one or two walks, block ids ahead, register cap) at the prefill
+sweep's points, beside the launch ``prefill_launch`` picks (``chosen=True``).
 """
 
 from __future__ import annotations
@@ -28,19 +28,13 @@ DECODE_POINTS = {
     "qwen2.5-0.5b": [(1, 1024), (1, 65536), (8, 4096), (16, 4096), (32, 4096), (64, 4096),
                      (256, 4096)],
 }
-# (rows, tile_n, num_warps, num_stages, one_loop, table_ahead, maxnreg[, lazy_rescale]):
-# prefill_launch's choices and their neighbours (triton_prefill.PrefillLaunch's fields), and
-# the regimes' launches with the lazy rescale (not yet any regime's choice)
-PREFILL_FIELDS = ("rows", "tile_n", "num_warps", "num_stages", "one_loop", "table_ahead",
-                  "maxnreg", "lazy_rescale")
+# (rows, tile_n, num_warps, num_stages, one_loop, table_ahead, maxnreg): prefill_launch's
+# choices and their neighbours (triton_prefill.PrefillLaunch's fields)
 PREFILL_CONFIGS = [(64, 64, 4, 2, False, False, None), (64, 64, 4, 2, True, False, None),
                    (64, 64, 4, 3, True, True, None), (64, 64, 4, 3, False, True, None),
                    (64, 32, 4, 2, True, False, 128), (64, 32, 4, 3, True, True, 168),
                    (128, 64, 4, 3, False, False, None), (128, 64, 8, 2, False, False, 128),
-                   (128, 64, 8, 2, True, False, 128),
-                   (64, 64, 4, 3, True, True, None, True), (64, 32, 4, 2, True, False, 128, True),
-                   (64, 32, 4, 3, True, True, 168, True), (64, 32, 4, 3, True, True, 128, True),
-                   (128, 64, 8, 2, False, False, 128, True)]
+                   (128, 64, 8, 2, True, False, 128)]
 
 
 def _require_cuda(device: str) -> None:
@@ -128,7 +122,8 @@ def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | 
         base = {"batch": batch, "query_len": query_len, "cached": cached}
         timed(lambda: triton_paged_prefill(*case, scale), base, chosen=True)
         for config in PREFILL_CONFIGS:
-            options = {"lazy_rescale": False, **dict(zip(PREFILL_FIELDS, config))}
+            options = dict(zip(("rows", "tile_n", "num_warps", "num_stages", "one_loop",
+                                "table_ahead", "maxnreg"), config))
             timed(lambda: triton_paged_prefill(*case, scale, **options), base, **options)
         case = None  # free this point's cache before the next is built
     return rows

@@ -194,7 +194,7 @@ PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=64, num_warps=8, num_st
                     "very short tables": dict(rows=64, tile_n=32, num_warps=4, num_stages=2,
                                               one_loop=True, table_ahead=False, maxnreg=128),
                     "ids ahead": dict(rows=64, tile_n=64, num_warps=4, num_stages=3,
-                                      one_loop=True, table_ahead=True)}
+                                      one_loop=True, table_ahead=True, maxnreg=255)}
 
 
 @pytest.mark.gpu

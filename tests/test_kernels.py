@@ -152,7 +152,7 @@ def test_prefill_launch_rules(monkeypatch):
     assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168)  # 8 x 512
     assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
         64, 32, 4, 2, True, False, 128)  # 32 x 128
-    ahead = PrefillLaunch(64, 64, 4, 3, True, True)
+    ahead = PrefillLaunch(64, 64, 4, 3, True, True, 255)
     assert launch() == ahead  # one wave of programs: 1 x 512
     assert launch(programs=2112, max_keys=4096) == ahead  # long prefixes
     assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == ahead  # long chunks, dim 64

@@ -81,6 +81,11 @@ def test_a_lengths_file_is_used_as_it_is_unless_num_seqs_is_given(tmp_path, caps
     assert json.loads(capsys.readouterr().out)["num_seqs"] == 3
     assert main(["simulate", "--lengths", REFERENCE_LENGTHS, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["num_seqs"] == 2000  # a distribution: default
+    # --dynamic: one request per length in the file (it was cycled to 20,000), or --num-requests
+    for extra, count, tokens in (([], 3, 327), (["--num-requests", "4"], 4, 337)):
+        assert main(["simulate", "--dynamic", "--lengths", path, "--json", *extra]) == 0
+        workload = json.loads(capsys.readouterr().out)["workload"]
+        assert (workload["num_requests"], workload["mean_length"] * count) == (count, tokens)
 
 
 @pytest.mark.parametrize("spec", ["lognormal:1", "gauss:1,2", "uniform:5,2", "fixed:0",

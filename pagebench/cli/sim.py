@@ -75,7 +75,8 @@ def register_simulate(sub) -> None:
                    help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
                    "default 1: arrivals are steps)")
     d.add_argument("--num-requests", type=integer(), default=None, help="Poisson: requests "
-                   "(default 20000)")
+                   "(default 20000; with --lengths FILE, one per length in it; given with a "
+                   "FILE, its lengths are repeated in order or cut to this many)")
     d.add_argument("--rate", type=number(0, 1e9), default=None,
                    help="Poisson: requests per step (default 20)")
     d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True), default=None,
@@ -140,6 +141,7 @@ def run_dynamic_simulation(args) -> int:
     from pagebench.sim.dynamic import ALLOCATORS, REFERENCE, format_dynamic_table, run_dynamic
     from pagebench.sim.real_traces import load_workload
     from pagebench.sim.trace import poisson_workload
+    from pagebench.sim.workloads import lengths_file
 
     if args.num_seqs is not None:
         raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
@@ -160,8 +162,12 @@ def run_dynamic_simulation(args) -> int:
             if value is not None:
                 raise ValueError(f"{flag}: only with --trace")
         max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
+        num_requests = args.num_requests
+        if num_requests is None:  # a --lengths FILE: its lengths, each once, as without --dynamic
+            num_requests = (lengths_to_draw(args.lengths, None) if args.prompt_lengths is None
+                            and lengths_file(args.lengths) else 20000)
         workload = poisson_workload(
-            20000 if args.num_requests is None else args.num_requests,
+            num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, args.lengths,
             prompt_fraction=(REFERENCE["prompt_fraction"] if args.prompt_fraction is None
                              else args.prompt_fraction),

@@ -270,7 +270,9 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
       only more programs in flight hide. At head dim 64 only the walks of at most four tiles:
       longer ones kept 64-key tiles (Qwen2.5-0.5B shape, 8 x 512: 0.89x the time of the
-      32-key launch; 16 x 512: 0.97x; 32 x 128 took 1.05x with 64-key tiles).
+      32-key launch; 16 x 512: 0.97x; 32 x 128 took 1.05x with 64-key tiles). This launch
+      passes ``maxnreg=255`` (the most a thread can have): 0.91-0.96x the time of leaving it to
+      the compiler for one prompt of 512 and for chunks after a cached prefix, both shapes.
 
     fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
     with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
@@ -288,7 +290,7 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
             return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None)
         if head_dim > 64:
             return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
-    return PrefillLaunch(64, 64, 4, 3, True, True)
+    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap else None)
 
 
 @functools.cache

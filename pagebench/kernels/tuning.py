@@ -31,7 +31,8 @@ DECODE_POINTS = {
 # (rows, tile_n, num_warps, num_stages, one_loop, table_ahead, maxnreg): prefill_launch's
 # choices and their neighbours (triton_prefill.PrefillLaunch's fields)
 PREFILL_CONFIGS = [(64, 64, 4, 2, False, False, None), (64, 64, 4, 2, True, False, None),
-                   (64, 64, 4, 3, True, True, None), (64, 64, 4, 3, False, True, None),
+                   (64, 64, 4, 3, True, True, None), (64, 64, 4, 3, True, True, 255),
+                   (64, 64, 4, 3, False, True, None),
                    (64, 32, 4, 2, True, False, 128), (64, 32, 4, 3, True, True, 168),
                    (128, 64, 4, 3, False, False, None), (128, 64, 8, 2, False, False, 128),
                    (128, 64, 8, 2, True, False, 128)]

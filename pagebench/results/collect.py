@@ -95,13 +95,14 @@ def read_committed(results: Results, data_dir: Path, results_dirs=(), exclude=()
     bench_roots = [asv_results_dir(root), root / ".benchmarks", root / "reports" / "bench",
                    data_dir, *extras]
     guarded(results, "benchmark results",
-            lambda: load_benchmark_json(results, benchmark_files(bench_roots)))
+            lambda: load_benchmark_json(results, benchmark_files(bench_roots, skip=seen)))
 
 
-def benchmark_files(roots) -> list[Path]:
+def benchmark_files(roots, skip=frozenset()) -> list[Path]:
     """The JSON files under ``roots`` (or a root that is a file), each once by real path, in
-    the order first reached."""
-    seen, files = set(), []
+    the order first reached; none whose real path is in ``skip`` (the files read as datasets,
+    named for one: not benchmark histories, and a broken one is warned about once)."""
+    seen, files = set(skip), []
     for root in map(Path, roots):
         if not root.exists():
             continue

@@ -9,7 +9,8 @@ Variants (``variants``), at every point of the prefill sweep (Llama-3-8B shape, 
 ``--shape`` / ``--points`` (batch x queries x cached) say otherwise): the package's launch on
 bf16 caches and (unless ``--bf16-only``) on e4m3 caches (per KV-head scales) and e4m3 with the
 launch fp8 caches took before; with ``--copy FILE`` another version of ``triton_prefill.py``
-(e.g. ``git show REV:pagebench/kernels/triton_prefill.py > FILE``) with its own launches; with
+(e.g. ``git show REV:pagebench/kernels/triton_prefill.py > FILE``) with its own launches (on
+e4m3 too unless ``--bf16-only``); with
 each ``--launch`` the package's kernel on bf16 with those launch options forced
 (``triton_paged_prefill``'s keywords; the others stay its choice). Each is checked against
 float64 on ragged NaN-poisoned inputs and against float32 at every timed point (e4m3: on the
@@ -68,6 +69,8 @@ def variants(copy, launches: list[dict], fp8: bool):
     if fp8:
         out["e4m3 default"] = (E4M3, pkg, none)
         out["e4m3 earlier"] = (E4M3, pkg, earlier_fp8)
+        if copy is not None:
+            out["copy e4m3"] = (E4M3, copy.triton_paged_prefill, none)
     return out
 
 

@@ -11,6 +11,7 @@ pytest.importorskip("transformers")
 
 from pagebench.cli import main
 from pagebench.engine import bench
+from pagebench.kernels import available_backends
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,9 @@ def test_throughput_rows_are_tidy(model):
                                      prompt_len=8, max_tokens=4, kernel="torch")
     df = pd.DataFrame(rows)
     assert list(df.batch) == [1, 3] and (df.tokens_per_s > 0).all()
-    assert (df.max_batch == df.batch).all()
+    assert (df.max_batch == df.batch).all() and (df.kernel == "torch").all()
+    auto = bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2)[0]
+    assert auto["kernel"] in available_backends(), auto["kernel"]  # resolved, not "auto"
 
 
 def run_cli(*argv):
@@ -161,6 +164,8 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
         code, out, err = run_cli("engine-bench", *argv, *small, "--out", str(path))
         assert code == 0, err
         frames[name] = validated(name, pd.read_csv(path))
+        if name == "engine_batch":  # --bandwidth's figures in the printed table, not only --json
+            assert "decode bytes/step" in out and "of copy bw" in out
     assert frames["engine"].dtype.eq("bfloat16").all() and len(frames["engine"]) == 4
     assert frames["engine"].torch_threads.eq(2).all()  # --threads reaches the measurement
     assert frames["engine_batch"]["mode"].tolist() == ["eager", "graphs_uncompiled"]

@@ -339,6 +339,9 @@ def measure(args, opts: dict) -> int:
                 bar.update()
         if modes:
             columns = columns[:2] + [("mode", "mode", 0)] + columns[2:]
+        if bandwidth is not None:
+            columns = columns + [("decode_bytes_per_step", "decode bytes/step", 0),
+                                 ("bandwidth_fraction", "of copy bw", 2)]
     elif args.experiment == "cow":
         rows = bench.cow_comparison(model, prompt_len=opts["prompt_len"][0], **common)
     elif args.experiment == "prefix":

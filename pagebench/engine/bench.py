@@ -158,7 +158,8 @@ def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs
     seconds = sorted(times)[len(times) // 2]
     generated = engine.stats["num_generated_tokens"]
     row = _engine_row(engine, seconds) | _spread("tokens_per_s", [generated / t for t in times]) \
-        | _spread("decode_tokens_per_s", decode) | dict(repeats=repeat)
+        | _spread("decode_tokens_per_s", decode) \
+        | dict(repeats=repeat, kernel=engine.runner.decode_backend.name)  # "auto" resolved
     return row, [o.outputs[0].token_ids for o in outs]
 
 
@@ -307,7 +308,8 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
     """Decode-heavy throughput of the engine for each (block size, batch size): ``batch``
     requests of ``prompt_len`` tokens (or lengths drawn from ``(min, max)``), ``max_tokens``
     each, all admitted at once. ``mode``: how decode steps run (one of ``MODES``, named in a
-    ``mode`` column; None: the engine's default, no column). ``copy_bandwidth`` (bytes/s, e.g.
+    ``mode`` column; None: the engine's default, no column); ``kernel`` is the decode backend
+    the engine resolved (``"auto"`` named as what it chose). ``copy_bandwidth`` (bytes/s, e.g.
     :func:`copy_bandwidth`): each row also gets the bytes a decode step must read
     (:func:`decode_bytes_per_step`) and the share of that bandwidth they reach."""
     model = model or tiny_model()
@@ -333,7 +335,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
                             / copy_bandwidth)
             rows.append(base_row(model, datasets.ENGINE_BATCH, block_size=bs,
                               batch=b, prompt_len=lo if lo == hi else (lo + hi) / 2,
-                              prompt_len_min=lo, prompt_len_max=hi, max_tokens=max_tokens, kernel=kernel,
+                              prompt_len_min=lo, prompt_len_max=hi, max_tokens=max_tokens,
                               **row))
     return rows
 

@@ -123,17 +123,18 @@ def run_simulate(args) -> int:
     return 0
 
 
-def lengths_to_draw(spec: str, num_seqs: int | None) -> int:
-    """How many lengths to take from ``--lengths``: ``--num-seqs`` when given (a file's lengths
-    repeated in order or cut to it); else a file's own lengths, each once; else the default
-    of a distribution (2,000)."""
+def lengths_to_draw(spec: str, num_seqs: int | None,
+                    default: int = defaults.REFERENCE_NUM_SEQS) -> int:
+    """How many lengths to take from ``--lengths``: ``num_seqs`` when given (a file's lengths
+    repeated in order or cut to it); else a file's own lengths, each once; else ``default``
+    (a distribution's)."""
     if num_seqs is not None:
         return num_seqs
     from pagebench.sim.workloads import lengths_file, read_lengths_file
 
     if lengths_file(spec):
         return len(read_lengths_file(spec))
-    return defaults.REFERENCE_NUM_SEQS
+    return default
 
 
 def run_dynamic_simulation(args) -> int:
@@ -141,7 +142,6 @@ def run_dynamic_simulation(args) -> int:
     from pagebench.sim.dynamic import ALLOCATORS, REFERENCE, format_dynamic_table, run_dynamic
     from pagebench.sim.real_traces import load_workload
     from pagebench.sim.trace import poisson_workload
-    from pagebench.sim.workloads import lengths_file
 
     if args.num_seqs is not None:
         raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
@@ -162,10 +162,9 @@ def run_dynamic_simulation(args) -> int:
             if value is not None:
                 raise ValueError(f"{flag}: only with --trace")
         max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
-        num_requests = args.num_requests
-        if num_requests is None:  # a --lengths FILE: its lengths, each once, as without --dynamic
-            num_requests = (lengths_to_draw(args.lengths, None) if args.prompt_lengths is None
-                            and lengths_file(args.lengths) else 20000)
+        # a --lengths FILE: its lengths, each once, as without --dynamic
+        num_requests = (lengths_to_draw(args.lengths, args.num_requests, default=20000)
+                        if args.prompt_lengths is None else args.num_requests or 20000)
         workload = poisson_workload(
             num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, args.lengths,

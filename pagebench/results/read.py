@@ -157,10 +157,10 @@ def data_files(root: Path) -> list[tuple[str, Path]]:
 
 def report_output_of(path: Path, root: Path, excluded=()) -> Path | None:
     """The report output directory that ``path`` (a file under ``root``) lies in: a report's
-    own data directory at or below ``root``, or one of ``excluded`` (real paths); None if
-    none."""
+    own data directory at or below ``root``, or one of ``excluded`` (real paths, compared with
+    the real path's directories, so that a link into one counts too); None if none."""
     for directory in path.parents:
-        if is_report_output(directory) or directory.resolve() in excluded:
+        if is_report_output(directory):
             return directory
         if directory == root:
             break

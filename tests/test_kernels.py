@@ -136,8 +136,9 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 def test_prefill_launch_rules(monkeypatch):
     """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two
     walks; many programs over short tables (at head dim 64: very short) 32-key tiles with
-    capped registers; else 64 rows in one walk with block ids ahead (fp8 caches too); fp32 and
-    non-CUDA devices keep the earlier launch."""
+    capped registers; else 64 rows in one walk with block ids ahead (fp8 caches too), the
+    registers capped at 255 where the programs fit in one wave; fp32 and non-CUDA devices keep
+    the earlier launch."""
     from pagebench.kernels import triton_prefill
     from pagebench.kernels.triton_prefill import PrefillLaunch, prefill_launch
 
@@ -153,10 +154,12 @@ def test_prefill_launch_rules(monkeypatch):
     assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
         64, 32, 4, 2, True, False, 128)  # 32 x 128
     ahead = PrefillLaunch(64, 64, 4, 3, True, True, 255)
+    uncapped = PrefillLaunch(64, 64, 4, 3, True, True, None)  # more than one wave
     assert launch() == ahead  # one wave of programs: 1 x 512
-    assert launch(programs=2112, max_keys=4096) == ahead  # long prefixes
+    assert launch(programs=2112, max_keys=4096) == uncapped  # 8 x 512 after a long prefix
+    assert launch(programs=264, max_keys=4096) == ahead  # one chunk after a long prefix
     assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == ahead  # long chunks, dim 64
-    assert launch(head_dim=64, programs=2112) == ahead  # 8 x 512 at head dim 64
+    assert launch(head_dim=64, programs=2112) == uncapped  # 8 x 512 at head dim 64
     assert launch(head_dim=64, mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
         64, 32, 4, 2, True, False, 128)  # 32 x 128 at head dim 64
     earlier = PrefillLaunch(64, 64, 4, 2, False, False)

@@ -271,10 +271,11 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       only more programs in flight hide. At head dim 64 only the walks of at most four tiles:
       longer ones kept 64-key tiles (Qwen2.5-0.5B shape, 8 x 512: 0.89x the time of the
       32-key launch; 16 x 512: 0.97x; 32 x 128 took 1.05x with 64-key tiles). This launch
-      passes ``maxnreg=255`` (the most a thread can have): against leaving it to the compiler,
-      0.91-0.96x the time for one sequence (a 512-token prompt, 512 after 3,584 or 15,872
-      cached), both shapes; 1.02-1.035x for several chunks after a prefix on the Llama shape
-      (8 x 512 after 3,584, 4 x 1,024 after 3,072), within 0.01 on the Qwen shape there.
+      passes ``maxnreg=255`` (the most a thread can have) where its programs fit in one wave
+      (at most two per SM): against leaving it to the compiler, 0.91-0.96x the time for one
+      sequence (a 512-token prompt, 512 after 3,584 or 15,872 cached), both shapes; with more
+      programs it cost 1.02-1.04x (several chunks after a prefix on the Llama shape: 8 x 512
+      after 3,584, 4 x 1,024 after 3,072), within noise on the Qwen shape there.
 
     fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
     with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
@@ -292,7 +293,9 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
             return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None)
         if head_dim > 64:
             return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
-    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap else None)
+    # the register cap only where the programs fit in one wave (two per SM)
+    one_wave = programs <= 2 * _sm_count(device)
+    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None)
 
 
 @functools.cache

@@ -96,7 +96,7 @@ def test_paged_decode_matches_float64_reference_cpu(backend):
 
 
 def test_triton_split_kv_and_tiles_match_reference():
-    """The split-KV combine and tile boundaries, forced at CPU sizes (auto picks one split)."""
+    """The split-KV merge and tile boundaries, forced at CPU sizes (auto picks one split)."""
     if "triton" not in backends_for("cpu"):
         pytest.skip("triton not installed")
     from pagebench.kernels.triton_decode import triton_paged_decode

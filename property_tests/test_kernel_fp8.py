@@ -156,7 +156,7 @@ def test_paged_prefill_fp8_matches_float64_reference_cuda(backend):
 
 
 def test_triton_fp8_split_kv_matches_reference():
-    """The split-KV path (partials scaled by v_scale before the combine), forced on the CPU,
+    """The split-KV path (partials scaled by v_scale before the merge), forced on the CPU,
     with one KV head per program or two (each head's scales on its own rows)."""
     if "triton" not in fp8_backends_for("cpu", "decode"):
         pytest.skip("triton not installed")

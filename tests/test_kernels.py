@@ -378,7 +378,7 @@ def test_split_choice_fills_whole_waves():
         assert choose_num_splits(batch * 8, 4096, tile, slots) == splits
     assert choose_num_splits(8, 65536, tile, slots) == 64  # batch 1: 512 programs of 1024
     assert choose_num_splits(8, 1024, tile, slots) == 16  # short: one tile per split
-    assert choose_num_splits(8, 4096, tile, slots) == 32  # 64 would add a combine step
+    assert choose_num_splits(8, 4096, tile, slots) == 32  # 64 would add a merge step
     assert choose_num_splits(2, 65536, tile, 1056) == 128  # not 512: merging them costs more
     assert choose_num_splits(8, 40, tile, slots) == 1  # one tile: nothing to split
     # more slots (a smaller kernel) take more splits at the same batch
@@ -407,7 +407,8 @@ def test_slots_follow_the_cuda_occupancy_rule(monkeypatch, regs, shared, warps, 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("splits", [2, 33, 70])
 def test_triton_combines_many_splits(splits):
-    """Past COMBINE_CHUNK splits the combine kernel merges in chunks; empty splits weigh 0."""
+    """Past a merge step's splits (``MERGE_SPLITS``) the last split merges in steps; empty
+    splits weigh 0."""
     from pagebench.kernels.triton_decode import triton_paged_decode
     inp = make_paged_inputs([1, 40, 300, 1100], 8, 2, 32, 16, seed=splits)
     out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=16)

@@ -67,8 +67,23 @@ CHILD = textwrap.dedent(r'''
         triton.compile(ASTSource(kernel, signature, constants),
                        target=GPUTarget("cuda", ARCH, 32), options=options)
 
+    def captured_first(call):
+        """``call`` on a new plan, as if a CUDA graph captured it: no counters yet, so the split
+        kernel without the merge and then the combine kernel."""
+        def run():
+            triton_decode._PLANS.clear()
+            triton_decode._capturing = lambda device: True
+            try:
+                call()
+            finally:
+                triton_decode._capturing = capturing
+        return run
+
+    capturing = triton_decode._capturing
+
     def case(dtype, tables, lens, cache=None):
-        """Decode (one split and three: the combine kernel) and prefill calls on one input."""
+        """Decode (one split, three merged by the last, three captured first) and prefill calls
+        on one input."""
         inp = make_paged_inputs([1, 37, 200], 8, 2, 64, 16, dtype, seed=1)
         if cache is not None:
             inp = quantized_inputs(inp, cache, seed=1)
@@ -81,6 +96,7 @@ CHILD = textwrap.dedent(r'''
         calls = [(f"decode splits={n} {name}",
                   lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
                  for n in (1, 3)]
+        calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
         every_launch = (dtype, tables, lens, cache) == (torch.bfloat16, I64, I64, None)
         forced = [{}, *PREFILL_LAUNCHES.values()] if every_launch else [{}]
         calls += [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(

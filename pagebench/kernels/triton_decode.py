@@ -15,8 +15,11 @@ fp16 (``rows_to_f16``) so the dots take the format fp8 converts to in one instru
 converts in registers (``fp8_to_f16``). Its per-KV-head scales are applied where they cost
 nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
 accumulator once at the end. With one split the program normalises and writes ``out``
-directly; with several, it writes its unnormalised partial output and (max, sum), and a second
-kernel merges the splits (flash-decoding), so one long sequence at batch 1 still fills the GPU.
+directly; with several (flash-decoding, so one long sequence at batch 1 still fills the GPU),
+it writes its unnormalised partial output and (max, sum); up to ``FUSED_MERGE_SPLITS``
+splits it also counts itself in a counter of its (sequence, KV head(s)), and the last of their
+splits to arrive merges all their partials into ``out`` (``merge_splits``): one launch. With
+more splits a second kernel merges them, a program per query head.
 
 On a machine without a GPU the kernels run interpreted on CPU tensors: this module sets
 ``TRITON_INTERPRET=1`` before it imports Triton (:mod:`pagebench.triton_setup`).
@@ -42,8 +45,18 @@ MMA_ROWS = 16  # tl.dot's fewest rows: a program's query rows are padded to this
 # A program's fixed cost (load q, write its partial, launch share) in KV tiles: it is what makes
 # an extra wave of short programs cost more than a wave of long ones.
 SPLIT_OVERHEAD_TILES = 2
-INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split + combine path runs
-COMBINE_CHUNK = 32  # splits the combine kernel merges per step
+INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split path runs
+# The merge of the splits: fp32 partials each thread loads a step (more raised the kernel's
+# registers, compiled for sm_90 on the CPU); and the splits whose merge the wave model counts as
+# one tile time (the combine kernel's step before the merge was fused; not measured since).
+MERGE_ELEMENTS = 8
+MERGE_TILE_SPLITS = 32
+# Splits up to which the split kernel merges them itself (``fused_merge``): one program merges a
+# (sequence, KV head)'s partials a few splits a step, at the end of the launch, so with many
+# splits the second kernel's program per query head is faster. H200, bf16: fused 0.97-0.98x the
+# time at 2-4 splits, 1.03-1.16x at 16 (docs/kernels.md, "Splits merged in the split kernel").
+FUSED_MERGE_SPLITS = 4
+COMBINE_CHUNK = 32  # splits the combine kernel's program loads a step
 
 
 def next_pow2(n: int) -> int:
@@ -109,7 +122,7 @@ def fp8_to_f16(x):
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE,
+    Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE, COUNTERS,
     scale_log2e, tokens_per_split, ml_offset,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -121,7 +134,12 @@ def _decode_split_kernel(
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
     Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr, KV_PER_PROGRAM: tl.constexpr,
+    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
 ):
+    """``DIRECT``: the only split writes ``out``. Else each split writes its partial; with
+    ``MERGE`` the last of a (sequence, ``tl.program_id(1)``)'s splits to count itself in
+    ``COUNTERS`` (int32, zero between launches) sets the counter back and merges them, without
+    it ``_combine_kernel`` does in a second launch."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1) * KV_PER_PROGRAM  # the first of the program's KV heads
     split = tl.program_id(2)
@@ -186,37 +204,78 @@ def _decode_split_kernel(
         tl.store(PART + part[:, None] * DIM_PAD + dims[None, :], acc, mask=out_mask)
         tl.store(PART + ml_offset + part * 2, m_i, mask=row_ok)
         tl.store(PART + ml_offset + part * 2 + 1, l_i, mask=row_ok)
+        if MERGE:
+            # the barrier orders every thread's stores before the count (one thread's atomic,
+            # its old value broadcast), which releases them to the last split's count
+            tl.debug_barrier()
+            counter = COUNTERS + seq * tl.num_programs(1) + tl.program_id(1)
+            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+            if arrived == tl.num_programs(2) - 1:
+                # every split has counted: nothing else touches the counter in this launch, and
+                # the next launch starts after this one ends (a plain store will do)
+                tl.store(counter, 0)
+                tl.debug_barrier()  # what the counting thread acquired, to all threads
+                merge_splits(PART, OUT, seq, kv_head * GROUP, tl.num_programs(2), ml_offset,
+                             stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
+                             GROUP * KV_PER_PROGRAM, MERGE_ROWS, MERGE_SPLITS, HEAD_DIM,
+                             DIM_PAD)
+
+
+# noinline: allocated registers apart from the main loop (inlined, it raised some kernels' count
+# above the two-kernel split kernel's, compiled for sm_90 on the CPU)
+@triton.jit(noinline=True)
+def merge_splits(PART, OUT, seq, first_head, num_splits, ml_offset,
+                 stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
+                 ROWS: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                 HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+    """``out`` of query heads ``first_head`` .. ``first_head + ROWS - 1`` of ``seq`` from the
+    ``num_splits`` partials: weights ``exp2(m_split - m_max)``, empty splits (max -inf) 0,
+    ``MERGE_SPLITS`` splits a step in split order, so the result does not depend on which
+    program merges. Partials are loaded from L2 (``.cg``), where other SMs stored them."""
+    rows = tl.arange(0, MERGE_ROWS)
+    row_ok = rows < ROWS
+    heads = first_head + rows
+    dims = tl.arange(0, DIM_PAD)
+    part = seq * stride_ps + heads * stride_ph
+    PART_ML = PART + ml_offset
+    m_max = tl.full([MERGE_ROWS], float("-inf"), tl.float32)
+    chunk = tl.arange(0, MERGE_SPLITS * DIM_PAD)  # maxima first: as many values a step as below
+    for first in range(0, num_splits, MERGE_SPLITS * DIM_PAD):
+        at = part[:, None] + (first + chunk)[None, :] * stride_pk
+        ok = row_ok[:, None] & (first + chunk < num_splits)[None, :]
+        m = tl.load(PART_ML + at * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        m_max = tl.maximum(m_max, tl.max(m, 1))
+    chunk = tl.arange(0, MERGE_SPLITS)
+    acc = tl.zeros([MERGE_ROWS, DIM_PAD], tl.float32)
+    denom = tl.zeros([MERGE_ROWS], tl.float32)
+    for first in range(0, num_splits, MERGE_SPLITS):  # [rows, splits, dims] partials a step
+        at = part[:, None] + (first + chunk)[None, :] * stride_pk
+        ok = row_ok[:, None] & (first + chunk < num_splits)[None, :]
+        m = tl.load(PART_ML + at * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+        l_c = tl.load(PART_ML + at * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+        w = tl.where(m > float("-inf"), tl.exp2(m - m_max[:, None]), 0.0)
+        o = tl.load(PART + at[:, :, None] * DIM_PAD + dims[None, None, :], mask=ok[:, :, None],
+                    other=0.0, cache_modifier=".cg")
+        acc += tl.sum(o * w[:, :, None], 1)
+        denom += tl.sum(l_c * w, 1)
+    tl.store(OUT + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
+             (acc / denom[:, None]).to(OUT.dtype.element_ty),
+             mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :])
 
 
 @triton.jit
 def _combine_kernel(
     PART, OUT, num_splits, ml_offset,
-    stride_ps, stride_ph, stride_os, stride_oh,
-    SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
+    stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
+    ROWS: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    head = tl.program_id(1)
-    base = seq * stride_ps + head * stride_ph  # stride over splits is 1
-    PART_ML = PART + ml_offset
-    splits = tl.arange(0, SPLITS_PAD)
-    m = tl.load(PART_ML + (base + splits) * 2, mask=splits < num_splits, other=float("-inf"))
-    m_max = tl.max(m, 0)
-    dims = tl.arange(0, DIM_PAD)
-    acc = tl.zeros([DIM_PAD], tl.float32)
-    denom = 0.0
-    for first in range(0, num_splits, CHUNK):  # partial outputs a chunk of splits at a time
-        chunk = first + tl.arange(0, CHUNK)
-        ok = chunk < num_splits
-        m_c = tl.load(PART_ML + (base + chunk) * 2, mask=ok, other=float("-inf"))
-        l_c = tl.load(PART_ML + (base + chunk) * 2 + 1, mask=ok, other=0.0)
-        w = tl.where(m_c > float("-inf"), tl.exp2(m_c - m_max), 0.0)  # empty splits weigh 0
-        o = tl.load(PART + (base + chunk)[:, None] * DIM_PAD + dims[None, :], mask=ok[:, None],
-                    other=0.0)
-        acc += tl.sum(o * w[:, None], 0)
-        denom += tl.sum(l_c * w, 0)
-    tl.store(OUT + seq * stride_os + head * stride_oh + dims, (acc / denom).to(OUT.dtype.element_ty),
-             mask=dims < HEAD_DIM)
+    """The merge as a second launch, one program per (sequence, query head): where the split
+    kernel does not merge (more than ``FUSED_MERGE_SPLITS`` splits, or a plan first called
+    while a CUDA graph is captured, before it has counters: ``DecodePlan``)."""
+    merge_splits(PART, OUT, tl.program_id(0), tl.program_id(1) * ROWS, num_splits, ml_offset,
+                 stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
+                 ROWS, MERGE_ROWS, MERGE_SPLITS, HEAD_DIM, DIM_PAD)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -224,21 +283,21 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
     """Splits of each (sequence, KV head) pair's ``capacity`` tokens, from a wave model.
 
     ``units`` (sequence, KV head) pairs x splits programs run ``slots`` at a time (programs per
-    SM x SMs), so the split kernel takes about ``waves x (tiles per split +
-    SPLIT_OVERHEAD_TILES)`` tile times, and the combine kernel one more per chunk of
-    ``COMBINE_CHUNK`` splits that each of its programs merges in turn. The cheapest split count
-    wins, the fewest splits on ties. What this avoids is a split count that spills a few
-    programs into a second wave: on an H200 (bf16, 32/8 heads x 128, 4096 tokens, 528 slots)
-    16 sequences took 94.7 us with 5 splits (640 programs) and 80.2 us with 4 (512); and
-    splitting one sequence into hundreds of slivers (14/2 heads x 64, 1 x 65536: 512 splits
-    34.1 us, 128 splits 30.2 us).
+    SM x SMs), so the kernel takes about ``waves x (tiles per split + SPLIT_OVERHEAD_TILES)``
+    tile times, and the last program of each pair, which merges the pair's partials after its
+    own tiles, one more per ``MERGE_TILE_SPLITS`` splits (the pairs' merges run side by side).
+    The cheapest split count wins, the fewest splits on ties. What this avoids is a split count
+    that spills a few programs into a second wave: on an H200 (bf16, 32/8 heads x 128, 4096
+    tokens, 528 slots; timed when a second kernel merged the splits) 16 sequences took 94.7 us
+    with 5 splits (640 programs) and 80.2 us with 4 (512); and splitting one sequence into
+    hundreds of slivers (14/2 heads x 64, 1 x 65536: 512 splits 34.1 us, 128 splits 30.2 us).
     """
     best, best_cost = 1, None
     for splits in range(1, min(MAX_SPLITS, ceil_div(capacity, tile_n)) + 1):
         tiles = ceil_div(ceil_div(capacity, splits), tile_n)  # per split, rounded up
         used = ceil_div(capacity, tiles * tile_n)  # splits that then hold any tokens
         cost = ceil_div(units * used, slots) * (tiles + SPLIT_OVERHEAD_TILES)
-        cost += ceil_div(used, COMBINE_CHUNK) if used > 1 else 0
+        cost += ceil_div(used, MERGE_TILE_SPLITS) if used > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = used, cost
     return best
@@ -381,10 +440,22 @@ def _current_stream(device_index: int) -> int:
 
 class DecodePlan:
     """Everything about a decode call that its shapes fix: split count, grids, constexprs and
-    strides, built once per shape (``decode_plan``) so a call only allocates and launches."""
+    strides, built once per shape (``decode_plan``) so a call only allocates and launches.
+
+    With several splits, up to ``FUSED_MERGE_SPLITS`` of them unless ``fused_merge`` says
+    otherwise, the split kernel merges them itself; more, and ``_combine_kernel`` does, a second
+    launch. A merging plan holds the kernel's ``counters`` (int32, one per sequence and program
+    column), zero between calls: the program that merges a column sets its counter
+    back, so neither calls nor CUDA-graph replays need a memset. They are made on the plan's
+    first call that is not being captured (``torch.zeros`` in a capture would be a node of the
+    graph, run by its replays only); a call captured before then launches the split kernel
+    without the merge and ``_combine_kernel`` after it, and so do its graph's replays. Calls
+    share the counters, replays of graphs that captured the plan too: a plan must not run on
+    two streams at once.
+    """
 
     def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages, kv_per_program=None):
+                 num_warps, num_stages, kv_per_program=None, fused_merge=None):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
@@ -413,7 +484,11 @@ class DecodePlan:
             IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
             FP8=fp8, Q_TO_F16=fp8 and q.dtype == torch.bfloat16,
             FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device),
-            KV_PER_PROGRAM=kv_per_program)
+            KV_PER_PROGRAM=kv_per_program, MERGE=True)
+        merge_rows = next_pow2(group * kv_per_program)  # unpadded: the merge has no tl.dot
+        merge = dict(MERGE_ROWS=merge_rows, MERGE_SPLITS=max(
+            1, MERGE_ELEMENTS * 32 * num_warps // (merge_rows * dim_pad)))
+        constexprs.update(merge)
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
@@ -430,8 +505,9 @@ class DecodePlan:
                        seq_lens.dtype, *constexprs.values(), *options.values())
                 if key not in _SLOTS:  # compile without running: occupancy needs the binary
                     part = torch.empty(16, device=q.device, dtype=torch.float32)
+                    counters = torch.empty(16, device=q.device, dtype=torch.int32)
                     compiled = _decode_split_kernel.warmup(
-                        q, k_cache, v_cache, tables, seq_lens, q, part, part, part,
+                        q, k_cache, v_cache, tables, seq_lens, q, part, part, part, counters,
                         *scalars(2, tile_n, 16), grid=(1,), **constexprs, **options)
                     _SLOTS[key] = _slots(compiled, q.device.index or 0)
                 slots = _SLOTS[key]
@@ -442,18 +518,24 @@ class DecodePlan:
         self.num_splits = num_splits = ceil_div(capacity, tokens_per_split)
         parts = num_seqs * q_heads * num_splits
         self.part_numel = parts * (dim_pad + 2) if num_splits > 1 else 0
-        self.split = _Launcher(
-            _decode_split_kernel, (num_seqs, kv_heads // kv_per_program, num_splits),
-            scalars(num_splits, tokens_per_split, parts * dim_pad),
-            {**constexprs, "DIRECT": num_splits == 1}, options, num_tensors=9)
-        self.combine = None
-        if num_splits > 1:
+        grid = (num_seqs, kv_heads // kv_per_program, num_splits)
+        split_scalars = scalars(num_splits, tokens_per_split, parts * dim_pad)
+        self.fused = num_splits > 1 and (num_splits <= FUSED_MERGE_SPLITS if fused_merge is None
+                                         else bool(fused_merge))
+        self.split = _Launcher(_decode_split_kernel, grid, split_scalars,
+                               {**constexprs, "DIRECT": num_splits == 1, "MERGE": self.fused},
+                               options, num_tensors=10)
+        self.num_counters, self.counters = grid[0] * grid[1], None
+        if num_splits > 1:  # unfused, or a call captured before the plan has counters
+            self.unmerged = self.split if not self.fused else _Launcher(
+                _decode_split_kernel, grid, split_scalars, {**constexprs, "MERGE": False},
+                options, num_tensors=10)
             self.combine = _Launcher(
                 _combine_kernel, (num_seqs, q_heads),
-                (num_splits, parts * dim_pad, q_heads * num_splits, num_splits,
+                (num_splits, parts * dim_pad, q_heads * num_splits, num_splits, 1,
                  q_heads * head_dim, head_dim),
-                dict(SPLITS_PAD=max(2, next_pow2(num_splits)),
-                     CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
+                dict(ROWS=1, MERGE_ROWS=1,
+                     MERGE_SPLITS=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
                      HEAD_DIM=head_dim, DIM_PAD=dim_pad), dict(num_warps=4), num_tensors=2)
 
     def __call__(self, q, k_cache, v_cache, tables, seq_lens, k_scale=None, v_scale=None):
@@ -462,13 +544,43 @@ class DecodePlan:
             return out
         if k_scale is None:  # not read (FP8 is off): any pointer will do
             k_scale = v_scale = seq_lens
-        if self.combine is None:  # writes out directly
-            self.split(q, k_cache, v_cache, tables, seq_lens, out, out, k_scale, v_scale)
+        if self.num_splits == 1:  # writes out directly (reads no counters)
+            self.split(q, k_cache, v_cache, tables, seq_lens, out, out, k_scale, v_scale,
+                       seq_lens)
             return out
         part = torch.empty(self.part_numel, device=q.device, dtype=torch.float32)
-        self.split(q, k_cache, v_cache, tables, seq_lens, out, part, k_scale, v_scale)
-        self.combine(part, out)
+        if self.fused and self.counters is None and not _capturing(q.device):
+            self.counters = _zeroed_counters(self.num_counters, q.device)
+        if self.counters is None:
+            self.unmerged(q, k_cache, v_cache, tables, seq_lens, out, part, k_scale, v_scale,
+                          seq_lens)
+            self.combine(part, out)
+        else:
+            self.split(q, k_cache, v_cache, tables, seq_lens, out, part, k_scale, v_scale,
+                       self.counters)
         return out
+
+
+def _capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is capturing a CUDA graph."""
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
+
+
+# Counters of plans that decode_plan evicted: a CUDA graph that captured such a plan still counts
+# in them, so they are never freed, only handed to a later plan (zero between calls, they serve
+# it as they are; that plan and the graph then must not run at once, like one plan's calls).
+_SPARE_COUNTERS: list = []
+
+
+def _zeroed_counters(n: int, device: torch.device) -> torch.Tensor:
+    """``n`` int32 counters at zero, an evicted plan's where one has enough."""
+    for i, spare in enumerate(_SPARE_COUNTERS):
+        if spare.device == device and spare.numel() >= n:
+            return _SPARE_COUNTERS.pop(i)[:n]
+    return torch.zeros(n, device=device, dtype=torch.int32)
 
 
 def check_plan_layout(q, k_cache, v_cache, tables, seq_lens) -> None:
@@ -490,22 +602,24 @@ MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
                 num_splits: int | None = None, tile_n: int | None = None,
                 num_warps: int | None = None, num_stages: int | None = None,
-                kv_per_program: int | None = None) -> DecodePlan:
+                kv_per_program: int | None = None,
+                fused_merge: bool | None = None) -> DecodePlan:
     """The cached plan for a call with these shapes, strides, dtypes and options (built on the
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
     key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, kv_per_program,
-           *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
+           fused_merge, *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
                                                        seq_lens)))
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= MAX_PLANS:
+            _SPARE_COUNTERS.extend(p.counters for p in _PLANS.values() if p.counters is not None)
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
                                         num_splits, tile_n, num_warps, num_stages,
-                                        kv_per_program)
+                                        kv_per_program, fused_merge)
     return plan
 
 
@@ -520,7 +634,9 @@ def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_sc
     ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` is
     Triton's (default ``default_num_stages``); ``kv_per_program`` the KV heads each program
     reads (a divisor of num_kv_heads; default 2 where ``kv_heads_pair`` and the default launch
-    is ``FP8_LAUNCH``, else 1).
+    is ``FP8_LAUNCH``, else 1); ``fused_merge`` whether the split kernel's last program of each
+    (sequence, KV head) merges the splits (default: up to ``FUSED_MERGE_SPLITS`` splits) or a
+    second kernel does.
     """
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()

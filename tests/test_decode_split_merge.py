@@ -1,0 +1,136 @@
+"""The Triton decode's split-KV merge, fused into the split kernel: the last split of each
+(sequence, program column) to count itself in the plan's counters merges them all and sets its
+counter back to zero. On the CPU the kernel runs interpreted (one program after another).
+
+A counter left non-zero would make a later call merge too early or never: each test calls a
+plan again with other values of the same shapes (a new ``out`` may reuse the last one's memory,
+so a skipped merge could still return a right answer for the old values).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagebench.config import ceil_div
+from pagebench.kernels import available_backends
+from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+                                        relative_error)
+from pagebench.kernels.reference import reference_decode
+
+pytestmark = pytest.mark.skipif("triton" not in available_backends(),
+                                reason="triton not installed")
+TILE = 16
+
+
+def split_inputs(lengths, splits, q_heads=8, kv_heads=2, block=16, dtype=torch.float32, seed=0):
+    """Tables of exactly ``splits`` x 2 tiles of ``TILE`` tokens (so the plan keeps ``splits``
+    splits); sequences shorter than that leave their last splits empty."""
+    blocks = 2 * splits * TILE // block
+    extra = blocks - max(ceil_div(n, block) for n in lengths)
+    return make_paged_inputs(lengths, q_heads, kv_heads, 32, block, dtype, seed=seed,
+                             extra_table_cols=extra)
+
+
+def check(out, inp, scales=None):
+    ref = reference_decode(*inp.args(), 32 ** -0.5, **(scales or {}))
+    assert not torch.isnan(out).any(), "NaN: a poisoned slot or a partial not merged"
+    assert relative_error(out, ref) < TOLERANCE[inp.q.dtype]
+
+
+@pytest.mark.parametrize("splits", [3, 7, 16])
+def test_repeated_calls_of_one_plan_merge_every_time(splits):
+    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    lengths = [2 * splits * TILE, 1, 5 * TILE + 3]
+    plan, outs = None, []
+    for seed in range(3):
+        inp = split_inputs(lengths, splits, seed=seed)
+        out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE)
+        check(out, inp)
+        again = decode_plan(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE)
+        assert plan is None or again is plan
+        plan = again
+        assert plan.num_splits == splits and plan.counters.tolist() == [0] * 2 * len(lengths)
+        outs.append(out)
+    assert not torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("q_heads, kv_heads, kv_per_program, cache", [
+    (8, 2, 1, None),
+    (4, 4, 1, None),  # one row per program
+    (14, 2, 1, None),  # 7 query heads a group: a padding row in the merge
+    (8, 4, 2, torch.float8_e5m2),  # two KV heads per program, v_scale in the partials
+])
+def test_empty_splits_and_ragged_lengths(q_heads, kv_heads, kv_per_program, cache):
+    """Lengths 1 (every split but the first empty), a tile and one token, a block, the whole
+    table; empty splits (max -inf) weigh nothing."""
+    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    splits = 5
+    lengths = [1, TILE + 1, 2 * splits * TILE, 16, 3 * TILE]
+    for seed in range(2):
+        inp = split_inputs(lengths, splits, q_heads, kv_heads, dtype=torch.bfloat16 if cache
+                           else torch.float32, seed=seed)
+        scales = {}
+        if cache is not None:
+            inp = quantized_inputs(inp, cache, seed=seed)
+            scales = inp.scales()
+        options = dict(num_splits=splits, tile_n=TILE, kv_per_program=kv_per_program)
+        out = triton_paged_decode(*inp.args(), 32 ** -0.5, **scales, **options)
+        check(out, inp, scales)
+        plan = decode_plan(*inp.args(), 32 ** -0.5, **options)
+        assert plan.num_splits == splits and not plan.counters.any()
+
+
+def test_a_plan_first_called_in_a_capture_launches_split_and_combine(monkeypatch):
+    """No counters can be zeroed in a capture: the plan then takes the split kernel without the
+    merge and the combine kernel, whose merge is the fused one's (to rounding: its program
+    takes one query head, the fused one all of a KV head's)."""
+    from pagebench.kernels import triton_decode as td
+    monkeypatch.setattr(td, "_PLANS", {})
+    monkeypatch.setattr(td, "_capturing", lambda device: True)
+    inp = split_inputs([1, 70, 2 * 4 * TILE], 4, seed=3)
+    options = dict(num_splits=4, tile_n=TILE)
+    captured = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
+    plan = td.decode_plan(*inp.args(), 32 ** -0.5, **options)
+    assert plan.counters is None
+    check(captured, inp)
+    monkeypatch.setattr(td, "_capturing", lambda device: False)
+    fused = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
+    assert plan.counters is not None and not plan.counters.any()
+    assert relative_error(fused, captured) < 1e-6
+
+
+def test_evicted_plans_hand_their_counters_on(monkeypatch):
+    """A CUDA graph may still count in an evicted plan's counters: they are reused, not freed."""
+    from pagebench.kernels import triton_decode as td
+    monkeypatch.setattr(td, "_PLANS", {})
+    monkeypatch.setattr(td, "_SPARE_COUNTERS", [])
+    monkeypatch.setattr(td, "MAX_PLANS", 1)
+    big = split_inputs([1, 40, 3 * TILE], 3, seed=4)
+    td.triton_paged_decode(*big.args(), 32 ** -0.5, num_splits=3, tile_n=TILE)
+    counters = td.decode_plan(*big.args(), 32 ** -0.5, num_splits=3, tile_n=TILE).counters
+    small = split_inputs([20, 50], 3, seed=5)  # another shape: evicts the first plan
+    out = td.triton_paged_decode(*small.args(), 32 ** -0.5, num_splits=3, tile_n=TILE)
+    check(out, small)
+    reused = td.decode_plan(*small.args(), 32 ** -0.5, num_splits=3, tile_n=TILE).counters
+    assert reused.data_ptr() == counters.data_ptr() and reused.numel() == 4
+    assert not td._SPARE_COUNTERS
+
+
+def test_fused_merge_follows_the_split_count_and_can_be_forced(monkeypatch):
+    """Up to FUSED_MERGE_SPLITS splits the split kernel merges them; beyond, the combine kernel
+    does; either can be forced, with the same result."""
+    from pagebench.kernels import triton_decode as td
+    monkeypatch.setattr(td, "_PLANS", {})
+    monkeypatch.setattr(td, "FUSED_MERGE_SPLITS", 3)
+    inp = split_inputs([1, 70, 2 * 4 * TILE], 4, seed=4)
+    outs = {}
+    for splits, forced in ((3, None), (4, None), (4, True), (3, False)):
+        options = dict(num_splits=splits, tile_n=TILE, fused_merge=forced)
+        outs[splits, forced] = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
+        plan = td.decode_plan(*inp.args(), 32 ** -0.5, **options)
+        assert plan.fused == (splits <= 3 if forced is None else forced)
+        assert (plan.counters is not None) == plan.fused
+        check(outs[splits, forced], inp)
+    assert relative_error(outs[4, None], outs[4, True]) < 1e-6
+    assert relative_error(outs[3, None], outs[3, False]) < 1e-6

@@ -117,6 +117,27 @@ def test_paged_decode_matches_float64_reference_cuda(backend):
     run_property(backend, device="cuda", large=True, examples=10)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or "triton" not in backends_for("cuda"),
+                    reason="needs a CUDA device and triton")
+def test_triton_split_merges_match_reference_cuda():
+    """Both merges of the splits (the split kernel's own, the combine kernel), forced or by
+    the split count, at the counts the defaults take on an H200 (2-4, 16-64); each case twice
+    on one plan, whose merge counters must be back at zero after the first call."""
+    from pagebench.kernels.triton_decode import triton_paged_decode
+
+    @settings(max_examples=24, deadline=None)
+    @given(case=decode_cases("triton", large=True), splits=st.sampled_from([2, 3, 4, 7, 16, 64]),
+           fused=st.sampled_from([None, True, False]))
+    def prop(case, splits, fused):
+        def decode(*args):
+            return triton_paged_decode(*args, case["head_dim"] ** -0.5, num_splits=splits,
+                                       fused_merge=fused)
+        for _ in range(2):
+            check_backend("triton", case, "cuda", decode=decode)
+    prop()
+
+
 def check_prefill(backend: str, case: dict, query_lens: list[int], device: str = "cpu",
                   prefill=None, q_gain: float = 1.0) -> None:
     """Queries for the last ``query_lens[s]`` positions of each sequence, against float64;

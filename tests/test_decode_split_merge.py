@@ -45,9 +45,11 @@ def test_repeated_calls_of_one_plan_merge_every_time(splits):
     plan, outs = None, []
     for seed in range(3):
         inp = split_inputs(lengths, splits, seed=seed)
-        out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE)
+        out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
+                                  fused_merge=True)
         check(out, inp)
-        again = decode_plan(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE)
+        again = decode_plan(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
+                            fused_merge=True)
         assert plan is None or again is plan
         plan = again
         assert plan.num_splits == splits and plan.counters.tolist() == [0] * 2 * len(lengths)
@@ -74,7 +76,8 @@ def test_empty_splits_and_ragged_lengths(q_heads, kv_heads, kv_per_program, cach
         if cache is not None:
             inp = quantized_inputs(inp, cache, seed=seed)
             scales = inp.scales()
-        options = dict(num_splits=splits, tile_n=TILE, kv_per_program=kv_per_program)
+        options = dict(num_splits=splits, tile_n=TILE, kv_per_program=kv_per_program,
+                       fused_merge=True)
         out = triton_paged_decode(*inp.args(), 32 ** -0.5, **scales, **options)
         check(out, inp, scales)
         plan = decode_plan(*inp.args(), 32 ** -0.5, **options)
@@ -134,3 +137,38 @@ def test_fused_merge_follows_the_split_count_and_can_be_forced(monkeypatch):
         check(outs[splits, forced], inp)
     assert relative_error(outs[4, None], outs[4, True]) < 1e-6
     assert relative_error(outs[3, None], outs[3, False]) < 1e-6
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("splits, fused", [(4, None), (16, True), (16, None)])
+def test_graph_replays_merge_every_time_cuda(splits, fused):
+    """A CUDA graph of a split decode, replayed with new queries: every replay's output is the
+    reference's (a merging plan's counters are back at zero after each replay, no memset)."""
+    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    inp = make_paged_inputs([700, 1, 333, 1024], 32, 8, 128, 16, torch.bfloat16, "cuda",
+                            seed=1)
+    q = inp.q.clone()
+    args = (q, *inp.args()[1:])
+
+    def call():
+        return triton_paged_decode(*args, 128 ** -0.5, num_splits=splits, fused_merge=fused)
+
+    call()  # eager first: the plan makes its counters outside the capture
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        call()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    for _ in range(3):
+        q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, reference_decode(*args, 128 ** -0.5)) < TOLERANCE[q.dtype]
+    plan = decode_plan(*args, 128 ** -0.5, num_splits=splits, fused_merge=fused)
+    assert plan.fused == (fused if fused is not None else splits <= 4)
+    assert plan.counters is None if not plan.fused else not plan.counters.any()

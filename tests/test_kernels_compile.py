@@ -27,17 +27,14 @@ CHILD = textwrap.dedent(r'''
     import json, sys
     import torch
     import triton
-    from triton.backends.compiler import GPUTarget
+    from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
+    from triton.runtime.jit import JITFunction, native_specialize_impl
     from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
     from pagebench.kernels import registered_backends, triton_decode
     from pagebench.kernels.triton_decode import triton_paged_decode
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
-    TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32",
-             torch.int32: "i32", torch.int64: "i64", torch.float8_e4m3fn: "fp8e4nv",
-             torch.float8_e5m2: "fp8e5"}
     OPTIONS = ("num_warps", "num_stages", "maxnreg")
     ARCH = int(sys.argv[1])
     sys.path.insert(0, sys.argv[2])  # property_tests: the launches prefill_launch picks on a GPU
@@ -50,21 +47,26 @@ CHILD = textwrap.dedent(r'''
         (self, args, kwargs))
 
     def compile_for_arch(kernel, args, kwargs):
+        """As the JIT would on a GPU: its own specialisation of every argument (types, 16-byte
+        divisibility of pointers and integers, integers equal to 1 as constants). Without the
+        divisibility hints the loads are neither vectorised nor pipelined: not the code a GPU
+        compiles and runs."""
         constexprs = {p.name for p in kernel.params if p.is_constexpr}
         values = dict(zip(kernel.arg_names, args)) | kwargs
-        signature, constants = {}, {}
-        for name in kernel.arg_names:
+        signature, constants, attrs = {}, {}, {}
+        for i, name in enumerate(kernel.arg_names):
             v = values[name]
             if name in constexprs:
                 signature[name], constants[name] = "constexpr", v
-            elif isinstance(v, torch.Tensor):
-                signature[name] = "*" + TYPES[v.dtype]
-            elif isinstance(v, float):
-                signature[name] = "fp32"
+                continue
+            kind, key = native_specialize_impl(BaseBackend, v, False, True, True)
+            signature[name] = kind
+            if kind == "constexpr":
+                constants[name] = v
             else:
-                signature[name] = "i64" if abs(v) >= 2**31 else "i32"
+                attrs[(i,)] = BaseBackend.parse_attr(key) if isinstance(key, str) else []
         options = {k: kwargs[k] for k in OPTIONS if kwargs.get(k) is not None}
-        triton.compile(ASTSource(kernel, signature, constants),
+        triton.compile(ASTSource(kernel, signature, constants, attrs),
                        target=GPUTarget("cuda", ARCH, 32), options=options)
 
     def captured_first(call):
@@ -81,23 +83,25 @@ CHILD = textwrap.dedent(r'''
 
     capturing = triton_decode._capturing
 
-    def case(dtype, tables, lens, cache=None):
+    def case(dtype, tables, lens, cache=None, shape=(8, 2, 64)):
         """Decode (one split, three merged by the last, three captured first) and prefill calls
         on one input."""
-        inp = make_paged_inputs([1, 37, 200], 8, 2, 64, 16, dtype, seed=1)
+        q_heads, _, head_dim = shape
+        inp = make_paged_inputs([1, 37, 200], *shape, 16, dtype, seed=1)
         if cache is not None:
             inp = quantized_inputs(inp, cache, seed=1)
         args = (inp.q, inp.k_cache, inp.v_cache, inp.block_tables.to(tables),
                 inp.seq_lens.to(lens))
         scales = {} if cache is None else dict(k_scale=inp.k_scale, v_scale=inp.v_scale)
-        q = torch.randn(85, 8, 64).to(dtype)
+        q = torch.randn(85, q_heads, head_dim).to(dtype)
         qlens = torch.tensor([1, 20, 64], dtype=lens)
-        name = f"{dtype} cache={cache} tables={tables} seq_lens={lens}"
+        name = f"{dtype} cache={cache} tables={tables} seq_lens={lens} shape={shape}"
         calls = [(f"decode splits={n} {name}",
                   lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
                  for n in (1, 3)]
         calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
-        every_launch = (dtype, tables, lens, cache) == (torch.bfloat16, I64, I64, None)
+        every_launch = (dtype, tables, lens, cache, shape) == (torch.bfloat16, I64, I64, None,
+                                                               (8, 2, 64))
         forced = [{}, *PREFILL_LAUNCHES.values()] if every_launch else [{}]
         calls += [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(
             q, *args[1:], qlens, 0.125, **scales, **launch)) for launch in forced]
@@ -112,6 +116,11 @@ CHILD = textwrap.dedent(r'''
                                      (torch.bfloat16, torch.float8_e4m3fn),
                                      (torch.bfloat16, torch.float8_e5m2))
               for c in case(dtype, I64, I64, cache)]
+    # the Llama-3-8B shape: head dim 128 and 4-row groups (fp8 caches: two KV heads a program;
+    # there Triton 3.6, the H200's, failed to compile an earlier merge with a loop of maxima,
+    # which this machine's Triton compiled: run this file under the GPU's Triton too)
+    cases += [c for cache in (None, torch.float8_e4m3fn, torch.float8_e5m2)
+              for c in case(torch.bfloat16, I64, I64, cache, shape=(32, 8, 128))]
     results = []
     for name, call in cases:
         if call is None:
@@ -148,4 +157,4 @@ def test_triton_kernels_compile_for_every_input_accepted_on(arch):
     assert not failed, "\n".join(failed)
     # the registry refuses e4m3 exactly where Triton cannot compile it
     assert all("float8_e4m3fn" in name for name in refused)
-    assert len(refused) == (1 if arch < 89 else 0)
+    assert len(refused) == (2 if arch < 89 else 0)  # the two e4m3 cases

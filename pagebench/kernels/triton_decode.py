@@ -46,17 +46,12 @@ MMA_ROWS = 16  # tl.dot's fewest rows: a program's query rows are padded to this
 # an extra wave of short programs cost more than a wave of long ones.
 SPLIT_OVERHEAD_TILES = 2
 INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split path runs
-# The merge of the splits: fp32 partials each thread loads a step (more raised the kernel's
-# registers, compiled for sm_90 on the CPU); and the splits whose merge the wave model counts as
-# one tile time (the combine kernel's step before the merge was fused; not measured since).
-MERGE_ELEMENTS = 8
-MERGE_TILE_SPLITS = 32
 # Splits up to which the split kernel merges them itself (``fused_merge``): one program merges a
-# (sequence, KV head)'s partials a few splits a step, at the end of the launch, so with many
-# splits the second kernel's program per query head is faster. H200, bf16: fused 0.97-0.98x the
+# (sequence, KV head)'s partials at the end of the launch, so with many splits the second
+# kernel's program per query head is faster. H200, bf16: fused 0.97-0.98x the
 # time at 2-4 splits, 1.03-1.16x at 16 (docs/kernels.md, "Splits merged in the split kernel").
-FUSED_MERGE_SPLITS = 4
-COMBINE_CHUNK = 32  # splits the combine kernel's program loads a step
+FUSED_MERGE_SPLITS = 4  # also the most it takes: it loads them all at once
+COMBINE_CHUNK = 32  # splits the combine kernel merges per step
 
 
 def next_pow2(n: int) -> int:
@@ -134,7 +129,7 @@ def _decode_split_kernel(
     TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
     Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr, KV_PER_PROGRAM: tl.constexpr,
-    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+    MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_PAD: tl.constexpr,
 ):
     """``DIRECT``: the only split writes ``out``. Else each split writes its partial; with
     ``MERGE`` the last of a (sequence, ``tl.program_id(1)``)'s splits to count itself in
@@ -217,7 +212,7 @@ def _decode_split_kernel(
                 tl.debug_barrier()  # what the counting thread acquired, to all threads
                 merge_splits(PART, OUT, seq, kv_head * GROUP, tl.num_programs(2), ml_offset,
                              stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
-                             GROUP * KV_PER_PROGRAM, MERGE_ROWS, MERGE_SPLITS, HEAD_DIM,
+                             GROUP * KV_PER_PROGRAM, MERGE_ROWS, SPLITS_PAD, HEAD_DIM,
                              DIM_PAD)
 
 
@@ -226,38 +221,28 @@ def _decode_split_kernel(
 @triton.jit(noinline=True)
 def merge_splits(PART, OUT, seq, first_head, num_splits, ml_offset,
                  stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
-                 ROWS: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
+                 ROWS: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_PAD: tl.constexpr,
                  HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
     """``out`` of query heads ``first_head`` .. ``first_head + ROWS - 1`` of ``seq`` from the
-    ``num_splits`` partials: weights ``exp2(m_split - m_max)``, empty splits (max -inf) 0,
-    ``MERGE_SPLITS`` splits a step in split order, so the result does not depend on which
-    program merges. Partials are loaded from L2 (``.cg``), where other SMs stored them."""
+    ``num_splits`` (<= ``SPLITS_PAD``) partials, all loaded at once: weights ``exp2(m_split -
+    m_max)``, empty splits (max -inf) 0, the same sums whichever program merges. Partials are
+    loaded from L2 (``.cg``), where other SMs stored them. (No loop: Triton 3.6's
+    OptimizeThreadLocality pass failed an assertion on the fp8 kernel's loop of maxima.)"""
     rows = tl.arange(0, MERGE_ROWS)
     row_ok = rows < ROWS
     heads = first_head + rows
     dims = tl.arange(0, DIM_PAD)
-    part = seq * stride_ps + heads * stride_ph
-    PART_ML = PART + ml_offset
-    m_max = tl.full([MERGE_ROWS], float("-inf"), tl.float32)
-    chunk = tl.arange(0, MERGE_SPLITS * DIM_PAD)  # maxima first: as many values a step as below
-    for first in range(0, num_splits, MERGE_SPLITS * DIM_PAD):
-        at = part[:, None] + (first + chunk)[None, :] * stride_pk
-        ok = row_ok[:, None] & (first + chunk < num_splits)[None, :]
-        m = tl.load(PART_ML + at * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        m_max = tl.maximum(m_max, tl.max(m, 1))
-    chunk = tl.arange(0, MERGE_SPLITS)
-    acc = tl.zeros([MERGE_ROWS, DIM_PAD], tl.float32)
-    denom = tl.zeros([MERGE_ROWS], tl.float32)
-    for first in range(0, num_splits, MERGE_SPLITS):  # [rows, splits, dims] partials a step
-        at = part[:, None] + (first + chunk)[None, :] * stride_pk
-        ok = row_ok[:, None] & (first + chunk < num_splits)[None, :]
-        m = tl.load(PART_ML + at * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
-        l_c = tl.load(PART_ML + at * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
-        w = tl.where(m > float("-inf"), tl.exp2(m - m_max[:, None]), 0.0)
-        o = tl.load(PART + at[:, :, None] * DIM_PAD + dims[None, None, :], mask=ok[:, :, None],
-                    other=0.0, cache_modifier=".cg")
-        acc += tl.sum(o * w[:, :, None], 1)
-        denom += tl.sum(l_c * w, 1)
+    splits = tl.arange(0, SPLITS_PAD)
+    at = (seq * stride_ps + heads * stride_ph)[:, None] + splits[None, :] * stride_pk
+    ok = row_ok[:, None] & (splits < num_splits)[None, :]
+    m = tl.load(PART + ml_offset + at * 2, mask=ok, other=float("-inf"), cache_modifier=".cg")
+    l_s = tl.load(PART + ml_offset + at * 2 + 1, mask=ok, other=0.0, cache_modifier=".cg")
+    o = tl.load(PART + at[:, :, None] * DIM_PAD + dims[None, None, :], mask=ok[:, :, None],
+                other=0.0, cache_modifier=".cg")
+    m_max = tl.max(m, 1)
+    w = tl.where(m > float("-inf"), tl.exp2(m - m_max[:, None]), 0.0)
+    acc = tl.sum(o * w[:, :, None], 1)
+    denom = tl.sum(l_s * w, 1)
     tl.store(OUT + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
              (acc / denom[:, None]).to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & (dims < HEAD_DIM)[None, :])
@@ -266,16 +251,36 @@ def merge_splits(PART, OUT, seq, first_head, num_splits, ml_offset,
 @triton.jit
 def _combine_kernel(
     PART, OUT, num_splits, ml_offset,
-    stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
-    ROWS: tl.constexpr, MERGE_ROWS: tl.constexpr, MERGE_SPLITS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
+    stride_ps, stride_ph, stride_os, stride_oh,
+    SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DIM_PAD: tl.constexpr,
 ):
-    """The merge as a second launch, one program per (sequence, query head): where the split
-    kernel does not merge (more than ``FUSED_MERGE_SPLITS`` splits, or a plan first called
-    while a CUDA graph is captured, before it has counters: ``DecodePlan``)."""
-    merge_splits(PART, OUT, tl.program_id(0), tl.program_id(1) * ROWS, num_splits, ml_offset,
-                 stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
-                 ROWS, MERGE_ROWS, MERGE_SPLITS, HEAD_DIM, DIM_PAD)
+    """The merge as a second launch, one program per (sequence, query head), ``CHUNK`` splits
+    a step: where the split kernel does not merge (more than ``FUSED_MERGE_SPLITS`` splits, or
+    a plan first called while a CUDA graph is captured, before it has counters:
+    ``DecodePlan``)."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    base = seq * stride_ps + head * stride_ph  # stride over splits is 1
+    PART_ML = PART + ml_offset
+    splits = tl.arange(0, SPLITS_PAD)
+    m = tl.load(PART_ML + (base + splits) * 2, mask=splits < num_splits, other=float("-inf"))
+    m_max = tl.max(m, 0)
+    dims = tl.arange(0, DIM_PAD)
+    acc = tl.zeros([DIM_PAD], tl.float32)
+    denom = 0.0
+    for first in range(0, num_splits, CHUNK):  # partial outputs a chunk of splits at a time
+        chunk = first + tl.arange(0, CHUNK)
+        ok = chunk < num_splits
+        m_c = tl.load(PART_ML + (base + chunk) * 2, mask=ok, other=float("-inf"))
+        l_c = tl.load(PART_ML + (base + chunk) * 2 + 1, mask=ok, other=0.0)
+        w = tl.where(m_c > float("-inf"), tl.exp2(m_c - m_max), 0.0)  # empty splits weigh 0
+        o = tl.load(PART + (base + chunk)[:, None] * DIM_PAD + dims[None, :], mask=ok[:, None],
+                    other=0.0)
+        acc += tl.sum(o * w[:, None], 0)
+        denom += tl.sum(l_c * w, 0)
+    tl.store(OUT + seq * stride_os + head * stride_oh + dims, (acc / denom).to(OUT.dtype.element_ty),
+             mask=dims < HEAD_DIM)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -283,12 +288,12 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
     """Splits of each (sequence, KV head) pair's ``capacity`` tokens, from a wave model.
 
     ``units`` (sequence, KV head) pairs x splits programs run ``slots`` at a time (programs per
-    SM x SMs), so the kernel takes about ``waves x (tiles per split + SPLIT_OVERHEAD_TILES)``
-    tile times, and the last program of each pair, which merges the pair's partials after its
-    own tiles, one more per ``MERGE_TILE_SPLITS`` splits (the pairs' merges run side by side).
-    The cheapest split count wins, the fewest splits on ties. What this avoids is a split count
+    SM x SMs), so the split kernel takes about ``waves x (tiles per split +
+    SPLIT_OVERHEAD_TILES)`` tile times, and the merge one more per ``COMBINE_CHUNK`` splits
+    (the combine kernel's programs merge that many a step; up to ``FUSED_MERGE_SPLITS`` the
+    split kernel's last programs merge them instead, counted the same). The cheapest split count wins, the fewest splits on ties. What this avoids is a split count
     that spills a few programs into a second wave: on an H200 (bf16, 32/8 heads x 128, 4096
-    tokens, 528 slots; timed when a second kernel merged the splits) 16 sequences took 94.7 us
+    tokens, 528 slots; timed when a second kernel merged every split count) 16 sequences took 94.7 us
     with 5 splits (640 programs) and 80.2 us with 4 (512); and splitting one sequence into
     hundreds of slivers (14/2 heads x 64, 1 x 65536: 512 splits 34.1 us, 128 splits 30.2 us).
     """
@@ -297,7 +302,7 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
         tiles = ceil_div(ceil_div(capacity, splits), tile_n)  # per split, rounded up
         used = ceil_div(capacity, tiles * tile_n)  # splits that then hold any tokens
         cost = ceil_div(units * used, slots) * (tiles + SPLIT_OVERHEAD_TILES)
-        cost += ceil_div(used, MERGE_TILE_SPLITS) if used > 1 else 0
+        cost += ceil_div(used, COMBINE_CHUNK) if used > 1 else 0
         if best_cost is None or cost < best_cost:
             best, best_cost = used, cost
     return best
@@ -485,10 +490,9 @@ class DecodePlan:
             FP8=fp8, Q_TO_F16=fp8 and q.dtype == torch.bfloat16,
             FP8_CVT_ASM=fp8 and q.dtype != torch.float32 and hardware_fp8_convert(q.device),
             KV_PER_PROGRAM=kv_per_program, MERGE=True)
-        merge_rows = next_pow2(group * kv_per_program)  # unpadded: the merge has no tl.dot
-        merge = dict(MERGE_ROWS=merge_rows, MERGE_SPLITS=max(
-            1, MERGE_ELEMENTS * 32 * num_warps // (merge_rows * dim_pad)))
-        constexprs.update(merge)
+        # the merge's rows unpadded (it has no tl.dot), its splits loaded all at once
+        constexprs.update(MERGE_ROWS=next_pow2(group * kv_per_program),
+                          SPLITS_PAD=FUSED_MERGE_SPLITS)
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
@@ -520,6 +524,9 @@ class DecodePlan:
         self.part_numel = parts * (dim_pad + 2) if num_splits > 1 else 0
         grid = (num_seqs, kv_heads // kv_per_program, num_splits)
         split_scalars = scalars(num_splits, tokens_per_split, parts * dim_pad)
+        if fused_merge and num_splits > FUSED_MERGE_SPLITS:
+            raise ValueError(f"fused_merge: the split kernel merges at most "
+                             f"{FUSED_MERGE_SPLITS} splits, this plan has {num_splits}")
         self.fused = num_splits > 1 and (num_splits <= FUSED_MERGE_SPLITS if fused_merge is None
                                          else bool(fused_merge))
         self.split = _Launcher(_decode_split_kernel, grid, split_scalars,
@@ -532,10 +539,10 @@ class DecodePlan:
                 options, num_tensors=10)
             self.combine = _Launcher(
                 _combine_kernel, (num_seqs, q_heads),
-                (num_splits, parts * dim_pad, q_heads * num_splits, num_splits, 1,
+                (num_splits, parts * dim_pad, q_heads * num_splits, num_splits,
                  q_heads * head_dim, head_dim),
-                dict(ROWS=1, MERGE_ROWS=1,
-                     MERGE_SPLITS=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
+                dict(SPLITS_PAD=max(2, next_pow2(num_splits)),
+                     CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
                      HEAD_DIM=head_dim, DIM_PAD=dim_pad), dict(num_warps=4), num_tensors=2)
 
     def __call__(self, q, k_cache, v_cache, tables, seq_lens, k_scale=None, v_scale=None):

@@ -17,14 +17,11 @@ a CUDA graph (L2 flushed, median of ``--repeat``) beside SDPA on a contiguous ca
 
 from __future__ import annotations
 
-import argparse
 import functools
-import importlib.util
-import os
-import sys
 
 import pandas as pd
 import torch
+from ab_harness import ab_parser, load_copy, parse_launch, parse_points, write_results
 
 from pagebench.defaults import SHAPES
 from pagebench.kernels import registry, triton_decode
@@ -40,42 +37,19 @@ ALL_POINTS = [(1, 1024, 16), (1, 4096, 16), (1, 16384, 16), (1, 65536, 16), (4, 
               (16, 4096, 1), (16, 4096, 128)]
 
 
-def parse_launch(text: str) -> dict:
-    out = {}
-    for item in text.split(","):
-        key, value = item.split("=", 1)
-        out[key] = None if value == "None" else (value == "True" if value in ("True", "False")
-                                                 else int(value))
-    return out
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--copy", default="", help="a copy of triton_decode.py to time too")
-    parser.add_argument("--launch", action="append", default=[],
-                        help="forced decode_plan options, e.g. num_splits=4 (repeatable)")
-    parser.add_argument("--shape", default="llama-3-8b", choices=sorted(SHAPES))
-    parser.add_argument("--points", default="",
-                        help="batch x context x block size, comma-separated (default: all)")
-    args = parser.parse_args()
+    args = ab_parser(__doc__.split("\n")[0], "triton_decode.py",
+                     "forced decode_plan options, e.g. num_splits=4 (repeatable)",
+                     "batch x context x block size, comma-separated (default: all)").parse_args()
     shape = SHAPES[args.shape]
     dev = args.device
     on_cuda = dev == "cuda"
     dtype = torch.bfloat16 if on_cuda else torch.float32
     scale = shape[2] ** -0.5
-    points = ([tuple(int(n) for n in p.split("x")) for p in args.points.split(",")]
-              if args.points else ALL_POINTS)
+    points = parse_points(args.points, ALL_POINTS)
     chosen = {"triton default": (triton_decode.triton_paged_decode, {})}
     if args.copy:
-        spec = importlib.util.spec_from_file_location("decode_copy", args.copy)
-        copy = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = copy
-        spec.loader.exec_module(copy)
-        chosen["copy default"] = (copy.triton_paged_decode, {})
+        chosen["copy default"] = (load_copy(args.copy, "decode_copy").triton_paged_decode, {})
     for text in args.launch:
         chosen["triton " + text] = (triton_decode.triton_paged_decode, parse_launch(text))
     checks, rows = [], []
@@ -128,10 +102,7 @@ def main() -> None:
     env = environment(dev)
     times = pd.DataFrame(rows).assign(shape=args.shape, **env)
     errors = pd.DataFrame(checks).assign(shape=args.shape, **env)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "decode_ab")
-    times.to_csv(stem + ".csv", index=False)
-    errors.to_csv(stem + "_checks.csv", index=False)
+    write_results(args.out, "decode_ab", times, errors)
     pd.set_option("display.width", 250)
     print("\nmean time / SDPA over rounds (same process, CUDA graphs, L2 flushed)")
     print(times.pivot_table(index="variant", columns=["batch", "context", "block_size"],

@@ -21,15 +21,12 @@ and prefill_ab_checks.csv (with device, versions and commit).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
-import importlib.util
-import os
-import sys
 
 import pandas as pd
 import torch
+from ab_harness import ab_parser, load_copy, parse_launch, parse_points, write_results
 
 from pagebench.defaults import BLOCK_SIZE, SHAPES
 from pagebench.kernels import triton_prefill
@@ -74,42 +71,20 @@ def variants(copy, launches: list[dict], fp8: bool):
     return out
 
 
-def parse_value(text: str):
-    if text in ("True", "False"):
-        return text == "True"
-    return None if text == "None" else int(text)
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--repeat", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--copy", default="", help="a copy of triton_prefill.py to time too")
-    parser.add_argument("--launch", action="append", default=[],
-                        help="forced launch options on bf16, e.g. rows=64,one_loop=True "
-                             "(repeatable)")
+    parser = ab_parser(__doc__.split("\n")[0], "triton_prefill.py",
+                       "forced launch options on bf16, e.g. rows=64,one_loop=True (repeatable)",
+                       "batch x queries x cached, comma-separated (default: all)")
     parser.add_argument("--bf16-only", action="store_true", help="no e4m3 variants")
-    parser.add_argument("--shape", default="llama-3-8b", choices=sorted(SHAPES))
-    parser.add_argument("--points", default="",
-                        help="batch x queries x cached, comma-separated (default: all)")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
-    launches = [{k: parse_value(v) for k, v in (item.split("=", 1) for item in text.split(","))}
-                for text in args.launch]
-    points = ([tuple(int(n) for n in p.split("x")) for p in args.points.split(",")]
-              if args.points else ALL_POINTS)
+    launches = [parse_launch(text) for text in args.launch]
+    points = parse_points(args.points, ALL_POINTS)
     dev = args.device
     on_cuda = dev == "cuda"
     scale = shape[2] ** -0.5
     dtype = torch.bfloat16 if on_cuda else torch.float32
-    copy = None
-    if args.copy:
-        spec = importlib.util.spec_from_file_location("prefill_copy", args.copy)
-        copy = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = copy  # dataclasses look their module up
-        spec.loader.exec_module(copy)
+    copy = load_copy(args.copy, "prefill_copy") if args.copy else None
     chosen = variants(copy, launches, not args.bf16_only)
     gen = torch.Generator().manual_seed(7)
     checks, rows = [], []
@@ -168,10 +143,7 @@ def main() -> None:
     env = environment(dev)  # device, versions, commit (PAGEBENCH_COMMIT on a copied tree)
     times = pd.DataFrame(rows).assign(shape=args.shape, **env)
     errors = pd.DataFrame(checks).assign(shape=args.shape, **env)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "prefill_ab")
-    times.to_csv(stem + ".csv", index=False)
-    errors.to_csv(stem + "_checks.csv", index=False)
+    write_results(args.out, "prefill_ab", times, errors)
     pd.set_option("display.width", 250)
     table = times.pivot_table(index="variant", columns=["batch", "query_len", "cached"],
                               values="ratio", aggfunc="mean", sort=False)

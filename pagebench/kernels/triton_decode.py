@@ -291,11 +291,12 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
     SM x SMs), so the split kernel takes about ``waves x (tiles per split +
     SPLIT_OVERHEAD_TILES)`` tile times, and the merge one more per ``COMBINE_CHUNK`` splits
     (the combine kernel's programs merge that many a step; up to ``FUSED_MERGE_SPLITS`` the
-    split kernel's last programs merge them instead, counted the same). The cheapest split count wins, the fewest splits on ties. What this avoids is a split count
-    that spills a few programs into a second wave: on an H200 (bf16, 32/8 heads x 128, 4096
-    tokens, 528 slots; timed when a second kernel merged every split count) 16 sequences took 94.7 us
-    with 5 splits (640 programs) and 80.2 us with 4 (512); and splitting one sequence into
-    hundreds of slivers (14/2 heads x 64, 1 x 65536: 512 splits 34.1 us, 128 splits 30.2 us).
+    split kernel's last programs merge them instead, counted the same). The cheapest split
+    count wins, the fewest splits on ties. What this avoids is a split count that spills a few
+    programs into a second wave: on an H200 (bf16, 32/8 heads x 128, 4096 tokens, 528 slots;
+    timed when a second kernel merged every split count) 16 sequences took 94.7 us with 5
+    splits (640 programs) and 80.2 us with 4 (512); and splitting one sequence into hundreds
+    of slivers (14/2 heads x 64, 1 x 65536: 512 splits 34.1 us, 128 splits 30.2 us).
     """
     best, best_cost = 1, None
     for splits in range(1, min(MAX_SPLITS, ceil_div(capacity, tile_n)) + 1):
@@ -448,9 +449,9 @@ class DecodePlan:
     strides, built once per shape (``decode_plan``) so a call only allocates and launches.
 
     With several splits, up to ``FUSED_MERGE_SPLITS`` of them unless ``fused_merge`` says
-    otherwise, the split kernel merges them itself; more, and ``_combine_kernel`` does, a second
-    launch. A merging plan holds the kernel's ``counters`` (int32, one per sequence and program
-    column), zero between calls: the program that merges a column sets its counter
+    otherwise, the split kernel merges them itself; with more, ``_combine_kernel`` does, a
+    second launch. A merging plan holds the kernel's ``counters`` (int32, one per sequence and
+    program column), zero between calls: the program that merges a column sets its counter
     back, so neither calls nor CUDA-graph replays need a memset. They are made on the plan's
     first call that is not being captured (``torch.zeros`` in a capture would be a node of the
     graph, run by its replays only); a call captured before then launches the split kernel
@@ -617,8 +618,8 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``_Launcher``).
     key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, kv_per_program,
-           fused_merge, *((x.shape, x.stride(), x.dtype) for x in (q, k_cache, v_cache, block_tables,
-                                                       seq_lens)))
+           fused_merge, *((x.shape, x.stride(), x.dtype)
+                          for x in (q, k_cache, v_cache, block_tables, seq_lens)))
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= MAX_PLANS:

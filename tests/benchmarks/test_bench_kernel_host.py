@@ -38,8 +38,9 @@ def test_triton_wrapper_host_cost(benchmark, monkeypatch, num_splits):
     args = (*inp.args(), 128 ** -0.5)
     out = benchmark(lambda: triton_decode.triton_paged_decode(*args, num_splits=num_splits))
     assert out.shape == inp.q.shape
-    # Llama shape, one 4000-token sequence: split (the model's choice) and merged by the split
-    # kernel itself, or one split; the combine kernel only follows calls captured first
+    # Llama shape, one 4000-token sequence: split (the model's choice on the CPU's pretend
+    # slots: 2, merged by the split kernel itself; a GPU's 32 splits take the combine kernel),
+    # or one split
     seqs, heads, splits = split.grids[-1]
     assert (seqs, heads) == (1, 8)
     assert (splits > 1) == (num_splits is None) and not combine.grids

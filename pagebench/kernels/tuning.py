@@ -12,6 +12,8 @@ sweep's points, beside the launch ``prefill_launch`` picks (``chosen=True``).
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from pagebench.defaults import BLOCK_SIZE, SHAPES
@@ -110,7 +112,7 @@ def _decode_point(timed, device: str, shape_name: str, batch: int, context: int)
 def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | None = None,
                         points=FULL_PREFILL_POINTS) -> list[dict]:
     """Rows of the prefill grid: Llama-3-8B shape, each (batch, query_len, cached) point."""
-    from pagebench.kernels.triton_prefill import triton_paged_prefill
+    from pagebench.kernels.triton_prefill import PrefillLaunch, triton_paged_prefill
 
     _require_cuda(device)
     shape = SHAPES["llama-3-8b"]
@@ -123,8 +125,7 @@ def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | 
         base = {"batch": batch, "query_len": query_len, "cached": cached}
         timed(lambda: triton_paged_prefill(*case, scale), base, chosen=True)
         for config in PREFILL_CONFIGS:
-            options = dict(zip(("rows", "tile_n", "num_warps", "num_stages", "one_loop",
-                                "table_ahead", "maxnreg"), config))
+            options = dataclasses.asdict(PrefillLaunch(*config))
             timed(lambda: triton_paged_prefill(*case, scale, **options), base, **options)
         case = None  # free this point's cache before the next is built
     return rows

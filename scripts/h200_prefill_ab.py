@@ -10,7 +10,8 @@ Variants (``variants``), at every point of the prefill sweep (Llama-3-8B shape, 
 bf16 caches and (unless ``--bf16-only``) on e4m3 caches (per KV-head scales) and e4m3 with the
 launch fp8 caches took before; with ``--copy FILE`` another version of ``triton_prefill.py``
 (e.g. ``git show REV:pagebench/kernels/triton_prefill.py > FILE``) with its own launches (on
-e4m3 too unless ``--bf16-only``); with
+e4m3 too unless ``--bf16-only``), and with each ``--copy-launch`` the copy on bf16 with those
+keywords; with
 each ``--launch`` the package's kernel on bf16 with those launch options forced
 (``triton_paged_prefill``'s keywords; the others stay its choice). Each is checked against
 float64 on ragged NaN-poisoned inputs and against float32 at every timed point (e4m3: on the
@@ -53,16 +54,18 @@ def earlier_fp8(case) -> dict:
     return EARLIER_FP8_LONG if long else EARLIER_FP8
 
 
-def variants(copy, launches: list[dict], fp8: bool):
+def variants(copy, launches: list[dict], copy_launches: list[dict], fp8: bool):
     """label -> (cache dtype or None for q's, prefill function, options(case))."""
     pkg = triton_prefill.triton_paged_prefill
     none = lambda case: {}  # noqa: E731
     out = {"bf16 default": (None, pkg, none)}
     if copy is not None:
         out["copy default"] = (None, copy.triton_paged_prefill, none)
-    for launch in launches:
-        out["bf16 " + ",".join(f"{k}={v}" for k, v in launch.items())] = (
-            None, pkg, functools.partial(lambda forced, case: forced, launch))
+    for label, fn, forced in ([("bf16 ", pkg, launch) for launch in launches]
+                              + [("copy ", copy.triton_paged_prefill, launch)
+                                 for launch in copy_launches]):
+        out[label + ",".join(f"{k}={v}" for k, v in forced.items())] = (
+            None, fn, functools.partial(lambda forced, case: forced, forced))
     if fp8:
         out["e4m3 default"] = (E4M3, pkg, none)
         out["e4m3 earlier"] = (E4M3, pkg, earlier_fp8)
@@ -76,6 +79,8 @@ def main() -> None:
                        "forced launch options on bf16, e.g. rows=64,one_loop=True (repeatable)",
                        "batch x queries x cached, comma-separated (default: all)")
     parser.add_argument("--bf16-only", action="store_true", help="no e4m3 variants")
+    parser.add_argument("--copy-launch", action="append", default=[],
+                        help="options passed to the --copy's function on bf16 (repeatable)")
     args = parser.parse_args()
     shape = SHAPES[args.shape]
     launches = [parse_launch(text) for text in args.launch]
@@ -85,7 +90,8 @@ def main() -> None:
     scale = shape[2] ** -0.5
     dtype = torch.bfloat16 if on_cuda else torch.float32
     copy = load_copy(args.copy, "prefill_copy") if args.copy else None
-    chosen = variants(copy, launches, not args.bf16_only)
+    chosen = variants(copy, launches, [parse_launch(t) for t in args.copy_launch],
+                      not args.bf16_only)
     gen = torch.Generator().manual_seed(7)
     checks, rows = [], []
 

@@ -41,3 +41,13 @@ def test_fp8_decode_stages_times_and_checks_each_depth(tmp_path):
     assert sorted(staged["num_stages"]) == [2, 3, 4, 5]
     assert (staged["kv_per_program"] == 2).all()
     assert checks["finite"].all() and (checks["err"] < 2e-2).all()  # bf16 q, fp8 cache
+
+
+def test_prefill_ab_times_a_copy_with_forced_options(tmp_path):
+    copy = ROOT / "pagebench" / "kernels" / "triton_prefill.py"
+    run("h200_prefill_ab.py", "--device", "cpu", "--out", str(tmp_path), "--shape",
+        "qwen2.5-0.5b", "--bf16-only", "--copy", str(copy), "--copy-launch", "rows=16")
+    times = pd.read_csv(tmp_path / "prefill_ab.csv")
+    checks = pd.read_csv(tmp_path / "prefill_ab_checks.csv")
+    assert set(times["variant"]) == {"sdpa", "bf16 default", "copy default", "copy rows=16"}
+    assert (checks["err"] < 1e-4).all()

@@ -9,8 +9,9 @@ was written for: docs/kernels.md, "A warp-specialised Gluon prefill").
 A persistent grid (``ctas_per_sm`` programs per SM; each serves virtual programs p, p + grid,
 ..). A loader warp copies each K/V page of a tile with the tensor memory accelerator (one copy
 per page, from the block table, into a ring of ``stages`` shared-memory buffers, signalled by
-mbarriers); the consumer warpgroup runs the online softmax on warpgroup MMAs (QK^T and PV from
-shared memory, ``block_n`` keys a tile). A virtual program takes the queries of one sequence
+mbarriers); a consumer warpgroup runs the online softmax on warpgroup MMAs (QK^T and PV from
+shared memory, ``block_n`` keys a tile); with ``consumers=2`` two warpgroups take 64 rows each
+of a program and read the same stages. A virtual program takes the queries of one sequence
 with all heads of a KV head (rows = tokens x group), as the Triton kernel does, numbered from
 the last tile so that long walks start first; the next program's block ids, lengths and
 queries load while one runs. Slots past the sequence in the last tile are zeroed in shared
@@ -168,11 +169,14 @@ def _q_rows(Q, q_start, q_len, first, kv_head, rows, dims, stride_qt, stride_qh,
 
 
 @gluon.jit
-def _consumer(Q, OUT, SEQ_LENS, Q_LENS, q_smem, k_bufs, v_bufs, ready, empty, num_seqs,
+def _consumer(Q, OUT, SEQ_LENS, Q_LENS, q_smems, k_bufs, v_bufs, ready, empty, num_seqs,
               n_virtual, scale_log2e, stride_qt, stride_qh, stride_ot, stride_oh,
               KV_HEADS: gl.constexpr, GROUP: gl.constexpr, TOKENS: gl.constexpr,
               BM: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
-              STAGES: gl.constexpr, SCAN: gl.constexpr, NW: gl.constexpr):
+              STAGES: gl.constexpr, SCAN: gl.constexpr, NW: gl.constexpr, HALF: gl.constexpr):
+    """Rows ``HALF * BM ..`` of every program (one warpgroup; with two, each takes half the
+    rows and both read the same K/V stages)."""
+    q_smem = q_smems.index(HALF)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[NW, 1],
@@ -180,11 +184,11 @@ def _consumer(Q, OUT, SEQ_LENS, Q_LENS, q_smem, k_bufs, v_bufs, ready, empty, nu
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     ld_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
     dtype: gl.constexpr = Q.dtype.element_ty
-    rows = gl.arange(0, BM, gl.SliceLayout(1, ld_layout))
+    rows = HALF * BM + gl.arange(0, BM, gl.SliceLayout(1, ld_layout))
     dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, ld_layout))
-    s_rows = gl.arange(0, BM, gl.SliceLayout(1, s_layout))
+    s_rows = HALF * BM + gl.arange(0, BM, gl.SliceLayout(1, s_layout))
     keys = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-    o_rows = gl.arange(0, BM, gl.SliceLayout(1, o_layout))
+    o_rows = HALF * BM + gl.arange(0, BM, gl.SliceLayout(1, o_layout))
     o_dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, o_layout))
     s_zero = gl.zeros([BM, BLOCK_N], gl.float32, s_layout)
     lengths = _lengths(Q_LENS, SEQ_LENS, num_seqs, TOKENS, SCAN, NW)
@@ -245,10 +249,11 @@ def _prefill_sm90_kernel(
     KV_HEADS: gl.constexpr, GROUP: gl.constexpr, TOKENS: gl.constexpr, BM: gl.constexpr,
     BLOCK_SIZE: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
     STAGES: gl.constexpr, SCAN: gl.constexpr, Q_SMEM: gl.constexpr,
-    LOADER_REGS: gl.constexpr, num_warps: gl.constexpr,
+    CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr,
+    num_warps: gl.constexpr,
 ):
     """Persistent: program p serves virtual programs p, p + grid, .. < n_virtual."""
-    q_smem = gl.allocate_shared_memory(Q.dtype.element_ty, [BM, HEAD_DIM], Q_SMEM)
+    q_smems = gl.allocate_shared_memory(Q.dtype.element_ty, [CONSUMERS, BM, HEAD_DIM], Q_SMEM)
     kv_layout: gl.constexpr = k_desc.layout
     k_bufs = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
     v_bufs = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DIM], kv_layout)
@@ -256,16 +261,30 @@ def _prefill_sm90_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(empty.index(i), count=1)
+        mbarrier.init(empty.index(i), count=CONSUMERS)  # each consumer frees a stage
 
-    gl.warp_specialize([
-        (_consumer, (Q, OUT, SEQ_LENS, Q_LENS, q_smem, k_bufs, v_bufs, ready, empty, num_seqs,
-                     n_virtual, scale_log2e, stride_qt, stride_qh, stride_ot, stride_oh,
-                     KV_HEADS, GROUP, TOKENS, BM, BLOCK_N, HEAD_DIM, STAGES, SCAN, num_warps)),
-        (_loader, (k_desc, v_desc, TABLES, SEQ_LENS, Q_LENS, k_bufs, v_bufs, ready, empty,
-                   num_seqs, n_virtual, stride_ts, max_pages, KV_HEADS, TOKENS, BLOCK_SIZE,
-                   BLOCK_N, HEAD_DIM, STAGES, SCAN)),
-    ], [1], [LOADER_REGS])
+    if CONSUMERS == 2:
+        gl.warp_specialize([
+            (_consumer, (Q, OUT, SEQ_LENS, Q_LENS, q_smems, k_bufs, v_bufs, ready, empty,
+                         num_seqs, n_virtual, scale_log2e, stride_qt, stride_qh, stride_ot,
+                         stride_oh, KV_HEADS, GROUP, TOKENS, BM, BLOCK_N, HEAD_DIM, STAGES, SCAN,
+                         num_warps, 0)),
+            (_consumer, (Q, OUT, SEQ_LENS, Q_LENS, q_smems, k_bufs, v_bufs, ready, empty,
+                         num_seqs, n_virtual, scale_log2e, stride_qt, stride_qh, stride_ot,
+                         stride_oh, KV_HEADS, GROUP, TOKENS, BM, BLOCK_N, HEAD_DIM, STAGES, SCAN,
+                         num_warps, 1)),
+            (_loader, (k_desc, v_desc, TABLES, SEQ_LENS, Q_LENS, k_bufs, v_bufs, ready, empty,
+                       num_seqs, n_virtual, stride_ts, max_pages, KV_HEADS, TOKENS, BLOCK_SIZE,
+                       BLOCK_N, HEAD_DIM, STAGES, SCAN))], [num_warps, 1], [CONSUMER_REGS, LOADER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (Q, OUT, SEQ_LENS, Q_LENS, q_smems, k_bufs, v_bufs, ready, empty,
+                         num_seqs, n_virtual, scale_log2e, stride_qt, stride_qh, stride_ot,
+                         stride_oh, KV_HEADS, GROUP, TOKENS, BM, BLOCK_N, HEAD_DIM, STAGES, SCAN,
+                         num_warps, 0)),
+            (_loader, (k_desc, v_desc, TABLES, SEQ_LENS, Q_LENS, k_bufs, v_bufs, ready, empty,
+                       num_seqs, n_virtual, stride_ts, max_pages, KV_HEADS, TOKENS, BLOCK_SIZE,
+                       BLOCK_N, HEAD_DIM, STAGES, SCAN))], [1], [LOADER_REGS])
 
 
 def supports(q, k_cache, v_cache) -> bool:
@@ -293,7 +312,7 @@ def _rows_view(cache):
 
 def gluon_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale, *,
                         block_n=64, stages=3, num_warps=4, loader_regs=56, maxnreg=128,
-                        ctas_per_sm=2):
+                        ctas_per_sm=2, consumers=1, consumer_regs=224):
     total, q_heads, head_dim = q.shape
     num_seqs = query_lens.shape[0]
     num_blocks, block_size, kv_heads, _ = k_cache.shape
@@ -303,8 +322,8 @@ def gluon_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens,
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    bm = 16 * num_warps
-    tokens = bm // group
+    bm = 16 * num_warps  # rows per consumer warpgroup
+    tokens = consumers * bm // group
     page_rows = min(block_size, block_n)
     gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     layout = gl.NVMMASharedLayout.get_default_for([page_rows, head_dim], gdt)
@@ -322,7 +341,8 @@ def gluon_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens,
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, BM=bm, BLOCK_SIZE=block_size,
         BLOCK_N=block_n, HEAD_DIM=head_dim, STAGES=stages,
         SCAN=max(32 * num_warps, next_pow2(num_seqs)),
-        Q_SMEM=gl.NVMMASharedLayout.get_default_for([bm, head_dim], gdt),
+        Q_SMEM=gl.NVMMASharedLayout.get_default_for([bm, head_dim], gdt), CONSUMERS=consumers,
+        CONSUMER_REGS=consumer_regs,
         LOADER_REGS=loader_regs, num_warps=num_warps,
         **({} if maxnreg is None else {"maxnreg": maxnreg}))
     return out
@@ -349,7 +369,9 @@ CHECKS = [((32, 8, 128), 16, torch.bfloat16, torch.int32, [1, 15, 16, 17, 300, 1
           ((14, 2, 64), 16, torch.bfloat16, torch.int32, [1, 15, 16, 17, 300, 1000, 513, 64],
            [1, 15, 3, 17, 300, 0, 100, 64]),
           ((14, 2, 64), 64, torch.bfloat16, torch.int64, [2048, 77], [2048, 77])]
-LAUNCHES = [{}, dict(stages=2), dict(block_n=128, stages=2, maxnreg=None, ctas_per_sm=1)]
+TWO = dict(consumers=2, ctas_per_sm=1, maxnreg=168, loader_regs=40, consumer_regs=224)
+LAUNCHES = [{}, dict(stages=2), dict(block_n=128, stages=2, maxnreg=None, ctas_per_sm=1),
+            dict(TWO, block_n=128, stages=2), dict(TWO, block_n=64, stages=4)]
 
 
 def main() -> None:

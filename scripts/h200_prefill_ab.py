@@ -82,6 +82,8 @@ def main() -> None:
     parser.add_argument("--copy-launch", action="append", default=[],
                         help="options passed to the --copy's function on bf16 (repeatable)")
     args = parser.parse_args()
+    if args.copy_launch and not args.copy:
+        parser.error("--copy-launch: needs --copy")
     shape = SHAPES[args.shape]
     launches = [parse_launch(text) for text in args.launch]
     points = parse_points(args.points, ALL_POINTS)

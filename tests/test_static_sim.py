@@ -88,26 +88,6 @@ def test_a_lengths_file_is_used_as_it_is_unless_num_seqs_is_given(tmp_path, caps
         assert (workload["num_requests"], workload["mean_length"] * count) == (count, tokens)
 
 
-def test_a_lengths_file_is_parsed_once_per_run_and_again_when_it_changes(tmp_path, capsys,
-                                                                       monkeypatch):
-    f = tmp_path / "lengths.txt"
-    f.write_text("10\n20\n30\n")
-    opened = []
-    real_open = open
-
-    def counting_open(path, *args, **kwargs):
-        opened.append(str(path))
-        return real_open(path, *args, **kwargs)
-
-    monkeypatch.setattr("builtins.open", counting_open)
-    assert main(["simulate", "--lengths", str(f), "--block-sizes", "16", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["num_seqs"] == 3
-    assert opened.count(str(f)) == 1  # counted for the memory check, then drawn: one read
-    f.write_text("7\n8\n9\n10\n")  # another size: read again
-    assert read_lengths_file(str(f)) == [7, 8, 9, 10]
-    assert opened.count(str(f)) == 2
-
-
 @pytest.mark.parametrize("spec", ["lognormal:1", "gauss:1,2", "uniform:5,2", "fixed:0",
                                   "/no/such/file"])
 def test_bad_specs_are_clear_errors(spec, capsys):

@@ -11,7 +11,6 @@ Every length is clipped to ``[1, max_len]``.
 from __future__ import annotations
 
 import csv
-import functools
 import json
 import math
 import os
@@ -87,21 +86,7 @@ def sample_lengths(spec: str, num_seqs: int, seed: int = 0, max_len: int = 4096)
 
 
 def read_lengths_file(path: str) -> list[int]:
-    """Lengths from a text file (one per line), a CSV or a JSONL file with a length column.
-    A file unchanged since it was last read (same size and modification time) is not parsed
-    again: the simulations count its lengths before they draw them."""
-    try:
-        stat = os.stat(path)
-    except OSError as e:
-        raise ConfigError(f"lengths: cannot read {path}: {e}") from e
-    return list(_parsed_lengths_file(path, os.path.realpath(path), stat.st_mtime_ns,
-                                     stat.st_size))
-
-
-@functools.lru_cache(maxsize=8)
-def _parsed_lengths_file(path: str, real_path: str, mtime_ns: int,
-                         size: int) -> tuple[int, ...]:
-    """``path``'s lengths (the other arguments key the cache: the file itself, as it is now)."""
+    """Lengths from a text file (one per line), a CSV or a JSONL file with a length column."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
@@ -129,4 +114,4 @@ def _parsed_lengths_file(path: str, real_path: str, mtime_ns: int,
         raise ConfigError(f"lengths: {path}: not a list of integer lengths ({e})") from e
     if any(v < 1 for v in values):
         raise ConfigError(f"lengths: {path} holds a length below 1")
-    return tuple(values)
+    return values

@@ -407,8 +407,8 @@ def test_slots_follow_the_cuda_occupancy_rule(monkeypatch, regs, shared, warps, 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 @pytest.mark.parametrize("splits", [2, 33, 70])
 def test_triton_combines_many_splits(splits):
-    """Past a merge step's splits (``MERGE_SPLITS``) the last split merges in steps; empty
-    splits weigh 0."""
+    """2 splits: the split kernel merges them itself; 33 and 70 (past ``FUSED_MERGE_SPLITS``
+    and ``COMBINE_CHUNK``): the combine kernel merges them in chunks; empty splits weigh 0."""
     from pagebench.kernels.triton_decode import triton_paged_decode
     inp = make_paged_inputs([1, 40, 300, 1100], 8, 2, 32, 16, seed=splits)
     out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=16)

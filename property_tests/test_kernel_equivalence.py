@@ -83,7 +83,10 @@ def check_backend(backend: str, case: dict, device: str = "cpu", decode=None) ->
 
 
 def run_property(backend: str, device: str = "cpu", large: bool = False, examples=None):
-    @settings(max_examples=examples or examples_for(backend), deadline=None)
+    """The decode property on ``backend``; a failure raises its first falsifying example's
+    error (one bug reported, not a group of every distinct one Hypothesis finds)."""
+    @settings(max_examples=examples or examples_for(backend), deadline=None,
+              report_multiple_bugs=False)
     @given(case=decode_cases(backend, large))
     def prop(case):
         check_backend(backend, case, device)

@@ -508,7 +508,11 @@ class DecodePlan:
             else:
                 key = (q.device.index, q.dtype, k_cache.dtype, v_cache.dtype, tables.dtype,
                        seq_lens.dtype, *constexprs.values(), *options.values())
-                if key not in _SLOTS:  # compile without running: occupancy needs the binary
+                # compile without running: occupancy needs the binary. The merging variant,
+                # whichever the plan takes: for sm_90 with Triton 3.6 its registers and
+                # shared memory give the same programs per SM as the other's (bf16, both
+                # shapes: equal; e4m3: 201 registers merging, 207 not, 2 programs either way)
+                if key not in _SLOTS:
                     part = torch.empty(16, device=q.device, dtype=torch.float32)
                     counters = torch.empty(16, device=q.device, dtype=torch.int32)
                     compiled = _decode_split_kernel.warmup(

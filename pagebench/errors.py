@@ -1,5 +1,9 @@
 """The library's error types. A failed operation leaves every object it touched unchanged."""
 
+from numbers import Integral
+
+import numpy as np
+
 
 class PagebenchError(Exception):
     """Base class of every error pagebench raises on purpose."""
@@ -21,7 +25,8 @@ class SequenceError(PagebenchError, KeyError):
 
 
 def check_positive_int(name: str, value) -> int:
-    """``value`` if it is an int >= 1 (not a bool), else ConfigError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` as an int if it is an integer >= 1 (numpy's too; not a bool), else
+    ConfigError naming ``name``."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral) or value < 1:
         raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
-    return value
+    return int(value)

@@ -1,6 +1,6 @@
 import pytest
 
-from pagebench.engine import BlockManager
+from pagebench.engine import BlockManager, BlockPool
 from pagebench.engine.block_manager import blocks_needed, slot_mapping
 from pagebench.errors import ConfigError, OutOfBlocksError, SequenceError
 
@@ -123,6 +123,39 @@ def test_copy_source_freed_in_the_same_step_is_not_reused_as_a_copy_destination(
     assert {d for _, d in copies}.isdisjoint(s for s, _ in copies), copies
     assert len(copies) == 2 and src not in {d for _, d in copies}
     assert bm.ref_count(src) == 0 and bm.num_free_blocks == 1
+
+
+def test_the_pool_refuses_a_reference_count_below_zero():
+    # a second decref used to leave -1; the next incref made it 0 while the block sat in the
+    # free queue, and take() then handed it to a second owner
+    pool = BlockPool(3)
+    (block,) = pool.take(1)
+    pool.decref(block)
+    for call in (pool.decref, pool.incref):  # free, and no cached prefix to hit
+        with pytest.raises(ValueError, match=f"block {block}"):
+            call(block)
+    for bad in (-1, 3, True):
+        with pytest.raises(ValueError, match="block"):
+            pool.incref(bad)
+    assert pool.ref_cnt == [0, 0, 0] and sorted(pool.take(3)) == [0, 1, 2]
+
+
+def test_the_last_sharer_writes_in_place():
+    # n sharers of a half-full block make n - 1 copies: once the others have copied, the hold
+    # of their pending copies (performed before the step writes) is no reason to copy again
+    bm = BlockManager(5, 4)
+    bm.allocate("a", [1, 2, 3, 4, 5])
+    bm.fork("a", "b")
+    bm.fork("a", "c")
+    tail = bm.block_table("a")[1]
+    assert bm.can_append("c") and bm.num_free_blocks == 3
+    for seq, token in (("a", 6), ("b", 7)):
+        assert bm.append_token(seq, token) is not None  # copy-on-write
+    assert bm.num_free_blocks == 1 and bm.can_append("c")
+    assert bm.append_token("c", 8) is None and bm.block_table("c")[1] == tail  # in place
+    copies = bm.take_copies()
+    assert [src for src, _ in copies] == [tail, tail] and bm.ref_count(tail) == 1
+    assert bm.num_free_blocks == 1
 
 
 def test_a_copy_into_a_freed_block_is_dropped():

@@ -5,6 +5,8 @@ The models are built with ``initializer_range=0.2`` so that their logits are spr
 decoding in float32 then has no near-ties, and equality token for token is a sharp test.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -238,6 +240,20 @@ def test_prefix_caching_shares_a_system_prompt(model):
     assert on["peak_blocks"] < off["peak_blocks"]
 
 
+def test_models_the_kernels_cannot_run_are_refused_when_built():
+    # Gemma 2 soft-caps its scores, which the paged kernels would silently skip; GPT-2 has no
+    # `.layers` and failed at the first step
+    gemma = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16))
+    with pytest.raises(ConfigError, match="attn_logit_softcapping"):
+        LLMEngine(gemma, num_blocks=8, kernel="torch")
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128))
+    with pytest.raises(ConfigError, match="no list of decoder layers"):
+        LLMEngine(gpt2, num_blocks=8, kernel="torch")
+
+
 def engine_is_usable(engine, model):
     prompts = random_prompts([9, 4], seed=10)
     assert greedy(engine, prompts, 3) == reference(model, prompts, 3)
@@ -253,6 +269,13 @@ def test_bad_input_is_a_clear_error_and_engine_stays_usable(model):
         SamplingParams(max_tokens=0)
     with pytest.raises(ConfigError, match="max_tokens"):
         SamplingParams(max_tokens=2.5)
+    with pytest.raises(ConfigError, match="temperature"):
+        SamplingParams(temperature=True)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.max_tokens = 0  # checked once: a built SamplingParams cannot turn invalid
+    # NumPy numbers are numbers, as token ids are
+    assert SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5)) == \
+        SamplingParams(max_tokens=3, temperature=0.5)
     with pytest.raises(ConfigError, match="sampling_params"):
         engine.generate([[1, 2]], {"max_tokens": 3})
     with pytest.raises(ConfigError, match=r"prompts\[0\].*maximum of 512 positions"):

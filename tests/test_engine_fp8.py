@@ -44,6 +44,12 @@ def test_fp8_cache_doubles_the_pool_and_keeps_greedy_output_close(kv_cache_dtype
 def test_unknown_kv_cache_dtype_is_a_config_error():
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         LLMEngine(tiny_model(), num_blocks=8, kv_cache_dtype="int3")
+    # a float cache of another dtype than the model's was sized, then failed at the first
+    # store with torch's RuntimeError
+    for name in ("float16", torch.bfloat16):
+        with pytest.raises(ConfigError, match="neither the model's dtype"):
+            LLMEngine(tiny_model(), num_blocks=8, kv_cache_dtype=name)
+    assert LLMEngine(tiny_model(), num_blocks=8, kv_cache_dtype="float32").num_blocks == 8
 
 
 def test_fp8_cache_through_triton_equals_torch():

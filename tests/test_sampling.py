@@ -6,7 +6,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pagebench.engine.sampling import SamplingParams, make_generator, sample, sample_on_device
+from pagebench.engine.sampling import (SamplingParams, exponential_race, make_generator, sample,
+                                      sample_on_device)
 
 
 def reference_sample(logits, params, generators):
@@ -27,7 +28,7 @@ def reference_sample(logits, params, generators):
             probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
         noise = torch.stack([torch.rand(probs.shape[-1], generator=generators[i],
                                         device=logits.device) for i in rows])
-        race = probs / (-torch.log1p(-noise)).clamp_min(1e-20)
+        race = probs / -torch.log(noise)
         tokens[index] = race.argmax(dim=-1)
     return tokens.tolist()
 
@@ -54,6 +55,23 @@ def test_greedy_rows_take_the_argmax_and_stay_on_the_device():
     logits = torch.tensor([[0.0, 2.0, 1.0], [5.0, -1.0, 0.0]])
     tokens = sample_on_device(logits, [SamplingParams(), SamplingParams()], [None, None])
     assert tokens.dtype == torch.int64 and tokens.tolist() == [1, 0]
+
+
+def test_a_uniform_draw_of_zero_loses_the_race():
+    # torch.rand gives exactly 0 with probability 2^-24 per element: at a 152k vocabulary ~0.9%
+    # of sampled tokens. E = -log1p(-u) made E = 0 there, and that token won whatever its p
+    probs = torch.tensor([[1 - 1e-9, 1e-9], [1e-9, 1 - 1e-9]])
+    uniform = torch.tensor([[0.5, 0.0], [0.0, 0.5]])  # the unlikely token draws 0
+    assert exponential_race(probs, uniform).argmax(-1).tolist() == [0, 1]
+
+
+def test_the_race_draws_from_p():
+    probs = torch.tensor([0.6, 0.3, 0.1, 0.0])
+    draws = 40_000
+    uniform = torch.rand(draws, 4, generator=torch.Generator().manual_seed(0))
+    counts = torch.bincount(exponential_race(probs, uniform).argmax(-1), minlength=4).double()
+    sigma = (draws * probs * (1 - probs)).sqrt()
+    assert counts[3] == 0 and ((counts - draws * probs).abs() <= 5 * sigma + 1e-9).all(), counts
 
 
 def test_tiny_top_p_keeps_only_the_top_token():

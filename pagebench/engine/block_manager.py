@@ -11,7 +11,9 @@ Copy-on-write: a sequence about to write into a block that others also reference
 block, records a (src, dst) copy for the KV cache to perform (``take_copies``), and repoints its
 table. Until the copy is handed out, the sequence's reference stays on the source: its content
 must survive until it is copied, so a block that the other sharers free meanwhile (a preemption
-in the same step) cannot be handed out again, as another copy's destination, before that.
+in the same step) cannot be handed out again, as another copy's destination, before that. The
+last sharer writes in place: references held only for pending copies do not count, since the
+copies run before the step writes any KV (so n sharers make n - 1 copies, as in vLLM).
 
 Prefix caching: every full block is identified by a chained hash of (parent block's hash,
 this block's token ids); a new prompt reuses cached blocks for its longest block-aligned prefix,
@@ -25,11 +27,12 @@ that never runs) makes it unfindable, so no later request can hit KV that was ne
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from numbers import Integral
 
 from pagebench.config import ceil_div
-from pagebench.engine.block_pool import BlockPool
+from pagebench.engine.block_pool import BlockPool, check_block_id
 from pagebench.errors import OutOfBlocksError, SequenceError, check_positive_int
 
 ROOT_HASH = 0x9E3779B97F4A7C15  # parent hash of a sequence's first block
@@ -58,7 +61,10 @@ def slot_mapping(block_ids, start: int, end: int, block_size: int) -> list[int]:
 
 
 def _token_ids(name: str, token_ids) -> list[int]:
-    tokens = list(token_ids)
+    try:
+        tokens = list(token_ids)
+    except TypeError:
+        raise ValueError(f"{name}: expected a sequence of token ids, got {token_ids!r}") from None
     if not all(type(t) is int for t in tokens):
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, Integral):
@@ -112,6 +118,7 @@ class BlockManager:
         self.deferred_caching = bool(deferred_caching)
         self._seqs: dict[object, _Seq] = {}
         self._copies: dict[int, int] = {}  # pending copy-on-write: dst -> src (src held)
+        self._held: Counter[int] = Counter()  # src -> pending copies holding a reference to it
         self._unwritten: set[int] = set()  # findable, KV written by the step in flight
 
     # ---- queries -------------------------------------------------------------------------
@@ -155,10 +162,7 @@ class BlockManager:
         return self.num_blocks - self.pool.num_free
 
     def ref_count(self, block_id: int) -> int:
-        if isinstance(block_id, bool) or not isinstance(block_id, int) \
-                or not 0 <= block_id < self.num_blocks:
-            raise ValueError(f"block_id: {block_id!r} outside 0..{self.num_blocks - 1}")
-        return self.pool.ref_cnt[block_id]
+        return self.pool.ref_cnt[check_block_id("block_id", block_id, self.num_blocks)]
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold a sequence of ``num_tokens`` tokens."""
@@ -239,12 +243,17 @@ class BlockManager:
             self._register(seq, 0, len(hashes))
         return list(seq.blocks)
 
+    def _shared(self, block: int) -> bool:
+        """Whether a sequence writing into ``block`` must copy it first: another sequence
+        reads it too (a pending copy's hold does not count: its copy runs before the write)."""
+        return self.pool.ref_cnt[block] - self._held[block] > 1
+
     def _blocks_for_append(self, seq: _Seq, n: int) -> int:
         if n < 1:
             raise ValueError(f"num_new_tokens: must be >= 1, got {n}")
         length, bs = len(seq.tokens), self.block_size
         need = self.blocks_needed(length + n) - len(seq.blocks)
-        if length % bs and self.pool.ref_cnt[seq.blocks[-1]] > 1:
+        if length % bs and self._shared(seq.blocks[-1]):
             need += 1  # the shared, partly filled last block must be copied first
         return need
 
@@ -259,9 +268,10 @@ class BlockManager:
         if slot == 0:
             new_block = self.pool.take(1)[0]
             blocks.append(new_block)
-        elif self.pool.ref_cnt[blocks[-1]] > 1:  # copy-on-write
+        elif self._shared(blocks[-1]):  # copy-on-write
             new_block = self.pool.take(1)[0]
             self._copies[new_block] = blocks[-1]  # keeps seq's reference until copied
+            self._held[blocks[-1]] += 1
             blocks[-1] = new_block
         tokens.append(token_id)
         if slot == bs - 1 and self.enable_prefix_caching:
@@ -360,16 +370,20 @@ class BlockManager:
                 pool.unregister(b)
             pool.decref(b)
             if pool.ref_cnt[b] == 0 and b in self._copies:
-                pool.decref(self._copies.pop(b))
+                src = self._copies.pop(b)
+                self._held[src] -= 1
+                pool.decref(src)
 
     def take_copies(self) -> list[tuple[int, int]]:
         """Pending copy-on-write (src, dst) block copies, cleared by this call.
 
         The sources' references are released here: the caller performs the copies before it
-        takes any block again.
+        takes any block again, and before the step writes any KV (the last sharer of a source
+        writes into it in place).
         """
         copies = self.pending_copies
         self._copies = {}
+        self._held.clear()
         for src, _ in copies:
             self.pool.decref(src)
         return copies

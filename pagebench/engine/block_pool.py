@@ -11,8 +11,19 @@ makes a long run of takes quadratic; ``OrderedDict.popitem(last=False)`` is O(1)
 from __future__ import annotations
 
 from collections import OrderedDict
+from numbers import Integral
 
 from pagebench.errors import OutOfBlocksError, check_positive_int
+
+
+def check_block_id(name: str, block, num_blocks: int) -> int:
+    """``block`` as an int if it is a block id (an integer in 0..num_blocks - 1, not a bool),
+    else a ValueError naming ``name``."""
+    if isinstance(block, bool) or not isinstance(block, Integral):
+        raise ValueError(f"{name}: block ids are integers, got {block!r}")
+    if not 0 <= block < num_blocks:
+        raise ValueError(f"{name}: {block!r} outside 0..{num_blocks - 1}")
+    return int(block)
 
 
 class BlockPool:
@@ -52,11 +63,19 @@ class BlockPool:
         return out
 
     def incref(self, block: int) -> None:
+        """One more reference to a block in use, or to a free block holding a cached prefix
+        (a hit); a free block without one is ``take``n, not referenced."""
+        block = check_block_id("block", block, self.num_blocks)
         if self.ref_cnt[block] == 0:  # a cached block that was free comes back into use
+            if block not in self._free_cached:
+                raise ValueError(f"block {block}: free and not cached; take() it instead")
             del self._free_cached[block]
         self.ref_cnt[block] += 1
 
     def decref(self, block: int) -> None:
+        block = check_block_id("block", block, self.num_blocks)
+        if self.ref_cnt[block] == 0:  # a second free would queue it twice, then hand it out twice
+            raise ValueError(f"block {block}: already free")
         self.ref_cnt[block] -= 1
         if self.ref_cnt[block] == 0:
             if self.block_hash[block] is None:

@@ -19,7 +19,7 @@ from pagebench.engine.sampling import (CompletionOutput, RequestOutput, Sampling
                                        make_generator, sample)
 from pagebench.engine.scheduler import Scheduler, Sequence
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
-from pagebench.kernels.quant import kv_dtype_from_name
+from pagebench.kernels.quant import is_fp8, kv_dtype_from_name
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
@@ -92,6 +92,9 @@ class LLMEngine:
             cache_dtype = kv_dtype_from_name(kv_cache_dtype, param.dtype)
         except ValueError as e:
             raise ConfigError(str(e)) from None
+        if not is_fp8(cache_dtype) and cache_dtype != param.dtype:
+            raise ConfigError(f"kv_cache_dtype: {cache_dtype} is neither the model's dtype "
+                              f"({param.dtype}) nor fp8: use 'auto', 'fp8_e4m3' or 'fp8_e5m2'")
         self.geometry = KVGeometry.from_config(config, dtype=cache_dtype)
         check_positive_int("block_size", block_size)
         if num_blocks is not None:

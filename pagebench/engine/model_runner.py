@@ -25,10 +25,19 @@ ATTN_NAME = "pagebench"
 _active: ModelRunner | None = None  # the runner whose step is in flight
 
 
+# config fields of attention variants the paged kernels do not implement (Gemma 2's soft caps)
+UNSUPPORTED_CONFIG = ("attn_logit_softcapping", "final_logit_softcapping")
+UNSUPPORTED_KWARGS = ("softcap", "s_aux")  # what such a model's layers pass the attention
+
+
 def _paged_attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
     # query [1, Hq, T, D], key/value [1, Hkv, T, D] (after RoPE, GQA not expanded)
     if _active is None:
         raise RuntimeError("the 'pagebench' attention runs only inside ModelRunner.execute")
+    unsupported = [k for k in UNSUPPORTED_KWARGS if kwargs.get(k) is not None]
+    if unsupported:
+        raise ConfigError(f"model: its attention takes {', '.join(unsupported)}, which the "
+                          "paged kernels do not implement")
     out = _active.attend(module.layer_idx, query[0].transpose(0, 1), key[0].transpose(0, 1),
                          value[0].transpose(0, 1), scaling)
     return out.unsqueeze(0), None  # [1, T, Hq, D]
@@ -115,8 +124,16 @@ class ModelRunner:
             if getattr(config, "use_sliding_window", True) else None
         self.decoder = model.get_decoder() if hasattr(model, "get_decoder") else model.model
         self.lm_head = model.get_output_embeddings()
+        name = type(model).__name__
         if self.decoder is None or self.lm_head is None:
-            raise ConfigError(f"model: {type(model).__name__} is not a decoder-only causal LM")
+            raise ConfigError(f"model: {name} is not a decoder-only causal LM")
+        if not isinstance(getattr(self.decoder, "layers", None), torch.nn.ModuleList):
+            raise ConfigError(f"model: {name} has no list of decoder layers (`.layers`), as "
+                              "the Llama, Qwen2/3, Mistral and Phi-3 families have")
+        unsupported = [k for k in UNSUPPORTED_CONFIG if getattr(config, k, None) is not None]
+        if unsupported:
+            raise ConfigError(f"model: {name} uses {', '.join(unsupported)}, which the paged "
+                              "kernels do not implement")
         # the cache's shape: the engine's KVGeometry of this model (config.KVGeometry.from_config)
         self.num_layers = geometry.num_layers
         self.num_kv_heads = geometry.num_kv_heads

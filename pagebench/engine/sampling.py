@@ -10,14 +10,19 @@ request with ``seed = s + i``, whatever else is in the batch. Sampling is the ex
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
+import numpy as np
 import torch
 
 from pagebench.errors import ConfigError, check_positive_int
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, frozen=True)
 class SamplingParams:
+    """Per-request sampling settings, checked once when built and immutable after (build
+    another with ``dataclasses.replace``). Integers and reals may be numpy scalars."""
+
     max_tokens: int = 16
     temperature: float = 0.0
     top_p: float = 1.0
@@ -26,18 +31,29 @@ class SamplingParams:
     ignore_eos: bool = False
 
     def __post_init__(self):
-        check_positive_int("max_tokens", self.max_tokens)
-        if not isinstance(self.temperature, (int, float)) or not self.temperature >= 0:
+        def store(name, value):
+            object.__setattr__(self, name, value)
+
+        store("max_tokens", check_positive_int("max_tokens", self.max_tokens))
+        store("n", check_positive_int("n", self.n))
+        if not _real(self.temperature) or not self.temperature >= 0:
             raise ConfigError(f"temperature: must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+        if not _real(self.top_p) or not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p!r}")
-        check_positive_int("n", self.n)
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ConfigError(f"seed: must be an integer or None, got {self.seed!r}")
+        store("temperature", float(self.temperature))
+        store("top_p", float(self.top_p))
+        if self.seed is not None:
+            if isinstance(self.seed, (bool, np.bool_)) or not isinstance(self.seed, Integral):
+                raise ConfigError(f"seed: must be an integer or None, got {self.seed!r}")
+            store("seed", int(self.seed))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _real(x) -> bool:
+    return isinstance(x, Real) and not isinstance(x, (bool, np.bool_))
 
 
 @dataclass(slots=True)
@@ -66,6 +82,14 @@ def make_generator(seed: int | None, index: int, device) -> torch.Generator | No
     else:
         gen.manual_seed((seed + index) % 2**63)
     return gen
+
+
+def exponential_race(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """``p / E`` with ``E = -log(u) ~ Exp(1)`` for uniforms ``u`` in [0, 1): its argmax is a
+    draw from ``p``. ``E`` is never 0 (``u < 1``); a draw of exactly 0 (2^-24 per element for
+    float32) gives ``E = inf``, so that token loses the race rather than winning it whatever
+    its probability."""
+    return probs / -torch.log(uniform)
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams],
@@ -102,7 +126,7 @@ def sample_on_device(logits: torch.Tensor, params: list[SamplingParams],
         probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
     noise = torch.stack([torch.rand(probs.shape[-1], generator=generators[i], device=dev)
                          for i in rows])
-    race = probs / (-torch.log1p(-noise)).clamp_min(1e-20)  # p / Exp(1)
+    race = exponential_race(probs, noise)
     if every:
         return race.argmax(dim=-1)
     tokens[index] = race.argmax(dim=-1)

@@ -209,6 +209,38 @@ def test_write_kv_skips_padding_slots():
     assert k_cache.view(4, 4)[[0, 3]].eq(1).all() and k_cache.view(4, 4)[[1, 2]].eq(0).all()
 
 
+@pytest.mark.parametrize("source", ["own cache", "other cache"])
+def test_write_kv_moves_tokens_within_the_cache(source):
+    # audit finding 1: torch refused V's store from a view of v_cache after K was written; a v
+    # viewing k_cache would read K's new tokens. Sources are read as they were before the call.
+    k_cache = torch.randn(3, 2, 1, 4)
+    v_cache = torch.randn_like(k_cache)
+    before = k_cache.clone().view(6, 1, 4), v_cache.clone().view(6, 1, 4)
+    flat = k_cache.view(6, 1, 4), v_cache.view(6, 1, 4)
+    k, v = (flat[0][0:3], flat[1][0:3]) if source == "own cache" else (flat[1][0:3], flat[0][0:3])
+    write_kv(k_cache, v_cache, k, v, torch.tensor([1, 2, 3]))  # overlaps tokens 0..2
+    want_k, want_v = (before[0], before[1]) if source == "own cache" else (before[1], before[0])
+    assert torch.equal(flat[0][1:4], want_k[0:3]) and torch.equal(flat[1][1:4], want_v[0:3])
+    assert torch.equal(flat[0][[0, 4, 5]], before[0][[0, 4, 5]])
+
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float8_e4m3fn])
+def test_write_kv_records_no_autograd_history(cache_dtype):
+    # audit finding 3: K/V requiring grad gave a float cache a CopySlices history, so the next
+    # write_kv refused it ("requires grad"); an fp8 cache got none
+    k_cache = torch.zeros(2, 2, 1, 4, dtype=cache_dtype)
+    v_cache = torch.zeros_like(k_cache)
+    scales = {} if cache_dtype == torch.float32 else {"k_scale": 1.0, "v_scale": 1.0}
+    w = torch.ones(4, 4, requires_grad=True)
+    x = torch.ones(2, 1, 4)
+    write_kv(k_cache, v_cache, x @ w, 2 * (x @ w), torch.tensor([0, 3]), **scales)
+    assert not k_cache.requires_grad and k_cache.grad_fn is None and v_cache.grad_fn is None
+    write_kv(k_cache, v_cache, x, x, torch.tensor([1, 2]), **scales)  # not refused
+    flat = k_cache.view(4, 4).float(), v_cache.view(4, 4).float()
+    assert flat[0][[0, 3]].eq(4).all() and flat[1][[0, 3]].eq(8).all()
+    assert flat[0][[1, 2]].eq(1).all()
+
+
 def test_copy_blocks_copies_k_and_v():
     k_cache = torch.arange(5 * 2 * 1 * 3, dtype=torch.float32).view(5, 2, 1, 3)
     v_cache = -k_cache.clone()

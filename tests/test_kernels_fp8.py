@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -11,7 +12,7 @@ from pagebench.kernels import (available_backends, get_backend, paged_decode, pa
 from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
 from pagebench.kernels.quant import (calibrated_scales, check_kv_scales, dequantize,
                                      kv_dtype_from_name, quantize)
-from pagebench.kernels.reference import reference_decode
+from pagebench.kernels.reference import reference_decode, reference_prefill
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 
@@ -80,6 +81,16 @@ def test_scales_as_numbers_or_tensors_give_the_same_result(cache_dtype):
     assert relative_error(a, ref) < 1e-5
 
 
+def test_numpy_scalars_are_numbers_as_scales():
+    # audit finding 4: np.float64 (a float subclass) was taken, np.float32 refused
+    inp = _fp8_case()
+    k, v = float(inp.k_scale[0]), float(inp.v_scale[0])
+    want = paged_decode(*inp.args(), backend="torch", k_scale=k, v_scale=v)
+    for as_numpy in (np.float32, np.float64):
+        out = paged_decode(*inp.args(), backend="torch", k_scale=as_numpy(k), v_scale=as_numpy(v))
+        assert relative_error(out, want) < 1e-6  # np.float32 rounds the scale to float32 first
+
+
 @pytest.mark.parametrize("kwargs, match", [
     ({}, "k_scale: required"),
     ({"k_scale": 1.0}, "v_scale: required"),
@@ -94,6 +105,7 @@ def test_scales_as_numbers_or_tensors_give_the_same_result(cache_dtype):
      "k_scale: expected a float32"),
     ({"k_scale": torch.tensor([1.0, -1.0]), "v_scale": 1.0}, "k_scale: every scale"),
     ({"k_scale": "1", "v_scale": 1.0}, "k_scale: expected a number"),
+    ({"k_scale": 1.0, "v_scale": np.True_}, "v_scale: expected a number"),
 ])
 def test_bad_scales_are_value_errors_naming_the_argument(kwargs, match):
     inp = _fp8_case()
@@ -115,6 +127,28 @@ def test_mixed_cache_dtypes_are_refused():
     with pytest.raises(ValueError, match="v_cache: dtype"):
         paged_decode(inp.q, inp.k_cache, inp.v_cache.to(torch.float32), *inp.args()[3:],
                      **inp.scales())
+
+
+@pytest.mark.parametrize("op", ["decode", "prefill"])
+def test_torch_backend_reads_fp8_beyond_fp16_range_with_an_fp16_q(op):
+    # audit finding 5: the torch backend dequantised to q's dtype, so K of stored x scale
+    # ~1e6 became inf in fp16 (NaN outputs) although the scores q.k are small
+    gen = torch.Generator().manual_seed(0)
+    k_cache = (torch.randn(2, 4, 1, 64, generator=gen) * 100).to(E4M3)  # x 1000: |K| ~ 1e5
+    v_cache = torch.randn(2, 4, 1, 64, generator=gen).to(E4M3)
+    q = (torch.randn(2, 2, 64, generator=gen) * 1e-6).half()
+    args = (k_cache, v_cache, torch.tensor([[1, 0]], dtype=torch.int32),
+            torch.tensor([7], dtype=torch.int32))
+    scales = {"k_scale": 1000.0, "v_scale": 1.0}
+    assert (k_cache.float() * 1000).abs().max() > torch.finfo(torch.float16).max
+    if op == "decode":
+        out = paged_decode(q[:1], *args, backend="torch", **scales)
+        ref = reference_decode(q[:1], *args, **scales)
+    else:
+        qlens = torch.tensor([2], dtype=torch.int32)
+        out = paged_prefill(q, *args, qlens, backend="torch", **scales)
+        ref = reference_prefill(q, *args, qlens, **scales)
+    assert out.dtype == torch.float16 and relative_error(out, ref) < 2e-3
 
 
 def test_quantize_saturates_and_keeps_nan():

@@ -63,10 +63,18 @@ def test_unused_table_entries_may_hold_anything(inp):
     paged_decode(*inp.args())
 
 
-@pytest.mark.parametrize("scale", [0, -1.0, float("inf"), "x", 1e39, 1e-46, 10**400])
+# True and "0.125" used to run as 1.0 and 0.125 (float() takes them)
+@pytest.mark.parametrize("scale", [0, -1.0, float("inf"), "x", 1e39, 1e-46, 10**400, True,
+                                   np.True_, "0.125", torch.tensor(0.125)])
 def test_bad_scale(inp, scale):
     with pytest.raises(ValueError, match="^scale:"):
         paged_decode(*inp.args(), scale=scale)
+
+
+@pytest.mark.parametrize("scale", [np.float32(0.25), np.float64(0.25), np.int64(1), 1])
+def test_scale_takes_any_real_number(inp, scale):
+    out = paged_decode(*inp.args(), scale=scale, backend="torch")
+    assert torch.equal(out, paged_decode(*inp.args(), scale=float(scale), backend="torch"))
 
 
 def test_unknown_or_unsuitable_backend(inp):
@@ -143,6 +151,25 @@ def test_write_kv_refuses_a_cache_it_cannot_write_in_place_before_writing_either
     with torch.inference_mode() if unwritable == "inference tensor" else torch.no_grad():
         write_kv(k_cache, v_cache, torch.ones(2, 1, 4), torch.ones(2, 1, 4), torch.tensor([0, 1]))
     assert v_cache.sum() == 8
+
+
+@pytest.mark.parametrize("unwritable", ["requires grad", "inference tensor"])
+def test_copy_blocks_refuses_a_cache_it_cannot_write_in_place_before_copying_either(unwritable):
+    # audit finding 2: K was copied, then torch refused V's store (a RuntimeError)
+    k_cache = torch.randn(4, 2, 1, 4)
+    if unwritable == "requires grad":
+        v_cache = torch.randn(4, 2, 1, 4, requires_grad=True)
+    else:
+        with torch.inference_mode():
+            v_cache = torch.randn(4, 2, 1, 4)
+    before = k_cache.clone(), v_cache.detach().clone()
+    with pytest.raises(ValueError, match=f"^v_cache: .*{unwritable}"):
+        copy_blocks(k_cache, v_cache, [(0, 2)])
+    assert torch.equal(k_cache, before[0]) and torch.equal(v_cache.detach(), before[1])
+    # where torch lets the store happen, copy_blocks does it
+    with torch.inference_mode() if unwritable == "inference tensor" else torch.no_grad():
+        copy_blocks(k_cache, v_cache, [(0, 2)])
+    assert torch.equal(k_cache[2], before[0][0]) and torch.equal(v_cache[2].detach(), before[1][0])
 
 
 def test_copy_blocks_rejects_and_leaves_the_cache_unchanged():

@@ -13,7 +13,9 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached", *, k_scale
     """Store token ``i``'s K/V (``k``, ``v``: ``[num_tokens, num_kv_heads, head_dim]``) at
     slot ``slot_mapping[i] = block * block_size + offset``, in place. A slot of -1 skips that
     token (padding). Slots must be distinct; the cache must be contiguous. ``validate`` as in
-    ``paged_decode``.
+    ``paged_decode``. ``k`` and ``v`` may be views of either cache (tokens moved within it):
+    they are read as they were before the call. The cache is a buffer: autograd records
+    nothing (sources that require grad are written detached).
 
     An fp8 cache stores ``k / k_scale`` and ``v / v_scale`` (per KV head; required for fp8,
     refused otherwise), saturated to the format's finite range (``quant.quantize``)."""
@@ -22,14 +24,31 @@ def write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached", *, k_scale
     slots = slot_mapping.to(torch.int64)
     if not no_padding:
         keep = slots >= 0
-        slots, k, v = slots[keep], k[keep], v[keep]
+        slots, k, v = slots[keep], k[keep], v[keep]  # copies: nothing left aliasing a cache
+    else:
+        k, v = (_unaliased(x, k_cache, v_cache) for x in (k, v))
     store_kv(k_cache, v_cache, k, v, slots, k_scale, v_scale)
+
+
+def _unaliased(x, *caches):
+    """``x``, or a copy of it where it shares memory with one of ``caches``: torch refuses an
+    in-place store from a view of its destination, and writing K first would change a ``v``
+    that views the K cache."""
+    return x.clone() if any(_shares_memory(x, c) for c in caches) else x
+
+
+def _shares_memory(a, b) -> bool:
+    """Whether the storages under ``a`` and ``b`` overlap (a host-side check, no sync)."""
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return (sa.data_ptr() < sb.data_ptr() + sb.nbytes()
+            and sb.data_ptr() < sa.data_ptr() + sa.nbytes())
 
 
 def store_kv(k_cache, v_cache, k, v, slots, k_scale=None, v_scale=None) -> None:
     """``write_kv`` without its checks: ``slots`` int64, every one valid and distinct; for an
     fp8 cache, scales as float32 tensors [num_kv_heads]. For callers that build the slots
-    themselves (the engine's model runner)."""
+    themselves (the engine's model runner). Records no autograd history (sources detached)."""
+    k, v = k.detach(), v.detach()
     if is_fp8(k_cache.dtype):
         # fp8 has no index_copy_ kernel on every device: copy the bytes
         k = quantize(k, k_scale, k_cache.dtype).view(torch.uint8)

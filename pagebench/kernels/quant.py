@@ -15,6 +15,7 @@ headroom), the way vLLM's ``calculate_kv_scales`` does on the first forward pass
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import torch
 
@@ -53,6 +54,12 @@ def as_float(x) -> float:
         return float(x)
     except OverflowError:
         return math.inf if x > 0 else -math.inf
+
+
+def is_number(x) -> bool:
+    """Whether ``x`` is a real number (``numbers.Real``: Python and NumPy ints and floats), not
+    a bool (True would silently become 1.0), a string or a tensor."""
+    return isinstance(x, Real) and not isinstance(x, bool)
 
 
 def is_fp8(dtype) -> bool:
@@ -114,7 +121,7 @@ def _scale_tensor(name, s, kv_heads: int, device) -> torch.Tensor:
         if s.device.type == "cpu" and not bool(torch.isfinite(s).all() & (s > 0).all()):
             raise ValueError(f"{name}: every scale must be finite and positive, got {s.tolist()}")
         return s.expand(kv_heads).contiguous() if s.dim() == 0 else s.contiguous()
-    if isinstance(s, bool) or not isinstance(s, (int, float)):
+    if not is_number(s):
         raise ValueError(f"{name}: expected a number or a float32 tensor, got {type(s).__name__}")
     if not in_float32_range(as_float(s)):
         raise ValueError(f"{name}: must be a positive number that float32 holds, got "

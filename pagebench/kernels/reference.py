@@ -4,7 +4,8 @@ cache, and the float64 reference every backend is tested against.
 Gather-then-attend is what a framework without a paged kernel does: copy each sequence's K/V
 out of its blocks into a contiguous tensor, then call dense attention. It is correct by
 construction and costs an extra write and read of all K/V -- the cost a real paged kernel avoids.
-An fp8 cache is dequantised (to q's dtype) as it is gathered.
+An fp8 cache is dequantised as it is gathered, to q's dtype (float32 for an fp16 q: see
+``attend_dtype``).
 """
 
 from __future__ import annotations
@@ -46,6 +47,13 @@ def attend_decode(q, k, v, valid, scale, mode=None):
     return out.reshape(num_seqs, q_heads, head_dim)
 
 
+def attend_dtype(q, k_scale=None) -> torch.dtype:
+    """The dtype the torch backend dequantises an fp8 cache (``k_scale`` given) to and attends
+    in: q's, but float32 for an fp16 q, where stored x scale may exceed fp16's 65,504 although
+    the scores and the output do not."""
+    return torch.float32 if k_scale is not None and q.dtype == torch.float16 else q.dtype
+
+
 def gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale=None, v_scale=None,
               dtype=None):
     """Copy each sequence's K/V out of its blocks, head-major: ([S, Hkv, L, D] x2, valid [S, L]).
@@ -85,8 +93,9 @@ def gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale=None, v_scale=No
 
 def torch_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None,
                        v_scale=None):
-    k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, q.dtype)
-    return attend_decode(q, k, v, valid, scale)
+    dtype = attend_dtype(q, k_scale)
+    k, v, valid = gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, dtype)
+    return attend_decode(q.to(dtype), k, v, valid, scale).to(q.dtype)
 
 
 def _seq_kv(k_cache, v_cache, table_row, length, k_scale=None, v_scale=None, dtype=None):
@@ -114,12 +123,13 @@ def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens,
     out = torch.empty_like(q)
     q_heads, kv_heads = q.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
+    dtype = attend_dtype(q, k_scale)
     start = 0
     for s, (n, ql) in enumerate(zip(seq_lens.tolist(), query_lens.tolist())):
-        k, v = _seq_kv(k_cache, v_cache, block_tables[s], n, k_scale, v_scale, q.dtype)
+        k, v = _seq_kv(k_cache, v_cache, block_tables[s], n, k_scale, v_scale, dtype)
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
-        qs = q[start:start + ql].transpose(0, 1)  # [Hq, ql, D]
+        qs = q[start:start + ql].transpose(0, 1).to(dtype)  # [Hq, ql, D]
         q_pos = torch.arange(n - ql, n, device=q.device)
         mask = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]  # [ql, n]
         o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)

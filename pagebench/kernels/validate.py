@@ -17,7 +17,7 @@ from numbers import Integral
 import torch
 
 from pagebench.config import dtype_name
-from pagebench.kernels.quant import FP8_DTYPES, as_float, in_float32_range
+from pagebench.kernels.quant import FP8_DTYPES, as_float, in_float32_range, is_number
 from pagebench.kernels.value_checks import CheckedValues
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -66,12 +66,13 @@ def _check_values(validate: str, device: torch.device, check, tensors: tuple, pa
 
 
 def check_scale(scale, head_dim: int) -> float:
+    """The softmax scale as a float: ``head_dim ** -0.5`` for None, else a real number (not a
+    bool or a string, which float() would take) that float32 holds."""
     if scale is None:
         return head_dim ** -0.5
-    try:
-        value = as_float(scale)
-    except (TypeError, ValueError):
+    if not is_number(scale):
         _fail("scale", f"expected a number or None, got {scale!r}")
+    value = as_float(scale)
     if not in_float32_range(value):
         _fail("scale", f"must be a positive number that float32 holds (the kernels compute in "
               f"float32), got {value:.6g}")
@@ -236,6 +237,16 @@ def _check_contiguous_values(seq_lens, max_len: int) -> bool:
     return lo == max_len
 
 
+def check_writable(k_cache, v_cache) -> None:
+    """Both caches can be written in place here: what torch would refuse only at the in-place
+    store, with K already written."""
+    for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if x.requires_grad and torch.is_grad_enabled():
+            _fail(name, "requires grad: write into it under torch.no_grad() (or detach it)")
+        if x.is_inference() and not torch.is_inference_mode_enabled():
+            _fail(name, "is an inference tensor: write into it inside torch.inference_mode()")
+
+
 def check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> bool:
     """Validate ``write_kv``'s arguments; returns whether every slot is >= 0 (no padding to
     skip; also True while a CUDA graph is captured, when nothing is read back)."""
@@ -254,11 +265,7 @@ def check_write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached") -> b
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not x.is_contiguous():
             _fail(name, "must be contiguous")
-        # what torch would refuse only at the in-place store, with K already written
-        if x.requires_grad and torch.is_grad_enabled():
-            _fail(name, "requires grad: write into it under torch.no_grad() (or detach it)")
-        if x.is_inference() and not torch.is_inference_mode_enabled():
-            _fail(name, "is an inference tensor: write into it inside torch.inference_mode()")
+    check_writable(k_cache, v_cache)
     _same_device("k_cache", k_cache, v_cache=v_cache, k=k, v=v, slot_mapping=slot_mapping)
     if slot_mapping.numel() == 0 or _capturing(k_cache.device):
         return True
@@ -281,12 +288,14 @@ def _check_slot_values(slot_mapping, num_slots: int) -> bool:
 
 
 def check_copy_blocks(k_cache, v_cache, pairs) -> torch.Tensor:
-    """Returns pairs as an int64 tensor [n, 2] of (src, dst) on the cache's device."""
+    """Validate ``copy_blocks``'s arguments (the caches writable, as for ``write_kv``); returns
+    pairs as an int64 tensor [n, 2] of (src, dst) on the cache's device."""
     _tensor("k_cache", k_cache, 4, CACHE_DTYPES)
     _tensor("v_cache", v_cache, 4, CACHE_DTYPES)
     if v_cache.shape != k_cache.shape:
         _fail("v_cache", f"shape {tuple(v_cache.shape)} differs from k_cache {tuple(k_cache.shape)}")
     _same_device("k_cache", k_cache, v_cache=v_cache)
+    check_writable(k_cache, v_cache)
     if isinstance(pairs, torch.Tensor):
         if pairs.dtype == torch.bool or pairs.is_floating_point() or pairs.is_complex():
             _fail("pairs", f"block ids must be integers, got dtype {pairs.dtype}")

@@ -157,7 +157,10 @@ class KVGeometry:
         except (TypeError, ValueError) as e:
             raise ConfigError(f"config: missing or invalid attention fields ({e})") from e
         if dtype is None:
-            dtype = get("torch_dtype") or get("dtype") or "bfloat16"
+            # transformers 5 names it dtype; a config.json of older versions torch_dtype
+            # (reading that attribute off a transformers 5 config prints a deprecation warning)
+            old = get("torch_dtype") if isinstance(cfg, dict) else None
+            dtype = get("dtype") or old or "bfloat16"
         return cls(layers, kv_heads, int(head_dim), q_heads,
                    dtype_name(dtype), name or get("model_type") or "custom")
 

@@ -102,9 +102,11 @@ def test_greedy_equality_rows(model):
     prompts = bench.random_prompts(3, 1, 12, model.config.vocab_size, seed=3)
     rows = validated("engine", bench.greedy_equality(model, prompts, 3, block_sizes=(4, 16),
                                                      kernel="torch"))
-    assert len(rows) == 8 and (rows.experiment == bench.GREEDY_EQUALITY).all()
-    assert rows.check.tolist()[:4] == ["engine vs model.generate"] * 2 + ["graphs vs eager"] * 2
-    assert rows.enable_prefix_caching.tolist()[:2] == [False, True]
+    # on a CPU no engine captures graphs or compiles: no "graphs vs eager" row (it would
+    # compare the eager steps with themselves)
+    assert len(rows) == 4 and (rows.experiment == bench.GREEDY_EQUALITY).all()
+    assert rows.check.tolist() == ["engine vs model.generate"] * 4
+    assert rows.enable_prefix_caching.tolist() == [False, True] * 2
     assert (rows.prompts_equal == 3).all() and (rows.token_agreement == 1.0).all()
 
 

@@ -509,9 +509,11 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
     """Greedy outputs of the engine, per block size: against ``model.generate`` one prompt at a
     time (no padding), prefix caching off and on; and against the engine's eager steps, decode
     graphs of the compiled and of the plain layers. One row per check (``prompts_equal`` of
-    ``num_prompts``, ``token_agreement``), of the ``engine`` dataset. On a CPU no graph is
-    captured, so "graphs vs eager" compares the default steps with eager ones; in bf16 near-ties
-    on random weights flip the argmax, hence an agreement rate rather than a pass/fail."""
+    ``num_prompts``, ``token_agreement``), of the ``engine`` dataset. "graphs vs eager" rows
+    come only from an engine that captured graphs or compiled its layers (on a CPU neither:
+    its default steps are the eager ones, and the row would compare them with themselves); in
+    bf16 near-ties on random weights flip the argmax, hence an agreement rate rather than a
+    pass/fail."""
     reference = padded_generate(model, prompts, max_tokens, batch_size=1)
     rows = []
     for bs in block_sizes:
@@ -535,10 +537,14 @@ def greedy_equality(model, prompts, max_tokens: int, block_sizes=(16,),
         cached = LLMEngine(model, enable_prefix_caching=True, **kw)
         check("engine vs model.generate", cached, greedy_tokens(cached, prompts, max_tokens),
               reference, prefix=True)
-        eager = greedy_tokens(LLMEngine(model, **MODES["eager"], **kw), prompts, max_tokens)
         plain = LLMEngine(model, **MODES["graphs_uncompiled"], **kw)
-        check("graphs vs eager", plain, greedy_tokens(plain, prompts, max_tokens), eager)
-        check("graphs vs eager", default, default_out, eager)
+        runs = [(plain, greedy_tokens(plain, prompts, max_tokens)), (default, default_out)]
+        runs = [(e, out) for e, out in runs  # after generating: graphs are captured then
+                if e.graphs()["cuda_graphs"] or e.graphs()["compiled_layers"]]
+        if runs:
+            eager = greedy_tokens(LLMEngine(model, **MODES["eager"], **kw), prompts, max_tokens)
+        for engine, out in runs:
+            check("graphs vs eager", engine, out, eager)
     return rows
 
 

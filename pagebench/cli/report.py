@@ -43,10 +43,15 @@ def register(sub) -> None:
 
 def run_report(args) -> int:
     check_data_options(args)
+    from pagebench.report.outputs import check_report_output
+    from pagebench.results.collect import input_dirs
     from pagebench.suite import build_report, page_path
 
     out = page_path(args.out)  # out/index.html when --out is a directory
     check_output_file("--out", str(out))
+    # before the sweeps: replace only a page and data directory pagebench wrote, and write
+    # nothing inside a directory the report reads
+    check_report_output(out, input_dirs(args.data_dir, args.results))
     path, results = build_report(out, device=args.device, quick=args.quick,
                                  results_dirs=args.results, data_dir=args.data_dir,
                                  progress=not args.no_progress)
@@ -77,8 +82,11 @@ def run_claims(args) -> int:
     check_data_options(args)
     check_output_file("--csv", args.csv)
     from pagebench.analysis import analyse
-    from pagebench.results.collect import collect
+    from pagebench.report.outputs import check_outside_inputs
+    from pagebench.results.collect import collect, input_dirs
     from pagebench.results.derived import VERDICTS, tally
+
+    check_outside_inputs("--csv", args.csv, input_dirs(args.data_dir, args.results))
 
     steps = ()
     if args.simulate:

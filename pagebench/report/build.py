@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pagebench.atomic import replace_dir
 from pagebench.report import fp8, parallel, real_traces, render, sections
+from pagebench.report.outputs import check_report_output
 from pagebench.results import Results, devices, report_data_dir
 from pagebench.results.derived import ARTICLE, tally
 
@@ -59,12 +60,16 @@ def page_path(out) -> Path:
 
 def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     """Write ``out`` (HTML) and ``<out stem>_data/*.csv`` from ``results`` after
-    :func:`pagebench.analysis.analyse`; returns the page's path."""
+    :func:`pagebench.analysis.analyse`; returns the page's path. A file or directory there
+    that pagebench did not write is never replaced: ValueError, nothing written
+    (:func:`pagebench.report.outputs.check_report_output`)."""
     if results.get("claims") is None:
         raise ValueError("results: not analysed (run pagebench.analysis.analyse(results) after "
                          "the last Results.add)")
     out = page_path(out)
     data_dir = report_data_dir(out)
+    # only a page and data directory pagebench wrote are replaced (ValueError otherwise)
+    check_report_output(out)
     page = build_sections(results, env, options)
     frames = results.frames | derived_frames(results)
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)

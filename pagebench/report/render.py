@@ -12,13 +12,16 @@ from pathlib import Path
 
 import jinja2
 import pandas as pd
+from markupsafe import Markup
 
 from pagebench.atomic import atomic_write_text  # the page's writer, re-exported
+from pagebench.report.outputs import GENERATOR_META, MARKER, marker_text
 
 TEMPLATE = r"""<!DOCTYPE html>
 <html lang="en">
 <head>
 <meta charset="utf-8">
+{{ generator_meta }}
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{{ title }}</title>
 <style>
@@ -108,8 +111,9 @@ def render_html(*, title: str, subtitle: str, generated: str, sections, warnings
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     return env.from_string(TEMPLATE).render(
-        title=title, subtitle=subtitle, generated=generated, sections=sections,
-        warnings=warnings, hrefs=hrefs, headline=headline)
+        generator_meta=Markup(GENERATOR_META), title=title, subtitle=subtitle,
+        generated=generated, sections=sections, warnings=warnings, hrefs=hrefs,
+        headline=headline)
 
 
 def dataset_hrefs(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -> dict:
@@ -119,11 +123,13 @@ def dataset_hrefs(frames: dict[str, pd.DataFrame], data_dir: Path, base: Path) -
 
 
 def write_datasets(frames: dict[str, pd.DataFrame], data_dir: Path) -> None:
-    """One CSV per dataset in ``data_dir``; CSVs of an earlier run that this run did not
-    produce are removed (the page would link to nothing)."""
+    """One CSV per dataset in ``data_dir``, and its marker (:data:`MARKER`, listing them: what
+    tells the next run the directory is pagebench's to replace); CSVs of an earlier run that
+    this run did not produce are removed (the page would link to nothing)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     for stale in data_dir.glob("*.csv"):
         if stale.stem not in frames:
             stale.unlink()
     for name, frame in frames.items():
         atomic_write_text(data_dir / f"{name}.csv", frame.to_csv(index=False))
+    atomic_write_text(data_dir / MARKER, marker_text(f"{name}.csv" for name in frames))

@@ -19,8 +19,8 @@ from pathlib import Path
 from pagebench.results.history import asv_results_dir, load_benchmark_json
 from pagebench.results.read import Results, load_data_dir
 
-__all__ = ["benchmark_files", "collect", "default_data_dir", "guarded", "read_committed",
-           "repo_root"]
+__all__ = ["benchmark_files", "collect", "default_data_dir", "guarded", "history_dirs",
+           "input_dirs", "read_committed", "repo_root"]
 
 
 def guarded(results: Results, name: str, fn) -> None:
@@ -91,11 +91,25 @@ def read_committed(results: Results, data_dir: Path, results_dirs=(), exclude=()
         extras.append(extra)
         guarded(results, f"results {extra}",
                 lambda e=extra: load_data_dir(results, e, seen=seen, exclude=exclude))
-    root = repo_root()
-    bench_roots = [asv_results_dir(root), root / ".benchmarks", root / "reports" / "bench",
-                   data_dir, *extras]
+    bench_roots = [*history_dirs(repo_root()), data_dir, *extras]
     guarded(results, "benchmark results",
             lambda: load_benchmark_json(results, benchmark_files(bench_roots, skip=seen)))
+
+
+def history_dirs(root: Path) -> list[Path]:
+    """The checkout's directories of benchmark histories: asv results, pytest-benchmark's
+    ``.benchmarks/`` and ``reports/bench/`` (``make bench``)."""
+    return [asv_results_dir(root), root / ".benchmarks", root / "reports" / "bench"]
+
+
+def input_dirs(data_dir=None, results_dirs=()) -> list[tuple[str, Path]]:
+    """(what, directory) of every directory :func:`collect` reads with these arguments: the
+    committed data, each ``--results`` directory, the benchmark histories
+    (:func:`history_dirs`); for ``pagebench report`` to keep its output out of them."""
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    labels = ("the asv results directory", *["the pytest-benchmark directory"] * 2)
+    return ([("--data-dir", data_dir)] + [("--results", Path(d)) for d in results_dirs]
+            + list(zip(labels, history_dirs(repo_root()))))
 
 
 def benchmark_files(roots, skip=frozenset()) -> list[Path]:

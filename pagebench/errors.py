@@ -2,8 +2,6 @@
 
 from numbers import Integral
 
-import numpy as np
-
 
 class PagebenchError(Exception):
     """Base class of every error pagebench raises on purpose."""
@@ -25,8 +23,8 @@ class SequenceError(PagebenchError, KeyError):
 
 
 def check_positive_int(name: str, value) -> int:
-    """``value`` as an int if it is an integer >= 1 (numpy's too; not a bool), else
-    ConfigError naming ``name``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, Integral) or value < 1:
+    """``value`` as an int if it is an integer >= 1 (numpy's too; not a bool, nor numpy's,
+    which is no ``Integral``), else ConfigError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
         raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
     return int(value)

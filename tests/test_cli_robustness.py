@@ -360,3 +360,206 @@ def test_an_output_that_is_also_an_input_is_refused_and_the_input_kept(tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and f"{output}: " in err and "is also the input --trace" in err
     assert len(err.strip().splitlines()) == 1 and trace.read_text() == before
+
+
+# ---- the CLI audit (D3, R1-R4, M1-M5, M10): refused before any work, one line, exit 2 ------
+TRACE = str(REPO / "examples" / "trace.csv")
+DYNAMIC = ["simulate", "--dynamic", "--trace", TRACE, "--budget-tokens", "16384",
+           "--block-sizes", "16"]
+
+
+@pytest.mark.parametrize("name", ["same.csv", "same.json"])
+def test_two_outputs_naming_one_file_are_refused(tmp_path, name):
+    """D3: the timeline was written, reported, then overwritten by the summary."""
+    path = tmp_path / name
+    line = assert_one_line_error(DYNAMIC + ["--timeline", str(path), "--out",
+                                            str(tmp_path / "." / name)],
+                                 "--out, --timeline", "both name", "own file")
+    assert "would overwrite" in line and not path.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["engine-bench", "breakdown", "--profile-out", "{0}", "--out", "{0}"],
+    ["tp-bench", "sweep-wall", "--rows-out", "{0}", "--out", "{0}"],
+])
+def test_every_pair_of_outputs_is_checked(tmp_path, argv):
+    path = str(tmp_path / "x.csv")
+    assert_one_line_error([a.format(path) for a in argv], "both name")
+    assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize("value, needle", [("", "empty file name"), ("-", "not stdout")])
+@pytest.mark.parametrize("option", ["--out", "--timeline"])
+def test_empty_and_dash_outputs_are_refused_before_any_work(tmp_path, monkeypatch, option,
+                                                            value, needle):
+    """M3 and R4: --out '' ran the whole simulation and then named a temporary file; --out -
+    created a file named '-'; --timeline '' was ignored."""
+    from pagebench.sim import dynamic
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(dynamic, "run_dynamic", refuse_to_allocate(AssertionError("ran")))
+    assert_one_line_error(DYNAMIC + [option, value], f"{option}: ", needle)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_output_where_no_file_can_be_made_is_refused_before_any_work(monkeypatch):
+    from pagebench.sim import static
+
+    monkeypatch.setattr(static, "static_fragmentation", refuse_to_allocate(AssertionError("ran")))
+    assert_one_line_error(["simulate", "--out", "/proc/nope/x.csv"], "--out", "cannot create",
+                          "/proc/nope/x.csv")
+
+
+def test_lengths_are_used_as_given_or_refused(tmp_path, capsys):
+    """R1: a file's 10,000 became 4,096 silently; fixed:5000 too; fixed:1.5 became 1."""
+    big = tmp_path / "big.txt"
+    big.write_text("100\n10000\n")
+    for command, limit in (("simulate", "--max-len"), ("capacity", "--max-model-len")):
+        assert_one_line_error([command, "--lengths", str(big)], "--lengths", limit, "10,000",
+                              "not clipped")
+        code, out, _ = run([command, "--lengths", str(big), limit, "16384", "--json"])
+        assert code == 0
+    assert json.loads(out)["mean_length"] == 5050
+    assert_one_line_error(["simulate", "--lengths", "fixed:5000"], "--lengths", "--max-len",
+                          "5,000")
+    assert_one_line_error(["simulate", "--lengths", "uniform:1,5000"], "--lengths", "--max-len")
+    for spec in ("fixed:1.5", "uniform:1.5,3.5", "fixed:1e3"):
+        assert_one_line_error(["simulate", "--lengths", spec], "--lengths", "integers")
+    (tmp_path / "half.jsonl").write_text('{"length": 1.5}\n')
+    assert_one_line_error(["simulate", "--lengths", str(tmp_path / "half.jsonl")], "--lengths",
+                          "not a list of integer lengths")
+
+
+def test_lognormal_lengths_follow_the_documented_formula(capsys):
+    """R1: max(1, min(max_len, int(lognormvariate))): lognormal:-5,0.1 stores 1 token each."""
+    code, out, _ = run(["simulate", "--lengths", "lognormal:-5,0.1", "--num-seqs", "7",
+                        "--json"])
+    assert code == 0 and json.loads(out)["tokens_stored"] == 7
+    readme = (REPO / "README.md").read_text()
+    assert "max(1, min(max_len, int(random.Random(seed).lognormvariate(MU, SIGMA))))" in readme
+
+
+def test_separately_drawn_lengths_are_checked_and_their_clipping_counted():
+    assert_one_line_error(["simulate", "--dynamic", "--prompt-lengths", "fixed:3",
+                           "--output-lengths", "fixed:5000"], "--output-lengths", "--max-len")
+    assert_one_line_error(["simulate", "--dynamic", "--prompt-lengths", "fixed:3",
+                           "--output-lengths", "bogus"], "--output-lengths: bogus not found")
+    assert_one_line_error(["simulate", "--dynamic", "--prompt-lengths", "fixed:3",
+                           "--output-lengths", "fixed:3", "--lengths", "fixed:9"],
+                          "--lengths: not with --prompt-lengths")
+    code, out, _ = run(["simulate", "--dynamic", "--prompt-lengths", "fixed:3000",
+                        "--output-lengths", "fixed:3000", "--num-requests", "20",
+                        "--budget-tokens", "100000", "--json"])
+    workload = json.loads(out)["workload"]
+    assert code == 0 and (workload["num_clipped"], workload["max_model_len"]) == (20, 4096)
+    code, table, _ = run(["simulate", "--dynamic", "--prompt-lengths", "fixed:3000",
+                          "--output-lengths", "fixed:3000", "--num-requests", "20",
+                          "--budget-tokens", "100000"])
+    assert "20 clipped to max_model_len 4,096" in table
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["simulate", "--dynamic", "--cow", "--n", "2", "--allocators", "naive",
+      "--num-requests", "10"], ("--cow", "--allocators naive", "paged")),
+    (["simulate", "--dynamic", "--trace", "mooncake-conv", "--prefix-caching", "--allocators",
+      "naive,oracle"], ("--prefix-caching", "paged")),
+    (["simulate", "--dynamic", "--block-sizes", "8", "--allocators", "naive"],
+     ("--block-sizes", "paged")),
+    (["simulate", "--dynamic", "--cow", "--num-requests", "10"], ("--cow", "one sample")),
+    (["simulate", "--dynamic", "--timeline-every", "2"], ("--timeline-every", "--timeline")),
+    (["simulate", "--dynamic", "--trace", TRACE, "--lengths", "fixed:5"],
+     ("--lengths", "not with --trace")),
+    (["capacity", "--kv-cache-bytes", "1GiB", "--gpu-memory", "8GiB"],
+     ("--gpu-memory", "--kv-cache-bytes")),
+    (["capacity", "--kv-cache-bytes", "1GiB", "--weights-bytes", "1GB"],
+     ("--weights-bytes", "--kv-cache-bytes")),
+    (["engine-bench", "cow", "--model", str(REPO), "--preset", "llama-3-70b"],
+     ("--model, --preset", "give one")),
+    (["bench-compare", "--base-json", "{0}", "--head-json", "{0}", "--base", "main"],
+     ("--base", "not with --base-json")),
+    (["bench-compare", "--base-json", "{0}", "--head-json", "{0}", "-k", "x", "--confirm", "2"],
+     ("--confirm, -k", "run nothing")),
+    (["bench", "--list-backends", "--out", "x.csv"], ("--out", "--list-backends")),
+])
+def test_options_that_would_be_ignored_are_refused(tmp_path, monkeypatch, argv, needles):
+    """R4 (and R2's --list-backends --out, which wrote nothing and exited 0)."""
+    monkeypatch.chdir(tmp_path)
+    bench = str(REPO / "reports" / "data" / "cpu" / "pytest-benchmark.json")
+    assert_one_line_error([a.format(bench) for a in argv], *needles)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cuda_graphs_only_on_the_cpu_says_it_times_eagerly(monkeypatch):
+    """R4: every row said "CUDA graph: no" without a word (the runbooks' CPU dry runs pass
+    --cuda-graphs only as they are, so it is a warning, not an error)."""
+    from pagebench.kernels import sweep
+
+    monkeypatch.setattr(sweep, "run_sweep", refuse_to_allocate(MemoryError("stop here")))
+    code, _, err = run(["bench", "--cuda-graphs", "only", "--contexts", "16", "--batches", "1"])
+    assert code == 2 and "warning: --cuda-graphs only" in err and "eagerly" in err
+
+
+@pytest.mark.parametrize("argv", [
+    ["simulate", "--dynamic", "--prefix-caching", "--num-requests", "100", "--allocators",
+     "paged"],
+    ["simulate", "--dynamic", "--trace", "azure-code", "--prefix-caching"],
+    ["simulate", "--dynamic", "--trace", TRACE, "--prefix-caching"],
+])
+def test_prefix_caching_without_hash_ids_is_refused(argv):
+    """M1: a 0.0% hit rate was reported as if measured."""
+    assert_one_line_error(argv, "--prefix-caching", "hash_ids")
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["simulate", "--dynamic", "--rate", "1e-9", "--num-requests", "10"],
+     ("--rate/--num-requests:", "steps")),
+    (["simulate", "--dynamic", "--trace", TRACE, "--step-ms", "50"],
+     ("--step-ms:", "use --steps-per-unit")),
+    (["simulate", "--dynamic", "--trace", TRACE, "--budget-tokens", "10"],
+     ("error: --budget-tokens: 10 slots",)),
+    (["simulate", "--dynamic", "--prompt-fraction", "1"],
+     ("argument --prompt-fraction", "< 1", "'1'")),
+    (["engine-bench", "cow", "--prompt-len", "-5"], ("--prompt-len", "'-5'")),
+    (["simulate", "--dynamic", "--prefix-caching", "--trace", "mooncake-conv", "--cow"],
+     ("--prefix-caching, --cow",)),
+    (["simulate", "--lengths", "nonexistent.txt"], ("--lengths: nonexistent.txt not found",)),
+    (["simulate", "--lengths", "gauss:1,2"], ("--lengths: unknown spec",)),
+    (["capacity", "--model", "nonexistent.json"], ("--model: nonexistent.json not found",)),
+    (["engine-bench", "cow", "--model", "/nonexistent/model"], ("--model", "not found")),
+    (["simulate", "--block-sizes", "16,16"], ("--block-sizes", "16 given twice")),
+    (["bench", "--batches", "1,1", "--contexts", "16"], ("--batches", "given twice")),
+    (["claims", "--json"], ("pagebench claims: error: unrecognized arguments: --json",)),
+])
+def test_errors_name_the_option_that_caused_them(argv, needles):
+    """M2, M4, M5 and R2's "pagebench: error" for a subcommand's unknown option."""
+    line = assert_one_line_error(argv, *needles)
+    assert "steps_per_unit" not in line and "budget_tokens" not in line
+    assert "got ''" not in line
+
+
+def test_bench_compare_out_follows_the_file_name(tmp_path):
+    """R3: --out cmp.csv held a JSON document."""
+    bench = str(REPO / "reports" / "data" / "cpu" / "pytest-benchmark.json")
+    argv = ["bench-compare", "--base-json", bench, "--head-json", bench]
+    code, _, err = run(argv + ["--out", str(tmp_path / "cmp.csv")])
+    assert code == 0 and "wrote" in err
+    text = (tmp_path / "cmp.csv").read_text()
+    assert text.startswith("name,base_s,head_s,ratio,status\n")
+    code, out, _ = run(argv + ["--out", str(tmp_path / "cmp.json"), "--json"])
+    assert code == 0 and (tmp_path / "cmp.json").read_text() == out
+
+
+def test_bench_rows_write_counts_as_integers(tmp_path):
+    """M10: block_size came out as 16.0 (pandas makes a column with a missing value float)."""
+    import csv
+
+    path = tmp_path / "k.csv"
+    code, out, err = run(["bench", "--shape", "t=4/2/16", "--batches", "1", "--contexts", "32",
+                          "--block-sizes", "16", "--repeat", "1", "--out", str(path), "--json"])
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert {r["block_size"] for r in rows} == {None, 16}
+    assert all(type(r["block_size"]) is int for r in rows if r["block_size"] is not None)
+    with open(path) as f:
+        written = {r["block_size"] for r in csv.DictReader(f)}
+    assert written == {"", "16"}

@@ -168,7 +168,8 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
         frames[name] = validated(name, pd.read_csv(path))
         if name == "engine_batch":  # --bandwidth's figures in the printed table, not only --json
             assert "decode bytes/step" in out and "of copy bw" in out
-    assert frames["engine"].dtype.eq("bfloat16").all() and len(frames["engine"]) == 4
+    # the two checks against model.generate (no graph row on a CPU: greedy_equality)
+    assert frames["engine"].dtype.eq("bfloat16").all() and len(frames["engine"]) == 2
     assert frames["engine"].torch_threads.eq(2).all()  # --threads reaches the measurement
     assert frames["engine_batch"]["mode"].tolist() == ["eager", "graphs_uncompiled"]
     assert frames["engine_batch"].bandwidth_fraction.gt(0).all()

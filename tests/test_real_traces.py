@@ -146,7 +146,7 @@ def test_simulate_cli_on_a_trace_with_prefix_caching(capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--prefix-caching"], "--prefix-caching: only with --dynamic"),
     (["simulate", "--dynamic", "--step-ms", "5"], "--step-ms: only with --trace"),
-    (["simulate", "--dynamic", "--prefix-caching", "--n", "2", "--cow"], "prefix_caching"),
+    (["simulate", "--dynamic", "--prefix-caching", "--n", "2", "--cow"], "--prefix-caching"),
 ])
 def test_simulate_cli_trace_option_errors(capsys, argv, message):
     assert main(argv) == 2

@@ -47,7 +47,7 @@ def test_capacity_kv_dtype_fp8_doubles_the_blocks(capsys):
 def test_capacity_bad_input_is_one_line_exit_2(capsys):
     assert main(["capacity", "--gpu-memory", "12 potatoes"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("pagebench capacity: error: gpu_memory:") and "\n" not in err
+    assert err.startswith("pagebench capacity: error: --gpu-memory:") and "\n" not in err
 
 
 def test_dynamic_json_schema(capsys, tmp_path):
@@ -82,7 +82,7 @@ def test_dynamic_table_from_a_trace(capsys, tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["simulate", "--rate", "3"], "--rate: only with --dynamic"),
     (["simulate", "--dynamic", "--num-seqs", "10"], "--num-requests"),
-    (["simulate", "--dynamic", "--budget-tokens", "100"], "budget_tokens"),
+    (["simulate", "--dynamic", "--budget-tokens", "100"], "--budget-tokens"),
     (["simulate", "--dynamic", "--allocators", "buddy"], "allocators"),
     (["simulate", "--dynamic", "--trace", "/nonexistent.csv"], "cannot read"),
     (["simulate", "--dynamic", "--trace", "x.csv", "--rate", "2"], "not with --trace"),
@@ -106,4 +106,4 @@ def test_capacity_tensor_parallel_option(capsys):
     assert (out["tensor_parallel_size"], out["kv_heads_per_rank"]) == (2, 4)
     assert out["num_blocks"] == 2 * out["num_blocks_tp1"] == 2**30 // 2**20
     assert main(["capacity", "--model", "llama-3-8b", "--tensor-parallel-size", "3"]) != 0
-    assert "tensor_parallel_size: 3" in capsys.readouterr().err
+    assert "--tensor-parallel-size: 3" in capsys.readouterr().err

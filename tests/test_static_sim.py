@@ -93,7 +93,7 @@ def test_a_lengths_file_is_used_as_it_is_unless_num_seqs_is_given(tmp_path, caps
 def test_bad_specs_are_clear_errors(spec, capsys):
     assert main(["simulate", "--lengths", spec]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("pagebench simulate: error: lengths:")
+    assert err.startswith("pagebench simulate: error: --lengths:")
 
 
 def test_bad_lengths_rejected():

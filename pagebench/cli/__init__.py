@@ -49,15 +49,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def error_line(error: BaseException) -> str:
-    """One line for a user error; an OSError names its file."""
+def error_line(error: BaseException, flags: dict[str, str] | None = None) -> str:
+    """One line for a user error; an OSError names its file. A library message that starts
+    with a parameter's name (``step_ms: ...``) starts with its option instead (``--step-ms:
+    ...``) when ``flags`` (identifier -> option, :func:`option_flags`) has it."""
     if isinstance(error, OSError) and error.strerror:
         where = f"{error.filename}: " if error.filename else ""
         return f"{where}{error.strerror}"
     if isinstance(error, MemoryError):
         return f"not enough memory{': ' + str(error) if str(error) else ''}"
-    text = str(error).strip() or type(error).__name__
-    return " ".join(text.split())  # one line, even from a library's multi-line message
+    text = " ".join((str(error).strip() or type(error).__name__).split())  # one line
+    name, sep, rest = text.partition(": ")
+    if sep and flags and name in flags:
+        text = f"{flags[name]}: {rest}"
+    return text
+
+
+def option_flags(parser: argparse.ArgumentParser) -> dict[str, str]:
+    """identifier -> option of ``parser``'s long options: each option's dest and each of its
+    names as an identifier (``max_model_len`` -> ``--max-model-len``)."""
+    flags: dict[str, str] = {}
+    for action in parser._actions:
+        names = [s for s in action.option_strings if s.startswith("--")]
+        for s in names:
+            flags.setdefault(s[2:].replace("-", "_"), s)
+        if names:
+            flags.setdefault(action.dest, names[0])
+    return flags
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, command: str):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(command)
+    return None
 
 
 def main(argv=None) -> int:
@@ -79,7 +104,10 @@ def main(argv=None) -> int:
 def _run(argv) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        sub = subcommand_parser(parser, getattr(args, "command", None) or "")
+        if extra:  # named by the subcommand (`pagebench claims: error: ...`), not pagebench
+            (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:  # --help, --version, or a usage error already printed
         return e.code if isinstance(e.code, int) else 2
     if not getattr(args, "func", None):
@@ -95,7 +123,8 @@ def _run(argv) -> int:
     except BrokenPipeError:
         raise
     except USER_ERRORS as e:
-        print(f"pagebench {args.command}: error: {error_line(e)}", file=sys.stderr)
+        flags = option_flags(sub) if sub is not None else None
+        print(f"pagebench {args.command}: error: {error_line(e, flags)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"pagebench {args.command}: interrupted", file=sys.stderr)

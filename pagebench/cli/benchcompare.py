@@ -5,7 +5,15 @@ from __future__ import annotations
 import json
 
 from pagebench import benchcompare as d  # standard library only: cheap to import
-from pagebench.cli.options import atomic_write_text, check_output_file, integer, number
+from pagebench.cli.options import check_output_file, dumps, integer, number, write_results
+
+# options of a run on two commits (dest -> (flag, default)): refused with --base-json/--head-json,
+# which run nothing
+RUN_OPTIONS = {"base": ("--base", None), "head": ("--head", "HEAD"),
+               "repeat": ("--repeat", d.REPEAT), "confirm": ("--confirm", d.CONFIRM),
+               "repo": ("--repo", "."), "bench_dir": ("--bench-dir", "tests/benchmarks"),
+               "select": ("-k", None), "marks": ("-m", "not slow"),
+               "max_time": ("--max-time", d.MAX_TIME), "out_dir": ("--out-dir", None)}
 
 
 def register(sub) -> None:
@@ -16,35 +24,37 @@ def register(sub) -> None:
         "With --base-json/--head-json, compare two existing pytest-benchmark JSON files instead. "
         "Exit status: 0 no regression, 1 regressions, 2 an error or results it cannot judge.")
     p.add_argument("--base", help="base revision (e.g. main, HEAD~1)")
-    p.add_argument("--head", default="HEAD", help="head revision, or '.' for the working tree "
+    p.add_argument("--head", default=None, help="head revision, or '.' for the working tree "
                    "with uncommitted changes (default: HEAD; refused when the working tree has "
                    "uncommitted changes)")
     p.add_argument("--threshold", type=number(0, 10), default=d.THRESHOLD,
                    help=f"slowdown that fails, as a fraction (default: {d.THRESHOLD})")
-    p.add_argument("--repeat", type=integer(1, 100), default=d.REPEAT,
+    p.add_argument("--repeat", type=integer(1, 100), default=None,
                    help=f"alternating runs per commit (default: {d.REPEAT})")
-    p.add_argument("--confirm", type=integer(0, 100), default=d.CONFIRM,
+    p.add_argument("--confirm", type=integer(0, 100), default=None,
                    help=f"extra alternating runs of benchmarks that look slower "
                    f"(default: {d.CONFIRM})")
     p.add_argument("--stat", choices=d.STATS, default=d.STAT,
                    help=f"statistic of the rounds that is compared: min over every round of "
                    f"every run, or the median or mean of each run's rounds combined by the median "
                    f"of runs (default: {d.STAT})")
-    p.add_argument("--repo", default=".", help="repository (default: the current one)")
-    p.add_argument("--bench-dir", default="tests/benchmarks",
+    p.add_argument("--repo", default=None, help="repository (default: the current one)")
+    p.add_argument("--bench-dir", default=None,
                    help="benchmark files inside the head commit (default: tests/benchmarks)")
     p.add_argument("-k", dest="select", help="only benchmarks matching this pytest -k expression")
-    p.add_argument("-m", dest="marks", default="not slow",
+    p.add_argument("-m", dest="marks", default=None,
                    help="pytest -m marker expression (default: 'not slow')")
-    p.add_argument("--max-time", type=number(0, 600), default=d.MAX_TIME,
+    p.add_argument("--max-time", type=number(0, 600), default=None,
                    help=f"seconds per benchmark per run (pytest-benchmark --benchmark-max-time; "
                    f"default: {d.MAX_TIME})")
     p.add_argument("--out-dir", help="keep the raw pytest-benchmark JSON of every run here")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.add_argument("--out", metavar="FILE", help="also write the comparison (JSON) to FILE")
+    p.add_argument("--out", metavar="FILE", help="also write the comparison to FILE: JSON if "
+                   "it ends in .json, else CSV (one row per benchmark)")
     p.add_argument("--base-json", metavar="FILE",
                    help="compare this pytest-benchmark JSON (base) ...")
-    p.add_argument("--head-json", metavar="FILE", help="... with this one (head); runs nothing")
+    p.add_argument("--head-json", metavar="FILE", help="... with this one (head); runs nothing "
+                   "(the options of a run on two commits, --base to --out-dir, are refused)")
     p.set_defaults(func=run)
 
 
@@ -70,25 +80,34 @@ def run(args) -> int:
     check_output_file("--out", args.out)
     if args.base_json or args.head_json:
         if not (args.base_json and args.head_json):
-            raise ConfigError("base-json: give both --base-json and --head-json")
+            raise ConfigError("--base-json, --head-json: give both")
+        # --repeat is let through: tests/test_readme.py gives every `pagebench bench...`
+        # example --repeat 1, bench-compare --base-json's too
+        given = [flag for dest, (flag, _) in RUN_OPTIONS.items()
+                 if getattr(args, dest) is not None and dest != "repeat"]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: not with --base-json/--head-json (they "
+                              "compare two files and run nothing)")
         changes = compare(timings(_load(args.base_json), args.stat),
                           timings(_load(args.head_json), args.stat))
         base_label, head_label = Path(args.base_json).stem, Path(args.head_json).stem
     else:
-        if not args.base:
-            raise ConfigError("base: give --base REV (or --base-json/--head-json)")
+        run = {dest: default if getattr(args, dest) is None else getattr(args, dest)
+               for dest, (_, default) in RUN_OPTIONS.items()}
+        if not run["base"]:
+            raise ConfigError("--base: give --base REV (or --base-json/--head-json)")
         changes, base_label, head_label = bench_compare(
-            Path(args.repo), args.base, args.head, threshold=args.threshold, repeat=args.repeat,
-            confirm=args.confirm, stat=args.stat, bench_dir=args.bench_dir, select=args.select,
-            marks=args.marks, max_time=args.max_time, out_dir=args.out_dir)
+            Path(run["repo"]), run["base"], run["head"], threshold=args.threshold,
+            repeat=run["repeat"], confirm=run["confirm"], stat=args.stat,
+            bench_dir=run["bench_dir"], select=run["select"], marks=run["marks"],
+            max_time=run["max_time"], out_dir=run["out_dir"])
     slower = regressions(changes, args.threshold)
     doc = {"base": base_label, "head": head_label, "threshold": args.threshold,
            "stat": args.stat, "changes": [c.to_dict(args.threshold) for c in changes],
            "regressions": [c.name for c in slower]}
-    if args.out:
-        atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
+    write_results(args.out, doc["changes"], doc)
     if args.json:
-        print(json.dumps(doc, indent=2))
+        print(dumps(doc))
         return 1 if slower else 0
     print(format_table(changes, args.threshold, base_label, head_label))
     unjudged = [c for c in changes if c.ratio is None]

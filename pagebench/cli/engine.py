@@ -103,9 +103,13 @@ def compare_methods(text: str) -> tuple[str, ...]:
 def length_range(text: str) -> tuple[int, int]:
     """``--prompt-len``: ``N`` or ``MIN-MAX`` tokens, 1 <= MIN <= MAX <= 1,000,000."""
     parse = integer(1, 1_000_000)
-    lo, sep, hi = str(text).partition("-")
-    lo = parse(lo)
-    hi = parse(hi) if sep else lo
+    lo, sep, hi = str(text).strip().partition("-")
+    try:
+        lo = parse(lo)
+        hi = parse(hi) if sep else lo
+    except argparse.ArgumentTypeError:  # name the whole value, not the part around the '-'
+        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX, integers in 1..1,000,000, "
+                                         f"got {text!r}") from None
     if hi < lo:
         raise argparse.ArgumentTypeError(f"expected N or MIN-MAX with MIN <= MAX, got {text!r}")
     return lo, hi
@@ -139,7 +143,7 @@ def register(sub) -> None:
     p.add_argument("--model", default=None, help="local model directory (default: a tiny "
                    "random Qwen2 model, 2 layers, hidden 128)")
     p.add_argument("--preset", default=None, help="random weights in a preset's shape, e.g. "
-                   "qwen2.5-0.5b (use on a GPU)")
+                   "qwen2.5-0.5b (use on a GPU; not with --model)")
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="default: cuda if present, else cpu")
     p.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES),
@@ -287,7 +291,21 @@ def check_engine_memory(experiment: str, opts: dict, model, device: str) -> None
                         what, device)
 
 
+def check_model_options(args) -> None:
+    """``--model`` and ``--preset``: at most one, and a --model directory that exists."""
+    import os
+
+    if args.model is not None and args.preset is not None:
+        raise ValueError("--model, --preset: give one (a local model, or random weights in a "
+                         "preset's shape)")
+    if args.model is not None and not os.path.isdir(args.model):
+        raise ValueError(f"--model: {args.model} " + (
+            "is not a directory (give a local model directory)" if os.path.exists(args.model)
+            else "not found (a local model directory; a Hugging Face id is not downloaded)"))
+
+
 def run(args) -> int:
+    check_model_options(args)
     opts = resolve_options(args)
     sizes = ", ".join(f"--{name.replace('_', '-')} {_shown(opts[name])}"
                       for name in ("batch_sizes", "num_requests", "prompt_len", "max_tokens",

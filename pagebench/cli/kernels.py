@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
+import sys
 
 from pagebench import defaults
 from pagebench.cli.options import (
@@ -33,6 +35,9 @@ FP8_TABLE = [("op", "op", 0), ("cache_dtype", "cache", 0), ("batch", "batch", 0)
              ("err_vs_dequantised", "err vs dequantised", 4)]
 LAYOUT_COLUMNS = [("table_layout", "table layout", 0), ("fits_l2", "fits L2", 0)]
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# columns of the tuning grids that count something (the datasets' own int columns are added)
+TUNE_INT_COLUMNS = {"rows", "tile_n", "num_warps", "num_stages", "maxnreg", "num_splits",
+                    "table_ahead", "rank"}
 
 
 def register(sub) -> None:
@@ -78,8 +83,8 @@ def register(sub) -> None:
                    "of a block manager that has served a trace with churn); default %(default)s")
     p.add_argument("--cuda-graphs", choices=["both", "only", "off"], default="both",
                    help="CUDA: time the calls that can be captured eagerly and replayed from a "
-                   "CUDA graph (both), from a graph alone (only) or eagerly alone (off); "
-                   "default %(default)s")
+                   "CUDA graph (both), from a graph alone (only; on the CPU, with a warning, "
+                   "eagerly) or eagerly alone (off); default %(default)s")
     p.add_argument("--fp8", action="store_true",
                    help="Triton decode and prefill with a --dtype (default bfloat16) cache and "
                    "fp8 ones (e4m3; e5m2 at block 16) on the same inputs: time, fraction of "
@@ -92,7 +97,8 @@ def register(sub) -> None:
                    "splits; with --prefill: rows, tile, warps) through CUDA graphs instead of "
                    "the sweep (pagebench.kernels.tuning)")
     p.add_argument("--list-backends", action="store_true",
-                   help="print available backends and their capabilities, then exit")
+                   help="print available backends and their capabilities as JSON, then exit "
+                   "(not with --out)")
     p.set_defaults(func=run_bench)
 
 
@@ -171,10 +177,17 @@ def run_bench(args) -> int:
     from pagebench.kernels.fixtures import TABLE_LAYOUTS
 
     if args.list_backends:
+        if args.out is not None:
+            raise ValueError("--out: not with --list-backends (it prints the backends as JSON "
+                             "and writes nothing)")
         print(json.dumps(available_backends(), indent=2))
         return 0
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device: cuda requested but no CUDA device is available")
+    if args.device == "cpu" and args.cuda_graphs == "only":
+        # not refused: a runbook's CPU dry run (DEVICE=cpu) passes its GPU options as they are
+        print("pagebench bench: warning: --cuda-graphs only: the CPU has no CUDA graphs; every "
+              "call is timed eagerly (its rows say cuda_graphs false)", file=sys.stderr)
     check_output_file("--out", args.out)
     shapes = dict(_parse_shape(s) for s in args.shape) if args.shape else None
     points = args.points
@@ -273,8 +286,7 @@ def run_bench(args) -> int:
     if df.empty:
         why = "; ".join(skipped_text[:3]) or "no backend supports these options here"
         raise ValueError(f"--backends/--block-sizes: nothing was measured ({why})")
-    records = [{k: (None if isinstance(v, float) and math.isnan(v) else v)
-                for k, v in r.items()} for r in df.to_dict("records")]
+    records = [{k: tidy_value(k, v) for k, v in r.items()} for r in df.to_dict("records")]
     doc = {"rows": records, "skipped": skipped_text}
     write_results(args.out, records, doc)
     if args.json:
@@ -284,3 +296,25 @@ def run_bench(args) -> int:
     for s in skipped_text:
         print("skipped:", s)
     return 0
+
+
+@functools.cache
+def int_columns() -> frozenset[str]:
+    """Columns of the kernel datasets that hold integers (pandas makes a column with a missing
+    value, such as a contiguous row's ``block_size``, float)."""
+    from pagebench.results.datasets import KERNELS, KERNELS_FP8, KERNELS_PREFILL
+
+    return frozenset(TUNE_INT_COLUMNS | {c.name for schema in (KERNELS, KERNELS_PREFILL,
+                                                                KERNELS_FP8)
+                                         for c in schema.columns if c.dtype == "int"})
+
+
+def tidy_value(column: str, value):
+    """A row's value as written: NaN as missing, a count held as a float (16.0) as an int."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return None
+        if value.is_integer() and column in int_columns():
+            return int(value)
+    return value
+

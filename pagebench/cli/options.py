@@ -13,6 +13,7 @@ import math
 import os
 import re
 import sys
+import tempfile
 
 from pagebench.atomic import atomic_write_text
 
@@ -40,9 +41,10 @@ def integer(least: int = 1, most: int = MAX_INT):
     return parse
 
 
-def number(least: float = 0.0, most: float = 1e12, *, inclusive: bool = False):
+def number(least: float = 0.0, most: float = 1e12, *, inclusive: bool = False,
+           below: bool = False):
     """argparse type: a finite float above ``least`` (or equal, with ``inclusive``), at most
-    ``most``."""
+    ``most`` (below it, with ``below``)."""
 
     def parse(text: str) -> float:
         try:
@@ -50,10 +52,11 @@ def number(least: float = 0.0, most: float = 1e12, *, inclusive: bool = False):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
         low_ok = value >= least if inclusive else value > least
-        if not (math.isfinite(value) and low_ok and value <= most):
-            side = ">=" if inclusive else ">"
+        high_ok = value < most if below else value <= most
+        if not (math.isfinite(value) and low_ok and high_ok):
+            side, top = (">=" if inclusive else ">"), ("<" if below else "<=")
             raise argparse.ArgumentTypeError(
-                f"expected a number {side} {least:g} and <= {most:g}, got {text!r}")
+                f"expected a number {side} {least:g} and {top} {most:g}, got {text!r}")
         return value
 
     parse.__name__ = "number"
@@ -61,7 +64,8 @@ def number(least: float = 0.0, most: float = 1e12, *, inclusive: bool = False):
 
 
 def int_list(text: str) -> list[int]:
-    """argparse type for options such as ``--block-sizes 1,8,16``: integers in 1..MAX_INT."""
+    """argparse type for options such as ``--block-sizes 1,8,16``: distinct integers in
+    1..MAX_INT (a value given twice would only repeat its rows)."""
     try:
         values = [int(x) for x in str(text).split(",") if x.strip()]
     except ValueError:
@@ -69,6 +73,10 @@ def int_list(text: str) -> list[int]:
     if not values or min(values) < 1 or max(values) > MAX_INT:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated integers in 1..{MAX_INT:,}, got {text!r}")
+    repeated = sorted({v for v in values if values.count(v) > 1})
+    if repeated:
+        raise argparse.ArgumentTypeError(
+            f"{', '.join(map(str, repeated))} given twice in {text!r}: each value once")
     return values
 
 
@@ -106,10 +114,12 @@ def experiment_options(args, command: str, options: dict[str, dict]) -> dict:
 
 # ---- files and memory, checked before the work starts --------------------------------------
 def check_output_file(option: str, path: str | None) -> None:
-    """``path`` can be created as a file: not a directory, and its nearest existing ancestor is
-    a writable directory (so a sweep of minutes does not fail at its last line)."""
-    if path is None or path == "-":
+    """``path`` can be created as a file: a name (not empty, not ``-``: results go to stdout
+    with ``--json``), not a directory, and its nearest existing ancestor is a writable
+    directory (so a sweep of minutes does not fail at its last line)."""
+    if path is None:
         return
+    check_output_name(option, path)
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         raise ValueError(f"{option}: {path} is a directory; give a file name")
     parent = os.path.dirname(os.path.abspath(path))
@@ -119,13 +129,34 @@ def check_output_file(option: str, path: str | None) -> None:
         raise ValueError(f"{option}: cannot create {path}: {parent} is a file")
     if not os.access(parent, os.W_OK):
         raise ValueError(f"{option}: cannot create {path}: {parent} is not writable")
+    try:  # an unnamed file, gone when closed: /proc and read-only mounts refuse it
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as e:
+        raise ValueError(f"{option}: cannot create {path}: {parent} takes no files "
+                         f"({e.strerror or e})") from None
 
 
-OUTPUT_OPTIONS = ("out", "timeline", "csv", "profile_out")  # the arguments written to
+def check_output_name(option: str, path: str) -> None:
+    """``path`` names a file: not empty, and not ``-`` (which would create a file named
+    ``-``; ``--json`` is what prints results to stdout)."""
+    if not path.strip():
+        raise ValueError(f"{option}: empty file name; give a file")
+    if path == "-":
+        raise ValueError(f"{option}: '-' is not stdout here (it would create a file named "
+                         "'-'); use --json to print results, or give a file")
+
+
+OUTPUT_OPTIONS = ("out", "timeline", "csv", "profile_out", "rows_out")  # the files written
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
-    """No output option names a file that another argument reads (``simulate --trace t.csv
+    """Before any work, every output option names a file (:func:`check_output_name`), no two
+    name the same file (``simulate --timeline x --out x`` would overwrite the timeline with
+    the summary), and none names a file that another argument reads (``simulate --trace t.csv
     --out t.csv`` would replace the trace with its results): a ValueError naming both."""
     inputs = {}
     for name, value in vars(args).items():
@@ -134,12 +165,20 @@ def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, str) and os.path.isfile(v):
                 inputs.setdefault(os.path.realpath(v), name)
+    outputs = {}
     for name in OUTPUT_OPTIONS:
         path = getattr(args, name, None)
-        if isinstance(path, str) and os.path.realpath(path) in inputs:
-            raise ValueError(f"--{name.replace('_', '-')}: {path} is also the input --"
-                             f"{inputs[os.path.realpath(path)].replace('_', '-')}; writing "
-                             "there would replace it: give another file")
+        if not isinstance(path, str):
+            continue
+        check_output_name(_flag(name), path)
+        real = os.path.realpath(path)
+        if real in inputs:
+            raise ValueError(f"{_flag(name)}: {path} is also the input {_flag(inputs[real])}; "
+                             "writing there would replace it: give another file")
+        if real in outputs:
+            raise ValueError(f"{_flag(outputs[real])}, {_flag(name)}: both name {path}; the "
+                             "second would overwrite the first: give each its own file")
+        outputs[real] = name
 
 
 def check_input_dir(option: str, path: str | None) -> None:
@@ -297,7 +336,10 @@ def write_results(path: str | None, records: list[dict], doc=None) -> None:
         writer.writeheader()
         writer.writerows(records)
         text = buf.getvalue()
-    atomic_write_text(path, text)
+    try:
+        atomic_write_text(path, text)
+    except OSError as e:  # it names its temporary file: name the one asked for
+        raise ValueError(f"cannot write {path}: {e.strerror or e}") from None
     print(f"wrote {len(records)} rows to {path}", file=sys.stderr)
 
 

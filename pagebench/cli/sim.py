@@ -44,9 +44,11 @@ def register_simulate(sub) -> None:
         "arriving, growing a token per step and finishing within a fixed memory budget, and "
         "break memory down into token states, reserved-but-unused, internal and external "
         "fragmentation, and free.")
-    p.add_argument("--lengths", default=defaults.REFERENCE_LENGTHS,
-                   help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (with --dynamic: "
-                   "each request's final length)")
+    p.add_argument("--lengths", default=None,
+                   help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (default "
+                   f"{defaults.REFERENCE_LENGTHS}; with --dynamic: each request's final "
+                   "length); integers, none above --max-len: a FILE's lengths are used as they "
+                   "are, only a lognormal draw is clipped to --max-len")
     p.add_argument("--num-seqs", type=integer(), default=None,
                    help=f"static: number of sequences (default {defaults.REFERENCE_NUM_SEQS}; "
                    "with --lengths FILE, the file's lengths, each once; given with a FILE, the "
@@ -70,7 +72,8 @@ def register_simulate(sub) -> None:
                    help="Azure/Mooncake traces: milliseconds per decode step (default 20)")
     d.add_argument("--prefix-caching", action="store_true",
                    help="paged: share prompt blocks between requests by the trace's hash_ids "
-                   "(Mooncake), keep them cached, evict least recently used")
+                   "(Mooncake; refused on a workload without them), keep them cached, evict "
+                   "least recently used")
     d.add_argument("--steps-per-unit", type=number(0, 1e9), default=None,
                    help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
                    "default 1: arrivals are steps)")
@@ -79,9 +82,12 @@ def register_simulate(sub) -> None:
                    "FILE, its lengths are repeated in order or cut to this many)")
     d.add_argument("--rate", type=number(0, 1e9), default=None,
                    help="Poisson: requests per step (default 20)")
-    d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True), default=None,
-                   help="share of each length that is prompt (default 0.3)")
-    d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately")
+    d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True, below=True),
+                   default=None, help="share of each length that is prompt, in [0, 1) "
+                   "(default 0.3)")
+    d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately "
+                   "(with --output-lengths, instead of --lengths; a request longer than "
+                   "--max-len loses the end of its output, counted as clipped)")
     d.add_argument("--output-lengths", metavar="SPEC", help="draw output lengths separately")
     d.add_argument("--budget-tokens", type=integer(1, MAX_LEN), default=None,
                    help="KV budget in token slots (default: the article's 12.4 GB of "
@@ -95,7 +101,8 @@ def register_simulate(sub) -> None:
     d.add_argument("--max-num-seqs", type=integer(), default=None,
                    help="cap on running sequences (default: none)")
     d.add_argument("--timeline-every", type=integer(), default=None,
-                   help="record every k-th step (default: at most 2000 rows per allocator)")
+                   help="with --timeline: record every k-th step (default: at most 2000 rows "
+                   "per allocator)")
     d.add_argument("--timeline", metavar="CSV", help="write the per-step breakdown here")
     p.set_defaults(func=run_simulate)
 
@@ -111,16 +118,26 @@ def run_simulate(args) -> int:
     from pagebench.sim.static import format_static_table, static_fragmentation
     from pagebench.sim.workloads import sample_lengths
 
-    num_seqs = lengths_to_draw(args.lengths, args.num_seqs)
+    lengths_spec = defaults.REFERENCE_LENGTHS if args.lengths is None else args.lengths
+    max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
+    check_lengths_option("--lengths", lengths_spec, max_len, "--max-len")
+    num_seqs = lengths_to_draw(lengths_spec, args.num_seqs)
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
     check_output_file("--out", args.out)
     block_sizes = defaults.BLOCK_SIZES if args.block_sizes is None else args.block_sizes
-    max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
-    lengths = sample_lengths(args.lengths, num_seqs, args.seed, max_len)
+    lengths = sample_lengths(lengths_spec, num_seqs, args.seed, max_len)
     result = static_fragmentation(lengths, max_len, block_sizes)
     write_results(args.out, result["results"], result)
     print(dumps(result) if args.json else format_static_table(result))
     return 0
+
+
+def check_lengths_option(option: str, spec: str, max_len: int, limit: str) -> None:
+    """``spec`` well formed, and none of its lengths above ``max_len`` (named ``limit``):
+    checked before any work, in errors that name the options."""
+    from pagebench.sim.workloads import check_lengths
+
+    check_lengths(spec, max_len, option, limit)
 
 
 def lengths_to_draw(spec: str, num_seqs: int | None,
@@ -147,12 +164,18 @@ def run_dynamic_simulation(args) -> int:
         raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
     for option, path in (("--out", args.out), ("--timeline", args.timeline)):
         check_output_file(option, path)
+    if args.timeline_every is not None and args.timeline is None:
+        raise ValueError("--timeline-every: only with --timeline (the steps it keeps go there)")
+    allocators = args.allocators or ALLOCATORS
+    check_paged_options(args, allocators)
     if args.trace:
         clashes = [flag for dest, flag in DYNAMIC_ONLY.items()
                    if dest in ("num_requests", "rate", "prompt_fraction", "prompt_lengths",
                                "output_lengths", "n") and getattr(args, dest) is not None]
+        clashes = (["--lengths"] if args.lengths is not None else []) + clashes
         if clashes:
             raise ValueError(f"{', '.join(clashes)}: not with --trace (the trace gives them)")
+        check_trace_units(args)
         workload = load_workload(args.trace, step_ms=args.step_ms, max_model_len=args.max_len,
                                  steps_per_unit=args.steps_per_unit)
         max_len = args.max_len or workload.max_model_len or DEFAULT_MAX_LEN
@@ -161,22 +184,41 @@ def run_dynamic_simulation(args) -> int:
                             ("--step-ms", args.step_ms)):
             if value is not None:
                 raise ValueError(f"{flag}: only with --trace")
+        if args.prefix_caching:
+            raise ValueError("--prefix-caching: Poisson arrivals have no hash_ids, so no prompt "
+                             "block could be shared; give a --trace that has them (e.g. "
+                             "mooncake-conv)")
         max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
+        lengths_spec = defaults.REFERENCE_LENGTHS if args.lengths is None else args.lengths
+        if args.prompt_lengths is None and args.output_lengths is None:
+            check_lengths_option("--lengths", lengths_spec, max_len, "--max-len")
+        else:
+            if args.prompt_lengths is None or args.output_lengths is None:
+                raise ValueError("--prompt-lengths, --output-lengths: give both or neither")
+            ignored = [flag for flag, value in (("--lengths", args.lengths),
+                                                ("--prompt-fraction", args.prompt_fraction))
+                       if value is not None]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)}: not with --prompt-lengths and "
+                                 "--output-lengths (they give the lengths)")
+            for option, spec in (("--prompt-lengths", args.prompt_lengths),
+                                 ("--output-lengths", args.output_lengths)):
+                check_lengths_option(option, spec, max_len - 1, "--max-len - 1")
         # a --lengths FILE: its lengths, each once, as without --dynamic
-        num_requests = (lengths_to_draw(args.lengths, args.num_requests, default=20000)
+        num_requests = (lengths_to_draw(lengths_spec, args.num_requests, default=20000)
                         if args.prompt_lengths is None else args.num_requests or 20000)
         workload = poisson_workload(
             num_requests,
-            REFERENCE["rate"] if args.rate is None else args.rate, args.lengths,
+            REFERENCE["rate"] if args.rate is None else args.rate, lengths_spec,
             prompt_fraction=(REFERENCE["prompt_fraction"] if args.prompt_fraction is None
                              else args.prompt_fraction),
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
             n=1 if args.n is None else args.n, seed=args.seed, max_len=max_len)
+    check_workload_options(args, workload)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
-    allocators = args.allocators or ALLOCATORS
     block_sizes = args.block_sizes or DYNAMIC_BLOCK_SIZES
     runs = len([a for a in allocators if a != "paged"]) + ("paged" in allocators) * len(block_sizes)
-    check_dynamic_memory(workload, runs)
+    check_dynamic_memory(workload, runs, "--trace" if args.trace else "--rate/--num-requests")
     with progress(runs, "allocator runs") as bar:
         result = run_dynamic(
             workload, budget, allocators=allocators, block_sizes=block_sizes, max_len=max_len,
@@ -189,11 +231,63 @@ def run_dynamic_simulation(args) -> int:
     return 0
 
 
-def check_dynamic_memory(workload, runs: int) -> None:
+def check_paged_options(args, allocators) -> None:
+    """Options that only paged allocation reads, refused when --allocators has no paged."""
+    if "paged" in allocators:
+        return
+    given = [flag for flag, on in (("--block-sizes", args.block_sizes is not None),
+                                   ("--cow", args.cow), ("--prefix-caching", args.prefix_caching))
+             if on]
+    if given:
+        raise ValueError(f"{', '.join(given)}: only for paged allocation, and --allocators "
+                         f"{','.join(allocators)} has none")
+
+
+def check_trace_units(args) -> None:
+    """--step-ms for traces timed in seconds, --steps-per-unit for those in steps."""
+    from pagebench.sim.real_traces import trace_format, trace_path
+
+    if args.step_ms is None and args.steps_per_unit is None:
+        return
+    path, _ = trace_path(args.trace)
+    in_steps = trace_format(path) == "steps"
+    if in_steps and args.step_ms is not None:
+        raise ValueError(f"--step-ms: {args.trace} gives arrivals in steps, not seconds; use "
+                         "--steps-per-unit to scale them")
+    if not in_steps and args.steps_per_unit is not None:
+        raise ValueError(f"--steps-per-unit: {args.trace} gives arrivals in seconds; use "
+                         "--step-ms")
+
+
+def check_workload_options(args, workload) -> None:
+    """--prefix-caching and --cow, refused where the workload leaves them nothing to do."""
+    many = int((workload.n > 1).sum())
+    if args.prefix_caching:
+        if args.cow:
+            raise ValueError("--prefix-caching, --cow: not together (prefix caching models one "
+                             "sample per request)")
+        if workload.hash_ids is None:
+            raise ValueError(f"--prefix-caching: {args.trace} has no hash_ids, so no prompt "
+                             "block could be shared (a Mooncake trace, e.g. mooncake-conv, "
+                             "has them)")
+        if many:
+            raise ValueError(f"--prefix-caching: models one sample per request, and "
+                             f"{args.trace} asks for n > 1 on {many:,} requests")
+    if args.cow and not many:
+        raise ValueError("--cow: every request has one sample here, so no block could be "
+                         "shared; give --n 2 or more, or a trace with an n column")
+
+
+def check_dynamic_memory(workload, runs: int, arrivals: str = "--trace") -> None:
     """Refuse a workload whose step-by-step records cannot fit: every request decodes one token
-    a step after it arrives, so the run lasts at least max(arrival + output_len) steps."""
-    steps = int((workload.arrival + workload.output_len).max())
-    check_memory("--max-len", steps * (DYNAMIC_BYTES_PER_STEP + runs * DYNAMIC_BYTES_PER_KEPT_STEP),
+    a step after it arrives, so the run lasts at least max(arrival + output_len) steps. The
+    error names ``arrivals`` (the option that spreads them) when the last arrival makes most of
+    that, else --max-len (long outputs)."""
+    ends = workload.arrival + workload.output_len
+    last = int(ends.argmax())
+    steps = int(ends[last])
+    option = arrivals if workload.arrival[last] >= workload.output_len[last] else "--max-len"
+    check_memory(option, steps * (DYNAMIC_BYTES_PER_STEP + runs * DYNAMIC_BYTES_PER_KEPT_STEP),
                  f"a simulation of at least {steps:,} steps ({runs} allocator runs)")
 
 
@@ -238,9 +332,11 @@ def register_capacity(sub) -> None:
     p.add_argument("--overhead-bytes", default=None,
                    help="activations, CUDA graphs, allocator slack (default 0)")
     p.add_argument("--kv-cache-bytes", default=None,
-                   help="size the KV cache directly (skips the memory arithmetic)")
+                   help="size the KV cache directly (skips the memory arithmetic: not with "
+                   "--gpu-memory, --gpu-memory-utilization, --weights-bytes, --overhead-bytes)")
     p.add_argument("--lengths", default=defaults.REFERENCE_LENGTHS,
-                   help="length distribution for the concurrency estimate (default %(default)s)")
+                   help="length distribution for the concurrency estimate (default %(default)s; "
+                   "as for simulate: none above --max-model-len)")
     p.add_argument("--num-seqs", type=integer(), default=None,
                    help=f"lengths drawn (default {defaults.REFERENCE_NUM_SEQS}; with --lengths "
                    "FILE, the file's lengths, each once; given with a FILE, the file's lengths "
@@ -258,14 +354,26 @@ def register_capacity(sub) -> None:
 def run_capacity(args) -> int:
     from pagebench.sim.capacity import ARTICLE_CASE, capacity_plan, format_capacity
 
-    num_seqs = lengths_to_draw(args.lengths, args.num_seqs)
-    check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} lengths")
-    check_output_file("--out", args.out)
+    if args.kv_cache_bytes is not None:
+        unused = [flag for flag, value in (
+            ("--gpu-memory", args.gpu_memory),
+            ("--gpu-memory-utilization", args.gpu_memory_utilization),
+            ("--weights-bytes", args.weights_bytes), ("--overhead-bytes", args.overhead_bytes))
+            if value is not None]
+        if unused:
+            raise ValueError(f"{', '.join(unused)}: not with --kv-cache-bytes (it sizes the KV "
+                             "cache directly, skipping the memory arithmetic)")
+    check_model_path(args.model)
     base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
                 "weights_bytes", "overhead_bytes"):
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
+    max_model_len = base.get("max_model_len", defaults.REFERENCE_MAX_LEN)  # capacity_plan's
+    check_lengths_option("--lengths", args.lengths, max_model_len, "--max-model-len")
+    num_seqs = lengths_to_draw(args.lengths, args.num_seqs)
+    check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} lengths")
+    check_output_file("--out", args.out)
     plan = capacity_plan(**base, dtype=args.dtype, kv_dtype=args.kv_dtype,
                          kv_cache_bytes=args.kv_cache_bytes,
                          lengths=args.lengths, num_seqs=num_seqs, seed=args.seed,
@@ -274,3 +382,15 @@ def run_capacity(args) -> int:
                   plan)
     print(dumps(plan) if args.json else format_capacity(plan))
     return 0
+
+
+def check_model_path(model: str | None) -> None:
+    """``--model``: a preset, or a config.json (or its directory) that exists; a missing path
+    is "not found", not an unknown model."""
+    from pagebench.config import PRESETS, preset_key
+
+    if model is None or os.path.exists(model) or preset_key(model) in PRESETS:
+        return
+    if os.sep in model or "/" in model or model.endswith(".json"):
+        raise ValueError(f"--model: {model} not found (a preset, or a config.json or its "
+                         "directory)")

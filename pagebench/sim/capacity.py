@@ -27,7 +27,8 @@ import os
 
 from pagebench.config import (PRESETS, KVGeometry, ceil_div, config_json_path, dtype_bytes,
                               parse_bytes, preset_key, read_config_json)
-from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_NUM_SEQS, REFERENCE_SEED
+from pagebench.defaults import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_NUM_SEQS,
+                                REFERENCE_SEED)
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.results.datasets import CAPACITY, CAPACITY_ARTICLE, KV_GEOMETRY
 from pagebench.sim.static import reserved_slots
@@ -94,7 +95,7 @@ def _bytes(name: str, value) -> int:
 
 
 def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
-                  gpu_memory_utilization: float = 0.9, max_model_len: int = 4096,
+                  gpu_memory_utilization: float = 0.9, max_model_len: int = REFERENCE_MAX_LEN,
                   block_size: int = 16, dtype="bfloat16", kv_dtype=None, weights_bytes=None,
                   overhead_bytes=0, kv_cache_bytes=None, lengths: str = REFERENCE_LENGTHS,
                   num_seqs: int = REFERENCE_NUM_SEQS, seed: int = REFERENCE_SEED,

@@ -191,8 +191,13 @@ def _validate(w, budget, allocators, block_sizes, max_len, max_num_seqs, cow=Fal
               prefix_caching=False):
     if not isinstance(w, Workload):
         raise ConfigError(f"workload: expected a Workload, got {type(w).__name__}")
-    if prefix_caching and (cow or int(w.n.max()) > 1):
-        raise ConfigError("prefix_caching: models one sample per request, without cow")
+    if prefix_caching:
+        if cow:
+            raise ConfigError("prefix_caching: not with cow (prefix caching models one sample "
+                              "per request)")
+        if int(w.n.max()) > 1:
+            raise ConfigError(f"prefix_caching: models one sample per request; the workload "
+                              f"asks for n > 1 on {int((w.n > 1).sum()):,} requests")
     if not isinstance(budget, (int, np.integer)) or not 1 <= budget <= MAX_BUDGET_TOKENS:
         raise ConfigError(f"budget_tokens: must be an integer in 1..{MAX_BUDGET_TOKENS}, got "
                           f"{budget!r}")

@@ -126,10 +126,11 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LE
     """``num_requests`` requests arriving as a Poisson process of ``rate`` requests per step.
 
     Lengths: by default each request's final length is drawn from ``lengths`` (a
-    :func:`~pagebench.sim.workloads.sample_lengths` spec, clipped to ``max_len``) and split into
+    :func:`~pagebench.sim.workloads.sample_lengths` spec, at most ``max_len``) and split into
     a prompt of ``round(prompt_fraction * length)`` tokens (at least 1) and the rest as output
-    (at least 1). Give both ``prompt_lengths`` and ``output_lengths`` to draw them separately
-    instead (their sum is clipped to ``max_len`` by shortening the output).
+    (at least 1). Give both ``prompt_lengths`` (at most ``max_len - 1``) and ``output_lengths``
+    to draw them separately instead: a sum above ``max_len`` is clipped to it by shortening the
+    output, and counted in ``num_clipped`` (``max_model_len`` is then ``max_len``).
     """
     check_positive_int("num_requests", num_requests)
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
@@ -143,18 +144,22 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LE
         if not 0.0 <= prompt_fraction < 1.0:
             raise ConfigError(f"prompt_fraction: must lie in [0, 1), got {prompt_fraction!r}")
         length = np.maximum(sample_lengths(lengths, num_requests, seed, max_len), 2)
+        clipped = {}
         prompt = np.clip(np.rint(length * prompt_fraction).astype(np.int64), 1, length - 1)
         output = length - prompt
         source = f"poisson(rate={rate:g}/step), {lengths}, prompt_fraction={prompt_fraction:g}"
     else:
-        prompt = sample_lengths(prompt_lengths, num_requests, seed, max_len - 1)
-        output = sample_lengths(output_lengths, num_requests, seed + 1, max_len)
-        output = np.maximum(np.minimum(output, max_len - prompt), 1)
+        prompt = sample_lengths(prompt_lengths, num_requests, seed, max_len - 1,
+                                option="prompt_lengths", limit="max_len - 1")
+        drawn = sample_lengths(output_lengths, num_requests, seed + 1, max_len - 1,
+                               option="output_lengths", limit="max_len - 1")
+        output = np.minimum(drawn, max_len - prompt)  # >= 1: prompt <= max_len - 1
+        clipped = {"max_model_len": max_len, "num_clipped": int((output != drawn).sum())}
         source = f"poisson(rate={rate:g}/step), prompt {prompt_lengths}, output {output_lengths}"
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, num_requests)
     arrival = np.floor(np.cumsum(gaps)).astype(np.int64)
     return Workload(arrival, prompt, output, np.full(num_requests, n, dtype=np.int64),
-                    source=source + (f", n={n}" if n > 1 else ""))
+                    source=source + (f", n={n}" if n > 1 else ""), **clipped)
 
 
 def open_text(path):

@@ -136,6 +136,9 @@ def test_modes_and_bandwidth_reach_the_rows(model):
         copy_bandwidth=1e9))
     row = rows.iloc[0]
     assert row["mode"] == "eager" and row.prompt_len_min == 4 and row.prompt_len_max == 8
+    # the prompts it drew (seeded by the batch size), not the middle of the range
+    drawn = bench.random_prompts(2, 4, 8, model.config.vocab_size, seed=2)
+    assert row.prompt_len == sum(map(len, drawn)) / 2
     expected = row.decode_bytes_per_step / (row.decode_step_ms / 1e3) / 1e9
     assert row.copy_bandwidth_bytes_per_s == 1e9 and row.bandwidth_fraction == expected
     assert "mode" not in bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2)[0]

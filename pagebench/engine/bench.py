@@ -311,7 +311,9 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
     ``mode`` column; None: the engine's default, no column); ``kernel`` is the decode backend
     the engine resolved (``"auto"`` named as what it chose). ``copy_bandwidth`` (bytes/s, e.g.
     :func:`copy_bandwidth`): each row also gets the bytes a decode step must read
-    (:func:`decode_bytes_per_step`) and the share of that bandwidth they reach."""
+    (:func:`decode_bytes_per_step`) and the share of that bandwidth they reach. A row's
+    ``prompt_len`` is the mean length of the prompts it drew (``prompt_len_min/max``: the
+    range asked for)."""
     model = model or tiny_model()
     engine_mode = mode_options(mode)
     lo, hi = prompt_len if isinstance(prompt_len, tuple) else (prompt_len, prompt_len)
@@ -334,7 +336,7 @@ def throughput_vs_batch(model=None, batch_sizes=(1, 4, 16, 64), block_sizes=ENGI
                             bandwidth_fraction=step_bytes / (row["decode_step_ms"] / 1e3)
                             / copy_bandwidth)
             rows.append(base_row(model, datasets.ENGINE_BATCH, block_size=bs,
-                              batch=b, prompt_len=lo if lo == hi else (lo + hi) / 2,
+                              batch=b, prompt_len=sum(map(len, prompts)) / len(prompts),
                               prompt_len_min=lo, prompt_len_max=hi, max_tokens=max_tokens,
                               **row))
     return rows

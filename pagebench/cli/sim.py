@@ -120,8 +120,7 @@ def run_simulate(args) -> int:
 
     lengths_spec = defaults.REFERENCE_LENGTHS if args.lengths is None else args.lengths
     max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
-    check_lengths_option("--lengths", lengths_spec, max_len, "--max-len")
-    num_seqs = lengths_to_draw(lengths_spec, args.num_seqs)
+    num_seqs = lengths_to_draw("--lengths", lengths_spec, args.num_seqs, max_len, "--max-len")
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
     check_output_file("--out", args.out)
     block_sizes = defaults.BLOCK_SIZES if args.block_sizes is None else args.block_sizes
@@ -132,26 +131,18 @@ def run_simulate(args) -> int:
     return 0
 
 
-def check_lengths_option(option: str, spec: str, max_len: int, limit: str) -> None:
-    """``spec`` well formed, and none of its lengths above ``max_len`` (named ``limit``):
-    checked before any work, in errors that name the options."""
+def lengths_to_draw(option: str, spec: str, num_seqs: int | None, max_len: int, limit: str,
+                    default: int = defaults.REFERENCE_NUM_SEQS) -> int:
+    """How many lengths to take from ``spec``, checked first (well formed, none above
+    ``max_len``; errors name ``option`` and ``limit``): ``num_seqs`` when given (a file's
+    lengths repeated in order or cut to it); else a file's own lengths, each once; else
+    ``default`` (a distribution's)."""
     from pagebench.sim.workloads import check_lengths
 
-    check_lengths(spec, max_len, option, limit)
-
-
-def lengths_to_draw(spec: str, num_seqs: int | None,
-                    default: int = defaults.REFERENCE_NUM_SEQS) -> int:
-    """How many lengths to take from ``--lengths``: ``num_seqs`` when given (a file's lengths
-    repeated in order or cut to it); else a file's own lengths, each once; else ``default``
-    (a distribution's)."""
+    kind, values = check_lengths(spec, max_len, option, limit)  # reads a file once
     if num_seqs is not None:
         return num_seqs
-    from pagebench.sim.workloads import lengths_file, read_lengths_file
-
-    if lengths_file(spec):
-        return len(read_lengths_file(spec))
-    return default
+    return len(values) if kind == "file" else default
 
 
 def run_dynamic_simulation(args) -> int:
@@ -159,6 +150,7 @@ def run_dynamic_simulation(args) -> int:
     from pagebench.sim.dynamic import ALLOCATORS, REFERENCE, format_dynamic_table, run_dynamic
     from pagebench.sim.real_traces import load_workload
     from pagebench.sim.trace import poisson_workload
+    from pagebench.sim.workloads import check_lengths
 
     if args.num_seqs is not None:
         raise ValueError("--num-seqs: static only; with --dynamic use --num-requests")
@@ -191,7 +183,9 @@ def run_dynamic_simulation(args) -> int:
         max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
         lengths_spec = defaults.REFERENCE_LENGTHS if args.lengths is None else args.lengths
         if args.prompt_lengths is None and args.output_lengths is None:
-            check_lengths_option("--lengths", lengths_spec, max_len, "--max-len")
+            # a --lengths FILE: its lengths, each once, as without --dynamic
+            num_requests = lengths_to_draw("--lengths", lengths_spec, args.num_requests,
+                                           max_len, "--max-len", default=20000)
         else:
             if args.prompt_lengths is None or args.output_lengths is None:
                 raise ValueError("--prompt-lengths, --output-lengths: give both or neither")
@@ -203,10 +197,8 @@ def run_dynamic_simulation(args) -> int:
                                  "--output-lengths (they give the lengths)")
             for option, spec in (("--prompt-lengths", args.prompt_lengths),
                                  ("--output-lengths", args.output_lengths)):
-                check_lengths_option(option, spec, max_len - 1, "--max-len - 1")
-        # a --lengths FILE: its lengths, each once, as without --dynamic
-        num_requests = (lengths_to_draw(lengths_spec, args.num_requests, default=20000)
-                        if args.prompt_lengths is None else args.num_requests or 20000)
+                check_lengths(spec, max_len - 1, option, "--max-len - 1")
+            num_requests = args.num_requests or 20000
         workload = poisson_workload(
             num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, lengths_spec,
@@ -370,8 +362,8 @@ def run_capacity(args) -> int:
         if getattr(args, key) is not None:
             base[key] = getattr(args, key)
     max_model_len = base.get("max_model_len", defaults.REFERENCE_MAX_LEN)  # capacity_plan's
-    check_lengths_option("--lengths", args.lengths, max_model_len, "--max-model-len")
-    num_seqs = lengths_to_draw(args.lengths, args.num_seqs)
+    num_seqs = lengths_to_draw("--lengths", args.lengths, args.num_seqs, max_model_len,
+                               "--max-model-len")
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} lengths")
     check_output_file("--out", args.out)
     plan = capacity_plan(**base, dtype=args.dtype, kv_dtype=args.kv_dtype,

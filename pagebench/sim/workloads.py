@@ -176,8 +176,6 @@ def _json_length(value) -> int:
     """A JSON length: an integer (``1.5`` is refused, not truncated to 1)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"{value!r} is not an integer")
-    if isinstance(value, float):
-        if not value.is_integer():
-            raise ValueError(f"{value!r} is not an integer")
-        return int(value)
+    if isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{value!r} is not an integer")
     return int(value)

@@ -292,16 +292,11 @@ def check_engine_memory(experiment: str, opts: dict, model, device: str) -> None
 
 
 def check_model_options(args) -> None:
-    """``--model`` and ``--preset``: at most one, and a --model directory that exists."""
-    import os
-
+    """``--model`` and ``--preset``: at most one (``load_model`` says when a --model directory
+    is missing)."""
     if args.model is not None and args.preset is not None:
         raise ValueError("--model, --preset: give one (a local model, or random weights in a "
                          "preset's shape)")
-    if args.model is not None and not os.path.isdir(args.model):
-        raise ValueError(f"--model: {args.model} " + (
-            "is not a directory (give a local model directory)" if os.path.exists(args.model)
-            else "not found (a local model directory; a Hugging Face id is not downloaded)"))
 
 
 def run(args) -> int:

@@ -33,8 +33,9 @@ def load_model(model, dtype=None, device=None):
         from transformers import AutoModelForCausalLM
 
         if not os.path.isdir(model):
+            what = "is not a directory" if os.path.exists(model) else "not found"
             raise ConfigError(
-                f"model: {model!r} is not a local model directory (a Hugging Face id is not "
+                f"model: {model!r} {what}: not a local model directory (a Hugging Face id is not "
                 "downloaded: give a directory, e.g. from `huggingface-cli download`, or a model "
                 "with random weights: pagebench.engine.bench.tiny_model() or "
                 "preset_model('qwen2.5-0.5b'))")

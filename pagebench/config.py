@@ -175,8 +175,18 @@ class KVGeometry:
             return cls.from_config(PRESETS[key], dtype=dtype, name=key)
         if os.path.exists(name):
             return cls.from_config(name, dtype=dtype)
-        raise ConfigError(f"model: unknown model {name!r}; presets: {', '.join(PRESETS)} "
-                          "(or give a path to a config.json)")
+        raise unknown_model(name)
+
+
+def unknown_model(name) -> ConfigError:
+    """The error for a model that is neither a preset nor an existing path: "not found" for a
+    name that looks like a path."""
+    name = str(name)
+    if "/" in name or os.sep in name or name.endswith(".json"):
+        return ConfigError(f"model: {name} not found (a preset, or a config.json or its "
+                           "directory)")
+    return ConfigError(f"model: unknown model {name!r}; presets: {', '.join(PRESETS)} "
+                       "(or give a path to a config.json)")
 
 
 def preset_key(name: str) -> str:

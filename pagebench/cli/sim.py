@@ -355,7 +355,6 @@ def run_capacity(args) -> int:
         if unused:
             raise ValueError(f"{', '.join(unused)}: not with --kv-cache-bytes (it sizes the KV "
                              "cache directly, skipping the memory arithmetic)")
-    check_model_path(args.model)
     base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
                 "weights_bytes", "overhead_bytes"):
@@ -374,15 +373,3 @@ def run_capacity(args) -> int:
                   plan)
     print(dumps(plan) if args.json else format_capacity(plan))
     return 0
-
-
-def check_model_path(model: str | None) -> None:
-    """``--model``: a preset, or a config.json (or its directory) that exists; a missing path
-    is "not found", not an unknown model."""
-    from pagebench.config import PRESETS, preset_key
-
-    if model is None or os.path.exists(model) or preset_key(model) in PRESETS:
-        return
-    if os.sep in model or "/" in model or model.endswith(".json"):
-        raise ValueError(f"--model: {model} not found (a preset, or a config.json or its "
-                         "directory)")

@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 
 from pagebench.config import (PRESETS, KVGeometry, ceil_div, config_json_path, dtype_bytes,
-                              parse_bytes, preset_key, read_config_json)
+                              parse_bytes, preset_key, read_config_json, unknown_model)
 from pagebench.defaults import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_NUM_SEQS,
                                 REFERENCE_SEED)
 from pagebench.errors import ConfigError, check_positive_int
@@ -50,8 +50,7 @@ def _config_dict(model) -> dict:
             return PRESETS[key]
         path = config_json_path(model)
         if not os.path.exists(path):
-            raise ConfigError(f"model: unknown model {model!r}; presets: {', '.join(PRESETS)} "
-                              "(or give a path to a config.json)")
+            raise unknown_model(model)
         return read_config_json(path, "model")
     if hasattr(model, "to_dict"):
         return model.to_dict()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -158,10 +159,18 @@ def test_prefill_launch_rules(monkeypatch):
     assert launch() == ahead  # one wave of programs: 1 x 512
     assert launch(programs=2112, max_keys=4096) == uncapped  # 8 x 512 after a long prefix
     assert launch(programs=264, max_keys=4096) == ahead  # one chunk after a long prefix
-    assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == ahead  # long chunks, dim 64
-    assert launch(head_dim=64, programs=2112) == uncapped  # 8 x 512 at head dim 64
+    # head dim 64: the grid round-robin over the sequences (where its grid is no larger)
+    by_round = dict(round_robin=True)
+    assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == dataclasses.replace(
+        ahead, **by_round)  # long chunks
+    assert launch(head_dim=64, programs=2112) == dataclasses.replace(uncapped, **by_round)
     assert launch(head_dim=64, mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
-        64, 32, 4, 2, True, False, 128)  # 32 x 128 at head dim 64
+        64, 32, 4, 2, True, False, 128, True)  # 32 x 128
+    # ... taken where its grid is no larger than the one by sequence: chunks that fill the
+    # table (8 x 512, 9 queries a program at Qwen's group of 7), not chunks after a prefix
+    by_sequence = triton_prefill._grid_size(8 * 512, 8, 9, 2)
+    assert triton_prefill._round_grid_size(8 * 512, 8, 9, 2, 512) == 912 <= by_sequence == 926
+    assert triton_prefill._round_grid_size(8 * 512, 8, 9, 2, 4096) == 7296  # after 3,584
     earlier = PrefillLaunch(64, 64, 4, 2, False, False)
     assert launch(device=torch.device("cpu"), programs=2112) == earlier
     assert launch(dtype=torch.float32) == PrefillLaunch(64, 32, 4, 2, False, False)

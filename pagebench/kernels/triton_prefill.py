@@ -19,8 +19,12 @@ The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and que
 ``last - p // kv_heads``, where the query tiles of all sequences are numbered one after another
 (each program finds its sequence by scanning the query lengths). Numbering from the last tile
 means the programs with the most keys to walk (the ends of long chunks) start first and the
-short ones fill in behind them, rather than leaving a tail of long ones. The grid is sized
-from the packed query count alone, so nothing is read back to the host.
+short ones fill in behind them, rather than leaving a tail of long ones. Or (``round_robin``)
+round ``r`` of the grid takes the ``r``-th tile from the last of every sequence in turn, so
+that the long walks of all sequences start before the short ones of any; its rounds are as
+many as the longest chunk can have tiles, so sequences with fewer leave empty programs. Either
+grid is sized from the packed query count and the table's width alone, so nothing is read
+back to the host.
 """
 
 from __future__ import annotations
@@ -150,11 +154,15 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROUND_ROBIN: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
-    tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
+    if ROUND_ROBIN:  # round r takes the r-th tile from the last of each sequence in turn
+        rank = pid // KV_HEADS // num_seqs
+        tile = pid // KV_HEADS % num_seqs  # here the sequence, not a tile
+    else:
+        tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
     # This tile's sequence is the one whose tiles (numbered one after another over the
@@ -176,17 +184,27 @@ def _prefill_kernel(
         # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
         totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
         tiles = (lens + (TOKENS - 1)) // TOKENS
-        through = tiles_before + tl.cumsum(tiles, 0)  # tiles up to and including each sequence
-        before = through <= tile
-        mine = (through - tiles <= tile) & (tile < through)
+        if ROUND_ROBIN:
+            before = idx < tile
+            mine = idx == tile
+        else:
+            through = tiles_before + tl.cumsum(tiles, 0)  # tiles through each sequence
+            before = through <= tile
+            mine = (through - tiles <= tile) & (tile < through)
         seq += tl.sum(before.to(tl.int32), 0)
         q_start += tl.sum(tl.where(before, lens, 0), 0)
         tile_start += tl.sum(tl.where(before, tiles, 0), 0)
         q_len += tl.sum(tl.where(mine, lens, 0), 0)
         seq_len += tl.sum(tl.where(mine, totals, 0), 0)
         tiles_before += tl.sum(tiles, 0)
-    if seq < num_seqs:  # the grid is an upper bound on the tile count: the rest do nothing
-        first = (tile - tile_start) * TOKENS
+    if ROUND_ROBIN:
+        local = (q_len + (TOKENS - 1)) // TOKENS - 1 - rank
+        live = local >= 0
+    else:
+        local = tile - tile_start
+        live = seq < num_seqs
+    if live:  # the grid is an upper bound on the tile count: the rest do nothing
+        first = local * TOKENS
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -249,6 +267,7 @@ class PrefillLaunch:
     one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
     table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
+    round_robin: bool = False  # grid order: round r = each sequence's r-th tile from its last
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -277,6 +296,12 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
       programs it cost 1.02-1.04x (several chunks after a prefix on the Llama shape: 8 x 512
       after 3,584, 4 x 1,024 after 3,072), within noise on the Qwen shape there.
 
+    At head dim 64 the grid is round-robin over the sequences where that grid is no larger
+    than the one by sequence (chunks about as long as the table is wide: whole prompts of
+    similar lengths): Qwen2.5-0.5B shape, 0.91-0.96x the time at 8 x 512, 32 x 128, 4 x 512,
+    16 x 512, the other points within 1%; on the Llama-3-8B shape it took 1.00-1.07x, so head
+    dims above 64 keep the order by sequence (same process, docs/kernels.md).
+
     fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
     with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
     warps, 3 stages for long chunks) at seven of the prefill sweep's nine points, 1% slower
@@ -286,16 +311,17 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
         return PrefillLaunch(64, tile_n, 4, 2, False, False)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
+    by_round = head_dim <= 64
     if mean_chunk >= LONG_CHUNK and head_dim > 64:
         return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None)
     if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * _sm_count(device):
         if max_keys <= 4 * 32:
-            return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None)
+            return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round)
         if head_dim > 64:
             return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
     # the register cap only where the programs fit in one wave (two per SM)
     one_wave = programs <= 2 * _sm_count(device)
-    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None)
+    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None, by_round)
 
 
 @functools.cache
@@ -314,6 +340,13 @@ def _grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int) -> int:
     return (total // tokens + num_seqs) * kv_heads
 
 
+def _round_grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int,
+                     max_keys: int) -> int:
+    """Programs for the round-robin order: ``num_seqs`` a round, as many rounds as the longest
+    chunk can have tiles (no more queries than the table holds keys, nor than the step has)."""
+    return num_seqs * min(ceil_div(max_keys, tokens), total // tokens + 1) * kv_heads
+
+
 def _element_span(t: torch.Tensor) -> int:
     """One past the largest element offset a strided tensor reaches."""
     return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
@@ -324,7 +357,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None):
+                         maxnreg: int | None = None, round_robin: bool | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -335,6 +368,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     default no more than the mean chunk needs); ``tile_n``: keys per tile; ``num_warps``,
     ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
     unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
+    ``round_robin``: the grid's order (by default round-robin where the launch says so and its
+    grid is no larger than the one by sequence);
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
     two; default up to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
@@ -362,7 +397,11 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tile_n = tile_n or chosen.tile_n
     maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    _prefill_kernel[(_grid_size(total, num_seqs, tokens, kv_heads),)](
+    by_sequence = _grid_size(total, num_seqs, tokens, kv_heads)
+    by_round = _round_grid_size(total, num_seqs, tokens, kv_heads, tables.shape[1] * block_size)
+    if round_robin is None:  # where its grid is no larger (chunks of about the table's width)
+        round_robin = chosen.round_robin and by_round <= by_sequence
+    _prefill_kernel[(by_round if round_robin else by_sequence,)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
         num_seqs, scale * 1.4426950408889634,
@@ -378,6 +417,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
         WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
+        ROUND_ROBIN=bool(round_robin),
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

@@ -172,6 +172,21 @@ def test_copy_blocks_refuses_a_cache_it_cannot_write_in_place_before_copying_eit
     assert torch.equal(k_cache[2], before[0][0]) and torch.equal(v_cache[2].detach(), before[1][0])
 
 
+def test_write_kv_and_copy_blocks_refuse_one_cache_as_both():
+    """The same tensor (or overlapping views of one) as K and V cache: V's write used to
+    overwrite K's. The K and V halves of one allocation, as the engine keeps them, are two."""
+    kv = torch.zeros(2, 3, 2, 1, 4)
+    k, slots = torch.ones(2, 1, 4), torch.tensor([0, 1])
+    for k_cache, v_cache in [(kv[0], kv[0]), (kv.view(6, 2, 1, 4)[:4], kv.view(6, 2, 1, 4)[2:])]:
+        with pytest.raises(ValueError, match="^v_cache: shares memory with k_cache"):
+            write_kv(k_cache, v_cache, k, 2 * k, slots)
+        with pytest.raises(ValueError, match="^v_cache: shares memory with k_cache"):
+            copy_blocks(k_cache, v_cache, [(0, 1)])
+        assert kv.eq(0).all()
+    write_kv(kv[0], kv[1], k, 2 * k, slots)
+    assert kv[0].sum() == 8 and kv[1].sum() == 16
+
+
 def test_copy_blocks_rejects_and_leaves_the_cache_unchanged():
     k_cache = torch.randn(4, 2, 1, 4)
     v_cache = torch.randn(4, 2, 1, 4)

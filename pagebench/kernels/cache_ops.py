@@ -5,14 +5,15 @@ from __future__ import annotations
 import torch
 
 from pagebench.kernels.quant import check_kv_scales, is_fp8, quantize
-from pagebench.kernels.validate import check_copy_blocks, check_write_kv
+from pagebench.kernels.validate import check_copy_blocks, check_write_kv, shares_memory
 
 
 def write_kv(k_cache, v_cache, k, v, slot_mapping, validate="cached", *, k_scale=None,
              v_scale=None) -> None:
     """Store token ``i``'s K/V (``k``, ``v``: ``[num_tokens, num_kv_heads, head_dim]``) at
     slot ``slot_mapping[i] = block * block_size + offset``, in place. A slot of -1 skips that
-    token (padding). Slots must be distinct; the cache must be contiguous. ``validate`` as in
+    token (padding). Slots must be distinct; the caches must be contiguous and must not
+    overlap (the two halves of one tensor are fine). ``validate`` as in
     ``paged_decode``. ``k`` and ``v`` may be views of either cache (tokens moved within it):
     they are read as they were before the call. The cache is a buffer: autograd records
     nothing (sources that require grad are written detached).
@@ -34,14 +35,7 @@ def _unaliased(x, *caches):
     """``x``, or a copy of it where it shares memory with one of ``caches``: torch refuses an
     in-place store from a view of its destination, and writing K first would change a ``v``
     that views the K cache."""
-    return x.clone() if any(_shares_memory(x, c) for c in caches) else x
-
-
-def _shares_memory(a, b) -> bool:
-    """Whether the storages under ``a`` and ``b`` overlap (a host-side check, no sync)."""
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    return (sa.data_ptr() < sb.data_ptr() + sb.nbytes()
-            and sb.data_ptr() < sa.data_ptr() + sa.nbytes())
+    return x.clone() if any(shares_memory(x, c) for c in caches) else x
 
 
 def store_kv(k_cache, v_cache, k, v, slots, k_scale=None, v_scale=None) -> None:

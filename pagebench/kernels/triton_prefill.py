@@ -37,6 +37,7 @@ import torch
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, next_pow2
+from pagebench.kernels.validate import element_span
 
 # isort: split
 # after triton_decode, whose import set TRITON_INTERPRET where Triton needs it
@@ -347,11 +348,6 @@ def _round_grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int,
     return num_seqs * min(ceil_div(max_keys, tokens), total // tokens + 1) * kv_heads
 
 
-def _element_span(t: torch.Tensor) -> int:
-    """One past the largest element offset a strided tensor reaches."""
-    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride()))
-
-
 def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
                          k_scale=None, v_scale=None, *, rows: int | None = None,
                          tile_n: int | None = None, num_warps: int | None = None,
@@ -416,7 +412,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
-        WIDE_INDEX=max(_element_span(k_cache), _element_span(v_cache)) >= INT32_SPAN,
+        WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
         ROUND_ROBIN=bool(round_robin),
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))

@@ -237,9 +237,27 @@ def _check_contiguous_values(seq_lens, max_len: int) -> bool:
     return lo == max_len
 
 
+def element_span(t: torch.Tensor) -> int:
+    """One past the largest element offset a strided tensor reaches (0 if it is empty)."""
+    return 1 + sum((n - 1) * s for n, s in zip(t.shape, t.stride())) if t.numel() else 0
+
+
+def shares_memory(a, b) -> bool:
+    """Whether the bytes ``a`` and ``b`` span overlap (from the first element to one past the
+    last, strides included: conservative for interleaved views; a host-side check, no sync).
+    Two views of one allocation that do not overlap, as the K and V halves of one tensor, do
+    not share memory."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return (a0 < b0 + element_span(b) * b.element_size()
+            and b0 < a0 + element_span(a) * a.element_size())
+
+
 def check_writable(k_cache, v_cache) -> None:
     """Both caches can be written in place here: what torch would refuse only at the in-place
-    store, with K already written."""
+    store, with K already written; and they are two caches (writing V into memory that holds
+    K would overwrite it)."""
+    if shares_memory(k_cache, v_cache):
+        _fail("v_cache", "shares memory with k_cache: K and V need caches of their own")
     for name, x in (("k_cache", k_cache), ("v_cache", v_cache)):
         if x.requires_grad and torch.is_grad_enabled():
             _fail(name, "requires grad: write into it under torch.no_grad() (or detach it)")

@@ -479,6 +479,9 @@ def test_separately_drawn_lengths_are_checked_and_their_clipping_counted():
      ("--base", "not with --base-json")),
     (["bench-compare", "--base-json", "{0}", "--head-json", "{0}", "-k", "x", "--confirm", "2"],
      ("--confirm, -k", "run nothing")),
+    (["bench-compare", "--base-json", "{0}", "--head-json", "{0}", "--repeat", "3"],
+     ("--repeat", "run nothing")),
+    (["simulate", "--dynamic", "--trace", TRACE, "--seed", "1"], ("--seed", "not with --trace")),
     (["bench", "--list-backends", "--out", "x.csv"], ("--out", "--list-backends")),
 ])
 def test_options_that_would_be_ignored_are_refused(tmp_path, monkeypatch, argv, needles):

@@ -153,6 +153,17 @@ def test_poisson_workload_lengths_and_rate():
     sep = poisson_workload(100, 1.0, prompt_lengths="fixed:3000", output_lengths="fixed:3000",
                            seed=0)
     assert (sep.length == 4096).all() and (sep.prompt_len == 3000).all()
+    assert "raised" not in w.source
+
+
+def test_poisson_workload_says_how_many_lengths_of_one_it_raised():
+    # a request needs a prompt token and an output token: a drawn 1 became 2 unannounced
+    from pagebench.sim.workloads import sample_lengths
+
+    w = poisson_workload(50, 1.0, "uniform:1,2", seed=0)
+    ones = int((sample_lengths("uniform:1,2", 50, 0) == 1).sum())  # the same draw
+    assert 0 < ones < 50 and (w.length == 2).all()
+    assert w.source.endswith(f", {ones} length(s) of 1 raised to 2")
 
 
 def test_read_trace_csv_and_jsonl(tmp_path):

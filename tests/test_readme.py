@@ -33,6 +33,7 @@ QUICK = {
     "pagebench bench --prefill": ["--repeat", "1"],
     "pagebench bench --shape": ["--contexts", "64", "--repeat", "1"],
     "pagebench bench": ["--repeat", "1"],
+    "pagebench bench-compare": [],  # the README's runs nothing (--base-json/--head-json)
     "pagebench engine-bench throughput": ["--batch-sizes", "1,2", "--block-sizes", "8",
                                           "--prompt-len", "8", "--max-tokens", "2"],
     "pagebench engine-bench compare": ["--batch-sizes", "2", "--prompt-len", "8",

@@ -86,6 +86,8 @@ def test_dynamic_table_from_a_trace(capsys, tmp_path):
     (["simulate", "--dynamic", "--allocators", "buddy"], "allocators"),
     (["simulate", "--dynamic", "--trace", "/nonexistent.csv"], "cannot read"),
     (["simulate", "--dynamic", "--trace", "x.csv", "--rate", "2"], "not with --trace"),
+    (["simulate", "--dynamic", "--trace", "x.csv", "--seed", "1"],
+     "--seed: not with --trace"),  # a trace draws nothing: the seed was ignored
     (["simulate", "--dynamic", "--steps-per-unit", "2"], "only with --trace"),
 ])
 def test_dynamic_bad_input(capsys, argv, message):

@@ -81,10 +81,8 @@ def run(args) -> int:
     if args.base_json or args.head_json:
         if not (args.base_json and args.head_json):
             raise ConfigError("--base-json, --head-json: give both")
-        # --repeat is let through: tests/test_readme.py gives every `pagebench bench...`
-        # example --repeat 1, bench-compare --base-json's too
         given = [flag for dest, (flag, _) in RUN_OPTIONS.items()
-                 if getattr(args, dest) is not None and dest != "repeat"]
+                 if getattr(args, dest) is not None]
         if given:
             raise ConfigError(f"{', '.join(given)}: not with --base-json/--head-json (they "
                               "compare two files and run nothing)")

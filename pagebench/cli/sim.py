@@ -53,7 +53,9 @@ def register_simulate(sub) -> None:
                    help=f"static: number of sequences (default {defaults.REFERENCE_NUM_SEQS}; "
                    "with --lengths FILE, the file's lengths, each once; given with a FILE, the "
                    "file's lengths are repeated in order or cut to this many)")
-    p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=integer(0), default=None,
+                   help="random seed of the drawn lengths and arrivals (default 0; not with "
+                   "--trace)")
     p.add_argument("--max-len", "--max-model-len", type=integer(2, MAX_LEN), default=None,
                    help=f"max_model_len in tokens (default {defaults.REFERENCE_MAX_LEN}; for a "
                    "named trace its own, which clips nothing; longer trace requests are "
@@ -124,7 +126,7 @@ def run_simulate(args) -> int:
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
     check_output_file("--out", args.out)
     block_sizes = defaults.BLOCK_SIZES if args.block_sizes is None else args.block_sizes
-    lengths = sample_lengths(lengths_spec, num_seqs, args.seed, max_len)
+    lengths = sample_lengths(lengths_spec, num_seqs, args.seed or 0, max_len)
     result = static_fragmentation(lengths, max_len, block_sizes)
     write_results(args.out, result["results"], result)
     print(dumps(result) if args.json else format_static_table(result))
@@ -165,6 +167,7 @@ def run_dynamic_simulation(args) -> int:
                    if dest in ("num_requests", "rate", "prompt_fraction", "prompt_lengths",
                                "output_lengths", "n") and getattr(args, dest) is not None]
         clashes = (["--lengths"] if args.lengths is not None else []) + clashes
+        clashes += ["--seed"] if args.seed is not None else []
         if clashes:
             raise ValueError(f"{', '.join(clashes)}: not with --trace (the trace gives them)")
         check_trace_units(args)
@@ -205,7 +208,7 @@ def run_dynamic_simulation(args) -> int:
             prompt_fraction=(REFERENCE["prompt_fraction"] if args.prompt_fraction is None
                              else args.prompt_fraction),
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
-            n=1 if args.n is None else args.n, seed=args.seed, max_len=max_len)
+            n=1 if args.n is None else args.n, seed=args.seed or 0, max_len=max_len)
     check_workload_options(args, workload)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
     block_sizes = args.block_sizes or DYNAMIC_BLOCK_SIZES

@@ -128,7 +128,7 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LE
     Lengths: by default each request's final length is drawn from ``lengths`` (a
     :func:`~pagebench.sim.workloads.sample_lengths` spec, at most ``max_len``) and split into
     a prompt of ``round(prompt_fraction * length)`` tokens (at least 1) and the rest as output
-    (at least 1). Give both ``prompt_lengths`` (at most ``max_len - 1``) and ``output_lengths``
+    (at least 1): a drawn length of 1 becomes 2, and ``source`` says how many did. Give both ``prompt_lengths`` (at most ``max_len - 1``) and ``output_lengths``
     to draw them separately instead: a sum above ``max_len`` is clipped to it by shortening the
     output, and counted in ``num_clipped`` (``max_model_len`` is then ``max_len``).
     """
@@ -143,11 +143,14 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LE
     if prompt_lengths is None:
         if not 0.0 <= prompt_fraction < 1.0:
             raise ConfigError(f"prompt_fraction: must lie in [0, 1), got {prompt_fraction!r}")
-        length = np.maximum(sample_lengths(lengths, num_requests, seed, max_len), 2)
+        drawn = sample_lengths(lengths, num_requests, seed, max_len)
+        length = np.maximum(drawn, 2)  # a request has a prompt token and an output token
         clipped = {}
         prompt = np.clip(np.rint(length * prompt_fraction).astype(np.int64), 1, length - 1)
         output = length - prompt
-        source = f"poisson(rate={rate:g}/step), {lengths}, prompt_fraction={prompt_fraction:g}"
+        raised = int((drawn < 2).sum())
+        source = (f"poisson(rate={rate:g}/step), {lengths}, prompt_fraction={prompt_fraction:g}"
+                  + (f", {raised:,} length(s) of 1 raised to 2" if raised else ""))
     else:
         prompt = sample_lengths(prompt_lengths, num_requests, seed, max_len - 1,
                                 option="prompt_lengths", limit="max_len - 1")

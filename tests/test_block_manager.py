@@ -91,6 +91,11 @@ def test_errors_leave_state_unchanged():
         bm.free("zz")
     with pytest.raises(ValueError, match="empty prompt"):
         bm.allocate("b", [])
+    # an unhashable id used to be Python's bare TypeError from the dict
+    for call in (lambda: bm.allocate(["b"], [1]), lambda: bm.free(["a"]),
+                 lambda: bm.append_token({}, 1), lambda: bm.fork("a", ["c"])):
+        with pytest.raises(ValueError, match="(seq|child)_id: a sequence id must be hashable"):
+            call()
     assert bm.seq_ids == ["a"] and bm.num_free_blocks == 1
     with pytest.raises(ConfigError):
         BlockManager(0, 16)

@@ -60,6 +60,16 @@ def slot_mapping(block_ids, start: int, end: int, block_size: int) -> list[int]:
     return slots
 
 
+def _hashable(name: str, seq_id):
+    """``seq_id``, which keys a dict: an unhashable one (a list) is a ValueError naming it."""
+    try:
+        hash(seq_id)
+    except TypeError:
+        raise ValueError(f"{name}: a sequence id must be hashable (an int or a str), got "
+                         f"{type(seq_id).__name__} {seq_id!r}") from None
+    return seq_id
+
+
 def _token_ids(name: str, token_ids) -> list[int]:
     try:
         tokens = list(token_ids)
@@ -123,7 +133,7 @@ class BlockManager:
 
     # ---- queries -------------------------------------------------------------------------
     def __contains__(self, seq_id) -> bool:
-        return seq_id in self._seqs
+        return _hashable("seq_id", seq_id) in self._seqs
 
     @property
     def seq_ids(self) -> list:
@@ -131,7 +141,7 @@ class BlockManager:
 
     def _seq(self, seq_id) -> _Seq:
         try:
-            return self._seqs[seq_id]
+            return self._seqs[_hashable("seq_id", seq_id)]
         except KeyError:
             raise SequenceError(f"seq_id: unknown sequence {seq_id!r}") from None
 
@@ -210,7 +220,7 @@ class BlockManager:
     # ---- operations ----------------------------------------------------------------------
     def allocate(self, seq_id, token_ids) -> list[int]:
         """Blocks for a new sequence's prompt; full blocks may come from the prefix cache."""
-        if seq_id in self._seqs:
+        if _hashable("seq_id", seq_id) in self._seqs:
             raise SequenceError(f"seq_id: sequence {seq_id!r} already exists")
         tokens = _token_ids("token_ids", token_ids)
         if not tokens:
@@ -345,7 +355,7 @@ class BlockManager:
     def fork(self, parent_id, child_id) -> list[int]:
         """The child shares every block of the parent (refcounts + 1); returns its table."""
         parent = self._seq(parent_id)
-        if child_id in self._seqs:
+        if _hashable("child_id", child_id) in self._seqs:
             raise SequenceError(f"child_id: sequence {child_id!r} already exists")
         for b in parent.blocks:
             self.pool.incref(b)
@@ -360,7 +370,7 @@ class BlockManager:
         A copy into a block that nobody references any more is dropped; an unwritten block
         leaves the prefix cache (its step will not run for this sequence).
         """
-        seq = self._seqs.pop(seq_id, None)
+        seq = self._seqs.pop(_hashable("seq_id", seq_id), None)
         if seq is None:
             raise SequenceError(f"seq_id: unknown sequence {seq_id!r}")
         pool = self.pool

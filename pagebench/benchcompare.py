@@ -16,7 +16,12 @@ to both commits, or with a missing or non-finite statistic are errors, not a pas
 worktrees and files live under one ``pagebench-compare-*`` directory that is removed on exit,
 on SIGTERM/SIGHUP, and (for a run killed outright) by the next run.
 
-Exit status: 0 no regression, 1 regressions (listed), 2 usage, git or unjudgeable results.
+A benchmark that ran on base but not on head (removed, renamed, or skipped there, as a module
+that no longer imports skips) fails the gate unless ``--allow-missing``; one only on head (new)
+does not.
+
+Exit status: 0 no regression, 1 regressions or benchmarks missing on head (listed), 2 usage,
+git or unjudgeable results.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ STATS = ("min", "median", "mean")
 # failed. With a 10% threshold and wall-clock medians an unchanged commit failed (a 10 ms
 # benchmark at 1.39x, then 1.36x with minimum rounds, 1.53x with the fastest round of all runs).
 THRESHOLD = 0.25
+MAX_THRESHOLD = 1.0  # a fraction: 1.0 fails only above 2x; a "5" meant as 5% is refused
 REPEAT = 3
 CONFIRM = 2
 STAT = "min"
@@ -106,6 +112,8 @@ def timings(doc: dict, stat: str = "median") -> dict[str, float]:
             raise ConfigError(f"results: {name}: no {stat} in its stats ({stats!r:.60})") from None
         if not (math.isfinite(seconds) and seconds > 0):
             raise ConfigError(f"results: {name}: {stat} is {value!r}, not a positive time")
+        if name in out:  # the second would silently replace the first
+            raise ConfigError(f"results: benchmark {name} appears twice in one document")
         out[name] = seconds
     return out
 
@@ -132,6 +140,12 @@ def compare(base: dict[str, float], head: dict[str, float]) -> list[Change]:
 
 def regressions(changes: list[Change], threshold: float) -> list[Change]:
     return [c for c in changes if c.status(threshold) == "slower"]
+
+
+def missing(changes: list[Change]) -> list[Change]:
+    """Benchmarks that ran on base but not on head: removed, renamed, or skipped there (a
+    module that no longer imports skips its benchmarks), so not a pass by themselves."""
+    return [c for c in changes if c.base_s is not None and c.head_s is None]
 
 
 def format_table(changes: list[Change], threshold: float, base: str, head: str) -> str:
@@ -322,8 +336,9 @@ def bench_compare(repo: Path, base: str, head: str, *, threshold: float = THRESH
                   marks: str | None = "not slow", max_time: float = MAX_TIME,
                   out_dir: Path | None = None, log=sys.stderr):
     """Run the suite on both commits; returns (changes, base commit, head commit)."""
-    if not 0 < threshold < 10:
-        raise ConfigError(f"threshold: expected a fraction such as 0.10, got {threshold!r}")
+    if not 0 < threshold <= MAX_THRESHOLD:
+        raise ConfigError(f"threshold: expected a fraction in (0, {MAX_THRESHOLD:g}] such as "
+                          f"0.10 (10% slower), got {threshold!r}")
     for name, value, least in (("repeat", repeat, 1), ("confirm", confirm, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             raise ConfigError(f"{name}: must be an integer >= {least}, got {value!r}")

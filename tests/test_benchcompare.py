@@ -55,6 +55,37 @@ def test_cli_on_json_files_lists_regressions_and_exits_1(tmp_path, capsys):
     assert report["regressions"] == [] and len(report["changes"]) == 2
 
 
+def test_a_benchmark_missing_on_head_fails_unless_allowed(tmp_path, capsys):
+    """A benchmark that ran on base but not on head (a module that no longer imports skips its
+    benchmarks) used to be "missing", not judged, and the gate exited 0."""
+    (tmp_path / "base.json").write_text(json.dumps(doc(kept=10, gone=10)))
+    (tmp_path / "head.json").write_text(json.dumps(doc(kept=10, added=5)))
+    argv = ["bench-compare", "--base-json", str(tmp_path / "base.json"),
+            "--head-json", str(tmp_path / "head.json")]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "1 benchmark(s) ran on base but not on head" in out and "bench/test.py::gone" in out
+    assert "1 benchmark(s) new on head: not judged" in out
+    assert main(argv + ["--allow-missing", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["missing"] == ["bench/test.py::gone"] and report["passed"]
+    (tmp_path / "head.json").write_text(json.dumps(doc(kept=10, gone=10, added=5)))
+    assert main(argv) == 0  # a new benchmark alone does not fail
+
+
+def test_duplicate_names_and_thresholds_that_are_not_fractions_are_refused(tmp_path, capsys):
+    twice = doc(a=1)
+    twice["benchmarks"] *= 2  # the second used to replace the first silently
+    with pytest.raises(ConfigError, match="appears twice"):
+        timings(twice)
+    (tmp_path / "b.json").write_text(json.dumps(doc(a=1)))
+    assert main(["bench-compare", "--base-json", str(tmp_path / "b.json"), "--head-json",
+                 str(tmp_path / "b.json"), "--threshold", "5"]) == 2  # 5 meant as 5%
+    assert "--threshold" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="threshold"):
+        bench_compare(tmp_path, "HEAD~1", "HEAD", threshold=5)
+
+
 def test_bad_settings_are_refused_before_running(tmp_path):
     for kwargs, arg in (({"threshold": 0}, "threshold"), ({"repeat": 0}, "repeat"),
                         ({"confirm": -1}, "confirm"), ({"stat": "p99"}, "stat")):

@@ -22,13 +22,18 @@ def register(sub) -> None:
         description="Run the quick benchmark suite (tests/benchmarks) on two commits of this "
         "repository and exit 1 when any benchmark is more than --threshold slower on --head. "
         "With --base-json/--head-json, compare two existing pytest-benchmark JSON files instead. "
-        "Exit status: 0 no regression, 1 regressions, 2 an error or results it cannot judge.")
+        "Exit status: 0 no regression, 1 regressions or benchmarks that ran on base but not "
+        "on head, 2 an error or results it cannot judge.")
     p.add_argument("--base", help="base revision (e.g. main, HEAD~1)")
     p.add_argument("--head", default=None, help="head revision, or '.' for the working tree "
                    "with uncommitted changes (default: HEAD; refused when the working tree has "
                    "uncommitted changes)")
-    p.add_argument("--threshold", type=number(0, 10), default=d.THRESHOLD,
-                   help=f"slowdown that fails, as a fraction (default: {d.THRESHOLD})")
+    p.add_argument("--threshold", type=number(0, d.MAX_THRESHOLD), default=d.THRESHOLD,
+                   help=f"slowdown that fails, as a fraction: 0.1 = more than 10%% slower "
+                   f"(at most {d.MAX_THRESHOLD:g}; default: {d.THRESHOLD})")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="pass benchmarks that ran on base but not on head (removed, renamed or "
+                   "skipped there); by default they fail the gate")
     p.add_argument("--repeat", type=integer(1, 100), default=None,
                    help=f"alternating runs per commit (default: {d.REPEAT})")
     p.add_argument("--confirm", type=integer(0, 100), default=None,
@@ -74,7 +79,8 @@ def _load(path: str) -> dict:
 def run(args) -> int:
     from pathlib import Path
 
-    from pagebench.benchcompare import bench_compare, compare, format_table, regressions, timings
+    from pagebench.benchcompare import (bench_compare, compare, format_table, missing,
+                                        regressions, timings)
     from pagebench.errors import ConfigError
 
     check_output_file("--out", args.out)
@@ -100,17 +106,27 @@ def run(args) -> int:
             bench_dir=run["bench_dir"], select=run["select"], marks=run["marks"],
             max_time=run["max_time"], out_dir=run["out_dir"])
     slower = regressions(changes, args.threshold)
+    gone = missing(changes)
+    failed = bool(slower or (gone and not args.allow_missing))
     doc = {"base": base_label, "head": head_label, "threshold": args.threshold,
            "stat": args.stat, "changes": [c.to_dict(args.threshold) for c in changes],
-           "regressions": [c.name for c in slower]}
+           "regressions": [c.name for c in slower], "missing": [c.name for c in gone],
+           "allow_missing": args.allow_missing, "passed": not failed}
     write_results(args.out, doc["changes"], doc)
     if args.json:
         print(dumps(doc))
-        return 1 if slower else 0
+        return 1 if failed else 0
     print(format_table(changes, args.threshold, base_label, head_label))
-    unjudged = [c for c in changes if c.ratio is None]
-    if unjudged:
-        print(f"\n{len(unjudged)} benchmark(s) on one side only (new or missing): not judged")
+    new = [c for c in changes if c.base_s is None]
+    if new:
+        print(f"\n{len(new)} benchmark(s) new on {head_label[:12]}: not judged")
+    if gone:
+        verdict = ("passed (--allow-missing)" if args.allow_missing
+                   else "the gate fails (--allow-missing passes them)")
+        print(f"\n{len(gone)} benchmark(s) ran on {base_label[:12]} but not on "
+              f"{head_label[:12]} (removed, renamed or skipped there): {verdict}")
+        for c in gone:
+            print(f"  {c.name}")
     if slower:
         print(f"\n{len(slower)} benchmark(s) more than {args.threshold:.0%} slower on "
               f"{head_label[:12]} than on {base_label[:12]}:")
@@ -118,5 +134,5 @@ def run(args) -> int:
             print(f"  {c.name}: {c.ratio:.2f}x")
     else:
         print(f"\nno benchmark more than {args.threshold:.0%} slower "
-              f"({len(changes) - len(unjudged)} compared)")
-    return 1 if slower else 0
+              f"({sum(c.ratio is not None for c in changes)} compared)")
+    return 1 if failed else 0

@@ -106,7 +106,8 @@ class Decode:
 class Prefill:
     """Prefill of 8 prompts that share a system prompt (3/4 of each), with prefix caching off
     and on; one new token each. With caching on, the shared blocks stay cached between calls,
-    as a server's system prompt would."""
+    as a server's system prompt would; each call's last quarters are new (drawn in the timed
+    call, ~0.1 ms), so only the shared part can hit."""
 
     params = [[256, 1024], [False, True]]
     param_names = ["prompt_len", "prefix_caching"]
@@ -115,16 +116,17 @@ class Prefill:
     def setup(self, prompt_len, prefix_caching):
         import random
 
-        self.engine, sampling, vocab = build_engine(16, prefix_caching=prefix_caching)
-        r = random.Random(prompt_len)
-        shared = [r.randrange(vocab) for _ in range(prompt_len * 3 // 4)]
-        self.prompts = [shared + [r.randrange(vocab) for _ in range(prompt_len - len(shared))]
-                        for _ in range(8)]
+        self.engine, sampling, self.vocab = build_engine(16, prefix_caching=prefix_caching)
+        self.random = random.Random(prompt_len)
+        self.shared = [self.random.randrange(self.vocab) for _ in range(prompt_len * 3 // 4)]
+        self.unique = prompt_len - len(self.shared)
         self.sampling = sampling(max_tokens=1, ignore_eos=True)
         self.run()
 
     def run(self):
-        return self.engine.generate(self.prompts, self.sampling, use_tqdm=False)
+        tokens = range(self.vocab)
+        prompts = [self.shared + self.random.choices(tokens, k=self.unique) for _ in range(8)]
+        return self.engine.generate(prompts, self.sampling, use_tqdm=False)
 
     def time_prefill(self, prompt_len, prefix_caching):
         self.run()

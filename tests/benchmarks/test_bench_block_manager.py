@@ -44,14 +44,22 @@ def test_append_throughput(benchmark, prefix_caching):
 
 @pytest.mark.parametrize("prefix_caching", [False, True], ids=["prefix_off", "prefix_on"])
 def test_allocate_free_2048_token_prompts(benchmark, prefix_caching):
+    """16 new prompts a round: each round's first tokens are its own, so with prefix caching
+    on the allocations hash and register their blocks but never hit (the same prompts every
+    round timed prefix hits from the second round on)."""
     bm = BlockManager(4096, 16, enable_prefix_caching=prefix_caching)
-    prompts = [[i] + list(range(2047)) for i in range(16)]
+    body = list(range(2047))
+    rounds = iter(range(1 << 62))
 
     def allocate_free():
-        for i, prompt in enumerate(prompts):
-            bm.allocate(i, prompt)
-        for i in range(len(prompts)):
+        first = next(rounds) * 16
+        for i in range(16):
+            bm.allocate(i, [first + i] + body)
+        cached = sum(bm.num_cached_tokens(i) for i in range(16))
+        for i in range(16):
             bm.free(i)
+        return cached
 
-    benchmark(allocate_free)
+    assert benchmark(allocate_free) == 0
+    assert allocate_free() == 0  # a later round: still no hit
     assert bm.num_used_blocks == 0

@@ -161,16 +161,22 @@ def l2_flush() -> Callable[[], object]:
 
 @functools.cache
 def git_commit() -> str:
-    """The checkout's short HEAD; ``PAGEBENCH_COMMIT`` overrides it (a copy of the tree whose
-    .git is stale or absent, such as a remote GPU machine's)."""
+    """The checkout's short HEAD, ``-dirty`` after it when tracked files differ from it (what
+    was measured is not that commit); ``PAGEBENCH_COMMIT`` overrides it (a copy of the tree
+    whose .git is stale or absent, such as a remote GPU machine's)."""
     if os.environ.get("PAGEBENCH_COMMIT"):
         return os.environ["PAGEBENCH_COMMIT"]
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                              cwd=__file__.rsplit("/", 2)[0]).stdout.strip()
+
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5, cwd=__file__.rsplit("/", 2)[0])
-        return out.stdout.strip() or "unknown"
+        head = git("rev-parse", "--short", "HEAD")
+        changed = head and git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+    return f"{head}-dirty" if changed else head or "unknown"
 
 
 # the columns every result row carries (``environment``'s keys, in this order)

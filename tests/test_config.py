@@ -53,3 +53,33 @@ def test_environment_commit_can_be_overridden(monkeypatch):
         monkeypatch.delenv("PAGEBENCH_COMMIT")
         timing.git_commit.cache_clear()
     assert timing.environment()["commit"] != "feedbee"
+
+
+def test_commit_says_dirty_when_tracked_files_differ_from_head(monkeypatch, tmp_path):
+    """Rows timed on uncommitted code carried the clean commit's hash."""
+    import subprocess
+
+    from pagebench import timing
+
+    repo = tmp_path / "repo"
+    (repo / "pagebench").mkdir(parents=True)
+    (repo / "pagebench" / "timing.py").write_text("x = 1\n")
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
+                        *args], check=True, capture_output=True)
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "one")
+    monkeypatch.delenv("PAGEBENCH_COMMIT", raising=False)
+    monkeypatch.setattr(timing, "__file__", str(repo / "pagebench" / "timing.py"))
+    timing.git_commit.cache_clear()
+    try:
+        clean = timing.git_commit()
+        assert clean and "dirty" not in clean
+        (repo / "pagebench" / "timing.py").write_text("x = 2\n")
+        (repo / "untracked.txt").write_text("not measured\n")
+        timing.git_commit.cache_clear()
+        assert timing.git_commit() == f"{clean}-dirty"
+    finally:
+        timing.git_commit.cache_clear()

@@ -395,6 +395,27 @@ def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
     assert set(pd.read_csv(out).backend) == {"sdpa-contiguous", "torch-paged"}  # CPU default
 
 
+def test_both_cpu_sweeps_time_on_one_thread(monkeypatch):
+    """The decode sweep timed on one thread, the prefill sweep on all cores, and no row said
+    which: their CPU numbers were not comparable."""
+    from pagebench.kernels import prefill_sweep, sweep
+    from pagebench.timing import measure
+
+    threads = []
+
+    def spy(fn, **kw):
+        threads.append(torch.get_num_threads())
+        return measure(fn, **kw)
+
+    for module in (sweep, prefill_sweep):
+        monkeypatch.setattr(module, "measure", spy)
+    sweep.run_sweep("cpu", points=[(1, 16)], block_sizes=(4,), repeat=1,
+                    shapes={"t": (4, 2, 16)}, include=["torch"])
+    prefill_sweep.run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(1, 3, 0)],
+                                    block_size=4, repeat=1, include=["torch"])
+    assert len(threads) >= 3 and set(threads) == {1}  # decode and prefill rows alike
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench", "--prefill", "--batches", "1", "--contexts", "8"], "--prefill"),
     (["bench", "--prefill", "--block-sizes", "8,16"], "--prefill"),

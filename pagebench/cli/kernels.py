@@ -68,7 +68,8 @@ def register(sub) -> None:
     p.add_argument("--backends", help="comma-separated backend names, or variants such as "
                    "triton-paged (default: all that run here)")
     p.add_argument("--repeat", type=integer(1, 10_000), default=None,
-                   help="timed repeats per point (default 5 on CPU, 30 on CUDA)")
+                   help="timed repeats per point (default: decode 5 on CPU, 30 on CUDA; "
+                   "--prefill 20 on CUDA, 5 with --quick and on CPU)")
     add_output_options(p, "timings (one row per measurement)")
     p.add_argument("--prefill", action="store_true",
                    help="time paged prefill instead (whole prompts, and chunks after a cached "

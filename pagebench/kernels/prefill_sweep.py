@@ -26,7 +26,7 @@ from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.sweep import graph_modes
 from pagebench.kernels.validate import check_prefill
 from pagebench.results.datasets import KERNELS_PREFILL
-from pagebench.timing import ENVIRONMENT_COLUMNS, environment, measure
+from pagebench.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
 
 PREFILL_COLUMNS = [
     *ENVIRONMENT_COLUMNS,
@@ -99,7 +99,8 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
 
     def record(shape_name, shape, point, backend, kernel, layout, fn, capturable):
         for graph in graph_modes(cuda_graphs, capturable, on_cuda):
-            t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
+            with cpu_threads(None if on_cuda else 1):  # as the decode sweep: one CPU thread
+                t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
             row = KERNELS_PREFILL.row(
                 **env, dtype=dtype_name(dtype), model_shape=shape_name,
                 num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],

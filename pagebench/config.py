@@ -147,6 +147,9 @@ class KVGeometry:
         cfg = get("text_config") or config  # multimodal wrappers keep the decoder here
         if cfg is not config:
             get = cfg.get if isinstance(cfg, dict) else (lambda k, d=None: getattr(cfg, k, d))
+        if get("kv_lora_rank"):  # DeepSeek's multi-head latent attention
+            raise ConfigError("config: multi-head latent attention (kv_lora_rank) caches one "
+                              "compressed latent per token, not K and V per head; not modelled")
         try:
             layers = int(get("num_hidden_layers"))
             q_heads = int(get("num_attention_heads"))

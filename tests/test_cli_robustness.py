@@ -362,6 +362,19 @@ def test_an_output_that_is_also_an_input_is_refused_and_the_input_kept(tmp_path,
     assert len(err.strip().splitlines()) == 1 and trace.read_text() == before
 
 
+def test_an_output_over_the_config_of_a_model_folder_is_refused(tmp_path, capsys):
+    """``capacity --model DIR --out DIR/config.json`` replaced the model's config with the
+    plan (the file form was refused, the folder form was not)."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "hidden_size": 64, "num_hidden_layers": 2,
+                                  "intermediate_size": 128, "vocab_size": 100}))
+    before = config.read_text()
+    assert main(["capacity", "--model", str(tmp_path), "--out", str(config)]) == 2
+    assert "is also the input --model" in capsys.readouterr().err
+    assert config.read_text() == before
+
+
 # ---- the CLI audit (D3, R1-R4, M1-M5, M10): refused before any work, one line, exit 2 ------
 TRACE = str(REPO / "examples" / "trace.csv")
 DYNAMIC = ["simulate", "--dynamic", "--trace", TRACE, "--budget-tokens", "16384",

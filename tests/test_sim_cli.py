@@ -44,6 +44,39 @@ def test_capacity_kv_dtype_fp8_doubles_the_blocks(capsys):
     assert main(args + ["--kv-dtype", "fp4"]) == 2
 
 
+def test_capacity_article_with_another_model_estimates_its_weights(capsys):
+    """--article --model X kept the article's 1 GB of weights, labelled "[given]"."""
+    article = run_json(capsys, ["capacity", "--article", "--json"])
+    fp32 = run_json(capsys, ["capacity", "--article", "--dtype", "float32", "--json"])
+    assert article["weights_bytes"] == 10**9
+    assert fp32["weights_bytes"] == 494_032_768 * 4  # estimated for the dtype given
+    assert main(["capacity", "--article", "--model", "llama-3-8b"]) == 2  # 16 GB of weights
+    assert "leaves no room" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("field, value", [("num_local_experts", 8), ("n_routed_experts", 64)])
+def test_capacity_refuses_to_estimate_the_weights_of_experts(tmp_path, capsys, field, value):
+    """Mixtral-8x7B's weights were estimated as one expert's model: 14.5 GB, not 93 GB."""
+    config = {"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+              "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 32000,
+              field: value}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["capacity", "--model", str(tmp_path)]) == 2
+    assert "mixture-of-experts" in capsys.readouterr().err
+    assert main(["capacity", "--model", str(tmp_path), "--weights-bytes", "93GB",
+                 "--gpu-memory", "141GB"]) == 0  # given weights: the KV arithmetic holds
+
+
+def test_capacity_refuses_latent_attention(tmp_path, capsys):
+    """DeepSeek's MLA caches a 576-wide latent a token, not K and V per head: 7x off."""
+    config = {"num_attention_heads": 16, "num_key_value_heads": 16, "hidden_size": 2048,
+              "num_hidden_layers": 27, "intermediate_size": 10944, "vocab_size": 102400,
+              "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert main(["capacity", "--model", str(tmp_path), "--weights-bytes", "32GB"]) == 2
+    assert "latent attention" in capsys.readouterr().err
+
+
 def test_capacity_bad_input_is_one_line_exit_2(capsys):
     assert main(["capacity", "--gpu-memory", "12 potatoes"]) == 2
     err = capsys.readouterr().err.strip()

@@ -157,12 +157,15 @@ def check_outputs_are_not_inputs(args: argparse.Namespace) -> None:
     """Before any work, every output option names a file (:func:`check_output_name`), no two
     name the same file (``simulate --timeline x --out x`` would overwrite the timeline with
     the summary), and none names a file that another argument reads (``simulate --trace t.csv
-    --out t.csv`` would replace the trace with its results): a ValueError naming both."""
+    --out t.csv`` would replace the trace with its results; a folder argument reads the
+    ``config.json`` in it, as ``--model DIR`` does): a ValueError naming both."""
     inputs = {}
     for name, value in vars(args).items():
         if name in OUTPUT_OPTIONS:
             continue
         for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, str) and os.path.isdir(v):  # a model folder: its config is read
+                v = os.path.join(v, "config.json")
             if isinstance(v, str) and os.path.isfile(v):
                 inputs.setdefault(os.path.realpath(v), name)
     outputs = {}

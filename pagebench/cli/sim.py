@@ -306,7 +306,8 @@ def register_capacity(sub) -> None:
         "- weights - overhead, cut into blocks) and compare how many sequences fit under naive "
         "reservation, pow2, exact contiguous and paged allocation for a length distribution. "
         "--article reproduces the article's arithmetic (16 GB card, 0.9, 1 GB weights, 1 GB "
-        "overhead: 12.4 GB of cache, about 250 sequences of 4,096 tokens).")
+        "overhead: 12.4 GB of cache, about 250 sequences of 4,096 tokens); with another "
+        "--model or --dtype the weights are estimated for it, not the article's 1 GB.")
     p.add_argument("--model", default=None,
                    help="preset (qwen2.5-0.5b, qwen2.5-7b, llama-3-8b, llama-3-70b, mistral-7b) "
                    "or path to a config.json (default qwen2.5-0.5b)")
@@ -359,6 +360,8 @@ def run_capacity(args) -> int:
             raise ValueError(f"{', '.join(unused)}: not with --kv-cache-bytes (it sizes the KV "
                              "cache directly, skipping the memory arithmetic)")
     base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
+    if args.article and (args.model is not None or args.dtype != "bfloat16"):
+        del base["weights_bytes"]  # the article's 1 GB is its model's, in bf16: estimate anew
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
                 "weights_bytes", "overhead_bytes"):
         if getattr(args, key) is not None:

@@ -58,6 +58,9 @@ def _config_dict(model) -> dict:
                       f"got {type(model).__name__}")
 
 
+EXPERT_FIELDS = ("num_local_experts", "n_routed_experts", "num_experts")  # MoE configs
+
+
 def estimate_num_parameters(config) -> int:
     """Parameters of a Llama/Qwen2/Mistral-style decoder from its config.
 
@@ -67,6 +70,10 @@ def estimate_num_parameters(config) -> int:
     """
     cfg = _config_dict(config)
     cfg = cfg.get("text_config") or cfg
+    experts = [k for k in EXPERT_FIELDS if (cfg.get(k) or 0) > 1]
+    if experts:  # each expert has its own MLP: counting one under-sizes the weights
+        raise ConfigError(f"weights_bytes: a mixture-of-experts config ({experts[0]} = "
+                          f"{cfg[experts[0]]}) is not estimated; give --weights-bytes")
     try:
         hidden = int(cfg["hidden_size"])
         layers = int(cfg["num_hidden_layers"])

@@ -77,6 +77,26 @@ def test_capacity_refuses_latent_attention(tmp_path, capsys):
     assert "latent attention" in capsys.readouterr().err
 
 
+def test_prompt_and_output_length_files_pair_line_by_line(tmp_path, capsys):
+    """Each file was cycled on its own to 20,000 requests: a 3-line and a 2-line file
+    paired (100, 10), (200, 20), (300, 10), ... without a word."""
+    prompts, outputs = tmp_path / "p.txt", tmp_path / "o.txt"
+    prompts.write_text("100\n200\n300\n")
+    outputs.write_text("10\n20\n")
+    argv = ["simulate", "--dynamic", "--prompt-lengths", str(prompts), "--output-lengths",
+            str(outputs), "--budget-tokens", "4096", "--block-sizes", "16", "--json"]
+    assert main(argv) == 2
+    assert "hold 3 and 2 lengths" in capsys.readouterr().err
+    outputs.write_text("10\n20\n30\n")
+    out = run_json(capsys, argv)
+    assert out["workload"]["num_requests"] == 3  # one request a line, as --lengths FILE
+    from pagebench.sim.trace import poisson_workload
+
+    w = poisson_workload(3, 1.0, prompt_lengths=str(prompts), output_lengths=str(outputs))
+    assert list(zip(w.prompt_len.tolist(), w.output_len.tolist())) == [(100, 10), (200, 20),
+                                                                        (300, 30)]
+
+
 def test_capacity_bad_input_is_one_line_exit_2(capsys):
     assert main(["capacity", "--gpu-memory", "12 potatoes"]) == 2
     err = capsys.readouterr().err.strip()

@@ -89,7 +89,8 @@ def register_simulate(sub) -> None:
                    "(default 0.3)")
     d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately "
                    "(with --output-lengths, instead of --lengths; a request longer than "
-                   "--max-len loses the end of its output, counted as clipped)")
+                   "--max-len loses the end of its output, counted as clipped; two files pair "
+                   "line by line, one request a line unless --num-requests)")
     d.add_argument("--output-lengths", metavar="SPEC", help="draw output lengths separately")
     d.add_argument("--budget-tokens", type=integer(1, MAX_LEN), default=None,
                    help="KV budget in token slots (default: the article's 12.4 GB of "
@@ -198,10 +199,16 @@ def run_dynamic_simulation(args) -> int:
             if ignored:
                 raise ValueError(f"{', '.join(ignored)}: not with --prompt-lengths and "
                                  "--output-lengths (they give the lengths)")
+            in_files = []  # a request takes line i of each file: their lengths pair up
             for option, spec in (("--prompt-lengths", args.prompt_lengths),
                                  ("--output-lengths", args.output_lengths)):
-                check_lengths(spec, max_len - 1, option, "--max-len - 1")
-            num_requests = args.num_requests or 20000
+                kind, values = check_lengths(spec, max_len - 1, option, "--max-len - 1")
+                in_files += [len(values)] if kind == "file" else []
+            if len(set(in_files)) > 1:
+                raise ValueError(f"--prompt-lengths, --output-lengths: the files hold "
+                                 f"{in_files[0]:,} and {in_files[1]:,} lengths; request i takes "
+                                 "line i of each, so they must hold as many")
+            num_requests = args.num_requests or (in_files[0] if in_files else 20000)
         workload = poisson_workload(
             num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, lengths_spec,

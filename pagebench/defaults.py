@@ -19,6 +19,10 @@ REFERENCE_NUM_SEQS = 2000
 REFERENCE_SEED = 0
 REFERENCE_MAX_LEN = 4096
 
+# samples per request (n) at most, for simulated and traced requests alike: a request's blocks
+# are n times its length's, and n times the longest trace value must stay inside int64
+MAX_SAMPLES = 1024
+
 BLOCK_SIZE = 16  # vLLM's default page size
 # Swept everywhere a block size varies: from one token per block to 128.
 BLOCK_SIZES = (1, 8, 16, 32, 128)

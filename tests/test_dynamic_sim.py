@@ -194,12 +194,23 @@ def test_read_trace_csv_and_jsonl(tmp_path):
     ("", "empty"),
     ("arrival,prompt_len,output_len\n", "no requests"),
     ("arrival,prompt_len,output_len\n0,4000,200\n", "above max_len=4096"),
+    # an n meant as a fourth column was dropped; JSON true read as 1; an n whose blocks
+    # overflowed int64 made the paged simulation loop forever
+    ("arrival,prompt_len,output_len\n0,10,5,4\n",
+     "line 2: more fields than the header's 3 \\(arrival, prompt_len, output_len\\)"),
+    ('{"arrival": true, "prompt_len": 10, "output_len": 5}\n', "line 1: arrival is not a number"),
+    ("arrival,prompt_len,output_len,n\n0,10,5,1099511627776\n", "line 2: n out of range"),
 ])
 def test_read_trace_errors(tmp_path, text, message):
     path = tmp_path / "bad.csv"
     path.write_text(text)
     with pytest.raises(ConfigError, match=message):
         read_trace(str(path), max_len=4096)
+
+
+def test_workload_n_is_bounded():
+    with pytest.raises(ConfigError, match="n must be <= 1024"):
+        workload([(0, 10, 5, 1025)])
 
 
 def test_read_trace_missing_file():

@@ -97,7 +97,7 @@ def register_simulate(sub) -> None:
                    "Qwen2.5-0.5B cache, 1,009,104 slots; see `pagebench capacity --article`)")
     d.add_argument("--allocators", type=name_list, default=None,
                    help="subset of naive,pow2,oracle,paged (default all)")
-    d.add_argument("--n", type=integer(1, 1024), default=None,
+    d.add_argument("--n", type=integer(1, defaults.MAX_SAMPLES), default=None,
                    help="parallel samples per request (default 1)")
     d.add_argument("--cow", action="store_true",
                    help="paged: samples share prompt blocks (copy-on-write)")

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_MAX_LEN
+from pagebench.defaults import MAX_SAMPLES, REFERENCE_LENGTHS, REFERENCE_MAX_LEN
 from pagebench.errors import ConfigError, check_positive_int
 from pagebench.sim.workloads import sample_lengths
 
@@ -72,6 +72,9 @@ class Workload:
         for name, a, low in zip(("arrival", "prompt_len", "output_len", "n"), arrays, (0, 1, 1, 1)):
             if a.min() < low:
                 raise ConfigError(f"workload: every {name} must be >= {low}, got {int(a.min())}")
+        if arrays[3].max() > MAX_SAMPLES:
+            raise ConfigError(f"workload: every n must be <= {MAX_SAMPLES}, got "
+                              f"{int(arrays[3].max())}")
         order = np.argsort(arrays[0], kind="stable")
         for f, a in zip(("arrival", "prompt_len", "output_len", "n"), arrays):
             object.__setattr__(self, f, a[order])
@@ -215,7 +218,8 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
         columns = set().union(*rows)
     else:
         reader = csv.DictReader(line for _, line in numbered)
-        columns = set(reader.fieldnames or [])
+        header = reader.fieldnames or []
+        columns = set(header)
         rows, linenos = [], []
         for row in reader:  # reader.line_num: the row's last line (a quoted field may span lines)
             rows.append(row)
@@ -228,6 +232,9 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
     n_col = _pick(columns, ("n",), path, "n", required=False)
     values = {"arrival": [], "prompt_len": [], "output_len": [], "n": []}
     for lineno, row in zip(linenos, rows):
+        if None in row:  # csv.DictReader's key for fields beyond the header
+            raise ConfigError(f"trace: {path} line {lineno}: more fields than the header's "
+                              f"{len(header)} ({', '.join(header)})")
         for key, col in (("arrival", arrival_col), ("prompt_len", prompt_col),
                          ("output_len", output_col), ("n", n_col)):
             if col is None:
@@ -236,13 +243,18 @@ def read_trace(path: str, max_len: int | None = None, steps_per_unit: float = 1.
                 raise ConfigError(f"trace: {path} line {lineno}: missing {col}")
             else:
                 raw = row[col]
+            if isinstance(raw, bool):  # JSON true is not the number 1
+                raise ConfigError(f"trace: {path} line {lineno}: {col} is not a number: "
+                                  f"{raw!r}")
             try:
                 number = float(raw)
             except (TypeError, ValueError):
                 raise ConfigError(f"trace: {path} line {lineno}: {col} is not a number: "
                                   f"{raw!r}") from None
-            if not (0 if key == "arrival" else 1) <= number <= MAX_TRACE_VALUE:
-                raise ConfigError(f"trace: {path} line {lineno}: {col} out of range: {raw!r}")
+            top = MAX_SAMPLES if key == "n" else MAX_TRACE_VALUE
+            if not (0 if key == "arrival" else 1) <= number <= top:
+                raise ConfigError(f"trace: {path} line {lineno}: {col} out of range: {raw!r}"
+                                  + (f" (1..{MAX_SAMPLES})" if key == "n" else ""))
             if key != "arrival" and number != int(number):
                 raise ConfigError(f"trace: {path} line {lineno}: {col} must be an integer: "
                                   f"{raw!r}")

@@ -246,3 +246,18 @@ def test_reference_run_shape_of_the_vllm_claim():
     frac = {r["label"]: r["token_state_fraction_saturated"] for r in result.summary}
     assert frac["naive"] < frac["pow2"] < frac["oracle"] < frac["paged-128"] < frac["paged-16"]
     assert frac["naive"] < 0.2 and frac["oracle"] < 0.7 and frac["paged-16"] > 0.95
+
+
+def test_summary_fractions_do_not_drift_with_late_arrivals():
+    """Window sums took token_base (about -running x start) plus running x a sum of step
+    numbers in float64: 1e10 steps in the token fraction read -0.22, at 1e12 -133."""
+    from pagebench.sim.dynamic import simulate_allocator
+
+    rows = {}
+    for start in (0, 10**10, 10**12):
+        w = Workload(np.array([start, start]), np.array([100, 50]), np.array([20, 30]),
+                     np.array([1, 1]))
+        rows[start] = simulate_allocator(w, 1000, "paged", 16, max_len=4096)[0]
+    for key in ("token_state_fraction", "free_fraction", "allocated_utilisation"):
+        assert rows[10**10][key] == pytest.approx(rows[0][key], rel=1e-9)
+        assert rows[10**12][key] == pytest.approx(rows[0][key], rel=1e-9)

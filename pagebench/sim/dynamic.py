@@ -129,9 +129,11 @@ def _summarise(win, paged: bool, budget: int, w: Workload, stats: RunStats) -> d
     start, end = win["start"], win["end"]
     width = (end - start + 1).astype(np.float64)
     steps = float(width.sum())
-    # sum over t in [start, end] of (t + 1) = T(end + 1) - T(start), T(x) = x (x + 1) / 2
-    step_sum = ((end + 1.0) * (end + 2.0) - start * (start + 1.0)) / 2.0
-    tokens = width * win["token_base"] + win["running_seqs"] * step_sum
+    # tokens at step t: token_base + running (t + 1); summed over the window from the count at
+    # its first step (exact in int64), so that late windows lose nothing to cancellation
+    # (token_base is about -running x start: 1e10 steps in, float64 sums went negative)
+    first = (win["token_base"] + win["running_seqs"] * (start + 1)).astype(np.float64)
+    tokens = width * first + win["running_seqs"] * (width * (width - 1) / 2)
     totals = _breakdown(paged, tokens, width * win["allocated"], width * win["final"],
                         width * win["external_frag"], width * win["free"])
     saturated = win["waiting"] > 0

@@ -83,6 +83,20 @@ def test_fp8_time_claim_takes_the_fastest_fp8_kernel_per_point():
     assert c.verdict == FAILS and "1×65536 b16: 0.80× (triton)" in c.measured
 
 
+def test_fp8_time_claim_pairs_rows_of_one_machine_and_judges_each():
+    """A slower GPU's fp8 rows are never divided by a faster GPU's bf16 rows: at 0.75× on each
+    GPU the claim fails, however fast the other GPU's bf16 is."""
+    h200 = decode_frame(0.75)
+    h100 = h200.assign(device_name="NVIDIA H100", time_us=2 * h200["time_us"])
+    ratios = fp8_claims.decode_ratios(pd.concat([h200, h100], ignore_index=True))
+    assert len(ratios) == 2 * 8 and set(ratios["fp8_over_bf16"].round(6)) == {0.75, 1.0}
+    c = verdict("fp8_decode_time", results_with(kernels_fp8=pd.concat([h200, h100])))
+    assert c.verdict == FAILS and c.device == "H100, H200"
+    both = verdict("fp8_decode_time",
+                   results_with(kernels_fp8=pd.concat([decode_frame(0.5), h100])))
+    assert both.verdict == FAILS and both.measured.endswith("b16: 0.50× (triton) (holds)")
+
+
 def test_layout_claim_leaves_l2_resident_points_out():
     ok = verdict("layout_cost", results_with(kernels_layout=layout_frame(1.05, 3.0)))
     assert ok.verdict == HOLDS and "1 L2-resident points left out" in ok.measured

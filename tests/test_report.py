@@ -194,6 +194,26 @@ def test_batch1_ratio_pairs_paged_with_contiguous():
     assert r16["paged_backend"].iloc[0] == "triton-paged"
 
 
+def test_batch1_ratio_pairs_rows_of_one_run_and_one_cache_dtype():
+    """Two rounds of the sweep (two commits) each fail batch1_slower: paired across rounds
+    (one round's fast contiguous over the other's fast paged) they must not hold; nor does an
+    fp8-cache round's paged time over a bf16 baseline count as paging's cost."""
+    def kernel_rows(ratio: float) -> pd.DataFrame:
+        return synthetic_results(paged_ratio={16: ratio}).get("kernels")
+    a = kernel_rows(1.4).assign(commit="aaaaaaa")
+    b = kernel_rows(0.95).assign(commit="bbbbbbb")
+    b["time_us"] *= 1.2  # pooled: b's paged (1.14× a's baseline) over a's baseline "holds"
+    ratio = derive.batch1_ratio(pd.concat([a, b], ignore_index=True))
+    assert sorted(ratio["ratio"].round(2).unique()) == [0.95, 1.4]
+    results = Results()
+    results.add("kernels", pd.concat([a, b], ignore_index=True), "two rounds")
+    assert by_key(results)["batch1_slower"].verdict == FAILS
+    fp8 = kernel_rows(0.6).assign(commit="ccccccc")
+    fp8.loc[fp8["layout"] == "paged", "kv_dtype"] = "float8_e4m3fn"
+    ratio = derive.batch1_ratio(pd.concat([kernel_rows(1.1), fp8], ignore_index=True))
+    assert set(ratio["ratio"].round(2)) == {1.1}
+
+
 def test_kernel_tables_are_computed_once_per_results_until_data_is_added():
     results = synthetic_results()
     ratio = derive.table(results, "kernels_batch1_ratio")

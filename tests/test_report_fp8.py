@@ -104,6 +104,19 @@ def test_layout_claim_leaves_l2_resident_points_out():
     assert bad.verdict == FAILS and "worst 1.30×" in bad.measured
 
 
+def test_layout_claim_needs_every_layout_at_a_point_and_judges_each_machine():
+    one_layout = layout_frame(1.0, 1.0).query("table_layout == 'contiguous'")
+    assert verdict("layout_cost", results_with(kernels_layout=one_layout)).verdict == UNMEASURED
+    no_aged = layout_frame(1.5, 1.0).query("table_layout != 'aged'")
+    assert verdict("layout_cost", results_with(kernels_layout=no_aged)).verdict == UNMEASURED
+    # a GPU where the aged table costs 30% is not outvoted by two where it costs nothing
+    others = [layout_frame(1.0, 1.0).assign(device_name=f"NVIDIA {n}") for n in ("H100", "A100")]
+    c = verdict("layout_cost",
+                results_with(kernels_layout=pd.concat([layout_frame(1.3, 1.0), *others])))
+    assert c.verdict == FAILS and "H200: worst 1.30×" in c.measured
+    assert c.device == "A100, H100, H200"
+
+
 def test_capacity_claim_from_the_planner_and_the_engine_pool():
     assert verdict("fp8_capacity", Results()).verdict == UNMEASURED
     planner = pd.DataFrame(fp8_rows())

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.analysis.claims import ARITHMETIC, Claim, Measured, Part
+from pagebench.analysis.claims import ARITHMETIC, Claim, Measured, Part, per_machine
 from pagebench.analysis.derive import row_labels
 from pagebench.results import Results
 from pagebench.results.devices import frame_devices
@@ -21,6 +21,7 @@ FP8 = "float8_e4m3fn"
 LONG_BATCH, LONG_BATCH_CONTEXT, LONG_CONTEXT = 32, 4096, 65536
 HALF_TIME_BOUND = 0.6  # fp8 / bf16 time: half the bytes, with some slack for fixed costs
 LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
+LAYOUTS = ("contiguous", "shuffled", "aged")  # the block-table layouts a point compares
 
 
 def run_keys(frame: pd.DataFrame) -> list[str]:
@@ -97,14 +98,19 @@ def decode_time_parts(results: Results) -> Measured | None:
 
 
 def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Per point: each layout's time, slowest / fastest, and whether the point fits in L2."""
+    """Per machine, run (:func:`run_keys`) and point: each layout's time, slowest / fastest
+    (empty unless all of :data:`LAYOUTS` were timed there), and whether the point fits in
+    L2."""
     if frame is None:
         return None
-    keys = ["batch", "context", "block_size"]
+    frame = frame.assign(machine=row_labels(frame))
+    keys = run_keys(frame) + ["batch", "context", "block_size"]
     wide = frame.pivot_table(index=keys, columns="table_layout", values="time_us",
                              aggfunc="median")
+    times = wide.reindex(columns=list(LAYOUTS))
     wide.columns = [f"{c}_us" for c in wide.columns]
-    wide["slowest_over_fastest"] = wide.max(axis=1) / wide.min(axis=1)
+    wide["slowest_over_fastest"] = (times.max(axis=1) / times.min(axis=1)).where(
+        times.notna().all(axis=1))
     if "fits_l2" in frame:
         wide["fits_l2"] = frame.groupby(keys)["fits_l2"].max()
     if "footprint_bytes" in frame:
@@ -112,20 +118,28 @@ def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     return wide.reset_index()
 
 
-def layout_parts(results: Results) -> Measured | None:
-    spread = layout_spread(results.get("kernels_layout"))
-    judged = spread if spread is None or "fits_l2" not in spread else \
-        spread[~spread["fits_l2"].astype(bool)]
-    if judged is None or judged.empty:
+def layout_part(machine: str, spread: pd.DataFrame) -> Part | None:
+    """One machine's worst spread over its points with every layout whose K/V does not fit in
+    L2 (None: no such point)."""
+    judged = spread.dropna(subset=["slowest_over_fastest"])
+    partial = len(spread) - len(judged)
+    if "fits_l2" in judged:
+        judged = judged[~judged["fits_l2"].astype(bool)]
+    if judged.empty:
         return None
     worst = judged.loc[judged["slowest_over_fastest"].idxmax()]
-    flagged = int(len(spread) - len(judged))
-    text = (f"worst {worst['slowest_over_fastest']:.2f}× at {int(worst['batch'])}×"
+    flagged = len(spread) - partial - len(judged)
+    text = (f"{machine}: worst {worst['slowest_over_fastest']:.2f}× at {int(worst['batch'])}×"
             f"{int(worst['context'])} block {int(worst['block_size'])}; median "
             f"{judged['slowest_over_fastest'].median():.2f}× over {len(judged)} points"
-            + (f" ({flagged} L2-resident points left out)" if flagged else ""))
-    return Measured([Part(worst["slowest_over_fastest"], text)],
-                    frame_devices(results.get("kernels_layout")))
+            + (f" ({flagged} L2-resident points left out)" if flagged else "")
+            + (f" ({partial} points without all three layouts left out)" if partial else ""))
+    return Part(worst["slowest_over_fastest"], text, name=machine)
+
+
+def layout_parts(results: Results) -> Measured | None:
+    spread = layout_spread(results.get("kernels_layout"))
+    return per_machine(spread, layout_part)
 
 
 CLAIMS = (
@@ -143,8 +157,8 @@ CLAIMS = (
     Claim("layout_cost", "Block-table layout does not matter to the kernel.",
           f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "
           f"{LAYOUT_SPREAD_BOUND}× at every point whose K/V does not fit in L2 (points that fit "
-          "are flagged and left out)", ("kernels_layout",), layout_parts,
-          lambda worst: worst <= LAYOUT_SPREAD_BOUND),
+          "are flagged and left out), per machine", ("kernels_layout",), layout_parts,
+          lambda worst: worst <= LAYOUT_SPREAD_BOUND, mark_parts=True),
 )
 
 

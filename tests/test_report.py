@@ -164,6 +164,20 @@ def test_contradicted_claims_say_so_plainly():
     assert FAILS in verdicts
 
 
+def test_equal_memory_pairs_the_engine_with_generate_in_one_kv_budget():
+    """In a small budget the engine runs fewer sequences, in a large one fewer tokens/s: each
+    budget fails; the best sequences of one with the best tokens/s of the other must not."""
+    results = synthetic_results()
+    results.frames["engine_equal_memory"] = pd.DataFrame({
+        "method": ["engine", "padded_generate"] * 2, "kv_bytes": [2**27] * 2 + [2**30] * 2,
+        "concurrent_seqs": [10, 20, 500, 100], "tokens_per_s": [5000.0, 100.0, 100.0, 4000.0],
+        "machine": "Synthetic GPU"})
+    c = by_key(results)["memory_buys_throughput"]
+    assert c.verdict == FAILS and c.device == "Synthetic GPU"
+    assert "10 vs 20 sequences at once in 128 MiB" in c.measured
+    assert "500 vs 100 sequences at once in 1,024 MiB" in c.measured
+
+
 def test_block16_sweet_spot_fails_when_block_16_is_slow():
     results = synthetic_results(paged_ratio={1: 1.1, 16: 2.0, 128: 1.0})
     assert by_key(results)["block16_sweet_spot"].verdict == FAILS

@@ -127,7 +127,12 @@ def test_capacity_claim_from_the_planner_and_the_engine_pool():
     c = verdict("fp8_capacity", results_with(capacity_fp8=planner, fp8_engine=engine))
     assert c.verdict == FAILS and "1.50×" in c.measured and c.measured.startswith("planner")
     engine_only = verdict("fp8_capacity", results_with(fp8_engine=engine))
-    assert engine_only.verdict == FAILS and "arithmetic" not in engine_only.device
+    assert engine_only.verdict == UNMEASURED and "arithmetic" not in engine_only.device
+    assert "1.50×" in engine_only.measured and "not judged" in engine_only.measured
+    # every engine run is judged, not the first alone
+    runs = pd.concat([engine.assign(blocks_fp8=2000, blocks_ratio=2.0), engine])
+    c = verdict("fp8_capacity", results_with(capacity_fp8=planner, fp8_engine=runs))
+    assert c.verdict == FAILS and "2.00×" in c.measured and "1.50×" in c.measured
 
 
 def test_the_suite_adds_the_planner_rows_the_section_judges_and_shows():

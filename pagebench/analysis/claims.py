@@ -89,8 +89,8 @@ def judge(claim: Claim, results: Results) -> Verdict:
         for p, ok in zip(measured.parts, oks)) + measured.note
     out.headline = "; ".join(f"{p.name}: {p.head}" if p.name else p.head
                              for p in measured.parts if p.head)
-    out.device = measured.device if measured.device is not None else ", ".join(
-        p.name for p, ok in zip(measured.parts, oks) if ok is not None and p.name)
+    out.device = measured.device if measured.device is not None else ", ".join(dict.fromkeys(
+        p.name for p, ok in zip(measured.parts, oks) if ok is not None and p.name))
     return out
 
 
@@ -134,11 +134,21 @@ def utilisation(results: Results, dataset: str = "memory_static", **where) -> fl
     return None if u is None else float(u)
 
 
-def per_machine(frame: pd.DataFrame | None, part: Callable) -> Measured | None:
-    """One part per ``machine`` of ``frame``: ``part(machine, rows)`` (None skips a machine)."""
+def groups(frame: pd.DataFrame, by: Iterable[str]) -> list[pd.DataFrame]:
+    """``frame``'s rows grouped by those of the ``by`` columns it has (an empty value is a
+    value); all of them, one group, when it has none."""
+    keys = [c for c in by if c in frame.columns]
+    return [g for _, g in frame.groupby(keys, dropna=False)] if keys else [frame]
+
+
+def per_machine(frame: pd.DataFrame | None, part: Callable, by: Iterable[str] = ()
+                ) -> Measured | None:
+    """One part per ``machine`` of ``frame`` and per value of those of the ``by`` columns it
+    has (rows that measure one case: one KV budget, one block size): ``part(machine, rows)``
+    (None skips a group)."""
     if frame is None:
         return None
-    parts = [part(str(m), g) for m, g in frame.groupby("machine")]
+    parts = [part(str(g["machine"].iloc[0]), g) for g in groups(frame, ["machine", *by])]
     return Measured([p for p in parts if p is not None])
 
 
@@ -397,16 +407,19 @@ def preempts_only_when_short(value) -> bool:
 
 
 def equal_memory_part(machine: str, g: pd.DataFrame) -> Part | None:
+    """The engine against padded generate in one KV budget (``kv_bytes``) of one run."""
     engine = g["method"].astype(str) == "engine"
     if engine.all() or not engine.any():
         return None
     (e_seq, e_tps), (p_seq, p_tps) = (g.loc[rows, ["concurrent_seqs", "tokens_per_s"]]
                                       .astype(float).max() for rows in (engine, ~engine))
+    budget = g["kv_bytes"].iloc[0] if "kv_bytes" in g else None
+    within = "" if budget is None or pd.isna(budget) else f" in {float(budget) / 2**20:,.0f} MiB"
     return Part((e_seq, p_seq, e_tps, p_tps),
-                f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once, "
+                f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once{within}, "
                 f"{e_tps:,.0f} vs {p_tps:,.0f} tokens/s ({e_tps / p_tps:.1f}×)",
-                f"{e_seq:,.0f} vs {p_seq:,.0f} sequences, {e_tps / p_tps:.1f}× tokens/s", machine)
-
+                f"{e_seq:,.0f} vs {p_seq:,.0f} sequences{within}, {e_tps / p_tps:.1f}× tokens/s",
+                machine)
 
 # ---- capacity ----------------------------------------------------------------------------
 
@@ -496,8 +509,9 @@ CLAIMS = (
           "and the throughput comes from the batch.", "same KV memory: the paged engine runs "
           "more sequences at once and more tokens/s than transformers' padded generate with a "
           "contiguous reservation per sequence", ("engine_equal_memory",),
-          lambda r: per_machine(r.get("engine_equal_memory"), equal_memory_part),
-          lambda v: v[0] > v[1] and v[2] > v[3]),
+          lambda r: per_machine(r.get("engine_equal_memory"), equal_memory_part,
+                                ("kv_bytes", "model", "commit")),
+          lambda v: v[0] > v[1] and v[2] > v[3], mark_parts=True),
     Claim("cow_n4", "Going from n = 1 to n = 4 completions does not quadruple KV usage (prompt "
           "blocks are shared, copy-on-write).", "engine peak blocks, n = 4 / n = 1 < 4 (per "
           "device)", ("engine_cow",), lambda r: per_machine(r.get("engine_cow"), cow_part),

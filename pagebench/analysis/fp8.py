@@ -62,18 +62,25 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def capacity_parts(results: Results) -> Measured | None:
+    """The planner's range, and every engine row; judged only beside the planner's rows (the
+    criterion's first half)."""
     plan, engine = results.get("capacity_fp8"), results.get("fp8_engine")
     parts, sources = [], []
     if plan is not None:
         lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
         parts.append(Part((lo, hi), f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})"))
         sources.append(ARITHMETIC)
+    for row in [] if engine is None else engine.to_dict("records"):
+        memory = row.get("kv_cache_memory")
+        within = "" if memory is None or pd.isna(memory) else f" in {memory}"
+        ratio = float(row["blocks_ratio"])
+        parts.append(Part(None if plan is None else (ratio,),
+                          f"engine pool{within} {int(row['blocks_bf16']):,} → "
+                          f"{int(row['blocks_fp8']):,} blocks ({ratio:.2f}×)"))
     if engine is not None:
-        ratio = float(engine["blocks_ratio"].iloc[0])
-        parts.append(Part((ratio,), f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
-                          f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)"))
         sources.append(f"engine: {frame_devices(engine)}")
-    return Measured(parts, "; ".join(sources)) if parts else None
+    note = "" if plan is not None else " (not judged without the capacity planner's rows)"
+    return Measured(parts, "; ".join(sources), note) if parts else None
 
 
 def decode_time_parts(results: Results) -> Measured | None:

@@ -178,6 +178,19 @@ def test_equal_memory_pairs_the_engine_with_generate_in_one_kv_budget():
     assert "500 vs 100 sequences at once in 1,024 MiB" in c.measured
 
 
+def test_cow_compares_n4_with_n1_of_the_same_block_size():
+    """Block 128, where n = 4 takes 4.67× the blocks, is not averaged away by block 16."""
+    results = synthetic_results()
+    results.frames["engine_cow"] = pd.DataFrame({
+        "variant": ["n=1", "n=4 shared"] * 2, "n": [1, 4] * 2, "block_size": [16, 16, 128, 128],
+        "peak_blocks": [34, 40, 3, 14], "machine": "Synthetic GPU"})
+    c = by_key(results)["cow_n4"]
+    assert c.verdict == FAILS and c.device == "Synthetic GPU"
+    assert "(block size 16): peak blocks n=4 / n=1 = 1.18× (40 vs 34) (holds)" in c.measured
+    assert "(block size 128): peak blocks n=4 / n=1 = 4.67× (14 vs 3) (does not hold)" \
+        in c.measured
+
+
 def test_block16_sweet_spot_fails_when_block_16_is_slow():
     results = synthetic_results(paged_ratio={1: 1.1, 16: 2.0, 128: 1.0})
     assert by_key(results)["block16_sweet_spot"].verdict == FAILS

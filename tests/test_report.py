@@ -204,6 +204,27 @@ def test_prior_systems_range_is_judged_from_data():
     assert c.verdict == FAILS and "12.0%" in c.measured and "worse" in c.measured
 
 
+def test_dynamic_claims_read_the_article_reference_run_only():
+    """A time-stepped run of another workload or budget (``pagebench simulate --dynamic
+    --trace ...``) is neither judged as the article's nor printed beside it."""
+    other = pd.DataFrame([{"label": a, "allocator": a, "block_size": bs, "budget_tokens": 16384,
+                           "token_state_fraction_saturated": x, "token_state_fraction": x,
+                           "mean_concurrency": c, "num_preemptions": 0}
+                          for a, bs, x, c in (("naive", None, 0.05, 2.0), ("pow2", None, 0.45, 3.0),
+                                              ("paged", 16, 0.5, 30.0))])
+    alone = Results()
+    alone.add("memory_dynamic_summary", other, "my_runs/dynamic_small.csv")
+    assert not alone.warnings
+    c = by_key(alone)
+    assert {c[k].verdict for k in ("prior_systems", "paging_96", "capacity_2_4x")} == {UNMEASURED}
+    both = synthetic_results()
+    both.add("memory_dynamic_summary", other, "my_runs/dynamic_small.csv")
+    c = by_key(both)
+    assert c["prior_systems"].verdict == HOLDS and c["paging_96"].verdict == HOLDS
+    assert c["prior_systems"].measured == "reserve-max 25.0%"  # not the other run's pow2
+    assert "3.0×" in c["capacity_2_4x"].measured  # 12 / 4, not 30 / 2
+
+
 def test_every_claim_is_unmeasured_without_data():
     c = claims.evaluate(Results())
     assert len(c) >= 15

@@ -208,10 +208,21 @@ def block_size_sweep(results: Results) -> Measured | None:
                     f" (differs at block size {', '.join(wrong)})" if wrong else "")
 
 
+def article_dynamic(results: Results) -> pd.DataFrame | None:
+    """The rows of ``memory_dynamic_summary`` from the article's reference run (its
+    ``article_reference`` flag, which :func:`pagebench.suite.dynamic_memory` sets); None: no
+    such row. A run of another workload or budget is no measurement of the article's claims."""
+    frame = results.get("memory_dynamic_summary")
+    if frame is None or "article_reference" not in frame:
+        return None
+    frame = frame[frame["article_reference"].fillna(False).astype(bool)]
+    return frame if len(frame) else None
+
+
 def saturated_share(results: Results, **where) -> float | None:
-    """The time-stepped run's token-state share while requests wait for memory (NaN: the pool
+    """The reference run's token-state share while requests wait for memory (NaN: the pool
     never ran out, so no memory-bound step to judge)."""
-    v = first(results.get("memory_dynamic_summary"), TOKEN_STATE, **where)
+    v = first(article_dynamic(results), TOKEN_STATE, **where)
     return None if v is None else float(v)
 
 
@@ -223,10 +234,9 @@ def prior_systems(results: Results) -> Measured | None:
     v = saturated_share(results, allocator="naive")
     if v is None or v != v:  # NaN: no memory-bound step to judge
         return None if v is None else never_bound("reserve-max")
-    frame = results.get("memory_dynamic_summary")
-    others = frame[frame["allocator"].isin(("pow2", "oracle"))]
+    others = {a: saturated_share(results, allocator=a) for a in ("pow2", "oracle")}
     text = f"reserve-max {pct(v)}" + "".join(
-        f", {a} {pct(float(x))}" for a, x in zip(others["allocator"], others[TOKEN_STATE]))
+        f", {a} {pct(x)}" for a, x in others.items() if x is not None)
     if not 0.20 <= v <= 0.40:
         text += (f" (naive reservation does {'worse' if v < 0.20 else 'better'} than the "
                  "article says on this workload)")
@@ -461,7 +471,7 @@ def capacity_ratio(results: Results) -> Measured | None:
         parts.append(Part(ratio, f"planner: {paged:,.0f} paged vs {naive:,.0f} naive = "
                           f"{ratio:.1f}×" + (" (larger than the article says on this workload)"
                                               if ratio > 4 else ""), f"planner {ratio:.1f}×"))
-    dynamic = results.get("memory_dynamic_summary")
+    dynamic = article_dynamic(results)
     paged = first(dynamic, "mean_concurrency", **PAGED_16)
     naive = first(dynamic, "mean_concurrency", allocator="naive")
     if paged is not None and naive is not None and float(naive) > 0:

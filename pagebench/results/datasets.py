@@ -192,7 +192,9 @@ DYNAMIC_COLUMNS = (
     C("num_preemptions", "int", "preemptions"))
 MEMORY_DYNAMIC_SUMMARY = schema(
     "memory_dynamic_summary", "one allocator over a time-stepped run (sim.dynamic)",
-    *DYNAMIC_COLUMNS)
+    *DYNAMIC_COLUMNS, *optional(
+        C("article_reference", "bool", "the article's reference run (sim.dynamic.reference_run: "
+          "its workload and budget), the one its claims judge; empty: another run")))
 MEMORY_DYNAMIC_TIMELINE = schema(
     "memory_dynamic_timeline", "the budget's breakdown at one step", C("step", "int", "step"),
     ALLOCATOR, BLOCK_SIZE, C("token_state", "int", "tokens stored"))

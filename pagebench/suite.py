@@ -83,7 +83,8 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     and are needed: with far fewer, paged allocation never runs out of memory."""
     res = reference_run(20_000, block_sizes=defaults.ENGINE_BLOCK_SIZES, max_timeline_rows=400)
     results.add("memory_dynamic_summary", res.summary_frame().assign(
-        workload=res.workload.get("source", WORKLOAD)), "pagebench.sim.dynamic.reference_run")
+        workload=res.workload.get("source", WORKLOAD), article_reference=True),
+        "pagebench.sim.dynamic.reference_run")
     timeline = res.timeline_frame()
     timeline = timeline[(timeline["allocator"] != "paged") | (timeline["block_size"] == 16)]
     results.add("memory_dynamic_timeline", timeline, "pagebench.sim.dynamic.reference_run")

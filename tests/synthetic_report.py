@@ -69,10 +69,10 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     r.add("memory_dynamic_summary", pd.DataFrame([
         {"label": "naive", "allocator": "naive", "block_size": None, "budget_tokens": 4096,
          "token_state_fraction_saturated": 0.25, "token_state_fraction": 0.2,
-         "mean_concurrency": 4.0, "num_preemptions": 0},
+         "mean_concurrency": 4.0, "num_preemptions": 0, "article_reference": True},
         {"label": "paged 16", "allocator": "paged", "block_size": 16, "budget_tokens": 4096,
          "token_state_fraction_saturated": 0.97, "token_state_fraction": 0.8,
-         "mean_concurrency": 12.0, "num_preemptions": 3}]), src)
+         "mean_concurrency": 12.0, "num_preemptions": 3, "article_reference": True}]), src)
     steps = np.arange(0, 50, 5)
     timeline = []
     for name, tok, res, internal in (("naive", 0.2, 0.1, 0.6), ("paged 16", 0.9, 0.0, 0.02)):

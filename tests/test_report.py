@@ -164,6 +164,33 @@ def test_contradicted_claims_say_so_plainly():
     assert FAILS in verdicts
 
 
+def test_equal_memory_pairs_the_engine_with_generate_in_one_kv_budget():
+    """In a small budget the engine runs fewer sequences, in a large one fewer tokens/s: each
+    budget fails; the best sequences of one with the best tokens/s of the other must not."""
+    results = synthetic_results()
+    results.frames["engine_equal_memory"] = pd.DataFrame({
+        "method": ["engine", "padded_generate"] * 2, "kv_bytes": [2**27] * 2 + [2**30] * 2,
+        "concurrent_seqs": [10, 20, 500, 100], "tokens_per_s": [5000.0, 100.0, 100.0, 4000.0],
+        "machine": "Synthetic GPU"})
+    c = by_key(results)["memory_buys_throughput"]
+    assert c.verdict == FAILS and c.device == "Synthetic GPU"
+    assert "10 vs 20 sequences at once in 128 MiB" in c.measured
+    assert "500 vs 100 sequences at once in 1,024 MiB" in c.measured
+
+
+def test_cow_compares_n4_with_n1_of_the_same_block_size():
+    """Block 128, where n = 4 takes 4.67× the blocks, is not averaged away by block 16."""
+    results = synthetic_results()
+    results.frames["engine_cow"] = pd.DataFrame({
+        "variant": ["n=1", "n=4 shared"] * 2, "n": [1, 4] * 2, "block_size": [16, 16, 128, 128],
+        "peak_blocks": [34, 40, 3, 14], "machine": "Synthetic GPU"})
+    c = by_key(results)["cow_n4"]
+    assert c.verdict == FAILS and c.device == "Synthetic GPU"
+    assert "(block size 16): peak blocks n=4 / n=1 = 1.18× (40 vs 34) (holds)" in c.measured
+    assert "(block size 128): peak blocks n=4 / n=1 = 4.67× (14 vs 3) (does not hold)" \
+        in c.measured
+
+
 def test_block16_sweet_spot_fails_when_block_16_is_slow():
     results = synthetic_results(paged_ratio={1: 1.1, 16: 2.0, 128: 1.0})
     assert by_key(results)["block16_sweet_spot"].verdict == FAILS
@@ -175,6 +202,27 @@ def test_prior_systems_range_is_judged_from_data():
     summary.loc[summary["allocator"] == "naive", "token_state_fraction_saturated"] = 0.12
     c = by_key(results)["prior_systems"]
     assert c.verdict == FAILS and "12.0%" in c.measured and "worse" in c.measured
+
+
+def test_dynamic_claims_read_the_article_reference_run_only():
+    """A time-stepped run of another workload or budget (``pagebench simulate --dynamic
+    --trace ...``) is neither judged as the article's nor printed beside it."""
+    other = pd.DataFrame([{"label": a, "allocator": a, "block_size": bs, "budget_tokens": 16384,
+                           "token_state_fraction_saturated": x, "token_state_fraction": x,
+                           "mean_concurrency": c, "num_preemptions": 0}
+                          for a, bs, x, c in (("naive", None, 0.05, 2.0), ("pow2", None, 0.45, 3.0),
+                                              ("paged", 16, 0.5, 30.0))])
+    alone = Results()
+    alone.add("memory_dynamic_summary", other, "my_runs/dynamic_small.csv")
+    assert not alone.warnings
+    c = by_key(alone)
+    assert {c[k].verdict for k in ("prior_systems", "paging_96", "capacity_2_4x")} == {UNMEASURED}
+    both = synthetic_results()
+    both.add("memory_dynamic_summary", other, "my_runs/dynamic_small.csv")
+    c = by_key(both)
+    assert c["prior_systems"].verdict == HOLDS and c["paging_96"].verdict == HOLDS
+    assert c["prior_systems"].measured == "reserve-max 25.0%"  # not the other run's pow2
+    assert "3.0×" in c["capacity_2_4x"].measured  # 12 / 4, not 30 / 2
 
 
 def test_every_claim_is_unmeasured_without_data():
@@ -192,6 +240,26 @@ def test_batch1_ratio_pairs_paged_with_contiguous():
     r16 = ratio[(ratio["block_size"] == 16) & (ratio["context"] == 4096)]
     assert r16["ratio"].iloc[0] == pytest.approx(1.08)
     assert r16["paged_backend"].iloc[0] == "triton-paged"
+
+
+def test_batch1_ratio_pairs_rows_of_one_run_and_one_cache_dtype():
+    """Two rounds of the sweep (two commits) each fail batch1_slower: paired across rounds
+    (one round's fast contiguous over the other's fast paged) they must not hold; nor does an
+    fp8-cache round's paged time over a bf16 baseline count as paging's cost."""
+    def kernel_rows(ratio: float) -> pd.DataFrame:
+        return synthetic_results(paged_ratio={16: ratio}).get("kernels")
+    a = kernel_rows(1.4).assign(commit="aaaaaaa")
+    b = kernel_rows(0.95).assign(commit="bbbbbbb")
+    b["time_us"] *= 1.2  # pooled: b's paged (1.14× a's baseline) over a's baseline "holds"
+    ratio = derive.batch1_ratio(pd.concat([a, b], ignore_index=True))
+    assert sorted(ratio["ratio"].round(2).unique()) == [0.95, 1.4]
+    results = Results()
+    results.add("kernels", pd.concat([a, b], ignore_index=True), "two rounds")
+    assert by_key(results)["batch1_slower"].verdict == FAILS
+    fp8 = kernel_rows(0.6).assign(commit="ccccccc")
+    fp8.loc[fp8["layout"] == "paged", "kv_dtype"] = "float8_e4m3fn"
+    ratio = derive.batch1_ratio(pd.concat([kernel_rows(1.1), fp8], ignore_index=True))
+    assert set(ratio["ratio"].round(2)) == {1.1}
 
 
 def test_kernel_tables_are_computed_once_per_results_until_data_is_added():

@@ -83,11 +83,38 @@ def test_fp8_time_claim_takes_the_fastest_fp8_kernel_per_point():
     assert c.verdict == FAILS and "1×65536 b16: 0.80× (triton)" in c.measured
 
 
+def test_fp8_time_claim_pairs_rows_of_one_machine_and_judges_each():
+    """A slower GPU's fp8 rows are never divided by a faster GPU's bf16 rows: at 0.75× on each
+    GPU the claim fails, however fast the other GPU's bf16 is."""
+    h200 = decode_frame(0.75)
+    h100 = h200.assign(device_name="NVIDIA H100", time_us=2 * h200["time_us"])
+    ratios = fp8_claims.decode_ratios(pd.concat([h200, h100], ignore_index=True))
+    assert len(ratios) == 2 * 8 and set(ratios["fp8_over_bf16"].round(6)) == {0.75, 1.0}
+    c = verdict("fp8_decode_time", results_with(kernels_fp8=pd.concat([h200, h100])))
+    assert c.verdict == FAILS and c.device == "H100, H200"
+    both = verdict("fp8_decode_time",
+                   results_with(kernels_fp8=pd.concat([decode_frame(0.5), h100])))
+    assert both.verdict == FAILS and both.measured.endswith("b16: 0.50× (triton) (holds)")
+
+
 def test_layout_claim_leaves_l2_resident_points_out():
     ok = verdict("layout_cost", results_with(kernels_layout=layout_frame(1.05, 3.0)))
     assert ok.verdict == HOLDS and "1 L2-resident points left out" in ok.measured
     bad = verdict("layout_cost", results_with(kernels_layout=layout_frame(1.3, 1.0)))
     assert bad.verdict == FAILS and "worst 1.30×" in bad.measured
+
+
+def test_layout_claim_needs_every_layout_at_a_point_and_judges_each_machine():
+    one_layout = layout_frame(1.0, 1.0).query("table_layout == 'contiguous'")
+    assert verdict("layout_cost", results_with(kernels_layout=one_layout)).verdict == UNMEASURED
+    no_aged = layout_frame(1.5, 1.0).query("table_layout != 'aged'")
+    assert verdict("layout_cost", results_with(kernels_layout=no_aged)).verdict == UNMEASURED
+    # a GPU where the aged table costs 30% is not outvoted by two where it costs nothing
+    others = [layout_frame(1.0, 1.0).assign(device_name=f"NVIDIA {n}") for n in ("H100", "A100")]
+    c = verdict("layout_cost",
+                results_with(kernels_layout=pd.concat([layout_frame(1.3, 1.0), *others])))
+    assert c.verdict == FAILS and "H200: worst 1.30×" in c.measured
+    assert c.device == "A100, H100, H200"
 
 
 def test_capacity_claim_from_the_planner_and_the_engine_pool():
@@ -100,7 +127,12 @@ def test_capacity_claim_from_the_planner_and_the_engine_pool():
     c = verdict("fp8_capacity", results_with(capacity_fp8=planner, fp8_engine=engine))
     assert c.verdict == FAILS and "1.50×" in c.measured and c.measured.startswith("planner")
     engine_only = verdict("fp8_capacity", results_with(fp8_engine=engine))
-    assert engine_only.verdict == FAILS and "arithmetic" not in engine_only.device
+    assert engine_only.verdict == UNMEASURED and "arithmetic" not in engine_only.device
+    assert "1.50×" in engine_only.measured and "not judged" in engine_only.measured
+    # every engine run is judged, not the first alone
+    runs = pd.concat([engine.assign(blocks_fp8=2000, blocks_ratio=2.0), engine])
+    c = verdict("fp8_capacity", results_with(capacity_fp8=planner, fp8_engine=runs))
+    assert c.verdict == FAILS and "2.00×" in c.measured and "1.50×" in c.measured
 
 
 def test_the_suite_adds_the_planner_rows_the_section_judges_and_shows():

@@ -63,6 +63,20 @@ def test_attention_that_does_not_halve_fails(tmp_path):
     assert evaluate(loaded(tmp_path), parallel_claims.CLAIMS)[1].verdict == FAILS
 
 
+def test_capacity_pairs_tp_rows_of_one_kv_budget():
+    """Two budgets, each 1.5× or 4.1×: the largest tp=2 over the largest tp=1 (2.00×) is no
+    measurement of either."""
+    rows = [GPU | dict(kv_memory_budget_bytes=budget, tp=tp, num_blocks_per_gpu=n)
+            for budget, b1, b2 in ((2**34, 8192, 12000), (2**33, 4000, 16384))
+            for tp, n in ((1, b1), (2, b2))]
+    results = Results()
+    results.add("tp_capacity", pd.DataFrame(rows), "two budgets")
+    capacity = evaluate(results, parallel_claims.CLAIMS)[0]
+    assert capacity.verdict == FAILS
+    assert "8,192 → 12,000 blocks per GPU in 16 GiB (1.46×) (does not hold)" in capacity.measured
+    assert "4,000 → 16,384 blocks per GPU in 8 GiB (4.10×)" in capacity.measured
+
+
 def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
     results = loaded(tmp_path)
     s = parallel.section(results)

@@ -307,6 +307,28 @@ def test_validate_coerces_types_and_names_bad_values():
         KERNELS.validate(frame.assign(cuda_graphs=["maybe"]), "f.csv")
 
 
+def test_validate_warns_of_gaps_bad_times_and_duplicates():
+    row = {"device": "cuda", "dtype": "bfloat16", "model_shape": "m", "batch": 1,
+           "context": 64, "block_size": None, "backend": "sdpa-contiguous", "kernel": "sdpa",
+           "layout": "contiguous", "cuda_graphs": True}
+    times = [1.5, 1.5, float("nan"), -5.0, float("inf"), 2.0]
+    frame = pd.DataFrame([{**row, "time_us": t, "context": 64 * (i + 1)}
+                          for i, t in enumerate(times)])
+    frame = pd.concat([frame, frame.tail(1)], ignore_index=True)  # the last row twice
+    warnings = []
+    out = KERNELS.validate(frame, "f.csv", warnings.append)
+    assert len(out) == len(times)
+    assert warnings == ["kernels: f.csv: column time_us: 1 empty value(s) in a required "
+                        "column; column time_us: 2 negative or infinite time(s); 1 exact "
+                        "duplicate rows dropped"]
+    # an empty block_size (a contiguous row) is a value, not a gap; clean rows: no warning
+    KERNELS.validate(frame.head(2), "f.csv", warnings.append)
+    assert len(warnings) == 1
+    results = Results()
+    results.add("kernels", frame, "f.csv")
+    assert results.warnings == warnings and len(results.get("kernels")) == len(times)
+
+
 def test_row_names_the_required_fields_left_out():
     assert ENGINE_COW.row(variant="n=1", n=1, peak_blocks=3, note="x")["note"] == "x"
     with pytest.raises(ValueError, match="engine_cow row: missing n, peak_blocks"):

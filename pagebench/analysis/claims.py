@@ -89,8 +89,8 @@ def judge(claim: Claim, results: Results) -> Verdict:
         for p, ok in zip(measured.parts, oks)) + measured.note
     out.headline = "; ".join(f"{p.name}: {p.head}" if p.name else p.head
                              for p in measured.parts if p.head)
-    out.device = measured.device if measured.device is not None else ", ".join(
-        p.name for p, ok in zip(measured.parts, oks) if ok is not None and p.name)
+    out.device = measured.device if measured.device is not None else ", ".join(dict.fromkeys(
+        p.name for p, ok in zip(measured.parts, oks) if ok is not None and p.name))
     return out
 
 
@@ -134,11 +134,21 @@ def utilisation(results: Results, dataset: str = "memory_static", **where) -> fl
     return None if u is None else float(u)
 
 
-def per_machine(frame: pd.DataFrame | None, part: Callable) -> Measured | None:
-    """One part per ``machine`` of ``frame``: ``part(machine, rows)`` (None skips a machine)."""
+def groups(frame: pd.DataFrame, by: Iterable[str]) -> list[pd.DataFrame]:
+    """``frame``'s rows grouped by those of the ``by`` columns it has (an empty value is a
+    value); all of them, one group, when it has none."""
+    keys = [c for c in by if c in frame.columns]
+    return [g for _, g in frame.groupby(keys, dropna=False)] if keys else [frame]
+
+
+def per_machine(frame: pd.DataFrame | None, part: Callable, by: Iterable[str] = ()
+                ) -> Measured | None:
+    """One part per ``machine`` of ``frame`` and per value of those of the ``by`` columns it
+    has (rows that measure one case: one KV budget, one block size): ``part(machine, rows)``
+    (None skips a group)."""
     if frame is None:
         return None
-    parts = [part(str(m), g) for m, g in frame.groupby("machine")]
+    parts = [part(str(g["machine"].iloc[0]), g) for g in groups(frame, ["machine", *by])]
     return Measured([p for p in parts if p is not None])
 
 
@@ -198,10 +208,21 @@ def block_size_sweep(results: Results) -> Measured | None:
                     f" (differs at block size {', '.join(wrong)})" if wrong else "")
 
 
+def article_dynamic(results: Results) -> pd.DataFrame | None:
+    """The rows of ``memory_dynamic_summary`` from the article's reference run (its
+    ``article_reference`` flag, which :func:`pagebench.suite.dynamic_memory` sets); None: no
+    such row. A run of another workload or budget is no measurement of the article's claims."""
+    frame = results.get("memory_dynamic_summary")
+    if frame is None or "article_reference" not in frame:
+        return None
+    frame = frame[frame["article_reference"].fillna(False).astype(bool)]
+    return frame if len(frame) else None
+
+
 def saturated_share(results: Results, **where) -> float | None:
-    """The time-stepped run's token-state share while requests wait for memory (NaN: the pool
+    """The reference run's token-state share while requests wait for memory (NaN: the pool
     never ran out, so no memory-bound step to judge)."""
-    v = first(results.get("memory_dynamic_summary"), TOKEN_STATE, **where)
+    v = first(article_dynamic(results), TOKEN_STATE, **where)
     return None if v is None else float(v)
 
 
@@ -213,10 +234,9 @@ def prior_systems(results: Results) -> Measured | None:
     v = saturated_share(results, allocator="naive")
     if v is None or v != v:  # NaN: no memory-bound step to judge
         return None if v is None else never_bound("reserve-max")
-    frame = results.get("memory_dynamic_summary")
-    others = frame[frame["allocator"].isin(("pow2", "oracle"))]
+    others = {a: saturated_share(results, allocator=a) for a in ("pow2", "oracle")}
     text = f"reserve-max {pct(v)}" + "".join(
-        f", {a} {pct(float(x))}" for a, x in zip(others["allocator"], others[TOKEN_STATE]))
+        f", {a} {pct(x)}" for a, x in others.items() if x is not None)
     if not 0.20 <= v <= 0.40:
         text += (f" (naive reservation does {'worse' if v < 0.20 else 'better'} than the "
                  "article says on this workload)")
@@ -351,16 +371,23 @@ def block16_sweet_spot(results: Results) -> Measured | None:
 
 # ---- engine: one part per machine --------------------------------------------------------
 
+# what one copy-on-write comparison holds fixed
+COW_CASE = ("block_size", "model", "prompt_len")
+
+
 def cow_part(machine: str, g: pd.DataFrame) -> Part | None:
-    one, four = g.loc[g["n"] == 1, "peak_blocks"], g.loc[g["n"] == 4, "peak_blocks"]
-    if one.empty or four.empty:
+    """n = 4 against n = 1 in one case (:data:`COW_CASE`): their mean peak blocks."""
+    one, four = (g.loc[g["n"] == n, "peak_blocks"].astype(float).mean() for n in (1, 4))
+    if pd.isna(one) or pd.isna(four):
         return None
-    ratio = float(four.astype(float).mean() / one.astype(float).mean())
-    text = (f"{machine}: peak blocks n=4 / n=1 = {ratio:.2f}× ({four.iloc[0]:,.0f} "
-            f"vs {one.iloc[0]:,.0f})")
+    ratio = float(four / one)
+    case = ", ".join(f"{c.replace('_', ' ')} {g[c].iloc[0]}" for c in COW_CASE
+                     if c in g and pd.notna(g[c].iloc[0]))
+    text = (f"{machine}{f' ({case})' if case else ''}: peak blocks n=4 / n=1 = {ratio:.2f}× "
+            f"({four:,.0f} vs {one:,.0f})")
     separate = g.loc[g["variant"].astype(str).str.contains("separate"), "peak_blocks"]
     if len(separate):
-        text += f"; 4 unshared requests: {separate.iloc[0]:,.0f}"
+        text += f"; 4 unshared requests: {separate.astype(float).mean():,.0f}"
     return Part(ratio, text, f"n=4 takes {ratio:.2f}× the blocks of n=1", machine)
 
 
@@ -397,16 +424,19 @@ def preempts_only_when_short(value) -> bool:
 
 
 def equal_memory_part(machine: str, g: pd.DataFrame) -> Part | None:
+    """The engine against padded generate in one KV budget (``kv_bytes``) of one run."""
     engine = g["method"].astype(str) == "engine"
     if engine.all() or not engine.any():
         return None
     (e_seq, e_tps), (p_seq, p_tps) = (g.loc[rows, ["concurrent_seqs", "tokens_per_s"]]
                                       .astype(float).max() for rows in (engine, ~engine))
+    budget = g["kv_bytes"].iloc[0] if "kv_bytes" in g else None
+    within = "" if budget is None or pd.isna(budget) else f" in {float(budget) / 2**20:,.0f} MiB"
     return Part((e_seq, p_seq, e_tps, p_tps),
-                f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once, "
+                f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once{within}, "
                 f"{e_tps:,.0f} vs {p_tps:,.0f} tokens/s ({e_tps / p_tps:.1f}×)",
-                f"{e_seq:,.0f} vs {p_seq:,.0f} sequences, {e_tps / p_tps:.1f}× tokens/s", machine)
-
+                f"{e_seq:,.0f} vs {p_seq:,.0f} sequences{within}, {e_tps / p_tps:.1f}× tokens/s",
+                machine)
 
 # ---- capacity ----------------------------------------------------------------------------
 
@@ -441,7 +471,7 @@ def capacity_ratio(results: Results) -> Measured | None:
         parts.append(Part(ratio, f"planner: {paged:,.0f} paged vs {naive:,.0f} naive = "
                           f"{ratio:.1f}×" + (" (larger than the article says on this workload)"
                                               if ratio > 4 else ""), f"planner {ratio:.1f}×"))
-    dynamic = results.get("memory_dynamic_summary")
+    dynamic = article_dynamic(results)
     paged = first(dynamic, "mean_concurrency", **PAGED_16)
     naive = first(dynamic, "mean_concurrency", allocator="naive")
     if paged is not None and naive is not None and float(naive) > 0:
@@ -496,12 +526,14 @@ CLAIMS = (
           "and the throughput comes from the batch.", "same KV memory: the paged engine runs "
           "more sequences at once and more tokens/s than transformers' padded generate with a "
           "contiguous reservation per sequence", ("engine_equal_memory",),
-          lambda r: per_machine(r.get("engine_equal_memory"), equal_memory_part),
-          lambda v: v[0] > v[1] and v[2] > v[3]),
+          lambda r: per_machine(r.get("engine_equal_memory"), equal_memory_part,
+                                ("kv_bytes", "model", "commit")),
+          lambda v: v[0] > v[1] and v[2] > v[3], mark_parts=True),
     Claim("cow_n4", "Going from n = 1 to n = 4 completions does not quadruple KV usage (prompt "
           "blocks are shared, copy-on-write).", "engine peak blocks, n = 4 / n = 1 < 4 (per "
-          "device)", ("engine_cow",), lambda r: per_machine(r.get("engine_cow"), cow_part),
-          lambda ratio: ratio < 4),
+          "device and case)", ("engine_cow",),
+          lambda r: per_machine(r.get("engine_cow"), cow_part, COW_CASE + ("commit",)),
+          lambda ratio: ratio < 4, mark_parts=True),
     Claim("prefix_caching", "Prefix caching shares blocks across requests with a common prefix "
           "(it is a separate feature from within-request sharing).", "with caching on: hit "
           "rate > 0 and fewer prompt tokens computed (or fewer peak blocks) than with it off",

@@ -13,6 +13,8 @@ from pagebench.results import devices
 from pagebench.results.derived import Recommendation
 
 PRIMARY_BLOCK_SIZE = 16
+# the columns of kernel_rows that say which run a row came from: times are compared within one
+RUN = ["dtype", "commit"]
 
 
 def row_labels(df: pd.DataFrame) -> pd.Series:
@@ -24,11 +26,16 @@ def row_labels(df: pd.DataFrame) -> pd.Series:
 
 
 def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Timed kernel rows with a ``paged`` flag, ``device_label`` and ``shape``."""
+    """Timed kernel rows with a ``paged`` flag, ``device_label``, ``shape`` and the :data:`RUN`
+    columns (``commit`` empty where not recorded); only rows whose K/V cache is of the model's
+    ``dtype`` (an fp8 cache is the fp8 section's)."""
     if kernels is None or len(kernels) == 0:
         return None
     df = kernels.dropna(subset=["batch", "context", "time_us"])
     df = df[df["time_us"] > 0]
+    if "kv_dtype" in df.columns:
+        df = df[df["kv_dtype"].fillna(df["dtype"]) == df["dtype"]]
+    df = df.assign(commit=df["commit"].fillna("").astype(str) if "commit" in df.columns else "")
     df["paged"] = df["layout"].astype(str).str.lower().eq("paged")
     df["device_label"] = row_labels(df)
     df["gpu"] = df["device"].astype(str).str.startswith("cuda")
@@ -72,9 +79,10 @@ def _best(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def fastest_pairs(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """Per ``keys`` and paged block size (rows of ``kernel_rows``): the fastest paged backend
-    beside the fastest contiguous one, and ``ratio``, paged time / contiguous time (keys where
-    either side is missing are dropped)."""
+    """Per ``keys``, run (:data:`RUN`) and paged block size (rows of ``kernel_rows``): the
+    fastest paged backend beside the fastest contiguous one of the same run, and ``ratio``,
+    paged time / contiguous time (keys where either side is missing are dropped)."""
+    keys = keys + RUN
     paged = _best(df[df["paged"]].dropna(subset=["block_size"]), keys + ["block_size"])
     contig = _best(df[~df["paged"]], keys)
     pairs = paged[keys + ["block_size", "backend", "time_us"]].merge(
@@ -184,7 +192,7 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
     df = kernel_rows(kernels)
     if df is None:
         return pd.DataFrame()
-    keys = ["device_label", "shape", "batch", "context"]
+    keys = ["device_label", "shape", "batch", "context", *RUN]
     best = _best(df[df["paged"]].dropna(subset=["block_size"]), keys + ["block_size"])
     best = best[keys + ["block_size", "backend", "time_us"]].copy()
     best["relative_time"] = best["time_us"] / best.groupby(keys)["time_us"].transform("min")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.analysis.claims import ARITHMETIC, Claim, Measured, Part
+from pagebench.analysis.claims import ARITHMETIC, Claim, Measured, Part, per_machine
+from pagebench.analysis.derive import row_labels
 from pagebench.results import Results
 from pagebench.results.devices import frame_devices
 
@@ -20,19 +21,27 @@ FP8 = "float8_e4m3fn"
 LONG_BATCH, LONG_BATCH_CONTEXT, LONG_CONTEXT = 32, 4096, 65536
 HALF_TIME_BOUND = 0.6  # fp8 / bf16 time: half the bytes, with some slack for fixed costs
 LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
+LAYOUTS = ("contiguous", "shuffled", "aged")  # the block-table layouts a point compares
+
+
+def run_keys(frame: pd.DataFrame) -> list[str]:
+    """The columns that say which run a row belongs to: its machine (always), and its model
+    shape and commit where recorded; rows are compared only within one run."""
+    return ["machine"] + [c for c in ("model_shape", "commit") if c in frame]
 
 
 def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
-    """One row per decode point and fp8 kernel (``backend``: Triton's, the CUDA one): Triton's
-    bf16 and the kernel's e4m3 times, their ratio, fp8's copy fraction and error against the
-    bf16 cache."""
+    """One row per machine, decode point and fp8 kernel (``backend``: Triton's, the CUDA one):
+    Triton's bf16 and the kernel's e4m3 times of the same run (:func:`run_keys`), their ratio,
+    fp8's copy fraction and error against the bf16 cache."""
     if frame is None:
         return None
     dec = frame[frame["op"] == "decode"].copy()
     if "launch" in dec:  # other launch options are shown in the CSV, not compared here
         dec = dec[dec["launch"].fillna("default") == "default"]
     dec["backend"] = dec["backend"].fillna("triton") if "backend" in dec else "triton"
-    keys = ["batch", "context", "block_size"]
+    dec["machine"] = row_labels(dec)
+    keys = run_keys(dec) + ["batch", "context", "block_size"]
     bf16 = dec[(dec["cache_dtype"] == "bfloat16") & (dec["backend"] == "triton")]
     fp8 = dec[dec["cache_dtype"] == FP8]
     out = fp8.merge(bf16[keys + ["time_us", *(["copy_fraction"] if "copy_fraction" in bf16
@@ -48,52 +57,67 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     cols = keys + ["backend", "bf16_us", "fp8_us", "fp8_over_bf16"] + [
         c for c in ("bf16_copy_fraction", "fp8_copy_fraction", "fp8_err_vs_bf16_cache",
                     "fp8_err_vs_dequantised") if c in out]
-    return out[cols].sort_values(["block_size", "context", "batch", "backend"]).reset_index(
-        drop=True)
+    return out[cols].sort_values(["machine", "block_size", "context", "batch", "backend"]) \
+        .reset_index(drop=True)
 
 
 def capacity_parts(results: Results) -> Measured | None:
+    """The planner's range, and every engine row; judged only beside the planner's rows (the
+    criterion's first half)."""
     plan, engine = results.get("capacity_fp8"), results.get("fp8_engine")
     parts, sources = [], []
     if plan is not None:
         lo, hi = plan["blocks_ratio"].min(), plan["blocks_ratio"].max()
         parts.append(Part((lo, hi), f"planner {lo:.3f}–{hi:.3f}× ({', '.join(plan['model'])})"))
         sources.append(ARITHMETIC)
+    for row in [] if engine is None else engine.to_dict("records"):
+        memory = row.get("kv_cache_memory")
+        within = "" if memory is None or pd.isna(memory) else f" in {memory}"
+        ratio = float(row["blocks_ratio"])
+        parts.append(Part(None if plan is None else (ratio,),
+                          f"engine pool{within} {int(row['blocks_bf16']):,} → "
+                          f"{int(row['blocks_fp8']):,} blocks ({ratio:.2f}×)"))
     if engine is not None:
-        ratio = float(engine["blocks_ratio"].iloc[0])
-        parts.append(Part((ratio,), f"engine pool {int(engine['blocks_bf16'].iloc[0]):,} → "
-                          f"{int(engine['blocks_fp8'].iloc[0]):,} blocks ({ratio:.2f}×)"))
         sources.append(f"engine: {frame_devices(engine)}")
-    return Measured(parts, "; ".join(sources)) if parts else None
+    note = "" if plan is not None else " (not judged without the capacity planner's rows)"
+    return Measured(parts, "; ".join(sources), note) if parts else None
 
 
 def decode_time_parts(results: Results) -> Measured | None:
-    """The fastest fp8 decode at each long-context point against Triton's bf16; judged at
-    block 16, the worst of those points."""
+    """Per machine: the fastest fp8 decode at each long-context point against Triton's bf16
+    of the same run; judged at block 16, the worst of those points."""
     ratios = decode_ratios(results.get("kernels_fp8"))
     if ratios is None:
         return None
     long = ratios[((ratios["batch"] >= LONG_BATCH) & (ratios["context"] >= LONG_BATCH_CONTEXT))
                   | (ratios["context"] >= LONG_CONTEXT)]
-    best = long.loc[long.groupby(["batch", "context", "block_size"])["fp8_over_bf16"].idxmin()]
-    judged = best[best["block_size"] == 16]
-    if judged.empty:
-        return None
-    text = ", ".join(f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: "
-                     f"{r.fp8_over_bf16:.2f}× ({r.backend})" for r in best.itertuples())
-    return Measured([Part(judged["fp8_over_bf16"].max(), text)],
-                    frame_devices(results.get("kernels_fp8")))
+    parts = []
+    for machine, g in long.groupby("machine"):
+        best = g.loc[g.groupby(["batch", "context", "block_size"])["fp8_over_bf16"].idxmin()]
+        judged = best[best["block_size"] == 16]
+        if judged.empty:
+            continue
+        text = f"{machine}: " + ", ".join(
+            f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: {r.fp8_over_bf16:.2f}× "
+            f"({r.backend})" for r in best.itertuples())
+        parts.append(Part(judged["fp8_over_bf16"].max(), text, name=machine))
+    return Measured(parts) if parts else None
 
 
 def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Per point: each layout's time, slowest / fastest, and whether the point fits in L2."""
+    """Per machine, run (:func:`run_keys`) and point: each layout's time, slowest / fastest
+    (empty unless all of :data:`LAYOUTS` were timed there), and whether the point fits in
+    L2."""
     if frame is None:
         return None
-    keys = ["batch", "context", "block_size"]
+    frame = frame.assign(machine=row_labels(frame))
+    keys = run_keys(frame) + ["batch", "context", "block_size"]
     wide = frame.pivot_table(index=keys, columns="table_layout", values="time_us",
                              aggfunc="median")
+    times = wide.reindex(columns=list(LAYOUTS))
     wide.columns = [f"{c}_us" for c in wide.columns]
-    wide["slowest_over_fastest"] = wide.max(axis=1) / wide.min(axis=1)
+    wide["slowest_over_fastest"] = (times.max(axis=1) / times.min(axis=1)).where(
+        times.notna().all(axis=1))
     if "fits_l2" in frame:
         wide["fits_l2"] = frame.groupby(keys)["fits_l2"].max()
     if "footprint_bytes" in frame:
@@ -101,20 +125,28 @@ def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     return wide.reset_index()
 
 
-def layout_parts(results: Results) -> Measured | None:
-    spread = layout_spread(results.get("kernels_layout"))
-    judged = spread if spread is None or "fits_l2" not in spread else \
-        spread[~spread["fits_l2"].astype(bool)]
-    if judged is None or judged.empty:
+def layout_part(machine: str, spread: pd.DataFrame) -> Part | None:
+    """One machine's worst spread over its points with every layout whose K/V does not fit in
+    L2 (None: no such point)."""
+    judged = spread.dropna(subset=["slowest_over_fastest"])
+    partial = len(spread) - len(judged)
+    if "fits_l2" in judged:
+        judged = judged[~judged["fits_l2"].astype(bool)]
+    if judged.empty:
         return None
     worst = judged.loc[judged["slowest_over_fastest"].idxmax()]
-    flagged = int(len(spread) - len(judged))
-    text = (f"worst {worst['slowest_over_fastest']:.2f}× at {int(worst['batch'])}×"
+    flagged = len(spread) - partial - len(judged)
+    text = (f"{machine}: worst {worst['slowest_over_fastest']:.2f}× at {int(worst['batch'])}×"
             f"{int(worst['context'])} block {int(worst['block_size'])}; median "
             f"{judged['slowest_over_fastest'].median():.2f}× over {len(judged)} points"
-            + (f" ({flagged} L2-resident points left out)" if flagged else ""))
-    return Measured([Part(worst["slowest_over_fastest"], text)],
-                    frame_devices(results.get("kernels_layout")))
+            + (f" ({flagged} L2-resident points left out)" if flagged else "")
+            + (f" ({partial} points without all three layouts left out)" if partial else ""))
+    return Part(worst["slowest_over_fastest"], text, name=machine)
+
+
+def layout_parts(results: Results) -> Measured | None:
+    spread = layout_spread(results.get("kernels_layout"))
+    return per_machine(spread, layout_part)
 
 
 CLAIMS = (
@@ -128,12 +160,12 @@ CLAIMS = (
           f"{HALF_TIME_BOUND}× at every block-16 point of batch ≥ 32 × 4,096 and 1 × 65,536 "
           "(Llama-3-8B shape, CUDA graphs); blocks 1 and 128 shown, not judged",
           ("kernels_fp8",), decode_time_parts,
-          lambda worst: worst <= HALF_TIME_BOUND),
+          lambda worst: worst <= HALF_TIME_BOUND, mark_parts=True),
     Claim("layout_cost", "Block-table layout does not matter to the kernel.",
           f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "
           f"{LAYOUT_SPREAD_BOUND}× at every point whose K/V does not fit in L2 (points that fit "
-          "are flagged and left out)", ("kernels_layout",), layout_parts,
-          lambda worst: worst <= LAYOUT_SPREAD_BOUND),
+          "are flagged and left out), per machine", ("kernels_layout",), layout_parts,
+          lambda worst: worst <= LAYOUT_SPREAD_BOUND, mark_parts=True),
 )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.analysis.claims import Claim, Measured, Part
+from pagebench.analysis.claims import Claim, Measured, Part, groups
 from pagebench.results import Results
 from pagebench.results.devices import frame_devices
 
@@ -15,17 +15,29 @@ SECTION = "parallel"
 
 
 def capacity_parts(results: Results) -> Measured | None:
+    """tp=2 / tp=1 blocks per GPU in each KV budget (``kv_memory_budget_bytes``) of one run."""
     frame = results.get("tp_capacity")
-    blocks = None if frame is None else frame.groupby("tp")["num_blocks_per_gpu"].max()
-    if blocks is None or not {1, 2} <= set(blocks.index):
+    if frame is None:
+        return None
+    parts = [capacity_part(g) for g in groups(frame, ("kv_memory_budget_bytes", "model",
+                                                        "commit"))]
+    parts = [p for p in parts if p is not None]
+    return Measured(parts, frame_devices(frame)) if parts else None
+
+
+def capacity_part(frame: pd.DataFrame) -> Part | None:
+    blocks = frame.groupby("tp")["num_blocks_per_gpu"].max()
+    if not {1, 2} <= set(blocks.index):
         return None
     ratio = blocks[2] / blocks[1]
     heads = frame.groupby("tp")["kv_heads_per_gpu"].max() if "kv_heads_per_gpu" in frame \
         else None
-    return Measured([Part(ratio, f"{int(blocks[1]):,} → {int(blocks[2]):,} blocks per GPU "
-                          f"({ratio:.2f}×)" + (f"; KV heads per GPU {int(heads[1])} → "
-                                               f"{int(heads[2])}" if heads is not None else ""))],
-                    frame_devices(frame))
+    budget = frame["kv_memory_budget_bytes"].iloc[0] if "kv_memory_budget_bytes" in frame \
+        else None
+    within = "" if budget is None or pd.isna(budget) else f" in {float(budget) / 2**30:g} GiB"
+    return Part(ratio, f"{int(blocks[1]):,} → {int(blocks[2]):,} blocks per GPU{within} "
+                f"({ratio:.2f}×)" + (f"; KV heads per GPU {int(heads[1])} → {int(heads[2])}"
+                                     if heads is not None else ""))
 
 
 def attention_parts(results: Results) -> Measured | None:
@@ -50,7 +62,8 @@ def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
 CLAIMS = (
     Claim("tp_kv_capacity", "TP doubles KV capacity per GPU.", "KV blocks per GPU at tp=2 / "
           "tp=1 within 1.9–2.1×, same KV memory per GPU (random-weight Llama-3-8B, bf16, "
-          "block 16)", ("tp_capacity",), capacity_parts, lambda r: 1.9 <= r <= 2.1),
+          "block 16)", ("tp_capacity",), capacity_parts, lambda r: 1.9 <= r <= 2.1,
+          mark_parts=True),
     Claim("tp_attention_halves", "Attention time per step halves at tp=2.", "paged decode on one "
           "GPU's heads (16 query / 4 KV vs 32 / 8) × 32 layers: tp=2 / tp=1 within 0.4–0.6× at "
           "the largest batch (bandwidth-bound); every batch shown", ("tp_attention",),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pagebench.results.schema import Column, Schema, optional
+from pagebench.results.schema import Column, Schema, nullable, optional
 
 C = Column
 
@@ -31,8 +31,9 @@ ENVIRONMENT = optional(
     C("source", "str", "file or function the row came from"), C("note", "str", "free text"),
     C("timing_harness", "int", "pagebench.timing.HARNESS the row was timed with; empty: 1"),
 )
-BLOCK_SIZE = C("block_size", "int", "paged block size in tokens; empty: not paged")
-KERNEL = C("kernel", "str", "registry backend name (triton, torch, flex, sdpa)")
+BLOCK_SIZE = nullable(C("block_size", "int", "paged block size in tokens; empty: not paged"))
+KERNEL = nullable(C("kernel", "str", "registry backend name (triton, torch, flex, sdpa); empty: "
+                           "not a registry backend (the prefill sweep's SDPA baseline)"))
 LAYOUT = C("layout", "str", "paged or contiguous KV cache")
 BACKEND = C("backend", "str", "timed variant, <kernel>-<layout>")
 CUDA_GRAPHS = C("cuda_graphs", "bool", "replayed from CUDA graphs")
@@ -144,7 +145,7 @@ ENGINE_BATCH = engine_schema(
 ENGINE_COW = engine_schema(
     "engine_cow", "blocks used by one request with n completions (engine.bench.cow_comparison)",
     C("variant", "str", "n=1, n=4 shared, or 4 separate requests"),
-    C("n", "int", "completions sharing one prompt; empty for separate requests"),
+    nullable(C("n", "int", "completions sharing one prompt; empty for separate requests")),
     C("peak_blocks", "int", "most KV blocks in use at once"))
 ENGINE_PREFIX = engine_schema(
     "engine_prefix", "one run with prefix caching on or off (engine.bench."
@@ -163,7 +164,8 @@ ENGINE_EQUAL_MEMORY = engine_schema(
 ENGINE_COMPARE = engine_schema(
     "engine_compare", "the engine or a transformers method on the same requests",
     C("method", "str", "engine, padded_generate, generate_batch, ..."),
-    C("batch", "int", "requests"), C("tokens_per_s", "float", "tokens/s; empty if it failed"))
+    C("batch", "int", "requests"),
+    nullable(C("tokens_per_s", "float", "tokens/s; empty if it failed")))
 ENGINE = engine_schema("engine", "other engine measurements, one table per experiment",
                        EXPERIMENT)
 
@@ -185,11 +187,14 @@ MEMORY_MAX_LEN = schema(
 DYNAMIC_COLUMNS = (
     ALLOCATOR, BLOCK_SIZE, C("label", "str", "allocator, or paged <block size>"),
     C("token_state_fraction", "float", "mean share of the budget holding tokens"),
-    C("token_state_fraction_saturated", "float", "the same while requests wait for memory"),
+    nullable(C("token_state_fraction_saturated", "float", "the same while requests wait for "
+               "memory; empty: the pool never ran out")),
     C("num_preemptions", "int", "preemptions"))
 MEMORY_DYNAMIC_SUMMARY = schema(
     "memory_dynamic_summary", "one allocator over a time-stepped run (sim.dynamic)",
-    *DYNAMIC_COLUMNS)
+    *DYNAMIC_COLUMNS, *optional(
+        C("article_reference", "bool", "the article's reference run (sim.dynamic.reference_run: "
+          "its workload and budget), the one its claims judge; empty: another run")))
 MEMORY_DYNAMIC_TIMELINE = schema(
     "memory_dynamic_timeline", "the budget's breakdown at one step", C("step", "int", "step"),
     ALLOCATOR, BLOCK_SIZE, C("token_state", "int", "tokens stored"))
@@ -285,7 +290,8 @@ SWEEP_WALL = schema("sweep_wall", "wall time of the kernel sweep on 1 or 2 GPUs"
 # ---- benchmark histories (pagebench.results.history) -------------------------------------
 
 HISTORY = (C("machine", "str", "device label"), C("commit", "str", "commit measured"),
-           C("benchmark", "str", "benchmark name"), C("params", "str", "parameters"),
+           C("benchmark", "str", "benchmark name"),
+           nullable(C("params", "str", "parameters; empty: none")),
            *optional(C("date", "str", "when")))
 ASV = schema("asv", "one asv benchmark value at one commit", *HISTORY,
              C("value", "float", "result"), C("unit", "str", "its unit"), environment=False)

@@ -42,7 +42,7 @@ class Results:
         if frame is None or len(frame) == 0:
             return
         try:
-            frame = DATASETS[name].validate(frame, source)
+            frame = DATASETS[name].validate(frame, source, self.warn)
         except DataError as e:
             self.warn(f"{e}; not used")
             return

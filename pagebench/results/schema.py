@@ -11,8 +11,8 @@ load numpy alone.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pagebench.errors import PagebenchError
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 DTYPES = ("str", "int", "float", "bool")
+TIME_UNITS = ("_us", "_ms", "_s")  # a float column whose name ends so is a time ("_per_s": a rate)
 TRUE_WORDS, FALSE_WORDS = ("true", "1", "1.0", "yes", "on"), ("false", "0", "0.0", "no", "off")
 
 
@@ -31,12 +32,14 @@ class DataError(PagebenchError, ValueError):
 @dataclass(frozen=True)
 class Column:
     """One column: ``dtype`` is ``str``, ``int`` (a missing value allowed: a contiguous row's
-    ``block_size``), ``float`` or ``bool``."""
+    ``block_size``), ``float`` or ``bool``; ``nullable``: an empty value in a required column
+    is a value (its meaning says what it means), not a gap in the data."""
 
     name: str
     dtype: str
     meaning: str
     required: bool = True
+    nullable: bool = False
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -45,7 +48,12 @@ class Column:
 
 def optional(*columns: Column) -> tuple[Column, ...]:
     """The same columns, not required (a row may leave them out)."""
-    return tuple(Column(c.name, c.dtype, c.meaning, required=False) for c in columns)
+    return tuple(replace(c, required=False) for c in columns)
+
+
+def nullable(column: Column) -> Column:
+    """The same column, whose empty values mean something (:attr:`Column.nullable`)."""
+    return replace(column, nullable=True)
 
 
 @dataclass(frozen=True)
@@ -88,19 +96,47 @@ class Schema:
         if missing:
             raise ValueError(f"{self.name} {what}: missing {', '.join(missing)}")
 
-    def validate(self, frame: pd.DataFrame, source: str) -> pd.DataFrame:
-        """``frame`` with every declared column coerced to its type; :class:`DataError` naming
-        ``source`` and the column when a required column is missing or a value has the wrong
-        type."""
+    def validate(self, frame: pd.DataFrame, source: str,
+                 warn: Callable[[str], None] | None = None) -> pd.DataFrame:
+        """``frame`` with every declared column coerced to its type and exact duplicate rows
+        dropped; :class:`DataError` naming ``source`` and the column when a required column is
+        missing or a value has the wrong type. ``warn`` (a message) is told of the rows kept
+        that are suspect: an empty value in a required column that is not ``nullable``, a
+        time that is negative or not finite, and of the duplicates dropped."""
         missing = [n for n in self.required if n not in frame.columns]
         if missing:
             raise DataError(f"{self.name}: {source}: missing column(s) {', '.join(missing)}")
+        where = f"{self.name}: {source}"
         frame = frame.copy()
         for col in self.columns:
             if col.name in frame.columns:
-                frame[col.name] = coerce(frame[col.name], col, f"{self.name}: {source}")
+                frame[col.name] = coerce(frame[col.name], col, where)
+        problems = [f"column {c.name}: {n} {what}" for c, n, what in self._suspect(frame) if n]
+        twice = frame.astype(str).duplicated()
+        if twice.any():
+            problems.append(f"{int(twice.sum())} exact duplicate rows dropped")
+            frame = frame[~twice]
+        if problems and warn is not None:
+            warn(f"{where}: " + "; ".join(problems))
         return frame
 
+    def _suspect(self, frame: pd.DataFrame):
+        """(column, rows, what is wrong) of the checks :meth:`validate` warns about."""
+        for col in self.columns:
+            if col.name not in frame.columns:
+                continue
+            values = frame[col.name]
+            if col.required and not col.nullable:
+                yield col, int(values.isna().sum()), "empty value(s) in a required column"
+            if is_time(col):
+                yield col, int(((values < 0) | (values == float("inf"))).sum()), \
+                    "negative or infinite time(s)"
+
+
+def is_time(col: Column) -> bool:
+    """A float column whose unit (its name's ending, :data:`TIME_UNITS`) is a time."""
+    return col.dtype == "float" and col.name.endswith(TIME_UNITS) \
+        and not col.name.endswith("_per_s")
 
 def coerce(values: pd.Series, col: Column, where: str) -> pd.Series:
     import pandas as pd

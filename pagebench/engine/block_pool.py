@@ -65,7 +65,8 @@ class BlockPool:
     def incref(self, block: int) -> None:
         """One more reference to a block in use, or to a free block holding a cached prefix
         (a hit); a free block without one is ``take``n, not referenced."""
-        block = check_block_id("block", block, self.num_blocks)
+        if type(block) is not int or not 0 <= block < self.num_blocks:  # the fast path first
+            block = check_block_id("block", block, self.num_blocks)
         if self.ref_cnt[block] == 0:  # a cached block that was free comes back into use
             if block not in self._free_cached:
                 raise ValueError(f"block {block}: free and not cached; take() it instead")
@@ -73,7 +74,8 @@ class BlockPool:
         self.ref_cnt[block] += 1
 
     def decref(self, block: int) -> None:
-        block = check_block_id("block", block, self.num_blocks)
+        if type(block) is not int or not 0 <= block < self.num_blocks:  # the fast path first
+            block = check_block_id("block", block, self.num_blocks)
         if self.ref_cnt[block] == 0:  # a second free would queue it twice, then hand it out twice
             raise ValueError(f"block {block}: already free")
         self.ref_cnt[block] -= 1

@@ -75,7 +75,7 @@ def _token_ids(name: str, token_ids) -> list[int]:
         tokens = list(token_ids)
     except TypeError:
         raise ValueError(f"{name}: expected a sequence of token ids, got {token_ids!r}") from None
-    if set(map(type, tokens)) - {int}:  # (map at C speed: a generator per token cost 4x)
+    if not {int}.issuperset(map(type, tokens)):  # (map at C speed: a generator cost 2x)
         for t in tokens:
             if isinstance(t, bool) or not isinstance(t, Integral):
                 raise ValueError(f"{name}: token ids must be integers, got {t!r}")

@@ -161,18 +161,18 @@ def _prefill_kernel(
     kv_head = pid % KV_HEADS
     if ROUND_ROBIN:  # round r takes the r-th tile from the last of each sequence in turn
         rank = pid // KV_HEADS // num_seqs
-        tile = pid // KV_HEADS % num_seqs  # here the sequence, not a tile
+        seq = pid // KV_HEADS % num_seqs
     else:
         tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
+        seq = 0
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    # This tile's sequence is the one whose tiles (numbered one after another over the
-    # sequences) include it. Each program scans the query and sequence lengths itself, SCAN
-    # sequences at a time, in one round of loads: the sequences before its own are those whose
-    # cumulative tile count is <= tile, and their queries and tiles come before its own. (One
-    # pass of vector loads instead of prefix sums launched from the host: those were separate
-    # kernels, each costing more than this scan on a small prefill.)
-    seq = 0
+    # Each program scans the query and sequence lengths itself, SCAN sequences at a time, in
+    # one round of loads, for its sequence's query count and length and the queries before it.
+    # By sequence, its sequence is the one whose tiles (numbered one after another over the
+    # sequences) include this tile: the sequences before it are those whose cumulative tile
+    # count is <= tile. (One pass of vector loads instead of prefix sums launched from the
+    # host: those were separate kernels, each costing more than this scan on a small prefill.)
     q_start = 0
     tile_start = 0
     tiles_before = 0
@@ -184,20 +184,20 @@ def _prefill_kernel(
         lens = tl.load(Q_LENS + idx, mask=listed, other=0)
         # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
         totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
-        tiles = (lens + (TOKENS - 1)) // TOKENS
         if ROUND_ROBIN:
-            before = idx < tile
-            mine = idx == tile
+            before = idx < seq
+            mine = idx == seq
         else:
+            tiles = (lens + (TOKENS - 1)) // TOKENS
             through = tiles_before + tl.cumsum(tiles, 0)  # tiles through each sequence
             before = through <= tile
             mine = (through - tiles <= tile) & (tile < through)
-        seq += tl.sum(before.to(tl.int32), 0)
+            seq += tl.sum(before.to(tl.int32), 0)
+            tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+            tiles_before += tl.sum(tiles, 0)
         q_start += tl.sum(tl.where(before, lens, 0), 0)
-        tile_start += tl.sum(tl.where(before, tiles, 0), 0)
         q_len += tl.sum(tl.where(mine, lens, 0), 0)
         seq_len += tl.sum(tl.where(mine, totals, 0), 0)
-        tiles_before += tl.sum(tiles, 0)
     if ROUND_ROBIN:
         local = (q_len + (TOKENS - 1)) // TOKENS - 1 - rank
         live = local >= 0

@@ -17,7 +17,7 @@ import functools
 import hypothesis.strategies as st
 import pytest
 import torch
-from hypothesis import given, note, settings
+from hypothesis import example, given, note, settings
 
 from pagebench.kernels import paged_decode, paged_prefill, registered_backends
 from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
@@ -162,7 +162,26 @@ def check_prefill(backend: str, case: dict, query_lens: list[int], device: str =
     assert out.shape == q.shape and out.dtype == q.dtype
     assert not torch.isnan(out).any(), "NaN in the output: a poisoned slot or entry was read"
     err = relative_error(out, reference_prefill(*args))
-    assert err < TOLERANCE[case["dtype"]], f"relative error {err:.2e}"
+    tolerance = TOLERANCE[case["dtype"]] + logit_slack(q, inp.k_cache, case["head_dim"] ** -0.5)
+    assert err < tolerance, f"relative error {err:.2e} (tolerance {tolerance:.2e})"
+
+
+def logit_slack(q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> float:
+    """The output error that rounding the scores in fp32 alone may cause: a score ``s`` is
+    accumulated and exponentiated in fp32, off by about ``eps * |s|``, and the output's relative
+    error follows the scores' absolute one. At large query gains this exceeds the fp32
+    tolerance for any fp32 kernel (at gain 200 the torch backend 8.7e-6 and Triton 1.6e-5
+    against 1e-5). ``|s|`` is taken as the largest over every query and cached key of its KV
+    head (an upper bound of the visible ones), in float64; twice ``eps * |s|`` is allowed."""
+    keys = k_cache.double().nan_to_num(0.0).flatten(0, 1)  # [slots, kv_heads, dim]
+    group = q.shape[1] // keys.shape[1]
+    queries = q.double().unflatten(1, (keys.shape[1], group))  # [tokens, kv_heads, group, dim]
+    largest = torch.einsum("tkgd,skd->tkgs", queries, keys).abs().max()
+    return float(2 * torch.finfo(torch.float32).eps * scale * largest)
+
+
+FP32_LARGE_SCORES = dict(lengths=[15, 1], q_heads=4, kv_heads=2, head_dim=16, block_size=16,
+                         dtype=torch.float32, seed=2516)
 
 
 @st.composite
@@ -201,6 +220,9 @@ def test_triton_prefill_tiles_match_reference():
            tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
            one_loop=st.booleans(), table_ahead=st.booleans(), round_robin=st.booleans(),
            q_gain=st.sampled_from([1.0, 8.0, 200.0]))
+    # found by the long profile: fp32 at gain 200, 1.6e-5 against 1e-5 before logit_slack
+    @example(drawn=(FP32_LARGE_SCORES, [1, 1]), rows=16, tile_n=16, scan=None, one_loop=False,
+             table_ahead=False, round_robin=False, q_gain=200.0)
     def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, round_robin, q_gain):
         case, query_lens = drawn
         check_prefill("triton", case, query_lens, q_gain=q_gain,

@@ -80,9 +80,10 @@ def register_simulate(sub) -> None:
     d.add_argument("--steps-per-unit", type=number(0, 1e9), default=None,
                    help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
                    "default 1: arrivals are steps)")
-    d.add_argument("--num-requests", type=integer(), default=None, help="Poisson: requests "
-                   "(default 20000; with --lengths FILE, one per length in it; given with a "
-                   "FILE, its lengths are repeated in order or cut to this many)")
+    d.add_argument("--num-requests", type=integer(), default=None,
+                   help=f"Poisson: requests (default {defaults.REFERENCE_NUM_REQUESTS}; with "
+                   "--lengths FILE, one per length in it; given with a FILE, its lengths are "
+                   "repeated in order or cut to this many)")
     d.add_argument("--rate", type=number(0, 1e9), default=None,
                    help="Poisson: requests per step (default 20)")
     d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True, below=True),
@@ -199,7 +200,8 @@ def run_dynamic_simulation(args) -> int:
         if args.prompt_lengths is None and args.output_lengths is None:
             # a --lengths FILE: its lengths, each once, as without --dynamic
             num_requests = lengths_to_draw("--lengths", lengths_spec, args.num_requests,
-                                           max_len, "--max-len", default=20000)
+                                           max_len, "--max-len",
+                                           default=defaults.REFERENCE_NUM_REQUESTS)
         else:
             if args.prompt_lengths is None or args.output_lengths is None:
                 raise ValueError("--prompt-lengths, --output-lengths: give both or neither")
@@ -218,7 +220,8 @@ def run_dynamic_simulation(args) -> int:
                 raise ValueError(f"--prompt-lengths, --output-lengths: the files hold "
                                  f"{in_files[0]:,} and {in_files[1]:,} lengths; request i takes "
                                  "line i of each, so they must hold as many")
-            num_requests = args.num_requests or (in_files[0] if in_files else 20000)
+            num_requests = args.num_requests or (in_files[0] if in_files else
+                                                 defaults.REFERENCE_NUM_REQUESTS)
         workload = poisson_workload(
             num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, lengths_spec,

@@ -386,14 +386,14 @@ class BlockManager:
         """
         seq = self._seq(seq_id)
         del self._seqs[seq_id]
-        pool = self.pool
+        pool, unwritten, copies = self.pool, self._unwritten, self._copies
         for b in reversed(seq.blocks):
-            if b in self._unwritten:
-                self._unwritten.discard(b)
+            if b in unwritten:
+                unwritten.discard(b)
                 pool.unregister(b)
             pool.decref(b)
-            if pool.ref_cnt[b] == 0 and b in self._copies:
-                src = self._copies.pop(b)
+            if b in copies and pool.ref_cnt[b] == 0:
+                src = copies.pop(b)
                 self._held[src] -= 1
                 pool.decref(src)
 

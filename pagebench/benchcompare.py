@@ -57,6 +57,11 @@ MAX_TIME = 0.5
 # stretched an unchanged 200 ms benchmark's fastest wall-clock round to 1.53x between runs.
 # (A benchmark that sleeps or waits on a device is not measured by it.)
 TIMER = "time.process_time"
+# ... which sums every thread's CPU time (and idle OpenMP workers spin): the benchmark process
+# runs torch's and BLAS's thread pools on one thread, so the clock reads the work's cost and a
+# change that spreads work over more threads cannot read slower for it. The gate judges
+# single-thread cost; parallel speedups are wall time (pagebench bench, engine-bench, asv).
+ONE_THREAD = {var: "1" for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
 # A round repeats a fast body for at least this much CPU time: the process clock advances in
 # steps, and a 6 us body timed alone once read 0.0 s.
 MIN_ROUND_S = 0.001
@@ -307,7 +312,7 @@ def run_suite(package_root: Path, bench_dir: Path, out_json: Path, *, select: st
             cmd += ["-k", select]
         if marks:
             cmd += ["-m", marks]
-        env = dict(os.environ)
+        env = dict(os.environ, **ONE_THREAD)
         env["PYTHONPATH"] = os.pathsep.join([str(package_root)] +
                                             [p for p in [env.get("PYTHONPATH")] if p])
         proc = subprocess.run(cmd, cwd=package_root, env=env, capture_output=True, text=True)

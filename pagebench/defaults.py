@@ -18,6 +18,8 @@ REFERENCE_LENGTHS = "lognormal:5.5,0.9"
 REFERENCE_NUM_SEQS = 2000
 REFERENCE_SEED = 0
 REFERENCE_MAX_LEN = 4096
+# The dynamic reference run's requests (simulate --dynamic, the report's dynamic section)
+REFERENCE_NUM_REQUESTS = 20_000
 
 # samples per request (n) at most, for simulated and traced requests alike: a request's blocks
 # are n times its length's, and n times the longest trace value must stay inside int64

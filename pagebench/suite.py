@@ -81,7 +81,7 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     """Time-stepped simulation (:func:`pagebench.sim.dynamic.reference_run`: the article's
     lengths arriving faster than they finish, in its 12.4 GB budget). 20,000 requests take ~2 s
     and are needed: with far fewer, paged allocation never runs out of memory."""
-    res = reference_run(20_000, block_sizes=defaults.ENGINE_BLOCK_SIZES, max_timeline_rows=400)
+    res = reference_run(block_sizes=defaults.ENGINE_BLOCK_SIZES, max_timeline_rows=400)
     results.add("memory_dynamic_summary", res.summary_frame().assign(
         workload=res.workload.get("source", WORKLOAD), article_reference=True),
         "pagebench.sim.dynamic.reference_run")

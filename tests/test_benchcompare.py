@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from pagebench.benchcompare import bench_compare, compare, regressions, timings
+from pagebench.benchcompare import bench_compare, compare, regressions, run_suite, timings
 from pagebench.cli import main
 from pagebench.errors import ConfigError
 
@@ -101,6 +101,24 @@ def test_cli_bad_input_is_one_line_exit_2(tmp_path, capsys):
     assert "--base" in capsys.readouterr().err
     assert main(["bench-compare", "--base", "HEAD", "--threshold", "-1"]) == 2
     assert "threshold" in capsys.readouterr().err
+
+
+THREADS = ("import os\n\nimport torch\n\n\ndef test_bench_threads(benchmark):\n"
+           "    benchmark(int)\n"
+           "    benchmark.extra_info.update(torch=torch.get_num_threads(),\n"
+           "                                omp=os.environ.get('OMP_NUM_THREADS'))\n")
+
+
+def test_the_benchmark_process_runs_on_one_thread(tmp_path, monkeypatch):
+    """The process clock sums every thread's CPU time: a matmul on two threads halved its wall
+    time and read 1.24x slower. Both commits run torch (and BLAS) on one thread, whatever
+    OMP_NUM_THREADS the caller has."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "test_bench_threads.py").write_text(THREADS)
+    result = run_suite(tmp_path, tmp_path / "bench", tmp_path / "out.json", select=None,
+                       marks=None, max_time=0.01)
+    assert result["benchmarks"][0]["extra_info"] == {"torch": 1, "omp": "1"}
 
 
 # ---- end to end on a temporary repository ---------------------------------------------------

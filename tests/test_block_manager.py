@@ -93,7 +93,8 @@ def test_errors_leave_state_unchanged():
         bm.allocate("b", [])
     # an unhashable id used to be Python's bare TypeError from the dict
     for call in (lambda: bm.allocate(["b"], [1]), lambda: bm.free(["a"]),
-                 lambda: bm.append_token({}, 1), lambda: bm.fork("a", ["c"])):
+                 lambda: bm.append_token({}, 1), lambda: bm.fork("a", ["c"]),
+                 lambda: ["a"] in bm, lambda: bm.block_table(["a"])):
         with pytest.raises(ValueError, match="(seq|child)_id: a sequence id must be hashable"):
             call()
     assert bm.seq_ids == ["a"] and bm.num_free_blocks == 1
@@ -190,6 +191,24 @@ def test_bad_token_ids_are_refused_before_any_change():
         for bad in (True, 1.0, -1, 4):
             with pytest.raises(ValueError, match="block_id"):
                 bm.ref_count(bad)
+
+
+def test_token_ids_are_stored_as_ints_and_only_integers_pass():
+    """Exact ints take the fast path; numpy integers are converted; bools (Python's or numpy's)
+    and floats of any kind are refused, in a prompt and as one appended token."""
+    import numpy as np
+
+    bm = BlockManager(8, 4, enable_prefix_caching=True)
+    bm.allocate("a", np.arange(5))
+    bm.append_token("a", np.int32(7))
+    assert bm.token_ids("a") == [0, 1, 2, 3, 4, 7]
+    assert {type(t) for t in bm.token_ids("a")} == {int}
+    for bad in (True, np.bool_(True), 1.0, np.float64(1.0)):
+        with pytest.raises(ValueError, match="token_ids: token ids must be integers"):
+            bm.allocate("b", [1, 2, bad])
+        with pytest.raises(ValueError, match="token_id: token ids must be integers"):
+            bm.append_token("a", bad)
+    assert bm.seq_ids == ["a"] and bm.num_tokens("a") == 6 and bm.num_free_blocks == 6
 
 
 def test_a_block_registered_before_its_kv_exists_is_shared_in_the_same_step():

@@ -54,6 +54,34 @@ def test_capacity_article_with_another_model_estimates_its_weights(capsys):
     assert "leaves no room" in capsys.readouterr().err
 
 
+def test_capacity_article_named_again_keeps_its_weights(capsys):
+    """--article --dtype bf16 (its dtype by another name) or --model Qwen2.5-0.5B (its model)
+    re-estimated the weights as 0.99 GB: 63,130 blocks, not the article's 63,069."""
+    article = run_json(capsys, ["capacity", "--article", "--json"])
+    for extra in (["--dtype", "bf16"], ["--dtype", "float16"], ["--model", "Qwen2.5-0.5B"],
+                  ["--model", "qwen2.5-0.5b-instruct"]):
+        out = run_json(capsys, ["capacity", "--article", "--json", *extra])
+        assert (out["weights_bytes"], out["num_blocks"]) == (10**9, article["num_blocks"])
+
+
+def test_seed_is_refused_where_a_lengths_file_draws_nothing(tmp_path, capsys):
+    """As --seed with --trace: static simulate and capacity took a --lengths FILE in order and
+    ignored the seed; simulate --dynamic --lengths FILE still draws arrivals with it."""
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("100\n200\n300\n")
+    for argv in (["simulate", "--lengths", str(lengths)],
+                 ["capacity", "--lengths", str(lengths)]):
+        assert main(argv + ["--seed", "1"]) == 2
+        assert "--seed: not with --lengths FILE" in capsys.readouterr().err
+        assert main(argv + ["--json"]) == 0
+        capsys.readouterr()
+    dynamic = ["simulate", "--dynamic", "--lengths", str(lengths), "--rate", "0.01",
+               "--budget-tokens", "4096", "--block-sizes", "16", "--json"]
+    runs = {seed: run_json(capsys, dynamic + ["--seed", seed]) for seed in ("0", "1")}
+    assert runs["0"]["workload"]["num_requests"] == 3 and runs["0"] != runs["1"]
+    assert run_json(capsys, dynamic) == runs["0"]  # default seed 0
+
+
 @pytest.mark.parametrize("field, value", [("num_local_experts", 8), ("n_routed_experts", 64)])
 def test_capacity_refuses_to_estimate_the_weights_of_experts(tmp_path, capsys, field, value):
     """Mixtral-8x7B's weights were estimated as one expert's model: 14.5 GB, not 93 GB."""

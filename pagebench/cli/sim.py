@@ -54,8 +54,9 @@ def register_simulate(sub) -> None:
                    "with --lengths FILE, the file's lengths, each once; given with a FILE, the "
                    "file's lengths are repeated in order or cut to this many)")
     p.add_argument("--seed", type=integer(0), default=None,
-                   help="random seed of the drawn lengths and arrivals (default 0; not with "
-                   "--trace)")
+                   help=f"random seed of the drawn lengths and arrivals (default "
+                   f"{defaults.REFERENCE_SEED}; not with --trace, nor, static, with --lengths "
+                   "FILE: they draw nothing)")
     p.add_argument("--max-len", "--max-model-len", type=integer(2, MAX_LEN), default=None,
                    help=f"max_model_len in tokens (default {defaults.REFERENCE_MAX_LEN}; for a "
                    "named trace its own, which clips nothing; longer trace requests are "
@@ -79,9 +80,10 @@ def register_simulate(sub) -> None:
     d.add_argument("--steps-per-unit", type=number(0, 1e9), default=None,
                    help="trace arrival units -> steps (e.g. 50 for seconds at 50 steps/s; "
                    "default 1: arrivals are steps)")
-    d.add_argument("--num-requests", type=integer(), default=None, help="Poisson: requests "
-                   "(default 20000; with --lengths FILE, one per length in it; given with a "
-                   "FILE, its lengths are repeated in order or cut to this many)")
+    d.add_argument("--num-requests", type=integer(), default=None,
+                   help=f"Poisson: requests (default {defaults.REFERENCE_NUM_REQUESTS}; with "
+                   "--lengths FILE, one per length in it; given with a FILE, its lengths are "
+                   "repeated in order or cut to this many)")
     d.add_argument("--rate", type=number(0, 1e9), default=None,
                    help="Poisson: requests per step (default 20)")
     d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True, below=True),
@@ -123,11 +125,12 @@ def run_simulate(args) -> int:
 
     lengths_spec = defaults.REFERENCE_LENGTHS if args.lengths is None else args.lengths
     max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
-    num_seqs = lengths_to_draw("--lengths", lengths_spec, args.num_seqs, max_len, "--max-len")
+    num_seqs = lengths_to_draw("--lengths", lengths_spec, args.num_seqs, max_len, "--max-len",
+                               seed=args.seed)
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} sequences")
     check_output_file("--out", args.out)
     block_sizes = defaults.BLOCK_SIZES if args.block_sizes is None else args.block_sizes
-    lengths = sample_lengths(lengths_spec, num_seqs, args.seed or 0, max_len)
+    lengths = sample_lengths(lengths_spec, num_seqs, seed_of(args), max_len)
     result = static_fragmentation(lengths, max_len, block_sizes)
     write_results(args.out, result["results"], result)
     print(dumps(result) if args.json else format_static_table(result))
@@ -135,17 +138,25 @@ def run_simulate(args) -> int:
 
 
 def lengths_to_draw(option: str, spec: str, num_seqs: int | None, max_len: int, limit: str,
-                    default: int = defaults.REFERENCE_NUM_SEQS) -> int:
+                    default: int = defaults.REFERENCE_NUM_SEQS, *, seed: int | None = None) -> int:
     """How many lengths to take from ``spec``, checked first (well formed, none above
     ``max_len``; errors name ``option`` and ``limit``): ``num_seqs`` when given (a file's
     lengths repeated in order or cut to it); else a file's own lengths, each once; else
-    ``default`` (a distribution's)."""
+    ``default`` (a distribution's). A ``seed`` given for the lengths alone is refused with a
+    file, which draws nothing."""
     from pagebench.sim.workloads import check_lengths
 
     kind, values = check_lengths(spec, max_len, option, limit)  # reads a file once
+    if kind == "file" and seed is not None:
+        raise ValueError(f"--seed: not with {option} FILE (its lengths are taken in order; "
+                         "nothing is drawn)")
     if num_seqs is not None:
         return num_seqs
     return len(values) if kind == "file" else default
+
+
+def seed_of(args) -> int:
+    return defaults.REFERENCE_SEED if args.seed is None else args.seed
 
 
 def run_dynamic_simulation(args) -> int:
@@ -189,7 +200,8 @@ def run_dynamic_simulation(args) -> int:
         if args.prompt_lengths is None and args.output_lengths is None:
             # a --lengths FILE: its lengths, each once, as without --dynamic
             num_requests = lengths_to_draw("--lengths", lengths_spec, args.num_requests,
-                                           max_len, "--max-len", default=20000)
+                                           max_len, "--max-len",
+                                           default=defaults.REFERENCE_NUM_REQUESTS)
         else:
             if args.prompt_lengths is None or args.output_lengths is None:
                 raise ValueError("--prompt-lengths, --output-lengths: give both or neither")
@@ -208,14 +220,15 @@ def run_dynamic_simulation(args) -> int:
                 raise ValueError(f"--prompt-lengths, --output-lengths: the files hold "
                                  f"{in_files[0]:,} and {in_files[1]:,} lengths; request i takes "
                                  "line i of each, so they must hold as many")
-            num_requests = args.num_requests or (in_files[0] if in_files else 20000)
+            num_requests = args.num_requests or (in_files[0] if in_files else
+                                                 defaults.REFERENCE_NUM_REQUESTS)
         workload = poisson_workload(
             num_requests,
             REFERENCE["rate"] if args.rate is None else args.rate, lengths_spec,
             prompt_fraction=(REFERENCE["prompt_fraction"] if args.prompt_fraction is None
                              else args.prompt_fraction),
             prompt_lengths=args.prompt_lengths, output_lengths=args.output_lengths,
-            n=1 if args.n is None else args.n, seed=args.seed or 0, max_len=max_len)
+            n=1 if args.n is None else args.n, seed=seed_of(args), max_len=max_len)
     check_workload_options(args, workload)
     budget = article_budget_tokens() if args.budget_tokens is None else args.budget_tokens
     block_sizes = args.block_sizes or DYNAMIC_BLOCK_SIZES
@@ -344,7 +357,9 @@ def register_capacity(sub) -> None:
                    help=f"lengths drawn (default {defaults.REFERENCE_NUM_SEQS}; with --lengths "
                    "FILE, the file's lengths, each once; given with a FILE, the file's lengths "
                    "are repeated in order or cut to this many)")
-    p.add_argument("--seed", type=integer(0), default=0, help="random seed (default 0)")
+    p.add_argument("--seed", type=integer(0), default=None,
+                   help=f"random seed of the drawn lengths (default {defaults.REFERENCE_SEED}; "
+                   "not with --lengths FILE: it draws nothing)")
     p.add_argument("--tensor-parallel-size", type=integer(1, 4096), default=1,
                    help="GPUs the model is split over by attention heads; sizes are then per "
                    "GPU (default 1)")
@@ -352,6 +367,16 @@ def register_capacity(sub) -> None:
                    help="start from the article's case (explicit options override it)")
     add_output_options(p, "capacity plan")
     p.set_defaults(func=run_capacity)
+
+
+def article_weights(model: str | None, dtype: str) -> bool:
+    """Whether the article's 1 GB of weights holds: its model (by any of its names) at two bytes
+    a parameter, as its bf16."""
+    from pagebench.config import dtype_bytes, preset_key
+    from pagebench.sim.capacity import ARTICLE_CASE
+
+    return ((model is None or preset_key(model) == ARTICLE_CASE["model"])
+            and dtype_bytes(dtype) == dtype_bytes("bfloat16"))
 
 
 def run_capacity(args) -> int:
@@ -367,7 +392,7 @@ def run_capacity(args) -> int:
             raise ValueError(f"{', '.join(unused)}: not with --kv-cache-bytes (it sizes the KV "
                              "cache directly, skipping the memory arithmetic)")
     base = dict(ARTICLE_CASE) if args.article else {}  # else capacity_plan's defaults
-    if args.article and (args.model is not None or args.dtype != "bfloat16"):
+    if args.article and not article_weights(args.model, args.dtype):
         del base["weights_bytes"]  # the article's 1 GB is its model's, in bf16: estimate anew
     for key in ("model", "gpu_memory", "gpu_memory_utilization", "max_model_len", "block_size",
                 "weights_bytes", "overhead_bytes"):
@@ -375,12 +400,12 @@ def run_capacity(args) -> int:
             base[key] = getattr(args, key)
     max_model_len = base.get("max_model_len", defaults.REFERENCE_MAX_LEN)  # capacity_plan's
     num_seqs = lengths_to_draw("--lengths", args.lengths, args.num_seqs, max_model_len,
-                               "--max-model-len")
+                               "--max-model-len", seed=args.seed)
     check_memory("--num-seqs", num_seqs * STATIC_BYTES_PER_SEQ, f"{num_seqs:,} lengths")
     check_output_file("--out", args.out)
     plan = capacity_plan(**base, dtype=args.dtype, kv_dtype=args.kv_dtype,
                          kv_cache_bytes=args.kv_cache_bytes,
-                         lengths=args.lengths, num_seqs=num_seqs, seed=args.seed,
+                         lengths=args.lengths, num_seqs=num_seqs, seed=seed_of(args),
                          tensor_parallel_size=args.tensor_parallel_size)
     write_results(args.out, [{k: v for k, v in plan.items() if not isinstance(v, (list, dict))}],
                   plan)

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from numbers import Integral
+from operator import countOf
 
 from pagebench.config import ceil_div
 from pagebench.engine.block_pool import BlockPool, check_block_id
@@ -60,14 +61,17 @@ def slot_mapping(block_ids, start: int, end: int, block_size: int) -> list[int]:
     return slots
 
 
-def _hashable(name: str, seq_id):
-    """``seq_id``, which keys a dict: an unhashable one (a list) is a ValueError naming it."""
-    try:
-        hash(seq_id)
-    except TypeError:
-        raise ValueError(f"{name}: a sequence id must be hashable (an int or a str), got "
-                         f"{type(seq_id).__name__} {seq_id!r}") from None
-    return seq_id
+def _unhashable(name: str, seq_id) -> ValueError:
+    """A sequence id keys a dict: the error for one that cannot (a list), naming it."""
+    return ValueError(f"{name}: a sequence id must be hashable (an int or a str), got "
+                      f"{type(seq_id).__name__} {seq_id!r}")
+
+
+def _token_id(name: str, t) -> int:
+    """``t`` as an int if it is an integer (numpy's too; not a bool), else a ValueError."""
+    if isinstance(t, bool) or not isinstance(t, Integral):
+        raise ValueError(f"{name}: token ids must be integers, got {t!r}")
+    return int(t)
 
 
 def _token_ids(name: str, token_ids) -> list[int]:
@@ -75,11 +79,9 @@ def _token_ids(name: str, token_ids) -> list[int]:
         tokens = list(token_ids)
     except TypeError:
         raise ValueError(f"{name}: expected a sequence of token ids, got {token_ids!r}") from None
-    if not {int}.issuperset(map(type, tokens)):  # (map at C speed: a generator cost 2x)
-        for t in tokens:
-            if isinstance(t, bool) or not isinstance(t, Integral):
-                raise ValueError(f"{name}: token ids must be integers, got {t!r}")
-        tokens = [int(t) for t in tokens]
+    # exactly int, the usual case, checked at C speed; anything else one by one
+    if countOf(map(type, tokens), int) != len(tokens):
+        tokens = [_token_id(name, t) for t in tokens]
     return tokens
 
 
@@ -133,7 +135,13 @@ class BlockManager:
 
     # ---- queries -------------------------------------------------------------------------
     def __contains__(self, seq_id) -> bool:
-        return _hashable("seq_id", seq_id) in self._seqs
+        return self._known("seq_id", seq_id)
+
+    def _known(self, name: str, seq_id) -> bool:
+        try:
+            return seq_id in self._seqs
+        except TypeError:
+            raise _unhashable(name, seq_id) from None
 
     @property
     def seq_ids(self) -> list:
@@ -141,9 +149,11 @@ class BlockManager:
 
     def _seq(self, seq_id) -> _Seq:
         try:
-            return self._seqs[_hashable("seq_id", seq_id)]
+            return self._seqs[seq_id]
         except KeyError:
             raise SequenceError(f"seq_id: unknown sequence {seq_id!r}") from None
+        except TypeError:
+            raise _unhashable("seq_id", seq_id) from None
 
     def block_table(self, seq_id) -> list[int]:
         return list(self._seq(seq_id).blocks)
@@ -220,7 +230,7 @@ class BlockManager:
     # ---- operations ----------------------------------------------------------------------
     def allocate(self, seq_id, token_ids) -> list[int]:
         """Blocks for a new sequence's prompt; full blocks may come from the prefix cache."""
-        if _hashable("seq_id", seq_id) in self._seqs:
+        if self._known("seq_id", seq_id):
             raise SequenceError(f"seq_id: sequence {seq_id!r} already exists")
         tokens = _token_ids("token_ids", token_ids)
         if not tokens:
@@ -256,7 +266,7 @@ class BlockManager:
     def _shared(self, block: int) -> bool:
         """Whether a sequence writing into ``block`` must copy it first: another sequence
         reads it too (a pending copy's hold does not count: its copy runs before the write)."""
-        return self.pool.ref_cnt[block] - self._held[block] > 1
+        return self.pool.ref_cnt[block] - self._held.get(block, 0) > 1  # no __missing__ call
 
     def _blocks_for_append(self, seq: _Seq, n: int) -> int:
         if n < 1:
@@ -269,8 +279,12 @@ class BlockManager:
 
     def append_token(self, seq_id, token_id: int) -> int | None:
         """Add one token; returns the block newly taken for it (fresh or copy), else None."""
-        seq = self._seq(seq_id)
-        token_id = _token_ids("token_id", [token_id])[0]
+        try:  # inline: once per token per sequence
+            seq = self._seqs[seq_id]
+        except (KeyError, TypeError):
+            seq = self._seq(seq_id)  # raises the error that names seq_id
+        if type(token_id) is not int:
+            token_id = _token_id("token_id", token_id)
         tokens, blocks = seq.tokens, seq.blocks
         bs = self.block_size
         slot = len(tokens) % bs
@@ -355,7 +369,7 @@ class BlockManager:
     def fork(self, parent_id, child_id) -> list[int]:
         """The child shares every block of the parent (refcounts + 1); returns its table."""
         parent = self._seq(parent_id)
-        if _hashable("child_id", child_id) in self._seqs:
+        if self._known("child_id", child_id):
             raise SequenceError(f"child_id: sequence {child_id!r} already exists")
         for b in parent.blocks:
             self.pool.incref(b)
@@ -370,17 +384,16 @@ class BlockManager:
         A copy into a block that nobody references any more is dropped; an unwritten block
         leaves the prefix cache (its step will not run for this sequence).
         """
-        seq = self._seqs.pop(_hashable("seq_id", seq_id), None)
-        if seq is None:
-            raise SequenceError(f"seq_id: unknown sequence {seq_id!r}")
-        pool = self.pool
+        seq = self._seq(seq_id)
+        del self._seqs[seq_id]
+        pool, unwritten, copies = self.pool, self._unwritten, self._copies
         for b in reversed(seq.blocks):
-            if b in self._unwritten:
-                self._unwritten.discard(b)
+            if b in unwritten:
+                unwritten.discard(b)
                 pool.unregister(b)
             pool.decref(b)
-            if pool.ref_cnt[b] == 0 and b in self._copies:
-                src = self._copies.pop(b)
+            if b in copies and pool.ref_cnt[b] == 0:
+                src = copies.pop(b)
                 self._held[src] -= 1
                 pool.decref(src)
 

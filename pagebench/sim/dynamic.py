@@ -90,7 +90,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pagebench.config import ceil_div
-from pagebench.defaults import REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_SEED
+from pagebench.defaults import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_NUM_REQUESTS,
+                                REFERENCE_SEED)
 from pagebench.errors import ConfigError
 from pagebench.results.datasets import MEMORY_DYNAMIC_SUMMARY, MEMORY_DYNAMIC_TIMELINE
 from pagebench.sim.dynamic_loops import (WINDOW_FIELDS, RunStats, Window, simulate_contiguous,
@@ -364,7 +365,8 @@ REFERENCE = dict(lengths=REFERENCE_LENGTHS, rate=20.0, prompt_fraction=0.3,
                  max_len=REFERENCE_MAX_LEN, seed=REFERENCE_SEED)
 
 
-def reference_run(num_requests: int = 20_000, block_sizes=(16,), **kwargs) -> DynamicResult:
+def reference_run(num_requests: int = REFERENCE_NUM_REQUESTS, block_sizes=(16,),
+                  **kwargs) -> DynamicResult:
     """:func:`run_dynamic` on :data:`REFERENCE` with the article's budget
     (``pagebench simulate --dynamic`` with no options). ``kwargs`` go to :func:`run_dynamic`
     (``allocators``, ``cow``, ``max_timeline_rows`` ...)."""

@@ -131,9 +131,10 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LE
     Lengths: by default each request's final length is drawn from ``lengths`` (a
     :func:`~pagebench.sim.workloads.sample_lengths` spec, at most ``max_len``) and split into
     a prompt of ``round(prompt_fraction * length)`` tokens (at least 1) and the rest as output
-    (at least 1): a drawn length of 1 becomes 2, and ``source`` says how many did. Give both ``prompt_lengths`` (at most ``max_len - 1``) and ``output_lengths``
-    to draw them separately instead: a sum above ``max_len`` is clipped to it by shortening the
-    output, and counted in ``num_clipped`` (``max_model_len`` is then ``max_len``).
+    (at least 1): a drawn length of 1 becomes 2, and ``source`` says how many did. Give both
+    ``prompt_lengths`` (at most ``max_len - 1``) and ``output_lengths`` to draw them separately
+    instead: a sum above ``max_len`` is clipped to it by shortening the output, and counted in
+    ``num_clipped`` (``max_model_len`` is then ``max_len``).
     """
     check_positive_int("num_requests", num_requests)
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):

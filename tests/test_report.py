@@ -15,7 +15,7 @@ from pagebench.cli import main
 from pagebench import suite
 from pagebench.analysis import analyse, claims, derive
 from pagebench.report import build, render, sections
-from pagebench.results import DataError, Results, classify, load_data_dir, read_table
+from pagebench.results import DataError, Results, classify, commits, load_data_dir, read_table
 from pagebench.results.collect import guarded
 from pagebench.results.datasets import KERNELS
 from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
@@ -260,6 +260,58 @@ def test_batch1_ratio_pairs_rows_of_one_run_and_one_cache_dtype():
     fp8.loc[fp8["layout"] == "paged", "kv_dtype"] = "float8_e4m3fn"
     ratio = derive.batch1_ratio(pd.concat([kernel_rows(1.1), fp8], ignore_index=True))
     assert set(ratio["ratio"].round(2)) == {1.1}
+
+
+def two_commits(monkeypatch, older_speedup: float = 2.0) -> pd.DataFrame:
+    """The synthetic sweep at two commits of known dates: the older one ``older_speedup``×
+    faster, as before a regression."""
+    dates = {"aaaaaaa": 1, "bbbbbbb": 2}
+    monkeypatch.setattr(commits, "commit_time", dates.get)
+    kernels = synthetic_results().get("kernels")
+    old = kernels.assign(commit="aaaaaaa", time_us=kernels["time_us"] / older_speedup,
+                         gbps=kernels["gbps"] * older_speedup)
+    return pd.concat([old, kernels.assign(commit="bbbbbbb")], ignore_index=True)
+
+
+def test_throughput_and_bandwidth_show_the_newest_commit_not_the_fastest(monkeypatch):
+    kernels = two_commits(monkeypatch)
+    def fastest(rows: pd.DataFrame) -> pd.Series:
+        return rows.fillna({"block_size": 0}).groupby(["backend", "block_size", "batch"])[
+            "time_us"].min()
+
+    newer = fastest(derive.kernel_rows(kernels).query("commit == 'bbbbbbb' and context == 4096"))
+    for table in (derive.throughput(kernels), derive.bandwidth(kernels)):
+        assert set(table["commit"]) == {"bbbbbbb"} and len(table) > 0
+        shown = fastest(table)
+        pd.testing.assert_series_equal(shown, newer.reindex(shown.index))
+    tput = derive.throughput(kernels)
+    assert (tput["tokens_per_s"] == tput["batch"] / tput["time_us"] * 1e6).all()
+    # with the dates the other way round the other commit is shown
+    monkeypatch.setattr(commits, "commit_time", {"aaaaaaa": 3, "bbbbbbb": 2}.get)
+    assert set(derive.throughput(kernels)["commit"]) == {"aaaaaaa"}
+
+
+def test_throughput_takes_the_newest_commit_that_swept_batch(monkeypatch):
+    """A newer commit that re-timed batch 1 alone leaves the curve to the older sweep, and
+    the older sweep is shown whole, not patched with the newer batch-1 rows."""
+    kernels = two_commits(monkeypatch, older_speedup=0.5)  # the newer is the faster here
+    kernels = kernels[(kernels["commit"] == "aaaaaaa") | (kernels["batch"] == 1)]
+    tput = derive.throughput(kernels)
+    assert set(tput["commit"]) == {"aaaaaaa"} and set(tput["batch"]) == {1, 8, 64}
+
+
+def test_throughput_keeps_one_commits_dtypes_apart():
+    bf16 = synthetic_results().get("kernels")
+    fp16 = bf16.assign(dtype="float16", kv_dtype="float16", time_us=bf16["time_us"] / 2)
+    tput = derive.throughput(pd.concat([bf16, fp16], ignore_index=True))
+    sdpa = tput[tput["backend"] == "sdpa-contiguous"].set_index(["series", "batch"])
+    assert set(sdpa.index.get_level_values("series")) == {"sdpa-contiguous bfloat16",
+                                                          "sdpa-contiguous float16"}
+    assert (sdpa.loc["sdpa-contiguous bfloat16", "time_us"]
+            == 2 * sdpa.loc["sdpa-contiguous float16", "time_us"]).all()
+    bw = derive.bandwidth(pd.concat([bf16, fp16], ignore_index=True))
+    assert bw.groupby("series")["dtype"].nunique().eq(1).all() and bw["series"].nunique() == 6
+    assert set(derive.throughput(bf16)["series"]) >= {"sdpa-contiguous", "triton-paged bs=16"}
 
 
 def test_kernel_tables_are_computed_once_per_results_until_data_is_added():

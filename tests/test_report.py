@@ -191,6 +191,30 @@ def test_cow_compares_n4_with_n1_of_the_same_block_size():
         in c.measured
 
 
+def test_engine_claims_judge_each_run_of_a_machine():
+    """Two runs on one machine, one of which fails each claim: pooled, the other run's rows
+    made them hold (a pool sweep that never preempts beside one that does; a block size
+    whose prefix cache never hits beside one where it does; the batch-1 rate of one run
+    under the largest batch's rate of another)."""
+    results = synthetic_results()
+    results.frames["engine_pool"] = pd.DataFrame({
+        "num_blocks": [10, 50, 20, 40], "num_preemptions": [5, 0, 0, 0],
+        "recomputed_tokens": [100, 0, 0, 0], "tokens_per_s": 1.0,
+        "commit": ["aaaaaaa"] * 2 + ["bbbbbbb"] * 2, "machine": "Synthetic GPU"})
+    results.frames["engine_prefix"] = pd.DataFrame({
+        "enable_prefix_caching": [True, False] * 2, "prefix_cache_hit_rate": [0.5, 0, 0, 0],
+        "num_computed_prompt_tokens": [100, 400, 400, 400], "block_size": [16, 16, 128, 128],
+        "machine": "Synthetic GPU"})
+    results.frames["engine_batch"] = pd.DataFrame({
+        "batch": [1, 16] * 2, "tokens_per_s": [10.0, 15.0, 5.0, 200.0], "block_size": 16,
+        "model": ["small", "small", "large", "large"], "machine": "Synthetic GPU"})
+    c = by_key(results)
+    for key in ("preemption_signal", "prefix_caching", "batching_beats_gather"):
+        assert c[key].verdict == FAILS and c[key].device == "Synthetic GPU", key
+    assert "0 preemptions at 20 blocks, 0 at 40" in c["preemption_signal"].measured
+    assert "batch 1→16 gives 1.5× tokens/s" in c["batching_beats_gather"].measured
+
+
 def test_block16_sweet_spot_fails_when_block_16_is_slow():
     results = synthetic_results(paged_ratio={1: 1.1, 16: 2.0, 128: 1.0})
     assert by_key(results)["block16_sweet_spot"].verdict == FAILS
@@ -202,6 +226,16 @@ def test_prior_systems_range_is_judged_from_data():
     summary.loc[summary["allocator"] == "naive", "token_state_fraction_saturated"] = 0.12
     c = by_key(results)["prior_systems"]
     assert c.verdict == FAILS and "12.0%" in c.measured and "worse" in c.measured
+
+
+def test_prior_systems_leaves_out_allocators_that_never_waited_for_memory():
+    results = synthetic_results()
+    dynamic = results.get("memory_dynamic_summary")
+    pow2 = dynamic.iloc[[0]].assign(label="pow2", allocator="pow2",
+                                    token_state_fraction_saturated=float("nan"))
+    results.add("memory_dynamic_summary", pow2, "a pool that never ran out")
+    c = by_key(results)["prior_systems"]
+    assert c.verdict == HOLDS and c.measured == "reserve-max 25.0%" and "nan" not in c.measured
 
 
 def test_dynamic_claims_read_the_article_reference_run_only():

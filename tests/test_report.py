@@ -15,7 +15,7 @@ from pagebench.cli import main
 from pagebench import suite
 from pagebench.analysis import analyse, claims, derive
 from pagebench.report import build, render, sections
-from pagebench.results import DataError, Results, classify, load_data_dir, read_table
+from pagebench.results import DataError, Results, classify, commits, load_data_dir, read_table
 from pagebench.results.collect import guarded
 from pagebench.results.datasets import KERNELS
 from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
@@ -191,6 +191,30 @@ def test_cow_compares_n4_with_n1_of_the_same_block_size():
         in c.measured
 
 
+def test_engine_claims_judge_each_run_of_a_machine():
+    """Two runs on one machine, one of which fails each claim: pooled, the other run's rows
+    made them hold (a pool sweep that never preempts beside one that does; a block size
+    whose prefix cache never hits beside one where it does; the batch-1 rate of one run
+    under the largest batch's rate of another)."""
+    results = synthetic_results()
+    results.frames["engine_pool"] = pd.DataFrame({
+        "num_blocks": [10, 50, 20, 40], "num_preemptions": [5, 0, 0, 0],
+        "recomputed_tokens": [100, 0, 0, 0], "tokens_per_s": 1.0,
+        "commit": ["aaaaaaa"] * 2 + ["bbbbbbb"] * 2, "machine": "Synthetic GPU"})
+    results.frames["engine_prefix"] = pd.DataFrame({
+        "enable_prefix_caching": [True, False] * 2, "prefix_cache_hit_rate": [0.5, 0, 0, 0],
+        "num_computed_prompt_tokens": [100, 400, 400, 400], "block_size": [16, 16, 128, 128],
+        "machine": "Synthetic GPU"})
+    results.frames["engine_batch"] = pd.DataFrame({
+        "batch": [1, 16] * 2, "tokens_per_s": [10.0, 15.0, 5.0, 200.0], "block_size": 16,
+        "model": ["small", "small", "large", "large"], "machine": "Synthetic GPU"})
+    c = by_key(results)
+    for key in ("preemption_signal", "prefix_caching", "batching_beats_gather"):
+        assert c[key].verdict == FAILS and c[key].device == "Synthetic GPU", key
+    assert "0 preemptions at 20 blocks, 0 at 40" in c["preemption_signal"].measured
+    assert "batch 1→16 gives 1.5× tokens/s" in c["batching_beats_gather"].measured
+
+
 def test_block16_sweet_spot_fails_when_block_16_is_slow():
     results = synthetic_results(paged_ratio={1: 1.1, 16: 2.0, 128: 1.0})
     assert by_key(results)["block16_sweet_spot"].verdict == FAILS
@@ -202,6 +226,16 @@ def test_prior_systems_range_is_judged_from_data():
     summary.loc[summary["allocator"] == "naive", "token_state_fraction_saturated"] = 0.12
     c = by_key(results)["prior_systems"]
     assert c.verdict == FAILS and "12.0%" in c.measured and "worse" in c.measured
+
+
+def test_prior_systems_leaves_out_allocators_that_never_waited_for_memory():
+    results = synthetic_results()
+    dynamic = results.get("memory_dynamic_summary")
+    pow2 = dynamic.iloc[[0]].assign(label="pow2", allocator="pow2",
+                                    token_state_fraction_saturated=float("nan"))
+    results.add("memory_dynamic_summary", pow2, "a pool that never ran out")
+    c = by_key(results)["prior_systems"]
+    assert c.verdict == HOLDS and c.measured == "reserve-max 25.0%" and "nan" not in c.measured
 
 
 def test_dynamic_claims_read_the_article_reference_run_only():
@@ -260,6 +294,58 @@ def test_batch1_ratio_pairs_rows_of_one_run_and_one_cache_dtype():
     fp8.loc[fp8["layout"] == "paged", "kv_dtype"] = "float8_e4m3fn"
     ratio = derive.batch1_ratio(pd.concat([kernel_rows(1.1), fp8], ignore_index=True))
     assert set(ratio["ratio"].round(2)) == {1.1}
+
+
+def two_commits(monkeypatch, older_speedup: float = 2.0) -> pd.DataFrame:
+    """The synthetic sweep at two commits of known dates: the older one ``older_speedup``×
+    faster, as before a regression."""
+    dates = {"aaaaaaa": 1, "bbbbbbb": 2}
+    monkeypatch.setattr(commits, "commit_time", dates.get)
+    kernels = synthetic_results().get("kernels")
+    old = kernels.assign(commit="aaaaaaa", time_us=kernels["time_us"] / older_speedup,
+                         gbps=kernels["gbps"] * older_speedup)
+    return pd.concat([old, kernels.assign(commit="bbbbbbb")], ignore_index=True)
+
+
+def test_throughput_and_bandwidth_show_the_newest_commit_not_the_fastest(monkeypatch):
+    kernels = two_commits(monkeypatch)
+    def fastest(rows: pd.DataFrame) -> pd.Series:
+        return rows.fillna({"block_size": 0}).groupby(["backend", "block_size", "batch"])[
+            "time_us"].min()
+
+    newer = fastest(derive.kernel_rows(kernels).query("commit == 'bbbbbbb' and context == 4096"))
+    for table in (derive.throughput(kernels), derive.bandwidth(kernels)):
+        assert set(table["commit"]) == {"bbbbbbb"} and len(table) > 0
+        shown = fastest(table)
+        pd.testing.assert_series_equal(shown, newer.reindex(shown.index))
+    tput = derive.throughput(kernels)
+    assert (tput["tokens_per_s"] == tput["batch"] / tput["time_us"] * 1e6).all()
+    # with the dates the other way round the other commit is shown
+    monkeypatch.setattr(commits, "commit_time", {"aaaaaaa": 3, "bbbbbbb": 2}.get)
+    assert set(derive.throughput(kernels)["commit"]) == {"aaaaaaa"}
+
+
+def test_throughput_takes_the_newest_commit_that_swept_batch(monkeypatch):
+    """A newer commit that re-timed batch 1 alone leaves the curve to the older sweep, and
+    the older sweep is shown whole, not patched with the newer batch-1 rows."""
+    kernels = two_commits(monkeypatch, older_speedup=0.5)  # the newer is the faster here
+    kernels = kernels[(kernels["commit"] == "aaaaaaa") | (kernels["batch"] == 1)]
+    tput = derive.throughput(kernels)
+    assert set(tput["commit"]) == {"aaaaaaa"} and set(tput["batch"]) == {1, 8, 64}
+
+
+def test_throughput_keeps_one_commits_dtypes_apart():
+    bf16 = synthetic_results().get("kernels")
+    fp16 = bf16.assign(dtype="float16", kv_dtype="float16", time_us=bf16["time_us"] / 2)
+    tput = derive.throughput(pd.concat([bf16, fp16], ignore_index=True))
+    sdpa = tput[tput["backend"] == "sdpa-contiguous"].set_index(["series", "batch"])
+    assert set(sdpa.index.get_level_values("series")) == {"sdpa-contiguous bfloat16",
+                                                          "sdpa-contiguous float16"}
+    assert (sdpa.loc["sdpa-contiguous bfloat16", "time_us"]
+            == 2 * sdpa.loc["sdpa-contiguous float16", "time_us"]).all()
+    bw = derive.bandwidth(pd.concat([bf16, fp16], ignore_index=True))
+    assert bw.groupby("series")["dtype"].nunique().eq(1).all() and bw["series"].nunique() == 6
+    assert set(derive.throughput(bf16)["series"]) >= {"sdpa-contiguous", "triton-paged bs=16"}
 
 
 def test_kernel_tables_are_computed_once_per_results_until_data_is_added():

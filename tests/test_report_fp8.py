@@ -117,6 +117,32 @@ def test_layout_claim_needs_every_layout_at_a_point_and_judges_each_machine():
     assert c.device == "A100, H100, H200"
 
 
+def test_fp8_and_layout_claims_judge_each_run():
+    """An older commit's 0.50× fp8 decode does not stand in for a newer one's 0.75×; layout
+    rows of a file that recorded no commit count (a group-by dropped them)."""
+    runs = pd.concat([decode_frame(0.5).assign(commit="aaaaaaa"),
+                      decode_frame(0.75).assign(commit="bbbbbbb")], ignore_index=True)
+    c = verdict("fp8_decode_time", results_with(kernels_fp8=runs))
+    assert c.verdict == FAILS and "32×4096 b16: 0.75× (triton)" in c.measured
+    assert "32×4096 b16: 0.50× (triton)" in c.measured and c.device == "H200"
+    no_commit = layout_frame(1.3, 1.0)
+    layouts = pd.concat([no_commit, layout_frame(1.0, 1.0).assign(commit="aaaaaaa")])
+    c = verdict("layout_cost", results_with(kernels_layout=layouts))
+    assert c.verdict == FAILS and "H200: worst 1.30×" in c.measured
+    assert "H200: worst 1.00×" in c.measured and "over 1 points" in c.measured
+
+
+def test_fp8_claims_judge_the_tables_the_section_shows_derived_once(monkeypatch):
+    calls = []
+    for name in ("decode_ratios", "layout_spread"):
+        real = getattr(fp8_claims, name)
+        monkeypatch.setattr(fp8_claims, name,
+                            lambda frame, real=real, name=name: calls.append(name) or real(frame))
+    results = results_with(kernels_fp8=decode_frame(0.5), kernels_layout=layout_frame(1.0, 1.0))
+    assert {verdict(k, results).verdict for k in ("fp8_decode_time", "layout_cost")} == {HOLDS}
+    assert sorted(calls) == ["decode_ratios", "layout_spread"]
+
+
 def test_capacity_claim_from_the_planner_and_the_engine_pool():
     assert verdict("fp8_capacity", Results()).verdict == UNMEASURED
     planner = pd.DataFrame(fp8_rows())

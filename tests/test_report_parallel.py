@@ -77,6 +77,25 @@ def test_capacity_pairs_tp_rows_of_one_kv_budget():
     assert "4,000 → 16,384 blocks per GPU in 8 GiB (4.10×)" in capacity.measured
 
 
+def test_tp_claims_pair_rows_of_one_machine_and_judge_each():
+    """H200 0.3× and H100 0.7× attention both fail: their pooled medians (0.50×) must not
+    hold; nor do one GPU's tp=1 blocks and another's tp=2 blocks make 2.00×."""
+    h100 = dict(device="cuda:0", device_name="NVIDIA H100")
+    attention = [gpu | dict(tp=tp, batch=b, per_step_us=100.0 * b * (r if tp == 2 else 1))
+                 for gpu, r in ((GPU, 0.3), (h100, 0.7)) for b in (1, 256) for tp in (1, 2)]
+    capacity = [gpu | dict(tp=tp, num_blocks_per_gpu=n)
+                for gpu, blocks in ((GPU, (8192, 12000)), (h100, (4000, 16384)))
+                for tp, n in zip((1, 2), blocks)]
+    results = Results()
+    results.add("tp_attention", pd.DataFrame(attention), "two GPUs")
+    results.add("tp_capacity", pd.DataFrame(capacity), "two GPUs")
+    capacity, attention = evaluate(results, parallel_claims.CLAIMS)
+    assert attention.verdict == FAILS and attention.device == "H100, H200"
+    assert "H200: tp=2 / tp=1 per step: batch 1: 0.30×, batch 256: 0.30× (does not hold)" \
+        in attention.measured
+    assert capacity.verdict == FAILS and "H100: 4,000 → 16,384" in capacity.measured
+
+
 def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
     results = loaded(tmp_path)
     s = parallel.section(results)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pandas as pd
@@ -11,7 +12,7 @@ from pagebench import suite
 from pagebench.engine import bench
 from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
 from pagebench.kernels.sweep import COLUMNS, run_sweep
-from pagebench.results import DATASETS, DataError, Results, classify, load_data_dir
+from pagebench.results import DATASETS, DataError, Results, classify, commits, load_data_dir
 from pagebench.results.collect import collect, default_data_dir
 from pagebench.results.datasets import ENGINE_COW, FILE_KINDS, KERNELS
 from pagebench.results.read import data_files
@@ -348,3 +349,34 @@ def test_every_file_kind_names_a_dataset_with_a_schema():
     assert classify("kernels_tuning.csv") is None and classify("notes.csv") is None
     with pytest.raises(ValueError, match="'kernel' is not a dataset"):
         Results().add("kernel", pd.DataFrame({"a": [1]}), "x")
+
+
+# ---- commit order ------------------------------------------------------------------------
+
+def test_newest_first_orders_by_date_dirty_after_its_base_unknown_last(monkeypatch):
+    monkeypatch.setattr(commits, "commit_time", {"aaaa": 1, "bbbb": 2, "cccc": 3}.get)
+    got = commits.newest_first(["aaaa", "cccc-dirty", "", "bbbb", "zzzz", "cccc", "aaaa"])
+    assert got == ["cccc-dirty", "cccc", "bbbb", "aaaa", "zzzz", ""]
+
+
+def git_lines(*args: str) -> list[str]:
+    try:
+        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5)
+    except OSError:
+        return []
+    return out.stdout.split() if out.returncode == 0 else []
+
+
+def test_commit_time_reads_this_checkouts_history():
+    """Two commits of this checkout, one newer by its date; a hash it does not know, or text
+    that is no hash (never passed to git as an option, nor a -dirty one), has no date."""
+    lines = git_lines("log", "-2", "--format=%h %ct")
+    if len(lines) < 4:
+        pytest.skip("no git history of two commits here")
+    (new, new_time, old, old_time) = lines
+    assert commits.commit_time(new) == int(new_time)
+    assert commits.commit_time(old) == int(old_time)
+    if int(new_time) > int(old_time):
+        assert commits.newest_first([old, f"{old}-dirty", new]) == [new, f"{old}-dirty", old]
+    assert commits.commit_time("0000000") is None and commits.commit_time("--all") is None
+    assert commits.commit_time(f"{new}-dirty") is None

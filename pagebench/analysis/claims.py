@@ -118,8 +118,9 @@ def pct(x: float, digits: int = 1) -> str:
 
 
 def first(frame: pd.DataFrame | None, column: str, **where):
-    """``column`` in the first row of ``frame`` whose columns equal ``where`` (None: no row)."""
-    if frame is None:
+    """``column`` in the first row of ``frame`` whose columns equal ``where`` (None: no row,
+    or no such column)."""
+    if frame is None or column not in frame:
         return None
     mask = pd.Series(True, index=frame.index)
     for name, value in where.items():
@@ -235,8 +236,8 @@ def prior_systems(results: Results) -> Measured | None:
     if v is None or v != v:  # NaN: no memory-bound step to judge
         return None if v is None else never_bound("reserve-max")
     others = {a: saturated_share(results, allocator=a) for a in ("pow2", "oracle")}
-    text = f"reserve-max {pct(v)}" + "".join(
-        f", {a} {pct(x)}" for a, x in others.items() if x is not None)
+    text = f"reserve-max {pct(v)}" + "".join(  # NaN: that allocator never waited for memory
+        f", {a} {pct(x)}" for a, x in others.items() if x is not None and x == x)
     if not 0.20 <= v <= 0.40:
         text += (f" (naive reservation does {'worse' if v < 0.20 else 'better'} than the "
                  "article says on this workload)")
@@ -314,9 +315,14 @@ def gather_slowdown(results: Results) -> dict:
     return out
 
 
+# the columns beside ``machine`` that say which run an engine row came from
+ENGINE_RUN = ("model", "commit")
+
+
 def engine_batch_gain(g: pd.DataFrame) -> pd.Series:
-    """Best tokens/s per batch size of one machine's engine rows: the engine's default on a
-    GPU (CUDA graphs of compiled layers) and block 16 where measured."""
+    """Best tokens/s per batch size of one machine's engine rows of one run
+    (:data:`ENGINE_RUN`): the engine's default on a GPU (CUDA graphs of compiled layers) and
+    block 16 where measured."""
     if "cuda_graphs" in g and g["cuda_graphs"].astype(str).eq("True").any():
         g = g[g["cuda_graphs"].astype(str).eq("True")]
         if "compiled_layers" in g:
@@ -331,7 +337,8 @@ def batching_beats_gather(results: Results) -> Measured | None:
     if not slow or batch is None:
         return None
     pairs = []
-    for machine, g in batch.groupby(batch["machine"].astype(str)):
+    for g in groups(batch, ("machine", *ENGINE_RUN)):
+        machine = str(g["machine"].iloc[0])
         gpu = "device" in g and bool(g["device"].astype(str).str.startswith("cuda").any())
         same_kind = [v for v in slow.values() if v[2] == gpu]
         tps = engine_batch_gain(g)
@@ -369,7 +376,7 @@ def block16_sweet_spot(results: Results) -> Measured | None:
     return Measured(parts, ", ".join(sorted(judged)))
 
 
-# ---- engine: one part per machine --------------------------------------------------------
+# ---- engine: one part per machine and run ------------------------------------------------
 
 # what one copy-on-write comparison holds fixed
 COW_CASE = ("block_size", "model", "prompt_len")
@@ -430,8 +437,8 @@ def equal_memory_part(machine: str, g: pd.DataFrame) -> Part | None:
         return None
     (e_seq, e_tps), (p_seq, p_tps) = (g.loc[rows, ["concurrent_seqs", "tokens_per_s"]]
                                       .astype(float).max() for rows in (engine, ~engine))
-    budget = g["kv_bytes"].iloc[0] if "kv_bytes" in g else None
-    within = "" if budget is None or pd.isna(budget) else f" in {float(budget) / 2**20:,.0f} MiB"
+    budget = first(g, "kv_bytes")
+    within = "" if pd.isna(budget) else f" in {float(budget) / 2**20:,.0f} MiB"
     return Part((e_seq, p_seq, e_tps, p_tps),
                 f"{machine}: {e_seq:,.0f} vs {p_seq:,.0f} sequences at once{within}, "
                 f"{e_tps:,.0f} vs {p_tps:,.0f} tokens/s ({e_tps / p_tps:.1f}×)",
@@ -527,7 +534,7 @@ CLAIMS = (
           "more sequences at once and more tokens/s than transformers' padded generate with a "
           "contiguous reservation per sequence", ("engine_equal_memory",),
           lambda r: per_machine(r.get("engine_equal_memory"), equal_memory_part,
-                                ("kv_bytes", "model", "commit")),
+                                ("kv_bytes", *ENGINE_RUN)),
           lambda v: v[0] > v[1] and v[2] > v[3], mark_parts=True),
     Claim("cow_n4", "Going from n = 1 to n = 4 completions does not quadruple KV usage (prompt "
           "blocks are shared, copy-on-write).", "engine peak blocks, n = 4 / n = 1 < 4 (per "
@@ -537,14 +544,16 @@ CLAIMS = (
     Claim("prefix_caching", "Prefix caching shares blocks across requests with a common prefix "
           "(it is a separate feature from within-request sharing).", "with caching on: hit "
           "rate > 0 and fewer prompt tokens computed (or fewer peak blocks) than with it off",
-          ("engine_prefix",), lambda r: per_machine(r.get("engine_prefix"), prefix_part),
+          ("engine_prefix",), lambda r: per_machine(r.get("engine_prefix"), prefix_part,
+                                                    ("block_size", *ENGINE_RUN)),
           lambda v: v[0] > 0 and v[1] < v[2]),
     Claim("preemption_signal", "Preemption is the designed response to an exhausted pool — the "
           "signal that you are at capacity — and it costs real work.", "pool-size sweep: "
           "preemptions > 0 at the smallest pool and 0 at the largest, never more preemptions "
           "in a larger pool, and recomputed tokens > 0 wherever it preempted (tokens/s shown, "
           "not judged: one timed run each)", ("engine_pool",),
-          lambda r: per_machine(r.get("engine_pool"), preemption_part), preempts_only_when_short),
+          lambda r: per_machine(r.get("engine_pool"), preemption_part,
+                                ("block_size", *ENGINE_RUN)), preempts_only_when_short),
     Claim("qwen_kv_bytes", "Qwen2.5-0.5B (bf16) needs 12 KB of KV per token and about 192 KB "
           "per 16-token block.", "bytes per token = 12 × 1024 and per block = 192 × 1024 (from "
           "the model's published config)", ("kv_geometry",), qwen_geometry,

@@ -6,10 +6,10 @@ block size. Their schemas are :data:`pagebench.results.datasets.DERIVED`.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
 
 from pagebench.results import devices
+from pagebench.results.commits import newest_first
 from pagebench.results.derived import Recommendation
 
 PRIMARY_BLOCK_SIZE = 16
@@ -112,12 +112,17 @@ def batch1_ratio(kernels: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def at_swept_context(df: pd.DataFrame):
-    """Each (device, shape)'s rows at the context where its batch size was swept: the context
-    with the most batch sizes, if it has two or more."""
+    """Each (device, shape)'s rows of one commit at the context where its batch size was
+    swept: the newest commit (:func:`pagebench.results.commits.newest_first`) with a context
+    of two or more batch sizes, at its context with the most. One commit, so that a table
+    never shows an older commit's faster rows beside (or instead of) a newer one's."""
     for _, g in df.groupby(["device_label", "shape"]):
-        counts = g.groupby("context")["batch"].nunique()
-        if counts.max() >= 2:
-            yield g[g["context"] == counts.idxmax()]
+        for commit in newest_first(g["commit"]):
+            run = g[g["commit"] == commit]
+            counts = run.groupby("context")["batch"].nunique()
+            if counts.max() >= 2:
+                yield run[run["context"] == counts.idxmax()]
+                break
 
 
 def primary_paged_backend(df: pd.DataFrame) -> str | None:
@@ -131,6 +136,12 @@ def primary_paged_backend(df: pd.DataFrame) -> str | None:
     return str(winners["backend"].value_counts().idxmax())
 
 
+def with_dtype(labels: pd.Series, rows: pd.DataFrame) -> pd.Series:
+    """``labels`` of ``rows``, each followed by its row's ``dtype`` where the rows hold more
+    than one (one commit's sweeps in two dtypes are two series, never one best of both)."""
+    return labels + " " + rows["dtype"].astype(str) if rows["dtype"].nunique() > 1 else labels
+
+
 def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
     """Decode throughput (sequences x steps per second) versus batch size, per backend and block.
 
@@ -142,9 +153,8 @@ def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
     out = []
     for g in at_swept_context(df):
         g = g.copy()
-        g["series"] = np.where(g["paged"], g["backend"].astype(str) + " bs="
-                               + g["block_size"].fillna(0).astype(int).astype(str),
-                               g["backend"].astype(str))
+        block = " bs=" + g["block_size"].fillna(0).astype(int).astype(str)
+        g["series"] = with_dtype(g["backend"].astype(str) + block.where(g["paged"], ""), g)
         g = _best(g, ["series", "batch"])
         g["tokens_per_s"] = g["batch"] / g["time_us"] * 1e6
         g["primary"] = ~g["paged"] | (g["backend"] == primary_paged_backend(g))
@@ -156,13 +166,15 @@ def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def bandwidth(kernels: pd.DataFrame | None) -> pd.DataFrame:
-    """Achieved GB/s (K/V bytes read / time) against the copy ceiling, block 16 and contiguous."""
+    """Achieved GB/s (K/V bytes read / time) against the copy ceiling, block 16 and contiguous:
+    the fastest row per ``series`` (backend) and batch."""
     df = kernel_rows(kernels)
     if df is None or "gbps" not in df.columns:
         return pd.DataFrame()
     df = df.dropna(subset=["gbps"])
     df = df[(~df["paged"]) | (df["block_size"] == PRIMARY_BLOCK_SIZE)]
-    rows = [_best(g, ["backend", "batch"]) for g in at_swept_context(df)]
+    rows = [_best(g.assign(series=with_dtype(g["backend"].astype(str), g)), ["series", "batch"])
+            for g in at_swept_context(df)]
     if not rows:
         return pd.DataFrame()
     return pd.concat(rows, ignore_index=True)

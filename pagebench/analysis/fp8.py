@@ -11,7 +11,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pagebench.analysis.claims import ARITHMETIC, Claim, Measured, Part, per_machine
-from pagebench.analysis.derive import row_labels
+from pagebench.analysis.derive import row_labels, table
 from pagebench.results import Results
 from pagebench.results.devices import frame_devices
 
@@ -24,10 +24,21 @@ LAYOUT_SPREAD_BOUND = 1.10  # slowest / fastest layout at one point
 LAYOUTS = ("contiguous", "shuffled", "aged")  # the block-table layouts a point compares
 
 
+# the columns beside ``machine`` that say which run a row belongs to, where recorded
+RUN = ("model_shape", "commit")
+
+
 def run_keys(frame: pd.DataFrame) -> list[str]:
     """The columns that say which run a row belongs to: its machine (always), and its model
     shape and commit where recorded; rows are compared only within one run."""
-    return ["machine"] + [c for c in ("model_shape", "commit") if c in frame]
+    return ["machine"] + [c for c in RUN if c in frame]
+
+
+def labelled_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with its ``machine`` label, and "" for an empty :data:`RUN` value (rows of a
+    file that recorded no commit are a run of their own, not dropped by a group-by)."""
+    return frame.assign(machine=row_labels(frame),
+                        **{c: frame[c].fillna("").astype(str) for c in RUN if c in frame})
 
 
 def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -40,7 +51,7 @@ def decode_ratios(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     if "launch" in dec:  # other launch options are shown in the CSV, not compared here
         dec = dec[dec["launch"].fillna("default") == "default"]
     dec["backend"] = dec["backend"].fillna("triton") if "backend" in dec else "triton"
-    dec["machine"] = row_labels(dec)
+    dec = labelled_runs(dec)
     keys = run_keys(dec) + ["batch", "context", "block_size"]
     bf16 = dec[(dec["cache_dtype"] == "bfloat16") & (dec["backend"] == "triton")]
     fp8 = dec[dec["cache_dtype"] == FP8]
@@ -83,25 +94,29 @@ def capacity_parts(results: Results) -> Measured | None:
     return Measured(parts, "; ".join(sources), note) if parts else None
 
 
+def decode_time_part(machine: str, ratios: pd.DataFrame) -> Part | None:
+    """One run's fastest fp8 decode at each long-context point against Triton's bf16; judged
+    at block 16, the worst of those points (None: no block-16 point)."""
+    best = ratios.loc[ratios.groupby(["batch", "context", "block_size"])["fp8_over_bf16"]
+                      .idxmin()]
+    judged = best[best["block_size"] == 16]
+    if judged.empty:
+        return None
+    text = f"{machine}: " + ", ".join(
+        f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: {r.fp8_over_bf16:.2f}× "
+        f"({r.backend})" for r in best.itertuples())
+    return Part(judged["fp8_over_bf16"].max(), text, name=machine)
+
+
 def decode_time_parts(results: Results) -> Measured | None:
-    """Per machine: the fastest fp8 decode at each long-context point against Triton's bf16
-    of the same run; judged at block 16, the worst of those points."""
-    ratios = decode_ratios(results.get("kernels_fp8"))
-    if ratios is None:
+    """One part per machine and run (:data:`RUN`): an older commit's faster kernel never
+    stands in for the newer one's at a point."""
+    ratios = table(results, "fp8_decode", TABLES["fp8_decode"])
+    if ratios.empty:
         return None
     long = ratios[((ratios["batch"] >= LONG_BATCH) & (ratios["context"] >= LONG_BATCH_CONTEXT))
                   | (ratios["context"] >= LONG_CONTEXT)]
-    parts = []
-    for machine, g in long.groupby("machine"):
-        best = g.loc[g.groupby(["batch", "context", "block_size"])["fp8_over_bf16"].idxmin()]
-        judged = best[best["block_size"] == 16]
-        if judged.empty:
-            continue
-        text = f"{machine}: " + ", ".join(
-            f"{int(r.batch)}×{int(r.context)} b{int(r.block_size)}: {r.fp8_over_bf16:.2f}× "
-            f"({r.backend})" for r in best.itertuples())
-        parts.append(Part(judged["fp8_over_bf16"].max(), text, name=machine))
-    return Measured(parts) if parts else None
+    return per_machine(long, decode_time_part, RUN)
 
 
 def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
@@ -110,7 +125,7 @@ def layout_spread(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     L2."""
     if frame is None:
         return None
-    frame = frame.assign(machine=row_labels(frame))
+    frame = labelled_runs(frame)
     keys = run_keys(frame) + ["batch", "context", "block_size"]
     wide = frame.pivot_table(index=keys, columns="table_layout", values="time_us",
                              aggfunc="median")
@@ -145,8 +160,9 @@ def layout_part(machine: str, spread: pd.DataFrame) -> Part | None:
 
 
 def layout_parts(results: Results) -> Measured | None:
-    spread = layout_spread(results.get("kernels_layout"))
-    return per_machine(spread, layout_part)
+    """One part per machine and run (:data:`RUN`)."""
+    spread = table(results, "layout_spread", TABLES["layout_spread"])
+    return None if spread.empty else per_machine(spread, layout_part, RUN)
 
 
 CLAIMS = (

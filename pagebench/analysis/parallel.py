@@ -7,50 +7,55 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.analysis.claims import Claim, Measured, Part, groups
+from pagebench.analysis.claims import Claim, Measured, Part, first, per_machine
 from pagebench.results import Results
-from pagebench.results.devices import frame_devices
 
 SECTION = "parallel"
 
 
+# what one tp=2 / tp=1 comparison holds fixed, beside the machine
+CAPACITY_CASE = ("kv_memory_budget_bytes", "model", "commit")
+ATTENTION_CASE = ("backend", "context", "block_size", "dtype", "commit")
+
+
 def capacity_parts(results: Results) -> Measured | None:
-    """tp=2 / tp=1 blocks per GPU in each KV budget (``kv_memory_budget_bytes``) of one run."""
-    frame = results.get("tp_capacity")
-    if frame is None:
-        return None
-    parts = [capacity_part(g) for g in groups(frame, ("kv_memory_budget_bytes", "model",
-                                                        "commit"))]
-    parts = [p for p in parts if p is not None]
-    return Measured(parts, frame_devices(frame)) if parts else None
+    """tp=2 / tp=1 blocks per GPU on each machine, in each KV budget of one run
+    (:data:`CAPACITY_CASE`)."""
+    return per_machine(results.get("tp_capacity"), capacity_part, CAPACITY_CASE)
 
 
-def capacity_part(frame: pd.DataFrame) -> Part | None:
+def capacity_part(machine: str, frame: pd.DataFrame) -> Part | None:
     blocks = frame.groupby("tp")["num_blocks_per_gpu"].max()
     if not {1, 2} <= set(blocks.index):
         return None
     ratio = blocks[2] / blocks[1]
     heads = frame.groupby("tp")["kv_heads_per_gpu"].max() if "kv_heads_per_gpu" in frame \
         else None
-    budget = frame["kv_memory_budget_bytes"].iloc[0] if "kv_memory_budget_bytes" in frame \
-        else None
-    within = "" if budget is None or pd.isna(budget) else f" in {float(budget) / 2**30:g} GiB"
-    return Part(ratio, f"{int(blocks[1]):,} → {int(blocks[2]):,} blocks per GPU{within} "
-                f"({ratio:.2f}×)" + (f"; KV heads per GPU {int(heads[1])} → {int(heads[2])}"
-                                     if heads is not None else ""))
+    budget = first(frame, "kv_memory_budget_bytes")
+    within = "" if pd.isna(budget) else f" in {float(budget) / 2**30:g} GiB"
+    return Part(ratio, f"{machine}: {int(blocks[1]):,} → {int(blocks[2]):,} blocks per GPU"
+                f"{within} ({ratio:.2f}×)" + (f"; KV heads per GPU {int(heads[1])} → "
+                                              f"{int(heads[2])}" if heads is not None else ""),
+                name=machine)
 
 
 def attention_parts(results: Results) -> Measured | None:
-    ratios = attention_ratios(results.get("tp_attention"))
+    """tp=2 / tp=1 attention time per step on each machine, in each case of one run
+    (:data:`ATTENTION_CASE`)."""
+    return per_machine(results.get("tp_attention"), attention_part, ATTENTION_CASE)
+
+
+def attention_part(machine: str, frame: pd.DataFrame) -> Part | None:
+    """Judged at the largest batch with both tp=1 and tp=2 (None: no such batch)."""
+    ratios = attention_ratios(frame)
     if ratios is None or ratios.empty:
         return None
-    return Measured([Part(ratios.iloc[-1], "tp=2 / tp=1 per step: " + ", ".join(
-        f"batch {int(b)}: {r:.2f}×" for b, r in ratios.items()))],
-        frame_devices(results.get("tp_attention")))
+    return Part(ratios.iloc[-1], f"{machine}: tp=2 / tp=1 per step: " + ", ".join(
+        f"batch {int(b)}: {r:.2f}×" for b, r in ratios.items()), name=machine)
 
 
 def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
-    """tp=2 / tp=1 attention time per step, by batch (ascending)."""
+    """tp=2 / tp=1 attention time per step, by batch (ascending), of one case."""
     if frame is None:
         return None
     wide = frame.pivot_table(index="batch", columns="tp", values="per_step_us", aggfunc="median")
@@ -67,7 +72,7 @@ CLAIMS = (
     Claim("tp_attention_halves", "Attention time per step halves at tp=2.", "paged decode on one "
           "GPU's heads (16 query / 4 KV vs 32 / 8) × 32 layers: tp=2 / tp=1 within 0.4–0.6× at "
           "the largest batch (bandwidth-bound); every batch shown", ("tp_attention",),
-          attention_parts, lambda r: 0.4 <= r <= 0.6),
+          attention_parts, lambda r: 0.4 <= r <= 0.6, mark_parts=True),
 )
 
 

@@ -367,7 +367,7 @@ def bandwidth_plots(bw: pd.DataFrame) -> list[plots.Plot | None]:
         ceiling = g.get("copy_gbps", pd.Series(dtype=float)).dropna()  # optional column
         hl = {f"copy ceiling {ceiling.median():,.0f} GB/s": float(ceiling.median())} \
             if len(ceiling) else None
-        out.append(plots.lines(g.assign(panel=g["shape"]), "batch", "gbps", "backend",
+        out.append(plots.lines(g.assign(panel=g["shape"]), "batch", "gbps", "series",
                                f"Achieved GB/s versus the copy ceiling: {label}",
                                "batch size (sequences)", "K/V bytes read / time (GB/s)",
                                "line chart of achieved bandwidth", legend_title="backend",
@@ -408,7 +408,8 @@ KERNELS = (
          "series", "batch", "time_us", "tokens_per_s"), text="Attention-kernel throughput versus "
          "batch size (tokens/s = batch / step time) for each block size of the fastest paged "
          "backend and the contiguous baselines, at the context where batch was swept (every "
-         "backend in the CSV). Attention alone reads each sequence's own K/V, so it scales with "
+         "backend in the CSV), from one commit per device and shape: the newest that swept "
+         "batch (the CSV's commit column). Attention alone reads each sequence's own K/V, so it scales with "
          "batch only while launch-bound; the engine section shows whole-model throughput.",
          plot=throughput_plot, missing="throughput versus batch size"),
     View("kernels_bandwidth", "Achieved bandwidth (block 16 paged and contiguous)",

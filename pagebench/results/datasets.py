@@ -338,13 +338,17 @@ KERNELS_BATCH1_RATIO = schema(
     C("time_us_contiguous", "float", "its time"), C("ratio", "float", "paged / contiguous"),
     environment=False)
 KERNELS_THROUGHPUT = schema(
-    "kernels_throughput", "the fastest row of one series (backend, block) at one batch size",
-    *KERNELS.columns, *TIMED_COLUMNS, C("series", "str", "backend and block size"),
+    "kernels_throughput", "the fastest row of one series (backend, block) at one batch size, "
+    "of one commit per device and shape (the newest with a batch sweep)",
+    *KERNELS.columns, *TIMED_COLUMNS,
+    C("series", "str", "backend and block size (and dtype where the commit swept several)"),
     C("tokens_per_s", "float", "batch / step time"),
     C("primary", "bool", "contiguous, or the primary paged backend"), environment=False)
 KERNELS_BANDWIDTH = schema(
-    "kernels_bandwidth", "achieved GB/s of the fastest row per backend and batch",
-    *KERNELS.columns, *TIMED_COLUMNS, environment=False)
+    "kernels_bandwidth", "achieved GB/s of the fastest row per backend and batch, of one "
+    "commit per device and shape (the newest with a batch sweep)",
+    *KERNELS.columns, *TIMED_COLUMNS,
+    C("series", "str", "backend (and dtype where the commit swept several)"), environment=False)
 KERNELS_BLOCK_COST = schema(
     "kernels_block_cost", "one block size's median paged time relative to the best block",
     DEVICE_LABEL, BLOCK_SIZE,

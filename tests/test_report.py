@@ -334,6 +334,41 @@ def test_throughput_takes_the_newest_commit_that_swept_batch(monkeypatch):
     assert set(tput["commit"]) == {"aaaaaaa"} and set(tput["batch"]) == {1, 8, 64}
 
 
+def test_block_cost_and_prefill_summary_read_the_newest_commit(monkeypatch):
+    """A block-size cost or a prefill point summarised over two commits would blend an older
+    kernel's times with the newer one's: each comes from the newest commit alone."""
+    kernels = two_commits(monkeypatch)
+    slow_16 = kernels["block_size"].eq(16) & kernels["commit"].eq("aaaaaaa")
+    kernels.loc[slow_16, "time_us"] *= 3  # only the older commit's block 16 is slow
+    cost = derive.kernel_cost_per_block(kernels)
+    newer = derive.kernel_cost_per_block(kernels[kernels["commit"] == "bbbbbbb"])
+    assert set(cost["commit"]) == {"bbbbbbb"}
+    pd.testing.assert_frame_equal(cost, newer)
+    results = Results()
+    results.add("kernels", kernels, "two rounds")
+    for fact in ("memory_static",):
+        results.add(fact, synthetic_results().get(fact), "synthetic")
+    assert by_key(results)["block16_sweet_spot"].verdict == HOLDS  # not the older 3x
+    point = {"device": "cuda", "device_name": "GPU", "model_shape": "m", "batch": 1,
+             "query_len": 512, "cached": 0, "cuda_graphs": True, "machine": "gpu"}
+    prefill = pd.DataFrame([
+        dict(point, backend=b, commit=c, time_us=t)
+        for b, c, t in (("sdpa-contiguous", "aaaaaaa", 10.0), ("triton-paged", "aaaaaaa", 30.0),
+                        ("sdpa-contiguous", "bbbbbbb", 10.0), ("triton-paged", "bbbbbbb", 12.0))])
+    summary = derive.prefill_summary(prefill)
+    assert summary["commit"].tolist() == ["bbbbbbb"]
+    assert summary["triton / sdpa (graph)"].tolist() == pytest.approx([1.2])  # not the median 2.1
+
+
+def test_batch1_slower_judges_each_run_and_names_it():
+    def run(ratio: float, commit: str) -> pd.DataFrame:
+        return synthetic_results(paged_ratio={16: ratio}).get("kernels").assign(commit=commit)
+    results = Results()
+    results.add("kernels", pd.concat([run(1.05, "aaaaaaa"), run(1.2, "bbbbbbb")]), "two rounds")
+    c = by_key(results)["batch1_slower"]
+    assert c.verdict == HOLDS and "(aaaaaaa)" in c.measured and "(bbbbbbb)" in c.measured
+
+
 def test_throughput_keeps_one_commits_dtypes_apart():
     bf16 = synthetic_results().get("kernels")
     fp16 = bf16.assign(dtype="float16", kv_dtype="float16", time_us=bf16["time_us"] / 2)

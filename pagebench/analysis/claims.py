@@ -273,11 +273,12 @@ def batch1_slower(results: Results) -> Measured | None:
         return None
     judged = derive.judged_labels(ratio["device_label"], kernels)
     parts = []
-    for label, g in ratio.groupby("device_label"):
-        lo, hi = g["ratio"].min(), g["ratio"].max()
+    for g in groups(ratio, ["device_label", *derive.RUN]):  # one part per device and run
+        label, lo, hi = g["device_label"].iloc[0], g["ratio"].min(), g["ratio"].max()
         per_shape = ", ".join(f"{shape} {x['ratio'].min():.2f}–{x['ratio'].max():.2f}×"
                               for shape, x in g.groupby("shape"))
-        text = (f"{label}: paged/contiguous {per_shape} over contexts "
+        run = f" ({g['commit'].iloc[0]})" if ratio["commit"].nunique() > 1 else ""
+        text = (f"{label}{run}: paged/contiguous {per_shape} over contexts "
                 f"{int(g['context'].min()):,}–{int(g['context'].max()):,}")
         parts.append(judged_part(label in judged, (lo, hi), text,
                                  f"paged {lo:.2f}–{hi:.2f}× contiguous", label,

@@ -44,8 +44,9 @@ def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
-    """One row per prefill point: each variant's time (us; " graph" = replayed from a CUDA
-    graph), Triton / SDPA and torch / Triton ratios, Triton's TFLOP/s."""
+    """One row per prefill point of one commit per device and shape (the newest): each
+    variant's time (us; " graph" = replayed from a CUDA graph), Triton / SDPA and torch /
+    Triton ratios, Triton's TFLOP/s."""
     if prefill is None or len(prefill) == 0:
         return pd.DataFrame()
     df = prefill.dropna(subset=["batch", "query_len", "cached", "time_us"])
@@ -55,7 +56,9 @@ def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
                                                                          False: ""})
     df["device_label"] = row_labels(df)
     df["shape"] = df["model_shape"].astype(str)
-    keys = ["device_label", "shape", "batch", "query_len", "cached"]
+    df["commit"] = df["commit"].fillna("").astype(str) if "commit" in df.columns else ""
+    df = newest_run(df, ["device_label", "shape"])
+    keys = ["device_label", "shape", "commit", "batch", "query_len", "cached"]
     out = df.pivot_table(index=keys, columns="variant", values="time_us", aggfunc="median")
     out.columns = [str(c) for c in out.columns]
 
@@ -109,6 +112,16 @@ def batch1_ratio(kernels: pd.DataFrame | None) -> pd.DataFrame:
     return pairs.rename(columns={"backend_paged": "paged_backend",
                                  "backend_contiguous": "contiguous_backend"}) \
         .sort_values(keys + ["block_size"]).reset_index(drop=True)
+
+
+def newest_run(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    """Each ``by`` group's rows of one commit, its newest
+    (:func:`pagebench.results.commits.newest_first`): a table or claim that summarises over
+    points then never blends an older commit's kernel with a newer one's."""
+    if df.empty:
+        return df
+    keep = [g[g["commit"] == newest_first(g["commit"])[0]] for _, g in df.groupby(by)]
+    return pd.concat(keep) if keep else df.iloc[:0]
 
 
 def at_swept_context(df: pd.DataFrame):
@@ -199,7 +212,8 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
 
     Each (device, shape, batch, context) case measured at more than one block size gives every
     block size's fastest paged time relative to the case's best; a block size's kernel cost is
-    the median of its relative times over those cases.
+    the median of its relative times over those cases, of one commit per device (the newest
+    with such cases).
     """
     df = kernel_rows(kernels)
     if df is None:
@@ -211,7 +225,9 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
     rel = best[best.groupby(keys)["block_size"].transform("nunique") > 1]
     if rel.empty:
         return rel.reset_index(drop=True)
-    out = rel.groupby(["device_label", "block_size"], as_index=False)["relative_time"].median()
+    rel = newest_run(rel, ["device_label"])
+    out = rel.groupby(["device_label", "commit", "block_size"], as_index=False)[
+        "relative_time"].median()
     out["gpu"] = out["device_label"].isin(set(df.loc[df["gpu"], "device_label"]))
     out["block_size"] = out["block_size"].astype(int)
     return out

@@ -380,8 +380,9 @@ PREFILL = (  # paged prefill (whole prompts, chunks after a cached prefix) again
          f"reference: {int(passed(eq).sum())} of {len(eq)} cases within tolerance."),
     View("kernels_prefill_summary", "Paged prefill versus causal SDPA on a contiguous cache",
          text="Prefill: batch sequences, each a chunk of query_len new tokens after cached ones "
-         "(0: a whole prompt), causal. Times in us; \"graph\" columns are replayed from a "
-         "CUDA graph (kernel time without the host's launch work). sdpa-contiguous is causal "
+         "(0: a whole prompt), causal; one commit per device and shape, the newest. Times in "
+         "us; \"graph\" columns are replayed from a CUDA graph (kernel time without the "
+         "host's launch work). sdpa-contiguous is causal "
          "SDPA on a contiguous cache (FlashAttention where the GPU has it): the bar a paged "
          "prefill kernel is measured against; torch-paged gathers each sequence first.",
          missing="prefill timings (pagebench bench --prefill --out ..., or commit "
@@ -419,7 +420,7 @@ KERNELS = (
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",
              "Paged kernel time per block size (1.0 = best block size)", "block size (tokens)",
-             "kernel time / best block size's (median over cases)",
+             "kernel time / best block size's (median over cases, newest commit)",
              "line chart of kernel cost per block size", legend_title="device", logx=True)),
     *PREFILL,
 )

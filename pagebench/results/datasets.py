@@ -350,13 +350,16 @@ KERNELS_BANDWIDTH = schema(
     *KERNELS.columns, *TIMED_COLUMNS,
     C("series", "str", "backend (and dtype where the commit swept several)"), environment=False)
 KERNELS_BLOCK_COST = schema(
-    "kernels_block_cost", "one block size's median paged time relative to the best block",
-    DEVICE_LABEL, BLOCK_SIZE,
+    "kernels_block_cost", "one block size's median paged time relative to the best block, "
+    "of one commit per device (the newest that timed more than one block size)",
+    DEVICE_LABEL, C("commit", "str", "the commit measured"), BLOCK_SIZE,
     C("relative_time", "float", "median of time / best block's time"),
     C("gpu", "bool", "measured on a GPU"), environment=False)
 KERNELS_PREFILL_SUMMARY = schema(
-    "kernels_prefill_summary", "one prefill point: each variant's time and their ratios",
-    DEVICE_LABEL, SHAPE, BATCH, C("query_len", "int", "new tokens"),
+    "kernels_prefill_summary", "one prefill point: each variant's time and their ratios, of "
+    "one commit per device and shape (the newest)",
+    DEVICE_LABEL, SHAPE, C("commit", "str", "the commit measured"), BATCH,
+    C("query_len", "int", "new tokens"),
     C("cached", "int", "cached tokens"), environment=False)
 RECOMMENDATION = schema(
     "recommendation", "one block size's score: utilisation / relative kernel time",

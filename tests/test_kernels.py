@@ -150,17 +150,20 @@ def test_prefill_launch_rules(monkeypatch):
         return prefill_launch(head_dim, dtype, device, **{"mean_chunk": 512, "programs": 264,
                                                           "max_keys": 512, **kw})
 
-    assert launch(mean_chunk=2048) == PrefillLaunch(128, 64, 8, 2, False, False, 128)
-    assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168)  # 8 x 512
+    # above head dim 64 every launch reads the rows' offsets again after the walk
+    assert launch(mean_chunk=2048) == PrefillLaunch(128, 64, 8, 2, False, False, 128,
+                                                    reread=True)
+    assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168,
+                                                  reread=True)  # 8 x 512
     assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
-        64, 32, 4, 2, True, False, 128)  # 32 x 128
-    ahead = PrefillLaunch(64, 64, 4, 3, True, True, 255)
-    uncapped = PrefillLaunch(64, 64, 4, 3, True, True, None)  # more than one wave
+        64, 32, 4, 2, True, False, 128, reread=True)  # 32 x 128
+    ahead = PrefillLaunch(64, 64, 4, 3, True, True, 255, reread=True)
+    uncapped = PrefillLaunch(64, 64, 4, 3, True, True, None, reread=True)  # more than a wave
     assert launch() == ahead  # one wave of programs: 1 x 512
     assert launch(programs=2112, max_keys=4096) == uncapped  # 8 x 512 after a long prefix
     assert launch(programs=264, max_keys=4096) == ahead  # one chunk after a long prefix
     # head dim 64: the grid round-robin over the sequences (where its grid is no larger)
-    by_round = dict(round_robin=True)
+    by_round = dict(round_robin=True, reread=False)
     assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == dataclasses.replace(
         ahead, **by_round)  # long chunks
     assert launch(head_dim=64, programs=2112) == dataclasses.replace(uncapped, **by_round)

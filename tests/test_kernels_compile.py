@@ -102,7 +102,9 @@ CHILD = textwrap.dedent(r'''
         calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
         every_launch = (dtype, tables, lens, cache, shape) == (torch.bfloat16, I64, I64, None,
                                                                (8, 2, 64))
-        forced = [{}, *PREFILL_LAUNCHES.values()] if every_launch else [{}]
+        forced = ([{}, *PREFILL_LAUNCHES.values(),  # and each with the rows' offsets read again
+                   *(dict(launch, reread=True) for launch in PREFILL_LAUNCHES.values())]
+                  if every_launch else [{}])
         calls += [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(
             q, *args[1:], qlens, 0.125, **scales, **launch)) for launch in forced]
         accepted = registered_backends()["triton"].supports("decode", CUDA, dtype,

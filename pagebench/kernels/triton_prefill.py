@@ -46,6 +46,7 @@ import triton.language as tl
 
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
+MIN_SCAN = 32  # and at least: a narrower scan cost the long-chunk launch spills (docs/kernels.md)
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 
@@ -144,6 +145,17 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
+def _queries_of(Q_LENS, seq, SCAN: tl.constexpr):
+    """Sequence ``seq``'s first row in the packed queries and its query count, read again by
+    volatile loads (which the compiler does not merge with the reads before the walk)."""
+    q_start = 0
+    for chunk in range(0, seq, SCAN):
+        idx = chunk + tl.arange(0, SCAN)
+        q_start += tl.sum(tl.load(Q_LENS + idx, mask=idx < seq, other=0, volatile=True), 0)
+    return q_start, tl.load(Q_LENS + seq, volatile=True)
+
+
+@triton.jit
 def _prefill_kernel(
     Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
@@ -155,7 +167,7 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROUND_ROBIN: tl.constexpr,
+    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROUND_ROBIN: tl.constexpr, REREAD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -254,6 +266,10 @@ def _prefill_kernel(
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
+        if REREAD:  # the rows' offsets read again, not kept through the walk (fewer spills)
+            q_start, q_len = _queries_of(Q_LENS, seq, SCAN)
+            q_rows = (q_start + tok).to(tl.int64)
+            row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
         tl.store(OUT + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
@@ -269,6 +285,7 @@ class PrefillLaunch:
     table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
     round_robin: bool = False  # grid order: round r = each sequence's r-th tile from its last
+    reread: bool = False  # the output rows' offsets read again after the walk
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -303,6 +320,14 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     16 x 512, the other points within 1%; on the Llama-3-8B shape it took 1.00-1.07x, so head
     dims above 64 keep the order by sequence (same process, docs/kernels.md).
 
+    Above head dim 64 the output rows' offsets are read again after the walk (``reread``)
+    rather than kept through it: kept, they pushed the long-chunk launch into spills once
+    there was more than one sequence. Llama-3-8B shape, against the same kernel without it:
+    0.88-0.95x the time at 12 of 16 points (2 x 2,048: 0.93x; 8 x 512: 0.94x; 16 x 512:
+    0.95x), 1.03x at 8 x 512 after 3,584, the rest within 1.2%. At head dim 64, where no
+    launch spills, it took 1.05-1.08x at 1 x 2,048, 1 x 4,096, 2 x 2,048 and 32 x 128 and
+    0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there.
+
     fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
     with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
     warps, 3 stages for long chunks) at seven of the prefill sweep's nine points, 1% slower
@@ -312,17 +337,19 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
         return PrefillLaunch(64, tile_n, 4, 2, False, False)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
-    by_round = head_dim <= 64
+    by_round, reread = head_dim <= 64, head_dim > 64
     if mean_chunk >= LONG_CHUNK and head_dim > 64:
-        return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None)
+        return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None, reread=True)
     if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * _sm_count(device):
         if max_keys <= 4 * 32:
-            return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round)
+            return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round,
+                                 reread)
         if head_dim > 64:
-            return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None)
+            return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True)
     # the register cap only where the programs fit in one wave (two per SM)
     one_wave = programs <= 2 * _sm_count(device)
-    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None, by_round)
+    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None, by_round,
+                         reread)
 
 
 @functools.cache
@@ -353,7 +380,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          tile_n: int | None = None, num_warps: int | None = None,
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None, round_robin: bool | None = None):
+                         maxnreg: int | None = None, round_robin: bool | None = None,
+                         reread: bool | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -365,9 +393,10 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
     unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
     ``round_robin``: the grid's order (by default round-robin where the launch says so and its
-    grid is no larger than the one by sequence);
+    grid is no larger than the one by sequence); ``reread``: the output rows' offsets read
+    again after the walk rather than kept through it;
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
-    two; default up to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
+    two; default ``MIN_SCAN`` to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
@@ -407,13 +436,14 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
-        SCAN=next_pow2(scan or min(num_seqs, MAX_SCAN)),
+        SCAN=next_pow2(scan or min(max(num_seqs, MIN_SCAN), MAX_SCAN)),
         ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
         ROUND_ROBIN=bool(round_robin),
+        REREAD=chosen.reread if reread is None else bool(reread),
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

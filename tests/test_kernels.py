@@ -134,7 +134,7 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-def test_prefill_launch_rules(monkeypatch):
+def test_prefill_launch_rules():
     """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two
     walks; many programs over short tables (at head dim 64: very short) 32-key tiles with
     capped registers; else 64 rows in one walk with block ids ahead (fp8 caches too), the
@@ -143,12 +143,12 @@ def test_prefill_launch_rules(monkeypatch):
     from pagebench.kernels import triton_prefill
     from pagebench.kernels.triton_prefill import PrefillLaunch, prefill_launch
 
-    monkeypatch.setattr(triton_prefill, "_sm_count", lambda device: 132)
     cuda, bf16 = torch.device("cuda"), torch.bfloat16
 
     def launch(head_dim=128, dtype=bf16, device=cuda, **kw):
         return prefill_launch(head_dim, dtype, device, **{"mean_chunk": 512, "programs": 264,
-                                                          "max_keys": 512, **kw})
+                                                          "max_keys": 512, "sm_count": 132,
+                                                          **kw})
 
     # above head dim 64 every launch reads the rows' offsets again after the walk
     assert launch(mean_chunk=2048) == PrefillLaunch(128, 64, 8, 2, False, False, 128,

@@ -289,9 +289,11 @@ class PrefillLaunch:
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
-                   mean_chunk: int, programs: int, max_keys: int) -> PrefillLaunch:
+                   mean_chunk: int, programs: int, max_keys: int,
+                   sm_count: int | None = None) -> PrefillLaunch:
     """The launch for chunks of ``mean_chunk`` queries on average, ``programs`` programs of 64
-    rows, and at most ``max_keys`` keys per sequence (the block table's capacity). Measured on
+    rows, and at most ``max_keys`` keys per sequence (the block table's capacity), on a CUDA
+    device of ``sm_count`` SMs (None: ``device``'s own). Measured on
     the H200 (docs/kernels.md, "The Triton paged prefill"):
 
     - long chunks above head dim 64: 128 rows (each K/V tile serves more queries), the
@@ -340,14 +342,15 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     by_round, reread = head_dim <= 64, head_dim > 64
     if mean_chunk >= LONG_CHUNK and head_dim > 64:
         return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None, reread=True)
-    if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * _sm_count(device):
+    sms = sm_count or _sm_count(device)
+    if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * sms:
         if max_keys <= 4 * 32:
             return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round,
                                  reread)
         if head_dim > 64:
             return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True)
     # the register cap only where the programs fit in one wave (two per SM)
-    one_wave = programs <= 2 * _sm_count(device)
+    one_wave = programs <= 2 * sms
     return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None, by_round,
                          reread)
 

@@ -18,12 +18,12 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "0"  # compile, not interpret: before Triton is imported
 
-import pandas as pd  # noqa: E402
-from ab_harness import parse_launch, parse_points  # noqa: E402
+import pandas as pd
+from ab_harness import parse_launch, parse_points
 
-from pagebench.defaults import SHAPES  # noqa: E402
-from pagebench.kernels.offline_compile import prefill_reports  # noqa: E402
-from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS  # noqa: E402
+from pagebench.defaults import SHAPES
+from pagebench.kernels.offline_compile import prefill_reports
+from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS
 
 SEVERAL_LONG = [(2, 2048, 0), (4, 2048, 0), (2, 4096, 0), (16, 512, 0)]
 

@@ -46,7 +46,7 @@ import triton.language as tl
 
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
-MIN_SCAN = 32  # and at least: a narrower scan cost the long-chunk launch spills (docs/kernels.md)
+MIN_SCAN = 32  # and at least (but see _scan_width)
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 
@@ -360,6 +360,16 @@ def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _scan_width(num_seqs: int, reread: bool) -> int:
+    """Query lengths a program scans per step: at least ``MIN_SCAN`` (narrower scans cost
+    spills), except one for one sequence where the rows are not read again (Qwen2.5-0.5B shape:
+    0.95x the time of a 32-lane scan for 512-token chunks, 1.01-1.02x for longer ones; with the
+    re-read, Llama-3-8B shape, 1.01-1.03x for whole prompts: docs/kernels.md)."""
+    if num_seqs == 1 and not reread:
+        return 1
+    return min(max(num_seqs, MIN_SCAN), MAX_SCAN)
+
+
 def _padded_rows(rows: int, group: int) -> int:
     """Rows of a program: a power of two >= 16 (``tl.dot``) and >= the group."""
     return max(16, next_pow2(max(rows, group)))
@@ -399,7 +409,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     grid is no larger than the one by sequence); ``reread``: the output rows' offsets read
     again after the walk rather than kept through it;
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
-    two; default ``MIN_SCAN`` to ``MAX_SCAN``). Nothing is read back to the host, so a call can be
+    two; default ``_scan_width``'s). Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
     """
     total, q_heads, head_dim = q.shape
@@ -425,6 +435,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tile_n = tile_n or chosen.tile_n
     maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
+    reread = chosen.reread if reread is None else bool(reread)
     by_sequence = _grid_size(total, num_seqs, tokens, kv_heads)
     by_round = _round_grid_size(total, num_seqs, tokens, kv_heads, tables.shape[1] * block_size)
     if round_robin is None:  # where its grid is no larger (chunks of about the table's width)
@@ -439,14 +450,14 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
-        SCAN=next_pow2(scan or min(max(num_seqs, MIN_SCAN), MAX_SCAN)),
+        SCAN=next_pow2(scan or _scan_width(num_seqs, reread)),
         ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
         FP8=fp8,
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
         ROUND_ROBIN=bool(round_robin),
-        REREAD=chosen.reread if reread is None else bool(reread),
+        REREAD=reread,
         num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

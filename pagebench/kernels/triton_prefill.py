@@ -363,8 +363,9 @@ def _sm_count(device: torch.device) -> int:
 def _scan_width(num_seqs: int, reread: bool) -> int:
     """Query lengths a program scans per step: at least ``MIN_SCAN`` (narrower scans cost
     spills), except one for one sequence where the rows are not read again (Qwen2.5-0.5B shape:
-    0.95x the time of a 32-lane scan for 512-token chunks, 1.01-1.02x for longer ones; with the
-    re-read, Llama-3-8B shape, 1.01-1.03x for whole prompts: docs/kernels.md)."""
+    0.95x the time of a 32-lane scan for 512-token chunks, 1.01-1.02x for longer ones; where
+    the rows are read again, on the Llama-3-8B shape, 1.01-1.03x for whole prompts:
+    docs/kernels.md)."""
     if num_seqs == 1 and not reread:
         return 1
     return min(max(num_seqs, MIN_SCAN), MAX_SCAN)

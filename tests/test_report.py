@@ -346,8 +346,7 @@ def test_block_cost_and_prefill_summary_read_the_newest_commit(monkeypatch):
     pd.testing.assert_frame_equal(cost, newer)
     results = Results()
     results.add("kernels", kernels, "two rounds")
-    for fact in ("memory_static",):
-        results.add(fact, synthetic_results().get(fact), "synthetic")
+    results.add("memory_static", synthetic_results().get("memory_static"), "synthetic")
     assert by_key(results)["block16_sweet_spot"].verdict == HOLDS  # not the older 3x
     point = {"device": "cuda", "device_name": "GPU", "model_shape": "m", "batch": 1,
              "query_len": 512, "cached": 0, "cuda_graphs": True, "machine": "gpu"}

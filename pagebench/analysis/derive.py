@@ -118,8 +118,6 @@ def newest_run(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Each ``by`` group's rows of one commit, its newest
     (:func:`pagebench.results.commits.newest_first`): a table or claim that summarises over
     points then never blends an older commit's kernel with a newer one's."""
-    if df.empty:
-        return df
     keep = [g[g["commit"] == newest_first(g["commit"])[0]] for _, g in df.groupby(by)]
     return pd.concat(keep) if keep else df.iloc[:0]
 

@@ -46,7 +46,7 @@ import triton.language as tl
 
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
-MIN_SCAN = 32  # and at least (but see _scan_width)
+MIN_SCAN = 32  # the narrowest scan, but for one sequence without the re-read (_scan_width)
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 

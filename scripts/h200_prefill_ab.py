@@ -33,14 +33,12 @@ from pagebench.defaults import BLOCK_SIZE, SHAPES
 from pagebench.kernels import triton_prefill
 from pagebench.kernels.fixtures import (make_paged_inputs, prefill_case, quantized_inputs,
                                         relative_error)
-from pagebench.kernels.prefill_sweep import causal_flops, sdpa_causal
+from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS, causal_flops, sdpa_causal
 from pagebench.kernels.reference import reference_prefill, torch_paged_prefill
 from pagebench.timing import environment, measure
 
 RAGGED = [([1, 15, 16, 17, 300, 1000, 513, 64], [1, 15, 3, 17, 300, 0, 100, 64]),
           ([512] * 4 + [100, 37], [512, 512, 500, 1, 100, 37])]
-ALL_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (32, 128, 0), (1, 512, 3584),
-              (1, 512, 15872), (16, 64, 1024), (64, 16, 2048)]
 E4M3 = torch.float8_e4m3fn
 # The launch fp8 caches took before (two walks, 2 stages; 128 rows, 4 warps, 3 stages from 2,048
 # queries a chunk; maxnreg 255: no cap, as the compiler's own choice would be)
@@ -86,7 +84,7 @@ def main() -> None:
         parser.error("--copy-launch: needs --copy")
     shape = SHAPES[args.shape]
     launches = [parse_launch(text) for text in args.launch]
-    points = parse_points(args.points, ALL_POINTS)
+    points = parse_points(args.points, FULL_PREFILL_POINTS)
     dev = args.device
     on_cuda = dev == "cuda"
     scale = shape[2] ** -0.5

@@ -137,7 +137,7 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 def test_prefill_launch_rules():
     """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two
     walks; many programs over short tables (at head dim 64: very short) 32-key tiles with
-    capped registers; else 64 rows in one walk with block ids ahead (fp8 caches too), the
+    capped registers (and the lazy rescale where the walks are longer than four tiles); else 64 rows in one walk with block ids ahead (fp8 caches too), the
     registers capped at 255 where the programs fit in one wave; fp32 and non-CUDA devices keep
     the earlier launch."""
     from pagebench.kernels import triton_prefill
@@ -154,7 +154,7 @@ def test_prefill_launch_rules():
     assert launch(mean_chunk=2048) == PrefillLaunch(128, 64, 8, 2, False, False, 128,
                                                     reread=True)
     assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168,
-                                                  reread=True)  # 8 x 512
+                                                  reread=True, lazy_rescale=True)  # 8 x 512
     assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
         64, 32, 4, 2, True, False, 128, reread=True)  # 32 x 128
     ahead = PrefillLaunch(64, 64, 4, 3, True, True, 255, reread=True)

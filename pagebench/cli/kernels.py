@@ -26,6 +26,7 @@ TUNE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0), ("context", "c
               ("rows", "rows", 0), ("tile_n", "tile", 0), ("num_warps", "warps", 0),
               ("num_stages", "stages", 0), ("one_loop", "one walk", 0),
               ("table_ahead", "ids ahead", 0), ("maxnreg", "max regs", 0),
+              ("lazy_rescale", "lazy rescale", 0),
               ("chosen", "chosen", 0), ("num_splits", "splits", 0), ("time_us", "time (us)", 1)]
 FP8_TABLE = [("op", "op", 0), ("cache_dtype", "cache", 0), ("batch", "batch", 0),
              ("context", "context", 0), ("query_len", "query", 0), ("cached", "cached", 0),

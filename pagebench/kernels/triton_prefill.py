@@ -52,24 +52,34 @@ SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-progr
 
 
 @triton.jit
-def _table_entries(table_row, pos, end, BLOCK_SIZE: tl.constexpr, MASKED: tl.constexpr):
-    """The block ids of the key positions ``pos`` (``MASKED``: 0 at or beyond ``end``)."""
+def _table_entries(table_row, start, pos, page, end, BLOCK_SIZE: tl.constexpr,
+                   ALIGNED: tl.constexpr, MASKED: tl.constexpr):
+    """The block ids of the key positions ``pos = start + offs`` (``MASKED``: 0 at or beyond
+    ``end``); ``ALIGNED``: ``start`` is a multiple of the block size and ``page = offs //
+    BLOCK_SIZE``, computed once outside the walk."""
+    idx = start // BLOCK_SIZE + page if ALIGNED else pos // BLOCK_SIZE
     if MASKED:
-        return tl.load(table_row + pos // BLOCK_SIZE, mask=pos < end, other=0)
-    return tl.load(table_row + pos // BLOCK_SIZE)
+        return tl.load(table_row + idx, mask=pos < end, other=0)
+    return tl.load(table_row + idx)
 
 
 @triton.jit
-def _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
-             stride_kb, stride_kt, stride_vb, stride_vt,
-             BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr,
-             MASKED: tl.constexpr, WIDE_INDEX: tl.constexpr):
-    """The K and V rows of the key positions ``pos`` in blocks ``block``."""
+def _in_page(pos, stride_kt, stride_vt, k_head, v_head, BLOCK_SIZE: tl.constexpr):
+    """The K and V element offsets of the key positions ``pos`` within their blocks."""
+    slot = pos % BLOCK_SIZE
+    return slot * stride_kt + k_head, slot * stride_vt + v_head
+
+
+@triton.jit
+def _kv_rows(K, V, block, pos, end, dims, k_in, v_in, stride_kb, stride_vb,
+             HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr, MASKED: tl.constexpr,
+             WIDE_INDEX: tl.constexpr):
+    """The K and V rows of the key positions ``pos``: in blocks ``block`` at offsets ``k_in``,
+    ``v_in`` within them."""
     if WIDE_INDEX:
         block = block.to(tl.int64)
-    slot = pos % BLOCK_SIZE
-    k_ptr = K + (block * stride_kb + slot * stride_kt + k_head)[:, None] + dims[None, :]
-    v_ptr = V + (block * stride_vb + slot * stride_vt + v_head)[:, None] + dims[None, :]
+    k_ptr = K + (block * stride_kb + k_in)[:, None] + dims[None, :]
+    v_ptr = V + (block * stride_vb + v_in)[:, None] + dims[None, :]
     if MASKED:
         kv_mask = (pos < end)[:, None] & (dims < HEAD_DIM)[None, :]
         k = tl.load(k_ptr, mask=kv_mask, other=0.0)
@@ -93,16 +103,59 @@ def _scores(q, k, IEEE_DOT: tl.constexpr):
     return tl.dot(q, tl.trans(k))
 
 
+# The lazy rescale's multiply, skipped by a warp whose rows all kept their running max. Operands:
+# the products $0.. (tied to the accumulator $PACK..), the rows' alpha $2*PACK.., their flags
+# (1: the max moved) $3*PACK..; a warp votes on the flags of the first four elements of each
+# thread's pack, which hold both of its rows in a Hopper (wgmma) accumulator (PTX's fragment
+# order: two columns of one row, then two of the row eight below).
+LAZY_PACK = 32
+_LAZY_PACK = tl.constexpr(LAZY_PACK)
+_RESCALE_ASM = tl.constexpr(
+    f"{{ .reg .pred p, q; setp.ne.s32 p, ${3 * LAZY_PACK}, 0; "
+    + "".join(f"setp.ne.s32 q, ${3 * LAZY_PACK + i}, 0; or.pred p, p, q; " for i in (1, 2, 3))
+    + "vote.sync.any.pred p, p, -1; @!p bra SKIP; "
+    + " ".join(f"mul.f32 ${i}, ${i + LAZY_PACK}, ${i + 2 * LAZY_PACK};" for i in range(LAZY_PACK))
+    + " SKIP: }")
+_RESCALE_CONSTRAINTS = tl.constexpr(",".join(
+    ["=f"] * LAZY_PACK + [str(i) for i in range(LAZY_PACK)] + ["f"] * LAZY_PACK
+    + ["r"] * LAZY_PACK))
+
+
 @triton.jit
-def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr):
+def _rescaled(acc, alpha, moved, VOTE: tl.constexpr):
+    """``acc * alpha[:, None]``; ``VOTE`` (a Hopper wgmma accumulator): only in the warps where
+    some row's ``moved`` is set (elsewhere alpha is 1)."""
+    if VOTE:
+        return tl.inline_asm_elementwise(_RESCALE_ASM, _RESCALE_CONSTRAINTS,
+                                         [acc, alpha[:, None] + tl.zeros_like(acc),
+                                          moved.to(tl.int32)[:, None]
+                                          + tl.zeros(acc.shape, tl.int32)],
+                                         dtype=tl.float32, is_pure=True, pack=_LAZY_PACK)
+    return acc * alpha[:, None]
+
+
+@triton.jit
+def _softmax_step(s, v, m_i, l_i, acc, scale_log2e, IEEE_DOT: tl.constexpr,
+                  LAZY: tl.constexpr, VOTE: tl.constexpr):
     """One key tile of the online softmax: running max ``m_i`` and sum ``l_i`` (log2 domain)
     and the output ``acc``, updated with the scores ``s`` (masked ones -inf) and values
-    ``v``. The scale (positive) goes into the exponent's multiply-add; -inf stays -inf."""
-    m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+    ``v``. The scale (positive) goes into the exponent's multiply-add; -inf stays -inf.
+    ``LAZY``: a row's max moves only when the tile's passes it by more than 8 (so p <= 2^8,
+    well within fp32 and bf16), and the output is rescaled only then (``_rescaled``)."""
+    if LAZY:
+        m_tile = tl.max(s, 1) * scale_log2e
+        moved = m_tile > m_i + 8.0  # the first tile: m_i is -inf, every row moves
+        m_new = tl.where(moved, m_tile, m_i)
+        alpha = tl.where(moved, tl.exp2(m_i - m_new), 1.0)  # (no overflow where it is 1)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1) * scale_log2e)
+        alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s * scale_log2e - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None]
+    if LAZY:
+        acc = _rescaled(acc, alpha, moved, VOTE)
+    else:
+        acc = acc * alpha[:, None]
     if IEEE_DOT:
         acc = tl.dot(p, v.to(tl.float32), acc, input_precision="ieee")
     else:
@@ -115,30 +168,40 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
           offs, dims, k_head, v_head, stride_kb, stride_kt, stride_vb, stride_vt,
           BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
           DIM_PAD: tl.constexpr, MASKED: tl.constexpr, TABLE_AHEAD: tl.constexpr,
-          IEEE_DOT: tl.constexpr, WIDE_INDEX: tl.constexpr):
+          IEEE_DOT: tl.constexpr, WIDE_INDEX: tl.constexpr, LAZY: tl.constexpr,
+          VOTE: tl.constexpr):
     """The online softmax over the key tiles ``lo, lo + TILE_N, .. < hi``. Keys at or beyond
     ``end`` are never read. ``MASKED``: loads are masked at ``end`` and tiles from
     ``full_end`` on take the causal mask (before it every row sees every key); otherwise no
     tile is masked. ``TABLE_AHEAD``: each tile's block ids are loaded one tile ahead, so the
     K/V loads depend on no load of their own iteration and the pipeliner can issue them
-    ``num_stages - 1`` tiles ahead."""
+    ``num_stages - 1`` tiles ahead. Where a tile holds whole blocks (``lo`` is a multiple of
+    ``TILE_N``), each key's block within the tile and slot within its block are the same every
+    tile, so they are computed once, before the walk."""
+    ALIGNED: tl.constexpr = TILE_N % BLOCK_SIZE == 0
+    page = offs // BLOCK_SIZE
+    if ALIGNED:
+        k_in, v_in = _in_page(offs, stride_kt, stride_vt, k_head, v_head, BLOCK_SIZE)
     if TABLE_AHEAD:
-        block = _table_entries(table_row, lo + offs, end, BLOCK_SIZE, True)
+        block = _table_entries(table_row, lo, lo + offs, page, end, BLOCK_SIZE, ALIGNED, True)
     for start in range(lo, hi, TILE_N):
         pos = start + offs
         if TABLE_AHEAD:
-            block_next = _table_entries(table_row, pos + TILE_N, end, BLOCK_SIZE, True)
+            block_next = _table_entries(table_row, start + TILE_N, pos + TILE_N, page, end,
+                                        BLOCK_SIZE, ALIGNED, True)
         else:
-            block = _table_entries(table_row, pos, end, BLOCK_SIZE, MASKED)
-        k, v = _kv_rows(K, V, block, pos, end, dims, k_head, v_head,
-                        stride_kb, stride_kt, stride_vb, stride_vt,
-                        BLOCK_SIZE, HEAD_DIM, DIM_PAD, MASKED, WIDE_INDEX)
+            block = _table_entries(table_row, start, pos, page, end, BLOCK_SIZE, ALIGNED, MASKED)
+        if not ALIGNED:
+            k_in, v_in = _in_page(pos, stride_kt, stride_vt, k_head, v_head, BLOCK_SIZE)
+        k, v = _kv_rows(K, V, block, pos, end, dims, k_in, v_in, stride_kb, stride_vb,
+                        HEAD_DIM, DIM_PAD, MASKED, WIDE_INDEX)
         s = _scores(q, k.to(q.dtype), IEEE_DOT)
         if MASKED:
             if start + TILE_N > full_end:
                 s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
                              float("-inf"))
-        m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e, IEEE_DOT)
+        m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e, IEEE_DOT,
+                                      LAZY, VOTE)
         if TABLE_AHEAD:
             block = block_next
     return m_i, l_i, acc
@@ -168,6 +231,7 @@ def _prefill_kernel(
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROUND_ROBIN: tl.constexpr, REREAD: tl.constexpr,
+    LAZY: tl.constexpr, VOTE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -251,18 +315,18 @@ def _prefill_kernel(
                                   acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
                                   BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
-                                  IEEE_DOT, WIDE_INDEX)
+                                  IEEE_DOT, WIDE_INDEX, LAZY, VOTE)
         else:  # two walks: the unmasked tiles, then those across the diagonal
             m_i, l_i, acc = _walk(q, K, V, table_row, 0, full_end, full_end, end, q_pos, m_i,
                                   l_i, acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
                                   BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, False, TABLE_AHEAD,
-                                  IEEE_DOT, WIDE_INDEX)
+                                  IEEE_DOT, WIDE_INDEX, LAZY, VOTE)
             m_i, l_i, acc = _walk(q, K, V, table_row, full_end, end, full_end, end, q_pos, m_i,
                                   l_i, acc, scale_log2e, offs, dims, k_head, v_head,
                                   stride_kb, stride_kt, stride_vb, stride_vt,
                                   BLOCK_SIZE, TILE_N, HEAD_DIM, DIM_PAD, True, TABLE_AHEAD,
-                                  IEEE_DOT, WIDE_INDEX)
+                                  IEEE_DOT, WIDE_INDEX, LAZY, VOTE)
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
@@ -286,6 +350,7 @@ class PrefillLaunch:
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
     round_robin: bool = False  # grid order: round r = each sequence's r-th tile from its last
     reread: bool = False  # the output rows' offsets read again after the walk
+    lazy_rescale: bool = False  # the running max moves by more than 2^8 or not at all
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -348,7 +413,8 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
             return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round,
                                  reread)
         if head_dim > 64:
-            return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True)
+            return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True,
+                                 lazy_rescale=True)
     # the register cap only where the programs fit in one wave (two per SM)
     one_wave = programs <= 2 * sms
     return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None, by_round,
@@ -358,6 +424,21 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
 @functools.cache
 def _sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+@functools.cache
+def _hopper(device: torch.device) -> bool:
+    return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
+
+
+def _can_vote(q: torch.Tensor, rows: int, num_warps: int, dim_pad: int, ieee_dot: bool) -> bool:
+    """Whether the lazy rescale's warp vote (``_rescaled``) holds: a compiled (not interpreted)
+    bf16/fp16 ``wgmma`` accumulator of 16 rows a warp, whole packs of ``LAZY_PACK`` per thread,
+    on a Hopper GPU, or on the CPU, where a kernel is only compiled for one
+    (``offline_compile``), never run."""
+    if INTERPRETED or ieee_dot or rows != 16 * num_warps or (dim_pad // 2) % LAZY_PACK:
+        return False
+    return q.device.type == "cpu" or (q.device.type == "cuda" and _hopper(q.device))
 
 
 def _scan_width(num_seqs: int, reread: bool) -> int:
@@ -395,7 +476,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
                          maxnreg: int | None = None, round_robin: bool | None = None,
-                         reread: bool | None = None):
+                         reread: bool | None = None, lazy_rescale: bool | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -408,7 +489,10 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
     ``round_robin``: the grid's order (by default round-robin where the launch says so and its
     grid is no larger than the one by sequence); ``reread``: the output rows' offsets read
-    again after the walk rather than kept through it;
+    again after the walk rather than kept through it; ``lazy_rescale``: a row's running max
+    moves only when a tile's passes it by more than 2^8, and the output is rescaled only then,
+    skipped by whole warps where the GPU allows (by default where the launch says so and the
+    skip is possible, ``_can_vote``);
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
     two; default ``_scan_width``'s). Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
@@ -441,6 +525,11 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     by_round = _round_grid_size(total, num_seqs, tokens, kv_heads, tables.shape[1] * block_size)
     if round_robin is None:  # where its grid is no larger (chunks of about the table's width)
         round_robin = chosen.round_robin and by_round <= by_sequence
+    num_warps = num_warps or chosen.num_warps
+    ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
+    dim_pad = max(16, next_pow2(head_dim))
+    vote = _can_vote(q, rows, num_warps, dim_pad, ieee_dot)
+    lazy = chosen.lazy_rescale and vote if lazy_rescale is None else bool(lazy_rescale)
     _prefill_kernel[(by_round if round_robin else by_sequence,)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
         q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
@@ -450,15 +539,15 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
-        TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
+        TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
         SCAN=next_pow2(scan or _scan_width(num_seqs, reread)),
         ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
-        IEEE_DOT=q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16),
+        IEEE_DOT=ieee_dot,
         FP8=fp8,
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
         ROUND_ROBIN=bool(round_robin),
-        REREAD=reread,
-        num_warps=num_warps or chosen.num_warps, num_stages=num_stages or chosen.num_stages,
+        REREAD=reread, LAZY=lazy, VOTE=lazy and vote,
+        num_warps=num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

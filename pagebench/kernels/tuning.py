@@ -30,14 +30,18 @@ DECODE_POINTS = {
     "qwen2.5-0.5b": [(1, 1024), (1, 65536), (8, 4096), (16, 4096), (32, 4096), (64, 4096),
                      (256, 4096)],
 }
-# (rows, tile_n, num_warps, num_stages, one_loop, table_ahead, maxnreg): prefill_launch's
-# choices and their neighbours (triton_prefill.PrefillLaunch's fields)
-PREFILL_CONFIGS = [(64, 64, 4, 2, False, False, None), (64, 64, 4, 2, True, False, None),
-                   (64, 64, 4, 3, True, True, None), (64, 64, 4, 3, True, True, 255),
-                   (64, 64, 4, 3, False, True, None),
-                   (64, 32, 4, 2, True, False, 128), (64, 32, 4, 3, True, True, 168),
-                   (128, 64, 4, 3, False, False, None), (128, 64, 8, 2, False, False, 128),
-                   (128, 64, 8, 2, True, False, 128)]
+# (rows, tile_n, num_warps, num_stages, one_loop, table_ahead, maxnreg, lazy_rescale):
+# prefill_launch's choices and their neighbours (triton_prefill.PrefillLaunch's fields)
+PREFILL_CONFIGS = [(64, 64, 4, 2, False, False, None, False),
+                   (64, 64, 4, 2, True, False, None, False),
+                   (64, 64, 4, 3, True, True, None, False),
+                   (64, 64, 4, 3, True, True, 255, False),
+                   (64, 64, 4, 3, False, True, None, False),
+                   (64, 32, 4, 2, True, False, 128, False),
+                   (64, 32, 4, 3, True, True, 168, False), (64, 32, 4, 3, True, True, 168, True),
+                   (128, 64, 4, 3, False, False, None, False),
+                   (128, 64, 8, 2, False, False, 128, False),
+                   (128, 64, 8, 2, True, False, 128, False)]
 
 
 def _require_cuda(device: str) -> None:
@@ -124,9 +128,9 @@ def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | 
                             device, seed=3).args()
         base = {"batch": batch, "query_len": query_len, "cached": cached}
         timed(lambda: triton_paged_prefill(*case, scale), base, chosen=True)
-        for config in PREFILL_CONFIGS:
+        for *config, lazy in PREFILL_CONFIGS:
             # the rows' offsets read again, as every launch prefill_launch picks here
-            options = dataclasses.asdict(PrefillLaunch(*config, reread=True))
+            options = dataclasses.asdict(PrefillLaunch(*config, reread=True, lazy_rescale=lazy))
             timed(lambda: triton_paged_prefill(*case, scale, **options), base, **options)
         case = None  # free this point's cache before the next is built
     return rows

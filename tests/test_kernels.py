@@ -137,9 +137,10 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
 def test_prefill_launch_rules():
     """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two
     walks; many programs over short tables (at head dim 64: very short) 32-key tiles with
-    capped registers (and the lazy rescale where the walks are longer than four tiles); else 64 rows in one walk with block ids ahead (fp8 caches too), the
-    registers capped at 255 where the programs fit in one wave; fp32 and non-CUDA devices keep
-    the earlier launch."""
+    capped registers; else 64 rows in one walk with block ids ahead (fp8 caches too), the
+    registers capped at 255 where the programs fit in one wave; the lazy rescale wherever the
+    programs are more than a wave but for long chunks; fp32 and non-CUDA devices keep the
+    earlier launch."""
     from pagebench.kernels import triton_prefill
     from pagebench.kernels.triton_prefill import PrefillLaunch, prefill_launch
 
@@ -156,9 +157,10 @@ def test_prefill_launch_rules():
     assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168,
                                                   reread=True, lazy_rescale=True)  # 8 x 512
     assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
-        64, 32, 4, 2, True, False, 128, reread=True)  # 32 x 128
+        64, 32, 4, 2, True, False, 128, reread=True, lazy_rescale=True)  # 32 x 128
     ahead = PrefillLaunch(64, 64, 4, 3, True, True, 255, reread=True)
-    uncapped = PrefillLaunch(64, 64, 4, 3, True, True, None, reread=True)  # more than a wave
+    # more than a wave: no register cap, the lazy rescale
+    uncapped = PrefillLaunch(64, 64, 4, 3, True, True, None, reread=True, lazy_rescale=True)
     assert launch() == ahead  # one wave of programs: 1 x 512
     assert launch(programs=2112, max_keys=4096) == uncapped  # 8 x 512 after a long prefix
     assert launch(programs=264, max_keys=4096) == ahead  # one chunk after a long prefix
@@ -168,7 +170,7 @@ def test_prefill_launch_rules():
         ahead, **by_round)  # long chunks
     assert launch(head_dim=64, programs=2112) == dataclasses.replace(uncapped, **by_round)
     assert launch(head_dim=64, mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
-        64, 32, 4, 2, True, False, 128, True)  # 32 x 128
+        64, 32, 4, 2, True, False, 128, True, lazy_rescale=True)  # 32 x 128
     # ... taken where its grid is no larger than the one by sequence: chunks that fill the
     # table (8 x 512, 9 queries a program at Qwen's group of 7), not chunks after a prefix
     by_sequence = triton_prefill._grid_size(8 * 512, 8, 9, 2)

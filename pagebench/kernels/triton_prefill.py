@@ -13,7 +13,11 @@ element. The walk is one loop (its pipeline filled once; the tiles every row see
 the causal mask by a uniform branch) or two, as FlashAttention's causal loop (those tiles
 first, with no mask at all, then the diagonal ones). Each tile's block ids can be loaded a tile
 ahead, so its K/V loads depend on no load of their own iteration and Triton pipelines them
-``num_stages - 1`` tiles ahead. ``prefill_launch`` picks these per regime (docs/kernels.md).
+``num_stages - 1`` tiles ahead. Where a tile holds whole blocks, each key's block within the
+tile and slot within its block are computed once, before the walk. With ``lazy_rescale`` a
+row's running max moves only when a tile's passes it by more than 2^8 (FlashAttention-4's
+conditional rescaling), and a warp whose rows all kept theirs skips the output's rescale (a
+vote, no barrier). ``prefill_launch`` picks these per regime (docs/kernels.md).
 
 The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile
 ``last - p // kv_heads``, where the query tiles of all sequences are numbered one after another
@@ -198,8 +202,9 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
         s = _scores(q, k.to(q.dtype), IEEE_DOT)
         if MASKED:
             if start + TILE_N > full_end:
-                s = tl.where((pos < end)[None, :] & (pos[None, :] <= q_pos[:, None]), s,
-                             float("-inf"))
+                # (keys at or beyond end are past every query row's position: loaded as zeros,
+                # they reach only the padding rows past the chunk, which are never stored)
+                s = tl.where(pos[None, :] <= q_pos[:, None], s, float("-inf"))
         m_i, l_i, acc = _softmax_step(s, v.to(q.dtype), m_i, l_i, acc, scale_log2e, IEEE_DOT,
                                       LAZY, VOTE)
         if TABLE_AHEAD:
@@ -395,6 +400,12 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     launch spills, it took 1.05-1.08x at 1 x 2,048, 1 x 4,096, 2 x 2,048 and 32 x 128 and
     0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there.
 
+    Where the programs are more than a wave (but long chunks above head dim 64), the lazy
+    rescale (``lazy_rescale``; with the warp vote on Hopper, else it is not taken): Llama-3-8B
+    shape 0.98-0.99x the time at 8 x 512, 16 x 512 and 32 x 128, 1.01-1.02x for one 512-token
+    prompt and for long chunks, which keep the rescale per tile; Qwen2.5-0.5B shape 0.90-0.95x
+    for several prompts and for 1 x 8,192, 1.005x at 1 x 2,048 (docs/kernels.md).
+
     fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
     with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
     warps, 3 stages for long chunks) at seven of the prefill sweep's nine points, 1% slower
@@ -408,17 +419,17 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     if mean_chunk >= LONG_CHUNK and head_dim > 64:
         return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None, reread=True)
     sms = sm_count or _sm_count(device)
-    if max_keys <= SHORT_WALK_TILES * 32 and programs > 2 * sms:
+    many = programs > 2 * sms  # more than a wave (two programs per SM): the lazy rescale
+    if max_keys <= SHORT_WALK_TILES * 32 and many:
         if max_keys <= 4 * 32:
             return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round,
-                                 reread)
+                                 reread, lazy_rescale=True)
         if head_dim > 64:
             return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True,
                                  lazy_rescale=True)
-    # the register cap only where the programs fit in one wave (two per SM)
-    one_wave = programs <= 2 * sms
-    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and one_wave else None, by_round,
-                         reread)
+    # the register cap only where the programs fit in one wave
+    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and not many else None, by_round,
+                         reread, lazy_rescale=many)
 
 
 @functools.cache

@@ -37,8 +37,8 @@ PREFILL_COLUMNS = [
 # (batch, query_len, cached): whole prompts (one, then several at once), then chunks after a
 # cached prefix
 FULL_PREFILL_POINTS = [(1, 512, 0), (1, 2048, 0), (1, 8192, 0), (8, 512, 0), (16, 512, 0),
-                       (4, 2048, 0), (32, 128, 0), (1, 512, 3584), (1, 512, 15872),
-                       (16, 64, 1024), (64, 16, 2048)]
+                       (64, 512, 0), (4, 2048, 0), (32, 128, 0), (128, 128, 0), (1, 512, 3584),
+                       (1, 512, 15872), (16, 64, 1024), (64, 16, 2048)]
 QUICK_PREFILL_POINTS = [(1, 32, 0), (2, 16, 48)]
 
 

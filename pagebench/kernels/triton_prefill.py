@@ -179,9 +179,9 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
     ``full_end`` on take the causal mask (before it every row sees every key); otherwise no
     tile is masked. ``TABLE_AHEAD``: each tile's block ids are loaded one tile ahead, so the
     K/V loads depend on no load of their own iteration and the pipeliner can issue them
-    ``num_stages - 1`` tiles ahead. Where a tile holds whole blocks (``lo`` is a multiple of
-    ``TILE_N``), each key's block within the tile and slot within its block are the same every
-    tile, so they are computed once, before the walk."""
+    ``num_stages - 1`` tiles ahead. Where a tile holds whole blocks (``TILE_N`` a multiple of
+    the block size; ``lo`` is one of ``TILE_N``), each key's block within the tile and slot
+    within its block are the same every tile, so they are computed once, before the walk."""
     ALIGNED: tl.constexpr = TILE_N % BLOCK_SIZE == 0
     page = offs // BLOCK_SIZE
     if ALIGNED:
@@ -400,7 +400,7 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     launch spills, it took 1.05-1.08x at 1 x 2,048, 1 x 4,096, 2 x 2,048 and 32 x 128 and
     0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there.
 
-    Where the programs are more than a wave (but long chunks above head dim 64), the lazy
+    Where the programs are more than a wave (except long chunks above head dim 64), the lazy
     rescale (``lazy_rescale``; with the warp vote on Hopper, else it is not taken): Llama-3-8B
     shape 0.98-0.99x the time at 8 x 512, 16 x 512 and 32 x 128, 1.01-1.02x for one 512-token
     prompt and for long chunks, which keep the rescale per tile; Qwen2.5-0.5B shape 0.90-0.95x

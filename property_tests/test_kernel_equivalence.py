@@ -207,11 +207,17 @@ def test_paged_prefill_matches_float64_reference_cpu(backend):
     prop()
 
 
+# the prefill's grids: by sequence (each program scans the lengths), round-robin, from a work list
+GRIDS = {"by sequence": dict(round_robin=False), "round robin": dict(round_robin=True),
+         "work list": dict(round_robin=False, work_list=True)}
+
+
 def test_triton_prefill_tiles_match_reference():
     """Several query tiles per sequence and key tiles across the diagonal, forced small; the
     query lengths scanned in steps of one or two sequences as well as all at once; one walk
     over the keys or two, block ids loaded with their tile or a tile ahead, the grid in either
-    order (by sequence, or round-robin over the sequences with empty programs), the output rows'
+    order (by sequence, or round-robin over the sequences with empty programs) and by sequence
+    from a work list built by a kernel before the prefill, the output rows'
     offsets kept through the walk or read again after it, the output rescaled whenever a
     row's running max moves or only when it moves by more than 2^8; queries scaled so
     that the running max rises between key tiles by more than fp16 and fp32 hold unrescaled
@@ -223,20 +229,19 @@ def test_triton_prefill_tiles_match_reference():
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
            tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
-           one_loop=st.booleans(), table_ahead=st.booleans(), round_robin=st.booleans(),
+           one_loop=st.booleans(), table_ahead=st.booleans(), grid=st.sampled_from(list(GRIDS)),
            reread=st.booleans(), lazy=st.booleans(),
            q_gain=st.sampled_from([1.0, 8.0, 200.0]))
     # found by the long profile: fp32 at gain 200, 1.6e-5 against 1e-5 before logit_slack
     @example(drawn=(FP32_LARGE_SCORES, [1, 1]), rows=16, tile_n=16, scan=None, one_loop=False,
-             table_ahead=False, round_robin=False, reread=False, lazy=False, q_gain=200.0)
-    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, round_robin, reread, lazy,
-             q_gain):
+             table_ahead=False, grid="by sequence", reread=False, lazy=False, q_gain=200.0)
+    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, grid, reread, lazy, q_gain):
         case, query_lens = drawn
         check_prefill("triton", case, query_lens, q_gain=q_gain,
                       prefill=lambda *args: triton_paged_prefill(
                           *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan,
-                          one_loop=one_loop, table_ahead=table_ahead, round_robin=round_robin,
-                          reread=reread, lazy_rescale=lazy))
+                          one_loop=one_loop, table_ahead=table_ahead, reread=reread,
+                          lazy_rescale=lazy, **GRIDS[grid]))
     prop()
 
 
@@ -265,15 +270,15 @@ def test_triton_prefill_launches_match_reference_cuda(launch):
 
     @settings(max_examples=6, deadline=None)
     @given(drawn=prefill_cases("triton", large=True), q_gain=st.sampled_from([1.0, 40.0]),
-           round_robin=st.booleans(), reread=st.booleans(), lazy=st.booleans())
-    def prop(drawn, q_gain, round_robin, reread, lazy):
+           grid=st.sampled_from(list(GRIDS)), reread=st.booleans(), lazy=st.booleans())
+    def prop(drawn, q_gain, grid, reread, lazy):
         case, query_lens = drawn
         case = dict(case, head_dim=min(case["head_dim"], 128),
                     dtype=torch.bfloat16 if case["dtype"] == torch.float32 else case["dtype"])
         check_prefill("triton", case, query_lens, device="cuda", q_gain=q_gain,
                       prefill=lambda *args: triton_paged_prefill(
-                          *args, case["head_dim"] ** -0.5, round_robin=round_robin, reread=reread,
-                          lazy_rescale=lazy, **PREFILL_LAUNCHES[launch]))
+                          *args, case["head_dim"] ** -0.5, reread=reread, lazy_rescale=lazy,
+                          **GRIDS[grid], **PREFILL_LAUNCHES[launch]))
     prop()
 
 

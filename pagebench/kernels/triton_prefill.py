@@ -223,9 +223,52 @@ def _queries_of(Q_LENS, seq, SCAN: tl.constexpr):
     return q_start, tl.load(Q_LENS + seq, volatile=True)
 
 
+WORK_FIELDS = 8  # int32 per query tile in the work list (five used; 32 bytes a record)
+WORK_TILES = 128  # query tiles a program of the work-list kernel describes
+_WORK_FIELDS = tl.constexpr(WORK_FIELDS)
+
+
+@triton.jit
+def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, num_tiles, TOKENS: tl.constexpr,
+                      SCAN: tl.constexpr, BLOCK_T: tl.constexpr, FIELDS: tl.constexpr):
+    """For each query tile (numbered one after another over the sequences): its sequence
+    (``num_seqs`` past the last tile), its first query in the chunk, the sequence's first row
+    in the packed queries, its query count and its length; the same scan as the prefill's,
+    done once for ``BLOCK_T`` tiles rather than by every program."""
+    tile = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    seq = tl.zeros([BLOCK_T], tl.int32)
+    tile_start = tl.zeros([BLOCK_T], tl.int32)
+    q_start = tl.zeros([BLOCK_T], tl.int32)
+    q_len = tl.zeros([BLOCK_T], tl.int32)
+    seq_len = tl.zeros([BLOCK_T], tl.int32)
+    tiles_before = 0
+    for chunk in range(0, num_seqs, SCAN):
+        idx = chunk + tl.arange(0, SCAN)
+        listed = idx < num_seqs
+        lens = tl.load(Q_LENS + idx, mask=listed, other=0)
+        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
+        tiles = (lens + (TOKENS - 1)) // TOKENS
+        through = tiles_before + tl.cumsum(tiles, 0)
+        before = through[None, :] <= tile[:, None]
+        mine = ((through - tiles)[None, :] <= tile[:, None]) & (tile[:, None] < through[None, :])
+        seq += tl.sum(before.to(tl.int32), 1)
+        tile_start += tl.sum(tl.where(before, tiles[None, :], 0), 1)
+        q_start += tl.sum(tl.where(before, lens[None, :], 0), 1)
+        q_len += tl.sum(tl.where(mine, lens[None, :], 0), 1)
+        seq_len += tl.sum(tl.where(mine, totals[None, :], 0), 1)
+        tiles_before += tl.sum(tiles, 0)
+    record = WORK + tile * FIELDS
+    ok = tile < num_tiles
+    tl.store(record, seq, mask=ok)
+    tl.store(record + 1, (tile - tile_start) * TOKENS, mask=ok)
+    tl.store(record + 2, q_start, mask=ok)
+    tl.store(record + 3, q_len, mask=ok)
+    tl.store(record + 4, seq_len, mask=ok)
+
+
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE,
+    Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE, WORK,
     num_seqs, scale_log2e,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
@@ -236,7 +279,7 @@ def _prefill_kernel(
     DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr,
     FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROUND_ROBIN: tl.constexpr, REREAD: tl.constexpr,
-    LAZY: tl.constexpr, VOTE: tl.constexpr,
+    LAZY: tl.constexpr, VOTE: tl.constexpr, WORK_LIST: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
@@ -248,45 +291,54 @@ def _prefill_kernel(
         seq = 0
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    # Each program scans the query and sequence lengths itself, SCAN sequences at a time, in
-    # one round of loads, for its sequence's query count and length and the queries before it.
-    # By sequence, its sequence is the one whose tiles (numbered one after another over the
-    # sequences) include this tile: the sequences before it are those whose cumulative tile
-    # count is <= tile. (One pass of vector loads instead of prefix sums launched from the
-    # host: those were separate kernels, each costing more than this scan on a small prefill.)
-    q_start = 0
-    tile_start = 0
-    tiles_before = 0
-    q_len = 0
-    seq_len = 0
-    for chunk in range(0, num_seqs, SCAN):
-        idx = chunk + tl.arange(0, SCAN)
-        listed = idx < num_seqs
-        lens = tl.load(Q_LENS + idx, mask=listed, other=0)
-        # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
-        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
-        if ROUND_ROBIN:
-            before = idx < seq
-            mine = idx == seq
-        else:
-            tiles = (lens + (TOKENS - 1)) // TOKENS
-            through = tiles_before + tl.cumsum(tiles, 0)  # tiles through each sequence
-            before = through <= tile
-            mine = (through - tiles <= tile) & (tile < through)
-            seq += tl.sum(before.to(tl.int32), 0)
-            tile_start += tl.sum(tl.where(before, tiles, 0), 0)
-            tiles_before += tl.sum(tiles, 0)
-        q_start += tl.sum(tl.where(before, lens, 0), 0)
-        q_len += tl.sum(tl.where(mine, lens, 0), 0)
-        seq_len += tl.sum(tl.where(mine, totals, 0), 0)
-    if ROUND_ROBIN:
-        local = (q_len + (TOKENS - 1)) // TOKENS - 1 - rank
-        live = local >= 0
-    else:
-        local = tile - tile_start
+    if WORK_LIST:  # the tile's record, written by _work_list_kernel before this launch
+        record = WORK + tile * _WORK_FIELDS
+        seq = tl.load(record)
+        first = tl.load(record + 1)
+        q_start = tl.load(record + 2)
+        q_len = tl.load(record + 3)
+        seq_len = tl.load(record + 4)
         live = seq < num_seqs
-    if live:  # the grid is an upper bound on the tile count: the rest do nothing
+    else:
+        # Each program scans the query and sequence lengths itself, SCAN sequences at a time, in
+        # one round of loads, for its sequence's query count and length and the queries before it.
+        # By sequence, its sequence is the one whose tiles (numbered one after another over the
+        # sequences) include this tile: the sequences before it are those whose cumulative tile
+        # count is <= tile. (One pass of vector loads instead of prefix sums launched from the
+        # host: those were separate kernels, each costing more than this scan on a small prefill.)
+        q_start = 0
+        tile_start = 0
+        tiles_before = 0
+        q_len = 0
+        seq_len = 0
+        for chunk in range(0, num_seqs, SCAN):
+            idx = chunk + tl.arange(0, SCAN)
+            listed = idx < num_seqs
+            lens = tl.load(Q_LENS + idx, mask=listed, other=0)
+            # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
+            totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
+            if ROUND_ROBIN:
+                before = idx < seq
+                mine = idx == seq
+            else:
+                tiles = (lens + (TOKENS - 1)) // TOKENS
+                through = tiles_before + tl.cumsum(tiles, 0)  # tiles through each sequence
+                before = through <= tile
+                mine = (through - tiles <= tile) & (tile < through)
+                seq += tl.sum(before.to(tl.int32), 0)
+                tile_start += tl.sum(tl.where(before, tiles, 0), 0)
+                tiles_before += tl.sum(tiles, 0)
+            q_start += tl.sum(tl.where(before, lens, 0), 0)
+            q_len += tl.sum(tl.where(mine, lens, 0), 0)
+            seq_len += tl.sum(tl.where(mine, totals, 0), 0)
+        if ROUND_ROBIN:
+            local = (q_len + (TOKENS - 1)) // TOKENS - 1 - rank
+            live = local >= 0
+        else:
+            local = tile - tile_start
+            live = seq < num_seqs
         first = local * TOKENS
+    if live:  # the grid is an upper bound on the tile count: the rest do nothing
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -336,7 +388,11 @@ def _prefill_kernel(
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
         if REREAD:  # the rows' offsets read again, not kept through the walk (fewer spills)
-            q_start, q_len = _queries_of(Q_LENS, seq, SCAN)
+            if WORK_LIST:
+                q_start = tl.load(record + 2, volatile=True)
+                q_len = tl.load(record + 3, volatile=True)
+            else:
+                q_start, q_len = _queries_of(Q_LENS, seq, SCAN)
             q_rows = (q_start + tok).to(tl.int64)
             row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
         tl.store(OUT + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + dims[None, :],
@@ -356,6 +412,7 @@ class PrefillLaunch:
     round_robin: bool = False  # grid order: round r = each sequence's r-th tile from its last
     reread: bool = False  # the output rows' offsets read again after the walk
     lazy_rescale: bool = False  # the running max moves by more than 2^8 or not at all
+    work_list: bool = False  # the tiles' sequences listed by a kernel before the prefill
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
@@ -487,7 +544,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
                          num_stages: int | None = None, scan: int | None = None,
                          one_loop: bool | None = None, table_ahead: bool | None = None,
                          maxnreg: int | None = None, round_robin: bool | None = None,
-                         reread: bool | None = None, lazy_rescale: bool | None = None):
+                         reread: bool | None = None, lazy_rescale: bool | None = None,
+                         work_list: bool | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
     decode kernel).
@@ -504,6 +562,9 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     moves only when a tile's passes it by more than 2^8, and the output is rescaled only then,
     skipped by whole warps where the GPU allows (by default where the launch says so and the
     skip is possible, ``_can_vote``);
+    ``work_list``: each query tile's sequence and offsets listed by a small kernel launched
+    first (``_work_list_kernel``), so that no program of the prefill scans the lengths (not
+    with the round-robin grid, which needs no scan to find its sequence);
     ``scan``: query lengths a program reads per step while finding its sequence (a power of
     two; default ``_scan_width``'s). Nothing is read back to the host, so a call can be
     captured in a CUDA graph.
@@ -534,8 +595,19 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     reread = chosen.reread if reread is None else bool(reread)
     by_sequence = _grid_size(total, num_seqs, tokens, kv_heads)
     by_round = _round_grid_size(total, num_seqs, tokens, kv_heads, tables.shape[1] * block_size)
+    work_list = chosen.work_list if work_list is None else bool(work_list)
     if round_robin is None:  # where its grid is no larger (chunks of about the table's width)
-        round_robin = chosen.round_robin and by_round <= by_sequence
+        round_robin = chosen.round_robin and by_round <= by_sequence and not work_list
+    if round_robin and work_list:
+        raise ValueError("work_list: the round-robin grid takes no work list")
+    scan_width = next_pow2(scan or _scan_width(num_seqs, reread))
+    work = q_lens  # (a placeholder pointer where there is no work list)
+    if work_list:
+        num_tiles = by_sequence // kv_heads
+        work = torch.empty(num_tiles * WORK_FIELDS, device=q.device, dtype=torch.int32)
+        _work_list_kernel[(ceil_div(num_tiles, WORK_TILES),)](
+            q_lens, seq_lens, work, num_seqs, num_tiles, TOKENS=tokens, SCAN=min(scan_width, 64),
+            BLOCK_T=WORK_TILES, FIELDS=WORK_FIELDS)
     num_warps = num_warps or chosen.num_warps
     ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
     dim_pad = max(16, next_pow2(head_dim))
@@ -543,7 +615,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     lazy = chosen.lazy_rescale and vote if lazy_rescale is None else bool(lazy_rescale)
     _prefill_kernel[(by_round if round_robin else by_sequence,)](
         q, k_cache, v_cache, tables, seq_lens, q_lens, out,
-        q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale,
+        q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale, work,
         num_seqs, scale * 1.4426950408889634,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -551,14 +623,14 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         tables.stride(0), out.stride(0), out.stride(1),
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-        SCAN=next_pow2(scan or _scan_width(num_seqs, reread)),
+        SCAN=scan_width,
         ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
         TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
         IEEE_DOT=ieee_dot,
         FP8=fp8,
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
         ROUND_ROBIN=bool(round_robin),
-        REREAD=reread, LAZY=lazy, VOTE=lazy and vote,
+        REREAD=reread, LAZY=lazy, VOTE=lazy and vote, WORK_LIST=work_list,
         num_warps=num_warps, num_stages=num_stages or chosen.num_stages,
         **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
     return out

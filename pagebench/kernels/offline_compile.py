@@ -127,10 +127,10 @@ def prefill_reports(shape: tuple[int, int, int], points, arch: int = 90, sm_coun
                             seed=0).args()
         with launching_as_on(sm_count), captured_launches() as launches:
             triton_paged_prefill(*case, shape[2] ** -0.5, **launch)
-        (kernel, args, kwargs), = launches
+        kernel, args, kwargs = launches[-1]  # the prefill (after the work list's kernel)
         report = ptxas_report(compile_for_arch(kernel, args, kwargs, arch), arch)
         options = {k: kwargs.get(k) for k in ("ROWS", "TILE_N", "num_warps", "num_stages",
-                                                "maxnreg", "SCAN", "REREAD")}
+                                                "maxnreg", "SCAN", "REREAD", "WORK_LIST")}
         rows.append({"batch": batch, "query_len": query_len, "cached": cached, **options,
                      **dataclasses.asdict(report)})
     return rows

@@ -28,7 +28,9 @@ round ``r`` of the grid takes the ``r``-th tile from the last of every sequence 
 that the long walks of all sequences start before the short ones of any; its rounds are as
 many as the longest chunk can have tiles, so sequences with fewer leave empty programs. Either
 grid is sized from the packed query count and the table's width alone, so nothing is read
-back to the host.
+back to the host. With many sequences a small kernel launched first lists each query tile's
+sequence and offsets (``work_list``), and the prefill's programs read their tile's record
+rather than each scanning the lengths.
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithm
 MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
 MIN_SCAN = 32  # the narrowest scan, but for one sequence without the re-read (_scan_width)
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
+LONG_CHUNKS = 1024  # ... where there are several sequences
+WORK_LIST_SEQS = 64  # sequences from which short-walk launches take a work list
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 
 
@@ -416,16 +420,19 @@ class PrefillLaunch:
 
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
-                   mean_chunk: int, programs: int, max_keys: int,
+                   mean_chunk: int, programs: int, max_keys: int, sequences: int = 1,
                    sm_count: int | None = None) -> PrefillLaunch:
-    """The launch for chunks of ``mean_chunk`` queries on average, ``programs`` programs of 64
-    rows, and at most ``max_keys`` keys per sequence (the block table's capacity), on a CUDA
-    device of ``sm_count`` SMs (None: ``device``'s own). Measured on
+    """The launch for ``sequences`` chunks of ``mean_chunk`` queries on average, ``programs``
+    programs of 64 rows, and at most ``max_keys`` keys per sequence (the block table's
+    capacity), on a CUDA device of ``sm_count`` SMs (None: ``device``'s own). Measured on
     the H200 (docs/kernels.md, "The Triton paged prefill"):
 
-    - long chunks above head dim 64: 128 rows (each K/V tile serves more queries), the
+    - long chunks above head dim 64 (2,048 queries, or 1,024 where there are several
+      sequences): 128 rows (each K/V tile serves more queries), the
       unmasked and the diagonal tiles in two walks, 8 warps capped at 128 registers (two
-      programs per SM; four warps spilled at 255 registers). At head dim 64 the 64-row launch
+      programs per SM; four warps spilled at 255 registers). Chunks of 1,024 on the
+      Llama-3-8B shape: 0.91x the time of the 64-row launch at 2 x 1,024 and 8 x 1,024, 0.90x
+      at 16 x 1,024, but 1.30x for one (too few programs). At head dim 64 the 64-row launch
       below took 0.71-0.92x the time of 128 rows on 4 warps (Qwen2.5-0.5B shape, one prompt
       of 2,048-8,192 tokens): with 7 heads a group, 128 rows leave too few programs;
     - otherwise 64 rows in one walk with each tile's block ids loaded a tile ahead, so that
@@ -457,6 +464,11 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     launch spills, it took 1.05-1.08x at 1 x 2,048, 1 x 4,096, 2 x 2,048 and 32 x 128 and
     0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there.
 
+    With ``WORK_LIST_SEQS`` sequences or more above head dim 64 (but for long chunks), a work
+    list (``work_list``): Llama-3-8B shape, 0.92x the time at 64 x 512, 0.98x at 128 x 128,
+    0.99-1.01x at 64 x 128, 0.99x at 32 x 512, but 1.04-1.07x at 8 x 512 and 32 x 128 (its
+    kernel costs 2.5-3.5 us).
+
     Where the programs are more than a wave (except long chunks above head dim 64), the lazy
     rescale (``lazy_rescale``; with the warp vote on Hopper, else it is not taken): Llama-3-8B
     shape 0.98-0.99x the time at 8 x 512, 16 x 512 and 32 x 128, 1.01-1.02x for one 512-token
@@ -473,20 +485,22 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
         return PrefillLaunch(64, tile_n, 4, 2, False, False)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     by_round, reread = head_dim <= 64, head_dim > 64
-    if mean_chunk >= LONG_CHUNK and head_dim > 64:
+    long = mean_chunk >= (LONG_CHUNKS if sequences > 1 else LONG_CHUNK)
+    if long and head_dim > 64:
         return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None, reread=True)
     sms = sm_count or _sm_count(device)
     many = programs > 2 * sms  # more than a wave (two programs per SM): the lazy rescale
+    listed = sequences >= WORK_LIST_SEQS and head_dim > 64
     if max_keys <= SHORT_WALK_TILES * 32 and many:
         if max_keys <= 4 * 32:
             return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round,
-                                 reread, lazy_rescale=True)
+                                 reread, lazy_rescale=True, work_list=listed)
         if head_dim > 64:
             return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True,
-                                 lazy_rescale=True)
+                                 lazy_rescale=True, work_list=listed)
     # the register cap only where the programs fit in one wave
     return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and not many else None, by_round,
-                         reread, lazy_rescale=many)
+                         reread, lazy_rescale=many, work_list=listed)
 
 
 @functools.cache
@@ -584,7 +598,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
                             programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
                                                 kv_heads),
-                            max_keys=tables.shape[1] * block_size)
+                            max_keys=tables.shape[1] * block_size, sequences=num_seqs)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
         rows = min(chosen.rows, mean_chunk * group)
     rows = _padded_rows(rows, group)

@@ -539,10 +539,12 @@ def _padded_rows(rows: int, group: int) -> int:
     return max(16, next_pow2(max(rows, group)))
 
 
-def _grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int) -> int:
-    """Programs for ``tokens`` queries each: sum(ceil(len / tokens)) <= total // tokens +
-    num_seqs, an upper bound on the query tiles, known without a device sync."""
-    return (total // tokens + num_seqs) * kv_heads
+def _grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int, max_keys: int) -> int:
+    """Programs for ``tokens`` queries each: an upper bound on the query tiles,
+    sum(ceil(len / tokens)), known without a device sync: at most total // tokens + num_seqs,
+    and at most ceil(max_keys / tokens) a sequence (no chunk has more queries than its table
+    holds keys), which is exact for chunks that fill their tables."""
+    return min(total // tokens + num_seqs, num_seqs * ceil_div(max_keys, tokens)) * kv_heads
 
 
 def _round_grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int,
@@ -594,11 +596,12 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
     mean_chunk = ceil_div(total, num_seqs)
+    max_keys = tables.shape[1] * block_size
     fp8 = is_fp8(k_cache.dtype)
     chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
                             programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
-                                                kv_heads),
-                            max_keys=tables.shape[1] * block_size, sequences=num_seqs)
+                                                kv_heads, max_keys),
+                            max_keys=max_keys, sequences=num_seqs)
     if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
         rows = min(chosen.rows, mean_chunk * group)
     rows = _padded_rows(rows, group)
@@ -607,8 +610,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
     q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
     reread = chosen.reread if reread is None else bool(reread)
-    by_sequence = _grid_size(total, num_seqs, tokens, kv_heads)
-    by_round = _round_grid_size(total, num_seqs, tokens, kv_heads, tables.shape[1] * block_size)
+    by_sequence = _grid_size(total, num_seqs, tokens, kv_heads, max_keys)
+    by_round = _round_grid_size(total, num_seqs, tokens, kv_heads, max_keys)
     work_list = chosen.work_list if work_list is None else bool(work_list)
     if round_robin is None:  # where its grid is no larger (chunks of about the table's width)
         round_robin = chosen.round_robin and by_round <= by_sequence and not work_list

@@ -234,7 +234,7 @@ _WORK_FIELDS = tl.constexpr(WORK_FIELDS)
 
 @triton.jit
 def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, num_tiles, TOKENS: tl.constexpr,
-                      SCAN: tl.constexpr, BLOCK_T: tl.constexpr, FIELDS: tl.constexpr):
+                      SCAN: tl.constexpr, BLOCK_T: tl.constexpr):
     """For each query tile (numbered one after another over the sequences): its sequence
     (``num_seqs`` past the last tile), its first query in the chunk, the sequence's first row
     in the packed queries, its query count and its length; the same scan as the prefill's,
@@ -261,7 +261,7 @@ def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, num_tiles, TOKENS: tl.co
         q_len += tl.sum(tl.where(mine, lens[None, :], 0), 1)
         seq_len += tl.sum(tl.where(mine, totals[None, :], 0), 1)
         tiles_before += tl.sum(tiles, 0)
-    record = WORK + tile * FIELDS
+    record = WORK + tile * _WORK_FIELDS
     ok = tile < num_tiles
     tl.store(record, seq, mask=ok)
     tl.store(record + 1, (tile - tile_start) * TOKENS, mask=ok)
@@ -624,7 +624,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         work = torch.empty(num_tiles * WORK_FIELDS, device=q.device, dtype=torch.int32)
         _work_list_kernel[(ceil_div(num_tiles, WORK_TILES),)](
             q_lens, seq_lens, work, num_seqs, num_tiles, TOKENS=tokens, SCAN=min(scan_width, 64),
-            BLOCK_T=WORK_TILES, FIELDS=WORK_FIELDS)
+            BLOCK_T=WORK_TILES)
     num_warps = num_warps or chosen.num_warps
     ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
     dim_pad = max(16, next_pow2(head_dim))

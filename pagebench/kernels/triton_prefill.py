@@ -227,6 +227,36 @@ def _queries_of(Q_LENS, seq, SCAN: tl.constexpr):
     return q_start, tl.load(Q_LENS + seq, volatile=True)
 
 
+@triton.jit
+def _lengths(Q_LENS, SEQ_LENS, chunk, num_seqs, SCAN: tl.constexpr):
+    """Sequences ``chunk .. chunk + SCAN - 1``: their indices, query counts and lengths (0 past
+    the last), the lengths as int32 whatever the caller's dtype (they are summed into
+    loop-carried int32, and fit)."""
+    idx = chunk + tl.arange(0, SCAN)
+    listed = idx < num_seqs
+    lens = tl.load(Q_LENS + idx, mask=listed, other=0)
+    return idx, lens, tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
+
+
+@triton.jit
+def _tile_owner(tile, tiles_before, lens, TOKENS: tl.constexpr):
+    """With the query tiles numbered one after another over the sequences, ``tiles_before`` of
+    them before these sequences (query counts ``lens``): each sequence's tile count, and for
+    ``tile`` (a scalar, or a column of tiles: then the flags are a matrix) whether each sequence
+    lies wholly before it and whether it holds it."""
+    tiles = (lens + (TOKENS - 1)) // TOKENS
+    through = tiles_before + tl.cumsum(tiles, 0)  # tiles through each sequence
+    return tiles, through <= tile, (through - tiles <= tile) & (tile < through)
+
+
+@triton.jit
+def _counted(before, mine, lens, totals, AXIS: tl.constexpr):
+    """Summed over the sequences (``AXIS``): the queries of those ``before``, and the query
+    count and length of the one that is ``mine``."""
+    return (tl.sum(tl.where(before, lens, 0), AXIS), tl.sum(tl.where(mine, lens, 0), AXIS),
+            tl.sum(tl.where(mine, totals, 0), AXIS))
+
+
 WORK_FIELDS = 8  # int32 per query tile in the work list (five used; 32 bytes a record)
 WORK_TILES = 128  # query tiles a program of the work-list kernel describes
 _WORK_FIELDS = tl.constexpr(WORK_FIELDS)
@@ -247,19 +277,14 @@ def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, num_tiles, TOKENS: tl.co
     seq_len = tl.zeros([BLOCK_T], tl.int32)
     tiles_before = 0
     for chunk in range(0, num_seqs, SCAN):
-        idx = chunk + tl.arange(0, SCAN)
-        listed = idx < num_seqs
-        lens = tl.load(Q_LENS + idx, mask=listed, other=0)
-        totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
-        tiles = (lens + (TOKENS - 1)) // TOKENS
-        through = tiles_before + tl.cumsum(tiles, 0)
-        before = through[None, :] <= tile[:, None]
-        mine = ((through - tiles)[None, :] <= tile[:, None]) & (tile[:, None] < through[None, :])
+        idx, lens, totals = _lengths(Q_LENS, SEQ_LENS, chunk, num_seqs, SCAN)
+        tiles, before, mine = _tile_owner(tile[:, None], tiles_before, lens, TOKENS)
         seq += tl.sum(before.to(tl.int32), 1)
-        tile_start += tl.sum(tl.where(before, tiles[None, :], 0), 1)
-        q_start += tl.sum(tl.where(before, lens[None, :], 0), 1)
-        q_len += tl.sum(tl.where(mine, lens[None, :], 0), 1)
-        seq_len += tl.sum(tl.where(mine, totals[None, :], 0), 1)
+        tile_start += tl.sum(tl.where(before, tiles, 0), 1)
+        queries_before, count, length = _counted(before, mine, lens, totals, 1)
+        q_start += queries_before
+        q_len += count
+        seq_len += length
         tiles_before += tl.sum(tiles, 0)
     record = WORK + tile * _WORK_FIELDS
     ok = tile < num_tiles
@@ -316,25 +341,19 @@ def _prefill_kernel(
         q_len = 0
         seq_len = 0
         for chunk in range(0, num_seqs, SCAN):
-            idx = chunk + tl.arange(0, SCAN)
-            listed = idx < num_seqs
-            lens = tl.load(Q_LENS + idx, mask=listed, other=0)
-            # int32 whatever the caller's dtype (the sums below are loop-carried, and lengths fit)
-            totals = tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
+            idx, lens, totals = _lengths(Q_LENS, SEQ_LENS, chunk, num_seqs, SCAN)
             if ROUND_ROBIN:
                 before = idx < seq
                 mine = idx == seq
             else:
-                tiles = (lens + (TOKENS - 1)) // TOKENS
-                through = tiles_before + tl.cumsum(tiles, 0)  # tiles through each sequence
-                before = through <= tile
-                mine = (through - tiles <= tile) & (tile < through)
+                tiles, before, mine = _tile_owner(tile, tiles_before, lens, TOKENS)
                 seq += tl.sum(before.to(tl.int32), 0)
                 tile_start += tl.sum(tl.where(before, tiles, 0), 0)
                 tiles_before += tl.sum(tiles, 0)
-            q_start += tl.sum(tl.where(before, lens, 0), 0)
-            q_len += tl.sum(tl.where(mine, lens, 0), 0)
-            seq_len += tl.sum(tl.where(mine, totals, 0), 0)
+            queries_before, count, length = _counted(before, mine, lens, totals, 0)
+            q_start += queries_before
+            q_len += count
+            seq_len += length
         if ROUND_ROBIN:
             local = (q_len + (TOKENS - 1)) // TOKENS - 1 - rank
             live = local >= 0

@@ -13,7 +13,9 @@ launch fp8 caches took before; with ``--copy FILE`` another version of ``triton_
 e4m3 too unless ``--bf16-only``), and with each ``--copy-launch`` the copy on bf16 with those
 keywords; with
 each ``--launch`` the package's kernel on bf16 with those launch options forced
-(``triton_paged_prefill``'s keywords; the others stay its choice). Each is checked against
+(``triton_paged_prefill``'s keywords; the others stay its choice); with ``--sdpa-peers``
+(torch ``SDPBackend`` names, e.g. ``FLASH_ATTENTION``) SDPA forced onto each of those backends
+too, as peers beside the default choice (on the H200, cuDNN's kernel). Each is checked against
 float64 on ragged NaN-poisoned inputs and against float32 at every timed point (e4m3: on the
 dequantised cache), then timed through a CUDA graph (L2 flushed, median of ``--repeat``)
 beside causal SDPA on a contiguous bf16 cache, in ``--rounds`` rounds. Writes prefill_ab.csv
@@ -52,6 +54,17 @@ def earlier_fp8(case) -> dict:
     return EARLIER_FP8_LONG if long else EARLIER_FP8
 
 
+def forced_sdpa(sdpa, backend: str):
+    """``sdpa`` (a call of ``F.scaled_dot_product_attention``) on torch's ``backend`` alone."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    chosen = getattr(SDPBackend, backend)
+
+    def call():
+        with sdpa_kernel([chosen]):
+            return sdpa()
+    return call
+
+
 def variants(copy, launches: list[dict], copy_launches: list[dict], fp8: bool):
     """label -> (cache dtype or None for q's, prefill function, options(case))."""
     pkg = triton_prefill.triton_paged_prefill
@@ -77,12 +90,15 @@ def main() -> None:
                        "forced launch options on bf16, e.g. rows=64,one_loop=True (repeatable)",
                        "batch x queries x cached, comma-separated (default: all)")
     parser.add_argument("--bf16-only", action="store_true", help="no e4m3 variants")
+    parser.add_argument("--sdpa-peers", default="",
+                        help="SDPBackend names to force SDPA onto, comma-separated")
     parser.add_argument("--copy-launch", action="append", default=[],
                         help="options passed to the --copy's function on bf16 (repeatable)")
     args = parser.parse_args()
     if args.copy_launch and not args.copy:
         parser.error("--copy-launch: needs --copy")
     shape = SHAPES[args.shape]
+    sdpa_peers = [name for name in args.sdpa_peers.split(",") if name]
     launches = [parse_launch(text) for text in args.launch]
     points = parse_points(args.points, FULL_PREFILL_POINTS)
     dev = args.device
@@ -130,6 +146,10 @@ def main() -> None:
                     check(name, str(point), calls[name](), ref)
             del ref
         sdpa = sdpa_causal(*point, shape, dtype, dev, seed=3)
+        peers = {f"sdpa {name}": forced_sdpa(sdpa, name) for name in sdpa_peers}
+        for name, fn in peers.items():  # a peer, checked against SDPA's default choice
+            check(name, str(point), fn(), sdpa())
+        calls = peers | calls
         for rnd in range(args.rounds if on_cuda else 1):
             sdpa_us = measure(sdpa, **timing).median_us
             rows.append(dict(variant="sdpa", round=rnd, batch=point[0], query_len=point[1],

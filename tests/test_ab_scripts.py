@@ -21,15 +21,15 @@ def run(script: str, *args: str) -> None:
     assert out.returncode == 0, out.stderr[-3000:]
 
 
-def test_prefill_ab_times_and_checks_a_forced_launch(tmp_path):
+def test_prefill_ab_times_and_checks_a_forced_launch_and_a_peer(tmp_path):
     out = tmp_path / "new"  # created by the script
     run("h200_prefill_ab.py", "--device", "cpu", "--out", str(out), "--shape", "qwen2.5-0.5b",
-        "--bf16-only", "--launch", "rows=16,one_loop=True")
+        "--bf16-only", "--launch", "rows=16,one_loop=True", "--sdpa-peers", "MATH")
     times = pd.read_csv(out / "prefill_ab.csv")
     checks = pd.read_csv(out / "prefill_ab_checks.csv")
     forced = "bf16 rows=16,one_loop=True"
-    assert set(times["variant"]) == {"sdpa", "bf16 default", forced}
-    assert set(checks["variant"]) == {"bf16 default", forced}
+    assert set(times["variant"]) == {"sdpa", "sdpa MATH", "bf16 default", forced}
+    assert set(checks["variant"]) == {"bf16 default", forced, "sdpa MATH"}
     assert (checks["err"] < 1e-4).all()  # fp32 on the CPU
 
 

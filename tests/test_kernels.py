@@ -535,6 +535,41 @@ def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_launch_keeps_a_launcher_per_arguments_and_takes_each_calls_grid(monkeypatch):
+    """``launch`` (the prefill's two kernels): calls with the same dtypes, scalars, constexprs
+    and options share a launcher, so the second skips Triton even with another grid; another
+    scalar or tensor dtype is another launcher, whose first launch goes through Triton."""
+    from types import SimpleNamespace
+
+    from pagebench.kernels import triton_decode as td
+    calls = []
+
+    class Kernel:  # a JIT function: (A, B, n, m, C: constexpr)
+        arg_names = ["A", "B", "n", "m", "C"]
+
+        def __getitem__(self, grid):
+            def jit(*args, **kwargs):
+                calls.append(("jit", grid, args, kwargs))
+                return SimpleNamespace(run=lambda *a: calls.append(("direct", a)),
+                                       function="fn", packed_metadata="meta")
+            return jit
+
+    monkeypatch.setattr(td, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(td, "_current_stream", lambda index: "stream")
+    monkeypatch.setattr(td, "_LAUNCHERS", {})
+    kernel, a, b = Kernel(), torch.zeros(8), torch.zeros(8)
+    td.launch(kernel, (4,), (a, b), (7, 9), {"C": 3}, {"num_warps": 4})
+    td.launch(kernel, (6,), (a, b), (7, 9), {"C": 3}, {"num_warps": 4})
+    assert calls[0] == ("jit", (4, 1, 1), (a, b, 7, 9), {"C": 3, "num_warps": 4})
+    assert calls[1] == ("direct", (6, 1, 1, "stream", "fn", "meta", None, None, None,
+                                   a, b, 7, 9, 3))
+    td.launch(kernel, (6,), (a, b), (8, 9), {"C": 3}, {"num_warps": 4})
+    td.launch(kernel, (6,), (a, b.int()), (7, 9), {"C": 3}, {"num_warps": 4})
+    assert [c[0] for c in calls[2:]] == ["jit", "jit"] and calls[2][2][2] == 8
+    assert len(td._LAUNCHERS) == 3
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_launch_defaults_widen_tiles_only_for_long_contexts_over_few_pairs():
     from pagebench.kernels.triton_decode import default_launch
     bf16 = torch.bfloat16

@@ -413,7 +413,8 @@ class _Launcher:
     scalars here never change, so only the tensors' 16-byte alignment (a specialisation Triton
     makes) can pick a different compiled kernel: the first launch of each alignment pattern goes
     through Triton, which compiles and returns the kernel; later ones call its launcher
-    directly. A launcher serves one plan, whose key fixes every tensor's dtype.
+    directly. A launcher serves one plan, whose key fixes every tensor's dtype (or one key of
+    ``launch``'s). A call may give another ``grid``: Triton does not specialise on it.
     """
 
     def __init__(self, kernel, grid, scalars, constexprs, options, num_tensors):
@@ -426,18 +427,37 @@ class _Launcher:
         self.tail = self.scalars + tuple(constexprs.values())
         self.compiled = {}  # tensors' alignment -> (CompiledKernel, launcher, function, metadata)
 
-    def __call__(self, *tensors):
+    def __call__(self, *tensors, grid=None):
+        g = self.grid if grid is None else tuple(grid) + (1,) * (3 - len(grid))
         key = tuple(t.data_ptr() % 16 == 0 for t in tensors) if DIRECT_LAUNCH else None
         hit = self.compiled.get(key)
         if hit is None or _launch_hooks_set():
-            kernel = self.kernel[self.grid](*tensors, *self.scalars, **self.kwargs)
+            kernel = self.kernel[g](*tensors, *self.scalars, **self.kwargs)
             if key is not None and hasattr(kernel, "packed_metadata"):
                 self.compiled[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
             return
         _, run, function, metadata = hit
-        g = self.grid
         run(g[0], g[1], g[2], _current_stream(tensors[0].device.index), function, metadata,
             None, None, None, *tensors, *self.tail)
+
+
+_LAUNCHERS: dict = {}
+MAX_LAUNCHERS = 1024
+
+
+def launch(kernel, grid, tensors, scalars, constexprs, options) -> None:
+    """``kernel[grid](*tensors, *scalars, **constexprs, **options)`` (arguments in that order)
+    through a ``_Launcher`` cached per device, tensor dtypes, scalars, constexprs and options:
+    a kernel launched with arguments it has seen before skips Triton's launch path."""
+    key = (kernel, tensors[0].device, *(t.dtype for t in tensors), *scalars,
+           *constexprs.items(), *options.items())
+    launcher = _LAUNCHERS.get(key)
+    if launcher is None:
+        if len(_LAUNCHERS) >= MAX_LAUNCHERS:
+            _LAUNCHERS.clear()
+        launcher = _LAUNCHERS[key] = _Launcher(kernel, grid, scalars, constexprs, options,
+                                               len(tensors))
+    launcher(*tensors, grid=grid)
 
 
 def _current_stream(device_index: int) -> int:

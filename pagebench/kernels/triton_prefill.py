@@ -42,7 +42,7 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
-from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, next_pow2
+from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, launch, next_pow2
 from pagebench.kernels.validate import element_span
 
 # isort: split
@@ -263,12 +263,13 @@ _WORK_FIELDS = tl.constexpr(WORK_FIELDS)
 
 
 @triton.jit
-def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, num_tiles, TOKENS: tl.constexpr,
+def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, TOKENS: tl.constexpr,
                       SCAN: tl.constexpr, BLOCK_T: tl.constexpr):
     """For each query tile (numbered one after another over the sequences): its sequence
     (``num_seqs`` past the last tile), its first query in the chunk, the sequence's first row
     in the packed queries, its query count and its length; the same scan as the prefill's,
-    done once for ``BLOCK_T`` tiles rather than by every program."""
+    done once for ``BLOCK_T`` tiles rather than by every program (``WORK`` holds ``BLOCK_T``
+    records a program)."""
     tile = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     seq = tl.zeros([BLOCK_T], tl.int32)
     tile_start = tl.zeros([BLOCK_T], tl.int32)
@@ -287,12 +288,11 @@ def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, num_tiles, TOKENS: tl.co
         seq_len += length
         tiles_before += tl.sum(tiles, 0)
     record = WORK + tile * _WORK_FIELDS
-    ok = tile < num_tiles
-    tl.store(record, seq, mask=ok)
-    tl.store(record + 1, (tile - tile_start) * TOKENS, mask=ok)
-    tl.store(record + 2, q_start, mask=ok)
-    tl.store(record + 3, q_len, mask=ok)
-    tl.store(record + 4, seq_len, mask=ok)
+    tl.store(record, seq)
+    tl.store(record + 1, (tile - tile_start) * TOKENS)
+    tl.store(record + 2, q_start)
+    tl.store(record + 3, q_len)
+    tl.store(record + 4, seq_len)
 
 
 @triton.jit
@@ -638,25 +638,18 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         raise ValueError("work_list: the round-robin grid takes no work list")
     scan_width = next_pow2(scan or _scan_width(num_seqs, reread))
     work = q_lens  # (a placeholder pointer where there is no work list)
-    if work_list:
-        num_tiles = by_sequence // kv_heads
-        work = torch.empty(num_tiles * WORK_FIELDS, device=q.device, dtype=torch.int32)
-        _work_list_kernel[(ceil_div(num_tiles, WORK_TILES),)](
-            q_lens, seq_lens, work, num_seqs, num_tiles, TOKENS=tokens, SCAN=min(scan_width, 64),
-            BLOCK_T=WORK_TILES)
+    if work_list:  # records for whole programs of the list's kernel (those past the last tile idle)
+        programs = ceil_div(by_sequence // kv_heads, WORK_TILES)
+        work = torch.empty(programs * WORK_TILES * WORK_FIELDS, device=q.device,
+                           dtype=torch.int32)
+        launch(_work_list_kernel, (programs,), (q_lens, seq_lens, work), (num_seqs,),
+               dict(TOKENS=tokens, SCAN=min(scan_width, 64), BLOCK_T=WORK_TILES), {})
     num_warps = num_warps or chosen.num_warps
     ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
     dim_pad = max(16, next_pow2(head_dim))
     vote = _can_vote(q, rows, num_warps, dim_pad, ieee_dot)
     lazy = chosen.lazy_rescale and vote if lazy_rescale is None else bool(lazy_rescale)
-    _prefill_kernel[(by_round if round_robin else by_sequence,)](
-        q, k_cache, v_cache, tables, seq_lens, q_lens, out,
-        q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale, work,
-        num_seqs, scale * 1.4426950408889634,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        tables.stride(0), out.stride(0), out.stride(1),
+    constexprs = dict(
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
         TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
         SCAN=scan_width,
@@ -666,7 +659,16 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         FP8=fp8,
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
         ROUND_ROBIN=bool(round_robin),
-        REREAD=reread, LAZY=lazy, VOTE=lazy and vote, WORK_LIST=work_list,
-        num_warps=num_warps, num_stages=num_stages or chosen.num_stages,
-        **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
+        REREAD=reread, LAZY=lazy, VOTE=lazy and vote, WORK_LIST=work_list)
+    options = dict(num_warps=num_warps, num_stages=num_stages or chosen.num_stages,
+                   **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
+    launch(_prefill_kernel, (by_round if round_robin else by_sequence,),
+           (q, k_cache, v_cache, tables, seq_lens, q_lens, out,
+            q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale, work),
+           (num_seqs, scale * 1.4426950408889634,
+            q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            tables.stride(0), out.stride(0), out.stride(1)),
+           constexprs, options)
     return out

@@ -5,7 +5,8 @@ file and against SDPA (one process, about a minute).
 
 Llama-3-8B shape (32 query / 8 KV heads x 128), bf16, block 16, at whole prompts and a chunk
 after a cached prefix. Per call: ``host_us``, host time with the GPU kept busy (calls only
-enqueue: median of 5 runs of 200 calls); ``eager_us``, the call's time without a graph
+enqueue; 200 calls a run, garbage collection off, the variants in turn, ``--rounds`` rounds of
+three runs each, the median over all); ``eager_us``, the call's time without a graph
 (CUDA events, L2 flushed, median of 20: host work shows where it exceeds the GPU's);
 ``graph_us``, replayed from a CUDA graph. Variants: ``triton_paged_prefill`` (the package's),
 the same from ``--copy FILE`` (e.g. ``git show REV:pagebench/kernels/triton_prefill.py``),
@@ -17,6 +18,7 @@ prefill_host.csv and prints a table last.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -35,19 +37,23 @@ from pagebench.timing import environment, measure
 POINTS = "1x512x0,1x2048x0,8x512x0,64x512x0,128x128x0,1x512x3584"
 
 
-def host_us(fn, calls=200, runs=5) -> float:
-    """Host time per call while the GPU is busy, so that calls only enqueue."""
+def host_us(fn, calls=200, runs=3) -> list[float]:
+    """Host time per call while the GPU is busy, so that calls only enqueue: one per run."""
     fn()
     samples = []
-    for _ in range(runs):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(400_000_000)
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        torch.cuda.synchronize()
-    return statistics.median(samples)
+    gc.disable()
+    try:
+        for _ in range(runs):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(400_000_000)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            samples.append((time.perf_counter() - t0) / calls * 1e6)
+            torch.cuda.synchronize()
+    finally:
+        gc.enable()
+    return samples
 
 
 def main() -> None:
@@ -55,6 +61,7 @@ def main() -> None:
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
     parser.add_argument("--copy", default="", help="another triton_prefill.py to time too")
     parser.add_argument("--points", default=POINTS, help="batch x queries x cached, ...")
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     shape = SHAPES["llama-3-8b"]
     scale = shape[2] ** -0.5
@@ -70,9 +77,14 @@ def main() -> None:
             calls["copy"] = lambda: copy.triton_paged_prefill(*case.args(), scale)
             same = torch.equal(calls["copy"](), calls["triton_paged_prefill"]())
             assert same, f"{point}: the copy's output differs from the package's"
+        host = {name: [] for name in calls}
+        for _ in range(args.rounds):  # the variants in turn, so that drift reaches all alike
+            for name, fn in calls.items():
+                host[name] += host_us(fn)
         for name, fn in calls.items():
             rows.append(dict(call=name, batch=point[0], query_len=point[1], cached=point[2],
-                             host_us=host_us(fn),
+                             host_us=statistics.median(host[name]), host_min_us=min(host[name]),
+                             host_max_us=max(host[name]),
                              eager_us=measure(fn, device="cuda", cuda_graph=False).median_us,
                              graph_us=measure(fn, device="cuda", cuda_graph=True).median_us))
             print(rows[-1], flush=True)

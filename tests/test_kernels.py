@@ -494,6 +494,33 @@ def test_triton_combines_many_splits(splits):
     assert relative_error(out, reference_decode(*inp.args())) < TOLERANCE[torch.float32]
 
 
+class _MockKernel:
+    """A Triton JIT function ``(A, B, n, m, C: constexpr)`` that records its launches in
+    ``calls``: through Triton ("jit", grid, args, kwargs), then its compiled launcher's
+    ("direct", args)."""
+    arg_names = ["A", "B", "n", "m", "C"]
+
+    def __init__(self, calls: list):
+        self.calls = calls
+
+    def __getitem__(self, grid):
+        from types import SimpleNamespace
+
+        def jit(*args, **kwargs):
+            self.calls.append(("jit", grid, args, kwargs))
+            return SimpleNamespace(run=lambda *a: self.calls.append(("direct", a)),
+                                   function="fn", packed_metadata="meta")
+        return jit
+
+
+def _direct_launches(monkeypatch):
+    """triton_decode with direct launches on (as on a GPU), its stream a placeholder."""
+    from pagebench.kernels import triton_decode as td
+    monkeypatch.setattr(td, "DIRECT_LAUNCH", True)
+    monkeypatch.setattr(td, "_current_stream", lambda index: "stream")
+    return td
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
     """First launch per tensor-alignment pattern goes through Triton (which compiles); later ones
@@ -501,22 +528,9 @@ def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
     profiler hook sends every launch through Triton again."""
     from types import SimpleNamespace
 
-    from pagebench.kernels import triton_decode as td
+    td = _direct_launches(monkeypatch)
     calls = []
-
-    class Kernel:  # a JIT function: (A, B, n, m, C: constexpr)
-        arg_names = ["A", "B", "n", "m", "C"]
-
-        def __getitem__(self, grid):
-            def jit(*args, **kwargs):
-                calls.append(("jit", grid, args, kwargs))
-                return SimpleNamespace(run=lambda *a: calls.append(("direct", a)),
-                                       function="fn", packed_metadata="meta")
-            return jit
-
-    monkeypatch.setattr(td, "DIRECT_LAUNCH", True)
-    monkeypatch.setattr(td, "_current_stream", lambda index: "stream")
-    launch = td._Launcher(Kernel(), (4, 2), (7, 9), {"C": 3}, {"num_warps": 4}, num_tensors=2)
+    launch = td._Launcher(_MockKernel(calls), (4, 2), (7, 9), {"C": 3}, {"num_warps": 4}, num_tensors=2)
     a, b = torch.zeros(8), torch.zeros(8)
     launch(a, b)
     launch(a, b)
@@ -531,7 +545,7 @@ def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
     launch(a, b)
     assert calls[3][0] == "jit"
     with pytest.raises(AssertionError, match="tensors, scalars, constexprs"):
-        td._Launcher(Kernel(), (1,), (7,), {"C": 3}, {}, num_tensors=2)
+        td._Launcher(_MockKernel(calls), (1,), (7,), {"C": 3}, {}, num_tensors=2)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
@@ -539,25 +553,10 @@ def test_launch_keeps_a_launcher_per_arguments_and_takes_each_calls_grid(monkeyp
     """``launch`` (the prefill's two kernels): calls with the same dtypes, scalars, constexprs
     and options share a launcher, so the second skips Triton even with another grid; another
     scalar or tensor dtype is another launcher, whose first launch goes through Triton."""
-    from types import SimpleNamespace
-
-    from pagebench.kernels import triton_decode as td
+    td = _direct_launches(monkeypatch)
     calls = []
-
-    class Kernel:  # a JIT function: (A, B, n, m, C: constexpr)
-        arg_names = ["A", "B", "n", "m", "C"]
-
-        def __getitem__(self, grid):
-            def jit(*args, **kwargs):
-                calls.append(("jit", grid, args, kwargs))
-                return SimpleNamespace(run=lambda *a: calls.append(("direct", a)),
-                                       function="fn", packed_metadata="meta")
-            return jit
-
-    monkeypatch.setattr(td, "DIRECT_LAUNCH", True)
-    monkeypatch.setattr(td, "_current_stream", lambda index: "stream")
     monkeypatch.setattr(td, "_LAUNCHERS", {})
-    kernel, a, b = Kernel(), torch.zeros(8), torch.zeros(8)
+    kernel, a, b = _MockKernel(calls), torch.zeros(8), torch.zeros(8)
     td.launch(kernel, (4,), (a, b), (7, 9), {"C": 3}, {"num_warps": 4})
     td.launch(kernel, (6,), (a, b), (7, 9), {"C": 3}, {"num_warps": 4})
     assert calls[0] == ("jit", (4, 1, 1), (a, b, 7, 9), {"C": 3, "num_warps": 4})

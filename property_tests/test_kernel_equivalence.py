@@ -284,39 +284,6 @@ def test_triton_prefill_launches_match_reference_cuda(launch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_triton_prefill_direct_launches_match_reference_cuda(monkeypatch):
-    """Two chunks of the same launch (sequence count, table width, dtypes) but other lengths,
-    so other grids, called in turn: only the first call goes through Triton's launch, the
-    others launch the compiled kernel directly with their own grid, each matching float64."""
-    if "triton" not in backends_for("cuda", "prefill"):
-        pytest.skip("triton not available on CUDA")
-    import dataclasses
-
-    from triton.runtime.jit import JITFunction
-
-    from pagebench.kernels import triton_decode
-    from pagebench.kernels.triton_prefill import triton_paged_prefill
-    monkeypatch.setattr(triton_decode, "_LAUNCHERS", {})
-    through_triton = []
-    run = JITFunction.run
-    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **kw: (
-        through_triton.append(self), run(self, *a, **kw))[1])
-    cases = []
-    for seed, (lens, query_lens) in enumerate([([300, 120, 513, 64], [100, 37, 200, 64]),
-                                               ([513, 300, 200, 100], [90, 90, 90, 90])]):
-        inp = make_paged_inputs(lens, 8, 2, 64, 16, torch.bfloat16, "cuda", seed=seed)
-        q = torch.randn(sum(query_lens), 8, 64, device="cuda", dtype=torch.bfloat16)
-        cases.append(dataclasses.replace(inp, q=q, query_lens=torch.tensor(
-            query_lens, dtype=torch.int32, device="cuda")))
-    for case in cases * 2:
-        out = triton_paged_prefill(*case.args(), 64 ** -0.5)
-        err = relative_error(out, reference_prefill(*case.args(), 64 ** -0.5))
-        assert err < TOLERANCE[torch.bfloat16], err
-    assert len(through_triton) == 1 and len(triton_decode._LAUNCHERS) == 1
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", backends_for("cuda", "prefill"))
 def test_paged_prefill_matches_float64_reference_cuda(backend):
     @settings(max_examples=10, deadline=None)

@@ -3,7 +3,7 @@
     TRITON_INTERPRET=0 PYTHONPATH=. python3 scripts/sm90_spills.py [--shape S] [--points P]
         [--launch key=val,...] [--arch 90]
 
-Compiles the kernel ``prefill_launch`` picks on an H200 (132 SMs) at each point (batch x
+Compiles the kernels ``prefill_launch`` picks on an H200 (132 SMs) at each point (batch x
 queries x cached; default: the prefill sweep's points and several long prompts) with Triton's
 compiler and the ``ptxas`` it ships, and prints what ``ptxas -v`` reports: a change that adds
 spills or serialises the MMAs shows here before any GPU time is spent (docs/kernels.md, "The

@@ -157,11 +157,15 @@ def test_prefill_launch_rules():
     # chunks of 1,024: 128 rows where there are several sequences, not for one
     assert launch(mean_chunk=1024, programs=4160, max_keys=1024, sequences=8) == long
     assert launch(mean_chunk=1024, programs=520, max_keys=1024).rows == 64
-    # a work list from 64 sequences on (not for long chunks, nor at head dim 64)
+    # a work list from 64 sequences on, from 16 where walks exceed four tiles (not for long
+    # chunks, nor at head dim 64)
     assert launch(programs=16896, sequences=64) == PrefillLaunch(
         64, 32, 4, 3, True, True, 168, reread=True, lazy_rescale=True, work_list=True)
     assert launch(mean_chunk=128, programs=9216, max_keys=128, sequences=128).work_list
-    assert not launch(programs=8448, sequences=32).work_list
+    assert launch(programs=8448, sequences=32).work_list
+    assert launch(programs=4224, sequences=16).work_list
+    assert not launch(programs=2112, sequences=8).work_list
+    assert not launch(mean_chunk=128, programs=2304, max_keys=128, sequences=32).work_list
     assert not launch(mean_chunk=2048, programs=16896, max_keys=2048, sequences=64).work_list
     assert not launch(head_dim=64, programs=16896, sequences=64).work_list
     assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168,

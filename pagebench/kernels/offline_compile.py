@@ -113,9 +113,10 @@ def launching_as_on(sm_count: int):
 
 def prefill_reports(shape: tuple[int, int, int], points, arch: int = 90, sm_count: int = 132,
                     **launch) -> list[dict]:
-    """One row per (batch, query_len, cached) point of ``points``: the prefill kernel as
-    ``prefill_launch`` picks it on a GPU of ``sm_count`` SMs (``launch``: options forced),
-    bf16, block 16, heads and head dim ``shape``, with :func:`ptxas_report`'s fields."""
+    """One row per (batch, query_len, cached) point of ``points`` and kernel launched there
+    (the work list's, where there is one, then the prefill): as ``prefill_launch`` picks it
+    on a GPU of ``sm_count`` SMs (``launch``: options forced), bf16, block 16, heads and head
+    dim ``shape``, with :func:`ptxas_report`'s fields."""
     import torch
 
     from pagebench.kernels.fixtures import prefill_case
@@ -127,10 +128,11 @@ def prefill_reports(shape: tuple[int, int, int], points, arch: int = 90, sm_coun
                             seed=0).args()
         with launching_as_on(sm_count), captured_launches() as launches:
             triton_paged_prefill(*case, shape[2] ** -0.5, **launch)
-        kernel, args, kwargs = launches[-1]  # the prefill (after the work list's kernel)
-        report = ptxas_report(compile_for_arch(kernel, args, kwargs, arch), arch)
-        options = {k: kwargs.get(k) for k in ("ROWS", "TILE_N", "num_warps", "num_stages",
-                                                "maxnreg", "SCAN", "REREAD", "WORK_LIST")}
-        rows.append({"batch": batch, "query_len": query_len, "cached": cached, **options,
-                     **dataclasses.asdict(report)})
+        for kernel, args, kwargs in launches:
+            report = ptxas_report(compile_for_arch(kernel, args, kwargs, arch), arch)
+            options = {k: kwargs.get(k) for k in ("ROWS", "TILE_N", "num_warps", "num_stages",
+                                                    "maxnreg", "SCAN", "REREAD", "WORK_LIST")}
+            rows.append({"batch": batch, "query_len": query_len, "cached": cached,
+                         "kernel": kernel.fn.__name__, **options,
+                         **dataclasses.asdict(report)})
     return rows

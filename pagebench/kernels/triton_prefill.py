@@ -56,6 +56,7 @@ MIN_SCAN = 32  # the narrowest scan, but for one sequence without the re-read (_
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 LONG_CHUNKS = 1024  # ... where there are several sequences
 WORK_LIST_SEQS = 64  # sequences from which short-walk launches take a work list
+WORK_LIST_SEQS_LONGER = 16  # ... from which those of walks over 4 tiles take one
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 
 
@@ -258,7 +259,8 @@ def _counted(before, mine, lens, totals, AXIS: tl.constexpr):
 
 
 WORK_FIELDS = 8  # int32 per query tile in the work list (five used; 32 bytes a record)
-WORK_TILES = 128  # query tiles a program of the work-list kernel describes
+WORK_TILES = 8  # query tiles a program of the work-list kernel describes (one warp)
+WORK_WARPS = 1
 _WORK_FIELDS = tl.constexpr(WORK_FIELDS)
 
 
@@ -484,9 +486,13 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there.
 
     With ``WORK_LIST_SEQS`` sequences or more above head dim 64 (but for long chunks), a work
-    list (``work_list``): Llama-3-8B shape, 0.92x the time at 64 x 512, 0.98x at 128 x 128,
-    0.99-1.01x at 64 x 128, 0.99x at 32 x 512, but 1.04-1.07x at 8 x 512 and 32 x 128 (its
-    kernel costs 2.5-3.5 us).
+    list (``work_list``), and from ``WORK_LIST_SEQS_LONGER`` for the short-table launch whose
+    walks exceed four tiles. Llama-3-8B shape, since the list's kernel describes
+    ``WORK_TILES`` = 8 tiles a program on one warp (128 on four warps before: 255 registers,
+    spills, 8-16 programs, 8-14 us under Nsight Compute), against that kernel: 0.92x the
+    time at 128 x 128 and 64 x 128, 0.99x at 64 x 512; and against no list at 16 and 32
+    sequences of 512: 0.99x and 0.98x; but 1.01x at 8 x 512 and 1.03x at 32 x 128 (walks of
+    at most four tiles), which keep the scan.
 
     Where the programs are more than a wave (except long chunks above head dim 64), the lazy
     rescale (``lazy_rescale``; with the warp vote on Hopper, else it is not taken): Llama-3-8B
@@ -516,7 +522,8 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
                                  reread, lazy_rescale=True, work_list=listed)
         if head_dim > 64:
             return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True,
-                                 lazy_rescale=True, work_list=listed)
+                                 lazy_rescale=True,
+                                 work_list=sequences >= WORK_LIST_SEQS_LONGER)
     # the register cap only where the programs fit in one wave
     return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and not many else None, by_round,
                          reread, lazy_rescale=many, work_list=listed)
@@ -643,7 +650,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
         work = torch.empty(programs * WORK_TILES * WORK_FIELDS, device=q.device,
                            dtype=torch.int32)
         launch(_work_list_kernel, (programs,), (q_lens, seq_lens, work), (num_seqs,),
-               dict(TOKENS=tokens, SCAN=min(scan_width, 64), BLOCK_T=WORK_TILES), {})
+               dict(TOKENS=tokens, SCAN=min(scan_width, 64), BLOCK_T=WORK_TILES),
+               dict(num_warps=WORK_WARPS))
     num_warps = num_warps or chosen.num_warps
     ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
     dim_pad = max(16, next_pow2(head_dim))

@@ -442,7 +442,7 @@ class PrefillLaunch:
     table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
     maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
     round_robin: bool = False  # grid order: round r = each sequence's r-th tile from its last
-    reread: bool = False  # the output rows' offsets read again after the walk
+    reread: bool = False  # the output rows' offsets read again after the walk (no work list)
     lazy_rescale: bool = False  # the running max moves by more than 2^8 or not at all
     work_list: bool = False  # the tiles' sequences listed by a kernel before the prefill
 
@@ -490,7 +490,10 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
     0.88-0.95x the time at 12 of 16 points (2 x 2,048: 0.93x; 8 x 512: 0.94x; 16 x 512:
     0.95x), 1.03x at 8 x 512 after 3,584, the rest within 1.2%. At head dim 64, where no
     launch spills, it took 1.05-1.08x at 1 x 2,048, 1 x 4,096, 2 x 2,048 and 32 x 128 and
-    0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there.
+    0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there. With a work
+    list there is nothing to read again: the rows are rebuilt from two scalars of the record,
+    kept through the walk; with the record's five loads issued together as well, 0.98-0.99x
+    the time of reading them again at 64 x 512 and 128 x 128 (same process, two runs).
 
     With ``WORK_LIST_SEQS`` sequences or more above head dim 64 (but for long chunks), a work
     list (``work_list``), and from ``WORK_LIST_SEQS_LONGER`` for the short-table launch whose
@@ -607,7 +610,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
     ``round_robin``: the grid's order (by default round-robin where the launch says so and its
     grid is no larger than the one by sequence); ``reread``: the output rows' offsets read
-    again after the walk rather than kept through it; ``lazy_rescale``: a row's running max
+    again after the walk rather than kept through it (without a work list; with one, they are
+    rebuilt from two scalars kept through it); ``lazy_rescale``: a row's running max
     moves only when a tile's passes it by more than 2^8, and the output is rescaled only then,
     skipped by whole warps where the GPU allows (by default where the launch says so and the
     skip is possible, ``_can_vote``);

@@ -21,11 +21,10 @@ import torch
 from hypothesis import given, note, settings
 from test_kernel_fp8 import formats_read_on
 
-from pagebench.config import ceil_div
 from pagebench.kernels import (FP8_DTYPES, available_backends, paged_decode, paged_prefill,
                                registered_backends)
 from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, quantized_inputs,
-                                        relative_error, with_layout)
+                                        relative_error, spare_block, with_layout)
 from pagebench.kernels.reference import reference_decode, reference_prefill
 
 BACKENDS = ["torch"] + (["triton"] if "triton" in available_backends() else [])
@@ -87,13 +86,6 @@ def call_sequences(draw, formats: list, large: bool = False):
     geometry_list = draw(st.lists(geometries(large), min_size=1, max_size=2))
     sequence = draw(st.lists(calls(len(geometry_list), formats), min_size=2, max_size=5))
     return geometry_list, sequence
-
-
-def spare_block(tables: torch.Tensor, lengths, block_size: int, num_blocks: int) -> int:
-    """A block no sequence reads (make_paged_inputs poisons it with NaN)."""
-    used = {int(b) for s, n in enumerate(lengths)
-            for b in tables[s, :ceil_div(n, block_size)].tolist()}
-    return min(set(range(num_blocks)) - used)
 
 
 def build_call(geometry: dict, call: dict, device: str, large: bool):

@@ -20,7 +20,8 @@ import torch
 from hypothesis import example, given, note, settings
 
 from pagebench.kernels import paged_decode, paged_prefill, registered_backends
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
+                                        spare_block, with_layout)
 from pagebench.kernels.reference import reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
 
@@ -219,7 +220,8 @@ def test_triton_prefill_tiles_match_reference():
     order (by sequence, or round-robin over the sequences with empty programs) and by sequence
     from a work list built by a kernel before the prefill, the output rows'
     offsets kept through the walk or read again after it, the output rescaled whenever a
-    row's running max moves or only when it moves by more than 2^8; queries scaled so
+    row's running max moves or only when it moves by more than 2^8; the table and the length
+    vectors int32 or int64, contiguous or views with junk around them; queries scaled so
     that the running max rises between key tiles by more than fp16 and fp32 hold unrescaled
     (gain 8 and 200), and by little (gain 1)."""
     if "triton" not in backends_for("cpu", "prefill"):
@@ -231,17 +233,28 @@ def test_triton_prefill_tiles_match_reference():
            tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
            one_loop=st.booleans(), table_ahead=st.booleans(), grid=st.sampled_from(list(GRIDS)),
            reread=st.booleans(), lazy=st.booleans(),
-           q_gain=st.sampled_from([1.0, 8.0, 200.0]))
+           q_gain=st.sampled_from([1.0, 8.0, 200.0]),
+           index_dtype=st.sampled_from([torch.int32, torch.int64]),
+           index_layout=st.sampled_from(LAYOUTS))
     # found by the long profile: fp32 at gain 200, 1.6e-5 against 1e-5 before logit_slack
     @example(drawn=(FP32_LARGE_SCORES, [1, 1]), rows=16, tile_n=16, scan=None, one_loop=False,
-             table_ahead=False, grid="by sequence", reread=False, lazy=False, q_gain=200.0)
-    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, grid, reread, lazy, q_gain):
+             table_ahead=False, grid="by sequence", reread=False, lazy=False, q_gain=200.0,
+             index_dtype=torch.int32, index_layout="contiguous")
+    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, grid, reread, lazy, q_gain,
+             index_dtype, index_layout):
         case, query_lens = drawn
-        check_prefill("triton", case, query_lens, q_gain=q_gain,
-                      prefill=lambda *args: triton_paged_prefill(
-                          *args, case["head_dim"] ** -0.5, rows=rows, tile_n=tile_n, scan=scan,
-                          one_loop=one_loop, table_ahead=table_ahead, reread=reread,
-                          lazy_rescale=lazy, **GRIDS[grid]))
+
+        def prefill(q, k_cache, v_cache, tables, seq_lens, qlens):
+            # the table and both length vectors in the drawn dtype and layout, junk around them
+            junk = spare_block(tables, case["lengths"], case["block_size"], k_cache.shape[0])
+            tables = with_layout(tables.to(index_dtype), index_layout, junk)
+            seq_lens = with_layout(seq_lens.to(index_dtype), index_layout, 1)
+            qlens = with_layout(qlens.to(index_dtype), index_layout, 1)
+            return triton_paged_prefill(
+                q, k_cache, v_cache, tables, seq_lens, qlens, case["head_dim"] ** -0.5,
+                rows=rows, tile_n=tile_n, scan=scan, one_loop=one_loop, table_ahead=table_ahead,
+                reread=reread, lazy_rescale=lazy, **GRIDS[grid])
+        check_prefill("triton", case, query_lens, q_gain=q_gain, prefill=prefill)
     prop()
 
 

@@ -233,6 +233,14 @@ def with_layout(x: torch.Tensor, layout: str, junk=0) -> torch.Tensor:
     raise ValueError(f"layout: expected one of {LAYOUTS}, got {layout!r}")
 
 
+
+def spare_block(tables: torch.Tensor, lengths, block_size: int, num_blocks: int) -> int:
+    """A block no sequence reads (``make_paged_inputs`` poisons it with NaN): junk for a
+    table's ``with_layout``."""
+    used = {int(b) for s, n in enumerate(lengths)
+            for b in tables[s, :ceil_div(n, block_size)].tolist()}
+    return min(set(range(num_blocks)) - used)
+
 # ---- block-table layouts (what the timed kernel reads) -----------------------------------
 
 AGED_BACKGROUND = 0.25  # other requests' share of the pool, relative to the measured ones

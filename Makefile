@@ -1,5 +1,6 @@
 # pagebench: `make setup` creates .venv, `make report` runs the main job, `make test` lints
-# (ruff, rules in pyproject.toml) and runs the whole test suite. Every target creates .venv on
+# (ruff, rules in pyproject.toml) and runs the whole test suite (CI), `make test-fast` every test
+# not marked `slow`. Every target creates .venv on
 # first use and installs the project into it.
 
 PYTHON  ?= python3
@@ -13,7 +14,7 @@ TORCH_PIP_ARGS ?= torch==2.13.0
 REPORT_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup report test bench bench-compare asv-quick clean-venv browser-deps
+.PHONY: setup report test test-fast bench bench-compare asv-quick clean-venv browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +37,13 @@ browser-deps:
 test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check .
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PYTEST_ARGS)
+
+# The fast tier: everything not marked `slow` (more than a few seconds on 2 cores), the 25 slowest
+# listed so that a test that grew slow shows.
+test-fast: $(STAMP) browser-deps
+	$(VENV)/bin/ruff check .
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -m "not slow" --durations=25 \
+	  $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

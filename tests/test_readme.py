@@ -1,11 +1,14 @@
-"""Every shell and Python example of the README runs (an example that stops working fails here).
+"""Every shell and Python example of the README and of every ``docs/*.md`` page runs (an
+example that stops working, or moves to another page, fails here).
 
-The fenced ``bash`` and ``python`` blocks are extracted. ``pagebench`` commands run in-process
+The fenced ``bash`` and ``python`` blocks of each page are extracted; a page added to ``docs/``
+is picked up without a change here. ``pagebench`` commands run in-process
 from a scratch directory that sees the repository's ``examples/`` and ``reports/data/``, with the
 quick arguments of QUICK appended (a later option overrides an earlier one), and a
 ``my_runs/`` directory of results of the reader's own; ``make`` commands
 are checked with ``make -n`` (what they would run, not running it). NOT_RUN lists, with the
-reason, the few commands that are not run here; a README command in neither fails the test.
+reason, the few commands that are not run here; a command in neither fails the test, and so
+does a ``--device cuda`` command on a machine without CUDA only by skipping with that reason.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ import pytest
 from pagebench.cli import main
 
 REPO = Path(__file__).resolve().parents[1]
-README = (REPO / "README.md").read_text(encoding="utf-8")
+# every page whose examples run: the front page and every docs/*.md
+PAGES = {path.relative_to(REPO).as_posix(): path.read_text(encoding="utf-8")
+         for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]}
 
-# README command prefix -> arguments appended so that the example runs in seconds on a CPU
+# command prefix -> arguments appended so that the example runs in seconds on a CPU
 QUICK = {
     "pagebench simulate --dynamic --trace": [],
     "pagebench simulate --dynamic": ["--num-requests", "300"],
@@ -50,7 +55,7 @@ QUICK = {
     "pagebench engine-bench": ["--max-tokens", "2"],
     "pagebench report": ["--quick", "--no-progress"],
 }
-# README command -> why the test does not run it
+# command -> why the test does not run it
 NOT_RUN = {
     ". .venv/bin/activate": "changes the calling shell; `make setup` (checked) creates it",
     "pagebench bench-compare --base main --head HEAD":
@@ -77,14 +82,17 @@ NOT_RUN = {
         "starts torchrun three times; tests/test_parallel.py runs sweep_wall under torchrun",
 }
 NEEDS_CUDA = ("--device cuda",)
-PASSED: set[tuple[str, ...]] = set()  # argv already run: README lines that become the same run
-# text replaced in the README's Python blocks before they run
+# commands whose quick form still takes more than ~20 s on 2 CPU cores: the slow tier only
+SLOW = ("pagebench report",)  # the quick report replays the real traces: ~30 s
+PASSED: set[tuple[str, ...]] = set()  # argv already run: example lines that become the same run
+# text replaced in the pages' Python blocks before they run
 PYTHON_QUICK = {"max_tokens=16": "max_tokens=4"}
 
 
-def shell_commands() -> list[str]:
+def page_commands(text: str) -> list[str]:
+    """The shell commands of one page's ``bash`` blocks, comments and continuations joined."""
     commands = []
-    for block in re.findall(r"```bash\n(.*?)```", README, re.S):
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         text = block.replace("\\\n", " ")
         for line in text.splitlines():
             command = re.split(r"\s+#\s", " " + line.strip(), maxsplit=1)[0].strip()
@@ -93,17 +101,33 @@ def shell_commands() -> list[str]:
     return commands
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README, re.S)
+def shell_commands() -> list[tuple[str, str]]:
+    """(page, command) for every page, in page order."""
+    return [(page, c) for page, text in PAGES.items() for c in page_commands(text)]
 
 
-def test_every_readme_command_is_run_or_explained():
-    commands = shell_commands()
+def python_blocks() -> list[tuple[str, str]]:
+    return [(page, block) for page, text in PAGES.items()
+            for block in re.findall(r"```python\n(.*?)```", text, re.S)]
+
+
+def with_prefix(prefix: str) -> list:
+    return [pytest.param(c, id=f"{page}: {c}",
+                         marks=[pytest.mark.slow] if c.startswith(SLOW) else [])
+            for page, c in shell_commands() if c.startswith(prefix)]
+
+
+def test_pages_include_the_readme_and_docs():
+    assert "README.md" in PAGES and "docs/usage.md" in PAGES
+
+
+def test_every_command_is_run_or_explained():
+    commands = [c for _, c in shell_commands()]
     unexplained = [c for c in commands if not c.startswith(("pagebench ", "make "))
                    and c not in NOT_RUN]
     assert not unexplained
     stale = [c for c in NOT_RUN if c not in commands]
-    assert not stale, "NOT_RUN names commands the README no longer has"
+    assert not stale, "NOT_RUN names commands no page has any more"
 
 
 @pytest.fixture
@@ -120,8 +144,8 @@ def scratch(tmp_path, monkeypatch):
     return tmp_path
 
 
-@pytest.mark.parametrize("command", [c for c in shell_commands() if c.startswith("pagebench ")])
-def test_readme_pagebench_command_runs(command, scratch):
+@pytest.mark.parametrize("command", with_prefix("pagebench "))
+def test_pagebench_command_runs(command, scratch):
     if any(flag in command for flag in NEEDS_CUDA):
         import torch
 
@@ -135,6 +159,8 @@ def test_readme_pagebench_command_runs(command, scratch):
     if argv[0] == "report" and "--out" not in argv:
         argv += ["--out", str(scratch / "site" / "index.html")]
     key = tuple(dict.fromkeys(a.replace(str(scratch), "") for a in argv))  # "--quick" twice
+    if argv[0] == "report":  # where the page goes does not make it another run
+        key = tuple(a for i, a in enumerate(key) if "--out" not in key[i - 1:i])
     if key in PASSED:
         return
     out, err = io.StringIO(), io.StringIO()
@@ -146,17 +172,18 @@ def test_readme_pagebench_command_runs(command, scratch):
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-@pytest.mark.parametrize("command", [c for c in shell_commands() if c.startswith("make ")])
-def test_readme_make_command_is_a_target(command):
+@pytest.mark.parametrize("command", with_prefix("make "))
+def test_make_command_is_a_target(command):
     argv = shlex.split(command)
     proc = subprocess.run(["make", "-n", *argv[1:]], cwd=REPO, capture_output=True, text=True,
                           env=dict(os.environ, MAKEFLAGS=""))
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("index", range(len(python_blocks())))
-def test_readme_python_example_runs(index, scratch, capsys):
-    code = python_blocks()[index]
+@pytest.mark.parametrize(("page", "code"), [
+    pytest.param(page, code, id=f"{page}: python block {i}")
+    for i, (page, code) in enumerate(python_blocks())])
+def test_python_example_runs(page, code, scratch, capsys):
     for old, new in PYTHON_QUICK.items():
         code = code.replace(old, new)
-    exec(compile(code, f"README.md python block {index}", "exec"), {"__name__": "readme"})
+    exec(compile(code, f"{page} python block", "exec"), {"__name__": "readme"})

@@ -133,68 +133,100 @@ def test_prefill_is_causal_a_chunk_equals_successive_decodes():
         assert relative_error(out[i:i + 1], step) < 1e-5
 
 
+def _chosen_prefill_launches():
+    """Every launch ``prefill_launch`` picks over the regimes it tells apart (chunk length,
+    sequences, table width, head dim, dtype, device, SM count), with its inputs."""
+    from pagebench.kernels.triton_prefill import prefill_launch
+
+    cuda = torch.device("cuda")
+    for device in (cuda, torch.device("cpu")):
+        for head_dim in (64, 80, 128, 256):
+            for dtype in (torch.bfloat16, torch.float16, torch.float32):
+                for sequences in (1, 2, 8, 16, 32, 64, 128):
+                    for mean_chunk in (16, 128, 512, 1024, 2048, 8192):
+                        for max_keys in sorted({mean_chunk, 128, 512, 4096, 16384}):
+                            if max_keys < mean_chunk:
+                                continue
+                            for sms in (78, 132):
+                                programs = sequences * 8 * -(-mean_chunk // 64)
+                                inputs = dict(head_dim=head_dim, dtype=dtype, device=device,
+                                              sequences=sequences, mean_chunk=mean_chunk,
+                                              max_keys=max_keys, sm_count=sms)
+                                yield inputs, prefill_launch(
+                                    head_dim, dtype, device, mean_chunk=mean_chunk,
+                                    programs=programs, max_keys=max_keys,
+                                    sequences=sequences, sm_count=sms)
+
+
+def _power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-def test_prefill_launch_rules():
-    """The launch per regime (docs/kernels.md): long chunks above head dim 64 128 rows in two
-    walks; many programs over short tables (at head dim 64: very short) 32-key tiles with
-    capped registers; else 64 rows in one walk with block ids ahead (fp8 caches too), the
-    registers capped at 255 where the programs fit in one wave; the lazy rescale wherever the
-    programs are more than a wave but for long chunks; fp32 and non-CUDA devices keep the
-    earlier launch."""
+def test_every_chosen_prefill_launch_is_valid_for_its_inputs():
+    """Whatever the launch rules pick (docs/kernels.md, "Launch rules"), the launch is one the
+    kernel can run: tiles powers of two within Triton's and the kernel's bounds, a register cap
+    that fits the SM's register file, and option combinations the kernel supports. Which
+    launches compile without spills is tests/test_kernels_compile.py's; which are correct on
+    a GPU, property_tests/test_kernel_equivalence.py's."""
+    seen = 0
+    for inputs, launch in _chosen_prefill_launches():
+        seen += 1
+        where = f"{inputs} -> {launch}"
+        assert _power_of_two(launch.rows) and 16 <= launch.rows <= 128, where
+        assert _power_of_two(launch.tile_n) and 16 <= launch.tile_n <= 128, where
+        assert launch.num_warps in (1, 2, 4, 8) and 1 <= launch.num_stages <= 4, where
+        if launch.maxnreg is not None:  # 64K registers an SM, at most 255 a thread
+            assert launch.maxnreg <= 255 and launch.maxnreg * 32 * launch.num_warps <= 65536, where
+        # block ids a tile ahead only pay with a stage to hold them, in the one-walk loop
+        assert not launch.table_ahead or (launch.one_loop and launch.num_stages >= 3), where
+        # the round-robin grid finds its sequence without a scan, so it takes no work list
+        assert not (launch.round_robin and launch.work_list), where
+        # the rows' offsets are kept or read again, or rebuilt from the work list: one of them
+        assert not (launch.reread and launch.round_robin), where
+        tuned = (inputs["device"].type == "cuda" and inputs["head_dim"] <= 128
+                 and inputs["dtype"] != torch.float32)
+        if not tuned:  # one plain launch wherever the rules were not measured
+            assert (launch.maxnreg, launch.round_robin, launch.reread, launch.lazy_rescale,
+                    launch.work_list, launch.table_ahead) == (None, False, False, False, False,
+                                                              False), where
+            assert launch.tile_n == (32 if inputs["dtype"] == torch.float32
+                                     or inputs["head_dim"] > 128 else 64), where
+    assert seen > 1000
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_every_chosen_prefill_launch_matches_the_reference():
+    """Each distinct launch the rules pick on a GPU, forced on a small ragged case (chunks after
+    a prefix, a whole prompt, one query) and run here (interpreted): the float64 reference's
+    result. Fields a CPU cannot take (the register cap) are Triton's options, not the
+    kernel's."""
+    from pagebench.kernels.triton_prefill import triton_paged_prefill
+
+    launches = {dataclasses.replace(launch, maxnreg=None) for inputs, launch
+                in _chosen_prefill_launches() if inputs["device"].type == "cuda"}
+    assert len(launches) >= 5
+    q, inp, qlens = _prefill_case(lens=(9, 40, 6), qlens=(3, 40, 1))
+    ref = reference_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    for launch in sorted(launches, key=repr):
+        out = triton_paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables,
+                                   inp.seq_lens, qlens, q.shape[-1] ** -0.5,
+                                   **dataclasses.asdict(launch))
+        assert relative_error(out, ref) < 1e-5, launch
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+def test_prefill_round_robin_grid_is_taken_only_where_no_larger():
+    """The round-robin grid's size against the one by sequence: equal for chunks that fill the
+    table (8 x 512, 9 queries a program at Qwen's group of 7), far larger after a prefix (the
+    grid by sequence is exact there: 57 tiles of 9 queries a 512-key table), where the
+    default keeps the order by sequence."""
     from pagebench.kernels import triton_prefill
-    from pagebench.kernels.triton_prefill import PrefillLaunch, prefill_launch
 
-    cuda, bf16 = torch.device("cuda"), torch.bfloat16
-
-    def launch(head_dim=128, dtype=bf16, device=cuda, **kw):
-        return prefill_launch(head_dim, dtype, device, **{"mean_chunk": 512, "programs": 264,
-                                                          "max_keys": 512, "sm_count": 132,
-                                                          **kw})
-
-    # above head dim 64 every launch reads the rows' offsets again after the walk
-    long = PrefillLaunch(128, 64, 8, 2, False, False, 128, reread=True)
-    assert launch(mean_chunk=2048) == long
-    # chunks of 1,024: 128 rows where there are several sequences, not for one
-    assert launch(mean_chunk=1024, programs=4160, max_keys=1024, sequences=8) == long
-    assert launch(mean_chunk=1024, programs=520, max_keys=1024).rows == 64
-    # a work list from 64 sequences on, from 16 where walks exceed four tiles (not for long
-    # chunks, nor at head dim 64)
-    assert launch(programs=16896, sequences=64) == PrefillLaunch(
-        64, 32, 4, 3, True, True, 168, reread=True, lazy_rescale=True, work_list=True)
-    assert launch(mean_chunk=128, programs=9216, max_keys=128, sequences=128).work_list
-    assert launch(programs=8448, sequences=32).work_list
-    assert launch(programs=4224, sequences=16).work_list
-    assert not launch(programs=2112, sequences=8).work_list
-    assert not launch(mean_chunk=128, programs=2304, max_keys=128, sequences=32).work_list
-    assert not launch(mean_chunk=2048, programs=16896, max_keys=2048, sequences=64).work_list
-    assert not launch(head_dim=64, programs=16896, sequences=64).work_list
-    assert launch(programs=2112) == PrefillLaunch(64, 32, 4, 3, True, True, 168,
-                                                  reread=True, lazy_rescale=True)  # 8 x 512
-    assert launch(mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
-        64, 32, 4, 2, True, False, 128, reread=True, lazy_rescale=True)  # 32 x 128
-    ahead = PrefillLaunch(64, 64, 4, 3, True, True, 255, reread=True)
-    # more than a wave: no register cap, the lazy rescale
-    uncapped = PrefillLaunch(64, 64, 4, 3, True, True, None, reread=True, lazy_rescale=True)
-    assert launch() == ahead  # one wave of programs: 1 x 512
-    assert launch(programs=2112, max_keys=4096) == uncapped  # 8 x 512 after a long prefix
-    assert launch(programs=264, max_keys=4096) == ahead  # one chunk after a long prefix
-    # head dim 64: the grid round-robin over the sequences (where its grid is no larger)
-    by_round = dict(round_robin=True, reread=False)
-    assert launch(head_dim=64, mean_chunk=8192, max_keys=8192) == dataclasses.replace(
-        ahead, **by_round)  # long chunks
-    assert launch(head_dim=64, programs=2112) == dataclasses.replace(uncapped, **by_round)
-    assert launch(head_dim=64, mean_chunk=128, programs=2304, max_keys=128) == PrefillLaunch(
-        64, 32, 4, 2, True, False, 128, True, lazy_rescale=True)  # 32 x 128
-    # ... taken where its grid is no larger than the one by sequence: chunks that fill the
-    # table (8 x 512, 9 queries a program at Qwen's group of 7), not chunks after a prefix
-    # (the grid by sequence is exact there: 57 tiles of 9 queries a 512-key table)
     assert triton_prefill._round_grid_size(8 * 512, 8, 9, 2, 512) == 912
     assert triton_prefill._grid_size(8 * 512, 8, 9, 2, 512) == 912
     assert triton_prefill._round_grid_size(8 * 512, 8, 9, 2, 4096) == 7296  # after 3,584
     assert triton_prefill._grid_size(8 * 512, 8, 9, 2, 4096) == 926  # 455 + 8 tiles
-    earlier = PrefillLaunch(64, 64, 4, 2, False, False)
-    assert launch(device=torch.device("cpu"), programs=2112) == earlier
-    assert launch(dtype=torch.float32) == PrefillLaunch(64, 32, 4, 2, False, False)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")

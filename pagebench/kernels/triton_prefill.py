@@ -452,69 +452,27 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
                    sm_count: int | None = None) -> PrefillLaunch:
     """The launch for ``sequences`` chunks of ``mean_chunk`` queries on average, ``programs``
     programs of 64 rows, and at most ``max_keys`` keys per sequence (the block table's
-    capacity), on a CUDA device of ``sm_count`` SMs (None: ``device``'s own). Measured on
-    the H200 (docs/kernels.md, "The Triton paged prefill"):
+    capacity), on a CUDA device of ``sm_count`` SMs (None: ``device``'s own).
 
-    - long chunks above head dim 64 (2,048 queries, or 1,024 where there are several
-      sequences): 128 rows (each K/V tile serves more queries), the
-      unmasked and the diagonal tiles in two walks, 8 warps capped at 128 registers (two
-      programs per SM; four warps spilled at 255 registers). Chunks of 1,024 on the
-      Llama-3-8B shape: 0.91x the time of the 64-row launch at 2 x 1,024 and 8 x 1,024, 0.90x
-      at 16 x 1,024, but 1.30x for one (too few programs). At head dim 64 the 64-row launch
-      below took 0.71-0.92x the time of 128 rows on 4 warps (Qwen2.5-0.5B shape, one prompt
-      of 2,048-8,192 tokens): with 7 heads a group, 128 rows leave too few programs;
-    - otherwise 64 rows in one walk with each tile's block ids loaded a tile ahead, so that
-      three stages keep two K/V tiles in flight; and where the walks are short (the whole
-      table is at most 16 tiles) and the programs more than two per SM, 32-key tiles with
-      the registers capped so that more programs share each SM (three; four with two stages
-      for walks of at most four tiles, where a deeper pipeline has nothing to fetch): those
-      programs are dominated by their fixed cost (Q, the first K/V tiles, the output), which
-      only more programs in flight hide. At head dim 64 only the walks of at most four tiles:
-      longer ones kept 64-key tiles (Qwen2.5-0.5B shape, 8 x 512: 0.89x the time of the
-      32-key launch; 16 x 512: 0.97x; 32 x 128 took 1.05x with 64-key tiles). This launch
-      passes ``maxnreg=255`` (the most a thread can have) where its programs fit in one wave
-      (at most two per SM): against leaving it to the compiler, 0.91-0.96x the time for one
-      sequence (a 512-token prompt, 512 after 3,584 or 15,872 cached), both shapes; with more
-      programs it cost 1.02-1.04x (several chunks after a prefix on the Llama shape: 8 x 512
-      after 3,584, 4 x 1,024 after 3,072), within noise on the Qwen shape there.
+    Three regimes, each fitted on an H200 (docs/kernels.md, "Launch rules", has the table and
+    the numbers; reports/data/h200/kernels_prefill_tuning.csv the grid):
 
-    At head dim 64 the grid is round-robin over the sequences where that grid is no larger
-    than the one by sequence (chunks about as long as the table is wide: whole prompts of
-    similar lengths): Qwen2.5-0.5B shape, 0.91-0.96x the time at 8 x 512, 32 x 128, 4 x 512,
-    16 x 512, the other points within 1%; on the Llama-3-8B shape it took 1.00-1.07x, so head
-    dims above 64 keep the order by sequence (same process, docs/kernels.md).
+    - long chunks above head dim 64: 128 rows, so each K/V tile serves more queries, on 8
+      warps capped at 128 registers (two programs per SM; four warps spill);
+    - short tables with more than a wave of programs: 32-key tiles and capped registers, so
+      that more programs share an SM and hide each one's fixed cost (scan, Q, first tiles,
+      output); at head dim 64 only walks of at most four tiles;
+    - otherwise 64 rows, 64-key tiles, block ids a tile ahead and 3 stages (two K/V tiles in
+      flight), 255 registers only where the programs fit one wave (with more, the cap cost
+      time).
 
-    Above head dim 64 the output rows' offsets are read again after the walk (``reread``)
-    rather than kept through it: kept, they pushed the long-chunk launch into spills once
-    there was more than one sequence. Llama-3-8B shape, against the same kernel without it:
-    0.88-0.95x the time at 12 of 16 points (2 x 2,048: 0.93x; 8 x 512: 0.94x; 16 x 512:
-    0.95x), 1.03x at 8 x 512 after 3,584, the rest within 1.2%. At head dim 64, where no
-    launch spills, it took 1.05-1.08x at 1 x 2,048, 1 x 4,096, 2 x 2,048 and 32 x 128 and
-    0.95-0.98x at four other points (Qwen2.5-0.5B shape), so it is left off there. With a work
-    list there is nothing to read again: the rows are rebuilt from two scalars of the record,
-    kept through the walk; with the record's five loads issued together as well, 0.98-0.99x
-    the time of reading them again at 64 x 512 and 128 x 128 (same process, two runs).
-
-    With ``WORK_LIST_SEQS`` sequences or more above head dim 64 (but for long chunks), a work
-    list (``work_list``), and from ``WORK_LIST_SEQS_LONGER`` for the short-table launch whose
-    walks exceed four tiles. Llama-3-8B shape, since the list's kernel describes
-    ``WORK_TILES`` = 8 tiles a program on one warp (128 on four warps before: 255 registers,
-    spills, 8-16 programs, 8-14 us under Nsight Compute), against that kernel: 0.92x the
-    time at 128 x 128 and 64 x 128, 0.99x at 64 x 512; and against no list at 16 and 32
-    sequences of 512: 0.99x and 0.98x; but 1.01x at 8 x 512 and 1.03x at 32 x 128 (walks of
-    at most four tiles), which keep the scan.
-
-    Where the programs are more than a wave (except long chunks above head dim 64), the lazy
-    rescale (``lazy_rescale``; with the warp vote on Hopper, else it is not taken): Llama-3-8B
-    shape 0.98-0.99x the time at 8 x 512, 16 x 512 and 32 x 128, 1.01-1.02x for one 512-token
-    prompt and for long chunks, which keep the rescale per tile; Qwen2.5-0.5B shape 0.90-0.95x
-    for several prompts and for 1 x 8,192, 1.005x at 1 x 2,048 (docs/kernels.md).
-
-    fp8 caches take the same launches (``dtype`` is q's): on the H200 they were 1-20% faster
-    with them than with the launch fp8 kept before (64 rows, 2 stages, two walks; 128 rows, 4
-    warps, 3 stages for long chunks) at seven of the prefill sweep's nine points, 1% slower
-    for a chunk after a long cached prefix. fp32, head dims over 128 and other devices keep
-    that earlier launch: not measured otherwise."""
+    Head dim 64 orders the grid round-robin over the sequences (``round_robin``; the caller
+    takes it where that grid is no larger) and never re-reads the rows' offsets; above it the offsets are read again after the walk
+    (``reread``: kept through it, they made the long-chunk launch spill), and a work list
+    replaces the per-program scan from ``WORK_LIST_SEQS`` sequences (``WORK_LIST_SEQS_LONGER``
+    for walks over four tiles). The lazy rescale is taken where the programs exceed a wave.
+    fp8 caches take these launches; fp32, head dims over 128 and other devices take a plain
+    one (64 rows, two walks, 2 stages), not tuned."""
     tile_n = default_tile_n(head_dim, dtype)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
         return PrefillLaunch(64, tile_n, 4, 2, False, False)

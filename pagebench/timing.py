@@ -7,7 +7,7 @@ real decode step), optionally replayed from a CUDA graph (batch-1 cases are laun
 graph removes the Python launch gaps that a server would not have).
 The flush *reads* a buffer larger than L2: a flush that writes one (zeroing it) leaves L2 full of
 dirty lines, and the timed call then pays for writing them back (about 8 us on the H200 for any
-call that reads more than L2 holds; ``scripts/h200_timing_modes.py``).
+call that reads more than L2 holds; docs/kernels.md, "Timing on the GPU").
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _measure_cuda(fn, warmup, repeat, min_time_s, flush_l2, cuda_graph) -> Timin
     flush = l2_flush() if flush_l2 else None
     # Warm up for a while, not for a number of calls: on the H200 a new graph's first few
     # milliseconds of replays ran up to 14% slower when the process had just taken memory from
-    # the driver (scripts/h200_timing_modes.py, "transient")
+    # the driver (docs/kernels.md, "Timing on the GPU")
     warm_until = time.perf_counter() + CUDA_WARMUP_S
     while time.perf_counter() < warm_until:
         cuda_event_us(call, flush)

@@ -5,8 +5,7 @@ public wrappers on CPU tensors and keeps each launch Triton would make; :func:`c
 compiles one for an architecture as the JIT would on that GPU; :func:`ptxas_report` reads the
 registers, spills and any serialised ``wgmma`` of the result. A process that uses this must
 run with ``TRITON_INTERPRET=0``, set before Triton is imported (else the launches are
-interpreted and never compiled). ``tests/test_kernels_compile.py`` and
-``scripts/sm90_spills.py`` use it.
+interpreted and never compiled). ``tests/test_kernels_compile.py`` uses it.
 """
 
 from __future__ import annotations

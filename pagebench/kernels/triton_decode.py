@@ -409,7 +409,7 @@ class _Launcher:
 
     Triton's own launch (``kernel[grid](...)``) re-derives the kernel's specialisation from
     every argument on each call: 26-40 us of host time per launch with Triton 3.6 on an H200's
-    host, where launching the compiled kernel takes 10-16 us (scripts/h200_host_probe.py). The
+    host, where launching the compiled kernel takes 10-16 us (docs/kernels.md, the host path). The
     scalars here never change, so only the tensors' 16-byte alignment (a specialisation Triton
     makes) can pick a different compiled kernel: the first launch of each alignment pattern goes
     through Triton, which compiles and returns the kernel; later ones call its launcher

@@ -20,7 +20,7 @@ import pytest
 import torch
 from hypothesis import given, note
 
-from pagebench.engine import LLMEngine, SamplingParams
+from pagebench.engine import LLMEngine, SamplingParams, bench
 from pagebench.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
@@ -35,18 +35,12 @@ TOKEN = st.integers(0, VOCAB - 1)
 
 @functools.cache
 def tiny_model(family: str, shape: tuple, layers: int, seed: int):
+    """The drawn model, built once per draw by the package's builder."""
     hidden, heads, kv_heads = shape
-    torch.manual_seed(seed)
-    config = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden,
-                  num_hidden_layers=layers, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads, max_position_embeddings=MAX_POSITIONS,
-                  initializer_range=0.2, attn_implementation="sdpa")
-    if family == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
-    else:
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**config))
-    model.generation_config.eos_token_id = None
-    return model.eval()
+    return bench.tiny_model(seed, family=family, vocab_size=VOCAB, hidden_size=hidden,
+                            intermediate_size=2 * hidden, num_hidden_layers=layers,
+                            num_attention_heads=heads, num_key_value_heads=kv_heads,
+                            max_position_embeddings=MAX_POSITIONS)
 
 
 @functools.cache

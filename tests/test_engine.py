@@ -10,39 +10,16 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
+from engine_models import VOCAB, greedy, random_prompts
 
 from pagebench.engine import CompletionOutput, LLMEngine, RequestOutput, SamplingParams
 from pagebench.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 256
 STATS_KEYS = {"peak_blocks", "mean_blocks", "token_utilisation", "num_preemptions",
               "prefix_cache_hit_rate", "num_prompt_tokens", "num_computed_prompt_tokens",
               "num_generated_tokens", "tokens_per_s", "steps"}
-
-
-def tiny_model(family="qwen2", seed=0):
-    torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  initializer_range=0.2, attn_implementation="sdpa")
-    if family == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    elif family == "qwen3":
-        model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(head_dim=16, **common))
-    elif family == "mistral":
-        model = transformers.MistralForCausalLM(transformers.MistralConfig(sliding_window=256,
-                                                                           **common))
-    else:
-        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
-    model.generation_config.eos_token_id = None
-    return model.eval()
-
-
-def random_prompts(lengths, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in lengths]
 
 
 def reference(model, prompts, max_tokens):
@@ -57,13 +34,8 @@ def reference(model, prompts, max_tokens):
     return out
 
 
-def greedy(engine, prompts, max_tokens):
-    res = engine.generate(prompts, SamplingParams(max_tokens=max_tokens, ignore_eos=True))
-    return [r.outputs[0].token_ids for r in res]
-
-
 @pytest.fixture(scope="module")
-def model():
+def model(tiny_model):
     return tiny_model()
 
 
@@ -121,7 +93,7 @@ def test_preemption_keeps_outputs_equal(model, prefix):
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
-def test_other_families(case, family):
+def test_other_families(case, family, tiny_model):
     model = tiny_model(family, seed=3)
     prompts = case[0][:4]
     expected = reference(model, prompts, 8)
@@ -157,7 +129,7 @@ def test_eos_stops_unless_ignored(model, case):
     assert out.token_ids == expected[3] and out.finish_reason == "length"
 
 
-def test_end_tokens_are_the_generation_configs_as_in_generate():
+def test_end_tokens_are_the_generation_configs_as_in_generate(tiny_model):
     """model.generate stops at the generation config's end tokens only: with them set to None
     it runs on past the model config's (LlamaConfig's default 2), and so does the engine."""
     model = tiny_model("llama")

@@ -3,7 +3,7 @@ calibrated scales, and greedy output close to the unquantised cache's on a tiny 
 
 import pytest
 import torch
-from test_engine import greedy, random_prompts, tiny_model
+from engine_models import greedy, random_prompts
 
 from pagebench.engine import LLMEngine
 from pagebench.errors import ConfigError
@@ -25,7 +25,7 @@ def agreement(a, b) -> float:
 
 
 @pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
-def test_fp8_cache_doubles_the_pool_and_keeps_greedy_output_close(kv_cache_dtype):
+def test_fp8_cache_doubles_the_pool_and_keeps_greedy_output_close(kv_cache_dtype, tiny_model):
     model = tiny_model()
     prompts = random_prompts([5, 17, 40, 33])
     base = LLMEngine(model, block_size=8, kv_cache_memory="1MiB")
@@ -41,7 +41,7 @@ def test_fp8_cache_doubles_the_pool_and_keeps_greedy_output_close(kv_cache_dtype
     assert agreement(expected, got) >= 0.3, (expected, got)
 
 
-def test_unknown_kv_cache_dtype_is_a_config_error():
+def test_unknown_kv_cache_dtype_is_a_config_error(tiny_model):
     with pytest.raises(ConfigError, match="kv_cache_dtype"):
         LLMEngine(tiny_model(), num_blocks=8, kv_cache_dtype="int3")
     # a float cache of another dtype than the model's was sized, then failed at the first
@@ -52,7 +52,7 @@ def test_unknown_kv_cache_dtype_is_a_config_error():
     assert LLMEngine(tiny_model(), num_blocks=8, kv_cache_dtype="float32").num_blocks == 8
 
 
-def test_fp8_cache_through_triton_equals_torch():
+def test_fp8_cache_through_triton_equals_torch(tiny_model):
     """Both backends read the same stored fp8 values with the same scales: equal greedy tokens
     (float32 model), through decode and through a chunked prefill that reads the cache."""
     pytest.importorskip("triton")

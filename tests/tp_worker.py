@@ -11,23 +11,14 @@ import sys
 
 import torch
 import torch.distributed as dist
-import transformers
+from engine_models import VOCAB, small_model
 
 from pagebench.engine import LLMEngine, SamplingParams
 from pagebench.errors import ConfigError, PagebenchError
 
-VOCAB = 256
-
 
 def tiny_model(kv_heads: int):
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=512,
-        initializer_range=0.2, attn_implementation="sdpa")
-    model = transformers.LlamaForCausalLM(config)
-    model.generation_config.eos_token_id = None
-    return model.eval()
+    return small_model("llama", num_key_value_heads=kv_heads)
 
 
 def prompts():

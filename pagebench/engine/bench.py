@@ -25,15 +25,25 @@ from pagebench.results.schema import Schema
 from pagebench.timing import cpu_threads, environment
 
 
-def tiny_model(seed: int = 0, dtype=torch.float32, device="cpu", **overrides):
-    """A random-weight Qwen2 model (2 layers, hidden 128 unless overridden). The wide
-    ``initializer_range`` spreads the logits, so greedy decoding has no near-ties."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+# model family -> transformers' (config, model) class names
+TINY_FAMILIES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+                 "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+                 "llama": ("LlamaConfig", "LlamaForCausalLM"),
+                 "mistral": ("MistralConfig", "MistralForCausalLM")}
 
+
+def tiny_model(seed: int = 0, dtype=torch.float32, device="cpu", family: str = "qwen2",
+               **overrides):
+    """A random-weight model of ``family`` (``TINY_FAMILIES``; 2 layers, hidden 128 unless
+    overridden). The wide ``initializer_range`` spreads the logits, so greedy decoding has no
+    near-ties."""
+    import transformers
+
+    config_cls, model_cls = (getattr(transformers, name) for name in TINY_FAMILIES[family])
     torch.manual_seed(seed)
-    config = Qwen2Config(**(TINY_MODEL | {"initializer_range": 0.2} | overrides),
-                         attn_implementation="sdpa")
-    model = Qwen2ForCausalLM(config).to(device=device, dtype=dtype).eval()
+    config = config_cls(**(TINY_MODEL | {"initializer_range": 0.2} | overrides),
+                        attn_implementation="sdpa")
+    model = model_cls(config).to(device=device, dtype=dtype).eval()
     model.generation_config.eos_token_id = None  # random weights: generate every token asked for
     return model
 

@@ -77,6 +77,30 @@ def test_gpu_cases_are_tracks_and_skip_without_cuda(suites):
             attention.Batch1Cuda().setup("llama-3-8b", 4096, "triton-paged")
 
 
+def test_cases_that_do_not_apply_skip_in_setup_not_in_the_measured_call(suites):
+    """asv shows a case whose ``setup`` raises NotImplementedError as n/a; the same exception
+    raised by the measured method is a failure, and `asv run` exits non-zero."""
+    import ast
+    import textwrap
+
+    raising = []
+    for module in suites.values():
+        for cls_name, cls, name in benchmark_methods(module):
+            tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(cls, name))))
+            if any(isinstance(node, ast.Raise) for node in ast.walk(tree)):
+                raising.append(f"{cls_name}.{name}")
+    assert not raising
+
+
+def test_prefix_hit_rates_are_n_a_for_contiguous_allocators(suites):
+    cases = suites["memory"].RealTracePrefixCache()
+    results = {"naive": {}, "paged-16": {"prefix_cache_hit_rate": 0.25}}
+    with pytest.raises(NotImplementedError, match="paged feature"):
+        cases.setup(results, "naive")
+    cases.setup(results, "paged-16")
+    assert cases.track_prefix_hit_rate_pct(results, "paged-16") == 25.0
+
+
 def test_committed_results_name_existing_benchmarks(suites):
     known = {f"{module.__name__.split('.', 1)[1]}.{cls_name}.{name}"
              for module in suites.values() for cls_name, _, name in benchmark_methods(module)}

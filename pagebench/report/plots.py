@@ -316,6 +316,33 @@ def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlab
 
 
 @styled
+def block_size_scores(table: pd.DataFrame) -> Plot:
+    """The recommendation's table (dataset ``recommendation``): utilisation, relative speed and
+    their product per block size on one axis from 0 (1.0 = the best block size's speed), the
+    speed's and the score's low..high as error bars."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    t = table.sort_values("block_size")
+    x = t["block_size"].astype(int)
+    ax.plot(x, t["utilisation"].astype(float), marker="o", label="KV utilisation on the workload")
+    for col, name, marker in (("speed", "decode speed / best block size's", "s"),
+                              ("score", "score = utilisation × speed", "D")):
+        mid = t[col].astype(float)
+        if mid.isna().all():
+            continue
+        line, = ax.plot(x, mid, marker=marker, label=name)
+        low, high = t[f"{col}_low"].astype(float), t[f"{col}_high"].astype(float)
+        ax.errorbar(x, mid, yerr=[(mid - low).clip(lower=0), (high - mid).clip(lower=0)],
+                    fmt="none", ecolor=line.get_color(), capsize=3, linewidth=0.8)
+    log2_axis(ax, x)
+    ax.set_ylim(0, 1.08)
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel("fraction (1.0 = best / all slots used)")
+    ax.legend(fontsize=7, loc="lower right")
+    return to_plot(fig, "What a block size buys (utilisation) and costs (speed), from 0",
+                   "line chart of utilisation, relative speed and their product per block size")
+
+
+@styled
 def hit_rate_vs_budget(prefix: pd.DataFrame) -> Plot | None:
     """Prefix-cache hit rate (%) per trace against the KV budget in multiples of the article's;
     a trace's hit rate with unlimited memory as a dashed line."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import sys
 
 from pagebench import defaults
-from pagebench.sim.columns import LENGTHS_FILE_HELP, TRACE_FILE_HELP
+from pagebench.sim.columns import (DYNAMIC_LEGEND, LENGTHS_FILE_HELP, STATIC_LEGEND,
+                                   TRACE_FILE_HELP, legend_lines)
 from pagebench.cli.options import (
     MAX_INT, add_output_options, check_memory, check_output_file, dumps, int_list, integer,
     name_list, number, progress, write_results)
@@ -44,7 +46,9 @@ def register_simulate(sub) -> None:
         "block size) on a sequence-length distribution. With --dynamic, simulate requests "
         "arriving, growing a token per step and finishing within a fixed memory budget, and "
         "break memory down into token states, reserved-but-unused, internal and external "
-        "fragmentation, and free.")
+        "fragmentation, and free.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(["columns of the static table:", *legend_lines(STATIC_LEGEND),
+                          "columns of the --dynamic table:", *legend_lines(DYNAMIC_LEGEND)]))
     p.add_argument("--lengths", default=None,
                    help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (default "
                    f"{defaults.REFERENCE_LENGTHS}; with --dynamic: each request's final "

@@ -44,8 +44,9 @@ class Recommendation:
         return len(self.tied) > 1
 
     def words(self) -> str:
-        """``block size 16`` or ``no winner within noise: blocks 8–128 (best median 16)``."""
+        """``block size 16``, or ``no winner within noise: blocks 16–128 (these tie: 16, 128;
+        best median 16)``."""
         if not self.no_winner:
             return f"block size {self.block_size}"
         return (f"no winner within noise: blocks {self.tied[0]}–{self.tied[-1]} "
-                f"(best median {self.block_size}; any of {', '.join(map(str, self.tied))})")
+                f"(these tie: {', '.join(map(str, self.tied))}; best median {self.block_size})")

@@ -22,3 +22,39 @@ TRACE_FILE_HELP = (
     f"{', '.join(ARRIVAL_COLUMNS)}; in steps), a prompt column and an output column (as for "
     "--lengths) and optionally n; or an Azure LLM trace (TIMESTAMP, ContextTokens, "
     "GeneratedTokens) or a Mooncake JSONL (timestamp, input_length, output_length, hash_ids)")
+
+# the columns of `pagebench simulate`'s tables: (header, meaning); the tables print these
+STATIC_LEGEND = (
+    ("allocated slots", "KV token slots the allocator reserves for all sequences"),
+    ("utilisation", "tokens stored / slots reserved"),
+    ("waste/seq", "reserved slots holding no token, per sequence"),
+)
+DYNAMIC_LEGEND = (
+    ("tokens", "token states: slots holding a token's KV (mean share of the budget)"),
+    ("reserved", "reserved ahead for tokens a running request will still write (contiguous "
+     "schemes only)"),
+    ("internal", "internal fragmentation: allocated slots never to be filled"),
+    ("external", "external fragmentation: free slots split into holes too small for the "
+     "waiting request"),
+    ("free", "free slots"),
+    ("util", "tokens / allocated slots"),
+    ("conc", "running requests, mean over steps"),
+    ("peak", "running requests, most at one step"),
+    ("tok/step", "output tokens per step: throughput in this model"),
+    ("refused", "reservation schemes (naive, pow2, oracle): requests turned away at least "
+     "once because their whole reservation did not fit; - for paging"),
+    ("waited", "paging: requests kept in the queue at least once because no block was free "
+     "for their prompt (blocks are taken a token at a time, so memory runs out later and "
+     "fuller, not sooner); - for reservation schemes"),
+    ("frag-ref", "requests refused while the total free memory would have held them "
+     "(external fragmentation at work)"),
+    ("wait", "mean steps from arrival to first admission"),
+    ("preempt", "preemptions (a running request's blocks freed, to be recomputed)"),
+    ("steps", "steps from the first arrival to the last finish"),
+)
+
+
+def legend_lines(legend) -> list[str]:
+    """``legend`` ((header, meaning) pairs) as aligned lines for a table's footer or --help."""
+    width = max(len(h) for h, _ in legend)
+    return [f"  {h:<{width}}  {m}" for h, m in legend]

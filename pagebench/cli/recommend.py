@@ -95,57 +95,6 @@ def register(sub) -> None:
     p.set_defaults(func=run_recommend)
 
 
-# ---- the workload ------------------------------------------------------------------------
-
-def load_workload(args):
-    """(name, lengths, prompts or None, outputs or None) of ``--lengths`` / ``--trace`` /
-    the default lengths."""
-    import numpy as np
-
-    if args.trace:
-        from pagebench.sim.real_traces import load_workload as load_trace
-
-        w = load_trace(args.trace, max_model_len=args.max_len)
-        name = f"trace {args.trace} ({w.num_requests:,} requests" + (
-            f", {w.num_clipped:,} clipped to {w.max_model_len:,} tokens)" if w.num_clipped
-            else ")")
-        return name, w.length, w.prompt_len, w.output_len
-    if args.lengths:
-        from pagebench.errors import ConfigError
-        from pagebench.sim.workloads import read_requests_file
-
-        if not Path(args.lengths).is_file():
-            raise ConfigError(f"--lengths: {args.lengths} not found (a CSV, JSONL or text file "
-                              "of lengths)")
-        lengths, prompts, outputs = read_requests_file(args.lengths, "--lengths")
-        if lengths is None:
-            raise ConfigError(f"--lengths: {args.lengths} gives only a prompt or an output "
-                              "column; a sequence length needs both (or a length column)")
-        arr = [None if v is None else np.asarray(v, dtype=np.int64)
-               for v in (lengths, prompts, outputs)]
-        if args.max_len is not None and arr[0].max() > args.max_len:
-            from pagebench.sim.workloads import suggest
-
-            raise ConfigError(f"--lengths: {args.lengths} holds "
-                              f"{int((arr[0] > args.max_len).sum()):,} request(s) above "
-                              f"--max-len = {args.max_len:,}, the longest {int(arr[0].max()):,}"
-                              + suggest("--max-len", int(arr[0].max())))
-        return f"{args.lengths} ({arr[0].size:,} requests)", *arr
-    from pagebench.sim.workloads import sample_lengths
-
-    lengths = sample_lengths(defaults.REFERENCE_LENGTHS, defaults.REFERENCE_NUM_SEQS,
-                             defaults.REFERENCE_SEED, defaults.REFERENCE_MAX_LEN)
-    return (f"default workload {defaults.REFERENCE_LENGTHS} ({lengths.size:,} draws, seed "
-            f"{defaults.REFERENCE_SEED})"), lengths, None, None
-
-
-def max_model_len(args, lengths) -> int:
-    if args.max_len is not None:
-        return args.max_len
-    longest = int(lengths.max())
-    return max(defaults.REFERENCE_MAX_LEN, 1 << (longest - 1).bit_length())
-
-
 # ---- the device's data -------------------------------------------------------------------
 
 def device_dir(args) -> Path | None:
@@ -214,8 +163,10 @@ def answer(args) -> dict:
     for dtype in args.kv_dtype:
         if dtype not in KV_DTYPES:
             raise ValueError(f"--kv-dtype: {dtype!r} is not one of {', '.join(KV_DTYPES)}")
-    workload, lengths, prompts, outputs = load_workload(args)
-    max_len = max_model_len(args, lengths)
+    from pagebench.sim.user_workload import load
+
+    w = load(args.lengths, args.trace, args.max_len)
+    workload, lengths, max_len = w.name, w.lengths, w.max_model_len(args.max_len)
     block_sizes = args.block_sizes or list(defaults.BLOCK_SIZES)
     static = static_fragmentation(lengths, max_len, block_sizes)
     util = {int(r["block_size"]): r["utilisation"] for r in static["results"]
@@ -241,8 +192,7 @@ def answer(args) -> dict:
                      "score": r["score"], "score_low": r["score_low"],
                      "score_high": r["score_high"], "verdict": verdict,
                      **{f"fit_{d}": fits[(b, d)] for d in args.kv_dtype}})
-    share = (float(prompts.sum() / (prompts.sum() + outputs.sum()))
-             if prompts is not None and outputs is not None else None)
+    share = w.prompt_share
     at = {d: fits[(rec.block_size, d)] for d in args.kv_dtype}
     fp8 = advice.fp8_verdict(at, f"{fit_words}, block {rec.block_size}", get("kernels_fp8"),
                              extra_table(directory, "kv_accuracy"), share)

@@ -183,6 +183,7 @@ MEMORY_STATIC = schema(
 WORKLOAD_STATIC = schema(
     "workload_static", "one allocator's reservation for the workload `pagebench report "
     "--lengths/--trace` was given (sim.static), which the recommendation then uses",
+    nullable(C("seed", "int", "sampling seed; empty: a file or trace, nothing drawn")),
     *MEMORY_STATIC.columns)
 MEMORY_MAX_LEN = schema(
     "memory_max_len", "utilisation at one max_model_len", C("max_len", "int", "max_model_len"),

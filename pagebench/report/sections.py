@@ -419,8 +419,8 @@ KERNELS = (
          missing="achieved bandwidth (needs gbps and copy_gbps columns)"),
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",
-             "Paged kernel time per block size (1.0 = best block size)", "block size (tokens)",
-             "kernel time / best block size's (median over cases, newest commit)",
+             "Paged kernel time per block size (1.0 = best block size; median over cases of "
+             "the newest commit)", "block size (tokens)", "kernel time / best block's (×)",
              "line chart of kernel cost per block size", legend_title="device", logx=True)),
     *PREFILL,
 )
@@ -486,7 +486,7 @@ def compare_plot(cmp_: pd.DataFrame) -> plots.Plot | None:
                       "Engine versus transformers: tokens/s",
                       "device, generation method and requests",
                       "bar chart of engine versus transformers throughput",
-                      ylabel="generated tokens/s", logy=True)
+                      ylabel="generated tokens/s", logy=True, hue="method")
 
 
 ENGINE = (

@@ -226,18 +226,13 @@ def fp8_verdict(sequences: dict[str, int], capacity_words: str, kernels_fp8=None
         ev.append(f"capacity: {fp8:,} sequences fit with fp8 vs {bf16:,} ({fp8 / bf16:.2f}×) "
                   f"[{capacity_words}]")
     dec, pre = decode_summary(kernels_fp8), prefill_summary(kernels_fp8)
-    if dec:
-        nums["decode_ratio"], nums["decode_ratio_max"] = dec[0], dec[1]
-        ev.append(f"decode: fp8 takes {dec[0]:.2f}× bf16's time (median; worst {dec[1]:.2f}×) "
-                  f"[{dec[2]}]")
-    else:
-        missing.append("decode speed (kernels_fp8 decode rows)")
-    if pre:
-        nums["prefill_ratio"], nums["prefill_ratio_max"] = pre[0], pre[1]
-        ev.append(f"prefill: fp8 takes {pre[0]:.2f}× bf16's time (median; worst {pre[1]:.2f}×) "
-                  f"[{pre[2]}]")
-    else:
-        missing.append("prefill speed (kernels_fp8 prefill rows)")
+    for op, summary in (("decode", dec), ("prefill", pre)):
+        if summary is None:
+            missing.append(f"{op} speed (kernels_fp8 {op} rows)")
+            continue
+        nums[f"{op}_ratio"], nums[f"{op}_ratio_max"] = summary[0], summary[1]
+        ev.append(f"{op}: fp8 takes {summary[0]:.2f}× bf16's time (median; worst "
+                  f"{summary[1]:.2f}×) [{summary[2]}]")
     acc = accuracy_summary(accuracy)
     if acc:
         a, words = acc

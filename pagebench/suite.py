@@ -22,13 +22,14 @@ from pagebench.engine.tail_waste import tail_waste_rows
 from pagebench.report import write_report
 from pagebench.report.build import page_path
 from pagebench.results import Results, report_data_dir
+from pagebench.results.datasets import WORKLOAD_STATIC
 from pagebench.results.collect import collect
 from pagebench.results.devices import device_label
 from pagebench.sim.capacity import (article_capacity, fp8_rows, geometry_rows, planner_case_rows,
                                     tensor_parallel_rows)
 from pagebench.sim.dynamic import reference_run
 from pagebench.sim.real_traces import study_traces
-from pagebench.sim.static import max_len_rows, utilisation_rows
+from pagebench.sim.static import max_len_rows, static_fragmentation, utilisation_rows
 from pagebench.sim.workloads import sample_lengths
 
 WORKLOAD, SEED = defaults.REFERENCE_LENGTHS, defaults.REFERENCE_SEED  # the article's lengths
@@ -52,6 +53,20 @@ def static_memory(results: Results, device: str = "cpu", quick: bool = False) ->
         "pagebench.sim.static")
     results.add("memory_max_len", pd.DataFrame(max_len_rows(WORKLOAD, num_seqs, SEED, MAX_LENS)),
                 "pagebench.sim.static")
+
+
+def workload_memory(workload) -> callable:
+    """The step that adds dataset ``workload_static``: utilisation per allocator and block size
+    on ``workload`` (a :class:`~pagebench.sim.user_workload.UserWorkload`), which the
+    recommendation then uses in place of the article's lengths."""
+    def step(results: Results, device: str = "cpu", quick: bool = False) -> None:
+        max_len = workload.max_model_len()
+        res = static_fragmentation(workload.lengths, max_len, defaults.CURVE_BLOCK_SIZES)
+        results.add("workload_static", pd.DataFrame([WORKLOAD_STATIC.row(
+            **r, workload=workload.name, num_seqs=res["num_seqs"], max_len=max_len,
+            tokens_stored=res["tokens_stored"], seed=None) for r in res["results"]]),
+            "pagebench.sim.static (the workload of --lengths/--trace)")
+    return step
 
 
 def block_waste(results: Results, device: str = "cpu", quick: bool = False) -> None:
@@ -140,13 +155,16 @@ def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) ->
                     f"pagebench.engine.bench.{fn_name} (this run)")
 
 
-def plan(run_sweeps: bool) -> list[tuple[str, object]]:
-    """(label, step) in the order they run; the kernel and engine sweeps only if asked."""
+def plan(run_sweeps: bool, workload=None) -> list[tuple[str, object]]:
+    """(label, step) in the order they run; the kernel and engine sweeps only if asked; the
+    utilisation of ``workload`` (a user's, for the recommendation) if given."""
     steps = [("memory: static fragmentation", static_memory),
              ("memory: block manager tail waste", block_waste),
              ("capacity planner", capacity),
              ("memory: time-stepped simulation", dynamic_memory),
              ("memory: real traces", real_traces)]
+    if workload is not None:
+        steps.append((f"memory: {workload.name}", workload_memory(workload)))
     if run_sweeps:
         steps += [("kernels: quick sweep", kernel_sweep),
                   ("engine: quick comparisons", engine_sweeps)]
@@ -163,10 +181,12 @@ def default_device() -> str:
 
 
 def build_report(out="reports/index.html", *, device: str | None = None, quick: bool = False,
-                 results_dirs=(), data_dir=None, progress: bool = True) -> tuple[Path, Results]:
+                 results_dirs=(), data_dir=None, progress: bool = True,
+                 workload=None) -> tuple[Path, Results]:
     """Run the steps of :func:`plan` (all but the simulators skipped with ``quick``), read
-    committed data and benchmark results, and write the report. Returns the page's path and
-    the data."""
+    committed data and benchmark results, and write the report, its recommendation made for
+    ``workload`` if given (a :class:`~pagebench.sim.user_workload.UserWorkload`). Returns the
+    page's path and the data."""
     from pagebench.timing import environment
 
     device = device or default_device()
@@ -179,12 +199,14 @@ def build_report(out="reports/index.html", *, device: str | None = None, quick: 
             raise ValueError("device: cuda requested but torch sees no CUDA device")
     page = page_path(out)
     # the page's own CSVs (from an earlier run) are output, never read back as results
-    results = collect(device=device, quick=quick, steps=plan(run_sweeps=not quick),
+    results = collect(device=device, quick=quick, steps=plan(not quick, workload),
                       data_dir=data_dir, results_dirs=results_dirs, progress=progress,
                       exclude=[report_data_dir(page)])
     options = {"quick": quick, "sweeps run here": "simulators only" if quick else
                "simulators, CPU kernel sweep, engine comparisons",
-               "results dirs": ", ".join(map(str, results_dirs)) or "(none)"}
+               "results dirs": ", ".join(map(str, results_dirs)) or "(none)",
+               "workload of the recommendation": "the article's lengths" if workload is None
+               else workload.name}
     options |= {f"time: {k}": f"{v:.1f} s" for k, v in results.timings_s.items()}
     analyse(results)
     path = write_report(results, page, env=environment(device), options=options)

@@ -28,7 +28,7 @@ def test_analyse_adds_every_derived_table_the_recommendation_and_the_verdicts():
         "claims": len(claims.CLAIMS) + 2, "fp8": 3, "parallel": 2}
     rec = results.recommendation
     table = results.get("recommendation")
-    assert rec.kernel_measured and rec.block_size == table.loc[table["score"].idxmax(),
+    assert rec.speed_measured and rec.block_size == table.loc[table["score"].idxmax(),
                                                                "block_size"]
     assert results.frames.keys().isdisjoint(results.derived)  # datasets stay as read
     assert DATASETS.keys().isdisjoint(DERIVED)  # Results.get finds each under one name
@@ -64,7 +64,7 @@ def test_add_derived_checks_the_name_and_the_schema():
     results = Results()
     with pytest.raises(ValueError, match="'nope' is not a derived table"):
         results.add_derived("nope", pd.DataFrame())
-    with pytest.raises(ValueError, match="recommendation table: missing score"):
+    with pytest.raises(ValueError, match="recommendation table: missing speed, .*score"):
         results.add_derived("recommendation", pd.DataFrame({
             "block_size": [16], "utilisation": [0.98], "relative_kernel_time": [1.0]}))
     assert results.derived == {}

@@ -17,6 +17,7 @@ import pytest
 from synthetic_report import synthetic_results
 
 from pagebench.analysis import analyse
+from pagebench.analysis.pipeline import EVERY_CLAIM
 from pagebench.report import build
 from pagebench.results import devices
 
@@ -73,6 +74,7 @@ def test_report_opens_offline_without_errors(report):
             images = page.evaluate("""() => Array.from(document.images).map(
                 img => [img.src.slice(0, 22), img.complete && img.naturalWidth > 0])""")
             headings = page.locator("h2").all_inner_texts()
+            headline = page.locator("#headline").inner_text()
             ARTIFACTS.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
             other = browser.new_page()
@@ -93,6 +95,8 @@ def test_report_opens_offline_without_errors(report):
                   "Engine", "Warnings"):
         assert any(h.startswith(title) for h in headings), (title, headings)
     assert (ARTIFACTS / "report.png").stat().st_size > 10_000
+    # one claim count: the banner counts the rows `pagebench claims` prints, the page's all
+    assert f"{len(EVERY_CLAIM)} claims:" in headline, headline
 
 
 # what a raw column name looks like: snake_case, or one lower-case word a dataset uses as-is
@@ -114,7 +118,8 @@ def read_page(out: Path) -> dict:
             return page.evaluate("""() => {
                 const figures = Array.from(document.querySelectorAll("figure")).map(f => ({
                     caption: f.querySelector("figcaption").innerText,
-                    alt: f.querySelector("img").alt, axes: f.dataset.axes}));
+                    alt: f.querySelector("img").alt, axes: f.dataset.axes,
+                    labelProblems: f.dataset.labelProblems}));
                 const deviceCells = [], claims = [];
                 for (const table of document.querySelectorAll("table")) {
                     const heads = Array.from(table.querySelectorAll("thead th"))
@@ -145,6 +150,11 @@ def test_every_plot_is_labelled_in_words_and_devices_use_one_scheme(report):
     assert len(seen["figures"]) == num_plots
     labelled_devices = set()
     for fig in seen["figures"]:
+        # every image has its caption and alt text; no tick labels overlap and no label is
+        # cut off (matplotlib's text boxes, recorded by plots.label_problems: a PNG's pixels
+        # cannot be read back here)
+        assert fig["caption"].strip() and fig["alt"].strip(), fig
+        assert json.loads(fig["labelProblems"]) == [], (fig["caption"], fig["labelProblems"])
         axes = json.loads(fig["axes"])
         drawn = [a for a in axes if a["y"] is not None]
         assert drawn, fig["caption"]

@@ -30,7 +30,7 @@ def test_cpu_recommendation_ranges_over_every_swept_block_size():
     """The report's CPU kernel sweep and its static simulation both cover BLOCK_SIZES, so the
     recommendation made from them weighs every one (not an intersection of two lists)."""
     from pagebench.kernels.sweep import run_sweep
-    from pagebench.analysis import derive
+    from pagebench.analysis import advice
     from pagebench.results import Results
     from pagebench.suite import here, static_memory
 
@@ -40,7 +40,8 @@ def test_cpu_recommendation_ranges_over_every_swept_block_size():
                         repeat=1)
     kernels["machine"] = here("cpu")
     assert sorted(kernels.block_size.dropna().astype(int)) == sorted(defaults.BLOCK_SIZES)
-    rec, table = derive.recommend(results.get("memory_static"),
-                                  derive.kernel_cost_per_block(kernels))
-    assert rec.kernel_measured
+    static = results.get("memory_static").dropna(subset=["block_size"])
+    rec, table = advice.choose_block_size(dict(zip(static["block_size"].astype(int),
+                                                   static["utilisation"])), "w", kernels=kernels)
+    assert rec.speed_measured
     assert list(table["block_size"]) == sorted(defaults.BLOCK_SIZES)

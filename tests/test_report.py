@@ -13,7 +13,7 @@ from synthetic_report import synthetic_results
 
 from pagebench.cli import main
 from pagebench import suite
-from pagebench.analysis import analyse, claims, derive
+from pagebench.analysis import advice, analyse, claims, derive
 from pagebench.report import build, render, sections
 from pagebench.results import DataError, Results, classify, commits, load_data_dir, read_table
 from pagebench.results.collect import guarded
@@ -401,17 +401,57 @@ def test_a_kernel_table_that_fails_is_empty_and_named_in_a_warning(monkeypatch):
                for w in results.warnings)
 
 
+def paged_utilisation(results) -> dict[int, float]:
+    static = results.get("memory_static").dropna(subset=["block_size"])
+    return dict(zip(static["block_size"].astype(int), static["utilisation"]))
+
+
 def test_recommendation_follows_the_measured_curves():
-    rec, table = derive.recommend(synthetic_results().get("memory_static"),
-                                  derive.kernel_cost_per_block(synthetic_results().get("kernels")))
-    assert rec.kernel_measured and rec.block_size in (8, 16, 32)
+    results = synthetic_results()
+    rec, table = advice.choose_block_size(paged_utilisation(results), "w",
+                                          kernels=results.get("kernels"))
+    assert rec.speed_measured and rec.block_size in (8, 16, 32)
     assert table.loc[table["score"].idxmax(), "block_size"] == rec.block_size
     # if small blocks cost nothing in the kernel, memory wins: block 1
     flat = synthetic_results(paged_ratio={1: 1.0, 16: 1.0, 128: 1.0})
-    assert derive.recommend(flat.get("memory_static"),
-                            derive.kernel_cost_per_block(flat.get("kernels")))[0].block_size == 1
-    # without kernel data the recommendation says it is memory-only
-    assert not derive.recommend(flat.get("memory_static"), None)[0].kernel_measured
+    assert advice.choose_block_size(paged_utilisation(flat), "w",
+                                    kernels=flat.get("kernels"))[0].block_size == 1
+    # without speed data the recommendation says it is memory-only
+    assert not advice.choose_block_size(paged_utilisation(flat), "w")[0].speed_measured
+
+
+def engine_rows(tps: dict[int, tuple[float, float, float]], batch=256) -> pd.DataFrame:
+    """engine_batch rows on a GPU: block size -> (median, min, max) decode tokens/s."""
+    return pd.DataFrame([dict(device="cuda:0", device_name="NVIDIA H200", commit="abc1234",
+                              block_size=b, batch=batch, mode="graphs", repeats=3,
+                              decode_tokens_per_s=m, decode_tokens_per_s_min=lo,
+                              decode_tokens_per_s_max=hi) for b, (m, lo, hi) in tps.items()])
+
+
+def test_engine_speed_decides_and_its_spread_makes_ties():
+    util = {1: 1.0, 16: 0.99, 128: 0.90}
+    clear = engine_rows({1: (50, 49, 51), 16: (100, 99, 101), 128: (101, 100, 102)})
+    rec, table = advice.choose_block_size(util, "mine.csv", engine=clear)
+    assert (rec.block_size, rec.tied, rec.no_winner) == (16, (16,), False)
+    assert "batch 256" in rec.basis and "abc1234" in rec.basis and "H200" in rec.basis
+    assert rec.words() == "block size 16"
+    noisy = engine_rows({1: (50, 49, 51), 16: (100, 90, 110), 128: (101, 95, 115)})
+    rec = advice.choose_block_size(util, "mine.csv", engine=noisy)[0]
+    assert rec.tied == (16, 128) and rec.no_winner
+    assert rec.words().startswith("no winner within noise: blocks 16–128")
+    # a CPU's engine rows never decide a GPU question: the kernels' (absent here) then memory
+    cpu = clear.assign(device="cpu")
+    assert not advice.choose_block_size(util, "w", engine=cpu)[0].speed_measured
+
+
+def test_a_backend_constraint_rules_block_sizes_out():
+    util = {1: 1.0, 8: 0.995, 16: 0.99, 128: 0.90}
+    engine = engine_rows({1: (100, 99, 101), 8: (100, 99, 101), 16: (99, 98, 100),
+                          128: (90, 89, 91)})
+    free = advice.choose_block_size(util, "w", engine=engine)[0]
+    assert free.block_size in (1, 8)
+    rec = advice.choose_block_size(util, "w", engine=engine, multiple_of=16)[0]
+    assert rec.block_size == 16 and rec.excluded == (1, 8) and rec.multiple_of == 16
 
 
 # ---- sections, page, escaping, atomic write ------------------------------------------------

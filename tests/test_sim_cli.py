@@ -157,7 +157,8 @@ def test_dynamic_table_from_a_trace(capsys, tmp_path):
     assert main(["simulate", "--dynamic", "--trace", str(trace), "--budget-tokens", "5000",
                  "--allocators", "oracle,paged", "--cow"]) == 0
     text = capsys.readouterr().out
-    assert "40 requests (trace" in text and "paged-16" in text and "naive" not in text
+    assert "40 requests (trace" in text and "paged-16" in text
+    assert not any(line.startswith("naive") for line in text.splitlines())  # not asked for
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -179,8 +180,9 @@ def test_dynamic_bad_input(capsys, argv, message):
 def test_static_simulate_unchanged(capsys):
     assert main(["simulate", "--num-seqs", "100", "--block-sizes", "16"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("100 sequences, max_len 4,096") and len(lines) == 7
-    assert [ln.split()[0] for ln in lines[3:]] == ["naive", "pow2", "oracle", "paged"]
+    assert lines[0].startswith("100 sequences, max_len 4,096") and lines[7:9] == ["", "columns:"]
+    assert [ln.split()[0] for ln in lines[2:7]] == ["allocator", "naive", "pow2", "oracle", "paged"]
+    assert [ln.split()[0] for ln in lines[9:]] == ["allocated", "utilisation", "waste/seq"]
 
 
 def test_capacity_tensor_parallel_option(capsys):
@@ -190,3 +192,24 @@ def test_capacity_tensor_parallel_option(capsys):
     assert out["num_blocks"] == 2 * out["num_blocks_tp1"] == 2**30 // 2**20
     assert main(["capacity", "--model", "llama-3-8b", "--tensor-parallel-size", "3"]) != 0
     assert "--tensor-parallel-size: 3" in capsys.readouterr().err
+
+
+def test_dynamic_table_names_refused_and_waiting_requests_apart(capsys):
+    """A reservation scheme refuses requests whose whole reservation does not fit; paging
+    makes them wait for a block: separate columns, each '-' where it does not apply, and a
+    legend line for every column header."""
+    from pagebench.sim.columns import DYNAMIC_LEGEND
+
+    assert main(["simulate", "--dynamic", "--num-requests", "300",
+                 "--allocators", "pow2,paged"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line.split() for line in lines if line.startswith("allocator"))
+    first = lines[:lines.index("while requests wait (memory-bound steps):")]
+    rows = {line.split()[0]: line.split() for line in first
+            if line.startswith(("pow2 ", "paged-16 "))}
+    refused, waited = header.index("refused"), header.index("waited")
+    assert rows["pow2"][waited] == "-" and rows["pow2"][refused] != "-"
+    assert rows["paged-16"][refused] == "-" and rows["paged-16"][waited] != "-"
+    legend = {line.split()[0] for line in lines[lines.index("columns:") + 1:]}
+    assert set(header[1:]) <= legend | {"of"} and {h for h, _ in DYNAMIC_LEGEND} <= legend | {
+        "tok/step"}

@@ -10,7 +10,6 @@ import pandas as pd
 
 from pagebench.results import devices
 from pagebench.results.commits import newest_first
-from pagebench.results.derived import Recommendation
 
 PRIMARY_BLOCK_SIZE = 16
 # the columns of kernel_rows that say which run a row came from: times are compared within one
@@ -229,42 +228,6 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
     out["gpu"] = out["device_label"].isin(set(df.loc[df["gpu"], "device_label"]))
     out["block_size"] = out["block_size"].astype(int)
     return out
-
-
-def recommend(static: pd.DataFrame | None,
-              cost: pd.DataFrame | None) -> tuple[Recommendation, pd.DataFrame] | None:
-    """Block size maximising (KV utilisation / relative kernel time) on the measured curves:
-    ``static`` (dataset ``memory_static``) and ``cost`` (:func:`kernel_cost_per_block`); with
-    its score table (None: no memory curve).
-
-    Capacity grows with utilisation (sequences that fit) and speed with 1 / kernel time, so the
-    product of the two is the throughput one block size buys relative to the others. The kernel
-    curve is taken from a GPU if one measured it, else from whatever device did.
-    """
-    if static is None or len(static) == 0:
-        return None
-    paged = static[static["allocator"] == "paged"].dropna(subset=["block_size"])
-    util = {int(b): float(u) for b, u in zip(paged["block_size"], paged["utilisation"])}
-    if not util:
-        return None
-    device, kcost = None, {}
-    if cost is not None and not cost.empty:
-        chosen = cost[cost["gpu"]] if cost["gpu"].any() else cost
-        device = str(chosen.groupby("device_label")["block_size"].nunique().idxmax())
-        chosen = chosen[chosen["device_label"] == device]
-        kcost = {int(b): float(t) for b, t in zip(chosen["block_size"], chosen["relative_time"])}
-    sizes = sorted(set(util) & set(kcost)) if kcost else sorted(util)
-    if not sizes:
-        return None
-    table = pd.DataFrame({"block_size": sizes,
-                          "utilisation": [util[b] for b in sizes],
-                          "relative_kernel_time": [kcost.get(b, 1.0) for b in sizes]})
-    table["score"] = table["utilisation"] / table["relative_kernel_time"]
-    best = table.loc[table["score"].idxmax()]
-    near = table[table["score"] >= 0.98 * best["score"]]["block_size"].tolist()
-    return Recommendation(int(best["block_size"]), float(best["utilisation"]),
-                          float(best["relative_kernel_time"]), float(best["score"]),
-                          tuple(int(b) for b in near), device, bool(kcost)), table
 
 
 # the kernel tables the report shows, the claims judge and the report saves: name -> function

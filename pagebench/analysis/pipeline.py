@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.analysis import claims, derive, fp8, parallel, real_traces
+from pagebench.analysis import advice, claims, derive, fp8, parallel, real_traces
 from pagebench.results import Results
 from pagebench.results.derived import ARTICLE
 
@@ -32,8 +32,7 @@ def analyse(results: Results) -> None:
     for name, compute in TABLES.items():
         derive.table(results, name, compute)
     try:
-        rec = derive.recommend(results.get("memory_static"),
-                               derive.table(results, "kernels_block_cost"))
+        rec = recommend(results)
     except Exception as e:  # noqa: BLE001 -- no recommendation must not lose the verdicts
         results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
         rec = None
@@ -42,3 +41,23 @@ def analyse(results: Results) -> None:
                 for section, section_claims in SECTION_CLAIMS]
     results.add_derived("claims", pd.concat(verdicts, ignore_index=True))
     results.recommendation = None if rec is None else rec[0]
+
+
+# the dataset of KV utilisation the recommendation reads: a workload given to `pagebench
+# report --lengths/--trace`, else the article's lengths
+WORKLOAD_DATASETS = ("workload_static", "memory_static")
+
+
+def recommend(results: Results):
+    """:func:`pagebench.analysis.advice.choose_block_size` on the report's workload (the first
+    of :data:`WORKLOAD_DATASETS` present) with the engine's and the kernels' data."""
+    static = next((results.get(n) for n in WORKLOAD_DATASETS if results.get(n) is not None),
+                  None)
+    if static is None or len(static) == 0:
+        return None
+    paged = static[static["allocator"] == "paged"].dropna(subset=["block_size"])
+    util = {int(b): float(u) for b, u in zip(paged["block_size"], paged["utilisation"])}
+    workload = ", ".join(sorted(set(paged["workload"].astype(str)))) if "workload" in paged \
+        else "unnamed workload"
+    return advice.choose_block_size(util, workload, results.get("engine_batch"),
+                                    results.get("kernels"))

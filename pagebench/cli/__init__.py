@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "pagebench.cli.engine",
     "pagebench.cli.parallel",
     "pagebench.cli.report",
+    "pagebench.cli.recommend",
     "pagebench.cli.benchcompare",
 )
 # what a user can fix: one line and exit status 2 (anything else is a bug: a traceback); torch

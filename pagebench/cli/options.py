@@ -146,7 +146,7 @@ def check_output_name(option: str, path: str) -> None:
                          "'-'); use --json to print results, or give a file")
 
 
-OUTPUT_OPTIONS = ("out", "timeline", "csv", "profile_out", "rows_out")  # the files written
+OUTPUT_OPTIONS = ("out", "timeline", "csv", "profile_out", "rows_out", "html")  # the files written
 
 
 def _flag(name: str) -> str:

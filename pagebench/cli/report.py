@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from pagebench.cli.options import check_input_dir, check_output_file, write_results
+from pagebench.sim.columns import LENGTHS_FILE_HELP
 
 
 def add_data_options(p) -> None:
@@ -35,6 +36,13 @@ def register(sub) -> None:
     p.add_argument("--device", choices=["cpu", "cuda"], default=None,
                    help="device for the sweeps run here (default: cuda if available, else cpu)")
     add_data_options(p)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--lengths", metavar="FILE", default=None,
+                     help="recommend the block size for these requests (as for `pagebench "
+                     "recommend`: " + LENGTHS_FILE_HELP + "); default: the article's lengths")
+    src.add_argument("--trace", metavar="NAME|FILE", default=None,
+                     help="recommend for a trace (azure-code, azure-conv, mooncake-conv or a "
+                     "FILE, as for `pagebench recommend`)")
     p.add_argument("--out", default="reports/index.html",
                    help="output page, or a directory for its index.html (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="do not print progress lines")
@@ -47,6 +55,11 @@ def run_report(args) -> int:
     from pagebench.results.collect import input_dirs
     from pagebench.suite import build_report, page_path
 
+    from pagebench.sim.user_workload import load
+
+    # read before the sweeps: a bad file fails in a second, not after them
+    workload = None if args.lengths is None and args.trace is None else load(args.lengths,
+                                                                             args.trace)
     out = page_path(args.out)  # out/index.html when --out is a directory
     check_output_file("--out", str(out))
     # before the sweeps: replace only a page and data directory pagebench wrote, and write
@@ -54,7 +67,7 @@ def run_report(args) -> int:
     check_report_output(out, input_dirs(args.data_dir, args.results))
     path, results = build_report(out, device=args.device, quick=args.quick,
                                  results_dirs=args.results, data_dir=args.data_dir,
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress, workload=workload)
     for w in results.warnings:
         print(f"pagebench report: warning: {w}", file=sys.stderr)
     print(f"wrote {path} ({len(results.frames)} datasets, {len(results.warnings)} warnings)")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 import sys
 
 from pagebench import defaults
+from pagebench.sim.columns import (DYNAMIC_LEGEND, LENGTHS_FILE_HELP, STATIC_LEGEND,
+                                   TRACE_FILE_HELP, legend_lines)
 from pagebench.cli.options import (
     MAX_INT, add_output_options, check_memory, check_output_file, dumps, int_list, integer,
     name_list, number, progress, write_results)
@@ -43,12 +46,14 @@ def register_simulate(sub) -> None:
         "block size) on a sequence-length distribution. With --dynamic, simulate requests "
         "arriving, growing a token per step and finishing within a fixed memory budget, and "
         "break memory down into token states, reserved-but-unused, internal and external "
-        "fragmentation, and free.")
+        "fragmentation, and free.", formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(["columns of the static table:", *legend_lines(STATIC_LEGEND),
+                          "columns of the --dynamic table:", *legend_lines(DYNAMIC_LEGEND)]))
     p.add_argument("--lengths", default=None,
                    help="lognormal:MU,SIGMA | uniform:A,B | fixed:N | FILE (default "
                    f"{defaults.REFERENCE_LENGTHS}; with --dynamic: each request's final "
                    "length); integers, none above --max-len: a FILE's lengths are used as they "
-                   "are, only a lognormal draw is clipped to --max-len")
+                   "are, only a lognormal draw is clipped to --max-len; " + LENGTHS_FILE_HELP)
     p.add_argument("--num-seqs", type=integer(), default=None,
                    help=f"static: number of sequences (default {defaults.REFERENCE_NUM_SEQS}; "
                    "with --lengths FILE, the file's lengths, each once; given with a FILE, the "
@@ -68,9 +73,8 @@ def register_simulate(sub) -> None:
     d = p.add_argument_group("time-stepped simulation (--dynamic)")
     d.add_argument("--dynamic", action="store_true", help="simulate over time")
     d.add_argument("--trace", metavar="NAME|FILE", help="replay a trace instead of Poisson "
-                   "arrivals: azure-code, azure-conv, mooncake-conv (shipped), an Azure or "
-                   "Mooncake file (.gz allowed), or a CSV/JSONL of arrival (steps), prompt "
-                   "length, output length, optional n")
+                   "arrivals: azure-code, azure-conv, mooncake-conv (shipped) or a FILE (.gz "
+                   "allowed); " + TRACE_FILE_HELP)
     d.add_argument("--step-ms", type=number(0, 1e6), default=None,
                    help="Azure/Mooncake traces: milliseconds per decode step (default 20)")
     d.add_argument("--prefix-caching", action="store_true",
@@ -89,11 +93,13 @@ def register_simulate(sub) -> None:
     d.add_argument("--prompt-fraction", type=number(0, 1, inclusive=True, below=True),
                    default=None, help="share of each length that is prompt, in [0, 1) "
                    "(default 0.3)")
-    d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately "
+    d.add_argument("--prompt-lengths", metavar="SPEC", help="draw prompt lengths separately, "
+                   "or a FILE's prompt column (a CSV of requests serves both options) "
                    "(with --output-lengths, instead of --lengths; a request longer than "
                    "--max-len loses the end of its output, counted as clipped; two files pair "
                    "line by line, one request a line unless --num-requests)")
-    d.add_argument("--output-lengths", metavar="SPEC", help="draw output lengths separately")
+    d.add_argument("--output-lengths", metavar="SPEC", help="draw output lengths separately, "
+                   "or a FILE's output column")
     d.add_argument("--budget-tokens", type=integer(1, MAX_LEN), default=None,
                    help="KV budget in token slots (default: the article's 12.4 GB of "
                    "Qwen2.5-0.5B cache, 1,009,104 slots; see `pagebench capacity --article`)")
@@ -212,9 +218,9 @@ def run_dynamic_simulation(args) -> int:
                 raise ValueError(f"{', '.join(ignored)}: not with --prompt-lengths and "
                                  "--output-lengths (they give the lengths)")
             in_files = []  # a request takes line i of each file: their lengths pair up
-            for option, spec in (("--prompt-lengths", args.prompt_lengths),
-                                 ("--output-lengths", args.output_lengths)):
-                kind, values = check_lengths(spec, max_len - 1, option, "--max-len - 1")
+            for option, spec, part in (("--prompt-lengths", args.prompt_lengths, "prompt"),
+                                       ("--output-lengths", args.output_lengths, "output")):
+                kind, values = check_lengths(spec, max_len - 1, option, "--max-len - 1", part)
                 in_files += [len(values)] if kind == "file" else []
             if len(set(in_files)) > 1:
                 raise ValueError(f"--prompt-lengths, --output-lengths: the files hold "
@@ -352,7 +358,7 @@ def register_capacity(sub) -> None:
                    "--gpu-memory, --gpu-memory-utilization, --weights-bytes, --overhead-bytes)")
     p.add_argument("--lengths", default=defaults.REFERENCE_LENGTHS,
                    help="length distribution for the concurrency estimate (default %(default)s; "
-                   "as for simulate: none above --max-model-len)")
+                   "as for simulate: none above --max-model-len; " + LENGTHS_FILE_HELP + ")")
     p.add_argument("--num-seqs", type=integer(), default=None,
                    help=f"lengths drawn (default {defaults.REFERENCE_NUM_SEQS}; with --lengths "
                    "FILE, the file's lengths, each once; given with a FILE, the file's lengths "

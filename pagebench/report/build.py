@@ -75,9 +75,9 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)
     headline, rec = "", results.recommendation
     if rec is not None:
-        headline = (f"Recommended block size: {rec.block_size}"
-                    + ("" if rec.kernel_measured else " (memory only: no kernel data)")
-                    + ". " + tally(sections.verdicts(results, ARTICLE)["verdict"]) + ".")
+        headline = (f"Recommended: {rec.words()} for {rec.workload}"
+                    + ("" if rec.speed_measured else " (memory only: no speed data)")
+                    + ". " + tally(results.get("claims")["verdict"]) + " on this page.")
     html = render.render_html(
         title="pagebench: paged KV-cache report",
         subtitle=f"built on {devices.run_label(env)}, commit {env.get('commit')}",

@@ -11,10 +11,12 @@ from __future__ import annotations
 import base64
 import functools
 import io
+import math
 import textwrap
 from dataclasses import dataclass
 
 import matplotlib
+import matplotlib.patches
 import matplotlib.ticker
 
 matplotlib.use("Agg")  # no display; must precede pyplot
@@ -28,6 +30,26 @@ STYLE = {
     "grid.alpha": 0.3, "axes.spines.top": False, "axes.spines.right": False,
     "legend.fontsize": 8, "legend.frameon": False,
 }
+
+
+# one colour per allocator in every plot (paged: one blue, darker for larger blocks)
+ALLOCATOR_COLORS = {"naive": "#c0504d", "pow2": "#f79646", "oracle": "#9bbb59",
+                    "paged": "#4f81bd"}
+PAGED_SHADES = ("#9dc3e6", "#6fa8dc", "#4f81bd", "#2e5c8a", "#1c3d5e")
+
+
+def allocator_color(name: str) -> str:
+    """The colour of an allocator or run label (``naive``, ``paged 16``, ``paged-128``):
+    :data:`ALLOCATOR_COLORS`, paged in a shade of its blue by block size."""
+    text = str(name).lower()
+    kind = next((k for k in ALLOCATOR_COLORS if text.startswith(k)), None)
+    if kind != "paged":
+        return ALLOCATOR_COLORS.get(kind, "#7f7f7f")
+    digits = "".join(c for c in text if c.isdigit())
+    if not digits:
+        return ALLOCATOR_COLORS["paged"]
+    shade = min(len(PAGED_SHADES) - 1, int(digits).bit_length() // 2)
+    return PAGED_SHADES[shade]
 
 
 def label(value) -> str:
@@ -53,6 +75,50 @@ class Plot:
     # "x" is None on an axes whose x axis is not drawn (the right-hand axes of a twin plot)
     axes: tuple = ()
     small: bool = False  # laid out two to a row
+    # what a reader could not read: tick labels drawn over each other, text cut off at the
+    # figure's edge (:func:`label_problems`); empty on every figure the report draws
+    label_problems: tuple = ()
+
+
+def visible_ticklabels(axis) -> list:
+    """The tick labels ``axis`` draws: visible, with text, their tick inside the view."""
+    lo, hi = sorted(axis.get_view_interval())
+    span = (hi - lo) * 1e-9
+    return [t.label1 for t in axis.get_major_ticks()
+            if t.label1.get_visible() and t.label1.get_text()
+            and lo - span <= t.get_loc() <= hi + span]
+
+
+def label_problems(fig, slack: float = 1.0) -> tuple[str, ...]:
+    """Tick labels of one axis whose boxes overlap (by more than ``slack`` pixels), and axis
+    or tick labels reaching past the figure's edge: PNGs cannot be checked in the browser, so
+    the boxes matplotlib laid out are checked here, where they are known."""
+    fig.draw_without_rendering()
+    renderer = fig.canvas.get_renderer()
+    edge = fig.bbox
+    problems = []
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        texts = [ax.xaxis.label, ax.yaxis.label]
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = visible_ticklabels(axis) if axis.get_visible() else []
+            texts += labels
+            boxes = [(t.get_text(), t.get_window_extent(renderer).expanded(1, 1)) for t in labels]
+            for i, (a, box_a) in enumerate(boxes):
+                for b, box_b in boxes[i + 1:]:
+                    w = min(box_a.x1, box_b.x1) - max(box_a.x0, box_b.x0)
+                    h = min(box_a.y1, box_b.y1) - max(box_a.y0, box_b.y0)
+                    if w > slack and h > slack:
+                        problems.append(f"tick labels overlap: {a!r} and {b!r}")
+        for t in texts:
+            if not (t.get_visible() and t.get_text()):
+                continue
+            box = t.get_window_extent(renderer)
+            if (box.x0 < edge.x0 - slack or box.x1 > edge.x1 + slack
+                    or box.y0 < edge.y0 - slack or box.y1 > edge.y1 + slack):
+                problems.append(f"cut off at the figure's edge: {t.get_text()!r}")
+    return tuple(problems)
 
 
 def axes_labels(fig) -> tuple:
@@ -71,6 +137,7 @@ def axes_labels(fig) -> tuple:
         legend = ax.get_legend()
         entries = [] if legend is None else \
             [legend.get_title().get_text()] + [t.get_text() for t in legend.get_texts()]
+        x, y = x.replace("\n", " "), y.replace("\n", " ")  # a wrapped label: the same words
         out.append({"x": x if ax.xaxis.get_visible() else None, "y": y,
                     "legend": [e for e in entries if e], "title": ax.get_title()})
     for legend in fig.legends:
@@ -112,24 +179,42 @@ def log2_axis(ax, values) -> None:
 
 
 def plain_log_y(ax) -> None:
-    """Log-10 y scale ticked at 1, 2 and 5 per decade, labelled as plain numbers (200, 5000)."""
+    """Log-10 y scale ticked at 1, 2 and 5 per decade where the axes has room for them (else
+    at each decade), labelled as plain numbers (200, 5000). Call it after plotting."""
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=(1.0, 2.0, 5.0)))
+    lo, hi = ax.get_ylim()
+    decades = max(1.0, math.log10(hi / lo)) if lo > 0 and hi > lo else 1.0
+    # labels the height holds (before a legend below the panels takes its share)
+    room = ax.get_position().height * ax.figure.get_figheight() * 2.5
+    subs = (1.0, 2.0, 5.0) if 3 * decades <= room else (1.0,)
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(subs=subs, numticks=max(3, int(room))))
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
         lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
 
 
+def fit_ylabels(fig, chars_per_inch: float = 11.0) -> None:
+    """Wrap each y label onto as many lines as its axes' height needs, so none runs past the
+    figure's edge (matplotlib never wraps a label by itself)."""
+    for ax in fig.axes:
+        text = ax.get_ylabel()
+        room = int(ax.get_position().height * fig.get_figheight() * chars_per_inch)
+        if text and "\n" not in text and len(text) > max(room, 12):
+            ax.set_ylabel("\n".join(textwrap.wrap(text, max(room, 12))))
+
+
 def to_plot(fig, title: str, alt: str, tight: bool = True, small: bool = False) -> Plot:
     buf = io.BytesIO()
-    if tight:
+    if tight:  # a figure laid out by its caller fitted its labels first
+        fit_ylabels(fig)
         fig.tight_layout()
     labels = axes_labels(fig)
+    problems = label_problems(fig)
     fig.savefig(buf, format="png")
     plt.close(fig)
     uri = "data:image/png;base64," + base64.b64encode(small_png(buf.getvalue())).decode("ascii")
     drawn = "; ".join(f"x: {a['x']}, y: {a['y']}" for a in labels if a["y"])
-    return Plot(title, uri, f"{alt} ({drawn})" if drawn else alt, labels, small)
+    return Plot(title, uri, f"{alt} ({drawn})" if drawn else alt, labels, small, problems)
 
 
 def panel_grid(n: int, max_cols: int, size, **kwargs):
@@ -149,12 +234,12 @@ def utilisation_bars(static: pd.DataFrame) -> Plot:
     labels = [label(a) if pd.isna(b) else f"paged {int(b)}" for a, b in
               zip(static["allocator"], static["block_size"])]
     util = static["utilisation"].astype(float) * 100
-    colors = ["#c0504d" if lab.startswith(("naive", "pow2")) else "#4f81bd" for lab in labels]
-    fig, ax = plt.subplots(figsize=(7, 3.2))
+    colors = [allocator_color(lab) for lab in labels]
+    fig, ax = plt.subplots(figsize=(max(7.0, 0.5 * len(labels) + 1.5), 3.2))
     ax.bar(range(len(labels)), util, color=colors)
     for i, u in enumerate(util):
         ax.text(i, u + 1, f"{u:.1f}", ha="center", fontsize=7)
-    ax.set_xticks(range(len(labels)), labels, rotation=30, ha="right")
+    ax.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=7)
     ax.set_xlabel("allocator (paged: block size in tokens)")
     ax.set_ylabel("KV slots holding tokens (%)")
     ax.set_ylim(0, 110)
@@ -168,7 +253,8 @@ def max_len_lines(sweep: pd.DataFrame) -> Plot:
     fig, ax = plt.subplots(figsize=(7, 3.2))
     for name, g in sweep.groupby("label", sort=False):
         g = g.sort_values("max_len")
-        ax.plot(g["max_len"], g["utilisation"].astype(float) * 100, marker="o", label=label(name))
+        ax.plot(g["max_len"], g["utilisation"].astype(float) * 100, marker="o", label=label(name),
+                color=allocator_color(name))
     log2_axis(ax, sweep["max_len"])
     ax.set_xlabel("max_model_len (tokens)")
     ax.set_ylabel("KV slots holding tokens (%)")
@@ -210,10 +296,13 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
         ax.set_title(wrapped(name, 36), fontsize=9)
         ax.set_ylim(0, 100)
         ax.set_xlabel("simulation step")
+        # steps run to hundreds of thousands: few ticks, so narrow panels never crowd them
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(nbins=4))
     for row in axes:
         row[0].set_ylabel("share of the KV budget (%)")
     handles, names = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 5), fontsize=7)
+    fit_ylabels(fig)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
     return to_plot(fig, "Memory breakdown over time", "stacked area charts of KV memory use "
                    "over time per allocator", tight=False)
@@ -221,13 +310,19 @@ def breakdown_areas(timeline: pd.DataFrame) -> Plot | None:
 
 @styled
 def bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str, xlabel: str,
-         alt: str, *, ylabel: str | None = None, logy: bool = False) -> Plot | None:
+         alt: str, *, ylabel: str | None = None, logy: bool = False,
+         hue: str | None = None) -> Plot | None:
     """One group of bars per row of ``df`` (labelled by ``category``), one bar per column of
     ``series`` (column -> legend entry). With ``ylabel`` every series shares that axis; without
     it each series has a panel of its own, labelled with its entry: quantities in different
-    units (tokens, blocks) never share an axis."""
+    units (tokens, blocks) never share an axis. More than :data:`MANY_BARS` rows lie on their
+    side, one row a line, so their labels never meet. ``hue`` (a column of ``df``, one series
+    only): one colour per value, with a legend."""
     if df.empty:  # e.g. no run that finished
         return None
+    if len(df) > MANY_BARS:
+        return side_bars(df, category, series, title, xlabel, alt, ylabel=ylabel, logy=logy,
+                         hue=hue)
     groups = [series] if ylabel else [{col: name} for col, name in series.items()]
     fig, axes = plt.subplots(1, len(groups), squeeze=False,
                              figsize=(6.5, 3) if ylabel else (3.4 * len(groups) + 0.6, 3))
@@ -236,7 +331,7 @@ def bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str, xl
         width = 0.8 / len(group)
         for i, (col, name) in enumerate(group.items()):
             ax.bar([j + i * width for j in range(len(df))], df[col].astype(float), width=width,
-                   label=label(name))
+                   label=label(name), color=hue_colors(df, hue) if len(group) == 1 else None)
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(df))],
                       [label(v) for v in df[category]], rotation=20 if many else 0,
                       ha="right" if many else "center", fontsize=7 if many else 8)
@@ -246,6 +341,54 @@ def bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str, xl
             plain_log_y(ax)
     if ylabel and len(series) > 1:
         axes[0][0].legend()
+    hue_legend(axes[0][0], df, hue, len(series))
+    return to_plot(fig, title, alt)
+
+
+MANY_BARS = 8  # more bars than this lie on their side
+
+
+def hue_colors(df: pd.DataFrame, hue: str | None):
+    if hue is None:
+        return None
+    values = list(dict.fromkeys(df[hue].astype(str)))
+    return [f"C{values.index(v) % 10}" for v in df[hue].astype(str)]
+
+
+def hue_legend(ax, df: pd.DataFrame, hue: str | None, num_series: int) -> None:
+    if hue is None or num_series != 1:
+        return
+    values = list(dict.fromkeys(df[hue].astype(str)))
+    handles = [matplotlib.patches.Patch(color=f"C{i % 10}", label=label(v))
+               for i, v in enumerate(values)]
+    ax.legend(handles=handles, fontsize=7, title=label(hue), title_fontsize=7)
+
+
+def side_bars(df, category, series, title, xlabel, alt, *, ylabel, logy, hue) -> Plot:
+    """:func:`bars` on their side: a line per row, its label on one line (` · ` between the
+    parts of a multi-line label), the values along x."""
+    groups = [series] if ylabel else [{col: name} for col, name in series.items()]
+    names = [label(v).replace("\n", " · ") for v in df[category]]
+    height = 0.3 * len(df) * (len(groups[0]) if ylabel else 1) + 1.2
+    fig, axes = plt.subplots(1, len(groups), squeeze=False, sharey=True,
+                             figsize=(7.5 if ylabel else 3.0 * len(groups) + 4, height))
+    for ax, group in zip(axes[0], groups):
+        width = 0.8 / len(group)
+        for i, (col, name) in enumerate(group.items()):
+            ax.barh([j + i * width for j in range(len(df))], df[col].astype(float),
+                    height=width, label=label(name),
+                    color=hue_colors(df, hue) if len(group) == 1 else None)
+        ax.set_yticks([j + 0.4 - width / 2 for j in range(len(df))], names, fontsize=7)
+        ax.invert_yaxis()  # first row on top, as in a table
+        ax.set_ylabel(xlabel)
+        ax.set_xlabel(ylabel or name)
+        if logy:
+            ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(
+                lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    if ylabel and len(series) > 1:
+        axes[0][0].legend()
+    hue_legend(axes[0][0], df, hue, len(series))
     return to_plot(fig, title, alt)
 
 
@@ -313,6 +456,33 @@ def twin_lines(df: pd.DataFrame, x: str, left: str, right: str, title: str, xlab
     h2, l2 = ax2.get_legend_handles_labels()
     ax.legend(h1 + h2, l1 + l2, fontsize=7)
     return to_plot(fig, title, alt)
+
+
+@styled
+def block_size_scores(table: pd.DataFrame) -> Plot:
+    """The recommendation's table (dataset ``recommendation``): utilisation, relative speed and
+    their product per block size on one axis from 0 (1.0 = the best block size's speed), the
+    speed's and the score's low..high as error bars."""
+    fig, ax = plt.subplots(figsize=(6.5, 3.2))
+    t = table.sort_values("block_size")
+    x = t["block_size"].astype(int)
+    ax.plot(x, t["utilisation"].astype(float), marker="o", label="KV utilisation on the workload")
+    for col, name, marker in (("speed", "decode speed / best block size's", "s"),
+                              ("score", "score = utilisation × speed", "D")):
+        mid = t[col].astype(float)
+        if mid.isna().all():
+            continue
+        line, = ax.plot(x, mid, marker=marker, label=name)
+        low, high = t[f"{col}_low"].astype(float), t[f"{col}_high"].astype(float)
+        ax.errorbar(x, mid, yerr=[(mid - low).clip(lower=0), (high - mid).clip(lower=0)],
+                    fmt="none", ecolor=line.get_color(), capsize=3, linewidth=0.8)
+    log2_axis(ax, x)
+    ax.set_ylim(0, 1.08)
+    ax.set_xlabel("block size (tokens)")
+    ax.set_ylabel("fraction (1.0 = best / all slots used)")
+    ax.legend(fontsize=7, loc="lower right")
+    return to_plot(fig, "What a block size buys (utilisation) and costs (speed), from 0",
+                   "line chart of utilisation, relative speed and their product per block size")
 
 
 @styled
@@ -401,5 +571,6 @@ def history(df: pd.DataFrame, benchmark: str, alt: str) -> Plot:
     names = [label(p.replace("'", "") or "(no parameters)") for p in handles]
     fig.legend(list(handles.values()), names, loc="lower center", ncol=legend_cols,
                fontsize=6, title="parameters", title_fontsize=6)
+    fit_ylabels(fig, chars_per_inch=7.0)  # the legend below takes part of the height
     fig.tight_layout(rect=(0, (0.13 * legend_rows + 0.25) / height, 1, 1))
     return to_plot(fig, benchmark, alt, tight=False, small=len(machines) == 1)

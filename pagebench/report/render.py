@@ -79,7 +79,7 @@ summary { cursor: pointer; font-weight: 600; font-size: 13px; }
 {% for item in s.items %}
 {% if item.kind == "text" %}<p>{{ item.text }}</p>
 {% elif item.kind == "nodata" %}<p class="nodata">{{ item.text }}</p>
-{% elif item.kind == "plot" %}<figure class="plot{% if item.plot.small %} small{% endif %}" data-axes='{{ item.plot.axes|tojson }}'><img src="{{ item.plot.data_uri }}" alt="{{ item.plot.alt }}"><figcaption>{{ item.plot.title }}</figcaption></figure>
+{% elif item.kind == "plot" %}<figure class="plot{% if item.plot.small %} small{% endif %}" data-axes='{{ item.plot.axes|tojson }}' data-label-problems='{{ item.plot.label_problems|list|tojson }}'><img src="{{ item.plot.data_uri }}" alt="{{ item.plot.alt }}"><figcaption>{{ item.plot.title }}</figcaption></figure>
 {% elif item.kind == "table" %}{% set t = item.table %}
 {% if t.rows|length > 15 and s.id != "claims" %}<details><summary>{{ t.caption }} ({{ t.rows|length }} rows)</summary>{% endif %}
 <div class="scroll"><table{% if s.id == "claims" %} id="claims-table"{% endif %}>

@@ -419,8 +419,8 @@ KERNELS = (
          missing="achieved bandwidth (needs gbps and copy_gbps columns)"),
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",
-             "Paged kernel time per block size (1.0 = best block size)", "block size (tokens)",
-             "kernel time / best block size's (median over cases, newest commit)",
+             "Paged kernel time per block size (1.0 = best block size; median over cases of "
+             "the newest commit)", "block size (tokens)", "kernel time / best block's (×)",
              "line chart of kernel cost per block size", legend_title="device", logx=True)),
     *PREFILL,
 )
@@ -486,7 +486,7 @@ def compare_plot(cmp_: pd.DataFrame) -> plots.Plot | None:
                       "Engine versus transformers: tokens/s",
                       "device, generation method and requests",
                       "bar chart of engine versus transformers throughput",
-                      ylabel="generated tokens/s", logy=True)
+                      ylabel="generated tokens/s", logy=True, hue="method")
 
 
 ENGINE = (
@@ -566,33 +566,29 @@ benchmarks = shown("benchmarks", "Benchmark histories (asv, pytest-benchmark)", 
 
 
 def recommendation(results: Results) -> Section:
-    """The recommended block size (:func:`pagebench.analysis.derive.recommend`) and why."""
+    """The recommended block size (:func:`pagebench.analysis.advice.choose_block_size`) on the
+    workload it names, with the data behind it and its uncertainty."""
     s = Section("recommendation", "Recommendation")
     rec, table = results.recommendation, results.get("recommendation")
     if rec is None:
-        s.nodata("needs the static memory curve (and kernel data for the speed side)")
+        s.nodata("needs a KV utilisation curve (and engine or kernel data for the speed side)")
         return s
-    if rec.kernel_measured:
-        s.text(f"Block size {rec.block_size}: it holds {rec.utilisation:.1%} of KV slots "
-               f"as tokens and its paged kernel runs at {rec.relative_kernel_time:.2f}× the "
-               f"best block size's time on {rec.kernel_device}, the best product of "
-               "capacity (utilisation) and speed (1 / kernel time) among the block sizes "
-               "measured. Within 2% of it: block sizes "
-               + ", ".join(map(str, rec.within_2pct)) + ".")
-        curve = table.assign(**{"utilisation %": table["utilisation"] * 100})
-        s.plot(plots.twin_lines(curve, "block_size", "utilisation %",
-                                "relative_kernel_time", "What a block size buys (utilisation) "
-                                "and costs (paged kernel time, 1.0 = best block size)",
-                                "block size (tokens)", "line chart of utilisation and kernel "
-                                "time versus block size",
-                                left_label="KV slots holding tokens (%)",
-                                right_label="paged kernel time / best block size's (×)",
-                                logx=True))
+    s.text(f"Workload: {rec.workload} (pass `pagebench report --lengths FILE` or `--trace "
+           "NAME|FILE` to recommend for your own; `pagebench recommend` answers in seconds).")
+    if rec.speed_measured:
+        s.text(f"{rec.words()[0].upper()}{rec.words()[1:]}. It holds {rec.utilisation:.1%} of "
+               "KV slots as tokens on this workload; the score is utilisation × decode speed "
+               f"relative to the fastest block size, the speed from {rec.basis}. A block size "
+               "ties with the best when its score's high end reaches the best's low end"
+               + (": no block size wins outside the noise." if rec.no_winner else "."))
     else:
-        s.text(f"Memory alone favours block size {rec.block_size} "
-               f"({rec.utilisation:.1%}), but no kernel data was measured, so the cost of "
-               "small blocks in the attention kernel is unknown here: treat this as incomplete.")
-    s.table(make_table(table, "Score = utilisation / relative kernel time",
+        s.text(f"Memory alone favours block size {rec.block_size} ({rec.utilisation:.1%}): "
+               f"{rec.basis}. Treat this as incomplete.")
+    if rec.excluded:
+        s.text(f"Ruled out by the backend (multiples of {rec.multiple_of} only): block sizes "
+               + ", ".join(map(str, rec.excluded)) + ".")
+    s.plot(plots.block_size_scores(table))
+    s.table(make_table(table, "Score = utilisation × speed (low..high: the repeats' spread)",
                        data="recommendation"))
     return s
 
@@ -611,7 +607,10 @@ def verdicts(results: Results, section: str) -> pd.DataFrame:
 def claims_section(results: Results) -> Section:
     s = Section("claims", "Claims of the article, measured")
     claims = verdicts(results, ARTICLE)
-    s.text(f"{tally(claims['verdict'])}. Each verdict is computed from the data linked in its "
+    every = results.get("claims")
+    s.text(f"{tally(every['verdict'])} on this page, the same count `pagebench claims` prints; "
+           f"this table holds the article's {len(claims)}, the others sit in the sections "
+           "they concern. Each verdict is computed from the data linked in its "
            "row, with the criterion shown; a claim the data contradicts is marked 'does not "
            "hold' with the numbers that contradict it. Kernel claims are judged on GPU data when "
            "a GPU measured them.")

@@ -180,6 +180,11 @@ MEMORY_STATIC = schema(
     C("workload", "str", "length distribution"), C("num_seqs", "int", "sequences"),
     C("max_len", "int", "max_model_len"), C("tokens_stored", "int", "tokens of all sequences"),
     C("seed", "int", "sampling seed"))
+WORKLOAD_STATIC = schema(
+    "workload_static", "one allocator's reservation for the workload `pagebench report "
+    "--lengths/--trace` was given (sim.static), which the recommendation then uses",
+    nullable(C("seed", "int", "sampling seed; empty: a file or trace, nothing drawn")),
+    *MEMORY_STATIC.columns)
 MEMORY_MAX_LEN = schema(
     "memory_max_len", "utilisation at one max_model_len", C("max_len", "int", "max_model_len"),
     C("label", "str", "allocator, or paged <block size>"), ALLOCATOR, BLOCK_SIZE, UTILISATION,
@@ -303,7 +308,7 @@ PYTEST_BENCHMARK = schema(
 DATASETS: dict[str, Schema] = {s.name: s for s in (
     KERNELS, KERNELS_EQUIVALENCE, KERNELS_PREFILL, KERNELS_PREFILL_EQUIVALENCE, KERNELS_FP8,
     KERNELS_LAYOUT, ENGINE_BATCH, ENGINE_COW, ENGINE_PREFIX, ENGINE_POOL, ENGINE_EQUAL_MEMORY,
-    ENGINE_COMPARE, ENGINE, MEMORY_STATIC, MEMORY_MAX_LEN, MEMORY_DYNAMIC_SUMMARY,
+    ENGINE_COMPARE, ENGINE, MEMORY_STATIC, WORKLOAD_STATIC, MEMORY_MAX_LEN, MEMORY_DYNAMIC_SUMMARY,
     MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
     CAPACITY_FP8, CAPACITY_TP, REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE,
     REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
@@ -362,10 +367,15 @@ KERNELS_PREFILL_SUMMARY = schema(
     C("query_len", "int", "new tokens"),
     C("cached", "int", "cached tokens"), environment=False)
 RECOMMENDATION = schema(
-    "recommendation", "one block size's score: utilisation / relative kernel time",
-    BLOCK_SIZE, UTILISATION,
-    C("relative_kernel_time", "float", "kernel time / best block size's"),
-    C("score", "float", "utilisation / relative_kernel_time"), environment=False)
+    "recommendation", "one block size's score: utilisation x relative decode speed "
+    "(pagebench.analysis.advice)", BLOCK_SIZE, UTILISATION,
+    nullable(C("speed", "float", "decode speed / best block size's (engine tokens/s on a GPU, "
+               "else 1 / relative kernel time); empty: unmeasured")),
+    nullable(C("speed_low", "float", "its low end (repeats' min)")),
+    nullable(C("speed_high", "float", "its high end (repeats' max)")),
+    C("score", "float", "utilisation x speed"), C("score_low", "float", "its low end"),
+    C("score_high", "float", "its high end"),
+    C("allowed", "bool", "a block size the backend constraint admits"), environment=False)
 FP8_DECODE = schema("fp8_decode", "one decode point, bf16 against e4m3 cache", *POINT,
                     C("bf16_us", "float", "bf16 time"), C("fp8_us", "float", "e4m3 time"),
                     C("fp8_over_bf16", "float", "their ratio"), environment=False)

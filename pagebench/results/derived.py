@@ -26,13 +26,27 @@ def tally(verdicts: Iterable[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Recommendation:
-    """The block size that maximises utilisation / relative kernel time (its score table is the
-    derived dataset ``recommendation``)."""
+    """The block size with the best KV utilisation x relative decode speed on a workload, the
+    block sizes it does not beat outside the noise, and the data behind both (its score table
+    is the derived dataset ``recommendation``; :mod:`pagebench.analysis.advice`)."""
 
     block_size: int
-    utilisation: float
-    relative_kernel_time: float
-    score: float
-    within_2pct: tuple[int, ...]  # block sizes whose score is within 2% of the best
-    kernel_device: str | None  # the device whose kernel curve was used; None: no kernel data
-    kernel_measured: bool
+    utilisation: float  # on ``workload``
+    tied: tuple[int, ...]  # block sizes whose score interval reaches the best's (it included)
+    basis: str  # the speed data: device, commit, batch, repeats; or why there is none
+    workload: str  # the lengths the utilisation was computed on
+    speed_measured: bool
+    excluded: tuple[int, ...] = ()  # block sizes a backend constraint ruled out
+    multiple_of: int | None = None  # that constraint
+
+    @property
+    def no_winner(self) -> bool:
+        return len(self.tied) > 1
+
+    def words(self) -> str:
+        """``block size 16``, or ``no winner within noise: blocks 16–128 (these tie: 16, 128;
+        best median 16)``."""
+        if not self.no_winner:
+            return f"block size {self.block_size}"
+        return (f"no winner within noise: blocks {self.tied[0]}–{self.tied[-1]} "
+                f"(these tie: {', '.join(map(str, self.tied))}; best median {self.block_size})")

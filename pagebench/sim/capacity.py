@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
+
 from pagebench.config import (PRESETS, KVGeometry, ceil_div, config_json_path, dtype_bytes,
                               parse_bytes, preset_key, read_config_json, unknown_model)
 from pagebench.defaults import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_NUM_SEQS,
@@ -114,6 +116,9 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
     ``kv_dtype`` (default ``dtype``): the KV cache's dtype, e.g. ``"fp8_e4m3"`` (one byte per
     element: twice the tokens of a bf16 cache in the same memory).
     ``kv_cache_bytes`` skips the memory arithmetic and sizes the cache directly (per GPU).
+    ``lengths``: a :func:`~pagebench.sim.workloads.sample_lengths` spec (``num_seqs`` drawn
+    with ``seed``), or the lengths themselves (a user's requests, each used once, none above
+    ``max_model_len``).
     Sizes accept ints or strings such as ``"16GiB"`` (binary) and ``"16GB"`` (decimal).
     Returns a flat dict (the JSON of ``pagebench capacity --json``).
     """
@@ -175,7 +180,11 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
     if num_blocks < 1:
         raise ConfigError(f"kv_cache_bytes: {cache:,} B holds no block of {rank_block:,} B")
     cacheable = num_blocks * block_size
-    sample = sample_lengths(lengths, num_seqs, seed, max_model_len)
+    if isinstance(lengths, str):
+        sample = sample_lengths(lengths, num_seqs, seed, max_model_len)
+    else:
+        sample = given_lengths(lengths, max_model_len)
+        num_seqs, lengths = int(sample.size), f"{sample.size:,} given lengths"
     mean_slots = {a: float(reserved_slots(a, sample, max_model_len, block_size).mean())
                   for a in ("naive", "pow2", "oracle", "paged")}
     concurrency = {a: int(cacheable // s) for a, s in mean_slots.items()}
@@ -214,6 +223,17 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
         "blocks_vs_tp1": num_blocks / blocks_tp1 if blocks_tp1 else None,
         "notes": notes,
     }
+
+
+def given_lengths(lengths, max_model_len: int) -> np.ndarray:
+    """``lengths`` as int64, each checked to lie in ``1..max_model_len``."""
+    sample = np.asarray(lengths, dtype=np.int64)
+    if sample.ndim != 1 or sample.size == 0:
+        raise ConfigError("lengths: need a non-empty list of lengths")
+    if sample.min() < 1 or sample.max() > max_model_len:
+        raise ConfigError(f"lengths: every length must lie in 1..max_model_len = "
+                          f"{max_model_len:,}; the longest is {int(sample.max()):,}")
+    return sample
 
 
 def _size(value) -> str:

@@ -92,6 +92,7 @@ import numpy as np
 from pagebench.config import ceil_div
 from pagebench.defaults import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_NUM_REQUESTS,
                                 REFERENCE_SEED)
+from pagebench.sim.columns import DYNAMIC_LEGEND, legend_lines
 from pagebench.errors import ConfigError
 from pagebench.results.datasets import MEMORY_DYNAMIC_SUMMARY, MEMORY_DYNAMIC_TIMELINE
 from pagebench.sim.dynamic_loops import (WINDOW_FIELDS, RunStats, Window, simulate_contiguous,
@@ -392,7 +393,7 @@ def format_dynamic_table(result: DynamicResult) -> str:
              "mean share of the budget over all steps:",
              f"{'allocator':<18}{'tokens':>8}{'reserved':>10}{'internal':>10}{'external':>10}"
              f"{'free':>7}{'util':>7}{'conc':>8}{'peak':>6}{'tok/step':>10}{'refused':>9}"
-             f"{'frag-ref':>9}{'preempt':>9}{'steps':>9}"]
+             f"{'waited':>8}{'frag-ref':>9}{'wait':>8}{'preempt':>9}{'steps':>9}"]
     for r in result.summary:
         name = r["label"]
         lines.append(
@@ -400,8 +401,11 @@ def format_dynamic_table(result: DynamicResult) -> str:
             f"{r['internal_fragmentation_fraction']:>10.1%}"
             f"{r['external_fragmentation_fraction']:>10.1%}{r['free_fraction']:>7.1%}"
             f"{r['allocated_utilisation'] or 0:>7.1%}{r['mean_concurrency']:>8.1f}"
-            f"{r['peak_concurrency']:>6}{r['tokens_per_step']:>10.1f}{r['num_refused']:>9,}"
-            f"{r['refused_with_enough_free']:>9,}{r['num_preemptions']:>9,}{r['num_steps']:>9,}")
+            f"{r['peak_concurrency']:>6}{r['tokens_per_step']:>10.1f}"
+            + (f"{'-':>9}{r['num_refused']:>8,}" if r["allocator"] == "paged"
+               else f"{r['num_refused']:>9,}{'-':>8}")
+            + f"{r['refused_with_enough_free']:>9,}{r.get('mean_wait_steps') or 0:>8.1f}"
+            f"{r['num_preemptions']:>9,}{r['num_steps']:>9,}")
     lines += ["", "while requests wait (memory-bound steps):",
               f"{'allocator':<18}{'tokens':>8}{'reserved':>10}{'internal':>10}{'external':>10}"
               f"{'free':>7}{'share of steps':>16}"]
@@ -421,7 +425,5 @@ def format_dynamic_table(result: DynamicResult) -> str:
         lines += ["", "prefix caching (prompt tokens served from cache / prompt tokens):"]
         lines += [f"{r['label']:<18}hit rate {r['prefix_cache_hit_rate']:.1%}, "
                   f"{r['prefix_blocks_saved']:,} blocks taken from the cache" for r in cached]
-    lines += ["", "tokens = token states, reserved = reserved for future tokens, internal/external "
-              "= fragmentation, util = tokens / allocated, frag-ref = requests refused while "
-              "enough total memory was free"]
+    lines += ["", "columns:", *legend_lines(DYNAMIC_LEGEND)]
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import numpy as np
 from pagebench.config import ceil_div
 from pagebench.defaults import BLOCK_SIZES
 from pagebench.errors import ConfigError
+from pagebench.sim.columns import STATIC_LEGEND, legend_lines
 from pagebench.results.datasets import MEMORY_MAX_LEN, MEMORY_STATIC
 
 
@@ -71,7 +72,7 @@ def format_static_table(result: dict) -> str:
         name = row["allocator"] + (f" (block={row['block_size']})" if row["block_size"] else "")
         lines.append(f"{name:<18}{row['allocated_slots']:>17,}{row['utilisation']:>12.1%}"
                      f"{row['wasted_slots_per_seq']:>11.1f}")
-    return "\n".join(lines)
+    return "\n".join(lines + ["", "columns:", *legend_lines(STATIC_LEGEND)])
 
 
 def utilisation_rows(workload: str, num_seqs: int, seed: int, max_len: int,

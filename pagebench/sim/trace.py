@@ -4,15 +4,9 @@ A workload is a table of requests sorted by arrival step, each with a prompt len
 length and a number of parallel samples ``n`` (all samples of a request share its prompt and,
 in this model, its output length). Time is measured in decode steps.
 
-Trace files (CSV with a header, or JSONL) need three columns, under any of these names:
-
-- arrival: ``arrival``, ``arrival_step``, ``arrival_time``, ``timestamp`` (steps, >= 0; floats
-  are floored),
-- prompt length: ``prompt_len``, ``prompt_tokens``, ``prompt_length``, ``input_len``,
-  ``input_tokens``,
-- output length: ``output_len``, ``output_tokens``, ``output_length``, ``completion_tokens``;
-
-and optionally ``n`` (parallel samples, default 1).
+Trace files (CSV with a header, or JSONL) need three columns, under any of the names of
+:mod:`pagebench.sim.columns`: an arrival (steps, >= 0; floats are floored), a prompt length and
+an output length; and optionally ``n`` (parallel samples, default 1).
 """
 
 from __future__ import annotations
@@ -27,11 +21,9 @@ import numpy as np
 
 from pagebench.defaults import MAX_SAMPLES, REFERENCE_LENGTHS, REFERENCE_MAX_LEN
 from pagebench.errors import ConfigError, check_positive_int
+from pagebench.sim.columns import ARRIVAL_COLUMNS, OUTPUT_COLUMNS, PROMPT_COLUMNS
 from pagebench.sim.workloads import sample_lengths
 
-ARRIVAL_COLUMNS = ("arrival", "arrival_step", "arrival_time", "timestamp")
-PROMPT_COLUMNS = ("prompt_len", "prompt_tokens", "prompt_length", "input_len", "input_tokens")
-OUTPUT_COLUMNS = ("output_len", "output_tokens", "output_length", "completion_tokens")
 # The largest token count or arrival step a trace may hold: far beyond any real request, held
 # exactly as a float, and small enough that the simulators' sums and products of such values
 # stay inside int64.
@@ -133,7 +125,8 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LE
     a prompt of ``round(prompt_fraction * length)`` tokens (at least 1) and the rest as output
     (at least 1): a drawn length of 1 becomes 2, and ``source`` says how many did. Give both
     ``prompt_lengths`` (at most ``max_len - 1``) and ``output_lengths`` to draw them separately
-    instead: a sum above ``max_len`` is clipped to it by shortening the output, and counted in
+    instead (a file of requests gives its prompt or output column to each, so one
+    ``request_id,prompt_tokens,output_tokens`` CSV serves both): a sum above ``max_len`` is clipped to it by shortening the output, and counted in
     ``num_clipped`` (``max_model_len`` is then ``max_len``).
     """
     check_positive_int("num_requests", num_requests)
@@ -157,9 +150,9 @@ def poisson_workload(num_requests: int, rate: float, lengths: str = REFERENCE_LE
                   + (f", {raised:,} length(s) of 1 raised to 2" if raised else ""))
     else:
         prompt = sample_lengths(prompt_lengths, num_requests, seed, max_len - 1,
-                                option="prompt_lengths", limit="max_len - 1")
+                                option="prompt_lengths", limit="max_len - 1", part="prompt")
         drawn = sample_lengths(output_lengths, num_requests, seed + 1, max_len - 1,
-                               option="output_lengths", limit="max_len - 1")
+                               option="output_lengths", limit="max_len - 1", part="output")
         output = np.minimum(drawn, max_len - prompt)  # >= 1: prompt <= max_len - 1
         clipped = {"max_model_len": max_len, "num_clipped": int((output != drawn).sum())}
         source = f"poisson(rate={rate:g}/step), prompt {prompt_lengths}, output {output_lengths}"

@@ -269,7 +269,7 @@ class LLMEngine:
         """
         sched, bm = self.scheduler, self.block_manager
         if not sched.has_work:
-            return StepOutput({}, [])
+            return StepOutput({}, [], [])
         step_start = time.perf_counter()
         try:
             batch = sched.schedule()
@@ -282,7 +282,8 @@ class LLMEngine:
             bm.blocks_written()
             record = self._record_step(batch)
             sampled = [batch.seqs[r] for r in rows]
-            out = self._sample_and_advance(sampled, logits) if sampled else StepOutput({}, [])
+            out = self._sample_and_advance(sampled, logits) if sampled else StepOutput({}, [], [])
+            out.scheduled = list(dict.fromkeys(seq.request_id for seq in batch.seqs))
         except BaseException:
             self.abort_all()
             raise
@@ -326,7 +327,7 @@ class LLMEngine:
             logits = logits[torch.tensor(rows, device=logits.device)]
         tokens = sample(logits, [s.params for s in all_seqs], [s.generator for s in all_seqs])
         tokens = self.tp.broadcast_tokens(tokens)  # rank 0's draw: every rank's tables agree
-        out = StepOutput({}, [])
+        out = StepOutput({}, [], [])
         for seq, token in zip(all_seqs, tokens):
             seq.token_ids.append(token)
             out.new_tokens.setdefault(seq.request_id, []).append(token)
@@ -350,6 +351,11 @@ class LLMEngine:
         self._requests.clear()
 
     # ---- run statistics ------------------------------------------------------------------
+    @property
+    def step_records(self) -> list[StepRecord]:
+        """The steps of the run since ``begin_stats``, the latest last."""
+        return self._recorder.steps
+
     def begin_stats(self) -> None:
         """Start a run: ``end_stats`` summarises the steps from here."""
         self._recorder = StatsRecorder()
@@ -400,10 +406,12 @@ class LLMEngine:
 @dataclass(slots=True)
 class StepOutput:
     """One step's result: request id -> tokens sampled for it this step (one per completion
-    that ran), and the requests that finished, in the order they finished."""
+    that ran), the requests that finished (in the order they finished), and the ids of the
+    requests the step scheduled (prefill chunks included: those sample nothing yet)."""
 
     new_tokens: dict[int, list[int]]
     finished: list[RequestOutput]
+    scheduled: list[int]
 
 
 def _progress(total: int, enabled: bool):

@@ -68,3 +68,16 @@ def test_bad_request_queues_nothing(model):
         with pytest.raises(ConfigError, match=message):
             engine.add_request(prompt, params)
         assert not engine.has_unfinished_requests and not engine.scheduler.has_work
+
+
+def test_reset_prefix_cache_forgets_what_a_run_left(model):
+    engine = LLMEngine(model, block_size=16, num_blocks=64, enable_prefix_caching=True)
+    prompt = list(range(1, 50))
+    params = SamplingParams(max_tokens=2, ignore_eos=True)
+    engine.generate([prompt], params)
+    engine.generate([prompt], params)
+    assert engine.stats.prefix_cache_hit_rate > 0
+    assert engine.reset_prefix_cache() == 3  # the prompt's three full blocks
+    engine.generate([prompt], params)
+    assert engine.stats.prefix_cache_hit_rate == 0
+    assert engine.block_manager.num_free_blocks == 64

@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "pagebench.cli.parallel",
     "pagebench.cli.report",
     "pagebench.cli.benchcompare",
+    "pagebench.cli.serve",
 )
 # what a user can fix: one line and exit status 2 (anything else is a bug: a traceback); torch
 # failing to allocate becomes a MemoryError (options.allocating): a run too large for here

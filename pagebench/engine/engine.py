@@ -350,6 +350,11 @@ class LLMEngine:
         self.block_manager.take_copies()
         self._requests.clear()
 
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix no running request holds (``BlockPool``); returns how
+        many blocks were forgotten."""
+        return self.block_manager.pool.reset_prefix_cache()
+
     # ---- run statistics ------------------------------------------------------------------
     @property
     def step_records(self) -> list[StepRecord]:

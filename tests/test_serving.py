@@ -10,8 +10,8 @@ import pytest
 
 from pagebench.engine.sampling import RequestOutput, SamplingParams
 from pagebench.errors import ConfigError
-from pagebench.measure.serving import (RequestTiming, ServingRequest, arrival_times,
-                                       run_serving, serving_metrics)
+from pagebench.measure.serving import ServingRequest, arrival_times, run_serving
+from pagebench.sim.latency import RequestTiming, serving_metrics
 
 STEP_S = 0.1
 

@@ -65,8 +65,9 @@ def register(sub) -> None:
         "admitted as they come, and each one's first token, every token and finish are timed. "
         "Latency as vLLM's serving benchmark defines it (docs/serving.md). One row per rate "
         "and configuration.")
-    p.add_argument("--trace", default="azure-code",
-                   help=f"{', '.join(TRACES)} or a trace file (default %(default)s)")
+    p.add_argument("--trace", type=name_list, default=["azure-code"],
+                   help=f"{', '.join(TRACES)} or a trace file; several comma-separated, "
+                   "served by the same engines (default azure-code)")
     p.add_argument("--rates", type=rate_list, default=None,
                    help="requests/s, comma-separated (inf: all at once); default: the trace's "
                    "own times divided by --time-scale")
@@ -157,6 +158,14 @@ def load_serving_model(name: str, device: str, dtype_name: str | None):
     return load_model(name, dtype=dtype, device=device), name
 
 
+def save(args, rows: list[dict], steps: list[dict]) -> None:
+    """Write what is measured so far (after each configuration: a long run cut short keeps
+    its finished configurations)."""
+    write_results(args.out, rows)
+    if args.steps_out:
+        write_results(args.steps_out, steps)
+
+
 def run(args) -> int:
     check_args(args)
     from pagebench.engine.bench import mode_options
@@ -169,28 +178,27 @@ def run(args) -> int:
     with allocating(f"serve-bench of {args.num_requests:,} requests"), \
             cpu_threads(args.threads if device == "cpu" else None):
         model, label = load_serving_model(args.model, device, args.dtype)
-        requests = trace_requests(args.trace, args.num_requests, model.config.vocab_size,
-                                  max_model_len=args.max_model_len,
-                                  max_output_len=args.max_output_len, seed=args.seed)
+        traces = [trace_requests(trace, args.num_requests, model.config.vocab_size,
+                                 max_model_len=args.max_model_len,
+                                 max_output_len=args.max_output_len, seed=args.seed)
+                  for trace in args.trace]
         options = dict(max_num_seqs=args.max_num_seqs,
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        kv_cache_memory=args.kv_cache_memory) | mode_options(args.mode)
-        runs = len(configs) * (len(args.rates) if args.rates and not args.find_max_rate else 1)
+        runs = len(configs) * len(traces) * (
+            len(args.rates) if args.rates and not args.find_max_rate else 1)
         bar = progress(runs * args.num_requests if not args.find_max_rate else None,
                        "requests served")
         try:
             rows, steps = serve_bench(
-                model, requests, configs, args.rates or [None],
+                model, traces, configs, args.rates or [None],
                 poisson=args.arrival == "poisson", time_scale=args.time_scale,
                 slo_ttft_ms=args.slo_ttft, slo_tpot_ms=args.slo_tpot,
                 find_max_rate=args.find_max_rate, attainment=args.slo_attainment,
                 engine_options=options, mode=args.mode, model_name=label,
                 environment=environment(device) | dict(torch_threads=args.threads),
-                progress=bar)
+                progress=bar, on_config=lambda rows, steps: save(args, rows, steps))
         finally:
             bar.close()
-    write_results(args.out, rows)
-    if args.steps_out:
-        write_results(args.steps_out, steps)
     print(dumps(rows) if args.json else format_table(rows, TABLE))
     return 0

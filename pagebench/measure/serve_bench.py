@@ -14,6 +14,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from pagebench.engine.bench import release_memory
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.engine.trace_replay import synthesise_prompts
@@ -25,6 +26,8 @@ from pagebench.sim.real_traces import read_timed_trace
 
 WARMUP_PROMPT_LEN = 64
 DEFAULT_SLO_ATTAINMENT = 0.9  # a rate "meets the SLO" when this share of requests does
+STEP_LABELS = ("model", "trace", "request_rate", "block_size", "kv_cache_dtype",
+               "prefix_caching", "mode")
 SEARCH_STEPS = 4  # bisections between the last rate that met the SLO and the first that missed
 
 
@@ -128,19 +131,21 @@ def rates_to_search(first: float) -> itertools.count:
     return (first * 2 ** k for k in itertools.count())
 
 
-def serve_bench(model, requests: TraceRequests, configs: list[ServeConfig], rates, *,
+def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], rates, *,
                 poisson: bool = False, time_scale: float = 1.0, slo_ttft_ms=None,
                 slo_tpot_ms=None, find_max_rate: bool = False,
                 attainment: float = DEFAULT_SLO_ATTAINMENT, engine_options: dict | None = None,
-                mode: str | None = None, model_name: str | None = None, environment: dict | None = None, progress=None,
-                max_search_runs: int = 12) -> tuple[list[dict], list[dict]]:
-    """serve_bench rows (one per rate x configuration) and serve_steps rows.
+                mode: str | None = None, model_name: str | None = None, environment=None,
+                progress=None, max_search_runs: int = 12,
+                on_config=None) -> tuple[list[dict], list[dict]]:
+    """serve_bench rows (one per configuration x trace x rate) and serve_steps rows.
 
-    ``rates``: requests/s (``math.inf``: all at once; None: the trace's own times divided by
-    ``time_scale``). ``find_max_rate``: from ``rates[0]``, double until the SLO is missed
-    (fewer than ``attainment`` of the requests meet every SLO), then bisect
-    ``SEARCH_STEPS`` times; every probe is a row, the largest rate meeting it marked
-    ``max_rate_at_slo`` in ``note``."""
+    One engine per configuration serves every trace. ``rates``: requests/s (``math.inf``: all
+    at once; None: the trace's own times divided by ``time_scale``). ``find_max_rate``: from
+    ``rates[0]``, double until the SLO is missed (fewer than ``attainment`` of the requests
+    meet every SLO), then bisect ``SEARCH_STEPS`` times; every probe is a row, the largest
+    rate meeting it marked ``max_rate_at_slo`` in ``note``. ``on_config(rows, steps)`` is
+    called with everything so far after each configuration (to save partial results)."""
     if find_max_rate and slo_ttft_ms is None and slo_tpot_ms is None:
         raise ConfigError("find_max_rate: give an SLO (slo_ttft_ms or slo_tpot_ms) to search for")
     if find_max_rate and (not rates or rates[0] is None or math.isinf(rates[0])):
@@ -148,35 +153,42 @@ def serve_bench(model, requests: TraceRequests, configs: list[ServeConfig], rate
     engine_options = engine_options or {}
     rows, step_rows = [], []
     base = (environment or {}) | dict(
-        trace=requests.trace, arrival="poisson" if poisson else "trace",
-        num_requests=len(requests.prompts), model=model_name or model_label(model),
-        max_model_len=requests.max_model_len, max_output_len=requests.max_output_len,
-        seed=requests.seed, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
-        time_scale=time_scale, mode=mode,
+        arrival="poisson" if poisson else "trace", model=model_name or model_label(model),
+        slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, time_scale=time_scale, mode=mode,
         max_num_seqs=engine_options.get("max_num_seqs"),
         max_num_batched_tokens=engine_options.get("max_num_batched_tokens"))
+    device = next(model.parameters()).device
+    max_model_len = max(t.max_model_len for t in traces)
     for config in configs:
-        engine = build_engine(model, config, max_model_len=requests.max_model_len,
+        engine = build_engine(model, config, max_model_len=max_model_len,
                               engine_options=engine_options)
-        labels = dict(block_size=config.block_size, kv_cache_dtype=config.kv_cache_dtype,
-                      prefix_caching=config.prefix_caching)
+        labels = base | dict(block_size=config.block_size,
+                             kv_cache_dtype=config.kv_cache_dtype,
+                             prefix_caching=config.prefix_caching)
+        for requests in traces:
+            def measure(rate, requests=requests):
+                metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
+                                            time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
+                                            slo_tpot_ms=slo_tpot_ms, progress=progress)
+                asked = rate if rate is not None else requests.trace_rate * time_scale
+                run = labels | dict(trace=requests.trace, num_requests=len(requests.prompts),
+                                    max_model_len=requests.max_model_len,
+                                    max_output_len=requests.max_output_len,
+                                    seed=requests.seed, request_rate=asked)
+                rows.append(SERVE_BENCH.row(**run | metrics))
+                step_rows.extend(SERVE_STEPS.row(**{k: run[k] for k in STEP_LABELS} | s)
+                                 for s in steps)
+                return rows[-1]
 
-        def measure(rate):
-            metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
-                                        time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
-                                        slo_tpot_ms=slo_tpot_ms, progress=progress)
-            asked = rate if rate is not None else requests.trace_rate * time_scale
-            rows.append(SERVE_BENCH.row(**base | labels | metrics | dict(request_rate=asked)))
-            step_rows.extend(SERVE_STEPS.row(**labels | dict(
-                model=base["model"], trace=requests.trace, request_rate=rate, mode=mode) | s)
-                for s in steps)
-            return rows[-1]
-
-        if not find_max_rate:
-            for rate in rates:
-                measure(rate)
-            continue
-        search_max_rate(measure, rates[0], attainment, max_search_runs)
+            if find_max_rate:
+                search_max_rate(measure, rates[0], attainment, max_search_runs)
+            else:
+                for rate in rates:
+                    measure(rate)
+        engine = None  # the closures above hold the cell, not the engine
+        release_memory(device)
+        if on_config is not None:
+            on_config(rows, step_rows)
     return rows, step_rows
 
 

@@ -125,6 +125,22 @@ def register(sub) -> None:
     add_output_options(p, "rows")
     p.set_defaults(func=run)
 
+    f = sub.add_parser(
+        "step-cost-fit", help="fit the step-cost model on serve-bench steps; score the "
+        "simulator it drives against measured serve-bench rows",
+        description="Fit step_ms = base + per prefill token + per decoding sequence + per 1,000 "
+        "context tokens (non-negative least squares, one model per model x block size x cache "
+        "dtype x mode) on the steps serve-bench --steps-out wrote. With --validate, every "
+        "measured serve-bench row is re-run in the simulator (same requests, rate and engine "
+        "limits) with its model, and the error of p50/p99 TTFT and TPOT is printed.")
+    f.add_argument("steps", help="serve_steps CSV (serve-bench --steps-out)")
+    f.add_argument("--validate", metavar="CSV", default=None,
+                   help="serve_bench CSV of measured runs to predict and compare")
+    f.add_argument("--predictions-out", metavar="FILE", default=None,
+                   help="--validate: also write the predicted serve_bench rows to FILE")
+    add_output_options(f, "fitted models")
+    f.set_defaults(func=fit)
+
 
 def check_args(args) -> None:
     if args.find_max_rate:
@@ -201,4 +217,56 @@ def run(args) -> int:
         finally:
             bar.close()
     print(dumps(rows) if args.json else format_table(rows, TABLE))
+    return 0
+
+
+FIT_TABLE = [("model", "model", 0), ("block_size", "block", 0), ("kv_cache_dtype", "KV dtype", 0),
+             ("mode", "mode", 0), ("base_ms", "base (ms)", 3),
+             ("prefill_token_ms", "per prefill token (ms)", 5),
+             ("decode_seq_ms", "per decode seq (ms)", 4),
+             ("context_ktoken_ms", "per 1k context (ms)", 4), ("num_steps", "steps", 0),
+             ("rel_err_median", "median error", 3)]
+ERROR_TABLE = [("trace", "trace", 0), ("block_size", "block", 0),
+               ("kv_cache_dtype", "KV dtype", 0), ("prefix_caching", "prefix cache", 0),
+               ("request_rate", "rate", 2), ("metric", "metric", 0),
+               ("measured_ms", "measured (ms)", 2), ("predicted_ms", "predicted (ms)", 2),
+               ("rel_err", "error", 3)]
+
+
+def fit(args) -> int:
+    import pandas as pd
+
+    from pagebench.measure.step_cost import (cost_model, fit_step_cost, predict_serve_bench,
+                                             prediction_errors)
+    from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
+
+    for option, path in (("--out", args.out), ("--predictions-out", args.predictions_out)):
+        check_output_file(option, path)
+    steps = pd.read_csv(args.steps)  # not validate(): identical steps are not duplicates
+    missing = [n for n in SERVE_STEPS.required if n not in steps]
+    if missing:
+        raise ValueError(f"{args.steps}: not serve-bench steps (no {', '.join(missing)})")
+    env = {k: steps[k].iloc[0] for k in ("device", "device_name", "torch_version",
+                                         "pagebench_version", "commit") if k in steps}
+    rows = fit_step_cost(steps, env)
+    write_results(args.out, rows)
+    print(dumps(rows) if args.json else format_table(rows, FIT_TABLE))
+    if args.validate:
+        measured = SERVE_BENCH.validate(pd.read_csv(args.validate), args.validate)
+        if "predicted" in measured:
+            measured = measured[measured["predicted"] != True]  # noqa: E712 -- NaN is measured
+        models = {(r["model"], r["block_size"], r["kv_cache_dtype"], r["mode"] or None): r
+                  for r in rows}
+        pairs = []
+        for m in measured.to_dict("records"):
+            mode = m.get("mode") if isinstance(m.get("mode"), str) else None
+            model = models.get((m["model"], m["block_size"], m["kv_cache_dtype"], mode))
+            if model is not None:
+                pairs.append((m, predict_serve_bench(m, cost_model(model))))
+        if not pairs:
+            raise ValueError(f"--validate: no row of {args.validate} has a fitted model")
+        write_results(args.predictions_out, [p for _, p in pairs])
+        errors = prediction_errors([m for m, _ in pairs], [p for _, p in pairs])
+        print()
+        print(dumps(errors) if args.json else format_table(errors, ERROR_TABLE))
     return 0

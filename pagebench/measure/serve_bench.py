@@ -24,7 +24,8 @@ from pagebench.measure.serving import (ServingRequest, arrival_times, run_servin
 from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 from pagebench.sim.real_traces import read_timed_trace
 
-WARMUP_PROMPT_LEN = 64
+# warm-up prompt lengths (clipped to the engine's limit): short and long prefills, a chunked one
+WARMUP_PROMPT_LENS = (16, 100, 700, 3000)
 DEFAULT_SLO_ATTAINMENT = 0.9  # a rate "meets the SLO" when this share of requests does
 STEP_LABELS = ("model", "trace", "request_rate", "block_size", "kv_cache_dtype",
                "prefix_caching", "mode")
@@ -68,12 +69,19 @@ class TraceRequests:
                 for t, p, n in zip(times.tolist(), self.prompts, self.output_len)]
 
 
+def trace_sample(trace: str, num_requests: int, *, max_model_len: int,
+                 max_output_len: int | None, seed: int = 0):
+    """(trace-time arrivals in seconds, the clipped Workload) of a seeded sample."""
+    sample = read_timed_trace(trace).sample(num_requests, seed)
+    return sample.arrival_s, sample.to_workload(max_model_len=max_model_len,
+                                                max_output_len=max_output_len)
+
+
 def trace_requests(trace: str, num_requests: int, vocab_size: int, *, max_model_len: int,
                    max_output_len: int | None, seed: int = 0) -> TraceRequests:
-    sample = read_timed_trace(trace).sample(num_requests, seed)
-    workload = sample.to_workload(max_model_len=max_model_len, max_output_len=max_output_len)
-    return TraceRequests(trace, sample.arrival_s.tolist(),
-                         synthesise_prompts(workload, vocab_size, seed),
+    arrival, workload = trace_sample(trace, num_requests, max_model_len=max_model_len,
+                                     max_output_len=max_output_len, seed=seed)
+    return TraceRequests(trace, arrival.tolist(), synthesise_prompts(workload, vocab_size, seed),
                          workload.output_len.tolist(), max_model_len, max_output_len, seed)
 
 
@@ -84,15 +92,17 @@ def model_label(model) -> str:
 
 def build_engine(model, config: ServeConfig, *, max_model_len: int, engine_options: dict,
                  ) -> LLMEngine:
-    """An engine for ``config``, warmed up (kernels compiled, an fp8 cache calibrated) on two
-    short random requests, its prefix cache emptied after."""
+    """An engine for ``config``, warmed up (kernels compiled for short, long and chunked
+    prefills and for decode batches, an fp8 cache calibrated) on a few requests, its prefix
+    cache emptied after."""
     engine = LLMEngine(model, block_size=config.block_size,
                        kv_cache_dtype=config.kv_cache_dtype,
                        enable_prefix_caching=config.prefix_caching,
                        max_model_len=max_model_len, **engine_options)
     vocab = model.config.vocab_size
-    warm = [[(7 * i + 13 * j) % vocab for j in range(WARMUP_PROMPT_LEN)] for i in (1, 2)]
-    engine.generate(warm, SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    lens = sorted({max(1, min(n, max_model_len - 8)) for n in WARMUP_PROMPT_LENS})
+    warm = [[(7 * i + 13 * j) % vocab for j in range(n)] for i, n in enumerate(lens)]
+    engine.generate(warm, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     engine.reset_prefix_cache()
     return engine
 

@@ -226,18 +226,16 @@ FIT_TABLE = [("model", "model", 0), ("block_size", "block", 0), ("kv_cache_dtype
              ("decode_seq_ms", "per decode seq (ms)", 4),
              ("context_ktoken_ms", "per 1k context (ms)", 4), ("num_steps", "steps", 0),
              ("rel_err_median", "median error", 3)]
-ERROR_TABLE = [("trace", "trace", 0), ("block_size", "block", 0),
-               ("kv_cache_dtype", "KV dtype", 0), ("prefix_caching", "prefix cache", 0),
-               ("request_rate", "rate", 2), ("metric", "metric", 0),
-               ("measured_ms", "measured (ms)", 2), ("predicted_ms", "predicted (ms)", 2),
-               ("rel_err", "error", 3)]
+ERROR_TABLE = [("machine", "machine", 0), ("model", "model", 0), ("trace", "trace", 0),
+               ("metric", "metric", 0), ("median_abs_err", "median |error|", 3),
+               ("max_abs_err", "largest |error|", 3), ("points", "points", 0)]
 
 
 def fit(args) -> int:
     import pandas as pd
 
-    from pagebench.measure.step_cost import (cost_model, fit_step_cost, predict_serve_bench,
-                                             prediction_errors)
+    from pagebench.analysis.serving import error_summary, prediction_table
+    from pagebench.measure.step_cost import cost_model, fit_step_cost, predict_serve_bench
     from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 
     for option, path in (("--out", args.out), ("--predictions-out", args.predictions_out)):
@@ -266,7 +264,8 @@ def fit(args) -> int:
         if not pairs:
             raise ValueError(f"--validate: no row of {args.validate} has a fitted model")
         write_results(args.predictions_out, [p for _, p in pairs])
-        errors = prediction_errors([m for m, _ in pairs], [p for _, p in pairs])
+        both = pd.DataFrame([m for m, _ in pairs] + [p for _, p in pairs])
+        errors = error_summary(prediction_table(both)).to_dict("records")
         print()
         print(dumps(errors) if args.json else format_table(errors, ERROR_TABLE))
     return 0

@@ -109,7 +109,8 @@ def build_engine(model, config: ServeConfig, *, max_model_len: int, engine_optio
 
 def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *,
                poisson: bool, time_scale: float, slo_ttft_ms: float | None,
-               slo_tpot_ms: float | None, progress=None) -> tuple[dict, list[dict]]:
+               slo_tpot_ms: float | None, attainment: float = DEFAULT_SLO_ATTAINMENT,
+               progress=None) -> tuple[dict, list[dict]]:
     """One run: its serve_bench metrics (no configuration columns) and its steps' rows."""
     engine.reset_prefix_cache()
     run = run_serving(engine, requests.at_rate(rate, poisson=poisson, time_scale=time_scale),
@@ -124,12 +125,21 @@ def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *
                     num_preemptions=stats.num_preemptions,
                     prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
                     num_steps=len(stats.steps))
+    metrics |= slo_verdict(metrics, slo_ttft_ms, slo_tpot_ms, attainment)
     steps = [dict(num_prefill_tokens=s.record.num_prefill_tokens,
                   num_decode_seqs=s.record.num_decode_seqs,
                   num_context_tokens=s.record.num_context_tokens,
                   batch_size=s.record.batch_size,
                   step_time_ms=(s.end_s - s.start_s) * 1e3) for s in run.steps]
     return metrics, steps
+
+
+def slo_verdict(metrics: dict, slo_ttft_ms, slo_tpot_ms, attainment: float) -> dict:
+    """``meets_slo`` (None without an SLO) and the ``slo_attainment`` it was judged at."""
+    if slo_ttft_ms is None and slo_tpot_ms is None:
+        return dict(meets_slo=None, slo_attainment=None)
+    return dict(meets_slo=metrics["num_good_requests"] >= attainment * metrics["num_requests"],
+                slo_attainment=attainment)
 
 
 def meets_slo(row: dict, attainment: float) -> bool:
@@ -179,7 +189,8 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
             def measure(rate, requests=requests):
                 metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
                                             time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
-                                            slo_tpot_ms=slo_tpot_ms, progress=progress)
+                                            slo_tpot_ms=slo_tpot_ms, attainment=attainment,
+                                            progress=progress)
                 asked = rate if rate is not None else requests.trace_rate * time_scale
                 run = labels | dict(trace=requests.trace, num_requests=len(requests.prompts),
                                     max_model_len=requests.max_model_len,

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from pagebench.errors import ConfigError
-from pagebench.measure.serve_bench import trace_sample
+from pagebench.measure.serve_bench import slo_verdict, trace_sample
 from pagebench.measure.serving import arrival_times
 from pagebench.results.datasets import SERVE_BENCH, STEP_COST
 from pagebench.sim.latency import serving_metrics
@@ -26,7 +26,6 @@ from pagebench.sim.step_cost import COEFFICIENTS, StepCostModel
 
 GROUP = ("model", "block_size", "kv_cache_dtype", "mode")
 OUTLIER_MADS = 8.0
-COMPARED = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
 
 
 def _features(frame) -> np.ndarray:
@@ -110,24 +109,12 @@ def predict_serve_bench(row: dict, cost: StepCostModel) -> dict:
     metrics = serving_metrics(run.requests, run.duration_s,
                               slo_ttft_s=None if slo_ttft is None else slo_ttft / 1e3,
                               slo_tpot_s=None if slo_tpot is None else slo_tpot / 1e3)
+    attainment = _optional(row.get("slo_attainment"))
+    if attainment is not None:
+        metrics |= slo_verdict(metrics, slo_ttft, slo_tpot, float(attainment))
     prompt = int(workload.prompt_len.sum())
     blocks = [s.blocks_used for s in run.steps] or [0]
     return SERVE_BENCH.row(**dict(row) | metrics | dict(
         predicted=True, num_preemptions=run.num_preemptions, num_steps=len(run.steps),
         peak_blocks=max(blocks), mean_blocks=sum(blocks) / len(blocks),
         prefix_cache_hit_rate=run.num_cached_prompt_tokens / prompt if prompt else 0.0))
-
-
-def prediction_errors(measured: list[dict], predicted: list[dict]) -> list[dict]:
-    """Per pair of rows: (predicted - measured) / measured of p50 and p99 TTFT and TPOT."""
-    out = []
-    for m, p in zip(measured, predicted):
-        for name in COMPARED:
-            a, b = m.get(name), p.get(name)
-            ok = a is not None and b is not None and a == a and b == b and a > 0
-            out.append(dict(trace=m["trace"], block_size=m["block_size"],
-                            kv_cache_dtype=m["kv_cache_dtype"],
-                            prefix_caching=m["prefix_caching"],
-                            request_rate=m["request_rate"], metric=name, measured_ms=a,
-                            predicted_ms=b, rel_err=(b - a) / a if ok else math.nan))
-    return out

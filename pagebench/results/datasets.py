@@ -329,6 +329,8 @@ SERVE_BENCH = schema(
               C("max_num_batched_tokens", "int", "engine's token budget per step"),
               C("seed", "int", "sample and arrival seed"),
               C("endpoint", "str", "server URL; empty: in process"),
+              C("slo_attainment", "float", "share of requests that must meet every SLO"),
+              C("meets_slo", "bool", "num_good_requests >= slo_attainment x num_requests"),
               C("predicted", "bool", "the simulator's prediction, not a measurement")))
 SERVE_STEPS = schema(
     "serve_steps", "one engine step of a serve-bench run: what it computed and how long it "
@@ -444,7 +446,22 @@ SWEEP_WALL_SPEEDUP = schema("sweep_wall_speedup", "sweep_wall with the speedup o
                             *SWEEP_WALL.columns, C("speedup", "float", "one GPU's wall / this"),
                             environment=False)
 
+SERVING_KEY = (C("machine", "str", "device label"), MODEL, C("trace", "str", "trace"), BLOCK_SIZE,
+               C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
+               C("prefix_caching", "bool", "prefix caching on"))
+SERVING_MAX_RATE = schema(
+    "serving_max_rate", "per configuration, the largest measured request rate meeting the SLO",
+    *SERVING_KEY, C("max_rate_at_slo", "float", "requests/s; empty: no rate met it"),
+    C("rates_measured", "int", "finite rates measured"), environment=False)
+SERVING_PREDICTION = schema(
+    "serving_prediction", "a measured serve_bench point beside the simulator's prediction",
+    *SERVING_KEY, C("request_rate", "float", "requests/s"),
+    C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
+    C("measured_ms", "float", "measured"), C("predicted_ms", "float", "predicted"),
+    C("rel_err", "float", "(predicted - measured) / measured"), environment=False)
+
 DERIVED: dict[str, Schema] = {s.name: s for s in (
+    SERVING_MAX_RATE, SERVING_PREDICTION,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, RECOMMENDATION, FP8_DECODE, LAYOUT_SPREAD,
     TP_ALLREDUCE_STEP, SWEEP_WALL_SPEEDUP)}

@@ -11,6 +11,8 @@ the decode tracks read the engine's own per-step times of its decode-only steps.
 
 from __future__ import annotations
 
+import dataclasses
+
 from .common import (SkipCase, cpu_median_us, defaults, gpu_median_us, on_gpu, require,
                      require_cpu)
 
@@ -84,6 +86,8 @@ class Decode:
         for _ in range(3):
             self.run()
             stats = self.engine.stats
+            if not isinstance(stats, dict):  # EngineStats, from the engine's step() API on
+                stats = dataclasses.asdict(stats)
             if key not in stats:
                 raise SkipCase(f"engine.stats has no {key!r}")
             values.append(stats[key] if key != "decode_time_s" else

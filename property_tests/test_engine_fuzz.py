@@ -131,7 +131,7 @@ def test_engine_serves_any_small_configuration(case):
             return
     outputs = engine.generate(prompts, params)
     assert_pool_whole(engine)
-    assert max(s["batch_size"] for s in engine.stats["steps"]) <= case["engine"]["max_num_seqs"]
+    assert max(s.batch_size for s in engine.stats.steps) <= case["engine"]["max_num_seqs"]
     assert [len(r.outputs) for r in outputs] == [params.n] * len(prompts)
     for r in outputs:
         for o in r.outputs:

@@ -149,5 +149,5 @@ def test_engine_prefill_with_caching_hits_only_the_shared_prompt(suites):
     for _ in range(2):
         case.time_prefill(64, True)
         stats = case.engine.stats
-        assert stats["prefix_cache_hit_rate"] == 0.75
-        assert stats["num_computed_prompt_tokens"] == 8 * 16
+        assert stats.prefix_cache_hit_rate == 0.75
+        assert stats.num_computed_prompt_tokens == 8 * 16

@@ -64,10 +64,10 @@ def test_static_decode_equals_eager(model, block_size):
     assert static.runner.kv.shape[2] == static.num_blocks + 1  # the scratch block
     assert outputs(static, prompts, max_tokens=20) == outputs(eager, prompts, max_tokens=20)
     graphs = static.runner.decode_graphs
-    decode_steps = sum(s["num_batched_tokens"] == s["batch_size"] for s in static.stats["steps"])
+    decode_steps = sum(s.num_batched_tokens == s.batch_size for s in static.stats.steps)
     assert graphs.num_steps == decode_steps > 0
-    assert static.stats["decode_tokens_per_s"] > 0
-    assert static.stats["cuda_graphs"] is False  # built, not captured
+    assert static.stats.decode_tokens_per_s > 0
+    assert static.stats.cuda_graphs is False  # built, not captured
 
 
 def test_static_decode_with_fp8_cache_equals_eager(model):
@@ -94,7 +94,7 @@ def test_static_decode_through_preemption_and_copy_on_write(model):
     roomy = LLMEngine(model, kernel="torch", block_size=8, num_blocks=256)
     tight = static_engine(model, block_size=8, num_blocks=20)
     assert outputs(tight, [prompt], **params) == outputs(roomy, [prompt], **params)
-    assert tight.stats["num_preemptions"] > 0
+    assert tight.stats.num_preemptions > 0
     assert tight.runner.decode_graphs.num_steps > 0
 
 
@@ -115,7 +115,7 @@ def test_prefix_caching_through_static_decode(model):
     static = static_engine(model, block_size=16, num_blocks=256, enable_prefix_caching=True,
                            max_num_batched_tokens=64)
     assert outputs(static, prompts) == outputs(eager, prompts)
-    assert static.stats["prefix_cache_hit_rate"] > 0
+    assert static.stats.prefix_cache_hit_rate > 0
 
 
 def test_long_context_decodes_eagerly(model, monkeypatch):
@@ -127,7 +127,7 @@ def test_long_context_decodes_eagerly(model, monkeypatch):
     static = static_engine(model, block_size=16, num_blocks=64)
     assert static.runner.decode_graphs.max_len == 32
     assert outputs(static, prompts, max_tokens=16) == outputs(eager, prompts, max_tokens=16)
-    decode_steps = sum(s["num_batched_tokens"] == s["batch_size"] for s in static.stats["steps"])
+    decode_steps = sum(s.num_batched_tokens == s.batch_size for s in static.stats.steps)
     assert 0 < static.runner.decode_graphs.num_steps < decode_steps
 
 
@@ -240,4 +240,4 @@ def test_graphs_equal_model_generate_fp32_gpu(block_size, prefix_caching):
     assert outputs(engine, prompts, max_tokens=16) == expected
     if prefix_caching:  # the blocks the first run filled serve the second
         assert outputs(engine, prompts, max_tokens=16) == expected
-        assert engine.stats["prefix_cache_hit_rate"] > 0
+        assert engine.stats.prefix_cache_hit_rate > 0

@@ -59,9 +59,9 @@ def test_greedy_equals_transformers_torch_kernel(model, case, block_size, prefix
     # fresh_prefill=False: every prompt chunk goes through the paged prefill kernel
     assert greedy(engine, prompts, MAX_TOKENS) == expected
     stats = engine.stats
-    assert STATS_KEYS <= set(stats)
-    assert stats["num_generated_tokens"] == len(prompts) * MAX_TOKENS
-    assert stats["num_prompt_tokens"] == sum(LENGTHS)
+    assert STATS_KEYS <= {f.name for f in dataclasses.fields(stats)}
+    assert stats.num_generated_tokens == len(prompts) * MAX_TOKENS
+    assert stats.num_prompt_tokens == sum(LENGTHS)
     assert engine.block_manager.num_used_blocks == 0 or prefix  # all freed (cached may stay)
     assert all(engine.block_manager.ref_count(b) == 0 for b in range(engine.num_blocks))
 
@@ -87,9 +87,9 @@ def test_preemption_keeps_outputs_equal(model, prefix):
     engine = LLMEngine(model, block_size=16, num_blocks=14, kernel="torch",
                        enable_prefix_caching=prefix, max_num_batched_tokens=64)
     assert greedy(engine, prompts, MAX_TOKENS) == expected
-    assert engine.stats["num_preemptions"] > 0
-    assert engine.stats["peak_blocks"] <= 14
-    assert engine.stats["num_computed_prompt_tokens"] > engine.stats["num_prompt_tokens"]
+    assert engine.stats.num_preemptions > 0
+    assert engine.stats.peak_blocks <= 14
+    assert engine.stats.num_computed_prompt_tokens > engine.stats.num_prompt_tokens
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3", "mistral"])
@@ -149,7 +149,7 @@ def test_requests_with_several_samples_keep_the_batch_within_max_num_seqs(model,
     engine = LLMEngine(model, num_blocks=256, kernel="torch", max_num_seqs=max_num_seqs)
     res = engine.generate(random_prompts([3] * 8, seed=2),
                           SamplingParams(max_tokens=4, n=2, ignore_eos=True))
-    sizes = [s["batch_size"] for s in engine.stats["steps"]]
+    sizes = [s.batch_size for s in engine.stats.steps]
     assert max(sizes) == max_num_seqs - max_num_seqs % 2  # full, and never over
     assert all(len(o.token_ids) == 4 for r in res for o in r.outputs)
 
@@ -172,13 +172,13 @@ def test_n4_shares_prompt_blocks_and_matches_unshared_runs(model):
     engine = LLMEngine(model, block_size=16, num_blocks=256, kernel="torch")
     params = dict(max_tokens=24, temperature=1.0, ignore_eos=True)
     res = engine.generate([prompt], SamplingParams(n=4, seed=77, **params))[0]
-    peak4 = engine.stats["peak_blocks"]
-    assert engine.stats["num_generated_tokens"] == 4 * 24
+    peak4 = engine.stats.peak_blocks
+    assert engine.stats.num_generated_tokens == 4 * 24
     singles = []
     for i in range(4):
         out = engine.generate([prompt], SamplingParams(n=1, seed=77 + i, **params))
         singles.append(out[0].outputs[0].token_ids)
-    peak1 = engine.stats["peak_blocks"]
+    peak1 = engine.stats.peak_blocks
     assert [o.index for o in res.outputs] == [0, 1, 2, 3]
     assert [o.token_ids for o in res.outputs] == singles  # the seeding rule
     assert len({tuple(s) for s in singles}) > 1  # the completions do diverge
@@ -192,7 +192,7 @@ def test_n4_with_preemption_matches(model):
     tight = LLMEngine(model, block_size=8, num_blocks=20, kernel="torch")
     expected = [o.token_ids for o in roomy.generate([prompt], SamplingParams(n=4, **params))[0].outputs]
     got = [o.token_ids for o in tight.generate([prompt], SamplingParams(n=4, **params))[0].outputs]
-    assert tight.stats["num_preemptions"] > 0
+    assert tight.stats.num_preemptions > 0
     assert got == expected
 
 
@@ -206,10 +206,10 @@ def test_prefix_caching_shares_a_system_prompt(model):
         runs[on] = (greedy(engine, prompts, 10), engine.stats)
     (out_off, off), (out_on, on) = runs[False], runs[True]
     assert out_on == out_off
-    assert off["prefix_cache_hit_rate"] == 0 and on["prefix_cache_hit_rate"] > 0
-    assert on["num_computed_prompt_tokens"] < off["num_computed_prompt_tokens"]
-    assert off["num_computed_prompt_tokens"] == off["num_prompt_tokens"]
-    assert on["peak_blocks"] < off["peak_blocks"]
+    assert off.prefix_cache_hit_rate == 0 and on.prefix_cache_hit_rate > 0
+    assert on.num_computed_prompt_tokens < off.num_computed_prompt_tokens
+    assert off.num_computed_prompt_tokens == off.num_prompt_tokens
+    assert on.peak_blocks < off.peak_blocks
 
 
 def test_models_the_kernels_cannot_run_are_refused_when_built():
@@ -331,11 +331,11 @@ def test_prompts_sharing_a_prefix_share_it_within_one_step(model, fresh_prefill)
         assert engine.block_manager.unwritten_blocks == set()
         assert engine.block_manager.num_free_blocks == 64
     (out_off, off), (out_on, on) = runs[False], runs[True]
-    assert on["steps"][0]["batch_size"] == 4  # one step admitted them all
+    assert on.steps[0].batch_size == 4  # one step admitted them all
     assert out_on == out_off == reference(model, prompts, 8)
-    assert on["prefix_cache_hit_rate"] == 3 * 64 / on["num_prompt_tokens"]
-    assert on["num_computed_prompt_tokens"] == off["num_computed_prompt_tokens"] - 3 * 64
-    assert on["peak_blocks"] < off["peak_blocks"]
+    assert on.prefix_cache_hit_rate == 3 * 64 / on.num_prompt_tokens
+    assert on.num_computed_prompt_tokens == off.num_computed_prompt_tokens - 3 * 64
+    assert on.peak_blocks < off.peak_blocks
 
 
 def test_a_failed_step_leaves_no_unwritten_block_findable(model, monkeypatch):
@@ -352,7 +352,7 @@ def test_a_failed_step_leaves_no_unwritten_block_findable(model, monkeypatch):
     monkeypatch.undo()
     assert engine.block_manager.prefix_cache_entries() == []  # their KV was never written
     assert greedy(engine, prompts, 4) == reference(model, prompts, 4)
-    assert engine.stats["prefix_cache_hit_rate"] == 0
+    assert engine.stats.prefix_cache_hit_rate == 0
 
 
 def test_n3_under_memory_pressure_does_not_crash():
@@ -367,7 +367,7 @@ def test_n3_under_memory_pressure_does_not_crash():
     params = SamplingParams(max_tokens=4, n=3, temperature=1.0, seed=0, ignore_eos=True)
     engine = LLMEngine(model, block_size=4, num_blocks=4, kernel="torch")
     got = [[o.token_ids for o in r.outputs] for r in engine.generate(prompts, params)]
-    assert engine.stats["num_preemptions"] > 0
+    assert engine.stats.num_preemptions > 0
     assert engine.block_manager.num_free_blocks == 4
     roomy = LLMEngine(model, block_size=4, num_blocks=64, kernel="torch")
     assert got == [[o.token_ids for o in r.outputs] for r in roomy.generate(prompts, params)]

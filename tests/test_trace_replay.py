@@ -61,27 +61,30 @@ def test_engine_bench_trace_cli(capsys, model, monkeypatch):
     assert " - " not in table.splitlines()[2] + " "  # every cell filled
 
 
-def test_generate_honours_arrival_steps_and_per_prompt_lengths(model):
+def test_generate_at_steps_honours_arrival_steps_and_per_prompt_lengths(model):
     from pagebench.engine.engine import LLMEngine
     from pagebench.engine.sampling import SamplingParams
+    from pagebench.engine.trace_replay import generate_at_steps
     from pagebench.errors import ConfigError
 
     engine = LLMEngine(model, block_size=16, num_blocks=64)
     prompts = [list(range(20)), list(range(5, 30))]
     params = [SamplingParams(max_tokens=3, ignore_eos=True),
               SamplingParams(max_tokens=5, ignore_eos=True)]
-    out = engine.generate(prompts, params, arrival_steps=[0, 50])
+    out, idle = generate_at_steps(engine, prompts, params, [0, 50])
     assert [len(o.outputs[0].token_ids) for o in out] == [3, 5]
     # request 0 runs steps 0..2 alone; the engine then idles to step 50 for request 1
-    assert engine.stats["idle_steps"] == 47
-    assert max(s["batch_size"] for s in engine.stats["steps"]) == 1
+    assert idle == 47
+    assert max(s.batch_size for s in engine.stats.steps) == 1
+    assert len(engine.stats.steps) == 3 + 5
     together = engine.generate(prompts, params)
     assert [o.outputs[0].token_ids for o in together] == [o.outputs[0].token_ids for o in out]
-    assert engine.stats["idle_steps"] == 0
+    assert generate_at_steps(engine, prompts, params, [0, 0])[1] == 0
     for bad, message in (([0], "arrival_steps"), ([0, -1], "arrival_steps"),
                          ([0, 1.5], "arrival_steps")):
         with pytest.raises(ConfigError, match=message):
-            engine.generate(prompts, params, arrival_steps=bad)
+            generate_at_steps(engine, prompts, params, bad)
+        assert not engine.has_unfinished_requests
     with pytest.raises(ConfigError, match="sampling_params: 3 for 2 prompts"):
         engine.generate(prompts, params + params[:1])
 

@@ -41,8 +41,8 @@ def run(engine, check: bool):
         return [[o.token_ids for o in r.outputs] for r in res]
 
     return dict(greedy=outs(greedy), sampled=outs(sampled), unseeded=outs(unseeded),
-                preemptions=stats["num_preemptions"],
-                prefix_hit_rate=stats["prefix_cache_hit_rate"],
+                preemptions=stats.num_preemptions,
+                prefix_hit_rate=stats.prefix_cache_hit_rate,
                 kv_heads_per_rank=engine.kv_heads_per_rank,
                 cache_heads=engine.runner.kv.shape[-2], num_blocks=engine.num_blocks)
 

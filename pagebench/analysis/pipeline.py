@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from pagebench.analysis import advice, claims, derive, fp8, parallel, real_traces
+from pagebench.analysis import advice, claims, derive, fp8, parallel, real_traces, serving
 from pagebench.results import Results
 from pagebench.results.derived import ARTICLE
 
@@ -20,7 +20,7 @@ SECTION_CLAIMS = ((ARTICLE, claims.CLAIMS + real_traces.CLAIMS), (fp8.SECTION, f
 EVERY_CLAIM = tuple(claim for _, section_claims in SECTION_CLAIMS for claim in section_claims)
 # derived tables beside the kernel ones: name -> function of the results
 TABLES = {"kernels_prefill_summary": lambda r: derive.prefill_summary(r.get("kernels_prefill")),
-          **fp8.TABLES, **parallel.TABLES}
+          **fp8.TABLES, **parallel.TABLES, **serving.TABLES}
 
 
 def analyse(results: Results) -> None:

@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "pagebench.cli.report",
     "pagebench.cli.recommend",
     "pagebench.cli.benchcompare",
+    "pagebench.cli.serve",
 )
 # what a user can fix: one line and exit status 2 (anything else is a bug: a traceback); torch
 # failing to allocate becomes a MemoryError (options.allocating): a run too large for here

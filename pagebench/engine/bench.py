@@ -131,19 +131,19 @@ def release_memory(device) -> None:
 
 def _engine_row(engine: LLMEngine, seconds: float) -> dict:
     s = engine.stats
-    return dict(tokens_per_s=s["num_generated_tokens"] / seconds, time_s=seconds,
-                decode_tokens_per_s=s["decode_tokens_per_s"],
-                decode_step_ms=1e3 * s["decode_time_s"] / max(1, s["num_decode_steps"]),
-                num_generated_tokens=s["num_generated_tokens"], peak_blocks=s["peak_blocks"],
-                mean_blocks=s["mean_blocks"], num_blocks=engine.num_blocks,
-                token_utilisation=s["token_utilisation"], num_preemptions=s["num_preemptions"],
+    return dict(tokens_per_s=s.num_generated_tokens / seconds, time_s=seconds,
+                decode_tokens_per_s=s.decode_tokens_per_s,
+                decode_step_ms=1e3 * s.decode_time_s / max(1, s.num_decode_steps),
+                num_generated_tokens=s.num_generated_tokens, peak_blocks=s.peak_blocks,
+                mean_blocks=s.mean_blocks, num_blocks=engine.num_blocks,
+                token_utilisation=s.token_utilisation, num_preemptions=s.num_preemptions,
                 fresh_prefill=engine.runner.fresh_prefill,
                 prefill_kernel=engine.runner.prefill_backend.name,
-                num_steps=len(s["steps"]), max_batch=max((x["batch_size"] for x in s["steps"]),
+                num_steps=len(s.steps), max_batch=max((x.batch_size for x in s.steps),
                                                          default=0),
-                cuda_graphs=s["cuda_graphs"], graph_capture_s=s.get("graph_capture_s"),
+                cuda_graphs=s.cuda_graphs, graph_capture_s=s.graphs.get("graph_capture_s"),
                 graph_memory_bytes=s.get("graph_memory_bytes"),
-                compiled_layers=s["compiled_layers"], compile_s=s["compile_s"])
+                compiled_layers=s.compiled_layers, compile_s=s.graphs["compile_s"])
 
 
 def _spread(name: str, values: list[float]) -> dict:
@@ -164,9 +164,9 @@ def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs
     for _ in range(repeat):
         seconds, outs = wall(lambda: engine.generate(prompts, params), dev)
         times.append(seconds)
-        decode.append(engine.stats["decode_tokens_per_s"])
+        decode.append(engine.stats.decode_tokens_per_s)
     seconds = sorted(times)[len(times) // 2]
-    generated = engine.stats["num_generated_tokens"]
+    generated = engine.stats.num_generated_tokens
     row = _engine_row(engine, seconds) | _spread("tokens_per_s", [generated / t for t in times]) \
         | _spread("decode_tokens_per_s", decode) \
         | dict(repeats=repeat, kernel=engine.runner.decode_backend.name)  # "auto" resolved
@@ -278,7 +278,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
             seconds, outputs[m] = wall(runs[m], dev)
             times[m].append(seconds)
             if m == "engine":
-                decode.append(engine.stats["decode_tokens_per_s"])
+                decode.append(engine.stats.decode_tokens_per_s)
     reference = outputs.get("engine")
     generated = len(prompts) * max_tokens
     rows = []
@@ -290,8 +290,8 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
                    block_size=engine.block_size if is_engine else None,
                    kernel=engine.runner.decode_backend.name if is_engine else None,
                    fresh_prefill=engine.runner.fresh_prefill if is_engine else None,
-                   cuda_graphs=engine.stats.get("cuda_graphs") if is_engine else None,
-                   compiled_layers=engine.stats.get("compiled_layers") if is_engine else None,
+                   cuda_graphs=engine.stats.cuda_graphs if is_engine else None,
+                   compiled_layers=engine.stats.compiled_layers if is_engine else None,
                    compile_mode=compile_mode if m == "generate_static_compile" else None,
                    repeats=len(times[m]), error=errors.get(m), tokens_per_s=None,
                    timing="perf_counter, median of interleaved repeats")
@@ -394,9 +394,9 @@ def prefix_cache_comparison(model=None, system_len: int = 256, num_requests: int
         s = engine.stats
         rows.append(base_row(model, datasets.ENGINE_PREFIX, enable_prefix_caching=on,
                           num_requests=num_requests, system_len=system_len,
-                          block_size=block_size, prefix_cache_hit_rate=s["prefix_cache_hit_rate"],
-                          num_prompt_tokens=s["num_prompt_tokens"],
-                          num_computed_prompt_tokens=s["num_computed_prompt_tokens"],
+                          block_size=block_size, prefix_cache_hit_rate=s.prefix_cache_hit_rate,
+                          num_prompt_tokens=s.num_prompt_tokens,
+                          num_computed_prompt_tokens=s.num_computed_prompt_tokens,
                           **_engine_row(engine, seconds)))
     return rows
 
@@ -420,8 +420,8 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
         rows.append(base_row(model, datasets.ENGINE_POOL, pool_fraction=blocks / full,
                           blocks_needed_all=full, num_requests=num_requests,
                           block_size=block_size,
-                          recomputed_tokens=engine.stats["num_computed_prompt_tokens"]
-                          - engine.stats["num_prompt_tokens"],
+                          recomputed_tokens=engine.stats.num_computed_prompt_tokens
+                          - engine.stats.num_prompt_tokens,
                           **_engine_row(engine, seconds)))
     return rows
 
@@ -453,7 +453,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
     seconds, _ = wall(lambda: engine.generate(prompts, params), dev)
     rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="engine", kv_bytes=kv_bytes,
-                      concurrent_seqs=max(x["batch_size"] for x in engine.stats["steps"]),
+                      concurrent_seqs=max(x.batch_size for x in engine.stats.steps),
                       num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,
                       kernel=engine.runner.decode_backend.name,
                       **_engine_row(engine, seconds)))

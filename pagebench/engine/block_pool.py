@@ -114,6 +114,15 @@ class BlockPool:
             del self._free_cached[block]
             self._free_plain[block] = None
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefix of every free block (as vLLM's ``reset_prefix_cache``):
+        a later run finds nothing an earlier one left. Blocks in use keep theirs. Returns how
+        many were forgotten."""
+        dropped = list(self._free_cached)
+        for block in dropped:
+            self.unregister(block)
+        return len(dropped)
+
     def is_free(self, block: int) -> bool:
         return block in self._free_plain or block in self._free_cached
 

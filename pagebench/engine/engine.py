@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from dataclasses import dataclass
 from numbers import Integral
 
 import torch
@@ -15,15 +16,15 @@ from pagebench.config import KVGeometry, parse_bytes
 from pagebench.engine.block_manager import BlockManager
 from pagebench.engine.model_runner import ModelRunner
 from pagebench.engine.parallel import setup_tensor_parallel
-from pagebench.engine.sampling import (CompletionOutput, RequestOutput, SamplingParams,
-                                       make_generator, sample)
+from pagebench.engine.request import Request
+from pagebench.engine.sampling import RequestOutput, SamplingParams, make_generator, sample
 from pagebench.engine.scheduler import Scheduler, Sequence
+from pagebench.engine.stats import EngineStats, StatsRecorder, StepRecord
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
 from pagebench.kernels.quant import is_fp8, kv_dtype_from_name
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
-UTILISATION_EVERY = 8  # steps between samples of the pool's token utilisation
 log = logging.getLogger(__name__)
 
 
@@ -57,15 +58,10 @@ class LLMEngine:
     byte per element: twice the blocks in the same memory). An fp8 cache's per-layer, per-KV-
     head scales are calibrated on the first step that runs the model (``ModelRunner``).
 
-    ``stats`` describes the last ``generate`` call: ``peak_blocks`` / ``mean_blocks`` (blocks in
-    use after scheduling, over steps), ``token_utilisation`` (filled slots / slots of blocks in
-    use, sampled every 8 steps), ``num_preemptions``, ``prefix_cache_hit_rate`` (prompt tokens
-    found cached at first admission / prompt tokens), ``num_prompt_tokens``,
-    ``num_computed_prompt_tokens`` (prompt positions run through the model, recomputation
-    after preemption included), ``num_generated_tokens``, ``tokens_per_s`` (generated tokens /
-    wall time of the call), ``decode_tokens_per_s`` (tokens sampled in decode-only steps /
-    those steps' wall time), and ``steps`` (one dict per step: batch_size, num_batched_tokens,
-    blocks_used, num_preempted, time_s). It also holds ``graphs()``, the CUDA-graph setup.
+    ``add_request`` queues a prompt, ``step()`` runs one batch and returns the tokens it
+    produced, ``generate`` is a loop over both. ``stats`` (:class:`EngineStats`) describes the
+    last ``generate`` call (or the run since ``begin_stats``); its ``graphs`` holds the
+    CUDA-graph setup.
 
     On CUDA, decode steps replay CUDA graphs captured at start-up for batch sizes 1, 2, 4, 8,
     then every 16 up to ``max_num_seqs`` (``decode_graphs``), after ``torch.compile`` of the
@@ -133,8 +129,11 @@ class LLMEngine:
                 self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len,
                                                 compile_layers=compile_model)
         log.info("LLMEngine: %s", self.describe())
-        self.stats: dict = self.graphs()
         self._ids = itertools.count()
+        self._request_ids = itertools.count()
+        self._requests: dict[int, Request] = {}
+        self.begin_stats()
+        self.stats = EngineStats(self.graphs(), self.num_blocks, self.block_size)
 
     @property
     def num_blocks(self) -> int:
@@ -184,7 +183,50 @@ class LLMEngine:
         return num_blocks
 
     # ---- validation ----------------------------------------------------------------------
-    def _check(self, prompts, params_list: list) -> list[list[int]]:
+    def _check_params(self, params) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ConfigError(f"sampling_params: expected SamplingParams, "
+                              f"got {type(params).__name__}")
+        if params.n > self.scheduler.max_num_seqs:
+            raise ConfigError(f"n: {params.n} completions exceed max_num_seqs "
+                              f"{self.scheduler.max_num_seqs}")
+
+    def _check_prompt(self, i: int, prompt, params: SamplingParams) -> list[int]:
+        if hasattr(prompt, "tolist"):  # a tensor or an array of token ids
+            prompt = prompt.tolist()
+        if isinstance(prompt, (str, bytes)):
+            raise ConfigError(f"prompts[{i}]: expected token ids, got a string")
+        if not hasattr(prompt, "__iter__"):
+            raise ConfigError(f"prompts[{i}]: expected a list of token ids, got "
+                              f"{type(prompt).__name__} (prompts is a list of prompts)")
+        prompt = list(prompt)
+        if not prompt:
+            raise ConfigError(f"prompts[{i}]: empty prompt")
+        if not all(isinstance(t, Integral) and not isinstance(t, bool)
+                   and 0 <= t < self.vocab_size for t in prompt):
+            raise ConfigError(f"prompts[{i}]: token ids must be integers in "
+                              f"0..{self.vocab_size - 1}")
+        prompt = [int(t) for t in prompt]
+        total = len(prompt) + params.max_tokens
+        if total > self.max_model_len:
+            raise ConfigError(f"prompts[{i}]: {len(prompt)} prompt tokens + max_tokens "
+                              f"{params.max_tokens} exceed {self._length_limit} of "
+                              f"{self.max_model_len} positions")
+        need = self.block_manager.blocks_needed(total - 1)  # the last token is never cached
+        if need > self.num_blocks:
+            raise ConfigError(f"num_blocks: prompts[{i}] needs {need} blocks of "
+                              f"{self.block_size} tokens alone, the pool has "
+                              f"{self.num_blocks}")
+        return prompt
+
+    def check_requests(self, prompts, sampling_params=None) -> tuple[list[list[int]], list]:
+        """The prompts as lists of ints and one :class:`SamplingParams` per prompt
+        (``sampling_params``: one for all, default ``SamplingParams()``, or a list); a
+        ``ConfigError`` naming the first bad argument otherwise."""
+        if isinstance(sampling_params, (list, tuple)):
+            params_list = list(sampling_params)
+        else:
+            params_list = [sampling_params or SamplingParams()]
         if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
             raise ConfigError("prompts: expected a list of token-id lists")
         prompts = list(prompts)
@@ -193,143 +235,89 @@ class LLMEngine:
         if len(params_list) != len(prompts):
             raise ConfigError(f"sampling_params: {len(params_list)} for {len(prompts)} prompts")
         for params in params_list:
-            if not isinstance(params, SamplingParams):
-                raise ConfigError(f"sampling_params: expected SamplingParams, "
-                                  f"got {type(params).__name__}")
-            if params.n > self.scheduler.max_num_seqs:
-                raise ConfigError(f"n: {params.n} completions exceed max_num_seqs "
-                                  f"{self.scheduler.max_num_seqs}")
-        out = []
-        for i, (prompt, params) in enumerate(zip(prompts, params_list)):
-            if hasattr(prompt, "tolist"):  # a tensor or an array of token ids
-                prompt = prompt.tolist()
-            if isinstance(prompt, (str, bytes)):
-                raise ConfigError(f"prompts[{i}]: expected token ids, got a string")
-            if not hasattr(prompt, "__iter__"):
-                raise ConfigError(f"prompts[{i}]: expected a list of token ids, got "
-                                  f"{type(prompt).__name__} (prompts is a list of prompts)")
-            prompt = list(prompt)
-            if not prompt:
-                raise ConfigError(f"prompts[{i}]: empty prompt")
-            if not all(isinstance(t, Integral) and not isinstance(t, bool)
-                       and 0 <= t < self.vocab_size for t in prompt):
-                raise ConfigError(f"prompts[{i}]: token ids must be integers in "
-                                  f"0..{self.vocab_size - 1}")
-            prompt = [int(t) for t in prompt]
-            total = len(prompt) + params.max_tokens
-            if total > self.max_model_len:
-                raise ConfigError(f"prompts[{i}]: {len(prompt)} prompt tokens + max_tokens "
-                                  f"{params.max_tokens} exceed {self._length_limit} of "
-                                  f"{self.max_model_len} positions")
-            need = self.block_manager.blocks_needed(total - 1)  # the last token is never cached
-            if need > self.num_blocks:
-                raise ConfigError(f"num_blocks: prompts[{i}] needs {need} blocks of "
-                                  f"{self.block_size} tokens alone, the pool has "
-                                  f"{self.num_blocks}")
-            out.append(prompt)
+            self._check_params(params)
+        out = [self._check_prompt(i, prompt, params)
+               for i, (prompt, params) in enumerate(zip(prompts, params_list))]
         return out, params_list
 
-    # ---- generation ----------------------------------------------------------------------
-    def generate(self, prompts, sampling_params=None, use_tqdm: bool | None = None,
-                 arrival_steps=None) -> list[RequestOutput]:
-        """Complete every prompt (token-id lists); outputs in prompt order.
+    # ---- requests and steps --------------------------------------------------------------
+    def add_request(self, prompt, sampling_params: SamplingParams | None = None) -> int:
+        """Queue one prompt (token ids) and return its request id; ``step()`` runs it. A bad
+        prompt or parameter raises ``ConfigError`` and queues nothing."""
+        params = sampling_params or SamplingParams()
+        self._check_params(params)
+        return self._add(self._check_prompt(0, prompt, params), params)
 
-        ``sampling_params``: one :class:`SamplingParams` for every prompt (default
-        ``SamplingParams()``) or a list, one per prompt. ``arrival_steps`` (optional, one
-        integer >= 0 per prompt): the engine step at which each prompt joins the queue (a
-        replayed trace); by default all arrive at step 0. Steps with nothing to run before
-        the next arrival are skipped (``stats["idle_steps"]``).
-
-        A prompt that could never fit the pool, even alone (its prompt and ``max_tokens`` need
-        more than ``num_blocks`` blocks), fails the whole call up front with a ``ConfigError``
-        starting "num_blocks:"; everything else completes, by preemption if the pool runs dry.
-        """
-        if isinstance(sampling_params, (list, tuple)):
-            params_list = list(sampling_params)
-        else:
-            params_list = [sampling_params or SamplingParams()]
-        prompts, params_list = self._check(prompts, params_list)
-        arrivals = self._check_arrivals(arrival_steps, len(prompts))
-        if use_tqdm is None:
-            use_tqdm = sys.stderr.isatty()
-        sched, bm = self.scheduler, self.block_manager
-        sched.num_preemptions = sched.num_cached_prompt_tokens = 0
+    def _add(self, prompt: list[int], params: SamplingParams) -> int:
+        rid = next(self._request_ids)
         device = self.runner.device
-        outputs, pending = [], {}  # pending: request id -> sequences not yet forked
-        arriving = []  # (arrival step, request id, first sequence)
-        for rid, (prompt, params) in enumerate(zip(prompts, params_list)):
-            gens = [make_generator(params.seed, i, device) if not params.greedy else None
-                    for i in range(params.n)]
-            seqs = [Sequence(next(self._ids), rid, i, prompt, params, gens[i])
-                    for i in range(params.n)]
-            arriving.append((arrivals[rid], rid, seqs[0]))
-            pending[rid] = seqs[1:]
-            outputs.append(RequestOutput(rid, list(prompt),
-                                         [CompletionOutput(i) for i in range(params.n)]))
-        arriving.sort(key=lambda a: a[:2], reverse=True)  # next arrival last
-        steps, utilisation, computed_prompt, generated = [], [], 0, 0
-        clock = idle_steps = 0
-        bar = _progress(sum(p.n for p in params_list), use_tqdm)
-        t0 = time.perf_counter()
+        seqs = [Sequence(next(self._ids), rid, i, prompt, params,
+                         make_generator(params.seed, i, device) if not params.greedy else None)
+                for i in range(params.n)]
+        self._requests[rid] = Request(rid, prompt, params, seqs)
+        self._recorder.num_prompt_tokens += len(prompt)
+        self.scheduler.add(seqs[0])
+        return rid
+
+    @property
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def step(self) -> StepOutput:
+        """Schedule one batch, run the model on it, sample: the tokens each request gained this
+        step and the requests that finished. With nothing queued, an empty output and no step.
+        """
+        sched, bm = self.scheduler, self.block_manager
+        if not sched.has_work:
+            return StepOutput({}, [], [])
+        step_start = time.perf_counter()
         try:
-            while sched.has_work or arriving:
-                while arriving and arriving[-1][0] <= clock:
-                    sched.add(arriving.pop()[2])
-                if not sched.has_work:
-                    idle_steps += arriving[-1][0] - clock
-                    clock = arriving[-1][0]
-                    continue
-                clock += 1
-                step_start = time.perf_counter()
-                batch = sched.schedule()
-                if not batch.seqs:
-                    raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
-                copies = bm.take_copies()
-                self.tp.check_step(batch.seqs, batch.blocks, copies)
-                self.runner.copy_blocks(copies)
-                logits, rows = self.runner.execute(batch.seqs, batch.blocks)
-                bm.blocks_written()
-                for seq, kv in zip(batch.seqs, batch.blocks):
-                    start = kv.num_computed
-                    computed_prompt += max(0, min(start + kv.num_new, seq.prompt_len) - start)
-                steps.append(dict(step=len(steps), batch_size=len(batch.seqs),
-                                  num_batched_tokens=batch.num_tokens,
-                                  blocks_used=bm.num_used_blocks,
-                                  num_preempted=batch.num_preempted))
-                if len(steps) % UTILISATION_EVERY == 1:  # O(blocks): sampled, not every step
-                    utilisation.append(bm.token_utilisation)
-                sampled_seqs = [batch.seqs[r] for r in rows]
-                num_sampled = self._sample_and_advance(sampled_seqs, logits, pending, outputs,
-                                                       bar) if sampled_seqs else 0
-                generated += num_sampled
-                steps[-1].update(time_s=time.perf_counter() - step_start, num_sampled=num_sampled)
+            batch = sched.schedule()
+            if not batch.seqs:
+                raise PagebenchError("engine: no sequence could be scheduled (pool too small)")
+            copies = bm.take_copies()
+            self.tp.check_step(batch.seqs, batch.blocks, copies)
+            self.runner.copy_blocks(copies)
+            logits, rows = self.runner.execute(batch.seqs, batch.blocks)
+            bm.blocks_written()
+            record = self._record_step(batch)
+            sampled = [batch.seqs[r] for r in rows]
+            out = self._sample_and_advance(sampled, logits) if sampled else StepOutput({}, [], [])
+            out.scheduled = list(dict.fromkeys(seq.request_id for seq in batch.seqs))
         except BaseException:
-            sched.abort_all()
-            bm.take_copies()
+            self.abort_all()
             raise
-        finally:
-            if bar is not None:
-                bar.close()
-        elapsed = time.perf_counter() - t0
-        self.stats = self._summarise(prompts, steps, utilisation, computed_prompt, generated,
-                                     elapsed) | {"idle_steps": idle_steps}
-        return outputs
+        record.num_sampled = sum(len(t) for t in out.new_tokens.values())
+        self._recorder.num_generated_tokens += record.num_sampled
+        record.time_s = time.perf_counter() - step_start
+        return out
 
-    @staticmethod
-    def _check_arrivals(arrival_steps, count: int) -> list[int]:
-        if arrival_steps is None:
-            return [0] * count
-        arrivals = list(arrival_steps)
-        if len(arrivals) != count or not all(
-                isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in arrivals):
-            raise ConfigError(f"arrival_steps: expected {count} integers >= 0, one per prompt")
-        return arrivals
+    def _record_step(self, batch) -> StepRecord:
+        rec, bm = self._recorder, self.block_manager
+        prefill = decode = context = 0
+        for seq, kv in zip(batch.seqs, batch.blocks):
+            start, new = kv.num_computed, kv.num_new
+            rec.num_computed_prompt_tokens += max(0, min(start + new, seq.prompt_len) - start)
+            context += start + new
+            if new == 1 and start >= seq.prompt_len and start + 1 == len(seq.token_ids):
+                decode += 1
+            else:
+                prefill += new
+        record = StepRecord(step=len(rec.steps), batch_size=len(batch.seqs),
+                            num_batched_tokens=batch.num_tokens, num_prefill_tokens=prefill,
+                            num_decode_seqs=decode, num_context_tokens=context,
+                            blocks_used=bm.num_used_blocks, num_preempted=batch.num_preempted)
+        rec.steps.append(record)
+        if rec.wants_utilisation():
+            rec.utilisation.append(bm.token_utilisation)
+        return record
 
-    def _sample_and_advance(self, seqs, logits, pending, outputs, bar) -> int:
+    def _sample_and_advance(self, seqs, logits) -> StepOutput:
         # fork siblings of requests whose prompt just finished: they share this row's logits
         rows, all_seqs = [], []
         for row, seq in enumerate(seqs):
-            for s in [seq] + (pending.pop(seq.request_id, []) if not seq.forked else []):
+            siblings = [] if seq.forked else self._requests[seq.request_id].take_unforked()
+            for s in [seq] + siblings:
                 if s is not seq:
                     self.scheduler.fork(seq, s)
                 rows.append(row)
@@ -339,8 +327,10 @@ class LLMEngine:
             logits = logits[torch.tensor(rows, device=logits.device)]
         tokens = sample(logits, [s.params for s in all_seqs], [s.generator for s in all_seqs])
         tokens = self.tp.broadcast_tokens(tokens)  # rank 0's draw: every rank's tables agree
+        out = StepOutput({}, [], [])
         for seq, token in zip(all_seqs, tokens):
             seq.token_ids.append(token)
+            out.new_tokens.setdefault(seq.request_id, []).append(token)
             params = seq.params
             if not params.ignore_eos and token in self.eos_token_ids:
                 seq.finish_reason = "stop"
@@ -348,39 +338,85 @@ class LLMEngine:
                 seq.finish_reason = "length"
             if seq.finish_reason:
                 self.scheduler.finish(seq)
-                out = outputs[seq.request_id].outputs[seq.index]
-                out.token_ids, out.finish_reason = seq.output_ids, seq.finish_reason
-                if bar is not None:
-                    bar.update(1)
-        return len(all_seqs)
+                request = self._requests[seq.request_id]
+                request.record_finish(seq)
+                if request.finished:
+                    out.finished.append(self._requests.pop(seq.request_id).output)
+        return out
 
-    def _summarise(self, prompts, steps, util, computed_prompt, generated, elapsed) -> dict:
-        num_prompt = sum(len(p) for p in prompts)
-        blocks = [s["blocks_used"] for s in steps] or [0]
-        util = util or [0.0]
-        decode = [s for s in steps if s["num_batched_tokens"] == s["batch_size"]]
-        decode_s = sum(s["time_s"] for s in decode)
-        decode_tokens = sum(s["num_sampled"] for s in decode)
-        return self.graphs() | dict(
-            peak_blocks=max(blocks),
-            mean_blocks=sum(blocks) / len(blocks),
-            token_utilisation=sum(util) / len(util),
-            num_preemptions=self.scheduler.num_preemptions,
-            prefix_cache_hit_rate=self.scheduler.num_cached_prompt_tokens / num_prompt
-            if num_prompt else 0.0,
-            num_prompt_tokens=num_prompt,
-            num_computed_prompt_tokens=computed_prompt,
-            num_generated_tokens=generated,
-            elapsed_s=elapsed,
-            tokens_per_s=generated / elapsed if elapsed > 0 else 0.0,
-            num_decode_steps=len(decode),
-            decode_time_s=decode_s,
-            num_decode_tokens=decode_tokens,
-            decode_tokens_per_s=decode_tokens / decode_s if decode_s > 0 else 0.0,
-            num_blocks=self.num_blocks,
-            block_size=self.block_size,
-            steps=steps,
-        )
+    def abort_all(self) -> None:
+        """Drop every queued and running request and free their blocks."""
+        self.scheduler.abort_all()
+        self.block_manager.take_copies()
+        self._requests.clear()
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix no running request holds (``BlockPool``); returns how
+        many blocks were forgotten."""
+        return self.block_manager.pool.reset_prefix_cache()
+
+    # ---- run statistics ------------------------------------------------------------------
+    @property
+    def step_records(self) -> list[StepRecord]:
+        """The steps of the run since ``begin_stats``, the latest last."""
+        return self._recorder.steps
+
+    def begin_stats(self) -> None:
+        """Start a run: ``end_stats`` summarises the steps from here."""
+        self._recorder = StatsRecorder()
+        self._recorder.num_prompt_tokens = sum(len(r.output.prompt_token_ids)
+                                               for r in self._requests.values())
+        self.scheduler.num_preemptions = self.scheduler.num_cached_prompt_tokens = 0
+        self._run_start = time.perf_counter()
+
+    def end_stats(self) -> EngineStats:
+        """The run since ``begin_stats``, also kept as ``stats``."""
+        self.stats = self._recorder.summary(
+            self.graphs(), self.num_blocks, self.block_size, self.scheduler.num_preemptions,
+            self.scheduler.num_cached_prompt_tokens, time.perf_counter() - self._run_start)
+        return self.stats
+
+    # ---- generation ----------------------------------------------------------------------
+    def generate(self, prompts, sampling_params=None,
+                 use_tqdm: bool | None = None) -> list[RequestOutput]:
+        """Complete every prompt (token-id lists); outputs in prompt order: ``add_request``
+        for each, then ``step()`` until all have finished. ``stats`` describes the call.
+
+        ``sampling_params``: one :class:`SamplingParams` for every prompt (default
+        ``SamplingParams()``) or a list, one per prompt. A prompt that could never fit the
+        pool, even alone (its prompt and ``max_tokens`` need more than ``num_blocks`` blocks),
+        fails the whole call up front with a ``ConfigError`` starting "num_blocks:"; everything
+        else completes, by preemption if the pool runs dry.
+        """
+        prompts, params_list = self.check_requests(prompts, sampling_params)
+        if use_tqdm is None:
+            use_tqdm = sys.stderr.isatty()
+        self.begin_stats()
+        ids = [self._add(prompt, params) for prompt, params in zip(prompts, params_list)]
+        outputs = {}
+        bar = _progress(sum(p.n for p in params_list), use_tqdm)
+        try:
+            while self.has_unfinished_requests:
+                for out in self.step().finished:
+                    outputs[out.request_id] = out
+                    if bar is not None:
+                        bar.update(len(out.outputs))
+        finally:
+            if bar is not None:
+                bar.close()
+        self.end_stats()
+        return [outputs[rid] for rid in ids]
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """One step's result: request id -> tokens sampled for it this step (one per completion
+    that ran), the requests that finished (in the order they finished), and the ids of the
+    requests the step scheduled (prefill chunks included: those sample nothing yet)."""
+
+    new_tokens: dict[int, list[int]]
+    finished: list[RequestOutput]
+    scheduled: list[int]
 
 
 def _progress(total: int, enabled: bool):

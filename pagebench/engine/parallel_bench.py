@@ -144,18 +144,18 @@ def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int 
         for eager in (True, False):
             engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
                                enforce_eager=eager, **ENGINE_OPTIONS)
-            graphs = bool(engine.stats.get("cuda_graphs", False))
+            graphs = bool(engine.stats.cuda_graphs)
             _generate_seconds(engine, prompts[WARMUP_BATCH], params)
             for b in batch_sizes:
                 seconds = _generate_seconds(engine, prompts[b], params)
                 stats = engine.stats
                 rows.append(datasets.TP_THROUGHPUT.row(**base | dict(
                     tp=tp, mode=mode_label(tp, eager, graphs), cuda_graphs=graphs, batch=b,
-                    time_s=seconds, num_steps=len(stats["steps"]),
+                    time_s=seconds, num_steps=len(stats.steps),
                     tokens_per_s=b * max_tokens / seconds,
-                    decode_tokens_per_s=stats.get("decode_tokens_per_s"),
+                    decode_tokens_per_s=stats.decode_tokens_per_s,
                     num_blocks_per_gpu=engine.num_blocks,
-                    num_preemptions=stats["num_preemptions"])))
+                    num_preemptions=stats.num_preemptions)))
             del engine
             bench.release_memory(device)
     return rows
@@ -182,7 +182,7 @@ def allreduce_share(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len:
         seconds = _generate_seconds(engine, prompts[b], params)
         reduce_s = engine.tp.collective_seconds()
         engine.tp.collective_times = None
-        steps = len(engine.stats["steps"])
+        steps = len(engine.stats.steps)
         x = torch.randn(b, hidden, dtype=next(model.parameters()).dtype, device=device)
         alone = measure(lambda: dist.all_reduce(x, group=engine.tp.group), device=device.type,
                         warmup=5, repeat=repeat, flush_l2=False)

@@ -59,7 +59,7 @@ def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
                   and any(a <= k.time_range.start < z for a, z in windows))
     gpu_ms = busy_us / 1e3 / max(1, len(windows))
     stats = engine.stats
-    wall_ms = 1e3 * stats["decode_time_s"] / max(1, stats["num_decode_steps"])
+    wall_ms = 1e3 * stats.decode_time_s / max(1, stats.num_decode_steps)
     if profile_table is not None:
         profile_table.append(prof.key_averages().table(sort_by="self_cpu_time_total",
                                                        row_limit=15))
@@ -68,7 +68,7 @@ def step_breakdown(model, prompts, max_tokens: int = 20, block_size: int = 16,
                cuda_graphs=engine.graphs()["cuda_graphs"], decode_step_wall_ms=wall_ms,
                gpu_busy_ms=gpu_ms, host_ms=wall_ms - gpu_ms,
                graph_replay_ms=graph_replay_ms(engine, len(prompts)),
-               decode_steps=stats["num_decode_steps"])
+               decode_steps=stats.num_decode_steps)
     if mode is not None:
         row["mode"] = mode
     return base_row(model, datasets.ENGINE, **row)

@@ -6,8 +6,8 @@ so requests that share leading ``hash_ids`` share identical token blocks and the
 prefix cache (chained block hashes over the tokens) sees exactly the trace's sharing. Requests
 without ``hash_ids`` (Azure) get ids of their own: nothing is shared.
 
-Each request arrives at its trace arrival step (``step_ms`` per engine step; the engine skips
-idle steps) and generates exactly its (clipped) output length. The simulator
+Each request arrives at its trace arrival step (``step_ms`` per engine step; idle steps are
+skipped, :func:`generate_at_steps`) and generates exactly its (clipped) output length. The simulator
 (:func:`pagebench.sim.dynamic.simulate_allocator`, paged, prefix caching) runs the same
 workload with the engine's pool as its budget. Both match blocks the same way (leading full
 blocks, never the last prompt token, blocks shared from the moment they are allocated), so
@@ -24,6 +24,7 @@ import numpy as np
 
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
+from pagebench.errors import ConfigError
 from pagebench.results.datasets import REAL_TRACES_ENGINE
 from pagebench.sim.real_traces import DEFAULT_STEP_MS, read_timed_trace
 from pagebench.sim.trace import HASH_BLOCK_TOKENS, Workload
@@ -60,6 +61,34 @@ def synthesise_prompts(workload: Workload, vocab_size: int, seed: int = 0) -> li
     return prompts
 
 
+def generate_at_steps(engine: LLMEngine, prompts, params: list[SamplingParams],
+                      arrival_steps) -> tuple[list, int]:
+    """Complete ``prompts`` with request ``i`` joining the queue at engine step
+    ``arrival_steps[i]`` (integers >= 0); steps with nothing to run before the next arrival
+    are skipped and counted. Returns the outputs in prompt order and the skipped steps;
+    ``engine.stats`` describes the run."""
+    arrivals = list(arrival_steps)
+    if len(arrivals) != len(prompts) or not all(
+            isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in arrivals):
+        raise ConfigError(f"arrival_steps: expected {len(prompts)} integers >= 0, one per prompt")
+    prompts, params = engine.check_requests(prompts, list(params))
+    order = sorted(range(len(prompts)), key=lambda i: (arrivals[i], i), reverse=True)
+    engine.begin_stats()
+    ids, outputs, clock, idle = {}, {}, 0, 0
+    while order or engine.has_unfinished_requests:
+        while order and arrivals[order[-1]] <= clock:
+            i = order.pop()
+            ids[i] = engine.add_request(prompts[i], params[i])
+        if not engine.has_unfinished_requests:
+            idle += arrivals[order[-1]] - clock
+            clock = arrivals[order[-1]]
+            continue
+        clock += 1
+        outputs |= {out.request_id: out for out in engine.step().finished}
+    engine.end_stats()
+    return [outputs[ids[i]] for i in range(len(prompts))], idle
+
+
 def replay_trace(model, trace: str, num_requests: int, *, max_model_len: int = 1024,
                  max_output_len: int | None = 64, step_ms: float = DEFAULT_STEP_MS,
                  block_size: int = 16, num_blocks: int | None = None, kernel: str = "auto",
@@ -75,8 +104,7 @@ def replay_trace(model, trace: str, num_requests: int, *, max_model_len: int = 1
     with cpu_threads(threads):
         engine = LLMEngine(model, block_size=block_size, num_blocks=num_blocks, kernel=kernel,
                            enable_prefix_caching=True, max_model_len=max_model_len)
-        engine.generate(prompts, params, use_tqdm=False,
-                        arrival_steps=workload.arrival.tolist())
+        _, idle_steps = generate_at_steps(engine, prompts, params, workload.arrival.tolist())
     stats = engine.stats
     from pagebench.sim.dynamic import simulate_allocator
 
@@ -89,11 +117,11 @@ def replay_trace(model, trace: str, num_requests: int, *, max_model_len: int = 1
         trace=trace, num_requests=workload.num_requests, seed=seed, step_ms=step_ms,
         max_model_len=max_model_len, max_output_len=max_output_len,
         num_clipped=workload.num_clipped, block_size=block_size, num_blocks=engine.num_blocks,
-        num_prompt_tokens=stats["num_prompt_tokens"],
-        engine_prefix_cache_hit_rate=stats["prefix_cache_hit_rate"],
+        num_prompt_tokens=stats.num_prompt_tokens,
+        engine_prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
         sim_prefix_cache_hit_rate=sim["prefix_cache_hit_rate"],
-        engine_num_preemptions=stats["num_preemptions"],
+        engine_num_preemptions=stats.num_preemptions,
         sim_num_preemptions=sim["num_preemptions"],
-        engine_peak_blocks=stats["peak_blocks"], engine_steps=len(stats["steps"]),
-        idle_steps=stats["idle_steps"], tokens_per_s=stats["tokens_per_s"],
-        elapsed_s=stats["elapsed_s"], torch_threads=threads))
+        engine_peak_blocks=stats.peak_blocks, engine_steps=len(stats.steps),
+        idle_steps=idle_steps, tokens_per_s=stats.tokens_per_s,
+        elapsed_s=stats.elapsed_s, torch_threads=threads))

@@ -7,7 +7,7 @@ import datetime as dt
 from pathlib import Path
 
 from pagebench.atomic import replace_dir
-from pagebench.report import fp8, parallel, real_traces, render, sections
+from pagebench.report import fp8, parallel, real_traces, render, sections, serving
 from pagebench.report.outputs import check_report_output
 from pagebench.results import Results, devices, report_data_dir
 from pagebench.results.derived import ARTICLE, tally
@@ -47,6 +47,7 @@ def build_sections(results: Results, env: dict, options: dict) -> list[sections.
         ("engine", "Engine", sections.engine),
         ("fp8", "fp8 KV cache and block-table layout", fp8.section),
         ("parallel", "Past one GPU", parallel.section),
+        ("serving", "Serving", serving.section),
         ("benchmarks", "Benchmark histories", sections.benchmarks))]
 
 

@@ -292,6 +292,74 @@ TP_ATTENTION = schema("tp_attention", "paged attention per decode step, one GPU'
 SWEEP_WALL = schema("sweep_wall", "wall time of the kernel sweep on 1 or 2 GPUs",
                     C("gpus", "int", "GPUs"), C("wall_s", "float", "seconds"))
 
+# ---- serving under load (pagebench serve-bench; pagebench.measure.serve_bench) -----------
+
+LATENCY_STATS = tuple(C(f"{m}_{stat}_ms", "float", f"{what}, {stat}, milliseconds")
+                      for m, what in (("ttft", "time to first token (queueing included)"),
+                                      ("tpot", "time per output token after the first"),
+                                      ("itl", "gap between successive tokens"),
+                                      ("e2el", "end-to-end latency"),
+                                      ("queue", "arrival to first scheduled"))
+                      for stat in ("mean", "p50", "p90", "p99"))
+SERVING_CONFIG = (
+    C("trace", "str", "trace name or file"), C("arrival", "str", "trace (scaled) or poisson"),
+    C("request_rate", "float", "requests/s asked (inf: all at once)"),
+    C("num_requests", "int", "requests replayed"), MODEL, BLOCK_SIZE,
+    C("kv_cache_dtype", "str", "auto (the model's dtype) or fp8_e4m3"),
+    C("prefix_caching", "bool", "prefix caching on"))
+SERVE_BENCH = schema(
+    "serve_bench", "one request rate x configuration served in wall-clock time: latency "
+    "percentiles as vLLM's serving benchmark defines them, throughput, goodput at the SLOs",
+    *SERVING_CONFIG,
+    C("duration_s", "float", "first arrival to last finish, seconds"),
+    C("request_throughput", "float", "finished requests/s"),
+    C("output_throughput", "float", "output tokens/s"),
+    C("goodput", "float", "requests/s meeting every SLO"),
+    C("num_good_requests", "int", "requests meeting every SLO"),
+    *LATENCY_STATS,
+    *optional(C("slo_ttft_ms", "float", "TTFT SLO; empty: none"),
+              C("slo_tpot_ms", "float", "TPOT SLO; empty: none"),
+              C("time_scale", "float", "trace times divided by this (trace arrivals)"),
+              C("num_output_tokens", "int", "tokens generated"),
+              C("num_blocks", "int", "KV pool, blocks"),
+              C("kv_cache_memory_bytes", "int", "KV pool, bytes"),
+              C("peak_blocks", "int", "most blocks in use at once"),
+              C("mean_blocks", "float", "mean blocks in use over steps"),
+              C("num_preemptions", "int", "sequences preempted"),
+              C("prefix_cache_hit_rate", "float", "prompt tokens found cached"),
+              C("num_steps", "int", "engine steps"), C("mode", "str", "how decode steps ran"),
+              C("max_model_len", "int", "requests clipped to this"),
+              C("max_output_len", "int", "outputs cut to this"),
+              C("max_num_seqs", "int", "engine's running-sequence cap"),
+              C("max_num_batched_tokens", "int", "engine's token budget per step"),
+              C("seed", "int", "sample and arrival seed"),
+              C("endpoint", "str", "server URL; empty: in process"),
+              C("slo_attainment", "float", "share of requests that must meet every SLO"),
+              C("meets_slo", "bool", "num_good_requests >= slo_attainment x num_requests"),
+              C("predicted", "bool", "the simulator's prediction, not a measurement")))
+SERVE_STEPS = schema(
+    "serve_steps", "one engine step of a serve-bench run: what it computed and how long it "
+    "took (the step-cost model's training data)",
+    C("num_prefill_tokens", "int", "prompt or recomputed positions"),
+    C("num_decode_seqs", "int", "sequences decoding one token"),
+    C("num_context_tokens", "int", "KV tokens the step's attention reads"),
+    C("step_time_ms", "float", "wall time of the step"), BLOCK_SIZE,
+    C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
+    *optional(MODEL, C("trace", "str", "trace"), C("request_rate", "float", "requests/s"),
+              C("batch_size", "int", "sequences in the step"),
+              C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode")))
+STEP_COST = schema(
+    "step_cost", "a step-cost model's coefficients fitted on serve_steps (measure.step_cost): "
+    "step_ms = base + per prefill token + per decode sequence + per 1k context tokens",
+    MODEL, BLOCK_SIZE, C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
+    C("base_ms", "float", "fixed cost of a step"),
+    C("prefill_token_ms", "float", "per prefill token"),
+    C("decode_seq_ms", "float", "per decoding sequence"),
+    C("context_ktoken_ms", "float", "per 1,000 context tokens read"),
+    *optional(C("num_steps", "int", "steps fitted"),
+              C("rel_err_median", "float", "median |predicted - measured| / measured"),
+              C("mode", "str", "decode mode")))
+
 # ---- benchmark histories (pagebench.results.history) -------------------------------------
 
 HISTORY = (C("machine", "str", "device label"), C("commit", "str", "commit measured"),
@@ -312,7 +380,7 @@ DATASETS: dict[str, Schema] = {s.name: s for s in (
     MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
     CAPACITY_FP8, CAPACITY_TP, REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE,
     REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
-    TP_ATTENTION, SWEEP_WALL, ASV, PYTEST_BENCHMARK)}
+    TP_ATTENTION, SWEEP_WALL, SERVE_BENCH, SERVE_STEPS, STEP_COST, ASV, PYTEST_BENCHMARK)}
 
 # ---- derived by pagebench.analysis from the datasets above (never read from files) --------
 
@@ -388,7 +456,22 @@ SWEEP_WALL_SPEEDUP = schema("sweep_wall_speedup", "sweep_wall with the speedup o
                             *SWEEP_WALL.columns, C("speedup", "float", "one GPU's wall / this"),
                             environment=False)
 
+SERVING_KEY = (C("machine", "str", "device label"), MODEL, C("trace", "str", "trace"), BLOCK_SIZE,
+               C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
+               C("prefix_caching", "bool", "prefix caching on"))
+SERVING_MAX_RATE = schema(
+    "serving_max_rate", "per configuration, the largest measured request rate meeting the SLO",
+    *SERVING_KEY, C("max_rate_at_slo", "float", "requests/s; empty: no rate met it"),
+    C("rates_measured", "int", "finite rates measured"), environment=False)
+SERVING_PREDICTION = schema(
+    "serving_prediction", "a measured serve_bench point beside the simulator's prediction",
+    *SERVING_KEY, C("request_rate", "float", "requests/s"),
+    C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
+    C("measured_ms", "float", "measured"), C("predicted_ms", "float", "predicted"),
+    C("rel_err", "float", "(predicted - measured) / measured"), environment=False)
+
 DERIVED: dict[str, Schema] = {s.name: s for s in (
+    SERVING_MAX_RATE, SERVING_PREDICTION,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, RECOMMENDATION, FP8_DECODE, LAYOUT_SPREAD,
     TP_ALLREDUCE_STEP, SWEEP_WALL_SPEEDUP)}
@@ -409,6 +492,8 @@ FILE_KINDS = (
     ("tp_equality", "tp_equality"), ("tp_capacity", "tp_capacity"),
     ("tp_throughput", "tp_throughput"), ("tp_allreduce", "tp_allreduce"),
     ("tp_attention", "tp_attention"), ("sweep_wall", "sweep_wall"),
+    ("serve_bench", "serve_bench"), ("serve_steps", "serve_steps"),
+    ("step_cost", "step_cost"),
     ("sweep_rows", None),  # the split sweep's own rows: not a decode-kernel dataset here
 )
 

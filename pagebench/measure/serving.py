@@ -1,0 +1,123 @@
+"""Wall-clock serving: requests arrive at their times, the engine admits them as they come.
+
+``run_serving`` drives an engine's ``add_request`` / ``step()`` loop against a real clock:
+before each step it adds every request whose arrival time has passed; with nothing to run it
+sleeps until the next arrival (no idle step is skipped: time passes as it would for a server).
+Each request's arrival, first scheduled step, every token and finish are recorded, as is each
+step's start, duration, batch and KV blocks in use.
+
+The metrics (:func:`pagebench.sim.latency.serving_metrics`) are vLLM's serving benchmark's;
+the simulator's predictions are scored the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from pagebench.errors import ConfigError
+from pagebench.sim.latency import RequestTiming, serving_metrics
+
+__all__ = ["ServingRequest", "RequestTiming", "StepTiming", "ServingRun", "arrival_times",
+           "run_serving", "serving_metrics"]
+
+
+@dataclass(slots=True)
+class ServingRequest:
+    """One request to replay: its arrival (seconds from the start), prompt and parameters."""
+
+    arrival_s: float
+    prompt: list[int]
+    params: object  # SamplingParams
+
+
+@dataclass(slots=True)
+class StepTiming:
+    """One engine step on the run's clock, with the engine's record of it."""
+
+    start_s: float
+    end_s: float
+    record: object  # pagebench.engine.stats.StepRecord
+
+
+@dataclass(slots=True)
+class ServingRun:
+    requests: list[RequestTiming]
+    steps: list[StepTiming]
+    duration_s: float
+    stats: object  # the engine's EngineStats over the run
+
+
+def arrival_times(trace_arrival_s, *, rate: float | None = None, time_scale: float = 1.0,
+                  poisson: bool = False, seed: int = 0) -> np.ndarray:
+    """Arrival times (seconds, first at 0) for ``len(trace_arrival_s)`` requests.
+
+    ``poisson``: exponential gaps at ``rate`` requests/s (the trace's times unused), as
+    ``vllm bench serve --request-rate``. Otherwise the trace's own times, divided by
+    ``time_scale``, or stretched so that their mean rate is ``rate`` when given.
+    ``rate=inf``: every request at 0."""
+    arrival = np.asarray(trace_arrival_s, dtype=np.float64)
+    arrival = arrival - (arrival.min() if arrival.size else 0.0)
+    count = arrival.size
+    if rate is not None and not (isinstance(rate, (int, float)) and rate > 0):
+        raise ConfigError(f"request_rate: must be a positive number of requests/s, got {rate!r}")
+    if not (isinstance(time_scale, (int, float)) and math.isfinite(time_scale)
+            and time_scale > 0):
+        raise ConfigError(f"time_scale: must be a positive number, got {time_scale!r}")
+    if rate is not None and math.isinf(rate):
+        return np.zeros(count)
+    if poisson:
+        if rate is None:
+            raise ConfigError("request_rate: Poisson arrivals need a rate")
+        gaps = np.random.default_rng(seed).exponential(1.0 / rate, max(count - 1, 0))
+        return np.concatenate([[0.0], np.cumsum(gaps)])[:count]
+    if rate is None:
+        return arrival / time_scale
+    span = arrival.max(initial=0.0)
+    if count < 2 or span == 0:
+        return np.zeros(count)
+    return arrival * ((count - 1) / span) / rate
+
+
+def run_serving(engine, requests: list[ServingRequest], *, clock=time.perf_counter,
+                sleep=time.sleep, progress=None) -> ServingRun:
+    """Serve ``requests`` (any order) on ``engine`` in wall-clock time; see the module doc.
+    ``progress``: an object with ``update(n)`` (a tqdm bar), advanced per finished request."""
+    order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i),
+                   reverse=True)
+    for i in order:  # every request checked before any is queued: a bad one queues nothing
+        engine.check_requests([requests[i].prompt], requests[i].params)
+    timings = [RequestTiming(r.arrival_s, len(r.prompt)) for r in requests]
+    by_id, steps = {}, []
+    engine.begin_stats()
+    t0 = clock()
+    try:
+        while order or engine.has_unfinished_requests:
+            now = clock() - t0
+            while order and requests[order[-1]].arrival_s <= now:
+                i = order.pop()
+                by_id[engine.add_request(requests[i].prompt, requests[i].params)] = i
+            if not engine.has_unfinished_requests:
+                sleep(max(0.0, requests[order[-1]].arrival_s - now))
+                continue
+            out = engine.step()
+            end = clock() - t0
+            steps.append(StepTiming(now, end, engine.step_records[-1]))
+            for rid in out.scheduled:
+                t = timings[by_id[rid]]
+                if t.first_scheduled_s is None:
+                    t.first_scheduled_s = now
+            for rid, tokens in out.new_tokens.items():
+                timings[by_id[rid]].token_s.extend([end] * len(tokens))
+            for request in out.finished:
+                timings[by_id[request.request_id]].finish_s = end
+                if progress is not None:
+                    progress.update(1)
+    except BaseException:
+        engine.abort_all()
+        raise
+    stats = engine.end_stats()
+    return ServingRun(timings, steps, max((t.finish_s for t in timings), default=0.0), stats)

@@ -1,0 +1,60 @@
+"""A step-cost model: an engine step's wall time from what the step computes.
+
+``step_ms = base_ms + prefill_token_ms * prefill tokens + decode_seq_ms * decoding sequences
++ context_ktoken_ms * (context tokens read / 1000)`` -- Vidur's idea (profiled per-step costs
+predict serving latency) at its smallest: a linear model of one engine on one device, for one
+block size and cache dtype, fitted by least squares on measured steps
+(:mod:`pagebench.measure.step_cost`) and committed as data (``step_cost.csv``).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+
+from pagebench.errors import ConfigError
+
+COEFFICIENTS = ("base_ms", "prefill_token_ms", "decode_seq_ms", "context_ktoken_ms")
+
+
+@dataclass(frozen=True, slots=True)
+class StepCostModel:
+    base_ms: float
+    prefill_token_ms: float
+    decode_seq_ms: float
+    context_ktoken_ms: float
+
+    def __post_init__(self):
+        for name in COEFFICIENTS:
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name}: a step cost must be a finite number >= 0, "
+                                  f"got {value!r}")
+
+    def step_ms(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+        return (self.base_ms + self.prefill_token_ms * prefill_tokens
+                + self.decode_seq_ms * decode_seqs
+                + self.context_ktoken_ms * context_tokens / 1000.0)
+
+
+def read_step_cost(path, *, block_size: int, kv_cache_dtype: str = "auto",
+                   model: str | None = None) -> StepCostModel:
+    """The model of ``block_size`` and ``kv_cache_dtype`` (and ``model``, where the file has
+    several) from a ``step_cost.csv``."""
+    with open(path, newline="") as f:
+        rows = [r for r in csv.DictReader(f)
+                if r.get("block_size") == str(block_size)
+                and r.get("kv_cache_dtype") == kv_cache_dtype
+                and (model is None or r.get("model") == model)]
+    if len(rows) != 1:
+        what = "no" if not rows else f"{len(rows)}"
+        raise ConfigError(f"step_cost: {what} models for block {block_size}, {kv_cache_dtype}"
+                          f"{', ' + model if model else ''} in {path} (give --model to choose)"
+                          if rows else f"step_cost: no model for block {block_size}, "
+                          f"{kv_cache_dtype}{', ' + model if model else ''} in {path}")
+    try:
+        return StepCostModel(*(float(rows[0][name]) for name in COEFFICIENTS))
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(f"step_cost: {path} lacks a number in {', '.join(COEFFICIENTS)}") \
+            from None

@@ -75,6 +75,18 @@ def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
     return out.reset_index()
 
 
+def relative_to_fastest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``df`` with ``relative_time`` (time / the fastest row's at the same ``keys``: 1.0 is
+    the fastest backend there) and ``fastest`` (that row's backend)."""
+    if len(df) == 0:
+        return df.assign(relative_time=pd.Series(dtype=float), fastest=pd.Series(dtype=str))
+    groups = df.groupby(keys, dropna=False)["time_us"]
+    best = df.loc[groups.idxmin().dropna(), keys + ["backend"]].rename(
+        columns={"backend": "fastest"})
+    out = df.assign(relative_time=df["time_us"] / groups.transform("min"))
+    return out.merge(best, on=keys, how="left")
+
+
 def _best(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     """Fastest backend per key (over backends and CUDA-graph variants)."""
     idx = df.groupby(keys, dropna=False)["time_us"].idxmin()

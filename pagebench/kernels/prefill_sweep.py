@@ -49,8 +49,17 @@ def causal_flops(batch: int, query_len: int, cached: int, num_q_heads: int,
     return 4.0 * batch * num_q_heads * head_dim * pairs
 
 
-def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
-    """Causal SDPA on a contiguous cache: the baseline (queries at the end of the context)."""
+def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed, *, masked: bool = False):
+    """Causal SDPA on a contiguous cache, queries at the end of the context: the baseline.
+
+    Without ``masked``, no explicit mask reaches SDPA, so its fused kernels stay eligible:
+    ``is_causal`` for a whole prompt, a bottom-right causal bias
+    (``torch.nn.attention.bias.causal_lower_right``) for a chunk after a cached prefix (with
+    grouped heads, where a backend refuses them, K/V are expanded to the query heads once, here,
+    outside the timed call). ``masked``: the boolean mask the earlier baseline passed (it
+    leaves only the math and cuDNN paths), kept to show what it cost."""
+    from torch.nn.attention.bias import causal_lower_right
+
     num_q, num_kv, head_dim = shape
     gen = torch.Generator(device=device).manual_seed(seed)
     context = cached + query_len
@@ -58,13 +67,23 @@ def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
     k = torch.randn(batch, num_kv, context, head_dim, device=device, dtype=dtype, generator=gen)
     v = torch.randn_like(k)
     scale = head_dim ** -0.5
+    gqa = num_q != num_kv
     if cached == 0:
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                      enable_gqa=num_q != num_kv)
-    mask = (torch.arange(context, device=device)[None, :]
-            <= torch.arange(cached, context, device=device)[:, None])
-    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                                  enable_gqa=num_q != num_kv)
+                                                      enable_gqa=gqa)
+    if masked:
+        mask = (torch.arange(context, device=device)[None, :]
+                <= torch.arange(cached, context, device=device)[:, None])
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                      enable_gqa=gqa)
+    bias = causal_lower_right(query_len, context)
+    try:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=gqa)
+    except RuntimeError:  # a fused kernel that takes the bias but not grouped heads
+        k, v = (x.repeat_interleave(num_q // num_kv, dim=1) for x in (k, v))
+        gqa = False
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+                                                  enable_gqa=gqa)
 
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,

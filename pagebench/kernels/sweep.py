@@ -94,6 +94,18 @@ def measure_copy_gbps(device: str, nbytes: int = 2 * 2**30) -> float:
     return 2 * nbytes / (t.median_us * 1e-6) / 1e9
 
 
+READ_BYTES = 2 * 2**30  # the read-only ceiling's buffer: far beyond any L2
+
+
+def read_gbps(device: str, nbytes: int = READ_BYTES) -> float:
+    """Read-only bandwidth (bytes read per second), in GB/s: a reduction over a buffer that
+    only reads it, the ceiling of a decode kernel (which reads K/V and writes almost nothing;
+    against a copy's read + write bandwidth it could score above 100%)."""
+    buf = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
+    t = measure(lambda: buf.sum(), device=device, warmup=3, repeat=20, flush_l2=False)
+    return nbytes / (t.median_us * 1e-6) / 1e9
+
+
 def l2_bytes(device) -> int:
     if torch.device(device).type == "cuda":
         return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)

@@ -42,6 +42,9 @@ TOKENS_PER_S = C("tokens_per_s", "float", "generated tokens per second, end to e
 MODEL = C("model", "str", "model name or <type>-L<layers>-H<hidden>")
 DTYPE = C("dtype", "str", "element type of the model or K/V cache")
 MODEL_SHAPE = C("model_shape", "str", "preset whose attention shape was used")
+LENGTHS = C("lengths", "str", "the batch's lengths: uniform, lognormal:MU,SIGMA or trace:NAME "
+            "(mean = context), or mixed:KxQ+Mx1@C (K chunks of Q tokens and M decodes at C)")
+READ_GBPS = C("read_gbps", "float", "read-only bandwidth of the device (a reduction), GB/s")
 HEADS = optional(C("num_q_heads", "int", "query heads"), C("num_kv_heads", "int", "KV heads"),
                  C("head_dim", "int", "head dimension"))
 
@@ -70,7 +73,7 @@ KERNELS = schema(
               C("adjacent_fraction", "float", "share of consecutive table entries adjacent"),
               C("footprint_bytes", "int", "unique K/V bytes touched"),
               C("l2_bytes", "int", "L2 size"), C("fits_l2", "bool", "footprint <= L2"),
-              C("kv_dtype", "str", "K/V cache element type")),
+              C("kv_dtype", "str", "K/V cache element type"), LENGTHS, READ_GBPS),
     *HEADS)
 EQUIVALENCE_COLUMNS = (
     C("backend", "str", "variant checked"), C("ok", "bool", "within tolerance"),
@@ -89,7 +92,7 @@ KERNELS_PREFILL = schema(
     LAYOUT, CUDA_GRAPHS, TIME_US,
     *optional(DTYPE, C("q20_us", "float", "20th percentile"),
               C("q80_us", "float", "80th percentile"), C("tflops", "float", "achieved TFLOP/s"),
-              C("kv_dtype", "str", "K/V cache element type")),
+              C("kv_dtype", "str", "K/V cache element type"), LENGTHS),
     *HEADS)
 KERNELS_PREFILL_EQUIVALENCE = schema(
     "kernels_prefill_equivalence", "one prefill case against the float64 reference",

@@ -341,6 +341,15 @@ def mixed_stage(env, rows: Sink, checks: Sink) -> None:
                            seq_lens, rows, checks, extra)
 
 
+def flashinfer_version() -> str | None:
+    b = registry.registered_backends().get("flashinfer")
+    if b is None or not registry.backend_available(b):
+        return None
+    import flashinfer
+
+    return flashinfer.__version__
+
+
 def jit_one(op: str, cache: str) -> int:
     """One small call of ``op`` (decode, decode-tc, prefill) with a ``cache`` (bf16, e4m3)
     cache: what makes FlashInfer JIT-compile that kernel (``gpu_flashinfer.sh`` runs the six
@@ -369,7 +378,7 @@ def main() -> int:
     if len(sys.argv) == 4 and sys.argv[1] == "jit":
         return jit_one(sys.argv[2], sys.argv[3])
     OUT.mkdir(parents=True, exist_ok=True)
-    env = environment(DEVICE)
+    env = dict(environment(DEVICE), flashinfer_version=flashinfer_version())
     ceiling = read_gbps(DEVICE) if ON_CUDA else float("nan")
     print(f"read-only ceiling: {ceiling:.0f} GB/s", flush=True)
     decode, decode_checks = Sink("kernels_flashinfer"), Sink("kernels_equivalence_flashinfer")

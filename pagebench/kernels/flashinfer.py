@@ -130,9 +130,9 @@ def plan_decode(block_tables, seq_lens, k_scale, v_scale, *, tensor_cores: bool,
                 num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                 q_dtype, kv_dtype, scale: float) -> Plan:
     """A decode wrapper planned for this table (``k_scale``/``v_scale``: fp8 only, else None)."""
+    ks, vs = _scales(k_scale, v_scale)  # a refusal comes before anything is built
     import flashinfer
 
-    ks, vs = _scales(k_scale, v_scale)
     t0 = time.perf_counter()
     kv = paged_kv_layout(block_tables, seq_lens, block_size)
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
@@ -155,9 +155,9 @@ def plan_prefill(block_tables, seq_lens, query_lens, k_scale, v_scale, *, num_q_
                  scale: float) -> Plan:
     """A causal prefill wrapper planned for this table and these query lengths (the causal
     mask is aligned to each sequence's end, as ``paged_prefill`` defines it)."""
+    ks, vs = _scales(k_scale, v_scale)  # a refusal comes before anything is built
     import flashinfer
 
-    ks, vs = _scales(k_scale, v_scale)
     t0 = time.perf_counter()
     kv = paged_kv_layout(block_tables, seq_lens, block_size)
     qo = query_indptr(query_lens)

@@ -55,9 +55,10 @@ def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed, *, masked:
     Without ``masked``, no explicit mask reaches SDPA, so its fused kernels stay eligible:
     ``is_causal`` for a whole prompt, a bottom-right causal bias
     (``torch.nn.attention.bias.causal_lower_right``) for a chunk after a cached prefix (with
-    grouped heads, where a backend refuses them, K/V are expanded to the query heads once, here,
-    outside the timed call). ``masked``: the boolean mask the earlier baseline passed (it
-    leaves only the math and cuDNN paths), kept to show what it cost."""
+    grouped heads, where the kernel SDPA picks for the bias refuses or ignores them, K/V are
+    expanded to the query heads once, here, outside the timed call). ``masked``: the boolean
+    mask the earlier baseline passed (it leaves only the math and cuDNN paths), kept to show
+    what it cost."""
     from torch.nn.attention.bias import causal_lower_right
 
     num_q, num_kv, head_dim = shape
@@ -65,25 +66,37 @@ def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed, *, masked:
     context = cached + query_len
     q = torch.randn(batch, num_q, query_len, head_dim, device=device, dtype=dtype, generator=gen)
     k = torch.randn(batch, num_kv, context, head_dim, device=device, dtype=dtype, generator=gen)
-    v = torch.randn_like(k)
+    v = torch.randn(k.shape, device=device, dtype=dtype, generator=gen)
     scale = head_dim ** -0.5
     gqa = num_q != num_kv
     if cached == 0:
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
                                                       enable_gqa=gqa)
+    mask = (torch.arange(context, device=device)[None, :]
+            <= torch.arange(cached, context, device=device)[:, None])
     if masked:
-        mask = (torch.arange(context, device=device)[None, :]
-                <= torch.arange(cached, context, device=device)[:, None])
         return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
                                                       enable_gqa=gqa)
     bias = causal_lower_right(query_len, context)
-    try:
-        F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale, enable_gqa=gqa)
-    except RuntimeError:  # a fused kernel that takes the bias but not grouped heads
+    if gqa and not _same_result(q, k, v, bias, mask, scale):
+        # a fused kernel reached through the bias that ignores enable_gqa (torch's CPU flash
+        # kernel does): K/V expanded to the query heads once, here, outside the timed call
         k, v = (x.repeat_interleave(num_q // num_kv, dim=1) for x in (k, v))
         gqa = False
     return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
                                                   enable_gqa=gqa)
+
+
+def _same_result(q, k, v, bias, mask, scale) -> bool:
+    """Whether SDPA with the bottom-right causal ``bias`` and grouped heads computes what the
+    boolean ``mask`` does (one call of each)."""
+    try:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+                                             enable_gqa=True)
+    except RuntimeError:
+        return False
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return bool(torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2))
 
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,

@@ -9,8 +9,9 @@ mean, so a ragged point reads about the bytes of the uniform point beside it:
 - ``trace:NAME``: prompt + output lengths of requests of a shipped trace (``azure-conv``,
   ``azure-code``, ``mooncake-conv``), sampled with the seed.
 
-Each draw is rescaled to mean ``context`` and clipped to ``1..max_len`` (default 8 x
-``context``), so a point's longest sequence is bounded.
+The draws are rescaled to mean ``context`` and clipped to ``1..max_len`` (default 8 x
+``context``, so a point's longest sequence is bounded), a few times over, so that the clipped
+batch keeps the mean (within rounding, where ``max_len`` allows).
 """
 
 from __future__ import annotations
@@ -43,8 +44,7 @@ def check_lengths_spec(spec: str, option: str = "--lengths") -> str:
 
 def batch_lengths(spec: str, batch: int, context: int, seed: int = 0,
                   max_len: int | None = None) -> list[int]:
-    """``batch`` lengths of shape ``spec`` with mean ``context`` (before clipping to
-    ``1..max_len``)."""
+    """``batch`` lengths of shape ``spec``, in ``1..max_len``, with mean ``context``."""
     check_lengths_spec(spec)
     if spec == "uniform":
         return [int(context)] * batch
@@ -61,5 +61,7 @@ def batch_lengths(spec: str, batch: int, context: int, seed: int = 0,
         trace = read_timed_trace(args)
         pick = np.random.default_rng(seed).choice(trace.num_requests, size=batch)
         raw = (trace.prompt_len[pick] + trace.output_len[pick]).astype(np.float64)
-    scaled = raw * (context / raw.mean())
-    return [int(n) for n in np.clip(np.rint(scaled), 1, max_len)]
+    lens = raw
+    for _ in range(8):  # rescale, clip, and again: the clipped draws' share moves to the rest
+        lens = np.clip(lens * (context / lens.mean()), 1, max_len)
+    return [int(n) for n in np.rint(lens)]

@@ -47,7 +47,7 @@ def main(arg: str) -> int:
         # contiguous rows hold no block size: compared at every block size of their point
         show("decode", decode, DECODE_KEYS, [k for k in DECODE_KEYS if k != "block_size"])
     show("prefill", frame(folder, "kernels_prefill_flashinfer"), PREFILL_KEYS, PREFILL_KEYS)
-    plans = frame(folder, "flashinfer_plan")
+    plans = frame(folder, "kernels_plan_flashinfer")
     if not plans.empty:
         print("\nFlashInfer plan (host us): median over points",
               plans.groupby("backend")[["plan_us", "replan_us"]].median().round(1).to_dict())

@@ -382,7 +382,7 @@ def main() -> int:
     ceiling = read_gbps(DEVICE) if ON_CUDA else float("nan")
     print(f"read-only ceiling: {ceiling:.0f} GB/s", flush=True)
     decode, decode_checks = Sink("kernels_flashinfer"), Sink("kernels_equivalence_flashinfer")
-    plans = Sink("flashinfer_plan")
+    plans = Sink("kernels_plan_flashinfer")
     prefill, prefill_checks = (Sink("kernels_prefill_flashinfer"),
                                Sink("kernels_prefill_equivalence_flashinfer"))
     fp8, fp8_checks = Sink("kernels_flashinfer_fp8"), Sink(

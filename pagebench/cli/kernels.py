@@ -83,6 +83,11 @@ def register(sub) -> None:
                    help="block-table layouts of the paged cases, comma-separated: contiguous "
                    "(arange tables), shuffled (a random permutation of the pool), aged (tables "
                    "of a block manager that has served a trace with churn); default %(default)s")
+    p.add_argument("--lengths", action="append", metavar="SPEC",
+                   help="decode: the batches' lengths, repeatable, each a sweep axis value: "
+                   "uniform (every sequence CONTEXT tokens), lognormal:MU,SIGMA or trace:NAME "
+                   "(azure-conv, azure-code, mooncake-conv), rescaled to mean CONTEXT; "
+                   "default uniform")
     p.add_argument("--cuda-graphs", choices=["both", "only", "off"], default="both",
                    help="CUDA: time the calls that can be captured eagerly and replayed from a "
                    "CUDA graph (both), from a graph alone (only; on the CPU, with a warning, "
@@ -206,6 +211,12 @@ def run_bench(args) -> int:
         if unknown or not include:
             raise ValueError(f"--backends: not available here: {unknown or args.backends!r} "
                              f"(available: {', '.join(known)})")
+    from pagebench.kernels.ragged import check_lengths_spec
+
+    lengths = [check_lengths_spec(spec) for spec in args.lengths or ["uniform"]]
+    if lengths != ["uniform"] and (args.fp8 or args.tune or args.prefill):
+        raise ValueError("--lengths: applies to the decode sweep, not --fp8, --tune or "
+                         "--prefill")
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     unknown = sorted(set(layouts) - set(TABLE_LAYOUTS))
     if unknown or not layouts:
@@ -276,8 +287,9 @@ def run_bench(args) -> int:
                            exclude=None if include is None else (), repeat=args.repeat,
                            skipped=skipped, progress=lambda row: bar.update(),
                            share=ranks.share, layouts=layouts, kv_dtype=kv_dtype,
-                           cuda_graphs=args.cuda_graphs)
+                           cuda_graphs=args.cuda_graphs, lengths=lengths)
         table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else []) \
+            + ([("lengths", "lengths", 0)] if len(lengths) > 1 else []) \
             + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     df, skipped = ranks.merge(df, skipped)
     if df is None:  # not rank 0: its rows went to rank 0

@@ -99,6 +99,9 @@ def register(sub) -> None:
                    "and against float32 on the dequantised cache, over its own grid "
                    "(pagebench.kernels.fp8_sweep; the H200 grid on CUDA, a tiny one on a CPU; "
                    "--shape, --points, --block-sizes and --repeat override it)")
+    p.add_argument("--kv-scales", choices=["head", "one"], default="head",
+                   help="fp8 caches (--kv-dtype, --fp8): a scale per KV head (default), or one "
+                   "for every head (the largest), which FlashInfer's fp8 kernels need")
     p.add_argument("--tune", action="store_true",
                    help="CUDA: time the Triton kernel's launch grid (tile, warps, stages, KV "
                    "splits; with --prefill: rows, tile, warps) through CUDA graphs instead of "
@@ -231,11 +234,12 @@ def run_bench(args) -> int:
     if args.fp8:
         from pagebench.kernels.fp8_sweep import run_fp8_sweep
 
-        if args.tune or args.prefill or args.kv_dtype or args.backends \
+        if args.tune or args.prefill or args.kv_dtype \
                 or layouts != ["shuffled"] or args.cuda_graphs != "both" or ranks.world > 1:
             raise ValueError("--fp8: times Triton decode and prefill with every cache dtype "
                              "over its own grid, on one GPU; give at most --device, --dtype, "
-                             "one --shape, --points (or --batches/--contexts), --block-sizes "
+                             "one --shape, --points (or --batches/--contexts), --block-sizes, "
+                             "--backends (the fp8 decoders beside Triton), --kv-scales "
                              "and --repeat")
         if shapes and len(shapes) > 1:
             raise ValueError("--shape: --fp8 times one attention shape")
@@ -243,7 +247,10 @@ def run_bench(args) -> int:
             rows = run_fp8_sweep(args.device, shape=next(iter(shapes.items())) if shapes else None,
                                  points=points, block_sizes=args.block_sizes,
                                  dtype=getattr(torch, args.dtype or "bfloat16"),
-                                 repeat=args.repeat, progress=lambda row: bar.update())
+                                 repeat=args.repeat, progress=lambda row: bar.update(),
+                                 backends=None if include is None else [
+                                     b.removesuffix("-paged") for b in include],
+                                 one_scale=args.kv_scales == "one")
         df = pd.DataFrame(rows)
         table = FP8_TABLE
     elif args.tune:
@@ -275,7 +282,8 @@ def run_bench(args) -> int:
                                    block_size=block_size, dtype=dtype, include=include,
                                    repeat=args.repeat, progress=lambda row: bar.update(),
                                    share=ranks.share, kv_dtype=kv_dtype,
-                                   cuda_graphs=args.cuda_graphs)
+                                   cuda_graphs=args.cuda_graphs,
+                                   one_scale=args.kv_scales == "one")
         table = PREFILL_TABLE + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     else:
         from pagebench.kernels.sweep import run_sweep
@@ -287,7 +295,8 @@ def run_bench(args) -> int:
                            exclude=None if include is None else (), repeat=args.repeat,
                            skipped=skipped, progress=lambda row: bar.update(),
                            share=ranks.share, layouts=layouts, kv_dtype=kv_dtype,
-                           cuda_graphs=args.cuda_graphs, lengths=lengths)
+                           cuda_graphs=args.cuda_graphs, lengths=lengths,
+                           one_scale=args.kv_scales == "one")
         table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else []) \
             + ([("lengths", "lengths", 0)] if len(lengths) > 1 else []) \
             + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])

@@ -101,14 +101,16 @@ def _same_result(q, k, v, bias, mask, scale) -> bool:
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                       block_size=defaults.BLOCK_SIZE, dtype=None, include=None, repeat=None,
-                      progress=None, share=(0, 1), kv_dtype=None, cuda_graphs="both"):
+                      progress=None, share=(0, 1), kv_dtype=None, cuda_graphs="both",
+                      one_scale: bool = False):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
     this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
     (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
     scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``).
     ``include``: backend names or paged variants' labels (``triton-paged``) to time.
-    ``cuda_graphs``: as the decode sweep's (``sweep.graph_modes``)."""
+    ``cuda_graphs``: as the decode sweep's (``sweep.graph_modes``). ``one_scale``: an fp8
+    cache with one scale for every head (``fixtures.quantized_inputs``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"
@@ -161,7 +163,7 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
             case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
             check_prefill(*case.args(), scale)  # once: the timed calls go to the kernels directly
             if is_fp8(kv_dtype):  # each head's largest value maps to the format's
-                case = quantized_inputs(case, kv_dtype, spread=1.0)
+                case = quantized_inputs(case, kv_dtype, spread=1.0, one_scale=one_scale)
             for name in backends:
                 backend = registry.get_backend(name)
                 record(shape_name, shape, point, f"{name}-paged", name, "paged",

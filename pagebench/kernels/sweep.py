@@ -150,7 +150,8 @@ def graph_modes(cuda_graphs: str, capturable: bool, on_cuda: bool) -> tuple[bool
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=None, include=None, exclude=None, repeat=None, copy_gbps=None,
               progress=None, skipped=None, cuda_graphs="both", share=(0, 1),
-              layouts=("shuffled",), kv_dtype=None, lengths=("uniform",)):
+              layouts=("shuffled",), kv_dtype=None, lengths=("uniform",),
+              one_scale: bool = False):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
@@ -160,7 +161,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     are timed paged, and the contiguous baselines stay in ``dtype``. ``lengths``: the batches'
     length specs (``kernels.ragged``: ``uniform``, ``lognormal:MU,SIGMA``, ``trace:NAME``; the
     point's context is their mean; column ``lengths``); a ragged batch's contiguous baseline
-    is a cache padded to its longest sequence, read up to each length.
+    is a cache padded to its longest sequence, read up to each length. ``one_scale``: an fp8
+    cache with one scale for every head (``fixtures.quantized_inputs``).
     ``quick`` on CPU: two small shapes, a handful of points, the backends that are real
     kernels there (torch-paged vs sdpa-contiguous), about a minute on two cores. On CUDA
     (quick=False) the full H200 grid of the issue. ``block_sizes`` default to
@@ -285,7 +287,8 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                                              seed=batch, layout=table_layout, extra_blocks=0,
                                              extra_table_cols=0, poison=False)
                     if is_fp8(kv_dtype):  # each head's largest value maps to the format's
-                        case = quantized_inputs(case, kv_dtype, spread=1.0)
+                        case = quantized_inputs(case, kv_dtype, spread=1.0,
+                                                one_scale=one_scale)
                     check_decode(*case.args(), scale)
                     check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
                     for var in paged:

@@ -130,6 +130,25 @@ def timed(fn, graph: bool = True):
     return measure(fn, device=DEVICE, warmup=2, repeat=REPEAT, cuda_graph=graph and ON_CUDA)
 
 
+def checked_timing(point: dict, make_call, error_of, tolerance: float, checks: Sink,
+                   graph: bool = True):
+    """``make_call()``'s call, checked first (``error_of(its output)`` below ``tolerance``; a
+    row of ``checks`` either way), then timed; None where it failed or raised."""
+    try:
+        fn = make_call()
+        err = error_of(fn())
+    except Exception as e:  # noqa: BLE001 -- recorded, the sweep goes on
+        checks.add(dict(point, ok=False, rel_err=None, error=short(e)))
+        return None
+    ok = err < tolerance
+    checks.add(dict(point, ok=ok, rel_err=err, tolerance=tolerance))
+    return timed(fn, graph) if ok else None
+
+
+def timing_fields(t) -> dict:
+    return dict(time_us=t.median_us, q20_us=t.q20_us, q80_us=t.q80_us)
+
+
 def per_tensor_fp8(inp, cache_dtype):
     """``inp``'s caches in fp8 with one scale for every head (K's and V's own)."""
     import dataclasses
@@ -179,22 +198,15 @@ def decode_stage(env, rows: Sink, checks: Sink, plans: Sink, ceiling: float, sha
                         label = f"{name}-paged"
                         point = dict(base, block_size=block_size, backend=label, kernel=name,
                                      layout="paged", kv_dtype=dtype_name(cache_dtype))
-                        try:
-                            fn = registry.get_backend(name).prepared_call(
-                                "decode", *inp.args(), scale, **inp.scales())
-                            err = check(fn(), inp, scale, min(batch, CHECK_SEQS))
-                        except Exception as e:  # noqa: BLE001 -- recorded, the sweep goes on
-                            checks.add(dict(point, ok=False, rel_err=None, error=short(e)))
+                        t = checked_timing(
+                            point, lambda name=name, inp=inp: registry.get_backend(
+                                name).prepared_call("decode", *inp.args(), scale, **inp.scales()),
+                            lambda out, inp=inp: check(out, inp, scale, min(batch, CHECK_SEQS)),
+                            TOLERANCE[dtype_name(cache_dtype)], checks)
+                        if t is None:
                             continue
-                        ok = err < TOLERANCE[dtype_name(cache_dtype)]
-                        checks.add(dict(point, ok=ok, rel_err=err,
-                                        tolerance=TOLERANCE[dtype_name(cache_dtype)]))
-                        if not ok:
-                            continue
-                        t = timed(fn)
-                        rows.add(dict(point, cuda_graphs=ON_CUDA, time_us=t.median_us,
-                                      q20_us=t.q20_us, q80_us=t.q80_us, kv_bytes=nbytes,
-                                      gbps=nbytes / t.median_us / 1e3))
+                        rows.add(dict(point, cuda_graphs=ON_CUDA, **timing_fields(t),
+                                      kv_bytes=nbytes, gbps=nbytes / t.median_us / 1e3))
                         if name.startswith("flashinfer") and kv_dtype is None:
                             plan_row(point, inp, scale, name.endswith("-tc"), plans)
                     del inp
@@ -225,19 +237,13 @@ def contiguous_rows(base, shape, lens, scale, rows: Sink, checks: Sink, nbytes: 
             continue
         point = dict(base, block_size=None, backend=f"{name}-contiguous", kernel=name,
                      layout="contiguous", kv_dtype=dtype_name(DTYPE))
-        try:
-            fn = registry.get_backend(name).prepared_call(
-                "contiguous", *inp.args()[:3], None if uniform else seq_lens, scale)
-            err = relative_error(fn()[:n], ref)
-        except Exception as e:  # noqa: BLE001
-            checks.add(dict(point, ok=False, rel_err=None, error=short(e)))
-            continue
-        ok = err < TOLERANCE[dtype_name(DTYPE)]
-        checks.add(dict(point, ok=ok, rel_err=err, tolerance=TOLERANCE[dtype_name(DTYPE)]))
-        if ok:
-            t = timed(fn)
-            rows.add(dict(point, cuda_graphs=ON_CUDA, time_us=t.median_us, q20_us=t.q20_us,
-                          q80_us=t.q80_us, kv_bytes=nbytes, gbps=nbytes / t.median_us / 1e3))
+        t = checked_timing(
+            point, lambda name=name: registry.get_backend(name).prepared_call(
+                "contiguous", *inp.args()[:3], None if uniform else seq_lens, scale),
+            lambda out: relative_error(out[:n], ref), TOLERANCE[dtype_name(DTYPE)], checks)
+        if t is not None:
+            rows.add(dict(point, cuda_graphs=ON_CUDA, **timing_fields(t), kv_bytes=nbytes,
+                          gbps=nbytes / t.median_us / 1e3))
 
 
 def plan_row(point, inp, scale, tensor_cores: bool, plans: Sink) -> None:
@@ -284,19 +290,14 @@ def prefill_point_rows(env, shape_name, shape, batch, query_lens, seq_lens, rows
             continue
         point = dict(base, block_size=16, backend=f"{name}-paged", kernel=name, layout="paged",
                      kv_dtype=dtype_name(DTYPE))
-        try:
-            fn = registry.get_backend(name).prepared_call("prefill", *inp.args(), scale)
-            err = check(fn(), inp, scale, min(len(query_lens), CHECK_SEQS))
-        except Exception as e:  # noqa: BLE001
-            checks.add(dict(point, ok=False, rel_err=None, error=short(e)))
-            continue
-        ok = err < TOLERANCE[dtype_name(DTYPE)]
-        checks.add(dict(point, ok=ok, rel_err=err, tolerance=TOLERANCE[dtype_name(DTYPE)]))
-        if ok:
-            graph = "prefill" in registry.get_backend(name).graph_capturable
-            t = timed(fn, graph)
-            rows.add(dict(point, cuda_graphs=graph and ON_CUDA, time_us=t.median_us,
-                          q20_us=t.q20_us, q80_us=t.q80_us,
+        graph = "prefill" in registry.get_backend(name).graph_capturable
+        t = checked_timing(
+            point, lambda name=name: registry.get_backend(name).prepared_call(
+                "prefill", *inp.args(), scale),
+            lambda out: check(out, inp, scale, min(len(query_lens), CHECK_SEQS)),
+            TOLERANCE[dtype_name(DTYPE)], checks, graph)
+        if t is not None:
+            rows.add(dict(point, cuda_graphs=graph and ON_CUDA, **timing_fields(t),
                           tflops=flops / t.median_us / 1e6))
     return flops
 
@@ -319,8 +320,7 @@ def prefill_stage(env, rows: Sink, checks: Sink, shapes) -> None:
                 fn = sdpa_causal(batch, query_len, cached, shape, DTYPE, DEVICE, seed=3,
                                  masked=masked)
                 t = timed(fn)
-                rows.add(dict(base, backend=label, cuda_graphs=ON_CUDA, time_us=t.median_us,
-                              q20_us=t.q20_us, q80_us=t.q80_us,
+                rows.add(dict(base, backend=label, cuda_graphs=ON_CUDA, **timing_fields(t),
                               tflops=flops / t.median_us / 1e6))
             if ON_CUDA:
                 torch.cuda.empty_cache()

@@ -173,3 +173,30 @@ def test_the_unmasked_sdpa_prefill_baseline_computes_what_the_masked_one_does(sh
     plain = sdpa_causal(2, 5, 7, shape, torch.float32, "cpu", seed=1)()
     masked = sdpa_causal(2, 5, 7, shape, torch.float32, "cpu", seed=1, masked=True)()
     assert torch.allclose(plain, masked, atol=1e-6)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--lengths", "gauss:1"], "--lengths: expected uniform"),
+    (["--prefill", "--lengths", "lognormal:0,1"], "--lengths: applies to the decode sweep")])
+def test_bench_refuses_bad_lengths_in_one_line(argv, message, capsys):
+    from pagebench.cli import main
+
+    assert main(["bench", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]
+
+
+def test_bench_times_each_lengths_spec_as_an_axis(tmp_path):
+    import pandas as pd
+
+    from pagebench.cli import main
+
+    out = tmp_path / "kernels.csv"
+    assert main(["bench", "--points", "4x64", "--block-sizes", "16", "--shape", "t=4/2/16",
+                 "--repeat", "1", "--lengths", "uniform", "--lengths", "lognormal:0,0.8",
+                 "--out", str(out)]) == 0
+    df = pd.read_csv(out)
+    assert sorted(set(df["lengths"])) == ["lognormal:0,0.8", "uniform"]
+    tokens = {spec: g["kv_bytes"].iloc[0] // (2 * 2 * 16 * 4) for spec, g in df.groupby("lengths")}
+    assert tokens["uniform"] == 4 * 64
+    assert tokens["lognormal:0,0.8"] == sum(batch_lengths("lognormal:0,0.8", 4, 64, seed=4))

@@ -247,7 +247,8 @@ def contiguous_rows(base, shape, lens, scale, rows: Sink, checks: Sink, nbytes: 
 
 
 def plan_row(point, inp, scale, tensor_cores: bool, plans: Sink) -> None:
-    """FlashInfer's host cost per plan at this point: the layout conversion and ``plan``."""
+    """FlashInfer's host cost per plan at this point: a new wrapper's first plan (``plan_us``),
+    and the layout converted and planned again on it (``replan_us``: a serving step's cost)."""
     from pagebench.kernels import flashinfer as fi
 
     hq, d = inp.q.shape[1], inp.q.shape[2]

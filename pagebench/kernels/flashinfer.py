@@ -109,9 +109,12 @@ def _workspace(device: torch.device) -> torch.Tensor:
 @dataclass
 class Plan:
     """A planned FlashInfer wrapper for one table: ``run(q, k_cache, v_cache)`` is the kernel
-    (graph-capturable), ``plan_us`` the host time the layout conversion and ``plan`` took."""
+    (graph-capturable), ``plan_us`` the host time the first plan took (the wrapper and its
+    buffers made, the layout converted, ``plan``)."""
     wrapper: object
-    replan: object  # no-argument call: plan again with the same layout (a serving step's cost)
+    # no-argument call: convert the table again and plan again on the same wrapper, what a
+    # serving step pays for a new table of the same batch size
+    replan: object
     k_scale: float | None
     v_scale: float | None
     plan_us: float
@@ -134,7 +137,7 @@ def plan_decode(block_tables, seq_lens, k_scale, v_scale, *, tensor_cores: bool,
     import flashinfer
 
     t0 = time.perf_counter()
-    kv = paged_kv_layout(block_tables, seq_lens, block_size)
+    kv = paged_kv_layout(block_tables, seq_lens, block_size)  # sizes the wrapper's buffers
     wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
         _workspace(block_tables.device), "NHD", use_cuda_graph=True,
         use_tensor_cores=tensor_cores, paged_kv_indptr_buffer=torch.empty_like(kv.indptr),
@@ -142,6 +145,7 @@ def plan_decode(block_tables, seq_lens, k_scale, v_scale, *, tensor_cores: bool,
         paged_kv_last_page_len_buffer=torch.empty_like(kv.last_page_len), backend=FI_BACKEND)
 
     def replan():
+        kv = paged_kv_layout(block_tables, seq_lens, block_size)
         wrapper.plan(kv.indptr, kv.indices, kv.last_page_len, num_q_heads, num_kv_heads,
                      head_dim, block_size, q_data_type=q_dtype, kv_data_type=kv_dtype,
                      sm_scale=scale)
@@ -159,7 +163,7 @@ def plan_prefill(block_tables, seq_lens, query_lens, k_scale, v_scale, *, num_q_
     import flashinfer
 
     t0 = time.perf_counter()
-    kv = paged_kv_layout(block_tables, seq_lens, block_size)
+    kv = paged_kv_layout(block_tables, seq_lens, block_size)  # sizes the wrapper's buffers
     qo = query_indptr(query_lens)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
         _workspace(block_tables.device), "NHD", use_cuda_graph=True,
@@ -168,6 +172,7 @@ def plan_prefill(block_tables, seq_lens, query_lens, k_scale, v_scale, *, num_q_
         paged_kv_last_page_len_buf=torch.empty_like(kv.last_page_len), backend=FI_BACKEND)
 
     def replan():
+        kv, qo = paged_kv_layout(block_tables, seq_lens, block_size), query_indptr(query_lens)
         wrapper.plan(qo, kv.indptr, kv.indices, kv.last_page_len, num_q_heads, num_kv_heads,
                      head_dim, block_size, causal=True, sm_scale=scale, q_data_type=q_dtype,
                      kv_data_type=kv_dtype)

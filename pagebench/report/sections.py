@@ -395,10 +395,11 @@ PREFILL = (  # paged prefill (whole prompts, chunks after a cached prefix) again
          "sdpa-masked-contiguous is the boolean mask the earlier baseline used."),
     View("kernels_plan", "FlashInfer plan cost (host time)", ("model_shape", "backend", "batch",
          "context", "lengths", "block_size", "plan_us", "replan_us"),
-         text="Host microseconds FlashInfer's plan takes at a decode point: the table's "
-         "conversion to indptr/indices/last_page_len plus a new wrapper's plan (plan_us), and "
-         "plan again on the same wrapper (replan_us): what a serving engine pays every step "
-         "before the kernel runs; not included in the kernel times."),
+         text="Host microseconds FlashInfer's plan takes at a decode point: a new wrapper's "
+         "first plan, its buffers made (plan_us), and the table converted to "
+         "indptr/indices/last_page_len and planned again on the same wrapper (replan_us): "
+         "what a serving engine pays every step before the kernel runs; not included in the "
+         "kernel times."),
 )
 KERNELS = (
     View("kernels_equivalence", "Paged kernels versus the float64 reference",

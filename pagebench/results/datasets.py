@@ -123,8 +123,10 @@ KERNELS_PLAN = schema(
     "kernels_plan", "host time of one FlashInfer plan at one decode point "
     "(scripts/gpu_flashinfer.py)",
     MODEL_SHAPE, C("batch", "int", "sequences"), C("context", "int", "mean cached tokens"),
-    BLOCK_SIZE, BACKEND, C("plan_us", "float", "layout conversion + a new wrapper's plan, us"),
-    *optional(C("replan_us", "float", "plan again on the same wrapper, us"), LENGTHS))
+    BLOCK_SIZE, BACKEND,
+    C("plan_us", "float", "a new wrapper's first plan (buffers made, table converted), us"),
+    *optional(C("replan_us", "float", "the table converted and planned again on the same "
+                "wrapper (a serving step's cost), us"), LENGTHS))
 
 # ---- engine ------------------------------------------------------------------------------
 

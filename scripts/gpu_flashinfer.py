@@ -253,7 +253,7 @@ def plan_row(point, inp, scale, tensor_cores: bool, plans: Sink) -> None:
 
     hq, d = inp.q.shape[1], inp.q.shape[2]
     samples = []
-    for _ in range(7 if QUICK else 20):
+    for _ in range(5 if QUICK else 10):
         t0 = time.perf_counter()
         plan = fi.plan_decode(inp.block_tables, inp.seq_lens, None, None,
                               tensor_cores=tensor_cores, num_q_heads=hq,
@@ -262,7 +262,7 @@ def plan_row(point, inp, scale, tensor_cores: bool, plans: Sink) -> None:
                               kv_dtype=inp.k_cache.dtype, scale=scale)
         samples.append((time.perf_counter() - t0) * 1e6)
     replans = []
-    for _ in range(7 if QUICK else 20):
+    for _ in range(5 if QUICK else 10):
         t0 = time.perf_counter()
         plan.replan()
         replans.append((time.perf_counter() - t0) * 1e6)

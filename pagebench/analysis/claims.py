@@ -288,7 +288,25 @@ def batch1_slower(results: Results) -> Measured | None:
     same = same_kernel_paging_cost(kernels)
     if same:
         note += ". Paging's own cost, the same kernel on a contiguous cache: " + same
+    families = family_verdicts(derive.table(results, "kernels_batch1_family"))
+    if families:
+        note += ". Per kernel family, beyond the repeats' noise: " + families
     return Measured(parts, ", ".join(sorted(judged)), note)
+
+
+def family_verdicts(table: pd.DataFrame) -> str:
+    """'triton (H200): slower 3, within noise 1 of 4 (1.01–1.05×)': batch 1, block 16, how
+    often paging was slower, faster or within noise per family and device
+    (``derive.family_batch1``)."""
+    if table.empty:
+        return ""
+    at16 = table[table["block_size"] == derive.PRIMARY_BLOCK_SIZE]
+    out = []
+    for (family, label), g in at16.groupby(["family", "device_label"]):
+        counts = ", ".join(f"{k} {n}" for k, n in g["paging"].value_counts().items())
+        out.append(f"{family} ({label}): {counts} of {len(g)} "
+                   f"({g['ratio'].min():.2f}–{g['ratio'].max():.2f}×)")
+    return "; ".join(out)
 
 
 def same_kernel_paging_cost(kernels) -> str:

@@ -14,6 +14,12 @@ from pagebench.results.commits import newest_first
 PRIMARY_BLOCK_SIZE = 16
 # the columns of kernel_rows that say which run a row came from: times are compared within one
 RUN = ["dtype", "commit"]
+UNIFORM = "uniform"  # a batch of equal lengths (kernels rows' ``lengths``; empty: the same)
+# a decode point of versus_fastest: every backend timed there is compared with the fastest
+POINT = ["device_label", "shape", "kv_dtype", "lengths", "batch", "context"]
+# paged kernel family -> (its paged backends, the contiguous ones it is judged against)
+FAMILIES = {"triton": (("triton-paged",), ("triton-contiguous",)),
+            "flashinfer": (("flashinfer-paged", "flashinfer-tc-paged"), None)}
 
 
 def row_labels(df: pd.DataFrame) -> pd.Series:
@@ -27,10 +33,13 @@ def row_labels(df: pd.DataFrame) -> pd.Series:
 def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
     """Timed kernel rows with a ``paged`` flag, ``device_label``, ``shape`` and the :data:`RUN`
     columns (``commit`` empty where not recorded); only rows whose K/V cache is of the model's
-    ``dtype`` (an fp8 cache is the fp8 section's)."""
+    ``dtype`` (an fp8 cache is the fp8 section's) and whose batch has one length (a ragged
+    batch is :func:`versus_fastest`'s)."""
     if kernels is None or len(kernels) == 0:
         return None
     df = kernels.dropna(subset=["batch", "context", "time_us"])
+    if "lengths" in df.columns:
+        df = df[df["lengths"].fillna(UNIFORM) == UNIFORM]
     df = df[df["time_us"] > 0]
     if "kv_dtype" in df.columns:
         df = df[df["kv_dtype"].fillna(df["dtype"]) == df["dtype"]]
@@ -72,6 +81,123 @@ def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
         if len(best):
             out["triton TFLOP/s (best)"] = best
     return out.reset_index()
+
+
+def relative_to_fastest(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """``df`` with ``relative_time`` (time / the fastest row's at the same ``keys``: 1.0 is
+    the fastest backend there) and ``fastest`` (that row's backend)."""
+    if len(df) == 0:
+        return df.assign(relative_time=pd.Series(dtype=float), fastest=pd.Series(dtype=str))
+    groups = df.groupby(keys, dropna=False)["time_us"]
+    best = df.loc[groups.idxmin().dropna(), keys + ["backend"]].rename(
+        columns={"backend": "fastest"})
+    out = df.assign(relative_time=df["time_us"] / groups.transform("min"))
+    return out.merge(best, on=keys, how="left")
+
+
+def versus_fastest(kernels: pd.DataFrame | None) -> pd.DataFrame:
+    """Every backend (and block size) at every decode point beside the fastest one there:
+    ``relative_time`` = its time / the fastest's (1.0: it is the fastest), and
+    ``read_fraction`` = its K/V GB/s / the device's read-only bandwidth (``read_gbps``), for
+    one commit per device and shape, the newest; uniform and ragged batches, bf16 and fp8
+    caches are separate points. Only points where two or more kernels were timed."""
+    if kernels is None or len(kernels) == 0:
+        return pd.DataFrame()
+    df = kernels.dropna(subset=["batch", "context", "time_us"])
+    df = df[df["time_us"] > 0].copy()
+    if df.empty:
+        return pd.DataFrame()
+    df["lengths"] = df["lengths"].fillna(UNIFORM) if "lengths" in df.columns else UNIFORM
+    df["kv_dtype"] = (df["kv_dtype"].fillna(df["dtype"]) if "kv_dtype" in df.columns
+                      else df["dtype"])
+    df["device_label"] = row_labels(df)
+    df["shape"] = df["model_shape"].astype(str)
+    df["commit"] = df["commit"].fillna("").astype(str) if "commit" in df.columns else ""
+    df = newest_run(df, ["device_label", "shape"])
+    df["block_size"] = df["block_size"].fillna(0)  # 0: contiguous, kept in the groupby
+    df = _best(df, POINT + ["backend", "block_size"])
+    kernels_at = df.groupby(POINT)["kernel"].transform("nunique")
+    df = df[kernels_at >= 2]
+    if df.empty:
+        return pd.DataFrame()
+    out = relative_to_fastest(df, POINT)
+    out["block_size"] = out["block_size"].where(out["block_size"] > 0)
+    if "read_gbps" in out.columns and "gbps" in out.columns:
+        out["read_fraction"] = out["gbps"] / out["read_gbps"]
+    columns = POINT + ["backend", "block_size", "time_us", "relative_time", "fastest", "gbps",
+                       "read_fraction", "commit"]
+    return out[[c for c in columns if c in out.columns]].sort_values(
+        POINT + ["relative_time"]).reset_index(drop=True)
+
+
+PREFILL_POINT = ["device_label", "shape", "kv_dtype", "lengths", "batch", "query_len",
+                 "cached"]
+
+
+def prefill_versus_fastest(prefill: pd.DataFrame | None) -> pd.DataFrame:
+    """Every prefill backend at every point beside the fastest there (``relative_time``), as
+    :func:`versus_fastest` does for decode; mixed steps (``lengths`` mixed:...) included."""
+    if prefill is None or len(prefill) == 0:
+        return pd.DataFrame()
+    df = prefill.dropna(subset=["batch", "query_len", "cached", "time_us"]).copy()
+    if df.empty:
+        return pd.DataFrame()
+    df["lengths"] = df["lengths"].fillna(UNIFORM) if "lengths" in df.columns else UNIFORM
+    dtype = df["dtype"] if "dtype" in df.columns else pd.Series("", index=df.index)
+    df["kv_dtype"] = df["kv_dtype"].fillna(dtype) if "kv_dtype" in df.columns else dtype
+    df["device_label"] = row_labels(df)
+    df["shape"] = df["model_shape"].astype(str)
+    df["commit"] = df["commit"].fillna("").astype(str) if "commit" in df.columns else ""
+    df = newest_run(df, ["device_label", "shape"])
+    df = _best(df, PREFILL_POINT + ["backend"])
+    df = df[df.groupby(PREFILL_POINT)["backend"].transform("nunique") >= 2]
+    if df.empty:
+        return pd.DataFrame()
+    out = relative_to_fastest(df, PREFILL_POINT)
+    columns = PREFILL_POINT + ["backend", "time_us", "relative_time", "fastest", "tflops",
+                               "commit"]
+    return out[[c for c in columns if c in out.columns]].sort_values(
+        PREFILL_POINT + ["relative_time"]).reset_index(drop=True)
+
+
+def family_batch1(kernels: pd.DataFrame | None) -> pd.DataFrame:
+    """Batch 1 per paged-kernel family (:data:`FAMILIES`): the family's fastest paged time
+    over its contiguous baseline (Triton: its own kernel on a contiguous cache; FlashInfer:
+    the fastest contiguous kernel timed), per device, shape, context and block size, with the
+    spread of the repeats: ``ratio_low`` = paged q20 / contiguous q80 and ``ratio_high`` =
+    paged q80 / contiguous q20. ``paging`` says whether paging is slower beyond that noise
+    (``slower``), faster beyond it (``faster``), or neither (``within noise``)."""
+    df = kernel_rows(kernels)
+    if df is None or "q20_us" not in df.columns:
+        return pd.DataFrame()
+    df = newest_run(df[df["batch"] == 1].dropna(subset=["q20_us", "q80_us"]),
+                    ["device_label", "shape"])
+    keys = ["device_label", "shape", "context", "commit"]
+    out = []
+    for family, (paged, contiguous) in FAMILIES.items():
+        p = df[df["backend"].isin(paged)].dropna(subset=["block_size"])
+        c = df[~df["paged"]] if contiguous is None else df[df["backend"].isin(contiguous)]
+        if p.empty or c.empty:
+            continue
+        p = _best(p, keys + ["block_size"])[keys + ["block_size", "backend", "time_us",
+                                                    "q20_us", "q80_us"]]
+        c = _best(c, keys)[keys + ["backend", "time_us", "q20_us", "q80_us"]]
+        pairs = p.merge(c, on=keys, suffixes=("_paged", "_contiguous"))
+        pairs["family"] = family
+        out.append(pairs)
+    if not out:
+        return pd.DataFrame()
+    pairs = pd.concat(out, ignore_index=True)
+    pairs["ratio"] = pairs["time_us_paged"] / pairs["time_us_contiguous"]
+    pairs["ratio_low"] = pairs["q20_us_paged"] / pairs["q80_us_contiguous"]
+    pairs["ratio_high"] = pairs["q80_us_paged"] / pairs["q20_us_contiguous"]
+    pairs["paging"] = "within noise"
+    pairs.loc[pairs["ratio_low"] > 1.0, "paging"] = "slower"
+    pairs.loc[pairs["ratio_high"] < 1.0, "paging"] = "faster"
+    pairs["block_size"] = pairs["block_size"].astype(int)
+    return pairs.rename(columns={"backend_paged": "paged_backend",
+                                 "backend_contiguous": "contiguous_backend"}).sort_values(
+        ["device_label", "shape", "family", "context", "block_size"]).reset_index(drop=True)
 
 
 def _best(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -234,7 +360,8 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
 # of dataset "kernels"
 KERNEL_TABLES = {"kernels_timed": kernel_rows, "kernels_batch1_ratio": batch1_ratio,
                  "kernels_throughput": throughput, "kernels_bandwidth": bandwidth,
-                 "kernels_block_cost": kernel_cost_per_block}
+                 "kernels_block_cost": kernel_cost_per_block,
+                 "kernels_vs_fastest": versus_fastest, "kernels_batch1_family": family_batch1}
 
 
 def table(results, name: str, compute=None) -> pd.DataFrame:

@@ -20,6 +20,8 @@ SECTION_CLAIMS = ((ARTICLE, claims.CLAIMS + real_traces.CLAIMS), (fp8.SECTION, f
 EVERY_CLAIM = tuple(claim for _, section_claims in SECTION_CLAIMS for claim in section_claims)
 # derived tables beside the kernel ones: name -> function of the results
 TABLES = {"kernels_prefill_summary": lambda r: derive.prefill_summary(r.get("kernels_prefill")),
+          "kernels_prefill_vs_fastest":
+              lambda r: derive.prefill_versus_fastest(r.get("kernels_prefill")),
           **fp8.TABLES, **parallel.TABLES, **serving.TABLES}
 
 

@@ -83,6 +83,11 @@ def register(sub) -> None:
                    help="block-table layouts of the paged cases, comma-separated: contiguous "
                    "(arange tables), shuffled (a random permutation of the pool), aged (tables "
                    "of a block manager that has served a trace with churn); default %(default)s")
+    p.add_argument("--lengths", action="append", metavar="SPEC",
+                   help="decode: the batches' lengths, repeatable, each a sweep axis value: "
+                   "uniform (every sequence CONTEXT tokens), lognormal:MU,SIGMA or trace:NAME "
+                   "(azure-conv, azure-code, mooncake-conv), rescaled to mean CONTEXT; "
+                   "default uniform")
     p.add_argument("--cuda-graphs", choices=["both", "only", "off"], default="both",
                    help="CUDA: time the calls that can be captured eagerly and replayed from a "
                    "CUDA graph (both), from a graph alone (only; on the CPU, with a warning, "
@@ -94,6 +99,9 @@ def register(sub) -> None:
                    "and against float32 on the dequantised cache, over its own grid "
                    "(pagebench.kernels.fp8_sweep; the H200 grid on CUDA, a tiny one on a CPU; "
                    "--shape, --points, --block-sizes and --repeat override it)")
+    p.add_argument("--kv-scales", choices=["head", "one"], default="head",
+                   help="fp8 caches (--kv-dtype, --fp8): a scale per KV head (default), or one "
+                   "for every head (the largest), which FlashInfer's fp8 kernels need")
     p.add_argument("--tune", action="store_true",
                    help="CUDA: time the Triton kernel's launch grid (tile, warps, stages, KV "
                    "splits; with --prefill: rows, tile, warps) through CUDA graphs instead of "
@@ -206,6 +214,12 @@ def run_bench(args) -> int:
         if unknown or not include:
             raise ValueError(f"--backends: not available here: {unknown or args.backends!r} "
                              f"(available: {', '.join(known)})")
+    from pagebench.kernels.ragged import check_lengths_spec
+
+    lengths = [check_lengths_spec(spec) for spec in args.lengths or ["uniform"]]
+    if lengths != ["uniform"] and (args.fp8 or args.tune or args.prefill):
+        raise ValueError("--lengths: applies to the decode sweep, not --fp8, --tune or "
+                         "--prefill")
     layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
     unknown = sorted(set(layouts) - set(TABLE_LAYOUTS))
     if unknown or not layouts:
@@ -220,11 +234,12 @@ def run_bench(args) -> int:
     if args.fp8:
         from pagebench.kernels.fp8_sweep import run_fp8_sweep
 
-        if args.tune or args.prefill or args.kv_dtype or args.backends \
+        if args.tune or args.prefill or args.kv_dtype \
                 or layouts != ["shuffled"] or args.cuda_graphs != "both" or ranks.world > 1:
             raise ValueError("--fp8: times Triton decode and prefill with every cache dtype "
                              "over its own grid, on one GPU; give at most --device, --dtype, "
-                             "one --shape, --points (or --batches/--contexts), --block-sizes "
+                             "one --shape, --points (or --batches/--contexts), --block-sizes, "
+                             "--backends (the fp8 decoders beside Triton), --kv-scales "
                              "and --repeat")
         if shapes and len(shapes) > 1:
             raise ValueError("--shape: --fp8 times one attention shape")
@@ -232,7 +247,10 @@ def run_bench(args) -> int:
             rows = run_fp8_sweep(args.device, shape=next(iter(shapes.items())) if shapes else None,
                                  points=points, block_sizes=args.block_sizes,
                                  dtype=getattr(torch, args.dtype or "bfloat16"),
-                                 repeat=args.repeat, progress=lambda row: bar.update())
+                                 repeat=args.repeat, progress=lambda row: bar.update(),
+                                 backends=None if include is None else [
+                                     b.removesuffix("-paged") for b in include],
+                                 one_scale=args.kv_scales == "one")
         df = pd.DataFrame(rows)
         table = FP8_TABLE
     elif args.tune:
@@ -264,7 +282,8 @@ def run_bench(args) -> int:
                                    block_size=block_size, dtype=dtype, include=include,
                                    repeat=args.repeat, progress=lambda row: bar.update(),
                                    share=ranks.share, kv_dtype=kv_dtype,
-                                   cuda_graphs=args.cuda_graphs)
+                                   cuda_graphs=args.cuda_graphs,
+                                   one_scale=args.kv_scales == "one")
         table = PREFILL_TABLE + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     else:
         from pagebench.kernels.sweep import run_sweep
@@ -276,8 +295,10 @@ def run_bench(args) -> int:
                            exclude=None if include is None else (), repeat=args.repeat,
                            skipped=skipped, progress=lambda row: bar.update(),
                            share=ranks.share, layouts=layouts, kv_dtype=kv_dtype,
-                           cuda_graphs=args.cuda_graphs)
+                           cuda_graphs=args.cuda_graphs, lengths=lengths,
+                           one_scale=args.kv_scales == "one")
         table = DECODE_TABLE + (LAYOUT_COLUMNS if len(layouts) > 1 else []) \
+            + ([("lengths", "lengths", 0)] if len(lengths) > 1 else []) \
             + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     df, skipped = ranks.merge(df, skipped)
     if df is None:  # not rank 0: its rows went to rank 0

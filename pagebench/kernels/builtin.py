@@ -119,3 +119,36 @@ register_backend(
     description="fp8 paged decode in CUDA C++ compiled at first use (NVRTC): scores computed "
     "transposed (16 tokens x the group's query rows per MMA), fp8 loaded from the cache "
     "straight into MMA registers, one warp per KV split (NVIDIA compute capability 8.9+)")
+
+
+def _flashinfer_variant(tensor_cores: bool):
+    """Decode, its ``prepare`` hook and (CUDA cores only) prefill of one FlashInfer variant."""
+    from pagebench.kernels import flashinfer as fi
+
+    decode = functools.partial(fi.decode, tensor_cores=tensor_cores)
+    prepare = {"decode": functools.partial(fi.prepare_decode, tensor_cores=tensor_cores)}
+    if tensor_cores:
+        return {"decode": decode, "prepare": prepare}
+    return {"decode": decode, "prefill": fi.prefill,
+            "prepare": {**prepare, "prefill": fi.prepare_prefill}}
+
+
+# Registered only where the package is installed (pagebench[flashinfer]); `is_available` then
+# imports it. Opt-in, like cuda-fp8: "auto" keeps Triton; the sweeps time it by name.
+if importlib.util.find_spec("flashinfer") is not None:
+    from pagebench.kernels.flashinfer import HEAD_DIMS as FI_HEAD_DIMS
+    from pagebench.kernels.flashinfer import flashinfer_available
+
+    for _name, _tc in (("flashinfer", False), ("flashinfer-tc", True)):
+        register_backend(
+            _name, **_flashinfer_variant(_tc), devices=("cuda",),
+            dtypes=(torch.float16, torch.bfloat16), priority=5, cache_dtypes=FP8_DTYPES,
+            reads_cache_on=lambda device, _: nvidia_fp8_hardware(device),
+            is_available=flashinfer_available,
+            graph_capturable=("decode",) if _tc else ("decode", "prefill"),
+            head_dims=", ".join(map(str, FI_HEAD_DIMS)),
+            supports_head_dim=lambda d: d in FI_HEAD_DIMS, scratch_ratio=0.0,
+            description="FlashInfer's paged " + ("decode on tensor cores (its prefill kernel, "
+                        "one query row per sequence)" if _tc else "decode (CUDA cores) and "
+                        "causal prefill") + ", FA2 kernels JIT-compiled, planned once per "
+                        "table; fp8 caches with one scale for every head")

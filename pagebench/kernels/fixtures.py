@@ -158,14 +158,18 @@ def contiguous_case(batch: int, context: int, shape, dtype, device,
 
 
 def quantized_inputs(inp: PagedInputs, cache_dtype, *, seed: int = 0,
-                     spread: float = 16.0) -> PagedInputs:
+                     spread: float = 16.0, one_scale: bool = False) -> PagedInputs:
     """``inp`` with its caches quantised to fp8 ``cache_dtype``. Each KV head's values are
     first multiplied by its own magnitude (log-uniform within ``spread``x of 1, so a kernel
     that applied another head's scale would be far off), then stored with a per-head scale
     that maps the head's largest finite value to the format's largest. Poisoned slots stay NaN
     (or their large finite value, saturated). Returns new tensors; ``inp`` is unchanged. The
-    unquantised caches with the same per-head magnitudes are ``unquantized_caches``."""
+    unquantised caches with the same per-head magnitudes are ``unquantized_caches``.
+    ``one_scale``: every head stored with the largest head's scale (K's and V's own), as
+    kernels that take one scale per cache (FlashInfer) need."""
     k_real, v_real, k_amax, v_amax = _scaled_real_caches(inp, seed, spread)
+    if one_scale:
+        k_amax, v_amax = (a.max().expand_as(a).contiguous() for a in (k_amax, v_amax))
     k_scale, v_scale = k_amax / fp8_max(cache_dtype), v_amax / fp8_max(cache_dtype)
     return dataclasses.replace(inp, k_cache=quantize(k_real, k_scale, cache_dtype),
                                v_cache=quantize(v_real, v_scale, cache_dtype), k_scale=k_scale,

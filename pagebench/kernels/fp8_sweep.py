@@ -47,10 +47,12 @@ FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}
 OTHER_FP8_DECODE = ("cuda-fp8",)
 
 
-def other_fp8_decoders(device, dtype, block_size: int, head_dim: int, cache_dtype) -> list[str]:
-    """The backends of ``OTHER_FP8_DECODE`` that run on ``device`` and take this decode."""
+def other_fp8_decoders(device, dtype, block_size: int, head_dim: int, cache_dtype,
+                       names=OTHER_FP8_DECODE) -> list[str]:
+    """The backends of ``names`` (Triton aside: it is always timed) that run on ``device``
+    and take this decode."""
     backends = registered_backends()
-    return [name for name in OTHER_FP8_DECODE
+    return [name for name in names if name != "triton"
             if (b := backends.get(name)) is not None and backend_available(b)
             and b.is_kernel_on(device)
             and b.supports("decode", device, dtype, block_size, head_dim, cache_dtype)]
@@ -63,12 +65,16 @@ def cache_dtypes(block_size: int, dtype) -> list:
 
 def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=None,
                   prefill_points=None, dtype=torch.bfloat16, repeat: int | None = None,
-                  copy_gbps: float | None = None, progress=None) -> list[dict]:
+                  copy_gbps: float | None = None, progress=None, backends=None,
+                  one_scale: bool = False) -> list[dict]:
     """Rows of ``kernels_fp8``: decode at ``points`` x ``block_sizes`` and prefill at
     ``prefill_points`` (batch, query_len, cached), each with a ``dtype`` cache and fp8 ones.
     ``shape`` is (name, (num_q_heads, num_kv_heads, head_dim)). Defaults: the H200 grid on
     CUDA (``DECODE_POINTS`` ...), the CPU one elsewhere (``CPU_DECODE_POINTS`` ...); ``repeat``
-    20 on CUDA, 1 on a CPU. ``progress`` is called with each row."""
+    20 on CUDA, 1 on a CPU. ``progress`` is called with each row. ``backends``: the fp8
+    decode kernels timed beside Triton's (default ``OTHER_FP8_DECODE``, where they run);
+    ``one_scale``: quantise every head with one scale (``fixtures.quantized_inputs``), which
+    kernels taking one scale per cache need (FlashInfer)."""
     from pagebench.kernels import triton_decode, triton_prefill
 
     on_cuda = torch.device(device).type == "cuda"
@@ -104,7 +110,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
             base = triton_decode.triton_paged_decode(*case.args(), scale)
             for cache_dtype in cache_dtypes(block_size, dtype):
                 inputs = case if cache_dtype == dtype else quantized_inputs(
-                    case, cache_dtype, spread=1.0)
+                    case, cache_dtype, spread=1.0, one_scale=one_scale)
                 exact = None if cache_dtype == dtype else dequantised_output(
                     torch_paged_decode, inputs, scale)  # once for every kernel timed on it
                 # (backend, launch, call): Triton's default and other launches, then the
@@ -114,7 +120,8 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                     calls += [("triton", launch, o) for launch, o in FP8_LAUNCHES.items()]
                 if cache_dtype != dtype:
                     calls += [(name, "default", None) for name in other_fp8_decoders(
-                        device, dtype, block_size, shape[2], cache_dtype)]
+                        device, dtype, block_size, shape[2], cache_dtype,
+                        OTHER_FP8_DECODE if backends is None else backends)]
                 for backend, launch, options in calls:
                     if backend == "triton":
                         def call(inputs=inputs, options=options):
@@ -141,8 +148,8 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
         check_prefill(*case.args(), scale)
         base = triton_prefill.triton_paged_prefill(*case.args(), scale)
         for cache_dtype in (dtype, E4M3):
-            inputs = case if cache_dtype == dtype else quantized_inputs(case, cache_dtype,
-                                                                        spread=1.0)
+            inputs = case if cache_dtype == dtype else quantized_inputs(
+                case, cache_dtype, spread=1.0, one_scale=one_scale)
 
             def call(inputs=inputs):
                 return triton_prefill.triton_paged_prefill(*inputs.args(), scale,

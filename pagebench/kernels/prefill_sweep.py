@@ -49,34 +49,68 @@ def causal_flops(batch: int, query_len: int, cached: int, num_q_heads: int,
     return 4.0 * batch * num_q_heads * head_dim * pairs
 
 
-def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed):
-    """Causal SDPA on a contiguous cache: the baseline (queries at the end of the context)."""
+def sdpa_causal(batch, query_len, cached, shape, dtype, device, seed, *, masked: bool = False):
+    """Causal SDPA on a contiguous cache, queries at the end of the context: the baseline.
+
+    Without ``masked``, no explicit mask reaches SDPA, so its fused kernels stay eligible:
+    ``is_causal`` for a whole prompt, a bottom-right causal bias
+    (``torch.nn.attention.bias.causal_lower_right``) for a chunk after a cached prefix (with
+    grouped heads, where the kernel SDPA picks for the bias refuses or ignores them, K/V are
+    expanded to the query heads once, here, outside the timed call). ``masked``: the boolean
+    mask the earlier baseline passed (it leaves only the math and cuDNN paths), kept to show
+    what it cost."""
+    from torch.nn.attention.bias import causal_lower_right
+
     num_q, num_kv, head_dim = shape
     gen = torch.Generator(device=device).manual_seed(seed)
     context = cached + query_len
     q = torch.randn(batch, num_q, query_len, head_dim, device=device, dtype=dtype, generator=gen)
     k = torch.randn(batch, num_kv, context, head_dim, device=device, dtype=dtype, generator=gen)
-    v = torch.randn_like(k)
+    v = torch.randn(k.shape, device=device, dtype=dtype, generator=gen)
     scale = head_dim ** -0.5
+    gqa = num_q != num_kv
     if cached == 0:
         return lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
-                                                      enable_gqa=num_q != num_kv)
+                                                      enable_gqa=gqa)
     mask = (torch.arange(context, device=device)[None, :]
             <= torch.arange(cached, context, device=device)[:, None])
-    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                                  enable_gqa=num_q != num_kv)
+    if masked:
+        return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
+                                                      enable_gqa=gqa)
+    bias = causal_lower_right(query_len, context)
+    if gqa and not _same_result(q, k, v, bias, mask, scale):
+        # a fused kernel reached through the bias that ignores enable_gqa (torch's CPU flash
+        # kernel does): K/V expanded to the query heads once, here, outside the timed call
+        k, v = (x.repeat_interleave(num_q // num_kv, dim=1) for x in (k, v))
+        gqa = False
+    return lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+                                                  enable_gqa=gqa)
+
+
+def _same_result(q, k, v, bias, mask, scale) -> bool:
+    """Whether SDPA with the bottom-right causal ``bias`` and grouped heads computes what the
+    boolean ``mask`` does (one call of each)."""
+    try:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=scale,
+                                             enable_gqa=True)
+    except RuntimeError:
+        return False
+    ref = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
+    return bool(torch.allclose(out.float(), ref.float(), atol=2e-2, rtol=2e-2))
 
 
 def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                       block_size=defaults.BLOCK_SIZE, dtype=None, include=None, repeat=None,
-                      progress=None, share=(0, 1), kv_dtype=None, cuda_graphs="both"):
+                      progress=None, share=(0, 1), kv_dtype=None, cuda_graphs="both",
+                      one_scale: bool = False):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
     this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
     (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
     scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``).
     ``include``: backend names or paged variants' labels (``triton-paged``) to time.
-    ``cuda_graphs``: as the decode sweep's (``sweep.graph_modes``)."""
+    ``cuda_graphs``: as the decode sweep's (``sweep.graph_modes``). ``one_scale``: an fp8
+    cache with one scale for every head (``fixtures.quantized_inputs``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"
@@ -129,7 +163,7 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
             case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
             check_prefill(*case.args(), scale)  # once: the timed calls go to the kernels directly
             if is_fp8(kv_dtype):  # each head's largest value maps to the format's
-                case = quantized_inputs(case, kv_dtype, spread=1.0)
+                case = quantized_inputs(case, kv_dtype, spread=1.0, one_scale=one_scale)
             for name in backends:
                 backend = registry.get_backend(name)
                 record(shape_name, shape, point, f"{name}-paged", name, "paged",

@@ -25,8 +25,9 @@ from pagebench import defaults
 from pagebench.config import dtype_name
 from pagebench.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, paged_case,
+from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, make_paged_inputs,
                                         quantized_inputs)
+from pagebench.kernels.ragged import batch_lengths
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.validate import check_contiguous, check_decode
 from pagebench.results.datasets import KERNELS
@@ -37,7 +38,7 @@ COLUMNS = [
     "dtype", "model_shape", "num_q_heads", "num_kv_heads", "head_dim", "batch", "context",
     "block_size", "backend", "kernel", "layout", "cuda_graphs", "time_us", "q20_us", "q80_us",
     "kv_bytes", "gbps", "copy_gbps", "table_layout", "adjacent_fraction", "footprint_bytes",
-    "l2_bytes", "fits_l2", "kv_dtype",
+    "l2_bytes", "fits_l2", "kv_dtype", "lengths",
 ]
 # L2 of the H200 where the device does not say (CPU runs: the flag is then about the H200)
 DEFAULT_L2_BYTES = 60 * 10**6
@@ -94,6 +95,18 @@ def measure_copy_gbps(device: str, nbytes: int = 2 * 2**30) -> float:
     return 2 * nbytes / (t.median_us * 1e-6) / 1e9
 
 
+READ_BYTES = 2 * 2**30  # the read-only ceiling's buffer: far beyond any L2
+
+
+def read_gbps(device: str, nbytes: int = READ_BYTES) -> float:
+    """Read-only bandwidth (bytes read per second), in GB/s: a reduction over a buffer that
+    only reads it, the ceiling of a decode kernel (which reads K/V and writes almost nothing;
+    against a copy's read + write bandwidth it could score above 100%)."""
+    buf = torch.ones(nbytes // 4, device=device, dtype=torch.float32)
+    t = measure(lambda: buf.sum(), device=device, warmup=3, repeat=20, flush_l2=False)
+    return nbytes / (t.median_us * 1e-6) / 1e9
+
+
 def l2_bytes(device) -> int:
     if torch.device(device).type == "cuda":
         return int(torch.cuda.get_device_properties(torch.device(device)).L2_cache_size)
@@ -137,14 +150,19 @@ def graph_modes(cuda_graphs: str, capturable: bool, on_cuda: bool) -> tuple[bool
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=None, include=None, exclude=None, repeat=None, copy_gbps=None,
               progress=None, skipped=None, cuda_graphs="both", share=(0, 1),
-              layouts=("shuffled",), kv_dtype=None):
+              layouts=("shuffled",), kv_dtype=None, lengths=("uniform",),
+              one_scale: bool = False):
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
     block-table layouts (``kernels.fixtures.TABLE_LAYOUTS``); contiguous variants ignore it.
     ``kv_dtype`` (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn``
     (scales: each head's largest value maps to the format's); only backends that declare it
-    are timed paged, and the contiguous baselines stay in ``dtype``.
+    are timed paged, and the contiguous baselines stay in ``dtype``. ``lengths``: the batches'
+    length specs (``kernels.ragged``: ``uniform``, ``lognormal:MU,SIGMA``, ``trace:NAME``; the
+    point's context is their mean; column ``lengths``); a ragged batch's contiguous baseline
+    is a cache padded to its longest sequence, read up to each length. ``one_scale``: an fp8
+    cache with one scale for every head (``fixtures.quantized_inputs``).
     ``quick`` on CPU: two small shapes, a handful of points, the backends that are real
     kernels there (torch-paged vs sdpa-contiguous), about a minute on two cores. On CUDA
     (quick=False) the full H200 grid of the issue. ``block_sizes`` default to
@@ -186,7 +204,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     kv_dtype = kv_dtype or dtype
 
     def record(v, shape_name, shape, batch, context, block_size, fn, graph, table_layout=None,
-               tables=None):
+               tables=None, lengths_spec="uniform", tokens=None):
         cache_dtype = dtype if v.layout == "contiguous" else kv_dtype
         try:
             with cpu_threads(None if on_cuda else 1):  # one thread: steadier on a shared CPU
@@ -197,7 +215,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
             if on_cuda:
                 torch.cuda.synchronize()
             return
-        nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
+        nbytes = kv_bytes(1, tokens or batch * context, shape[1], shape[2], cache_dtype)
         footprint = nbytes if tables is None else footprint_bytes(
             tables, block_size, shape[1], shape[2], cache_dtype)
         rows.append(KERNELS.row(**env,
@@ -212,7 +230,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                                 adjacent_fraction=None if tables is None
                                 else adjacent_fraction(tables),
                                 footprint_bytes=footprint, l2_bytes=l2, fits_l2=footprint <= l2,
-                                kv_dtype=dtype_name(cache_dtype)))
+                                kv_dtype=dtype_name(cache_dtype), lengths=lengths_spec))
         if progress:
             progress(rows[-1])
 
@@ -224,20 +242,25 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     units = itertools.count()
     for shape_name, shape in shapes.items():
         scale = shape[2] ** -0.5
-        for batch, context in points:
+        for (batch, context), spec in itertools.product(points, lengths):
             if not take_share(next(units), share):
                 continue
+            lens = batch_lengths(spec, batch, context, seed=batch)
+            uniform = len(set(lens)) == 1
+            ids = dict(lengths_spec=spec, tokens=sum(lens))
             contiguous = [v for v in vs if v.layout == "contiguous"]
-            need = 2 * kv_bytes(batch, context, shape[1], shape[2], dtype)
+            need = 2 * kv_bytes(batch, max(lens), shape[1], shape[2], dtype)
             if contiguous and _fits(device, need):
-                case = contiguous_case(batch, context, shape, dtype, device, seed=batch)
+                case = contiguous_case(batch, max(lens), shape, dtype, device, seed=batch)
+                case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
                 check_contiguous(*case.args(), scale)
                 for var in contiguous:
                     # None: every sequence fills the cache
                     fn = registry.get_backend(var.backend).prepared_call(
-                        "contiguous", case.q, case.k, case.v, None, scale)
+                        "contiguous", case.q, case.k, case.v, None if uniform else case.seq_lens,
+                        scale)
                     for graph in graphs(var):
-                        record(var, shape_name, shape, batch, context, None, fn, graph)
+                        record(var, shape_name, shape, batch, context, None, fn, graph, **ids)
                 del case
             elif contiguous:
                 skipped.append(((shape_name, batch, context, None), "contiguous", "memory"))
@@ -250,16 +273,22 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                 if not paged:
                     continue
                 for table_layout in layouts:
+                    if table_layout == "aged" and not uniform:
+                        skipped.append(((shape_name, batch, context, block_size, table_layout),
+                                        "paged", f"aged tables need equal lengths ({spec})"))
+                        continue
                     # an aged pool holds other requests' blocks too
                     pool = need * (5 if table_layout == "aged" else 4) // 4
                     if not _fits(device, pool + need // block_size):
                         skipped.append(((shape_name, batch, context, block_size, table_layout),
                                         "paged", "memory"))
                         continue
-                    case = paged_case(batch, context, shape, block_size, dtype, device,
-                                      seed=batch, layout=table_layout)
+                    case = make_paged_inputs(lens, *shape, block_size, dtype, device,
+                                             seed=batch, layout=table_layout, extra_blocks=0,
+                                             extra_table_cols=0, poison=False)
                     if is_fp8(kv_dtype):  # each head's largest value maps to the format's
-                        case = quantized_inputs(case, kv_dtype, spread=1.0)
+                        case = quantized_inputs(case, kv_dtype, spread=1.0,
+                                                one_scale=one_scale)
                     check_decode(*case.args(), scale)
                     check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
                     for var in paged:
@@ -277,7 +306,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
                             continue
                         for graph in graphs(var):
                             record(var, shape_name, shape, batch, context, block_size, fn, graph,
-                                   table_layout, case.block_tables)
+                                   table_layout, case.block_tables, **ids)
                     del case
                 if on_cuda:
                     torch.cuda.empty_cache()

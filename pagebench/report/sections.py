@@ -387,6 +387,19 @@ PREFILL = (  # paged prefill (whole prompts, chunks after a cached prefix) again
          "prefill kernel is measured against; torch-paged gathers each sequence first.",
          missing="prefill timings (pagebench bench --prefill --out ..., or commit "
          "reports/data/<gpu>/kernels_prefill.csv)"),
+    View("kernels_prefill_vs_fastest", "Every prefill backend against the fastest at each point",
+         text="Prefill and mixed steps (lengths mixed:KxQ+Mx1@C: K chunks of Q tokens and M "
+         "decodes at C tokens in one call), each backend relative to the fastest at the point. "
+         "sdpa-contiguous passes no explicit mask (is_causal, or a bottom-right causal bias "
+         "after a cached prefix), so SDPA's fused kernels stay eligible; "
+         "sdpa-masked-contiguous is the boolean mask the earlier baseline used."),
+    View("kernels_plan", "FlashInfer plan cost (host time)", ("model_shape", "backend", "batch",
+         "context", "lengths", "block_size", "plan_us", "replan_us"),
+         text="Host microseconds FlashInfer's plan takes at a decode point: a new wrapper's "
+         "first plan, its buffers made (plan_us), and the table converted to "
+         "indptr/indices/last_page_len and planned again on the same wrapper (replan_us): "
+         "what a serving engine pays every step before the kernel runs; not included in the "
+         "kernel times."),
 )
 KERNELS = (
     View("kernels_equivalence", "Paged kernels versus the float64 reference",
@@ -405,6 +418,22 @@ KERNELS = (
              "line chart of batch-1 time ratio", legend_title="context (tokens)", logx=True,
              hlines={"contiguous": 1.0}, panel="panel"),
          missing="batch-1 paged versus contiguous pairs"),
+    View("kernels_batch1_family", "Batch 1 per kernel family, with the repeats' spread",
+         ("device_label", "shape", "family", "context", "block_size", "paged_backend",
+          "contiguous_backend", "ratio", "ratio_low", "ratio_high", "paging"),
+         text="Batch 1, per paged-kernel family: Triton paged against Triton on a contiguous "
+         "cache (paging's own cost), FlashInfer paged against the fastest contiguous kernel "
+         "timed (what a deployment pays). ratio_low/ratio_high divide the 20th and 80th "
+         "percentiles of the repeats crosswise; paging is \"slower\" or \"faster\" only "
+         "where that whole band lies on one side of 1."),
+    View("kernels_vs_fastest", "Every decode backend against the fastest at each point",
+         ("device_label", "shape", "kv_dtype", "lengths", "batch", "context", "backend",
+          "block_size", "time_us", "relative_time", "fastest", "read_fraction"),
+         text="Each backend's time (fastest block-table variant, CUDA graph or not) relative "
+         "to the fastest backend at the same point (1.00 = it is the fastest), on the same "
+         "tensors in one process; lengths: uniform batches, or ragged ones rescaled to mean "
+         "context. read_fraction: K/V bytes per second over the device's read-only bandwidth "
+         "(a reduction that only reads), the ceiling of a decode step."),
     View("kernels_throughput", "Throughput versus batch", ("device_label", "shape", "context",
          "series", "batch", "time_us", "tokens_per_s"), text="Attention-kernel throughput versus "
          "batch size (tokens/s = batch / step time) for each block size of the fastest paged "

@@ -42,6 +42,9 @@ TOKENS_PER_S = C("tokens_per_s", "float", "generated tokens per second, end to e
 MODEL = C("model", "str", "model name or <type>-L<layers>-H<hidden>")
 DTYPE = C("dtype", "str", "element type of the model or K/V cache")
 MODEL_SHAPE = C("model_shape", "str", "preset whose attention shape was used")
+LENGTHS = C("lengths", "str", "the batch's lengths: uniform, lognormal:MU,SIGMA or trace:NAME "
+            "(mean = context), or mixed:KxQ+Mx1@C (K chunks of Q tokens and M decodes at C)")
+READ_GBPS = C("read_gbps", "float", "read-only bandwidth of the device (a reduction), GB/s")
 HEADS = optional(C("num_q_heads", "int", "query heads"), C("num_kv_heads", "int", "KV heads"),
                  C("head_dim", "int", "head dimension"))
 
@@ -70,7 +73,7 @@ KERNELS = schema(
               C("adjacent_fraction", "float", "share of consecutive table entries adjacent"),
               C("footprint_bytes", "int", "unique K/V bytes touched"),
               C("l2_bytes", "int", "L2 size"), C("fits_l2", "bool", "footprint <= L2"),
-              C("kv_dtype", "str", "K/V cache element type")),
+              C("kv_dtype", "str", "K/V cache element type"), LENGTHS, READ_GBPS),
     *HEADS)
 EQUIVALENCE_COLUMNS = (
     C("backend", "str", "variant checked"), C("ok", "bool", "within tolerance"),
@@ -89,7 +92,7 @@ KERNELS_PREFILL = schema(
     LAYOUT, CUDA_GRAPHS, TIME_US,
     *optional(DTYPE, C("q20_us", "float", "20th percentile"),
               C("q80_us", "float", "80th percentile"), C("tflops", "float", "achieved TFLOP/s"),
-              C("kv_dtype", "str", "K/V cache element type")),
+              C("kv_dtype", "str", "K/V cache element type"), LENGTHS),
     *HEADS)
 KERNELS_PREFILL_EQUIVALENCE = schema(
     "kernels_prefill_equivalence", "one prefill case against the float64 reference",
@@ -115,6 +118,15 @@ KERNELS_LAYOUT = schema(
     C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE,
     C("table_layout", "str", "contiguous, shuffled or aged"), TIME_US,
     *optional(*KERNELS.columns))
+
+KERNELS_PLAN = schema(
+    "kernels_plan", "host time of one FlashInfer plan at one decode point "
+    "(scripts/gpu_flashinfer.py)",
+    MODEL_SHAPE, C("batch", "int", "sequences"), C("context", "int", "mean cached tokens"),
+    BLOCK_SIZE, BACKEND,
+    C("plan_us", "float", "a new wrapper's first plan (buffers made, table converted), us"),
+    *optional(C("replan_us", "float", "the table converted and planned again on the same "
+                "wrapper (a serving step's cost), us"), LENGTHS))
 
 # ---- engine ------------------------------------------------------------------------------
 
@@ -375,8 +387,9 @@ PYTEST_BENCHMARK = schema(
 
 DATASETS: dict[str, Schema] = {s.name: s for s in (
     KERNELS, KERNELS_EQUIVALENCE, KERNELS_PREFILL, KERNELS_PREFILL_EQUIVALENCE, KERNELS_FP8,
-    KERNELS_LAYOUT, ENGINE_BATCH, ENGINE_COW, ENGINE_PREFIX, ENGINE_POOL, ENGINE_EQUAL_MEMORY,
-    ENGINE_COMPARE, ENGINE, MEMORY_STATIC, WORKLOAD_STATIC, MEMORY_MAX_LEN, MEMORY_DYNAMIC_SUMMARY,
+    KERNELS_LAYOUT, KERNELS_PLAN, ENGINE_BATCH, ENGINE_COW, ENGINE_PREFIX, ENGINE_POOL,
+    ENGINE_EQUAL_MEMORY, ENGINE_COMPARE, ENGINE, MEMORY_STATIC, WORKLOAD_STATIC, MEMORY_MAX_LEN,
+    MEMORY_DYNAMIC_SUMMARY,
     MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
     CAPACITY_FP8, CAPACITY_TP, REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE,
     REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
@@ -434,6 +447,34 @@ KERNELS_PREFILL_SUMMARY = schema(
     DEVICE_LABEL, SHAPE, C("commit", "str", "the commit measured"), BATCH,
     C("query_len", "int", "new tokens"),
     C("cached", "int", "cached tokens"), environment=False)
+KERNELS_VS_FASTEST = schema(
+    "kernels_vs_fastest", "one backend (and block size) at one decode point beside the "
+    "fastest backend there, of one commit per device and shape (the newest)",
+    DEVICE_LABEL, SHAPE, C("kv_dtype", "str", "K/V cache element type"), LENGTHS, BATCH,
+    CONTEXT, BLOCK_SIZE, C("backend", "str", "timed variant"), TIME_US,
+    C("relative_time", "float", "time / the fastest backend's at the point"),
+    C("fastest", "str", "the fastest backend at the point"),
+    *optional(C("gbps", "float", "K/V GB/s"),
+              C("read_fraction", "float", "gbps / the device's read-only GB/s")),
+    environment=False)
+KERNELS_PREFILL_VS_FASTEST = schema(
+    "kernels_prefill_vs_fastest", "one prefill backend at one point (whole prompts, chunks, "
+    "mixed steps) beside the fastest there, of one commit per device and shape (the newest)",
+    DEVICE_LABEL, SHAPE, LENGTHS, BATCH, C("query_len", "int", "new tokens per sequence"),
+    C("cached", "int", "cached tokens per sequence"), C("backend", "str", "timed variant"),
+    TIME_US, C("relative_time", "float", "time / the fastest backend's at the point"),
+    C("fastest", "str", "the fastest backend at the point"), environment=False)
+KERNELS_BATCH1_FAMILY = schema(
+    "kernels_batch1_family", "batch 1, one paged-kernel family at one context and block size: "
+    "its fastest paged time over its contiguous baseline, with the repeats' spread",
+    DEVICE_LABEL, SHAPE, CONTEXT, BLOCK_SIZE, C("family", "str", "triton or flashinfer"),
+    C("paged_backend", "str", "the family's fastest paged variant"),
+    C("contiguous_backend", "str", "its baseline (Triton: its own; FlashInfer: the fastest)"),
+    C("ratio", "float", "paged / contiguous median time"),
+    C("ratio_low", "float", "paged q20 / contiguous q80"),
+    C("ratio_high", "float", "paged q80 / contiguous q20"),
+    C("paging", "str", "slower, faster, or within noise (the spread straddles 1)"),
+    environment=False)
 RECOMMENDATION = schema(
     "recommendation", "one block size's score: utilisation x relative decode speed "
     "(pagebench.analysis.advice)", BLOCK_SIZE, UTILISATION,
@@ -473,7 +514,8 @@ SERVING_PREDICTION = schema(
 DERIVED: dict[str, Schema] = {s.name: s for s in (
     SERVING_MAX_RATE, SERVING_PREDICTION,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
-    KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, RECOMMENDATION, FP8_DECODE, LAYOUT_SPREAD,
+    KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, KERNELS_VS_FASTEST, KERNELS_BATCH1_FAMILY,
+    KERNELS_PREFILL_VS_FASTEST, RECOMMENDATION, FP8_DECODE, LAYOUT_SPREAD,
     TP_ALLREDUCE_STEP, SWEEP_WALL_SPEEDUP)}
 
 # file-name prefix under reports/data/<machine>/ -> dataset; first match wins; None: a file the
@@ -483,6 +525,7 @@ FILE_KINDS = (
     ("kernels_prefill_tuning", None), ("kernels_prefill", "kernels_prefill"),
     ("kernels_equivalence", "kernels_equivalence"), ("kernels_tuning", None),
     ("kernels_fp8", "kernels_fp8"), ("kernels_layout", "kernels_layout"),
+    ("kernels_plan", "kernels_plan"),
     ("fp8_engine", "fp8_engine"), ("kernels", "kernels"),
     ("engine_cow", "engine_cow"), ("engine_prefix", "engine_prefix"),
     ("engine_pool", "engine_pool"), ("engine_batch", "engine_batch"),

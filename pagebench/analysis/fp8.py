@@ -13,6 +13,7 @@ import pandas as pd
 from pagebench.analysis.claims import ARITHMETIC, Claim, Measured, Part, per_machine
 from pagebench.analysis.derive import row_labels, table
 from pagebench.results import Results
+from pagebench.results.derived import ARITHMETIC_KIND, MEASURED_KIND
 from pagebench.results.devices import frame_devices
 
 SECTION = "fp8"
@@ -170,18 +171,18 @@ CLAIMS = (
           "in the capacity planner (bf16 weights, 0.9 of the GPU, 4 GiB overhead) and in the "
           "engine's pool at equal KV memory where measured", ("capacity_fp8", "fp8_engine"),
           capacity_parts,
-          lambda ratios: all(1.95 <= r <= 2.05 for r in ratios)),
+          lambda ratios: all(1.95 <= r <= 2.05 for r in ratios), kind=ARITHMETIC_KIND),
     Claim("fp8_decode_time", "fp8 KV halves decode time at long context.",
           f"the fastest e4m3 decode kernel (Triton's or the CUDA one) / Triton bf16 time ≤ "
           f"{HALF_TIME_BOUND}× at every block-16 point of batch ≥ 32 × 4,096 and 1 × 65,536 "
           "(Llama-3-8B shape, CUDA graphs); blocks 1 and 128 shown, not judged",
           ("kernels_fp8",), decode_time_parts,
-          lambda worst: worst <= HALF_TIME_BOUND, mark_parts=True),
+          lambda worst: worst <= HALF_TIME_BOUND, mark_parts=True, kind=MEASURED_KIND),
     Claim("layout_cost", "Block-table layout does not matter to the kernel.",
           f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "
           f"{LAYOUT_SPREAD_BOUND}× at every point whose K/V does not fit in L2 (points that fit "
           "are flagged and left out), per machine", ("kernels_layout",), layout_parts,
-          lambda worst: worst <= LAYOUT_SPREAD_BOUND, mark_parts=True),
+          lambda worst: worst <= LAYOUT_SPREAD_BOUND, mark_parts=True, kind=MEASURED_KIND),
 )
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 from pagebench.analysis.claims import (NAIVE_SHARE, PAGED_16, PAGED_SHARE, SIM, Claim, Measured,
                                        Part, first, pct, percent_range, within)
 from pagebench.results import Results
+from pagebench.results.derived import ARITHMETIC_KIND, CITATION_KIND
 
 
 def paged_and_naive(frame: pd.DataFrame | None, column: str) -> list[tuple[str, float, float]]:
@@ -40,11 +41,11 @@ CLAIMS = (
           "KV memory as token state, far above naive reservation.", "static utilisation on "
           "each trace's final lengths: paged block 16 >= 96% and naive < 50%",
           ("real_traces_static",), static_parts, lambda v: v[0] >= 0.96 and v[1] < 0.5,
-          mark_parts=True),
+          mark_parts=True, kind=ARITHMETIC_KIND),
     Claim("real_traces_dynamic", "On real traces under memory pressure: naive reservation "
           "keeps 20–40% of KV memory as token state, paging about 96%.", "time-stepped "
           "simulation at a memory-bound budget, memory-bound steps: reserve-max within "
           f"{percent_range(NAIVE_SHARE)} and paged block 16 within {percent_range(PAGED_SHARE)}",
           ("real_traces_dynamic",), dynamic_parts,
-          lambda v: within(v[1], NAIVE_SHARE) and within(v[0], PAGED_SHARE), mark_parts=True),
+          lambda v: within(v[1], NAIVE_SHARE) and within(v[0], PAGED_SHARE), mark_parts=True, kind=CITATION_KIND),
 )

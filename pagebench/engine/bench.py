@@ -435,7 +435,7 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
     engines = {name: LLMEngine(model, block_size=block_size, kv_cache_memory=kv_bytes,
                                kernel=kernel, max_num_seqs=seqs, max_num_batched_tokens=8192)
                for name, seqs in (("engine", len(prompts)),
-                                  (EQUAL_MEMORY_CONTROL, contiguous_batch))}
+                                  (datasets.EQUAL_MEMORY_CONTROL, contiguous_batch))}
     runs = {"padded_generate": lambda: padded_generate(model, prompts, max_tokens,
                                                        batch_size=contiguous_batch),
             **{name: functools.partial(e.generate, prompts, params)
@@ -464,10 +464,6 @@ def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
                              **extra | dict(time_s=statistics.median(t))
                              | _spread("tokens_per_s", [generated / x for x in t])))
     return rows
-
-
-# the equal-memory control: the engine capped at padded generate's concurrency
-EQUAL_MEMORY_CONTROL = "engine_contiguous_batch"
 
 
 # ---- device runs: decode modes, copy bandwidth, greedy equality ------------------------------

@@ -82,8 +82,9 @@ def windows(num: int, length: int, held_out: bool = True, root: Path | None = No
     return [[BOS, *texts[i * step][:length - 1]] for i in range(num)]
 
 
-def load(dtype=None, device=None):
-    """The shipped model, through :func:`pagebench.engine.engine.load_model`."""
+def load(dtype=None, device=None, path=None):
+    """The shipped model (or a retrained one in ``path``), through
+    :func:`pagebench.engine.engine.load_model`."""
     from pagebench.engine.engine import load_model
 
-    return load_model(str(MODEL_DIR), dtype=dtype, device=device)
+    return load_model(str(path or MODEL_DIR), dtype=dtype, device=device)

@@ -74,10 +74,11 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     frames = results.frames | derived_frames(results)
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)
     headline, rec = "", results.recommendation
+    claims = sections.verdicts(results, ARTICLE)
     if rec is not None:
         headline = (f"Recommended block size: {rec.block_size}"
                     + ("" if rec.kernel_measured else " (memory only: no kernel data)")
-                    + ". " + tally(sections.verdicts(results, ARTICLE)["verdict"]) + ".")
+                    + ". " + tally(claims["verdict"], claims["kind"]) + ".")
     html = render.render_html(
         title="pagebench: paged KV-cache report",
         subtitle=f"built on {devices.run_label(env)}, commit {env.get('commit')}",

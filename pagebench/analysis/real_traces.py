@@ -12,15 +12,26 @@ from pagebench.results import Results
 from pagebench.results.derived import ARITHMETIC_KIND, CITATION_KIND
 
 
+def trace_sample(name: str, g: pd.DataFrame) -> str:
+    """The trace and the requests its rows replayed: ``azure-code (first 2,000 requests)``
+    (``pagebench claims --simulate`` and ``report --quick``) or ``azure-code (all 8,819
+    requests)``, so that verdicts from different samples are never read as one."""
+    source = str(first(g, "source") or "")
+    if "first" in source:
+        return f"{name} ({source.rsplit('(', 1)[-1]}"
+    n = first(g, "num_requests")
+    return name if n is None or n != n else f"{name} (all {int(n):,} requests)"
+
+
 def paged_and_naive(frame: pd.DataFrame | None, column: str) -> list[tuple[str, float, float]]:
-    """Per trace, in order: (trace, paged block 16's value, naive's value) of ``column``, for
-    the traces that have both rows."""
+    """Per trace, in order: (trace and sample, paged block 16's value, naive's value) of
+    ``column``, for the traces that have both rows."""
     out = []
     for name, g in ([] if frame is None else frame.groupby("trace", sort=False)):
         paged = first(g, column, **PAGED_16)
         naive = first(g, column, allocator="naive")
         if paged is not None and naive is not None:
-            out.append((name, float(paged), float(naive)))
+            out.append((trace_sample(name, g), float(paged), float(naive)))
     return out
 
 

@@ -13,6 +13,7 @@ import pandas as pd
 from pagebench.analysis.claims import ARITHMETIC, Claim, Measured, Part, per_machine
 from pagebench.analysis.derive import row_labels, table
 from pagebench.results import Results
+from pagebench.results.derived import ARITHMETIC_KIND, MEASURED_KIND
 from pagebench.results.devices import frame_devices
 
 SECTION = "fp8"
@@ -165,23 +166,66 @@ def layout_parts(results: Results) -> Measured | None:
     return None if spread.empty else per_machine(spread, layout_part, RUN)
 
 
+# an fp8 cache's cost on the trained model's held-out text, per block size: perplexity within
+# 1% of the bf16 cache's and the same top-1 prediction at >= 98% of positions
+PERPLEXITY_BOUND, AGREEMENT_BOUND = 1.01, 0.98
+
+
+def accuracy_part(machine: str, rows: pd.DataFrame) -> Part | None:
+    """One fp8 format of one run against its bf16 reference: judged at its worst block size."""
+    rows = rows[rows["reference_dtype"] == "bfloat16"]
+    if rows.empty:
+        return None
+    ratio = rows["perplexity"].astype(float) / rows["perplexity_reference"].astype(float)
+    agree = rows["top1_agreement"].astype(float)
+    kv = rows["kv_dtype"].iloc[0]
+    text = (f"{machine} {kv}: perplexity {rows['perplexity'].astype(float).max():.3f} vs bf16 "
+            f"{rows['perplexity_reference'].astype(float).max():.3f} (≤ {ratio.max():.4f}×), "
+            f"top-1 agreement ≥ {agree.min():.4f} over block sizes "
+            f"{', '.join(str(int(b)) for b in sorted(rows['block_size']))}; "
+            f"{int(rows['tokens'].max()):,} held-out tokens")
+    return Part((float(ratio.max()), float(agree.min())), text,
+                f"{kv} perplexity ×{ratio.max():.3f}, top-1 {100 * agree.min():.1f}%", machine)
+
+
+def accuracy_parts(results: Results) -> Measured | None:
+    frame = results.get("kv_accuracy")
+    if frame is None:
+        return None
+    frame = frame[frame["kv_dtype"].astype(str).str.startswith("fp8")]
+    measured = per_machine(frame, accuracy_part, ("model", "kv_dtype", "commit"))
+    bf16 = results.get("kv_accuracy")
+    bf16 = bf16[bf16["kv_dtype"] == "bfloat16"]
+    note = "" if bf16.empty else (
+        f" (bf16 against fp32: top-1 agreement ≥ {bf16['top1_agreement'].min():.4f}, "
+        f"perplexity {bf16['perplexity'].max():.3f} vs {bf16['perplexity_reference'].max():.3f})")
+    return None if measured is None else Measured(measured.parts, measured.device, note)
+
+
 CLAIMS = (
     Claim("fp8_capacity", "fp8 KV doubles capacity.", "KV blocks fp8 / bf16 within 1.95–2.05× "
           "in the capacity planner (bf16 weights, 0.9 of the GPU, 4 GiB overhead) and in the "
           "engine's pool at equal KV memory where measured", ("capacity_fp8", "fp8_engine"),
           capacity_parts,
-          lambda ratios: all(1.95 <= r <= 2.05 for r in ratios)),
+          lambda ratios: all(1.95 <= r <= 2.05 for r in ratios), kind=ARITHMETIC_KIND),
     Claim("fp8_decode_time", "fp8 KV halves decode time at long context.",
           f"the fastest e4m3 decode kernel (Triton's or the CUDA one) / Triton bf16 time ≤ "
           f"{HALF_TIME_BOUND}× at every block-16 point of batch ≥ 32 × 4,096 and 1 × 65,536 "
           "(Llama-3-8B shape, CUDA graphs); blocks 1 and 128 shown, not judged",
           ("kernels_fp8",), decode_time_parts,
-          lambda worst: worst <= HALF_TIME_BOUND, mark_parts=True),
+          lambda worst: worst <= HALF_TIME_BOUND, mark_parts=True, kind=MEASURED_KIND),
     Claim("layout_cost", "Block-table layout does not matter to the kernel.",
           f"Triton bf16 decode, slowest / fastest of contiguous, shuffled and aged tables ≤ "
           f"{LAYOUT_SPREAD_BOUND}× at every point whose K/V does not fit in L2 (points that fit "
           "are flagged and left out), per machine", ("kernels_layout",), layout_parts,
-          lambda worst: worst <= LAYOUT_SPREAD_BOUND, mark_parts=True),
+          lambda worst: worst <= LAYOUT_SPREAD_BOUND, mark_parts=True, kind=MEASURED_KIND),
+    Claim("fp8_accuracy", "An fp8 KV cache keeps the model's predictions.",
+          f"the shipped trained model (pagebench.engine.trained_model) on held-out text, all "
+          f"attention read from the paged cache: perplexity with an fp8 cache ≤ "
+          f"{PERPLEXITY_BOUND}× the bf16 cache's and top-1 agreement with it ≥ "
+          f"{AGREEMENT_BOUND:.0%}, at every block size (per fp8 format)", ("kv_accuracy",),
+          accuracy_parts, lambda v: v[0] <= PERPLEXITY_BOUND and v[1] >= AGREEMENT_BOUND,
+          mark_parts=True, kind=MEASURED_KIND),
 )
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 
 from pagebench.analysis.claims import Claim, Measured, Part, first, per_machine
 from pagebench.results import Results
+from pagebench.results.derived import ARITHMETIC_KIND, MEASURED_KIND
 
 SECTION = "parallel"
 
@@ -68,11 +69,11 @@ CLAIMS = (
     Claim("tp_kv_capacity", "TP doubles KV capacity per GPU.", "KV blocks per GPU at tp=2 / "
           "tp=1 within 1.9–2.1×, same KV memory per GPU (random-weight Llama-3-8B, bf16, "
           "block 16)", ("tp_capacity",), capacity_parts, lambda r: 1.9 <= r <= 2.1,
-          mark_parts=True),
+          mark_parts=True, kind=ARITHMETIC_KIND),
     Claim("tp_attention_halves", "Attention time per step halves at tp=2.", "paged decode on one "
           "GPU's heads (16 query / 4 KV vs 32 / 8) × 32 layers: tp=2 / tp=1 within 0.4–0.6× at "
           "the largest batch (bandwidth-bound); every batch shown", ("tp_attention",),
-          attention_parts, lambda r: 0.4 <= r <= 0.6, mark_parts=True),
+          attention_parts, lambda r: 0.4 <= r <= 0.6, mark_parts=True, kind=MEASURED_KIND),
 )
 
 

@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "pagebench.cli.sim",
     "pagebench.cli.kernels",
     "pagebench.cli.engine",
+    "pagebench.cli.accuracy",
     "pagebench.cli.parallel",
     "pagebench.cli.report",
     "pagebench.cli.recommend",

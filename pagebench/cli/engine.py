@@ -29,7 +29,7 @@ USES = {"throughput": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens",
         "breakdown": {"batch_sizes", "block_sizes", "prompt_len", "max_tokens", "kernel",
                       "modes", "profile_out"},
         "equal-memory": {"batch_sizes", "num_requests", "prompt_len", "max_tokens",
-                         "block_sizes", "kernel"},
+                         "block_sizes", "kernel", "repeat"},
         "fp8": {"num_requests", "prompt_len", "max_tokens", "kernel", "kv_cache_memory"}}
 DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_BLOCK_SIZES),
             "prompt_len": (64, 64), "max_tokens": 32, "kernel": "auto", "repeat": 1,
@@ -38,13 +38,13 @@ DEFAULTS = {"batch_sizes": [1, 4, 16, 64], "block_sizes": list(defaults.ENGINE_B
             "modes": None, "bandwidth": False, "profile_out": None, "kv_cache_memory": "256MiB"}
 # an experiment's own defaults, where they differ from DEFAULTS
 EXPERIMENT_DEFAULTS = {
-    "compare": {"batch_sizes": [64]},
+    "compare": {"batch_sizes": [64], "repeat": 3},  # interleaved repeats: a spread to judge
     "equality": {"num_requests": 8, "prompt_len": (1, 300), "max_tokens": 16,
                  "block_sizes": [16], "seed": 3},
     "breakdown": {"batch_sizes": [1], "block_sizes": [16], "prompt_len": (16, 400),
                   "max_tokens": 20},
     "equal-memory": {"batch_sizes": [8], "num_requests": 32, "prompt_len": (16, 128),
-                     "max_tokens": 16, "block_sizes": [16]},
+                     "max_tokens": 16, "block_sizes": [16], "repeat": 3},
     "fp8": {"prompt_len": (16, 256)}}
 # options that take exactly one value for these experiments
 SINGLE = {"equal-memory": ("batch_sizes", "block_sizes"), "cow": ("prompt_len",)}
@@ -386,7 +386,8 @@ def measure(args, opts: dict) -> int:
                                                   hi + opts["max_tokens"])
         rows = bench.equal_memory_comparison(model, kv_bytes, prompts,
                                              block_size=opts["block_sizes"][0],
-                                             kernel=opts["kernel"], **common)
+                                             kernel=opts["kernel"], repeat=opts["repeat"],
+                                             **common)
     else:
         lo, hi = opts["prompt_len"]
         if lo == hi:  # one length N: prompts of 16..4N tokens

@@ -97,7 +97,7 @@ def run_claims(args) -> int:
     from pagebench.analysis import analyse
     from pagebench.report.outputs import check_outside_inputs
     from pagebench.results.collect import collect, input_dirs
-    from pagebench.results.derived import VERDICTS, tally
+    from pagebench.results.derived import KINDS, VERDICTS, tally
 
     check_outside_inputs("--csv", args.csv, input_dirs(args.data_dir, args.results))
 
@@ -111,9 +111,11 @@ def run_claims(args) -> int:
     analyse(results)
     verdicts = results.get("claims")
     key_width, verdict_width = max(map(len, verdicts["key"])), max(map(len, VERDICTS))
+    kind_width = max(map(len, KINDS))
     for v in verdicts.itertuples(index=False):
-        print(f"{v.key:<{key_width}}  {v.verdict:<{verdict_width}}  {v.headline}")
-    print(tally(verdicts["verdict"]))
+        print(f"{v.key:<{key_width}}  {v.kind:<{kind_width}}  {v.verdict:<{verdict_width}}  "
+              f"{v.headline}")
+    print(tally(verdicts["verdict"], verdicts["kind"]))
     for w in results.warnings:
         print(f"pagebench claims: warning: {w}", file=sys.stderr)
     write_results(args.csv, verdicts.to_dict("records"))

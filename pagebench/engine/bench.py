@@ -11,6 +11,7 @@ import contextlib
 import functools
 import gc
 import os
+import statistics
 import time
 
 import torch
@@ -147,9 +148,10 @@ def _engine_row(engine: LLMEngine, seconds: float) -> dict:
 
 
 def _spread(name: str, values: list[float]) -> dict:
-    """Median, min and max of one measure over repeats."""
-    v = sorted(values)
-    return {name: v[len(v) // 2], f"{name}_min": v[0], f"{name}_max": v[-1]}
+    """The median (the mean of the middle two of an even count), min and max of one measure
+    over repeats: the spread a verdict's noise band is read from."""
+    return {name: statistics.median(values), f"{name}_min": min(values),
+            f"{name}_max": max(values)}
 
 
 def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs):
@@ -165,7 +167,7 @@ def run_engine(model, prompts, max_tokens: int, repeat: int = 1, **engine_kwargs
         seconds, outs = wall(lambda: engine.generate(prompts, params), dev)
         times.append(seconds)
         decode.append(engine.stats.decode_tokens_per_s)
-    seconds = sorted(times)[len(times) // 2]
+    seconds = statistics.median(times)
     generated = engine.stats.num_generated_tokens
     row = _engine_row(engine, seconds) | _spread("tokens_per_s", [generated / t for t in times]) \
         | _spread("decode_tokens_per_s", decode) \
@@ -258,17 +260,12 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
         "generate_static_compile": lambda p=prompts, n=max_tokens: padded_generate(
             model, p, n, compile_mode=compile_mode),
     }
-    # warm-ups: the engine and the compiled path on the real requests (a static cache is
-    # compiled for its shape); the dynamic ones on a few short ones
-    small = dict(p=prompts[:4], n=8)
-    warm = {"engine": {}, "generate_static_compile": {}, "padded_generate": small,
-            "generate_batch": small}
     times: dict[str, list[float]] = {m: [] for m in methods}
     decode: list[float] = []
     outputs, errors = {}, {}
-    for m in methods:  # warm-up (and compilation)
+    for m in methods:  # warm-up (and compilation): every method on the same, real requests
         try:
-            runs[m](**warm[m])
+            runs[m]()
         except Exception as e:  # noqa: BLE001 -- a peer that fails is a result, not a crash
             errors[m] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300]
     for _ in range(repeat):
@@ -296,7 +293,7 @@ def compare_with_transformers(model, prompts, max_tokens: int = 64, repeat: int 
                    repeats=len(times[m]), error=errors.get(m), tokens_per_s=None,
                    timing="perf_counter, median of interleaved repeats")
         if times[m]:
-            t = sorted(times[m])[len(times[m]) // 2]
+            t = statistics.median(times[m])
             same = None if reference is None else \
                 sum(a == b for a, b in zip(outputs[m], reference))
             row |= _spread("tokens_per_s", [generated / x for x in times[m]]) | dict(
@@ -428,35 +425,54 @@ def pool_size_sweep(model=None, pool_fractions=(0.15, 0.25, 0.4, 0.6, 0.8, 1.0),
 
 @with_threads
 def equal_memory_comparison(model, kv_bytes: int, prompts, max_tokens: int,
-                            block_size: int = 16, kernel: str = "auto") -> list[dict]:
-    """Same KV memory for both: padded ``generate`` reserves ``max prompt + max_tokens`` slots
-    per sequence, so it runs ``kv_bytes // that`` sequences per batch; the engine's pool of the
-    same bytes admits as many as their actual tokens allow."""
+                            block_size: int = 16, kernel: str = "auto",
+                            repeat: int = 3) -> list[dict]:
+    """Same KV memory for all three methods: padded ``generate`` reserves ``max prompt +
+    max_tokens`` slots per sequence, so it runs ``kv_bytes // that`` sequences per batch; the
+    engine's pool of the same bytes admits as many as their actual tokens allow; and the
+    control, the same engine with ``max_num_seqs`` capped at padded generate's batch, isolates
+    what the bigger batch buys from what the engine's own speed does.
+
+    Each method is warmed up on the same requests, then timed in ``repeat`` interleaved rounds;
+    each row has the median tokens/s with the min and max (``tokens_per_s_min``/``_max``)."""
     from pagebench.config import KVGeometry
 
     geo = KVGeometry.from_config(model.config, dtype=next(model.parameters()).dtype)
     reserve = max(map(len, prompts)) + max_tokens
     contiguous_batch = max(1, kv_bytes // (reserve * geo.bytes_per_token))
     dev = _device(model)
-    rows = []
-    padded_generate(model, prompts[:contiguous_batch], 2)  # warm-up
-    seconds, _ = wall(lambda: padded_generate(model, prompts, max_tokens,
-                                              batch_size=contiguous_batch), dev)
-    generated = len(prompts) * max_tokens
-    rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="padded_generate",
-                      kv_bytes=kv_bytes, concurrent_seqs=contiguous_batch,
-                      num_requests=len(prompts), max_tokens=max_tokens,
-                      tokens_per_s=generated / seconds, time_s=seconds))
-    engine = LLMEngine(model, block_size=block_size, kv_cache_memory=kv_bytes, kernel=kernel,
-                       max_num_seqs=len(prompts), max_num_batched_tokens=8192)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-    engine.generate(prompts[:4], SamplingParams(max_tokens=2, ignore_eos=True))  # warm-up
-    seconds, _ = wall(lambda: engine.generate(prompts, params), dev)
-    rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method="engine", kv_bytes=kv_bytes,
-                      concurrent_seqs=max(x.batch_size for x in engine.stats.steps),
-                      num_requests=len(prompts), max_tokens=max_tokens, block_size=block_size,
-                      kernel=engine.runner.decode_backend.name,
-                      **_engine_row(engine, seconds)))
+    engines = {name: LLMEngine(model, block_size=block_size, kv_cache_memory=kv_bytes,
+                               kernel=kernel, max_num_seqs=seqs, max_num_batched_tokens=8192)
+               for name, seqs in (("engine", len(prompts)),
+                                  (datasets.EQUAL_MEMORY_CONTROL, contiguous_batch))}
+    runs = {"padded_generate": lambda: padded_generate(model, prompts, max_tokens,
+                                                       batch_size=contiguous_batch),
+            **{name: functools.partial(e.generate, prompts, params)
+               for name, e in engines.items()}}
+    for run in runs.values():  # warm-up (and graph capture) on the requests timed
+        run()
+    times: dict[str, list[float]] = {m: [] for m in runs}
+    peak: dict[str, int] = {}
+    for _ in range(repeat):
+        for m, run in runs.items():
+            times[m].append(wall(run, dev)[0])
+            if m in engines:
+                peak[m] = max(x.batch_size for x in engines[m].stats.steps)
+    generated = len(prompts) * max_tokens
+    rows = []
+    for m, t in times.items():
+        engine = engines.get(m)
+        extra = {} if engine is None else dict(
+            block_size=block_size, kernel=engine.runner.decode_backend.name,
+            max_num_seqs=engine.scheduler.max_num_seqs,
+            **_engine_row(engine, statistics.median(t)))
+        rows.append(base_row(model, datasets.ENGINE_EQUAL_MEMORY, method=m, kv_bytes=kv_bytes,
+                             concurrent_seqs=peak.get(m, contiguous_batch),
+                             num_requests=len(prompts), max_tokens=max_tokens, repeats=repeat,
+                             timing="perf_counter, median of interleaved repeats",
+                             **extra | dict(time_s=statistics.median(t))
+                             | _spread("tokens_per_s", [generated / x for x in t])))
     return rows
 
 

@@ -76,9 +76,10 @@ def write_report(results: Results, out, *, env: dict, options: dict) -> Path:
     hrefs = render.dataset_hrefs(frames, data_dir, out.parent)
     headline, rec = "", results.recommendation
     if rec is not None:
+        every = results.get("claims")
         headline = (f"Recommended: {rec.words()} for {rec.workload}"
                     + ("" if rec.speed_measured else " (memory only: no speed data)")
-                    + ". " + tally(results.get("claims")["verdict"]) + " on this page.")
+                    + ". " + tally(every["verdict"], every["kind"]) + " on this page.")
     html = render.render_html(
         title="pagebench: paged KV-cache report",
         subtitle=f"built on {devices.run_label(env)}, commit {env.get('commit')}",

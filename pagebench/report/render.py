@@ -48,6 +48,7 @@ figcaption { font-size: 12px; color: #555; }
 .verdict { font-weight: 700; white-space: nowrap; }
 .verdict.holds { color: #1b5e20; background: #e8f5e9; }
 .verdict.fails { color: #b71c1c; background: #ffebee; }
+.verdict.noise { color: #6d4c00; background: #fff8e1; }
 .verdict.unmeasured { color: #555; background: #f5f5f5; }
 .criterion { color: #555; font-size: 11.5px; min-width: 170px; }
 #claims-table { width: 100%; }

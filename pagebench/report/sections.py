@@ -18,7 +18,7 @@ import pandas as pd
 from pagebench.report import plots
 from pagebench.results import Results
 from pagebench.results import devices
-from pagebench.results.derived import ARTICLE, FAILS, HOLDS, tally
+from pagebench.results.derived import ARTICLE, FAILS, HOLDS, WITHIN_NOISE, tally
 
 
 @dataclass(slots=True)
@@ -624,7 +624,7 @@ def recommendation(results: Results) -> Section:
 
 # ---- claims ------------------------------------------------------------------------------
 
-VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails"}
+VERDICT_CLASS = {HOLDS: "holds", FAILS: "fails", WITHIN_NOISE: "noise"}
 
 
 def verdicts(results: Results, section: str) -> pd.DataFrame:
@@ -637,12 +637,16 @@ def claims_section(results: Results) -> Section:
     s = Section("claims", "Claims of the article, measured")
     claims = verdicts(results, ARTICLE)
     every = results.get("claims")
-    s.text(f"{tally(every['verdict'])} on this page, the same count `pagebench claims` prints; "
-           f"this table holds the article's {len(claims)}, the others sit in the sections "
-           "they concern. Each verdict is computed from the data linked in its "
-           "row, with the criterion shown; a claim the data contradicts is marked 'does not "
-           "hold' with the numbers that contradict it. Kernel claims are judged on GPU data when "
-           "a GPU measured them.")
+    s.text(f"{tally(every['verdict'], every['kind'])} on this page, the same count `pagebench "
+           f"claims` prints; this table holds the article's {len(claims)}, the others sit in the "
+           "sections they concern. Each verdict is computed from the data linked in its row, with "
+           "the criterion shown; a claim the data contradicts is marked 'does not hold' with the "
+           "numbers that contradict it, and a comparison whose repeats' spread straddles the "
+           "criterion 'within noise'. The kind says what a verdict can carry: 'arithmetic' re-runs "
+           "a formula or the article's own seeded script (true by construction when it holds), "
+           "'measured' is a timing or an engine run, 'citation' checks a paper's number against a "
+           "measurement of the same thing. Kernel claims are judged on GPU data when a GPU "
+           "measured them.")
     s.table(claims_table(claims, "Claims", "claims"))
     return s
 
@@ -652,9 +656,10 @@ def claims_table(claims: pd.DataFrame, caption: str, data: str | None = None) ->
     one click away (the claims section and the sections with verdicts of their own)."""
     rows, classes, details = [], [], []
     for c in claims.itertuples(index=False):
-        rows.append([c.claim, c.headline, c.device, c.verdict, c.criterion, c.data])
-        classes.append(["", "measured", "device", "verdict " + VERDICT_CLASS.get(
+        rows.append([c.claim, c.kind, c.headline, c.device, c.verdict, c.criterion, c.data])
+        classes.append(["", "kind", "measured", "device", "verdict " + VERDICT_CLASS.get(
             c.verdict, "unmeasured"), "criterion", "links"])
-        details.append(["", c.measured if c.headline != c.measured else "", "", "", "", ""])
-    return Table(caption, ["claim", "measured", "device", "verdict", "criterion", "data"],
-                 rows, data, classes, details)
+        details.append(["", "", c.measured if c.headline != c.measured else "", "", "", "",
+                        ""])
+    return Table(caption, ["claim", "kind", "measured", "device", "verdict", "criterion",
+                           "data"], rows, data, classes, details)

@@ -169,10 +169,17 @@ ENGINE_POOL = engine_schema(
     "engine_pool", "one run at a pool size (engine.bench.pool_size_sweep)",
     C("num_blocks", "int", "pool size in blocks"), C("num_preemptions", "int", "preemptions"),
     TOKENS_PER_S, C("recomputed_tokens", "int", "prompt tokens computed again after preemption"))
+# the equal-memory control: the engine with max_num_seqs capped at padded generate's batch
+EQUAL_MEMORY_CONTROL = "engine_contiguous_batch"
 ENGINE_EQUAL_MEMORY = engine_schema(
-    "engine_equal_memory", "the engine or padded generate in the same KV bytes",
-    C("method", "str", "engine or padded_generate"), TOKENS_PER_S,
-    C("concurrent_seqs", "int", "sequences at once"))
+    "engine_equal_memory", "the engine, the engine capped at padded generate's concurrency, or "
+    "padded generate, in the same KV bytes (engine.bench.equal_memory_comparison)",
+    C("method", "str", f"engine, {EQUAL_MEMORY_CONTROL} or padded_generate"), TOKENS_PER_S,
+    C("concurrent_seqs", "int", "sequences at once"),
+    *optional(C("tokens_per_s_min", "float", "slowest of the interleaved repeats"),
+              C("tokens_per_s_max", "float", "fastest of the interleaved repeats"),
+              C("repeats", "int", "timed repeats after one warm-up"),
+              C("max_num_seqs", "int", "the engine's cap on sequences at once")))
 ENGINE_COMPARE = engine_schema(
     "engine_compare", "the engine or a transformers method on the same requests",
     C("method", "str", "engine, padded_generate, generate_batch, ..."),
@@ -284,6 +291,18 @@ FP8_ENGINE = engine_schema(
               C("logit_rel_err_first_steps", "float", "largest logit error, first steps"),
               C("seconds_bf16", "float", "wall seconds, bf16 cache"),
               C("seconds_fp8", "float", "wall seconds, fp8 cache")))
+KV_ACCURACY = schema(
+    "kv_accuracy", "held-out perplexity and top-1 agreement of the shipped trained model with "
+    "one KV cache dtype against a reference dtype, at one block size "
+    "(engine.kv_accuracy.accuracy_rows)",
+    MODEL, C("kv_dtype", "str", "K/V cache dtype measured (bfloat16: model and cache in bf16)"),
+    C("reference_dtype", "str", "the dtype it is compared with"), BLOCK_SIZE,
+    C("perplexity", "float", "exp(mean next-byte cross-entropy) with kv_dtype"),
+    C("perplexity_reference", "float", "the same with reference_dtype"),
+    C("top1_agreement", "float", "share of positions whose argmax equals the reference's"),
+    C("tokens", "int", "positions scored"),
+    *optional(C("windows", "int", "held-out windows"),
+              C("window_len", "int", "tokens per window")))
 TP = C("tp", "int", "tensor-parallel size")
 TP_EQUALITY = schema("tp_equality", "greedy outputs at tp=2 against tp=1",
                      C("num_prompts", "int", "prompts"), C("prompts_equal", "int", "equal"),
@@ -392,8 +411,9 @@ DATASETS: dict[str, Schema] = {s.name: s for s in (
     MEMORY_DYNAMIC_SUMMARY,
     MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
     CAPACITY_FP8, CAPACITY_TP, REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE,
-    REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE,
-    TP_ATTENTION, SWEEP_WALL, SERVE_BENCH, SERVE_STEPS, STEP_COST, ASV, PYTEST_BENCHMARK)}
+    REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, KV_ACCURACY, TP_EQUALITY, TP_CAPACITY,
+    TP_THROUGHPUT, TP_ALLREDUCE, TP_ATTENTION, SWEEP_WALL, SERVE_BENCH, SERVE_STEPS, STEP_COST,
+    ASV, PYTEST_BENCHMARK)}
 
 # ---- derived by pagebench.analysis from the datasets above (never read from files) --------
 
@@ -405,11 +425,15 @@ TIMED_COLUMNS = (C("paged", "bool", "a paged layout"), DEVICE_LABEL,
                  C("gpu", "bool", "measured on a GPU"), SHAPE)
 VERDICT = schema(
     "claims", "one claim's verdict (pagebench.analysis.claims.judge)",
-    C("key", "str", "the claim's id"), C("claim", "str", "the claim in the article's words"),
+    C("key", "str", "the claim's id"),
+    C("kind", "str", "arithmetic (a formula or the article's own script), measured (a timing "
+      "or a run) or citation (a paper's number against a measurement of the same thing)"),
+    C("claim", "str", "the claim in the article's words"),
     C("headline", "str", "the measured number(s) at a glance; else all of measured"),
     C("measured", "str", "every detail measured"),
     C("device", "str", "the devices (or 'any machine (...)') the verdict was judged on"),
-    C("verdict", "str", "holds, does not hold, or not measured here"),
+    C("verdict", "str", "holds, does not hold, within noise (the criterion falls inside the "
+      "repeats' spread), or not measured here"),
     C("criterion", "str", "what was checked"),
     C("data", "str", "the datasets measured, space-separated"),
     C("section", "str", "the report section whose verdict table shows it: claims (the "
@@ -526,7 +550,7 @@ FILE_KINDS = (
     ("kernels_equivalence", "kernels_equivalence"), ("kernels_tuning", None),
     ("kernels_fp8", "kernels_fp8"), ("kernels_layout", "kernels_layout"),
     ("kernels_plan", "kernels_plan"),
-    ("fp8_engine", "fp8_engine"), ("kernels", "kernels"),
+    ("fp8_engine", "fp8_engine"), ("kv_accuracy", "kv_accuracy"), ("kernels", "kernels"),
     ("engine_cow", "engine_cow"), ("engine_prefix", "engine_prefix"),
     ("engine_pool", "engine_pool"), ("engine_batch", "engine_batch"),
     ("engine_throughput", "engine_batch"), ("engine_equal_memory", "engine_equal_memory"),

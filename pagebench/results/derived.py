@@ -10,18 +10,38 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-HOLDS, FAILS, UNMEASURED = "holds", "does not hold", "not measured here"
-VERDICTS = (HOLDS, FAILS, UNMEASURED)
+HOLDS, FAILS, WITHIN_NOISE = "holds", "does not hold", "within noise"
+UNMEASURED = "not measured here"
+VERDICTS = (HOLDS, FAILS, WITHIN_NOISE, UNMEASURED)
+# what a claim is (the ``kind`` column of dataset ``claims``): a check of a formula or of the
+# article's own script, a timing or a run, or a paper's number against a measurement of it
+ARITHMETIC_KIND, MEASURED_KIND, CITATION_KIND = "arithmetic", "measured", "citation"
+KINDS = (MEASURED_KIND, CITATION_KIND, ARITHMETIC_KIND)
 # the section whose verdict table shows a claim (the ``section`` column of dataset ``claims``)
 ARTICLE = "claims"
 
 
-def tally(verdicts: Iterable[str]) -> str:
-    """``'16 claims: 14 hold, 1 do not hold, 1 not measured here'`` of the ``verdict`` cells."""
+def tally(verdicts: Iterable[str], kinds: Iterable[str] | None = None) -> str:
+    """``'23 claims: 14 hold, 1 does not hold, 2 within noise, 1 not measured here'``, then
+    per kind where ``kinds`` (the ``kind`` cells, in the same order) are given: ``'measured:
+    7 hold, 2 within noise; arithmetic: 8 hold'`` (measured verdicts counted apart from
+    arithmetic ones)."""
     verdicts = list(verdicts)
+    out = f"{len(verdicts)} claims: {counts(verdicts)}"
+    if kinds is None:
+        return out
+    kinds = list(kinds)
+    per_kind = [f"{k} {counts([v for v, c in zip(verdicts, kinds) if c == k])}"
+                for k in KINDS if k in kinds]
+    return out + " (" + "; ".join(per_kind) + ")" if per_kind else out
+
+
+def counts(verdicts: list[str]) -> str:
+    """``'3 hold, 1 does not hold'``: the verdicts that occur, in :data:`VERDICTS` order."""
+    words = {HOLDS: "hold", FAILS: "do not hold", WITHIN_NOISE: "within noise",
+             UNMEASURED: "not measured here"}
     n = {v: sum(c == v for c in verdicts) for v in VERDICTS}
-    return (f"{len(verdicts)} claims: {n[HOLDS]} hold, {n[FAILS]} do not hold, "
-            f"{n[UNMEASURED]} not measured here")
+    return ", ".join(f"{n[v]} {words[v]}" for v in VERDICTS if n[v]) or "none"
 
 
 @dataclass(frozen=True, slots=True)

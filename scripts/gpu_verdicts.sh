@@ -1,0 +1,20 @@
+#!/bin/bash
+# The GPU half of issue #45's verdicts, in one call: train the shipped tiny model
+# (scripts/train_tiny_model.py; its output tarred into OUT_DIR/model.tar at once), then the
+# equal-memory comparison with its control (the engine capped at padded generate's
+# concurrency; random-weight Qwen2.5-0.5B, bf16, 3 interleaved repeats after a warm-up of each
+# method on the same requests).
+#
+#   scripts/gpu_verdicts.sh OUT_DIR [TRAIN_SECONDS]
+set -euo pipefail
+OUT=${1:?usage: scripts/gpu_verdicts.sh OUT_DIR [TRAIN_SECONDS]}
+TRAIN_SECONDS=${2:-120}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+$PYTHON scripts/train_tiny_model.py --out "$OUT/pagebench-tiny-llama" --max-seconds "$TRAIN_SECONDS" \
+  --steps "${TRAIN_STEPS:-3000}"
+tar -C "$OUT" -cf "$OUT/model.tar" pagebench-tiny-llama && rm -rf "$OUT/pagebench-tiny-llama"
+$PYTHON -m pagebench engine-bench equal-memory --preset qwen2.5-0.5b --device cuda --kernel triton \
+  --batch-sizes 32 --num-requests "${REQUESTS:-64}" --prompt-len 16-512 --max-tokens 64 --repeat 3 \
+  --out "$OUT/engine_equal_memory_control.csv"

@@ -448,8 +448,8 @@ def test_lognormal_lengths_follow_the_documented_formula(capsys):
     code, out, _ = run(["simulate", "--lengths", "lognormal:-5,0.1", "--num-seqs", "7",
                         "--json"])
     assert code == 0 and json.loads(out)["tokens_stored"] == 7
-    readme = (REPO / "README.md").read_text()
-    assert "max(1, min(max_len, int(random.Random(seed).lognormvariate(MU, SIGMA))))" in readme
+    usage = (REPO / "docs" / "usage.md").read_text()
+    assert "max(1, min(max_len, int(random.Random(seed).lognormvariate(MU, SIGMA))))" in usage
 
 
 def test_separately_drawn_lengths_are_checked_and_their_clipping_counted():

@@ -127,9 +127,9 @@ def real_trace_results() -> dict:
     return out
 
 
-class RealTraceMemory:
-    """The first 2,000 requests of the Mooncake conversation trace in the article's budget:
-    token-state share (%) per allocator."""
+class RealTraceCases:
+    """The first 2,000 requests of the Mooncake conversation trace in the article's budget,
+    one case per allocator (no benchmarks of its own: the two classes below)."""
 
     params = [["naive", "pow2", "oracle", "paged-16"]]
     param_names = ["allocator"]
@@ -141,6 +141,10 @@ class RealTraceMemory:
     def setup(self, results, allocator):
         if allocator not in results:
             raise SkipCase("real traces are not in this commit")
+
+
+class RealTraceMemory(RealTraceCases):
+    """Token-state share (%) per allocator."""
 
     def track_token_state_pct(self, results, allocator):
         return 100.0 * results[allocator]["token_state_fraction"]
@@ -148,22 +152,14 @@ class RealTraceMemory:
     track_token_state_pct.unit = "%"
 
 
-class RealTracePrefixCache:
+class RealTracePrefixCache(RealTraceCases):
     """The same run's prefix-cache hit rate (%) of paged block 16, in the article's budget and
     with an unlimited one. The contiguous allocators have no prefix cache: their cases are
     skipped in ``setup`` (asv shows them as n/a), kept in the grid so that the table lines up
     with RealTraceMemory's."""
 
-    params = [["naive", "pow2", "oracle", "paged-16"]]
-    param_names = ["allocator"]
-    timeout = 600
-
-    def setup_cache(self):
-        return real_trace_results()
-
     def setup(self, results, allocator):
-        if allocator not in results:
-            raise SkipCase("real traces are not in this commit")
+        super().setup(results, allocator)
         if allocator != "paged-16":
             raise SkipCase("prefix caching is a paged feature")
 

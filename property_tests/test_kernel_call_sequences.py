@@ -153,6 +153,7 @@ def run_sequence(geometry_list, sequence, device: str, large: bool = False) -> N
             assert err < 2 * TOLERANCE[call["dtype"]], f"triton vs torch, call {i}: {err:.2e}"
 
 
+@pytest.mark.slow
 def test_call_sequences_match_reference_cpu():
     @settings(max_examples=examples(cuda=False), deadline=None)
     @given(drawn=call_sequences(cache_formats("cpu")))

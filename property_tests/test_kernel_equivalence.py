@@ -94,11 +94,13 @@ def run_property(backend: str, device: str = "cpu", large: bool = False, example
     prop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", backends_for("cpu"))
 def test_paged_decode_matches_float64_reference_cpu(backend):
     run_property(backend)
 
 
+@pytest.mark.slow
 def test_triton_split_kv_and_tiles_match_reference():
     """The split-KV merge and tile boundaries, forced at CPU sizes (auto picks one split)."""
     if "triton" not in backends_for("cpu"):
@@ -199,6 +201,7 @@ def prefill_cases(draw, backend, large=False):
     return case, query_lens
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", backends_for("cpu", "prefill"))
 def test_paged_prefill_matches_float64_reference_cpu(backend):
     @settings(max_examples=examples_for(backend), deadline=None)
@@ -213,6 +216,7 @@ GRIDS = {"by sequence": dict(round_robin=False), "round robin": dict(round_robin
          "work list": dict(round_robin=False, work_list=True)}
 
 
+@pytest.mark.slow
 def test_triton_prefill_tiles_match_reference():
     """Several query tiles per sequence and key tiles across the diagonal, forced small; the
     query lengths scanned in steps of one or two sequences as well as all at once; one walk

@@ -156,6 +156,7 @@ def slowed_repo(tmp_path_factory):
     return repo, commits
 
 
+@pytest.mark.slow
 def test_gate_catches_the_slowed_commit(slowed_repo):
     repo, (fast, slow) = slowed_repo
     log = io.StringIO()

@@ -25,9 +25,10 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "reports" / "test-artifacts"
 
 # CI installs Chromium (make test -> browser-deps): there a missing browser is a failure
-pytestmark = pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
-                                reason="chromium not installed "
-                                "(make browser-deps installs Debian's package)")
+pytestmark = [pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
+                                 reason="chromium not installed "
+                                 "(make browser-deps installs Debian's package)"),
+              pytest.mark.slow]  # a browser per module: ~10 s on 2 cores
 
 
 @pytest.fixture(scope="module")

@@ -237,6 +237,7 @@ BUILDS = [(128, 4, 16, "e4m3", True, "int", "int", 4, 1, True, 1),
           (256, 16, 1, "e5m2", False, "long long", "int", 2, 1, False, 2)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", [89, 90])  # L4/L40S/RTX 4090, H100/H200
 def test_source_compiles_for_every_kind_of_build(arch):
     """The CUDA source compiles (NVRTC, no GPU) for the builds the backend asks for: CI has no

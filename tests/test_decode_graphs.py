@@ -201,6 +201,7 @@ def test_graph_logits_match_eager_logits_gpu():
     torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_compiled_layers_serve_only_the_runner(model, monkeypatch):
     # dynamo alone (backend "eager"): the paged attention must be a graph break, outputs
     # unchanged, and the model's own layers untouched for model.generate

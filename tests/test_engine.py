@@ -66,6 +66,7 @@ def test_greedy_equals_transformers_torch_kernel(model, case, block_size, prefix
     assert all(engine.block_manager.ref_count(b) == 0 for b in range(engine.num_blocks))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block_size", [1, 16, 32])
 def test_greedy_equals_transformers_triton_kernel(model, case, block_size):
     # Triton runs interpreted on the CPU: a smaller case. Decode and every prompt chunk
@@ -154,6 +155,7 @@ def test_requests_with_several_samples_keep_the_batch_within_max_num_seqs(model,
     assert all(len(o.token_ids) == 4 for r in res for o in r.outputs)
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_reproducible(model):
     prompts = random_prompts([10, 50], seed=5)
     engine = LLMEngine(model, num_blocks=128, kernel="torch")
@@ -167,6 +169,7 @@ def test_seeded_sampling_is_reproducible(model):
     assert first != other
 
 
+@pytest.mark.slow
 def test_n4_shares_prompt_blocks_and_matches_unshared_runs(model):
     prompt = random_prompts([400], seed=6)[0]
     engine = LLMEngine(model, block_size=16, num_blocks=256, kernel="torch")
@@ -185,6 +188,7 @@ def test_n4_shares_prompt_blocks_and_matches_unshared_runs(model):
     assert peak4 < 1.5 * peak1, (peak4, peak1)
 
 
+@pytest.mark.slow
 def test_n4_with_preemption_matches(model):
     prompt = random_prompts([60], seed=7)[0]
     params = dict(max_tokens=40, temperature=0.8, seed=5, ignore_eos=True)

@@ -86,6 +86,7 @@ def table_views(tables: torch.Tensor) -> dict[str, torch.Tensor]:
             for layout in LAYOUTS for dtype in (torch.int32, torch.int64)}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", ["torch"] + (["triton"] if HAS_TRITON else []))
 def test_table_views_decode_and_prefill(device, backend):

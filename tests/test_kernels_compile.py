@@ -112,6 +112,7 @@ CHILD = textwrap.dedent(r'''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("triton" not in available_backends(), reason="triton not installed")
 @pytest.mark.parametrize("arch", [80, 90])  # A100, H100/H200
 def test_triton_kernels_compile_for_every_input_accepted_on(arch):
@@ -143,6 +144,7 @@ SPILLS = textwrap.dedent(r'''
 ''')
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("triton" not in available_backends(), reason="triton not installed")
 def test_prefill_launches_picked_for_an_h200_spill_no_more_with_more_sequences():
     """Compiled for sm_90 as ``prefill_launch`` picks them on an H200: the launches of short

@@ -529,6 +529,7 @@ def test_fmt_formats_numbers_for_tables():
 
 # ---- the command ---------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_cli_quick_report_with_committed_data(tmp_path, capsys):
     data = tmp_path / "data" / "h200"
     data.mkdir(parents=True)

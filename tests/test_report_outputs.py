@@ -175,6 +175,7 @@ def test_the_page_and_its_data_directory_carry_their_marks(tmp_path):
     assert not outputs.is_report_page(tmp_path / "index_data" / "claims.csv")
 
 
+@pytest.mark.slow
 def test_rerunning_over_a_report_replaces_it(tmp_path, capsys, built):
     site = tmp_path / "site"
     for _ in range(2):

@@ -58,6 +58,7 @@ def test_an_in_place_change_is_checked_again(write):
     assert check.runs == 3
 
 
+@pytest.mark.slow
 def test_a_new_tensor_at_a_freed_ones_id_and_address_is_checked():
     """A new tensor with a dead one's id, address, shape, strides and version: only the weak
     reference tells them apart. The memory is one buffer (so the address is the same by

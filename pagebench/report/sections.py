@@ -590,6 +590,12 @@ def recommendation(results: Results) -> Section:
     s.plot(plots.block_size_scores(table))
     s.table(make_table(table, "Score = utilisation × speed (low..high: the repeats' spread)",
                        data="recommendation"))
+    traces = results.get("recommendation_traces")
+    if traces is not None and len(traces):
+        s.text("The same weighing on the KV utilisation of each real trace (section Real "
+               "traces), with the same speed data:")
+        s.table(make_table(traces, "Recommendation per real trace",
+                           data="recommendation_traces"))
     return s
 
 

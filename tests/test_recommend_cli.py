@@ -101,6 +101,9 @@ def test_a_backend_constraint_excludes_block_sizes(device, capsys):
     assert doc["block_size"]["best"] % 16 == 0
     excluded = {r["block_size"] for r in doc["table"] if r["verdict"] == "excluded"}
     assert excluded == {1, 8} and doc["block_size"]["excluded"] == [1, 8]
+    flex = run_json(capsys, "--trace", "azure-conv", "--backend", "flex",
+                    "--device-data", str(device))["block_size"]
+    assert flex["excluded"] == [1, 8] and flex["constraint"].startswith("backend flex: multiples")
 
 
 def test_html_page_is_self_contained(device, tmp_path, capsys):
@@ -118,7 +121,10 @@ def test_html_page_is_self_contained(device, tmp_path, capsys):
     (["--kv-dtype", "int4"], "--kv-dtype: 'int4' is not one of auto, fp8_e4m3"),
     (["--device-data", "/nonexistent-dir"], "--device-data: /nonexistent-dir not found"),
     (["--lengths", EXAMPLE, "--trace", "azure-code"], "not allowed with argument"),
-    (["--multiple-of", "3", "--block-sizes", "8,16"], "no block size of --block-sizes"),
+    (["--multiple-of", "3", "--block-sizes", "8,16"], "--multiple-of: no block size of "
+     "--block-sizes is allowed (--multiple-of 3: multiples of 3 only)"),
+    (["--backend", "flex", "--block-sizes", "1,8"], "--backend: no block size"),
+    (["--backend", "nope"], "nope"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
     assert main(["recommend", *args]) == 2

@@ -102,15 +102,16 @@ def kernel_speed(kernels: pd.DataFrame | None) -> tuple[pd.DataFrame, str] | Non
 
 def choose_block_size(utilisation: dict[int, float], workload: str,
                       engine: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
-                      multiple_of: int | None = None) -> tuple[Recommendation, pd.DataFrame] | None:
+                      allowed=None, constraint: str | None = None,
+                      ) -> tuple[Recommendation, pd.DataFrame] | None:
     """The block size with the best (KV utilisation on ``workload``) x (relative decode speed):
     capacity grows with the first, tokens/s with the second. Speed comes from the engine on a
     GPU (:func:`engine_speed`), else the kernel sweep (:func:`kernel_speed`), else is unknown
     (memory alone decides, and says so). Block sizes whose score interval (utilisation x the
     speed's low..high) reaches the best's low end tie with it: then no block size wins outside
-    the noise and the record names the range. ``multiple_of``: a backend that takes only
-    multiples of it (FlashInfer-style constraints) rules the others out. None without any
-    utilisation."""
+    the noise and the record names the range. ``allowed`` (block size -> bool; a backend's
+    constraint, e.g. multiples of 16, worded by ``constraint``) rules the others out. None
+    without any utilisation, or when the constraint admits no block size."""
     if not utilisation:
         return None
     speed = engine_speed(engine) or kernel_speed(kernels)
@@ -128,7 +129,7 @@ def choose_block_size(utilisation: dict[int, float], workload: str,
     fill = table["speed"].isna()
     for col, src in (("score", "speed"), ("score_low", "speed_low"), ("score_high", "speed_high")):
         table[col] = table["utilisation"] * table[src].where(~fill, 1.0)
-    table["allowed"] = (table["block_size"] % multiple_of == 0) if multiple_of else True
+    table["allowed"] = [bool(allowed(int(b))) if allowed else True for b in table["block_size"]]
     allowed = table[table["allowed"]]
     if allowed.empty:
         return None
@@ -137,7 +138,7 @@ def choose_block_size(utilisation: dict[int, float], workload: str,
     excluded = tuple(int(b) for b in table.loc[~table["allowed"], "block_size"])
     rec = Recommendation(int(best["block_size"]), float(best["utilisation"]),
                          tuple(int(b) for b in sorted(tied)), basis, workload,
-                         speed is not None, excluded, multiple_of)
+                         speed is not None, excluded, constraint)
     return rec, table
 
 

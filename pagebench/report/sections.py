@@ -585,7 +585,7 @@ def recommendation(results: Results) -> Section:
         s.text(f"Memory alone favours block size {rec.block_size} ({rec.utilisation:.1%}): "
                f"{rec.basis}. Treat this as incomplete.")
     if rec.excluded:
-        s.text(f"Ruled out by the backend (multiples of {rec.multiple_of} only): block sizes "
+        s.text(f"Ruled out ({rec.constraint}): block sizes "
                + ", ".join(map(str, rec.excluded)) + ".")
     s.plot(plots.block_size_scores(table))
     s.table(make_table(table, "Score = utilisation × speed (low..high: the repeats' spread)",

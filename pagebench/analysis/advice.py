@@ -278,24 +278,39 @@ def _fp8_words(nums: dict, measured: bool, prompt_share: float | None) -> str:
 
 # ---- serving -----------------------------------------------------------------------------
 
-def latency_bound_rate(serving: pd.DataFrame | None, slo_ms: float) -> tuple[float | None, str]:
-    """The highest request rate whose latency stays within ``slo_ms``, from a serving dataset
-    (``serve_bench``): its first column naming a rate (``request_rate``, ``rate``, ...) and its
-    first latency column in milliseconds (a p99, else p90, else p50 or mean)."""
+LATENCY_ORDER = ("tpot", "itl", "ttft", "e2el", "latency")  # per-token latency first
+QUANTILE_ORDER = ("p99", "p90", "p50", "mean")
+
+
+def latency_bound_rate(serving: pd.DataFrame | None, slo_ms: float,
+                       block_size: int | None = None) -> tuple[float | None, str]:
+    """The highest finite request rate whose latency stays within ``slo_ms``, from a serving
+    dataset (``serve_bench``: ``request_rate`` and latency columns such as ``tpot_p99_ms``,
+    per-token latency and the highest percentile first); rows at ``block_size`` with the
+    model's own KV dtype where the data has them. (None, why) where it cannot say."""
     if serving is None or serving.empty:
         return None, "no serving data"
     rates = [c for c in serving if "rate" in c.lower() and pd.api.types.is_numeric_dtype(
         serving[c])]
-    lat = [c for c in serving if c.lower().endswith("_ms") and pd.api.types.is_numeric_dtype(
-        serving[c]) and any(k in c.lower() for k in ("latency", "tpot", "ttft", "itl"))]
-    lat.sort(key=lambda c: next((i for i, q in enumerate(("p99", "p90", "p50", "mean"))
-                                 if q in c.lower()), 9))
+    lat = [c for c in serving if c.lower().endswith("_ms") and "slo" not in c.lower()
+           and pd.api.types.is_numeric_dtype(serving[c])
+           and any(k in c.lower() for k in LATENCY_ORDER)]
+    lat.sort(key=lambda c: (next(i for i, k in enumerate(LATENCY_ORDER) if k in c.lower()),
+                            next((i for i, q in enumerate(QUANTILE_ORDER) if q in c.lower()), 9)))
     if not rates or not lat:
         return None, (f"serving data without a rate and a latency (ms) column (columns: "
-                      f"{', '.join(serving.columns)})")
-    ok = serving[serving[lat[0]] <= slo_ms]
-    words = (f"{lat[0]} ≤ {slo_ms:g} ms over {len(serving)} serving rows "
-             f"({run_words(serving)})")
+                      f"{', '.join(map(str, serving.columns))})")
+    rows = serving[serving[rates[0]].map(lambda r: r == r and math.isfinite(r))]
+    where = []
+    if block_size is not None and "block_size" in rows and (rows["block_size"] == block_size).any():
+        rows = rows[rows["block_size"] == block_size]
+        where.append(f"block {block_size}")
+    if "kv_cache_dtype" in rows and (rows["kv_cache_dtype"].astype(str) == "auto").any():
+        rows = rows[rows["kv_cache_dtype"].astype(str) == "auto"]
+        where.append("KV cache auto")
+    ok = rows[rows[lat[0]] <= slo_ms]
+    words = (f"{lat[0]} ≤ {slo_ms:g} ms over {len(rows)} serving rows"
+             + (f" at {', '.join(where)}" if where else "") + f" ({run_words(rows)})")
     if ok.empty:
         return None, "no measured rate meets " + words
     return float(ok[rates[0]].max()), words

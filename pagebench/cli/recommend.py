@@ -128,13 +128,17 @@ def read_device(directory: Path):
     return results
 
 
-def extra_table(directory: Path | None, prefix: str):
-    """The rows of ``<directory>/<prefix>*.csv`` (datasets the report does not read yet, such
-    as ``serve_bench`` and ``kv_accuracy``), one frame; None where there is none."""
+def extra_table(directory: Path | None, prefix: str, device=None):
+    """Dataset ``prefix`` as read with the device's data, else the rows of
+    ``<directory>/<prefix>*.csv`` (``serve_bench``, ``kv_accuracy``: datasets other helpers
+    add), one frame; None where there is none."""
     import pandas as pd
 
+    from pagebench.results.datasets import DATASETS
     from pagebench.results.read import read_table
 
+    if device is not None and prefix in DATASETS and device.get(prefix) is not None:
+        return device.get(prefix)
     files = sorted(directory.glob(f"{prefix}*.csv")) if directory is not None else []
     frames = [read_table(f) for f in files]
     return pd.concat(frames, ignore_index=True) if frames else None
@@ -214,9 +218,9 @@ def answer(args) -> dict:
     share = w.prompt_share
     at = {d: fits[(rec.block_size, d)] for d in args.kv_dtype}
     fp8 = advice.fp8_verdict(at, f"{fit_words}, block {rec.block_size}", get("kernels_fp8"),
-                             extra_table(directory, "kv_accuracy"), share)
-    serving = extra_table(directory, "serve_bench")
-    rate, rate_words = advice.latency_bound_rate(serving, args.latency_slo_ms)
+                             extra_table(directory, "kv_accuracy", device), share)
+    serving = extra_table(directory, "serve_bench", device)
+    rate, rate_words = advice.latency_bound_rate(serving, args.latency_slo_ms, rec.block_size)
     if serving is None:
         rate_words = (f"no serving data (no serve_bench*.csv in {shown_path(directory)})"
                       if directory is not None else "no serving data (no GPU data found)")

@@ -80,8 +80,11 @@ def test_engine_bench_prints_a_rounded_table_by_default(tmp_path):
             "--prompt-len", "4", "--max-tokens", "2", "--kernel", "torch"]
     code, out, err = run(argv + ["--out", str(tmp_path / "t.json")])
     assert code == 0, err
-    header, rule, row = out.splitlines()
+    header, rule, row, blank, legend, *meanings = out.splitlines()
     assert header.split()[:3] == ["block", "(tokens)", "batch"] and "tokens/s" in header
+    assert (blank, legend) == ("", "columns:")  # then a line per column: what it holds
+    assert [m.split()[0] for m in meanings][:2] == ["block", "batch"]
+    assert any("generated tokens per second" in m for m in meanings)
     assert set(rule) <= {"-", " "} and "," not in row.split()[0]
     tokens_per_s = row.split()[-2]
     assert len(tokens_per_s.replace(",", "").split(".")[1]) == 1  # one decimal

@@ -418,8 +418,10 @@ def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
     assert len(df) == 4 and set(df.model_shape) == {"t"}
     captured = capsys.readouterr()
     assert "wrote 4 rows" in captured.err
-    table = captured.out.splitlines()
+    table, _, legend = captured.out.partition("\n\ncolumns:\n")
+    table = table.splitlines()
     assert table[0].split()[:4] == ["shape", "batch", "context", "(tokens)"]
+    assert legend.splitlines()[0].split()[0] == "shape"  # a line per column: what it holds
     # columns are the runs of dashes under the header; block size is the fourth
     spans = [m.span() for m in re.finditer(r"-+", table[1])]
     assert table[0][slice(*spans[3])].strip() == "block (tokens)"

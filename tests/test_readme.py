@@ -54,6 +54,7 @@ QUICK = {
                                                   "--prompt-len", "8", "--max-tokens", "2"],
     "pagebench engine-bench": ["--max-tokens", "2"],
     "pagebench report": ["--quick", "--no-progress"],
+    "pagebench recommend": [],  # reads committed data and simulates: about a second
 }
 # command -> why the test does not run it
 NOT_RUN = {

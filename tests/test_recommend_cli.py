@@ -88,11 +88,16 @@ def test_a_decode_heavy_workload_gets_fp8_for_speed_too(device, tmp_path, capsys
 
 
 def test_serving_data_gives_the_latency_bound_rate(device, capsys):
+    # the serving helper's columns: rate asked, latency percentiles, the KV dtype
     (device / "serve_bench.csv").write_text(
-        "request_rate,p99_tpot_ms,device,commit\n1,20,cuda:0,abc\n4,45,cuda:0,abc\n"
-        "8,90,cuda:0,abc\n")
+        "request_rate,kv_cache_dtype,ttft_p99_ms,tpot_p99_ms,tpot_p50_ms,device,commit\n"
+        "1,auto,900,20,10,cuda:0,abc\n4,auto,900,45,20,cuda:0,abc\n8,auto,900,90,30,cuda:0,abc\n"
+        "16,fp8_e4m3,900,40,20,cuda:0,abc\ninf,auto,900,10,5,cuda:0,abc\n")
     rate = run_json(capsys, "--device-data", str(device))["latency_bound_rate"]
-    assert rate["requests_per_s"] == 4 and "p99_tpot_ms ≤ 50 ms" in rate["data"]
+    assert rate["requests_per_s"] == 4  # not fp8's 16, not the all-at-once row
+    assert "tpot_p99_ms ≤ 50 ms" in rate["data"] and "KV cache auto" in rate["data"]
+    rate = run_json(capsys, "--device-data", str(device), "--latency-slo-ms", "5")
+    assert rate["latency_bound_rate"]["data"].startswith("no measured rate meets")
 
 
 def test_a_backend_constraint_excludes_block_sizes(device, capsys):
@@ -101,6 +106,9 @@ def test_a_backend_constraint_excludes_block_sizes(device, capsys):
     assert doc["block_size"]["best"] % 16 == 0
     excluded = {r["block_size"] for r in doc["table"] if r["verdict"] == "excluded"}
     assert excluded == {1, 8} and doc["block_size"]["excluded"] == [1, 8]
+    flex = run_json(capsys, "--trace", "azure-conv", "--backend", "flex",
+                    "--device-data", str(device))["block_size"]
+    assert flex["excluded"] == [1, 8] and flex["constraint"].startswith("backend flex: multiples")
 
 
 def test_html_page_is_self_contained(device, tmp_path, capsys):
@@ -118,7 +126,10 @@ def test_html_page_is_self_contained(device, tmp_path, capsys):
     (["--kv-dtype", "int4"], "--kv-dtype: 'int4' is not one of auto, fp8_e4m3"),
     (["--device-data", "/nonexistent-dir"], "--device-data: /nonexistent-dir not found"),
     (["--lengths", EXAMPLE, "--trace", "azure-code"], "not allowed with argument"),
-    (["--multiple-of", "3", "--block-sizes", "8,16"], "no block size of --block-sizes"),
+    (["--multiple-of", "3", "--block-sizes", "8,16"], "--multiple-of: no block size of "
+     "--block-sizes is allowed (--multiple-of 3: multiples of 3 only)"),
+    (["--backend", "flex", "--block-sizes", "1,8"], "--backend: no block size"),
+    (["--backend", "nope"], "nope"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
     assert main(["recommend", *args]) == 2

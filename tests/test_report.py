@@ -450,8 +450,9 @@ def test_a_backend_constraint_rules_block_sizes_out():
                           128: (90, 89, 91)})
     free = advice.choose_block_size(util, "w", engine=engine)[0]
     assert free.block_size in (1, 8)
-    rec = advice.choose_block_size(util, "w", engine=engine, multiple_of=16)[0]
-    assert rec.block_size == 16 and rec.excluded == (1, 8) and rec.multiple_of == 16
+    rec = advice.choose_block_size(util, "w", engine=engine, allowed=lambda b: b % 16 == 0,
+                                   constraint="multiples of 16")[0]
+    assert rec.block_size == 16 and rec.excluded == (1, 8) and rec.constraint == "multiples of 16"
 
 
 # ---- sections, page, escaping, atomic write ------------------------------------------------

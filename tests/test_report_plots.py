@@ -107,3 +107,24 @@ def rgba(color) -> tuple:
 @pytest.mark.parametrize("name, same_as", [("paged-16", "paged 16"), ("pow2", "pow2 ")])
 def test_allocator_labels_spelled_either_way_share_a_colour(name, same_as):
     assert plots.allocator_color(name) == plots.allocator_color(same_as)
+
+
+def test_a_colour_covering_few_pixels_keeps_its_exact_value():
+    """The PNG palette is cut to 96 colours; a report colour drawn on a sliver of a figure
+    full of other shades must still show exactly (it did not on one trace's timeline)."""
+    import io
+
+    from matplotlib.colors import to_rgb
+    from PIL import Image
+
+    image = Image.new("RGB", (400, 300))
+    image.putdata([((x * 7) % 256, (y * 5) % 256, (x + y) % 256)  # many shades everywhere
+                   for y in range(300) for x in range(400)])
+    orange = tuple(round(255 * v) for v in to_rgb(plots.BREAKDOWN["reserved_unused"][1]))
+    for x in range(6):
+        for y in range(4):
+            image.putpixel((x, y), orange)
+    raw = io.BytesIO()
+    image.save(raw, "PNG")
+    small = Image.open(io.BytesIO(plots.small_png(raw.getvalue()))).convert("RGB")
+    assert small.getpixel((0, 0)) == orange

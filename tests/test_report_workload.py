@@ -58,3 +58,24 @@ def test_report_refuses_a_bad_workload_before_measuring(tmp_path, capsys):
                  str(tmp_path / "r.html")]) == 2
     assert "has none of the length columns" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_each_real_trace_gets_its_own_recommendation():
+    import pandas as pd
+
+    rows = [dict(trace=t, allocator="paged", block_size=b, utilisation=u)
+            for t, utils in (("short", {16: 0.99, 128: 0.60}), ("long", {16: 0.999, 128: 0.998}))
+            for b, u in utils.items()]
+    engine = pd.DataFrame([dict(device="cuda:0", device_name="GPU", commit="c", batch=64,
+                                block_size=b, decode_tokens_per_s=tps, repeats=3,
+                                decode_tokens_per_s_min=tps - 1, decode_tokens_per_s_max=tps + 1)
+                           for b, tps in ((16, 90.0), (128, 100.0))])
+    results = Results()
+    results.add("real_traces_static", pd.DataFrame(rows), "test")
+    results.add("engine_batch", engine.assign(experiment="engine_batch", model="m",
+                                              dtype="bfloat16", tokens_per_s=1.0), "test")
+    assert results.warnings == []
+    analyse(results)
+    got = results.get("recommendation_traces").set_index("trace")
+    assert got.loc["short", "block_size"] == 16 and got.loc["long", "block_size"] == 128
+    assert got.loc["long", "recommendation"] == "block size 128"

@@ -56,8 +56,9 @@ def test_engine_bench_trace_cli(capsys, model, monkeypatch):
     assert {"engine_prefix_cache_hit_rate", "sim_prefix_cache_hit_rate",
             "engine_peak_blocks", "tokens_per_s", "elapsed_s"} <= row.keys()
     assert main(argv) == 0
-    table = capsys.readouterr().out
+    table, _, legend = capsys.readouterr().out.partition("\ncolumns:\n")
     assert table.count("peak blocks") == 1 and "time (s)" in table
+    assert legend.count("peak blocks") == 1  # each column explained once
     assert " - " not in table.splitlines()[2] + " "  # every cell filled
 
 

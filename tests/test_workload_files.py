@@ -87,3 +87,19 @@ def test_help_documents_the_columns(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "prompt_tokens" in text and "output_tokens" in text
     assert "prompt_tokens" in LENGTHS_FILE_HELP
+
+
+def test_dynamic_takes_a_requests_file_prompt_and_output_as_they_are(tmp_path, capsys):
+    import json
+
+    path = write(tmp_path / "mine.csv", "request_id,prompt_tokens,output_tokens\n"
+                 "a,100,10\nb,300,30\n")
+    assert main(["simulate", "--dynamic", "--lengths", path, "--json"]) == 0
+    workload = json.loads(capsys.readouterr().out)["workload"]
+    assert (workload["mean_prompt_len"], workload["mean_output_len"]) == (200, 20)
+    assert main(["simulate", "--dynamic", "--lengths", path, "--prompt-fraction", "0.5"]) == 2
+    assert "gives each request's prompt and output" in capsys.readouterr().err
+    lengths_only = write(tmp_path / "l.csv", "length\n100\n300\n")  # split by the fraction
+    assert main(["simulate", "--dynamic", "--lengths", lengths_only, "--json"]) == 0
+    workload = json.loads(capsys.readouterr().out)["workload"]
+    assert workload["mean_prompt_len"] == 60  # 0.3 of each

@@ -102,15 +102,16 @@ def kernel_speed(kernels: pd.DataFrame | None) -> tuple[pd.DataFrame, str] | Non
 
 def choose_block_size(utilisation: dict[int, float], workload: str,
                       engine: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
-                      multiple_of: int | None = None) -> tuple[Recommendation, pd.DataFrame] | None:
+                      allowed=None, constraint: str | None = None,
+                      ) -> tuple[Recommendation, pd.DataFrame] | None:
     """The block size with the best (KV utilisation on ``workload``) x (relative decode speed):
     capacity grows with the first, tokens/s with the second. Speed comes from the engine on a
     GPU (:func:`engine_speed`), else the kernel sweep (:func:`kernel_speed`), else is unknown
     (memory alone decides, and says so). Block sizes whose score interval (utilisation x the
     speed's low..high) reaches the best's low end tie with it: then no block size wins outside
-    the noise and the record names the range. ``multiple_of``: a backend that takes only
-    multiples of it (FlashInfer-style constraints) rules the others out. None without any
-    utilisation."""
+    the noise and the record names the range. ``allowed`` (block size -> bool; a backend's
+    constraint, e.g. multiples of 16, worded by ``constraint``) rules the others out. None
+    without any utilisation, or when the constraint admits no block size."""
     if not utilisation:
         return None
     speed = engine_speed(engine) or kernel_speed(kernels)
@@ -128,7 +129,7 @@ def choose_block_size(utilisation: dict[int, float], workload: str,
     fill = table["speed"].isna()
     for col, src in (("score", "speed"), ("score_low", "speed_low"), ("score_high", "speed_high")):
         table[col] = table["utilisation"] * table[src].where(~fill, 1.0)
-    table["allowed"] = (table["block_size"] % multiple_of == 0) if multiple_of else True
+    table["allowed"] = [bool(allowed(int(b))) if allowed else True for b in table["block_size"]]
     allowed = table[table["allowed"]]
     if allowed.empty:
         return None
@@ -137,7 +138,7 @@ def choose_block_size(utilisation: dict[int, float], workload: str,
     excluded = tuple(int(b) for b in table.loc[~table["allowed"], "block_size"])
     rec = Recommendation(int(best["block_size"]), float(best["utilisation"]),
                          tuple(int(b) for b in sorted(tied)), basis, workload,
-                         speed is not None, excluded, multiple_of)
+                         speed is not None, excluded, constraint)
     return rec, table
 
 
@@ -277,24 +278,39 @@ def _fp8_words(nums: dict, measured: bool, prompt_share: float | None) -> str:
 
 # ---- serving -----------------------------------------------------------------------------
 
-def latency_bound_rate(serving: pd.DataFrame | None, slo_ms: float) -> tuple[float | None, str]:
-    """The highest request rate whose latency stays within ``slo_ms``, from a serving dataset
-    (``serve_bench``): its first column naming a rate (``request_rate``, ``rate``, ...) and its
-    first latency column in milliseconds (a p99, else p90, else p50 or mean)."""
+LATENCY_ORDER = ("tpot", "itl", "ttft", "e2el", "latency")  # per-token latency first
+QUANTILE_ORDER = ("p99", "p90", "p50", "mean")
+
+
+def latency_bound_rate(serving: pd.DataFrame | None, slo_ms: float,
+                       block_size: int | None = None) -> tuple[float | None, str]:
+    """The highest finite request rate whose latency stays within ``slo_ms``, from a serving
+    dataset (``serve_bench``: ``request_rate`` and latency columns such as ``tpot_p99_ms``,
+    per-token latency and the highest percentile first); rows at ``block_size`` with the
+    model's own KV dtype where the data has them. (None, why) where it cannot say."""
     if serving is None or serving.empty:
         return None, "no serving data"
     rates = [c for c in serving if "rate" in c.lower() and pd.api.types.is_numeric_dtype(
         serving[c])]
-    lat = [c for c in serving if c.lower().endswith("_ms") and pd.api.types.is_numeric_dtype(
-        serving[c]) and any(k in c.lower() for k in ("latency", "tpot", "ttft", "itl"))]
-    lat.sort(key=lambda c: next((i for i, q in enumerate(("p99", "p90", "p50", "mean"))
-                                 if q in c.lower()), 9))
+    lat = [c for c in serving if c.lower().endswith("_ms") and "slo" not in c.lower()
+           and pd.api.types.is_numeric_dtype(serving[c])
+           and any(k in c.lower() for k in LATENCY_ORDER)]
+    lat.sort(key=lambda c: (next(i for i, k in enumerate(LATENCY_ORDER) if k in c.lower()),
+                            next((i for i, q in enumerate(QUANTILE_ORDER) if q in c.lower()), 9)))
     if not rates or not lat:
         return None, (f"serving data without a rate and a latency (ms) column (columns: "
-                      f"{', '.join(serving.columns)})")
-    ok = serving[serving[lat[0]] <= slo_ms]
-    words = (f"{lat[0]} ≤ {slo_ms:g} ms over {len(serving)} serving rows "
-             f"({run_words(serving)})")
+                      f"{', '.join(map(str, serving.columns))})")
+    rows = serving[serving[rates[0]].map(lambda r: r == r and math.isfinite(r))]
+    where = []
+    if block_size is not None and "block_size" in rows and (rows["block_size"] == block_size).any():
+        rows = rows[rows["block_size"] == block_size]
+        where.append(f"block {block_size}")
+    if "kv_cache_dtype" in rows and (rows["kv_cache_dtype"].astype(str) == "auto").any():
+        rows = rows[rows["kv_cache_dtype"].astype(str) == "auto"]
+        where.append("KV cache auto")
+    ok = rows[rows[lat[0]] <= slo_ms]
+    words = (f"{lat[0]} ≤ {slo_ms:g} ms over {len(rows)} serving rows"
+             + (f" at {', '.join(where)}" if where else "") + f" ({run_words(rows)})")
     if ok.empty:
         return None, "no measured rate meets " + words
     return float(ok[rates[0]].max()), words

@@ -39,6 +39,7 @@ def analyse(results: Results) -> None:
         results.warn(f"section recommendation: failed ({type(e).__name__}: {e})")
         rec = None
     results.add_derived("recommendation", pd.DataFrame() if rec is None else rec[1])
+    derive.table(results, "recommendation_traces", recommend_per_trace)
     verdicts = [claims.verdict_frame(claims.evaluate(results, section_claims), section)
                 for section, section_claims in SECTION_CLAIMS]
     results.add_derived("claims", pd.concat(verdicts, ignore_index=True))
@@ -50,6 +51,26 @@ def analyse(results: Results) -> None:
 WORKLOAD_DATASETS = ("workload_static", "memory_static")
 
 
+def utilisation_of(static: pd.DataFrame) -> dict[int, float]:
+    paged = static[static["allocator"] == "paged"].dropna(subset=["block_size"])
+    return {int(b): float(u) for b, u in zip(paged["block_size"], paged["utilisation"])}
+
+
+def recommend_per_trace(results: Results) -> pd.DataFrame:
+    """The recommendation on each real trace's KV utilisation (dataset
+    ``real_traces_static``), with the same speed data: one row per trace."""
+    static = results.get("real_traces_static")
+    rows = []
+    for trace, g in [] if static is None else static.groupby("trace", sort=False):
+        rec = advice.choose_block_size(utilisation_of(g), str(trace),
+                                       results.get("engine_batch"), results.get("kernels"))
+        if rec is not None:
+            rows.append({"trace": trace, "block_size": rec[0].block_size,
+                         "tied": ", ".join(map(str, rec[0].tied)),
+                         "recommendation": rec[0].words()})
+    return pd.DataFrame(rows)
+
+
 def recommend(results: Results):
     """:func:`pagebench.analysis.advice.choose_block_size` on the report's workload (the first
     of :data:`WORKLOAD_DATASETS` present) with the engine's and the kernels' data."""
@@ -57,9 +78,7 @@ def recommend(results: Results):
                   None)
     if static is None or len(static) == 0:
         return None
-    paged = static[static["allocator"] == "paged"].dropna(subset=["block_size"])
-    util = {int(b): float(u) for b, u in zip(paged["block_size"], paged["utilisation"])}
-    workload = ", ".join(sorted(set(paged["workload"].astype(str)))) if "workload" in paged \
+    workload = ", ".join(sorted(set(static["workload"].astype(str)))) if "workload" in static \
         else "unnamed workload"
-    return advice.choose_block_size(util, workload, results.get("engine_batch"),
+    return advice.choose_block_size(utilisation_of(static), workload, results.get("engine_batch"),
                                     results.get("kernels"))

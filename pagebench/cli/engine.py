@@ -402,7 +402,7 @@ def measure(args, opts: dict) -> int:
     # a common column none of the rows has (compare's peers keep no blocks) is left out
     common_keys = {key for key, _, _ in COMMON_TABLE}
     columns = [c for c in columns if c[0] not in common_keys or any(c[0] in r for r in rows)]
-    print(dumps(rows) if args.json else format_table(rows, columns))
+    print(dumps(rows) if args.json else format_table(rows, columns, legend=True))
     return 0
 
 

@@ -315,7 +315,7 @@ def run_bench(args) -> int:
     if args.json:
         print(dumps(doc))
         return 0
-    print(format_table(records, table))
+    print(format_table(records, table, legend=True))
     for s in skipped_text:
         print("skipped:", s)
     return 0

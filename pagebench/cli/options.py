@@ -360,9 +360,68 @@ def format_value(value, digits: int) -> str:
     return str(value)
 
 
-def format_table(records: list[dict], columns: list[tuple[str, str, int]]) -> str:
+# what the CLI tables show beyond the dataset schemas' columns (their legend's words)
+TABLE_MEANINGS = {
+    "allreduce_ms_per_step": "time in all-reduce per decode step, milliseconds",
+    "allreduce_share": "all-reduce time / step time",
+    "isolated_allreduce_share": "one all-reduce timed alone x all-reduces per step / step time",
+    "bytes_per_block_per_gpu": "KV bytes one block costs each GPU",
+    "check": "what the row checks", "chosen": "the launch the tuner keeps for this point",
+    "compiled_layers": "decoder layers run through torch.compile",
+    "completions": "completions per request (n)",
+    "decode_step_wall_ms": "wall time of one decode step, milliseconds",
+    "gpu_busy_ms": "time the GPU ran kernels during one step, milliseconds",
+    "graph_replay_ms": "time of one CUDA-graph replay, milliseconds",
+    "host_ms": "host (Python) time of one step, milliseconds",
+    "engine_num_preemptions": "preemptions in the engine's replay",
+    "sim_num_preemptions": "preemptions in the simulator's replay of the same requests",
+    "engine_peak_blocks": "most KV blocks the engine held at once",
+    "engine_prefix_cache_hit_rate": "prompt tokens served from the engine's prefix cache / "
+    "prompt tokens", "sim_prefix_cache_hit_rate": "the same in the simulator",
+    "lazy_rescale": "the prefill kernel rescales its accumulator only when the max grows",
+    "one_loop": "the prefill kernel walks cached and new tokens in one loop",
+    "table_ahead": "block-table ids loaded ahead of the walk",
+    "tile_n": "tokens per tile of the kernel's walk", "num_warps": "warps per program",
+    "num_stages": "software pipelining stages", "maxnreg": "register cap per thread",
+    "num_splits": "programs one sequence's context is split over",
+    "outputs_equal_engine": "the peer's greedy tokens equal the engine's",
+    "points": "sweep points measured", "rows": "rows written",
+    "startup_s": "seconds before the first point (processes, compilation)",
+    "pool_fraction": "KV pool size / the blocks the requests need at once",
+    "prefix_caching": "prefix caching on", "prompt_len": "prompt tokens per request",
+    "ranks_agree": "every rank produced the same tokens",
+    "step_ms": "one decode step, milliseconds",
+    "token_agreement": "share of generated tokens equal to the reference run's",
+}
+
+
+def column_meanings() -> dict[str, str]:
+    """Column -> what it holds: :data:`TABLE_MEANINGS`, then the dataset schemas
+    (:mod:`pagebench.results.datasets`, first declaration wins): a CLI table's legend."""
+    from pagebench.results.datasets import DATASETS, DERIVED
+
+    meanings: dict[str, str] = dict(TABLE_MEANINGS)
+    for schema in [*DATASETS.values(), *DERIVED.values()]:
+        for column in schema.columns:
+            meanings.setdefault(column.name, column.meaning)
+    return meanings
+
+
+def column_legend(columns: list[tuple[str, str, int]]) -> str:
+    """``columns:`` and a line per column of a :func:`format_table` table: its header and what
+    it holds (the schemas' words, :func:`column_meanings`); a column no schema describes is
+    left out."""
+    meanings = column_meanings()
+    known = [(header, meanings[key]) for key, header, _ in columns if key in meanings]
+    width = max((len(h) for h, _ in known), default=0)
+    return "\n".join(["columns:"] + [f"  {h:<{width}}  {m}" for h, m in known])
+
+
+def format_table(records: list[dict], columns: list[tuple[str, str, int]], *,
+                 legend: bool = False) -> str:
     """A table for people: ``columns`` lists (key, header with its unit, decimals); numbers
-    right-aligned with thousands separators, integers as integers, missing values as ``-``."""
+    right-aligned with thousands separators, integers as integers, missing values as ``-``;
+    with ``legend``, what each column holds below it (:func:`column_legend`)."""
     cells = [[format_value(r.get(key), digits) for key, _, digits in columns] for r in records]
     headers = [header for _, header, _ in columns]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
@@ -372,7 +431,8 @@ def format_table(records: list[dict], columns: list[tuple[str, str, int]]) -> st
         return "  ".join(v.rjust(w) if num else v.ljust(w)
                          for v, w, num in zip(values, widths, numeric)).rstrip()
 
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
+    table = "\n".join([line(headers), line(["-" * w for w in widths])] + [line(c) for c in cells])
+    return table + ("\n\n" + column_legend(columns) if legend else "")
 
 
 def _is_number(value) -> bool:

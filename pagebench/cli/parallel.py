@@ -164,5 +164,5 @@ def run(args) -> int:
         if distributed.world_from_environment()[0] != 0:
             return 0  # rank 0 writes the rows: tp=2 rows are the same on every rank
     write_results(args.out, rows)
-    print(dumps(rows) if args.json else format_table(rows, TABLES[args.experiment]))
+    print(dumps(rows) if args.json else format_table(rows, TABLES[args.experiment], legend=True))
     return 0

@@ -32,7 +32,7 @@ COLUMNS = (
     ("score_range", "score range", None, "utilisation x the speed range; ranges that overlap "
      "the best's are a tie (no winner within noise)"),
     ("verdict", "verdict", None, "best, tied (within noise of the best), or excluded (by "
-     "--multiple-of)"),
+     "--multiple-of or --backend)"),
 )
 # one column per cache dtype: sequences of this workload that fit
 FIT_MEANING = ("sequences of this workload that fit at once at their final lengths in the KV "
@@ -78,9 +78,13 @@ def register(sub) -> None:
     p.add_argument("--block-sizes", type=int_list, default=None,
                    help=f"block sizes weighed (default {','.join(map(str, defaults.BLOCK_SIZES))}"
                    "; only those with speed data are scored once any has it)")
-    p.add_argument("--multiple-of", type=integer(1, 4096), default=None, metavar="N",
-                   help="the attention backend takes only block sizes that are multiples of N "
-                   "(e.g. 16); others are excluded")
+    limit = p.add_mutually_exclusive_group()
+    limit.add_argument("--multiple-of", type=integer(1, 4096), default=None, metavar="N",
+                       help="the attention backend takes only block sizes that are multiples "
+                       "of N (e.g. 16); others are excluded")
+    limit.add_argument("--backend", default=None, metavar="NAME",
+                       help="exclude the block sizes this registered kernel backend cannot take "
+                       "(e.g. flex: multiples of 16; see `pagebench bench --list-backends`)")
     p.add_argument("--device-data", metavar="DIR", default=None,
                    help="one GPU's committed measurements (default: the first directory under "
                    "reports/data/ with GPU engine or kernel rows)")
@@ -124,19 +128,37 @@ def read_device(directory: Path):
     return results
 
 
-def extra_table(directory: Path | None, prefix: str):
-    """The rows of ``<directory>/<prefix>*.csv`` (datasets the report does not read yet, such
-    as ``serve_bench`` and ``kv_accuracy``), one frame; None where there is none."""
+def extra_table(directory: Path | None, prefix: str, device=None):
+    """Dataset ``prefix`` as read with the device's data, else the rows of
+    ``<directory>/<prefix>*.csv`` (``serve_bench``, ``kv_accuracy``: datasets other helpers
+    add), one frame; None where there is none."""
     import pandas as pd
 
+    from pagebench.results.datasets import DATASETS
     from pagebench.results.read import read_table
 
+    if device is not None and prefix in DATASETS and device.get(prefix) is not None:
+        return device.get(prefix)
     files = sorted(directory.glob(f"{prefix}*.csv")) if directory is not None else []
     frames = [read_table(f) for f in files]
     return pd.concat(frames, ignore_index=True) if frames else None
 
 
 # ---- the answer --------------------------------------------------------------------------
+
+def block_constraint(args):
+    """(block size -> allowed, its words) of ``--multiple-of`` or ``--backend`` (None, None:
+    every block size)."""
+    if args.multiple_of:
+        n = args.multiple_of
+        return (lambda b: b % n == 0), f"--multiple-of {n}: multiples of {n} only"
+    if args.backend:
+        from pagebench.kernels.registry import get_backend
+
+        backend = get_backend(args.backend)
+        return backend.supports_block_size, f"backend {args.backend}: {backend.block_sizes}"
+    return None, None
+
 
 def capacity(args, lengths, max_len: int, block_sizes, workload: str) -> tuple[dict, str]:
     """{(block size, kv dtype): sequences that fit} from the capacity planner, and its words."""
@@ -174,11 +196,12 @@ def answer(args) -> dict:
     directory = device_dir(args)
     device = read_device(directory) if directory is not None else None
     get = (lambda name: device.get(name)) if device is not None else (lambda name: None)
+    allowed, constraint = block_constraint(args)
     choice = advice.choose_block_size(util, workload, get("engine_batch"), get("kernels"),
-                                      args.multiple_of)
+                                      allowed, constraint)
     if choice is None:
-        raise ValueError("--multiple-of: no block size of --block-sizes is a multiple of "
-                         f"{args.multiple_of}")
+        flag = "--backend" if args.backend else "--multiple-of"
+        raise ValueError(f"{flag}: no block size of --block-sizes is allowed ({constraint})")
     rec, table = choice
     fits, fit_words = capacity(args, lengths, max_len, block_sizes, workload)
     rows = []
@@ -195,9 +218,9 @@ def answer(args) -> dict:
     share = w.prompt_share
     at = {d: fits[(rec.block_size, d)] for d in args.kv_dtype}
     fp8 = advice.fp8_verdict(at, f"{fit_words}, block {rec.block_size}", get("kernels_fp8"),
-                             extra_table(directory, "kv_accuracy"), share)
-    serving = extra_table(directory, "serve_bench")
-    rate, rate_words = advice.latency_bound_rate(serving, args.latency_slo_ms)
+                             extra_table(directory, "kv_accuracy", device), share)
+    serving = extra_table(directory, "serve_bench", device)
+    rate, rate_words = advice.latency_bound_rate(serving, args.latency_slo_ms, rec.block_size)
     if serving is None:
         rate_words = (f"no serving data (no serve_bench*.csv in {shown_path(directory)})"
                       if directory is not None else "no serving data (no GPU data found)")
@@ -208,7 +231,7 @@ def answer(args) -> dict:
         "device_data": None if directory is None else shown_path(directory),
         "block_size": {"best": rec.block_size, "tied": list(rec.tied),
                        "no_winner": rec.no_winner, "words": rec.words(), "basis": rec.basis,
-                       "excluded": list(rec.excluded), "multiple_of": rec.multiple_of,
+                       "excluded": list(rec.excluded), "constraint": rec.constraint,
                        "utilisation_data": f"sim.static on {workload}"},
         "table": rows,
         "capacity": {"data": fit_words, "at_best_block": at},
@@ -251,8 +274,7 @@ def format_answer(doc: dict) -> str:
              f"  utilisation: {b['utilisation_data']}",
              f"  speed: {b['basis']}"]
     if b["excluded"]:
-        lines.append(f"  excluded (multiples of {b['multiple_of']} only): "
-                     + ", ".join(map(str, b["excluded"])))
+        lines.append(f"  excluded ({b['constraint']}): " + ", ".join(map(str, b["excluded"])))
     lines += ["", format_table(table_rows(doc), columns), "", "columns:", legend(), "",
               f"Sequences that fit at block {b['best']}: " + ", ".join(
                   f"{n:,} ({d})" for d, n in doc["capacity"]["at_best_block"].items()),

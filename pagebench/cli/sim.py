@@ -161,6 +161,16 @@ def lengths_to_draw(option: str, spec: str, num_seqs: int | None, max_len: int, 
     return len(values) if kind == "file" else default
 
 
+def requests_file(spec: str | None) -> bool:
+    """Whether ``spec`` is a file whose rows give a prompt and an output column."""
+    from pagebench.sim.workloads import lengths_file, read_requests_file
+
+    if spec is None or not lengths_file(spec):
+        return False
+    _, prompts, outputs = read_requests_file(spec, "--lengths")
+    return prompts is not None and outputs is not None
+
+
 def seed_of(args) -> int:
     return defaults.REFERENCE_SEED if args.seed is None else args.seed
 
@@ -203,6 +213,14 @@ def run_dynamic_simulation(args) -> int:
                              "mooncake-conv)")
         max_len = DEFAULT_MAX_LEN if args.max_len is None else args.max_len
         lengths_spec = defaults.REFERENCE_LENGTHS if args.lengths is None else args.lengths
+        if requests_file(args.lengths) and args.prompt_lengths is None \
+                and args.output_lengths is None:
+            # a file of requests gives each one's prompt and output: no split to invent
+            if args.prompt_fraction is not None:
+                raise ValueError(f"--prompt-fraction: {args.lengths} gives each request's "
+                                 "prompt and output; nothing to split")
+            args.prompt_lengths = args.output_lengths = args.lengths
+            args.lengths = None
         if args.prompt_lengths is None and args.output_lengths is None:
             # a --lengths FILE: its lengths, each once, as without --dynamic
             num_requests = lengths_to_draw("--lengths", lengths_spec, args.num_requests,

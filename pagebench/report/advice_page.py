@@ -53,7 +53,8 @@ def page(doc: dict) -> str:
             f"{n:,} ({d})" for d, n in doc["capacity"]["at_best_block"].items())
             + f" at block {b['best']}", [doc["capacity"]["data"]]),
         section("Latency-bound rate", f"{rate['requests_per_s']:g} requests/s"
-                if rate["requests_per_s"] is not None else rate["data"], [rate["data"]]),
+                if rate["requests_per_s"] is not None else rate["data"],
+                [rate["data"]] if rate["requests_per_s"] is not None else []),
         section("fp8 KV cache", f["verdict"], f["evidence"] + [f"missing: {m}"
                                                                 for m in f["missing"]]),
     ]

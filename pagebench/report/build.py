@@ -14,7 +14,7 @@ from pagebench.results.derived import ARTICLE, tally
 
 # derived tables saved beside the page (the others are shown beside their source's CSV)
 SAVED = ("kernels_batch1_ratio", "kernels_throughput", "kernels_bandwidth",
-         "kernels_block_cost", "recommendation")
+         "kernels_block_cost", "recommendation", "recommendation_traces")
 
 
 def derived_frames(results: Results) -> dict:

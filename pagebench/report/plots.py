@@ -148,14 +148,36 @@ def axes_labels(fig) -> tuple:
 
 def small_png(png: bytes, colors: int = 96) -> bytes:
     """The PNG with a palette of ``colors``: charts use few colours, and the page carries
-    dozens of them inline (about a quarter of the size, no visible change)."""
+    dozens of them inline (about a quarter of the size, no visible change). The report's own
+    colours (:func:`fixed_colors`) keep their exact value: a median cut would otherwise merge
+    a colour covering few pixels into a neighbour, and one allocator or memory category would
+    show in another shade on one plot than on the next."""
     from PIL import Image
 
     image = Image.open(io.BytesIO(png)).convert("RGB")
+    quantized = image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
+    present = {rgb for _, rgb in image.getcolors(maxcolors=1 << 24)}
+    palette = quantized.getpalette()[:3 * colors]
+    entries = [tuple(palette[i:i + 3]) for i in range(0, len(palette), 3)]
+    for rgb in fixed_colors() & present:
+        nearest = min(range(len(entries)),
+                      key=lambda i: sum((a - b) ** 2 for a, b in zip(entries[i], rgb)))
+        entries[nearest] = rgb
+    quantized.putpalette([c for rgb in entries for c in rgb])
     out = io.BytesIO()
-    image.quantize(colors=colors, method=Image.Quantize.MEDIANCUT).save(out, "PNG",
-                                                                         optimize=True)
+    quantized.save(out, "PNG", optimize=True)
     return out.getvalue()
+
+
+@functools.cache
+def fixed_colors() -> frozenset:
+    """The RGB of every colour the report names: allocators, memory categories, matplotlib's
+    cycle (C0-C9)."""
+    from matplotlib.colors import to_rgb
+
+    names = [*ALLOCATOR_COLORS.values(), *PAGED_SHADES, *(c for _, c in BREAKDOWN.values()),
+             *(f"C{i}" for i in range(10))]
+    return frozenset(tuple(round(255 * v) for v in to_rgb(n)) for n in names)
 
 
 def wrapped(text: str, width: int = 42) -> str:

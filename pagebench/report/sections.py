@@ -614,11 +614,17 @@ def recommendation(results: Results) -> Section:
         s.text(f"Memory alone favours block size {rec.block_size} ({rec.utilisation:.1%}): "
                f"{rec.basis}. Treat this as incomplete.")
     if rec.excluded:
-        s.text(f"Ruled out by the backend (multiples of {rec.multiple_of} only): block sizes "
+        s.text(f"Ruled out ({rec.constraint}): block sizes "
                + ", ".join(map(str, rec.excluded)) + ".")
     s.plot(plots.block_size_scores(table))
     s.table(make_table(table, "Score = utilisation × speed (low..high: the repeats' spread)",
                        data="recommendation"))
+    traces = results.get("recommendation_traces")
+    if traces is not None and len(traces):
+        s.text("The same weighing on the KV utilisation of each real trace (section Real "
+               "traces), with the same speed data:")
+        s.table(make_table(traces, "Recommendation per real trace",
+                           data="recommendation_traces"))
     return s
 
 

@@ -509,6 +509,12 @@ RECOMMENDATION = schema(
     C("score", "float", "utilisation x speed"), C("score_low", "float", "its low end"),
     C("score_high", "float", "its high end"),
     C("allowed", "bool", "a block size the backend constraint admits"), environment=False)
+RECOMMENDATION_TRACES = schema(
+    "recommendation_traces", "the block size recommended on one real trace's KV utilisation "
+    "(pagebench.analysis.advice, the same speed data as the recommendation)",
+    C("trace", "str", "trace name"), C("block_size", "int", "the best median score"),
+    C("tied", "str", "block sizes within noise of it, comma-separated"),
+    C("recommendation", "str", "in words"), environment=False)
 FP8_DECODE = schema("fp8_decode", "one decode point, bf16 against e4m3 cache", *POINT,
                     C("bf16_us", "float", "bf16 time"), C("fp8_us", "float", "e4m3 time"),
                     C("fp8_over_bf16", "float", "their ratio"), environment=False)
@@ -539,7 +545,7 @@ DERIVED: dict[str, Schema] = {s.name: s for s in (
     SERVING_MAX_RATE, SERVING_PREDICTION,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, KERNELS_VS_FASTEST, KERNELS_BATCH1_FAMILY,
-    KERNELS_PREFILL_VS_FASTEST, RECOMMENDATION, FP8_DECODE, LAYOUT_SPREAD,
+    KERNELS_PREFILL_VS_FASTEST, RECOMMENDATION, RECOMMENDATION_TRACES, FP8_DECODE, LAYOUT_SPREAD,
     TP_ALLREDUCE_STEP, SWEEP_WALL_SPEEDUP)}
 
 # file-name prefix under reports/data/<machine>/ -> dataset; first match wins; None: a file the

@@ -57,7 +57,7 @@ class Recommendation:
     workload: str  # the lengths the utilisation was computed on
     speed_measured: bool
     excluded: tuple[int, ...] = ()  # block sizes a backend constraint ruled out
-    multiple_of: int | None = None  # that constraint
+    constraint: str | None = None  # that constraint in words
 
     @property
     def no_winner(self) -> bool:

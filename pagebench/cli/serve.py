@@ -223,8 +223,9 @@ def run(args) -> int:
     from pagebench.timing import cpu_threads, environment
 
     device = torch_device(args.device)
-    configs = [ServeConfig(bs, dt, pc) for bs in args.block_sizes
-               for dt in args.kv_cache_dtype for pc in args.prefix_caching]
+    # prefix caching outermost: a run cut short has every block size and dtype of the first
+    configs = [ServeConfig(bs, dt, pc) for pc in args.prefix_caching
+               for bs in args.block_sizes for dt in args.kv_cache_dtype]
     with allocating(f"serve-bench of {args.num_requests:,} requests"), \
             cpu_threads(args.threads if device == "cpu" else None):
         model, label = load_serving_model(args.model, device, args.dtype)

@@ -8,7 +8,7 @@
 # Random-weight Qwen2.5-0.5B shape, blocks 16 and 128, bf16 and fp8_e4m3 caches in the same
 # memory, prefix caching on and off, the three shipped traces at four rates from light to all at
 # once (24 requests per point, outputs cut to 64 tokens: a device allowance of minutes).
-Every configuration's rows are written as soon as it finishes, so a run cut short by
+# Every configuration's rows are written as soon as it finishes, so a run cut short by
 # SERVE_SECONDS keeps what it finished. On a copied tree whose .git is stale, export
 # PAGEBENCH_COMMIT=<short hash> first so that every row names the commit measured.
 set -euo pipefail

@@ -7,7 +7,8 @@
 #   DEVICE=cpu scripts/gpu_serving.sh OUT_DIR  # the same commands at CPU sizes (a dry run)
 # Random-weight Qwen2.5-0.5B shape, blocks 16 and 128, bf16 and fp8_e4m3 caches in the same
 # memory, prefix caching on and off, the three shipped traces at four rates from light to all at
-# once. Every configuration's rows are written as soon as it finishes, so a run cut short by
+# once (24 requests per point, outputs cut to 64 tokens: a device allowance of minutes).
+# Every configuration's rows are written as soon as it finishes, so a run cut short by
 # SERVE_SECONDS keeps what it finished. On a copied tree whose .git is stale, export
 # PAGEBENCH_COMMIT=<short hash> first so that every row names the commit measured.
 set -euo pipefail
@@ -19,9 +20,9 @@ OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."  # the repository root: its pagebench is the one run
 if [ "$DEVICE" = cuda ]; then
   # CUDA graphs without torch.compile: eight engines are built, each compile would take minutes
-  SIZE="--model qwen2.5-0.5b --num-requests 32 --max-model-len 4096 --max-output-len 128
+  SIZE="--model qwen2.5-0.5b --num-requests 24 --max-model-len 4096 --max-output-len 64
         --kv-cache-memory 16GiB --max-num-seqs 128 --mode graphs_uncompiled
-        --rates 8,32,128,inf --slo-ttft 500 --slo-tpot 25"
+        --rates 16,32,128,inf --slo-ttft 500 --slo-tpot 25"
 else
   SIZE="--num-requests 4 --max-model-len 512 --max-output-len 4 --rates 16,inf
         --slo-ttft 2000 --slo-tpot 200"

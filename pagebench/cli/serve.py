@@ -119,11 +119,43 @@ def register(sub) -> None:
                    help="sample and Poisson seed (default 0)")
     p.add_argument("--threads", type=integer(1, 1024), default=1,
                    help="CPU threads (default %(default)s)")
+    p.add_argument("--endpoint", metavar="URL", default=None,
+                   help="measure a running OpenAI-compatible server (pagebench serve, vLLM, "
+                   "SGLang) at URL instead of an engine in this process: TTFT/TPOT/ITL from "
+                   "its streamed chunks, KV usage and preemptions from its /metrics where it "
+                   "has them (--model names the served model; token ids need "
+                   "--vocab-size unless its /v1/models gives vocab_size)")
+    p.add_argument("--vocab-size", type=integer(2), default=None,
+                   help="--endpoint: the served model's vocabulary (token ids are drawn below)")
     p.add_argument("--steps-out", metavar="FILE", default=None,
                    help="also write every engine step (prefill tokens, decode sequences, "
                    "context tokens, time) to FILE: the step-cost model's data")
     add_output_options(p, "rows")
     p.set_defaults(func=run)
+
+    v = sub.add_parser(
+        "serve", help="the engine behind an OpenAI-compatible /v1/completions endpoint "
+        "(streaming; token-id prompts) with Prometheus /metrics",
+        description="Serve --model through the engine on HTTP: POST /v1/completions (prompt: "
+        "token ids; stream: true for Server-Sent Events, one chunk per token), GET /v1/models, "
+        "GET /metrics. Binds 127.0.0.1 unless --host says otherwise. Needs aiohttp (the "
+        "'serve' extra). Ctrl-C stops it.")
+    v.add_argument("--model", default="tiny", help="tiny, a preset name or a model directory")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
+    v.add_argument("--port", type=integer(0, 65535), default=8000,
+                   help="port (default %(default)s; 0: any free one, printed)")
+    v.add_argument("--block-size", type=integer(1, 1 << 20), default=16)
+    v.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="auto")
+    v.add_argument("--prefix-caching", choices=("on", "off"), default="on")
+    v.add_argument("--kv-cache-memory", default=None, help="e.g. 4GiB")
+    v.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None)
+    v.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256)
+    v.add_argument("--max-num-batched-tokens", type=integer(1, 10_000_000), default=2048)
+    v.add_argument("--mode", choices=MODES, default=None)
+    v.add_argument("--device", default=None, choices=["cpu", "cuda"])
+    v.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES))
+    v.add_argument("--threads", type=integer(1, 1024), default=1)
+    v.set_defaults(func=serve)
 
     f = sub.add_parser(
         "step-cost-fit", help="fit the step-cost model on serve-bench steps; score the "
@@ -184,13 +216,16 @@ def save(args, rows: list[dict], steps: list[dict]) -> None:
 
 def run(args) -> int:
     check_args(args)
+    if args.endpoint:
+        return run_endpoint(args)
     from pagebench.engine.bench import mode_options
     from pagebench.measure.serve_bench import ServeConfig, serve_bench, trace_requests
     from pagebench.timing import cpu_threads, environment
 
     device = torch_device(args.device)
-    configs = [ServeConfig(bs, dt, pc) for bs in args.block_sizes
-               for dt in args.kv_cache_dtype for pc in args.prefix_caching]
+    # prefix caching outermost: a run cut short has every block size and dtype of the first
+    configs = [ServeConfig(bs, dt, pc) for pc in args.prefix_caching
+               for bs in args.block_sizes for dt in args.kv_cache_dtype]
     with allocating(f"serve-bench of {args.num_requests:,} requests"), \
             cpu_threads(args.threads if device == "cpu" else None):
         model, label = load_serving_model(args.model, device, args.dtype)
@@ -268,4 +303,64 @@ def fit(args) -> int:
         errors = error_summary(prediction_table(both)).to_dict("records")
         print()
         print(dumps(errors) if args.json else format_table(errors, ERROR_TABLE))
+    return 0
+
+
+def run_endpoint(args) -> int:
+    import asyncio
+
+    from pagebench.measure.endpoint import server_info
+    from pagebench.measure.serve_bench import serve_bench_endpoint, trace_requests
+    from pagebench.timing import environment
+
+    if not args.endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"--endpoint: expected an http:// or https:// URL, got "
+                         f"{args.endpoint!r}")
+    try:
+        info = asyncio.run(server_info(args.endpoint))
+    except OSError as e:
+        raise ValueError(f"--endpoint: {args.endpoint} does not answer ({e})") from None
+    vocab = args.vocab_size or info.get("vocab_size")
+    if not vocab:
+        raise ValueError("--vocab-size: the server does not say its vocabulary: give it")
+    model = info.get("id", "default") if args.model == "tiny" else args.model
+    traces = [trace_requests(trace, args.num_requests, int(vocab),
+                             max_model_len=args.max_model_len,
+                             max_output_len=args.max_output_len, seed=args.seed)
+              for trace in args.trace]
+    env = environment("cpu") | dict(device="endpoint", device_name=args.endpoint)
+    rows = serve_bench_endpoint(args.endpoint, traces, args.rates or [None], model_name=model,
+                                poisson=args.arrival == "poisson", time_scale=args.time_scale,
+                                slo_ttft_ms=args.slo_ttft, slo_tpot_ms=args.slo_tpot,
+                                attainment=args.slo_attainment, environment=env)
+    write_results(args.out, rows)
+    print(dumps(rows) if args.json else format_table(rows, TABLE))
+    return 0
+
+
+def serve(args) -> int:
+    from pagebench.engine.bench import mode_options
+    from pagebench.engine.engine import LLMEngine
+    from pagebench.timing import cpu_threads
+
+    try:
+        from aiohttp import web
+
+        from pagebench.engine.serve import make_app
+    except ImportError:
+        raise ValueError("serve: needs aiohttp (pip install 'pagebench[serve]')") from None
+    if args.kv_cache_memory is not None:
+        check_bytes("--kv-cache-memory", args.kv_cache_memory)
+    device = torch_device(args.device)
+    with cpu_threads(args.threads if device == "cpu" else None):
+        model, label = load_serving_model(args.model, device, args.dtype)
+        engine = LLMEngine(model, block_size=args.block_size,
+                           kv_cache_dtype=args.kv_cache_dtype,
+                           enable_prefix_caching=args.prefix_caching == "on",
+                           kv_cache_memory=args.kv_cache_memory,
+                           max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens,
+                           **mode_options(args.mode))
+        web.run_app(make_app(engine, label), host=args.host, port=args.port,
+                    print=lambda line: print(line, flush=True))
     return 0

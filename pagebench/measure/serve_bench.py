@@ -237,3 +237,41 @@ def search_max_rate(measure, first: float, attainment: float, max_runs: int) -> 
     if good is not None:
         good_row["note"] = "max_rate_at_slo"
     return good
+
+
+def serve_bench_endpoint(url: str, traces: list[TraceRequests], rates, *, model_name: str,
+                         poisson: bool = False, time_scale: float = 1.0, slo_ttft_ms=None,
+                         slo_tpot_ms=None, attainment: float = DEFAULT_SLO_ATTAINMENT,
+                         environment: dict | None = None) -> list[dict]:
+    """serve_bench rows of a running server at ``url`` (see
+    :mod:`pagebench.measure.endpoint`): the configuration is the server's, so block size,
+    cache dtype and prefix caching are not known here (``kv_cache_dtype`` "server")."""
+    from pagebench.measure.endpoint import serve_endpoint
+
+    rows = []
+    for requests in traces:
+        for rate in rates:
+            run = serve_endpoint(url, requests.at_rate(rate, poisson=poisson,
+                                                       time_scale=time_scale), model_name)
+            server = run.server
+            metrics = serving_metrics(
+                run.requests, run.duration_s, slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
+                slo_tpot_s=None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
+            metrics |= slo_verdict(metrics, slo_ttft_ms, slo_tpot_ms, attainment)
+            if server:
+                metrics |= dict(num_preemptions=server.get("num_preemptions_total"),
+                                prefix_cache_hit_rate=server.get("prefix_cache_hits_total", 0)
+                                / server["prefix_cache_queries_total"]
+                                if server.get("prefix_cache_queries_total") else None,
+                                peak_kv_cache_usage=server.get("peak_kv_cache_usage_perc",
+                                                               server.get(
+                                                                   "peak_gpu_cache_usage_perc")))
+            asked = rate if rate is not None else requests.trace_rate * time_scale
+            rows.append(SERVE_BENCH.row(**(environment or {}) | dict(
+                trace=requests.trace, arrival="poisson" if poisson else "trace",
+                request_rate=asked, num_requests=len(requests.prompts), model=model_name,
+                block_size=None, kv_cache_dtype="server", prefix_caching=None, endpoint=url,
+                max_model_len=requests.max_model_len, max_output_len=requests.max_output_len,
+                seed=requests.seed, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
+                time_scale=time_scale) | metrics))
+    return rows

@@ -365,6 +365,8 @@ SERVE_BENCH = schema(
               C("max_num_batched_tokens", "int", "engine's token budget per step"),
               C("seed", "int", "sample and arrival seed"),
               C("endpoint", "str", "server URL; empty: in process"),
+              C("peak_kv_cache_usage", "float", "endpoint: the server's peak KV-cache usage "
+                "(its /metrics), 0..1"),
               C("slo_attainment", "float", "share of requests that must meet every SLO"),
               C("meets_slo", "bool", "num_good_requests >= slo_attainment x num_requests"),
               C("predicted", "bool", "the simulator's prediction, not a measurement")))

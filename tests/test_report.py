@@ -722,3 +722,18 @@ def test_prefill_data_is_read_summarised_and_shown(tmp_path):
     assert tables and tables[0].data == "kernels_prefill_summary"
     empty = sections.Section("kernels", "Kernels").show(analysed(Results()), sections.PREFILL)
     assert [i.kind for i in empty.items] == ["nodata"]
+
+
+def test_cpu_triton_rows_are_labelled_interpreted_and_keep_their_spread():
+    cpu = synthetic_results().get("kernels").assign(device="cpu", device_name="x86_64",
+                                                    machine="here")
+    cpu.loc[cpu["kernel"] == "sdpa", "cuda_graphs"] = True
+    rows = derive.kernel_rows(cpu)
+    assert set(rows.loc[rows["kernel"] == "triton", "timed_as"]) == {derive.INTERPRETED}
+    assert set(rows.loc[rows["kernel"] == "sdpa", "timed_as"]) == {derive.CPU_GRAPH}
+    assert set(rows.loc[rows["kernel"] == "torch", "timed_as"]) == {""}
+    tput = derive.throughput(cpu)
+    assert tput.loc[tput["kernel"] == "triton", "series"].str.endswith("(interpreted)").all()
+    assert {"q20_us", "q80_us"} <= set(tput.columns)
+    gpu = derive.kernel_rows(synthetic_results().get("kernels"))
+    assert (gpu["timed_as"] == "").all()

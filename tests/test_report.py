@@ -727,7 +727,7 @@ def test_prefill_data_is_read_summarised_and_shown(tmp_path):
 def test_cpu_triton_rows_are_labelled_interpreted_and_keep_their_spread():
     cpu = synthetic_results().get("kernels").assign(device="cpu", device_name="x86_64",
                                                     machine="here")
-    cpu.loc[cpu["kernel"] == "sdpa", "cuda_graphs"] = True
+    cpu["cuda_graphs"] = cpu["kernel"] == "sdpa"
     rows = derive.kernel_rows(cpu)
     assert set(rows.loc[rows["kernel"] == "triton", "timed_as"]) == {derive.INTERPRETED}
     assert set(rows.loc[rows["kernel"] == "sdpa", "timed_as"]) == {derive.CPU_GRAPH}

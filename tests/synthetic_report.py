@@ -26,7 +26,9 @@ def _kernel_rows(paged_ratio: dict) -> pd.DataFrame:
     for batch, context in points:
         kv_bytes = 2 * batch * context * shape[2] * shape[3] * 2
         contiguous_us = 8.0 + kv_bytes / 4.0e12 * 1e6  # 8 us launch + K/V read at 4 TB/s
-        cases = [("sdpa", "contiguous", None, contiguous_us)]
+        # triton's own contiguous variant times as SDPA does: paged_ratio is paging's cost
+        cases = [("sdpa", "contiguous", None, contiguous_us),
+                 ("triton", "contiguous", None, contiguous_us)]
         cases += [("triton", "paged", bs, contiguous_us * r) for bs, r in paged_ratio.items()]
         cases += [("torch", "paged", bs, contiguous_us * r * 2.8) for bs, r in
                   paged_ratio.items()]
@@ -69,7 +71,12 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
     r.add("memory_dynamic_summary", pd.DataFrame([
         {"label": "naive", "allocator": "naive", "block_size": None, "budget_tokens": 4096,
          "token_state_fraction_saturated": 0.25, "token_state_fraction": 0.2,
-         "mean_concurrency": 4.0, "num_preemptions": 0, "article_reference": True},
+         "mean_concurrency": 4.0, "peak_concurrency": 5, "num_preemptions": 0,
+         "article_reference": True},
+        *({"label": a, "allocator": a, "block_size": None, "budget_tokens": 4096,
+           "token_state_fraction_saturated": x, "token_state_fraction": x - 0.05,
+           "mean_concurrency": c, "num_preemptions": 0, "article_reference": True}
+          for a, x, c in (("pow2", 0.32, 6.0), ("oracle", 0.38, 7.0))),
         {"label": "paged 16", "allocator": "paged", "block_size": 16, "budget_tokens": 4096,
          "token_state_fraction_saturated": 0.97, "token_state_fraction": 0.8,
          "mean_concurrency": 12.0, "num_preemptions": 3, "article_reference": True}]), src)
@@ -121,8 +128,10 @@ def synthetic_results(*, paged_ratio: dict | None = None, cow_ratio: float = 1.3
         "batch": [1, 4, 16] * 2, "block_size": [16] * 3 + [32] * 3,
         "tokens_per_s": [100.0, 380.0, 1400.0, 98.0, 370.0, 1350.0], "machine": DEVICE}), src)
     r.add("engine_equal_memory", pd.DataFrame({
-        "method": ["padded_generate", "engine"], "concurrent_seqs": [8, 40],
-        "tokens_per_s": [900.0, 3100.0], "machine": DEVICE}), src)
+        "method": ["padded_generate", "engine", "engine_contiguous_batch"],
+        "concurrent_seqs": [8, 40, 8], "tokens_per_s": [900.0, 3100.0, 1500.0],
+        "tokens_per_s_min": [880.0, 3000.0, 1450.0], "tokens_per_s_max": [950.0, 3150.0, 1550.0],
+        "repeats": 3, "machine": DEVICE}), src)
     r.add("asv", pd.DataFrame([{"machine": DEVICE, "commit": "abc", "date": 1,
                                 "benchmark": "attention.Decode.track_time", "params": "16",
                                 "value": 12.5, "unit": "us"}]), src)

@@ -18,7 +18,7 @@ from pagebench.report import build, render, sections
 from pagebench.results import DataError, Results, classify, commits, load_data_dir, read_table
 from pagebench.results.collect import guarded
 from pagebench.results.datasets import KERNELS
-from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED, WITHIN_NOISE
 from pagebench.results.history import load_benchmark_json
 
 
@@ -146,7 +146,9 @@ def test_claims_on_synthetic_data():
     assert c["preemption_signal"].verdict == HOLDS
     assert c["prior_systems"].verdict == HOLDS and c["paging_96"].verdict == HOLDS
     assert c["capacity_2_4x"].verdict == HOLDS
-    assert c["memory_buys_throughput"].verdict == HOLDS and "3.4×" in c["memory_buys_throughput"].measured
+    assert c["memory_buys_throughput"].verdict == HOLDS
+    assert "engine / padded generate 3.4×" in c["memory_buys_throughput"].measured
+    assert "the batch's share" in c["memory_buys_throughput"].measured
     assert c["about_250"].verdict == HOLDS
     assert all(c[k].device for k in c if c[k].verdict != UNMEASURED)
 
@@ -156,26 +158,47 @@ def test_contradicted_claims_say_so_plainly():
     results = synthetic_results(paged_ratio={1: 0.9, 16: 0.95}, cow_ratio=4.5)
     c = by_key(results)
     assert c["batch1_slower"].verdict == FAILS
-    assert "as fast or faster" in c["batch1_slower"].measured
+    assert "0.95–0.95× over 3 points" in c["batch1_slower"].measured
     assert c["cow_n4"].verdict == FAILS and "4.50×" in c["cow_n4"].measured
     analyse(results)
     table = sections.claims_section(results).items[-1].table
-    verdicts = [row[3] for row in table.rows]
+    verdicts = [row[4] for row in table.rows]  # claim, kind, measured, device, verdict
     assert FAILS in verdicts
 
 
 def test_equal_memory_pairs_the_engine_with_generate_in_one_kv_budget():
-    """In a small budget the engine runs fewer sequences, in a large one fewer tokens/s: each
-    budget fails; the best sequences of one with the best tokens/s of the other must not."""
+    """In a small budget the engine runs fewer sequences, in a large one no more tokens/s than
+    its control: each budget fails; the best sequences of one with the best tokens/s of the
+    other must not."""
     results = synthetic_results()
     results.frames["engine_equal_memory"] = pd.DataFrame({
-        "method": ["engine", "padded_generate"] * 2, "kv_bytes": [2**27] * 2 + [2**30] * 2,
-        "concurrent_seqs": [10, 20, 500, 100], "tokens_per_s": [5000.0, 100.0, 100.0, 4000.0],
+        "method": ["engine", "padded_generate", "engine_contiguous_batch"] * 2,
+        "kv_bytes": [2**27] * 3 + [2**30] * 3, "concurrent_seqs": [10, 20, 20, 500, 100, 100],
+        "tokens_per_s": [5000.0, 100.0, 200.0, 100.0, 4000.0, 4500.0],
+        "tokens_per_s_min": [4900.0, 90.0, 190.0, 95.0, 3900.0, 4400.0],
+        "tokens_per_s_max": [5100.0, 110.0, 210.0, 105.0, 4100.0, 4600.0],
         "machine": "Synthetic GPU"})
     c = by_key(results)["memory_buys_throughput"]
     assert c.verdict == FAILS and c.device == "Synthetic GPU"
     assert "10 vs 20 sequences at once in 128 MiB" in c.measured
     assert "500 vs 100 sequences at once in 1,024 MiB" in c.measured
+
+
+def test_equal_memory_is_within_noise_or_unjudged_without_a_clear_control():
+    """Overlapping min–max of the engine and its control: within noise; no control rows (an
+    older run): shown, not judged."""
+    results = synthetic_results()
+    frame = results.get("engine_equal_memory")
+    control = frame["method"] == "engine_contiguous_batch"
+    frame.loc[control, ["tokens_per_s", "tokens_per_s_min", "tokens_per_s_max"]] = \
+        [3050.0, 2950.0, 3120.0]
+    c = by_key(results)["memory_buys_throughput"]
+    assert c.verdict == WITHIN_NOISE and "1.02× (0.96–1.07)" in c.measured
+    results.frames["engine_equal_memory"] = frame[~control].drop(
+        columns=["tokens_per_s_min", "tokens_per_s_max"])
+    c = by_key(results)["memory_buys_throughput"]
+    assert c.verdict == UNMEASURED and "no equal-concurrency control" in c.measured
+    assert "±5% assumed" in c.measured
 
 
 def test_cow_compares_n4_with_n1_of_the_same_block_size():
@@ -220,22 +243,46 @@ def test_block16_sweet_spot_fails_when_block_16_is_slow():
     assert by_key(results)["block16_sweet_spot"].verdict == FAILS
 
 
-def test_prior_systems_range_is_judged_from_data():
+def test_prior_systems_judges_the_three_baselines_from_data():
+    results = synthetic_results()
+    c = by_key(results)["prior_systems"]
+    assert c.verdict == HOLDS and c.headline == "article workload: max/pow2/oracle 25.0/32.0/38.0%"
+    summary = results.get("memory_dynamic_summary")
+    summary.loc[summary["allocator"] == "oracle", "token_state_fraction_saturated"] = 0.558
+    c = by_key(results)["prior_systems"]
+    assert c.verdict == FAILS and "oracle 55.8% (oracle outside 20–40%)" in c.measured
+
+
+def test_prior_systems_judges_each_real_trace_and_names_its_sample():
+    results = synthetic_results()
+    results.add("real_traces_dynamic", pd.DataFrame([
+        {"trace": "azure-code", "label": a, "allocator": a, "block_size": None,
+         "token_state_fraction": x, "token_state_fraction_saturated": x, "num_preemptions": 0,
+         "num_requests": 2000, "source": "azure-code (first 2,000 requests)"}
+        for a, x in (("naive", 0.197), ("pow2", 0.487), ("oracle", 0.66))]), "synthetic")
+    c = by_key(results)["prior_systems"]
+    assert c.verdict == FAILS
+    assert "azure-code (first 2,000 requests): reserve-max 19.7%, pow2 48.7%, oracle 66.0% " \
+        "(reserve-max, pow2, oracle outside 20–40%) (does not hold)" in c.measured
+    assert "article workload: reserve-max 25.0%, pow2 32.0%, oracle 38.0% (holds)" in c.measured
+
+
+def test_prior_systems_leaves_out_a_workload_whose_baseline_never_waited_for_memory():
     results = synthetic_results()
     summary = results.get("memory_dynamic_summary")
-    summary.loc[summary["allocator"] == "naive", "token_state_fraction_saturated"] = 0.12
+    summary.loc[summary["allocator"] == "pow2", "token_state_fraction_saturated"] = float("nan")
     c = by_key(results)["prior_systems"]
-    assert c.verdict == FAILS and "12.0%" in c.measured and "worse" in c.measured
+    assert c.verdict == UNMEASURED and "nan" not in c.measured
+    assert "not every baseline became memory-bound" in c.measured
 
 
-def test_prior_systems_leaves_out_allocators_that_never_waited_for_memory():
+def test_handles_sixty_is_judged_against_the_simulated_naive_concurrency():
     results = synthetic_results()
-    dynamic = results.get("memory_dynamic_summary")
-    pow2 = dynamic.iloc[[0]].assign(label="pow2", allocator="pow2",
-                                    token_state_fraction_saturated=float("nan"))
-    results.add("memory_dynamic_summary", pow2, "a pool that never ran out")
-    c = by_key(results)["prior_systems"]
-    assert c.verdict == HOLDS and c.measured == "reserve-max 25.0%" and "nan" not in c.measured
+    c = by_key(results)["handles_sixty"]
+    assert c.verdict == FAILS and c.kind == "citation" and "4 mean / 5 peak" in c.headline
+    summary = results.get("memory_dynamic_summary")
+    summary.loc[summary["allocator"] == "naive", "mean_concurrency"] = 58.0
+    assert by_key(results)["handles_sixty"].verdict == HOLDS
 
 
 def test_dynamic_claims_read_the_article_reference_run_only():
@@ -255,7 +302,7 @@ def test_dynamic_claims_read_the_article_reference_run_only():
     both.add("memory_dynamic_summary", other, "my_runs/dynamic_small.csv")
     c = by_key(both)
     assert c["prior_systems"].verdict == HOLDS and c["paging_96"].verdict == HOLDS
-    assert c["prior_systems"].measured == "reserve-max 25.0%"  # not the other run's pow2
+    assert "reserve-max 25.0%, pow2 32.0%" in c["prior_systems"].measured  # not the other's
     assert "3.0×" in c["capacity_2_4x"].measured  # 12 / 4, not 30 / 2
 
 
@@ -378,7 +425,7 @@ def test_throughput_keeps_one_commits_dtypes_apart():
     assert (sdpa.loc["sdpa-contiguous bfloat16", "time_us"]
             == 2 * sdpa.loc["sdpa-contiguous float16", "time_us"]).all()
     bw = derive.bandwidth(pd.concat([bf16, fp16], ignore_index=True))
-    assert bw.groupby("series")["dtype"].nunique().eq(1).all() and bw["series"].nunique() == 6
+    assert bw.groupby("series")["dtype"].nunique().eq(1).all() and bw["series"].nunique() == 8
     assert set(derive.throughput(bf16)["series"]) >= {"sdpa-contiguous", "triton-paged bs=16"}
 
 
@@ -593,7 +640,8 @@ def test_kernel_claims_are_judged_on_the_gpu_when_one_measured_them():
     results = synthetic_results()
     cpu = results.get("kernels").assign(device="cpu", device_name="x86_64", machine="here")
     slow = cpu["layout"] == "paged"
-    cpu.loc[slow, "time_us"] = cpu.loc[slow, "time_us"] * 5  # a CPU gather: 5x slower
+    times = ["time_us", "q20_us", "q80_us"]
+    cpu.loc[slow, times] = cpu.loc[slow, times] * 5  # a CPU gather: 5x slower
     results.add("kernels", cpu, "cpu sweep")
     c = by_key(results)["batch1_slower"]
     assert c.verdict == HOLDS and c.device == "Synthetic GPU"
@@ -716,3 +764,18 @@ def test_prefill_data_is_read_summarised_and_shown(tmp_path):
     assert tables and tables[0].data == "kernels_prefill_summary"
     empty = sections.Section("kernels", "Kernels").show(analysed(Results()), sections.PREFILL)
     assert [i.kind for i in empty.items] == ["nodata"]
+
+
+def test_cpu_triton_rows_are_labelled_interpreted_and_keep_their_spread():
+    cpu = synthetic_results().get("kernels").assign(device="cpu", device_name="x86_64",
+                                                    machine="here")
+    cpu["cuda_graphs"] = cpu["kernel"] == "sdpa"
+    rows = derive.kernel_rows(cpu)
+    assert set(rows.loc[rows["kernel"] == "triton", "timed_as"]) == {derive.INTERPRETED}
+    assert set(rows.loc[rows["kernel"] == "sdpa", "timed_as"]) == {derive.CPU_GRAPH}
+    assert set(rows.loc[rows["kernel"] == "torch", "timed_as"]) == {""}
+    tput = derive.throughput(cpu)
+    assert tput.loc[tput["kernel"] == "triton", "series"].str.endswith("(interpreted)").all()
+    assert {"q20_us", "q80_us"} <= set(tput.columns)
+    gpu = derive.kernel_rows(synthetic_results().get("kernels"))
+    assert (gpu["timed_as"] == "").all()

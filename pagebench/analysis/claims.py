@@ -354,14 +354,15 @@ def same_kernel_batch1(kernels: pd.DataFrame | None) -> pd.DataFrame:
     return pairs[keys + ["ratio"]].sort_values(keys).reset_index(drop=True)
 
 
-def batch1_part(label: str, g: pd.DataFrame, judged: bool) -> Part:
-    """One device's and kernel's batch-1 points: their bands, judged together."""
+def batch1_part(label: str, g: pd.DataFrame, judged: bool, run: str = "") -> Part:
+    """One device's and kernel's batch-1 points of one run (``run``: its name in the text,
+    where several runs are shown): their bands, judged together."""
     bands = list(g["ratio"])
     outcomes = [inside(b, *BATCH1_BOUNDS) for b in bands]
     lo, hi = min(b.value for b in bands), max(b.value for b in bands)
     counts = ", ".join(f"{outcomes.count(o)} {o}" for o in dict.fromkeys(outcomes))
     spread = "q20–q80" if all(b.recorded for b in bands) else "no spread recorded: ±5% assumed"
-    text = (f"{label} {g['kernel'].iloc[0]}: paged / its own contiguous variant "
+    text = (f"{label}{run} {g['kernel'].iloc[0]}: paged / its own contiguous variant "
             f"{lo:.2f}–{hi:.2f}× over {len(bands)} points (contexts "
             f"{int(g['context'].min()):,}–{int(g['context'].max()):,}; {spread}): {counts}")
     return judged_part(judged, bands, text, f"{g['kernel'].iloc[0]} paged {lo:.2f}–{hi:.2f}× "
@@ -374,7 +375,9 @@ def batch1_slower(results: Results) -> Measured | None:
     if pairs.empty:
         return None
     judged = derive.judged_labels(pairs["device_label"], kernels)
-    parts = [batch1_part(g["device_label"].iloc[0], g, g["device_label"].iloc[0] in judged)
+    several = pairs["commit"].nunique() > 1
+    parts = [batch1_part(g["device_label"].iloc[0], g, g["device_label"].iloc[0] in judged,
+                         f" ({g['commit'].iloc[0]})" if several else "")
              for g in groups(pairs, ["device_label", "kernel", *derive.RUN])]
     ratio = derive.table(results, "kernels_batch1_ratio")
     ratio = ratio[ratio["block_size"] == derive.PRIMARY_BLOCK_SIZE] if len(ratio) else ratio

@@ -48,7 +48,25 @@ def kernel_rows(kernels: pd.DataFrame | None) -> pd.DataFrame | None:
     df["device_label"] = row_labels(df)
     df["gpu"] = df["device"].astype(str).str.startswith("cuda")
     df["shape"] = df["model_shape"].astype(str)
+    df["timed_as"] = timed_as(df)
     return df if len(df) else None
+
+
+INTERPRETED = "Triton interpreted on a CPU: checks the kernel, does not time it"
+CPU_GRAPH = "CPU: no CUDA graph, an eager call"
+
+
+def timed_as(df: pd.DataFrame) -> pd.Series:
+    """What a timed row can carry: an interpreted Triton kernel on a CPU (numpy executes the
+    kernel's program; its time says nothing about the kernel), a CPU row marked as graph
+    replay (a CPU has no CUDA graph), or "" (a timing)."""
+    cpu = ~df["gpu"]
+    kernel = df["kernel"].astype(str) if "kernel" in df else df["backend"].astype(str)
+    graphs = df["cuda_graphs"].astype(str).eq("True") if "cuda_graphs" in df else False
+    out = pd.Series("", index=df.index, dtype=object)
+    out[cpu & graphs] = CPU_GRAPH
+    out[cpu & kernel.str.startswith("triton")] = INTERPRETED
+    return out
 
 
 def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
@@ -290,7 +308,10 @@ def throughput(kernels: pd.DataFrame | None) -> pd.DataFrame:
     for g in at_swept_context(df):
         g = g.copy()
         block = " bs=" + g["block_size"].fillna(0).astype(int).astype(str)
-        g["series"] = with_dtype(g["backend"].astype(str) + block.where(g["paged"], ""), g)
+        interpreted = pd.Series("", index=g.index).where(g["timed_as"] != INTERPRETED,
+                                                          " (interpreted)")
+        g["series"] = with_dtype(g["backend"].astype(str) + block.where(g["paged"], "")
+                                 + interpreted, g)
         g = _best(g, ["series", "batch"])
         g["tokens_per_s"] = g["batch"] / g["time_us"] * 1e6
         g["primary"] = ~g["paged"] | (g["backend"] == primary_paged_backend(g))

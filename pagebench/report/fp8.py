@@ -33,9 +33,19 @@ VIEWS = (
          ("batch", "context", "backend", "time_us", "copy_fraction", "err_vs_bf16_cache",
           "err_vs_dequantised"),
          table=lambda fp8: fp8[(fp8["op"] == "decode") & (fp8["cache_dtype"] == "float8_e5m2")]),
+    View("kv_accuracy", "Accuracy on a trained model: the shipped byte-level Llama "
+         "(pagebench.engine.trained_model, trained on the Python standard library's sources) "
+         "on held-out files, every attention read back from the paged cache: perplexity of the "
+         "next byte and top-1 agreement, bf16 against fp32 and each fp8 format against bf16, "
+         "per block size (`pagebench kv-accuracy`)",
+         ("machine", "kv_dtype", "reference_dtype", "block_size", "perplexity",
+          "perplexity_reference", "top1_agreement", "tokens"),
+         missing="accuracy on the trained model (pagebench kv-accuracy --out "
+         "reports/data/cpu/kv_accuracy.csv)"),
     View("fp8_engine", "Engine, random-weight Qwen2.5-0.5B, bf16 vs fp8_e4m3 cache at equal KV "
          "memory: pool, greedy agreement (tokens up to each sequence's first difference / all), "
-         "logit error over the first steps"),
+         "logit error over the first steps. Random weights give near-ties, so these agreement "
+         "figures measure ties, not quality: the trained model's table above does"),
     View("kernels_layout", "Triton bf16 decode by block-table layout (Llama-3-8B shape, CUDA "
          "graphs); fits_l2: the unique K/V footprint fits in the GPU's L2, so the point "
          "measures the cache, not the layout, and is not judged",

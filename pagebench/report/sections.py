@@ -435,16 +435,20 @@ KERNELS = (
          "context. read_fraction: K/V bytes per second over the device's read-only bandwidth "
          "(a reduction that only reads), the ceiling of a decode step."),
     View("kernels_throughput", "Throughput versus batch", ("device_label", "shape", "context",
-         "series", "batch", "time_us", "tokens_per_s"), text="Attention-kernel throughput versus "
+         "series", "batch", "time_us", "q20_us", "q80_us", "tokens_per_s", "timed_as"),
+         text="Attention-kernel throughput versus "
          "batch size (tokens/s = batch / step time) for each block size of the fastest paged "
          "backend and the contiguous baselines, at the context where batch was swept (every "
          "backend in the CSV), from one commit per device and shape: the newest that swept "
          "batch (the CSV's commit column). Attention alone reads each sequence's own K/V, so it scales with "
-         "batch only while launch-bound; the engine section shows whole-model throughput.",
+         "batch only while launch-bound; the engine section shows whole-model throughput. "
+         "q20/q80: the 20th and 80th percentiles of the repeats (CPU timings swing between "
+         "runs: read a CPU block-size difference only where these do not overlap); timed_as "
+         "names rows that are no kernel timing (Triton interpreted on a CPU).",
          plot=throughput_plot, missing="throughput versus batch size"),
     View("kernels_bandwidth", "Achieved bandwidth (block 16 paged and contiguous)",
          ("device_label", "shape", "backend", "block_size", "batch", "context", "time_us",
-          "gbps", "copy_gbps"), plot=bandwidth_plots,
+          "q20_us", "q80_us", "gbps", "copy_gbps", "timed_as"), plot=bandwidth_plots,
          missing="achieved bandwidth (needs gbps and copy_gbps columns)"),
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",

@@ -424,7 +424,9 @@ SHAPE = C("shape", "str", "preset whose attention shape was used")
 BATCH, CONTEXT = C("batch", "int", "sequences"), C("context", "int", "cached tokens")
 POINT = (BATCH, CONTEXT, BLOCK_SIZE)
 TIMED_COLUMNS = (C("paged", "bool", "a paged layout"), DEVICE_LABEL,
-                 C("gpu", "bool", "measured on a GPU"), SHAPE)
+                 C("gpu", "bool", "measured on a GPU"), SHAPE,
+                 C("timed_as", "str", "empty: a timing; else what the row is instead (Triton "
+                   "interpreted on a CPU, or a CPU row marked as graph replay)"))
 VERDICT = schema(
     "claims", "one claim's verdict (pagebench.analysis.claims.judge)",
     C("key", "str", "the claim's id"),

@@ -19,7 +19,7 @@ import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import given, note, settings
-from test_kernel_fp8 import formats_read_on
+from kernel_cases import formats_read_on
 
 from pagebench.kernels import (FP8_DTYPES, available_backends, paged_decode, paged_prefill,
                                registered_backends)

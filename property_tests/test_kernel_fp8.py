@@ -22,7 +22,7 @@ import hypothesis.strategies as st
 import pytest
 import torch
 from hypothesis import given, note, settings
-from test_kernel_equivalence import decode_cases, examples_for, prefill_cases
+from kernel_cases import decode_cases, examples_for, formats_read_on, prefill_cases
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
 from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
@@ -43,13 +43,6 @@ def fp8_backends_for(device: str, op: str) -> list[str]:
     return sorted(name for name, b in registered_backends().items()
                   if getattr(b, op) is not None and device in b.devices and backend_available(b)
                   and any(d in (b.cache_dtypes or ()) for d in FP8_DTYPES))
-
-
-def formats_read_on(device: str, backend: str) -> list[torch.dtype]:
-    """The fp8 formats ``backend`` reads on ``device`` (Triton: e4m3 from compute capability
-    8.9)."""
-    return [d for d in FP8_DTYPES
-            if registered_backends()[backend].supports_cache_dtype(d, None, device)]
 
 
 def fp8_examples(backend: str) -> int:

@@ -21,7 +21,7 @@ from pagebench.kernels import (available_backends, contiguous_decode, copy_block
 from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill, torch_paged_decode)
-from property_tests.test_kernel_equivalence import backends_for, run_property
+from property_tests.kernel_cases import backends_for, run_property
 
 HAS_TRITON = "triton" in available_backends()
 

@@ -34,7 +34,7 @@ CHILD = textwrap.dedent(r'''
 
     ARCH = int(sys.argv[1])
     sys.path.insert(0, sys.argv[2])  # property_tests: the launches prefill_launch picks on a GPU
-    from test_kernel_equivalence import PREFILL_LAUNCHES
+    from kernel_cases import PREFILL_LAUNCHES
     CUDA = torch.device("cuda", 0)
     torch.cuda.get_device_capability = lambda device=None: divmod(ARCH, 10)
     triton_decode.hardware_fp8_convert = lambda device: ARCH >= 89

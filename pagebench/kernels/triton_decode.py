@@ -48,8 +48,7 @@ SPLIT_OVERHEAD_TILES = 2
 INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split path runs
 # Splits up to which the split kernel merges them itself (``fused_merge``): one program merges a
 # (sequence, KV head)'s partials at the end of the launch, so with many splits the second
-# kernel's program per query head is faster. H200, bf16: fused 0.97-0.98x the
-# time at 2-4 splits, 1.03-1.16x at 16 (docs/kernels.md, "Splits merged in the split kernel").
+# kernel's program per query head is faster (docs/kernels.md, "Merging splits").
 FUSED_MERGE_SPLITS = 4  # also the most it takes: it loads them all at once
 COMBINE_CHUNK = 32  # splits the combine kernel merges per step
 
@@ -293,10 +292,8 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
     (the combine kernel's programs merge that many a step; up to ``FUSED_MERGE_SPLITS`` the
     split kernel's last programs merge them instead, counted the same). The cheapest split
     count wins, the fewest splits on ties. What this avoids is a split count that spills a few
-    programs into a second wave: on an H200 (bf16, 32/8 heads x 128, 4096 tokens, 528 slots;
-    timed when a second kernel merged every split count) 16 sequences took 94.7 us with 5
-    splits (640 programs) and 80.2 us with 4 (512); and splitting one sequence into hundreds
-    of slivers (14/2 heads x 64, 1 x 65536: 512 splits 34.1 us, 128 splits 30.2 us).
+    programs into a second wave, and splitting one sequence into hundreds of slivers
+    (docs/kernels.md, "Splits").
     """
     best, best_cost = 1, None
     for splits in range(1, min(MAX_SPLITS, ceil_div(capacity, tile_n)) + 1):
@@ -339,13 +336,9 @@ def default_tile_n(head_dim: int, dtype: torch.dtype) -> int:
 
 # An fp8 cache read through blocks of 2+ tokens, or whose KV heads pair up: half-size tiles on 2
 # warps. The fp8 loop is bound by the latency of its per-tile chain on the SM (shared-memory
-# loads and stores, cross-warp reductions, barriers; ncu in docs/kernels.md), not by its loads,
-# and fewer warps per program wait less at each barrier (H200, Llama shape, same process:
-# 0.93-0.98x the time of (64, 4) at blocks 16/128, 32 and 128 x 4096, 0.98-0.99x at 1 x 65536;
-# at block 1, where 5 stages pay, 0.995-1.35x whatever the stages). Two KV heads per program
-# (``kv_heads_pair``) then give each step of that chain twice the bytes: 0.94-1.00x the time of
-# one head per program at blocks 16/128, and at block 1 (5 stages) 0.89-0.94x that of (64, 4)
-# (H200, Llama shape, same process; docs/kernels.md).
+# loads and stores, cross-warp reductions, barriers), not by its loads, and fewer warps per
+# program wait less at each barrier; two KV heads per program (``kv_heads_pair``) then give
+# each step of that chain twice the bytes (docs/kernels.md, "fp8 KV caches").
 FP8_LAUNCH = (32, 2)
 
 
@@ -373,13 +366,10 @@ def default_num_stages(block_size: int, fp8: bool, kv_per_program: int = 1) -> i
     load, and Triton 3.6 splits ``num_stages - 1`` stages between the two levels of loads
     (rounding down): 2 stages keep one tile of K/V in flight with its table entries loaded
     just before it, 3 load the table a tile ahead, 5 also keep two K/V tiles in flight. With
-    one-token blocks every token's entry is its own load, and prefetching them pays (H200,
-    docs/kernels.md: bf16 3 stages 0.90-0.92x the time of 2, fp8 5 stages 0.82-0.98x). With
-    larger blocks the extra stages cost shared memory and occupancy for nothing (bf16 3
-    stages 1.00-1.01x; fp8 one KV head per program 5 stages 0.99-1.12x), except for an fp8
-    cache read two KV heads per program, whose loop waits on its per-tile chain: two K/V tiles
-    in flight took 0.91-0.95x the time of one at blocks 16 and 128 (3 or 4 stages, the table a
-    tile ahead without them, 1.05-1.07x)."""
+    one-token blocks every token's entry is its own load, and prefetching them pays. With
+    larger blocks the extra stages cost shared memory and occupancy for nothing, except for an
+    fp8 cache read two KV heads per program, whose loop waits on its per-tile chain and gains
+    from two K/V tiles in flight (docs/kernels.md, "Pipelining")."""
     if block_size > 1:
         return 5 if fp8 and kv_per_program > 1 else 2
     return 5 if fp8 else 3

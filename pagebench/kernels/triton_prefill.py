@@ -519,10 +519,8 @@ def _can_vote(q: torch.Tensor, rows: int, num_warps: int, dim_pad: int, ieee_dot
 
 def _scan_width(num_seqs: int, reread: bool) -> int:
     """Query lengths a program scans per step: at least ``MIN_SCAN`` (narrower scans cost
-    spills), except one for one sequence where the rows are not read again (Qwen2.5-0.5B shape:
-    0.95x the time of a 32-lane scan for 512-token chunks, 1.01-1.02x for longer ones; where
-    the rows are read again, on the Llama-3-8B shape, 1.01-1.03x for whole prompts:
-    docs/kernels.md)."""
+    spills), except one for one sequence where the rows are not read again (there the one-lane
+    scan was faster for short chunks; where the rows are read again it was not)."""
     if num_seqs == 1 and not reread:
         return 1
     return min(max(num_seqs, MIN_SCAN), MAX_SCAN)

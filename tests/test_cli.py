@@ -121,3 +121,21 @@ def test_progress_bar_only_on_a_terminal(monkeypatch):
     with options.progress(3, "x") as bar:
         bar.update()
     assert "x" in sys.stderr.getvalue()
+
+
+@pytest.mark.parametrize("command, tables", [
+    ("bench", ("DECODE_TABLE", "PREFILL_TABLE", "FP8_TABLE", "TUNE_TABLE")),
+    ("engine-bench", ("COMMON_TABLE",)), ("tp-bench", ())])
+def test_help_explains_every_column_of_the_tables_a_command_prints(command, tables):
+    """Each header of the command's tables has a legend line in its --help (the schemas' words,
+    or the table's own where a key means something else there)."""
+    from pagebench.cli import engine, kernels, parallel
+
+    code, text, _ = run([command, "--help"])
+    assert code == 0
+    legend = text.split("columns of its tables:\n", 1)[1].splitlines()
+    module = {"bench": kernels, "engine-bench": engine, "tp-bench": parallel}[command]
+    columns = [c for name in tables for c in getattr(module, name)]
+    columns += [c for t in getattr(module, "TABLES", {}).values() for c in t]
+    described = {line[2:].split("  ")[0].strip() for line in legend if line.startswith("  ")}
+    assert {c[1] for c in columns} <= described

@@ -44,7 +44,8 @@ def test_table_names_its_data_and_explains_every_column(device, capsys):
     assert main(["recommend", "--lengths", EXAMPLE, "--device-data", str(device)]) == 0
     out = capsys.readouterr().out
     assert "my_requests.csv (500 requests)" in out
-    assert "engine decode tokens/s at batch 256 (NVIDIA H200, commit c46d36d" in out
+    assert ("engine decode tokens/s at batch 256, the measured batch nearest the 980 sequences "
+            "that fit (NVIDIA H200, commit c46d36d") in out
     for _, header, _, meaning in COLUMNS:
         assert header in out and meaning in " ".join(out.split())
     assert "fit fp8_e4m3" in out and "no serving data" in out

@@ -491,6 +491,19 @@ def test_engine_speed_decides_and_its_spread_makes_ties():
     assert not advice.choose_block_size(util, "w", engine=cpu)[0].speed_measured
 
 
+def test_the_engine_batch_follows_the_sequences_a_workload_runs():
+    """Speed is read at the largest measured batch not above the sequences that fit: a
+    workload of ~100 sequences is not judged at batch 256, where other blocks win."""
+    util = {16: 1.0, 128: 1.0}
+    rows = pd.concat([engine_rows({16: (100, 99, 101), 128: (80, 79, 81)}, batch=64),
+                      engine_rows({16: (80, 79, 81), 128: (100, 99, 101)}, batch=256)])
+    assert advice.choose_block_size(util, "w", engine=rows)[0].block_size == 128
+    rec = advice.choose_block_size(util, "w", engine=rows, batch=100)[0]
+    assert rec.block_size == 16 and "batch 64, the measured batch nearest the 100" in rec.basis
+    # fewer sequences than any batch measured: the smallest batch
+    assert "batch 64" in advice.choose_block_size(util, "w", engine=rows, batch=8)[0].basis
+
+
 def test_a_backend_constraint_rules_block_sizes_out():
     util = {1: 1.0, 8: 0.995, 16: 0.99, 128: 0.90}
     engine = engine_rows({1: (100, 99, 101), 8: (100, 99, 101), 16: (99, 98, 100),

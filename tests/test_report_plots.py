@@ -49,6 +49,7 @@ def test_every_plot_on_synthetic_data_is_readable():
     assert {p.title: p.label_problems for p in drawn if p.label_problems} == {}
 
 
+@pytest.mark.slow  # reads reports/data and draws ~40 figures: ~20 s on 2 cores
 def test_every_plot_on_the_committed_data_is_readable():
     """The page's figures from reports/data (the engine-vs-transformers bars, the benchmark
     histories' log axes and long labels) as `pagebench report` draws them."""

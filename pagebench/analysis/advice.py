@@ -46,10 +46,13 @@ def on_gpu(frame: pd.DataFrame) -> pd.Series:
 
 # ---- block size --------------------------------------------------------------------------
 
-def engine_speed(engine: pd.DataFrame | None) -> tuple[pd.DataFrame, str] | None:
+def engine_speed(engine: pd.DataFrame | None,
+                 batch: int | None = None) -> tuple[pd.DataFrame, str] | None:
     """Relative decode speed per block size from the engine's GPU rows (dataset
     ``engine_batch``): the commit with most rows, CUDA-graph mode where recorded, at the largest
-    batch measured at two or more block sizes (where a block size's kernel cost shows most).
+    batch measured at two or more block sizes (where a block size's kernel cost shows most), or
+    with ``batch`` (the sequences a workload keeps running at once) the largest such batch not
+    above it (else the smallest).
     Columns ``block_size``, ``speed`` (median / best median), ``speed_low``, ``speed_high``
     (the repeats' min and max over the best median); with the words naming the data."""
     if engine is None or engine.empty or "decode_tokens_per_s" not in engine:
@@ -62,9 +65,11 @@ def engine_speed(engine: pd.DataFrame | None) -> tuple[pd.DataFrame, str] | None
     if "commit" in df:
         df = df[df["commit"] == df["commit"].value_counts().idxmax()]
     sizes = df.groupby("batch")["block_size"].nunique()
-    if sizes.max() < 2:
+    swept = sorted(int(b) for b in sizes[sizes >= 2].index)
+    if not swept:
         return None
-    batch = int(sizes[sizes >= 2].index.max())
+    wanted = batch
+    batch = swept[-1] if wanted is None else max([b for b in swept if b <= wanted] or swept[:1])
     at = df[df["batch"] == batch].groupby("block_size", as_index=False).agg(
         tps=("decode_tokens_per_s", "median"),
         low=("decode_tokens_per_s_min" if "decode_tokens_per_s_min" in df
@@ -75,7 +80,9 @@ def engine_speed(engine: pd.DataFrame | None) -> tuple[pd.DataFrame, str] | None
     out = pd.DataFrame({"block_size": at["block_size"].astype(int), "speed": at["tps"] / top,
                         "speed_low": at["low"] / top, "speed_high": at["high"] / top})
     repeats = int(df["repeats"].max()) if "repeats" in df else 1
-    words = (f"engine decode tokens/s at batch {batch} ({run_words(df)}; "
+    why = "" if wanted is None else f", the measured batch nearest the {wanted:,} sequences " \
+        "that fit"
+    words = (f"engine decode tokens/s at batch {batch}{why} ({run_words(df)}; "
              f"{repeats} repeats, min–max)")
     return out, words
 
@@ -102,7 +109,7 @@ def kernel_speed(kernels: pd.DataFrame | None) -> tuple[pd.DataFrame, str] | Non
 
 def choose_block_size(utilisation: dict[int, float], workload: str,
                       engine: pd.DataFrame | None = None, kernels: pd.DataFrame | None = None,
-                      allowed=None, constraint: str | None = None,
+                      allowed=None, constraint: str | None = None, batch: int | None = None,
                       ) -> tuple[Recommendation, pd.DataFrame] | None:
     """The block size with the best (KV utilisation on ``workload``) x (relative decode speed):
     capacity grows with the first, tokens/s with the second. Speed comes from the engine on a
@@ -111,10 +118,12 @@ def choose_block_size(utilisation: dict[int, float], workload: str,
     speed's low..high) reaches the best's low end tie with it: then no block size wins outside
     the noise and the record names the range. ``allowed`` (block size -> bool; a backend's
     constraint, e.g. multiples of 16, worded by ``constraint``) rules the others out. None
-    without any utilisation, or when the constraint admits no block size."""
+    without any utilisation, or when the constraint admits no block size. ``batch``: the
+    sequences the workload keeps running at once, which picks the engine's batch
+    (:func:`engine_speed`)."""
     if not utilisation:
         return None
-    speed = engine_speed(engine) or kernel_speed(kernels)
+    speed = engine_speed(engine, batch) or kernel_speed(kernels)
     if speed is None:
         table = pd.DataFrame({"block_size": sorted(utilisation)})
         table["speed"] = table["speed_low"] = table["speed_high"] = math.nan

@@ -33,10 +33,23 @@ USER_ERRORS = (PagebenchError, ValueError, OSError, OverflowError, MemoryError)
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors as one line (``pagebench simulate: error: ...``), exit status 2."""
+    """Usage errors as one line (``pagebench simulate: error: ...``), exit status 2. A
+    subcommand that prints tables sets ``table_columns`` (``(key, header, decimals)``) and its
+    ``--help`` ends with what each column holds (looked up only when help is asked for)."""
+
+    table_columns: tuple = ()
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def format_help(self) -> str:
+        text = super().format_help()
+        if not self.table_columns:
+            return text
+        from pagebench.cli.options import column_legend
+
+        legend = column_legend(list(self.table_columns))
+        return text + "\n" + legend.replace("columns:", "columns of its tables:", 1) + "\n"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,7 +7,7 @@ import argparse
 from pagebench import defaults
 from pagebench.cli.options import (
     add_output_options, allocating, check_bytes, check_device_memory, check_output_file, dumps,
-    experiment_options, format_table, int_list, integer, name_list, number, progress,
+    every_column, experiment_options, format_table, int_list, integer, name_list, number, progress,
     torch_device, write_results)
 
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
@@ -204,6 +204,7 @@ def register(sub) -> None:
                    help="trace milliseconds per engine step (default 20)")
     t.add_argument("--seed", type=integer(0), default=None,
                    help="sample seed (default 0); equality: the prompts' seed (default 3)")
+    p.table_columns = every_column(*TABLES.values(), COMMON_TABLE)
     p.set_defaults(func=run)
 
 

@@ -9,7 +9,8 @@ import sys
 
 from pagebench import defaults
 from pagebench.cli.options import (
-    MAX_INT, add_output_options, check_device_memory, check_output_file, dumps, format_table,
+    MAX_INT, add_output_options, check_device_memory, check_output_file, dumps, every_column,
+    format_table,
     int_list, integer, progress, write_results)
 
 DECODE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
@@ -23,7 +24,7 @@ PREFILL_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0),
                  ("tflops", "TFLOP/s", 2)]
 TUNE_TABLE = [("model_shape", "shape", 0), ("batch", "batch", 0), ("context", "context", 0),
               ("query_len", "query", 0), ("cached", "cached", 0), ("backend", "backend", 0),
-              ("rows", "rows", 0), ("tile_n", "tile", 0), ("num_warps", "warps", 0),
+              ("rows", "rows", 0, "query rows per program of the launch"), ("tile_n", "tile", 0), ("num_warps", "warps", 0),
               ("num_stages", "stages", 0), ("one_loop", "one walk", 0),
               ("table_ahead", "ids ahead", 0), ("maxnreg", "max regs", 0),
               ("lazy_rescale", "lazy rescale", 0),
@@ -109,6 +110,8 @@ def register(sub) -> None:
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities as JSON, then exit "
                    "(not with --out)")
+    p.table_columns = every_column(DECODE_TABLE, PREFILL_TABLE, FP8_TABLE, TUNE_TABLE,
+                                   LAYOUT_COLUMNS)
     p.set_defaults(func=run_bench)
 
 

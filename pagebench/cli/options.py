@@ -385,7 +385,7 @@ TABLE_MEANINGS = {
     "num_stages": "software pipelining stages", "maxnreg": "register cap per thread",
     "num_splits": "programs one sequence's context is split over",
     "outputs_equal_engine": "the peer's greedy tokens equal the engine's",
-    "points": "sweep points measured", "rows": "rows written",
+    "points": "sweep points measured",
     "startup_s": "seconds before the first point (processes, compilation)",
     "pool_fraction": "KV pool size / the blocks the requests need at once",
     "prefix_caching": "prefix caching on", "prompt_len": "prompt tokens per request",
@@ -407,25 +407,37 @@ def column_meanings() -> dict[str, str]:
     return meanings
 
 
+def every_column(*tables) -> tuple:
+    """The columns of ``tables`` (lists of ``(key, header, decimals)``), each header once, in
+    order: a command's ``table_columns`` for its ``--help``."""
+    seen: dict[str, tuple] = {}
+    for table in tables:
+        for column in table:
+            seen.setdefault(column[1], column)
+    return tuple(seen.values())
+
+
 def column_legend(columns: list[tuple[str, str, int]]) -> str:
     """``columns:`` and a line per column of a :func:`format_table` table: its header and what
     it holds (the schemas' words, :func:`column_meanings`); a column no schema describes is
     left out."""
     meanings = column_meanings()
-    known = [(header, meanings[key]) for key, header, _ in columns if key in meanings]
+    known = [(c[1], c[3] if len(c) > 3 else meanings[c[0]]) for c in columns
+             if len(c) > 3 or c[0] in meanings]
     width = max((len(h) for h, _ in known), default=0)
     return "\n".join(["columns:"] + [f"  {h:<{width}}  {m}" for h, m in known])
 
 
 def format_table(records: list[dict], columns: list[tuple[str, str, int]], *,
                  legend: bool = False) -> str:
-    """A table for people: ``columns`` lists (key, header with its unit, decimals); numbers
+    """A table for people: ``columns`` lists (key, header with its unit, decimals[, meaning
+    where the key alone does not say it]); numbers
     right-aligned with thousands separators, integers as integers, missing values as ``-``;
     with ``legend``, what each column holds below it (:func:`column_legend`)."""
-    cells = [[format_value(r.get(key), digits) for key, _, digits in columns] for r in records]
-    headers = [header for _, header, _ in columns]
+    cells = [[format_value(r.get(c[0]), c[2]) for c in columns] for r in records]
+    headers = [c[1] for c in columns]
     widths = [max([len(h)] + [len(row[i]) for row in cells]) for i, h in enumerate(headers)]
-    numeric = [all(_is_number(r.get(key)) for r in records) for key, _, _ in columns]
+    numeric = [all(_is_number(r.get(c[0])) for r in records) for c in columns]
 
     def line(values):
         return "  ".join(v.rjust(w) if num else v.ljust(w)

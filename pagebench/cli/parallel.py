@@ -10,7 +10,7 @@ import shlex
 
 from pagebench.cli.options import (
     add_output_options, check_bytes, check_device_memory, check_output_file, dumps,
-    experiment_options, format_table, int_list, integer, torch_device, write_results)
+    every_column, experiment_options, format_table, int_list, integer, torch_device, write_results)
 
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
 # any other option given is refused rather than silently ignored
@@ -43,7 +43,8 @@ TABLES = {
                   ("context", "context (tokens)", 0), ("time_us", "one layer (us)", 1),
                   ("per_step_us", "per step (us)", 1)],
     "sweep-wall": [("gpus", "GPUs", 0), ("wall_s", "wall (s)", 1),
-                   ("startup_s", "startup (s)", 1), ("points", "points", 0), ("rows", "rows", 0)],
+                   ("startup_s", "startup (s)", 1), ("points", "points", 0),
+                   ("rows", "rows", 0, "rows written")],
 }
 
 
@@ -90,6 +91,7 @@ def register(sub) -> None:
     p.add_argument("--rows-out", metavar="FILE", default=None,
                    help="sweep-wall: also write the sweeps' rows (each naming its gpus) to FILE")
     add_output_options(p, "rows")
+    p.table_columns = every_column(*TABLES.values())
     p.set_defaults(func=run)
 
 

@@ -196,14 +196,16 @@ def answer(args) -> dict:
     directory = device_dir(args)
     device = read_device(directory) if directory is not None else None
     get = (lambda name: device.get(name)) if device is not None else (lambda name: None)
+    fits, fit_words = capacity(args, lengths, max_len, block_sizes, workload)
+    # the batch the engine data is read at: what this workload keeps running in this memory
+    running = fits.get((defaults.BLOCK_SIZE, args.kv_dtype[0])) or next(iter(fits.values()))
     allowed, constraint = block_constraint(args)
     choice = advice.choose_block_size(util, workload, get("engine_batch"), get("kernels"),
-                                      allowed, constraint)
+                                      allowed, constraint, running)
     if choice is None:
         flag = "--backend" if args.backend else "--multiple-of"
         raise ValueError(f"{flag}: no block size of --block-sizes is allowed ({constraint})")
     rec, table = choice
-    fits, fit_words = capacity(args, lengths, max_len, block_sizes, workload)
     rows = []
     for r in table.to_dict("records"):
         b = int(r["block_size"])

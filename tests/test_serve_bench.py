@@ -67,3 +67,27 @@ def test_search_doubles_then_bisects_to_the_largest_rate_meeting_the_slo():
     assert best == 5.25
     assert search_max_rate(lambda rate: dict(num_requests=1, num_good_requests=0), 1.0, 0.9,
                            max_runs=5) is None
+
+
+def test_step_cost_predicts_a_grid_on_the_cpu(capsys, tmp_path):
+    cost = tmp_path / "step_cost.csv"
+    cost.write_text("model,block_size,kv_cache_dtype,base_ms,prefill_token_ms,decode_seq_ms,"
+                    "context_ktoken_ms\n"
+                    "tiny,16,auto,10,0,0,0\ntiny,16,fp8_e4m3,5,0,0,0\n")
+    argv = ["serve-bench", "--step-cost", str(cost), "--trace", "azure-conv", "--rates", "inf",
+            "--num-requests", "3", "--max-output-len", "2", "--max-model-len", "4096",
+            "--kv-cache-dtype", "auto,fp8_e4m3", "--json"]
+    assert main(argv) == 0
+    auto, fp8 = json.loads(capsys.readouterr().out)
+    assert auto["predicted"] and fp8["num_blocks"] == 4 * auto["num_blocks"]  # 1 byte vs fp32
+    # every step costs its base alone: all three arrive at 0 and share every step
+    steps = auto["num_steps"]
+    assert auto["duration_s"] == pytest.approx(steps * 0.010)
+    assert fp8["duration_s"] == pytest.approx(fp8["num_steps"] * 0.005)
+    assert auto["tpot_p50_ms"] == pytest.approx(10.0)
+    argv[argv.index("auto,fp8_e4m3")] = "fp8_e5m2"
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    assert status == 2 and "no model for block 16, fp8_e5m2" in capsys.readouterr().err

@@ -127,6 +127,11 @@ def register(sub) -> None:
                    "--vocab-size unless its /v1/models gives vocab_size)")
     p.add_argument("--vocab-size", type=integer(2), default=None,
                    help="--endpoint: the served model's vocabulary (token ids are drawn below)")
+    p.add_argument("--step-cost", metavar="CSV", default=None,
+                   help="predict instead of measure: the simulator with this step-cost model "
+                   "(pagebench step-cost-fit --out) for --model and each block size and cache "
+                   "dtype, on the CPU, no model run; the pool is --kv-cache-memory (default "
+                   "256MiB) of --model's KV geometry")
     p.add_argument("--steps-out", metavar="FILE", default=None,
                    help="also write every engine step (prefill tokens, decode sequences, "
                    "context tokens, time) to FILE: the step-cost model's data")
@@ -218,6 +223,8 @@ def run(args) -> int:
     check_args(args)
     if args.endpoint:
         return run_endpoint(args)
+    if args.step_cost:
+        return run_predicted(args)
     from pagebench.engine.bench import mode_options
     from pagebench.measure.serve_bench import ServeConfig, serve_bench, trace_requests
     from pagebench.timing import cpu_threads, environment
@@ -363,4 +370,44 @@ def serve(args) -> int:
                            **mode_options(args.mode))
         web.run_app(make_app(engine, label), host=args.host, port=args.port,
                     print=lambda line: print(line, flush=True))
+    return 0
+
+
+def run_predicted(args) -> int:
+    from pagebench.config import PRESETS, KVGeometry, parse_bytes
+    from pagebench.defaults import TINY_MODEL
+    from pagebench.measure.serve_bench import ServeConfig, predict_bench, trace_requests
+    from pagebench.sim.step_cost import read_step_cost
+
+    if args.find_max_rate or args.steps_out:
+        raise ValueError("--step-cost: predicts a grid of --rates (no --find-max-rate, no "
+                         "--steps-out)")
+    name = args.model.lower()
+    if name != "tiny" and name not in PRESETS:
+        raise ValueError(f"--model: {args.model!r}: --step-cost takes tiny or a preset "
+                         f"({', '.join(PRESETS)})")
+    config = TINY_MODEL if name == "tiny" else PRESETS[name]
+    dtype = args.dtype or ("float32" if name == "tiny" else "bfloat16")
+    memory = parse_bytes(args.kv_cache_memory or "256MiB")
+    configs = [ServeConfig(bs, dt, pc) for pc in args.prefix_caching
+               for bs in args.block_sizes for dt in args.kv_cache_dtype]
+    costs, blocks = {}, {}
+    for c in configs:
+        costs[c] = read_step_cost(args.step_cost, block_size=c.block_size,
+                                  kv_cache_dtype=c.kv_cache_dtype, model=name)
+        geometry = KVGeometry.from_config(config, dtype="float8_e4m3fn"
+                                          if c.kv_cache_dtype.startswith("fp8") else dtype)
+        blocks[c] = memory // geometry.bytes_per_block(c.block_size)
+    traces = [trace_requests(trace, args.num_requests, int(config["vocab_size"]),
+                             max_model_len=args.max_model_len,
+                             max_output_len=args.max_output_len, seed=args.seed)
+              for trace in args.trace]
+    rows = predict_bench(traces, configs, args.rates or [None], costs=costs, num_blocks=blocks,
+                         model_name=name, poisson=args.arrival == "poisson",
+                         time_scale=args.time_scale, slo_ttft_ms=args.slo_ttft,
+                         slo_tpot_ms=args.slo_tpot, attainment=args.slo_attainment,
+                         max_num_seqs=args.max_num_seqs,
+                         max_num_batched_tokens=args.max_num_batched_tokens)
+    write_results(args.out, rows)
+    print(dumps(rows) if args.json else format_table(rows, TABLE))
     return 0

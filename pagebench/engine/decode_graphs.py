@@ -139,11 +139,8 @@ class DecodeGraphs:
         calibrate an fp8 cache's scales. The graphs read the scales tensor, so the
         calibration of the first real step (a prefill), written in place, reaches every
         replay."""
-        self.runner.calibrate_kv_scales = False
-        try:
+        with self.runner.padding_only():
             self._forward(size)
-        finally:
-            self.runner.calibrate_kv_scales = True
 
     def _forward(self, size: int) -> None:
         """The captured step on the first ``size`` rows of the static inputs."""

@@ -195,6 +195,16 @@ class ModelRunner:
             out[g.rows] = self._attend_group(g, q, k, v, k_cache, v_cache, scale, scales)
         return out
 
+    @contextlib.contextmanager
+    def padding_only(self):
+        """Steps of padding rows alone (decode-graph warm-up and capture) run inside: what
+        they write must not calibrate an fp8 cache's scales. The runner alone sets its flag."""
+        saved, self.calibrate_kv_scales = self.calibrate_kv_scales, False
+        try:
+            yield
+        finally:
+            self.calibrate_kv_scales = saved
+
     def _layer_scales(self, layer: int, k, v) -> dict:
         """``k_scale``/``v_scale`` keywords of an fp8 layer (calibrated on its first step)."""
         if self.kv_scales is None:

@@ -45,7 +45,8 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class TraceRequests:
-    """A trace sample ready to serve: trace-time arrivals (seconds), prompts, output lengths."""
+    """A trace sample ready to serve: trace-time arrivals (seconds), prompts, output lengths
+    (and the trace's ``hash_ids``, for the simulator's prefix cache)."""
 
     trace: str
     arrival_s: list[float]
@@ -54,6 +55,7 @@ class TraceRequests:
     max_model_len: int
     max_output_len: int | None
     seed: int
+    hash_ids: tuple | None = None
 
     @property
     def trace_rate(self) -> float:
@@ -82,7 +84,8 @@ def trace_requests(trace: str, num_requests: int, vocab_size: int, *, max_model_
     arrival, workload = trace_sample(trace, num_requests, max_model_len=max_model_len,
                                      max_output_len=max_output_len, seed=seed)
     return TraceRequests(trace, arrival.tolist(), synthesise_prompts(workload, vocab_size, seed),
-                         workload.output_len.tolist(), max_model_len, max_output_len, seed)
+                         workload.output_len.tolist(), max_model_len, max_output_len, seed,
+                         workload.hash_ids)
 
 
 def model_label(model) -> str:
@@ -274,4 +277,46 @@ def serve_bench_endpoint(url: str, traces: list[TraceRequests], rates, *, model_
                 max_model_len=requests.max_model_len, max_output_len=requests.max_output_len,
                 seed=requests.seed, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms,
                 time_scale=time_scale) | metrics))
+    return rows
+
+
+def predict_bench(traces: list[TraceRequests], configs: list[ServeConfig], rates, *,
+                  costs: dict, num_blocks: dict, model_name: str, poisson: bool = False,
+                  time_scale: float = 1.0, slo_ttft_ms=None, slo_tpot_ms=None,
+                  attainment: float = DEFAULT_SLO_ATTAINMENT, max_num_seqs: int = 256,
+                  max_num_batched_tokens: int = 2048) -> list[dict]:
+    """serve_bench rows predicted by the simulator (``predicted`` set) instead of measured:
+    ``costs`` and ``num_blocks`` map each configuration to its step-cost model and pool."""
+    from pagebench.sim.serving import simulate_serving
+
+    rows = []
+    for config in configs:
+        for requests in traces:
+            for rate in rates:
+                timed = requests.at_rate(rate, poisson=poisson, time_scale=time_scale)
+                run = simulate_serving(
+                    [r.arrival_s for r in timed], [len(p) for p in requests.prompts],
+                    requests.output_len, costs[config], block_size=config.block_size,
+                    num_blocks=num_blocks[config], max_num_seqs=max_num_seqs,
+                    max_num_batched_tokens=max_num_batched_tokens,
+                    prefix_caching=config.prefix_caching, hash_ids=requests.hash_ids)
+                metrics = serving_metrics(
+                    run.requests, run.duration_s,
+                    slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
+                    slo_tpot_s=None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
+                metrics |= slo_verdict(metrics, slo_ttft_ms, slo_tpot_ms, attainment)
+                prompt = sum(len(p) for p in requests.prompts)
+                asked = rate if rate is not None else requests.trace_rate * time_scale
+                rows.append(SERVE_BENCH.row(**metrics | dict(
+                    trace=requests.trace, arrival="poisson" if poisson else "trace",
+                    request_rate=asked, num_requests=len(requests.prompts), model=model_name,
+                    block_size=config.block_size, kv_cache_dtype=config.kv_cache_dtype,
+                    prefix_caching=config.prefix_caching, predicted=True,
+                    num_blocks=num_blocks[config], num_preemptions=run.num_preemptions,
+                    num_steps=len(run.steps), max_model_len=requests.max_model_len,
+                    max_output_len=requests.max_output_len, seed=requests.seed,
+                    slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, time_scale=time_scale,
+                    max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+                    prefix_cache_hit_rate=run.num_cached_prompt_tokens / prompt,
+                    peak_blocks=max((st.blocks_used for st in run.steps), default=0))))
     return rows

@@ -327,6 +327,66 @@ def prefill_stage(env, rows: Sink, checks: Sink, shapes) -> None:
                 torch.cuda.empty_cache()
 
 
+POISON_CASES = 12 if not QUICK else 4
+LONGEST = 3000 if not QUICK else 40
+
+
+def poison_stage(checks: Sink, prefill_checks: Sink) -> None:
+    """Random small cases through the public ``paged_decode`` / ``paged_prefill`` (validation
+    and the plan cache included) on every paged backend, every slot and table entry a kernel
+    must not read poisoned with NaN (``make_paged_inputs``), as the property tests do:
+    ragged lengths, odd block sizes, grouped heads, bf16/fp16, fp8 with one scale."""
+    import random
+
+    from pagebench.kernels import paged_decode, paged_prefill
+
+    r = random.Random(0)
+    for i in range(POISON_CASES):
+        if left_s() < 20:
+            return
+        block_size = r.choice([1, 2, 3, 16, 17, 32, 128] if not QUICK else [1, 3, 16])
+        kv_heads, group = r.choice([(1, 8), (2, 7), (8, 4), (4, 7)] if not QUICK else [(2, 2)])
+        head_dim = r.choice([64, 128]) if ON_CUDA else 64
+        dtype = r.choice([torch.bfloat16, torch.float16]) if ON_CUDA else torch.float32
+        lens = [r.choice([1, block_size, block_size + 1, r.randint(1, LONGEST)])
+                for _ in range(r.randint(1, 9))]
+        fp8 = ON_CUDA and i % 4 == 3
+        inp = make_paged_inputs(lens, kv_heads * group, kv_heads, head_dim, block_size, dtype,
+                                DEVICE, seed=i)
+        if fp8:
+            inp = per_tensor_fp8(inp, torch.float8_e4m3fn)
+        qlens = [r.randint(1, n) for n in lens]
+        base = dict(case=i, dtype=dtype_name(dtype), block_size=block_size,
+                    shape=f"{kv_heads * group}/{kv_heads}/{head_dim}", lengths=str(lens),
+                    kv_dtype=dtype_name(inp.k_cache.dtype), poisoned=True)
+        for op, sink, names in (("decode", checks, PAGED_DECODE), ("prefill", prefill_checks,
+                                                                     PREFILL)):
+            case = inp
+            if op == "prefill":
+                import dataclasses
+
+                gen = torch.Generator(device=DEVICE).manual_seed(i)
+                case = dataclasses.replace(
+                    inp, q=torch.randn(sum(qlens), kv_heads * group, head_dim, device=DEVICE,
+                                       dtype=dtype, generator=gen),
+                    query_lens=torch.tensor(qlens, dtype=torch.int32, device=DEVICE))
+            run = paged_decode if op == "decode" else paged_prefill
+            for name in names:
+                if not available(name, op, inp.k_cache.dtype, block_size, head_dim):
+                    continue
+                point = dict(base, backend=f"{name}-paged", kernel=name, op=op)
+                tolerance = TOLERANCE[dtype_name(inp.k_cache.dtype)]
+                try:
+                    out = run(*case.args(), backend=name, **case.scales())
+                    nan = bool(torch.isnan(out).any())
+                    err = check(out, case, head_dim ** -0.5, len(lens))
+                except Exception as e:  # noqa: BLE001 -- recorded
+                    sink.add(dict(point, ok=False, rel_err=None, error=short(e)))
+                    continue
+                sink.add(dict(point, ok=err < tolerance and not nan, rel_err=err,
+                              tolerance=tolerance, nan=nan))
+
+
 def mixed_stage(env, rows: Sink, checks: Sink) -> None:
     """vLLM-v1-shaped steps: ``chunks`` prefill chunks (of a prompt starting at 0 cached
     tokens) and ``decodes`` decodes at ``context`` tokens, in one prefill call."""
@@ -391,6 +451,7 @@ def main() -> int:
     first, *others = SHAPES
     ragged = LENGTHS[1:]
     stages = [
+        ("poison", lambda: poison_stage(decode_checks, prefill_checks)),
         ("decode", lambda: decode_stage(env, decode, decode_checks, plans, ceiling, [first],
                                         ["uniform"])),
         ("prefill", lambda: prefill_stage(env, prefill, prefill_checks, [first])),

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         opt.step()
         last = step == args.steps - 1 or time.perf_counter() - start > args.max_seconds
         if step % 50 == 0 or last:
-            row = dict(step=step, train_loss=round(float(loss), 4), held_out_loss="",
+            row = dict(step=step, train_loss=round(loss.item(), 4), held_out_loss="",
                        lr=lr, elapsed_s=round(time.perf_counter() - start, 1))
             if step % args.eval_every == 0 or last:
                 model.eval()

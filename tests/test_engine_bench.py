@@ -181,6 +181,14 @@ def test_cli_runbook_experiments_write_their_datasets(tmp_path):
     assert frames["engine_compare"].batch.tolist() == [1, 2]  # one comparison per batch size
     memory = frames["engine_equal_memory"].set_index("method")
     assert memory.kv_bytes.nunique() == 1 and memory.concurrent_seqs["padded_generate"] == 2
+    # the control: the same engine capped at padded generate's batch; three repeats each
+    assert set(memory.index) == {"engine", "engine_contiguous_batch", "padded_generate"}
+    assert memory.max_num_seqs["engine_contiguous_batch"] == 2
+    assert memory.concurrent_seqs["engine_contiguous_batch"] <= 2
+    assert memory.repeats.eq(3).all()
+    assert (memory.tokens_per_s_min <= memory.tokens_per_s).all()
+    assert (memory.tokens_per_s <= memory.tokens_per_s_max).all()
+    assert frames["engine_compare"].repeats.eq(3).all()  # compare's default
 
 
 def test_cli_breakdown_writes_rows_and_profile(tmp_path):

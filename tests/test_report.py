@@ -652,16 +652,19 @@ def test_batching_claim_fails_when_batching_buys_little():
 def test_kernel_claims_are_judged_on_the_gpu_when_one_measured_them():
     results = synthetic_results()
     cpu = results.get("kernels").assign(device="cpu", device_name="x86_64", machine="here")
-    slow = cpu["layout"] == "paged"
     times = ["time_us", "q20_us", "q80_us"]
+    slow = cpu["layout"] == "paged"
     cpu.loc[slow, times] = cpu.loc[slow, times] * 5  # a CPU gather: 5x slower
-    results.add("kernels", cpu, "cpu sweep")
+    compiled = cpu.assign(kernel=cpu["kernel"].replace("triton", "flex"))  # not interpreted
+    results.add("kernels", compiled, "cpu sweep")
     c = by_key(results)["batch1_slower"]
     assert c.verdict == HOLDS and c.device == "Synthetic GPU"
     assert "CPU; not judged" in c.measured
-    # CPU data alone is judged as it is
+    # CPU data alone is judged as it is, except Triton interpreted there (no kernel timing)
     alone = Results()
     alone.add("kernels", cpu, "cpu sweep")
+    assert by_key(alone)["batch1_slower"].verdict == UNMEASURED
+    alone.add("kernels", compiled, "compiled")
     assert by_key(alone)["batch1_slower"].verdict == FAILS
 
 

@@ -85,7 +85,9 @@ def register_claims(sub) -> None:
     add_data_options(p)
     p.add_argument("--simulate", action="store_true",
                    help="also run the simulators `pagebench report --quick` runs (memory, "
-                   "capacity, real traces; about 15 s on 2 CPU cores)")
+                   "capacity, and the first 2,000 requests of each real trace, which the "
+                   "verdicts name; `pagebench report` replays whole traces; about 15 s on 2 "
+                   "CPU cores)")
     p.add_argument("--csv", default=None, metavar="FILE",
                    help="also write the verdicts (dataset claims: one row per claim) to FILE")
     p.set_defaults(func=run_claims)

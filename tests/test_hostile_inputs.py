@@ -10,11 +10,12 @@ import io
 import json
 import os
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from pagebench import suite
+from pagebench import benchcompare, suite
 from pagebench.cli import main, options
 from pagebench.report import build, outputs
 
@@ -112,3 +113,52 @@ def test_report_out_at_a_link_to_a_report_page_is_refused_and_the_link_kept(tmp_
     with pytest.raises(ValueError, match="not a pagebench report page"):
         build.check_report_output(link)
     assert link.is_symlink() and outputs.is_report_page(page)
+
+
+# ---- bench-compare --------------------------------------------------------------------------
+def gate(tmp_path, base: dict, head: dict, *extra):
+    return ["bench-compare", "--base-json", bench_json(tmp_path, "base.json", **base),
+            "--head-json", bench_json(tmp_path, "head.json", **head), *extra]
+
+
+def test_the_gate_refuses_a_boolean_statistic(tmp_path):
+    """#45 item 8: JSON ``true`` was read as 1 s, a false "1000x slower" and exit 1."""
+    refused(gate(tmp_path, {"a": {"min": 0.001}}, {"a": {"min": True}}),
+            "b.py::a", "true is not a number of seconds")
+
+
+def test_the_dirty_tree_refusal_names_whole_file_names(tmp_path):
+    """#45 item 11: ``line[3:]`` on the stripped porcelain output cut the first letter off
+    the first file ("akefile")."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                  "commit", "-q", "-m", "one"]):
+        if args[0] == "add":
+            (repo / "Makefile").write_text("all:\n")
+            (repo / "work.py").write_text("x = 1\n")
+        subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True)
+    (repo / "Makefile").write_text("all: x\n")  # " M Makefile": a leading space
+    (repo / "work.py").write_text("x = 2\n")
+    assert benchcompare.working_tree_changes(repo) == ["Makefile", "work.py"]
+    refused(["bench-compare", "--repo", repo, "--base", "HEAD", "--head", "HEAD"],
+            "(Makefile, work.py)")
+
+
+def test_the_gate_prints_control_characters_in_names_escaped(tmp_path):
+    """#45 also: a benchmark name from the JSON was printed raw, terminal escapes included."""
+    name = "evil\x1b[2J\rname"
+    code, out, _ = run(gate(tmp_path, {name: {"min": 0.001}}, {name: {"min": 0.01}}))
+    assert code == 1 and "\x1b" not in out and "\r" not in out
+    assert out.count("evil\\x1b[2J\\rname") == 2  # the table and the list of regressions
+
+
+def test_out_dir_that_takes_no_files_is_refused_before_any_run(tmp_path, monkeypatch):
+    """#45 also: ``--out-dir /proc/self`` ran the base benchmarks, then failed."""
+    monkeypatch.setattr(benchcompare, "run_suite",
+                        lambda *a, **k: pytest.fail("a benchmark ran"))
+    refused(["bench-compare", "--base", "HEAD", "--head", "HEAD", "--out-dir", "/proc/self"],
+            "--out-dir", "/proc/self", "cannot create")
+    (tmp_path / "file").write_text("")
+    refused(["bench-compare", "--base", "HEAD", "--head", "HEAD", "--out-dir",
+             tmp_path / "file"], "--out-dir", "not a directory")

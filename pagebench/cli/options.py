@@ -123,7 +123,22 @@ def check_output_file(option: str, path: str | None) -> None:
     check_output_name(option, path)
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         raise ValueError(f"{option}: {path} is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
+    check_can_create(option, path, os.path.dirname(os.path.abspath(path)))
+
+
+def check_output_dir(option: str, path: str | None) -> None:
+    """``path`` is, or can be made, a directory that takes new files (checked by making an
+    unnamed one there), so a run of minutes does not fail at its first write."""
+    if path is None:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{option}: {path} exists and is not a directory")
+    check_can_create(option, path, os.path.abspath(path))
+
+
+def check_can_create(option: str, path: str, parent: str) -> None:
+    """ValueError naming ``option`` and ``path`` unless the nearest existing ancestor of
+    directory ``parent`` (itself included) is a writable directory that takes files."""
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):

@@ -111,10 +111,13 @@ def timings(doc: dict, stat: str = "median") -> dict[str, float]:
             raise ConfigError(f"results: benchmark {i} has no name")
         stats = bench.get("stats")
         value = stats.get(stat) if isinstance(stats, dict) else None
-        try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"results: {name}: no {stat} in its stats ({stats!r:.60})") from None
+        if value is None:
+            raise ConfigError(f"results: {name}: no {stat} in its stats ({stats!r:.60})")
+        # JSON true is no time (float() would read it as 1 s), nor is a string
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"results: {name}: no {stat} in its stats: "
+                              f"{json.dumps(value)[:60]} is not a number of seconds")
+        seconds = float(value)
         if not (math.isfinite(seconds) and seconds > 0):
             raise ConfigError(f"results: {name}: {stat} is {value!r}, not a positive time")
         if name in out:  # the second would silently replace the first
@@ -154,7 +157,9 @@ def missing(changes: list[Change]) -> list[Change]:
 
 
 def format_table(changes: list[Change], threshold: float, base: str, head: str) -> str:
-    width = max([len(c.name) for c in changes] + [9])
+    names = {c.name: printable(c.name) for c in changes}
+    base, head = printable(base), printable(head)
+    width = max([len(n) for n in names.values()] + [9])
     lines = [f"{'benchmark':<{width}}  {base[:12]:>12}  {head[:12]:>12}  {'ratio':>6}  status",
              "-" * (width + 44)]
 
@@ -163,7 +168,7 @@ def format_table(changes: list[Change], threshold: float, base: str, head: str) 
 
     for c in sorted(changes, key=lambda c: -(c.ratio or 0)):
         ratio = f"{c.ratio:6.2f}" if c.ratio is not None else f"{'-':>6}"
-        lines.append(f"{c.name:<{width}}  {fmt(c.base_s)}  {fmt(c.head_s)}  {ratio}  "
+        lines.append(f"{names[c.name]:<{width}}  {fmt(c.base_s)}  {fmt(c.head_s)}  {ratio}  "
                      f"{c.status(threshold)}")
     return "\n".join(lines)
 
@@ -195,7 +200,15 @@ def resolve_rev(repo: Path, rev: str) -> str:
 def working_tree_changes(repo: Path) -> list[str]:
     """Tracked files with uncommitted changes (untracked files are not measured anyway)."""
     out = _git(repo, "status", "--porcelain", "--untracked-files=no")
-    return [line[3:] for line in out.splitlines() if line.strip()]
+    # "XY path" per line, X or Y a space; the output comes stripped, so the first line may
+    # have lost its leading space: split off the status letters instead of cutting 3 columns
+    return [line.split(None, 1)[1] for line in out.splitlines() if line.strip()]
+
+
+def printable(text: str) -> str:
+    """``text`` with control characters escaped (``\\x1b``, ``\\n``): a benchmark name read
+    from a file is printed to a terminal, which would obey them."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 TEMP_PREFIX = "pagebench-compare-"

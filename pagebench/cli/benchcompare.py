@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 
 from pagebench import benchcompare as d  # standard library only: cheap to import
-from pagebench.cli.options import check_output_file, dumps, integer, number, write_results
+from pagebench.cli.options import (check_output_dir, check_output_file, dumps, integer, number,
+                                   write_results)
 
 # options of a run on two commits (dest -> (flag, default)): refused with --base-json/--head-json,
 # which run nothing
@@ -80,7 +81,7 @@ def run(args) -> int:
     from pathlib import Path
 
     from pagebench.benchcompare import (bench_compare, compare, format_table, missing,
-                                        regressions, timings)
+                                        printable, regressions, timings)
     from pagebench.errors import ConfigError
 
     check_output_file("--out", args.out)
@@ -94,12 +95,14 @@ def run(args) -> int:
                               "compare two files and run nothing)")
         changes = compare(timings(_load(args.base_json), args.stat),
                           timings(_load(args.head_json), args.stat))
-        base_label, head_label = Path(args.base_json).stem, Path(args.head_json).stem
+        base_label, head_label = (printable(Path(f).stem) for f in (args.base_json,
+                                                                   args.head_json))
     else:
         run = {dest: default if getattr(args, dest) is None else getattr(args, dest)
                for dest, (_, default) in RUN_OPTIONS.items()}
         if not run["base"]:
             raise ConfigError("--base: give --base REV (or --base-json/--head-json)")
+        check_output_dir("--out-dir", run["out_dir"])
         changes, base_label, head_label = bench_compare(
             Path(run["repo"]), run["base"], run["head"], threshold=args.threshold,
             repeat=run["repeat"], confirm=run["confirm"], stat=args.stat,
@@ -126,12 +129,12 @@ def run(args) -> int:
         print(f"\n{len(gone)} benchmark(s) ran on {base_label[:12]} but not on "
               f"{head_label[:12]} (removed, renamed or skipped there): {verdict}")
         for c in gone:
-            print(f"  {c.name}")
+            print(f"  {printable(c.name)}")
     if slower:
         print(f"\n{len(slower)} benchmark(s) more than {args.threshold:.0%} slower on "
               f"{head_label[:12]} than on {base_label[:12]}:")
         for c in slower:
-            print(f"  {c.name}: {c.ratio:.2f}x")
+            print(f"  {printable(c.name)}: {c.ratio:.2f}x")
     else:
         print(f"\nno benchmark more than {args.threshold:.0%} slower "
               f"({sum(c.ratio is not None for c in changes)} compared)")

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import re
+import stat
 import sys
 import tempfile
 
@@ -122,7 +123,22 @@ def check_output_file(option: str, path: str | None) -> None:
     check_output_name(option, path)
     if path.endswith(("/", os.sep)) or os.path.isdir(path):
         raise ValueError(f"{option}: {path} is a directory; give a file name")
-    parent = os.path.dirname(os.path.abspath(path))
+    check_can_create(option, path, os.path.dirname(os.path.abspath(path)))
+
+
+def check_output_dir(option: str, path: str | None) -> None:
+    """``path`` is, or can be made, a directory that takes new files (checked by making an
+    unnamed one there), so a run of minutes does not fail at its first write."""
+    if path is None:
+        return
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{option}: {path} exists and is not a directory")
+    check_can_create(option, path, os.path.abspath(path))
+
+
+def check_can_create(option: str, path: str, parent: str) -> None:
+    """ValueError naming ``option`` and ``path`` unless the nearest existing ancestor of
+    directory ``parent`` (itself included) is a writable directory that takes files."""
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
@@ -137,13 +153,41 @@ def check_output_file(option: str, path: str | None) -> None:
 
 
 def check_output_name(option: str, path: str) -> None:
-    """``path`` names a file: not empty, and not ``-`` (which would create a file named
-    ``-``; ``--json`` is what prints results to stdout)."""
+    """``path`` names a file: not empty, not ``-`` (which would create a file named ``-``;
+    ``--json`` is what prints results to stdout), and, if it exists, a regular file or a
+    directory (which the caller refuses or writes into). Results are written by replacing the
+    file (:func:`pagebench.atomic.atomic_write_text`), so a symbolic link, FIFO, device or
+    socket there would become a regular file (as root, ``--out /dev/null`` would replace the
+    machine's ``/dev/null``); a stream written in place would follow the link or block on the
+    FIFO."""
     if not path.strip():
         raise ValueError(f"{option}: empty file name; give a file")
     if path == "-":
         raise ValueError(f"{option}: '-' is not stdout here (it would create a file named "
                          "'-'); use --json to print results, or give a file")
+    kind = special_file_kind(path)
+    if kind is not None:
+        raise ValueError(f"{option}: {path} is {kind}, not a regular file; writing would "
+                         "replace it with one: give the path of a regular file")
+
+
+def special_file_kind(path: str) -> str | None:
+    """What ``path`` is when it exists as neither a regular file nor a directory (itself,
+    not what a link points to): "a symbolic link", "a FIFO", "a device", "a socket"; else
+    None."""
+    try:
+        mode = os.lstat(path).st_mode
+    except (OSError, ValueError):  # absent (or a name the system refuses: reported later)
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device"
 
 
 OUTPUT_OPTIONS = ("out", "timeline", "csv", "profile_out", "rows_out", "html")  # the files written

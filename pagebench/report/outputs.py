@@ -36,9 +36,10 @@ def _head(path: Path) -> str:
 
 def is_report_page(path) -> bool:
     """``path`` is a regular file that pagebench wrote as a report page (this version's
-    generator tag, or an earlier version's head)."""
+    generator tag, or an earlier version's head). A symbolic link is not, whatever it points
+    to: writing the page replaces the link itself with a file."""
     path = Path(path)
-    if not path.is_file():  # a FIFO or a device is never read (it could block)
+    if path.is_symlink() or not path.is_file():  # a FIFO or a device is never read (it could block)
         return False
     try:
         head = _head(path)

@@ -1,0 +1,164 @@
+"""Issue 45's hostile inputs, run as written: each was a silent wrong answer, a replaced file, a
+NaN or a traceback; each is now a clear one-line refusal (exit status 2 on the command line), a
+warning naming what was skipped, or the right answer."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pagebench import benchcompare, suite
+from pagebench.cli import main, options
+from pagebench.report import build, outputs
+
+
+def run(argv):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def refused(argv, *needles) -> str:
+    """``argv`` exits 2 with one line on stderr holding every needle; that line."""
+    code, _, err = run(argv)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "Traceback" not in err, (argv, code, err)
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def bench_json(tmp_path: Path, name: str = "bench.json", **stats) -> Path:
+    """A pytest-benchmark JSON document: benchmark name -> its stats."""
+    path = tmp_path / name
+    path.write_text(json.dumps({"benchmarks": [
+        {"name": n, "fullname": f"b.py::{n}", "stats": s} for n, s in stats.items()]}))
+    return path
+
+
+# ---- outputs: only a regular file (or nothing) is replaced ---------------------------------
+def special_files(tmp_path: Path) -> dict[str, Path]:
+    """A FIFO and a symbolic link (to a file of the user's), made in ``tmp_path``."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    target = tmp_path / "users_file.csv"
+    target.write_text("the user's data\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    return {"FIFO": fifo, "symbolic link": link}
+
+
+def unchanged(path: Path, kind: str) -> bool:
+    mode = os.lstat(path).st_mode
+    return stat.S_ISFIFO(mode) if kind == "FIFO" else stat.S_ISLNK(mode)
+
+
+CAPACITY = ["capacity", "--out"]
+TIMELINE = ["simulate", "--dynamic", "--num-requests", "5", "--timeline"]
+CLAIMS = ["claims", "--csv"]
+GATE = ["bench-compare", "--base-json", "BENCH", "--head-json", "BENCH", "--out"]
+
+
+# (the timeline was written into the FIFO, which blocks once the pipe is full: only a link here)
+@pytest.mark.parametrize("argv, kind", [
+    (CAPACITY, "FIFO"), (CAPACITY, "symbolic link"), (TIMELINE, "symbolic link"),
+    (CLAIMS, "FIFO"), (CLAIMS, "symbolic link"), (GATE, "FIFO"), (GATE, "symbolic link"),
+], ids=["capacity-fifo", "capacity-link", "timeline-link", "claims-fifo", "claims-link",
+        "gate-fifo", "gate-link"])
+def test_an_output_that_is_a_fifo_or_a_link_is_refused_and_kept(tmp_path, argv, kind):
+    """#45 item 1: ``os.replace`` over a FIFO, device or link replaced it with a file."""
+    path = special_files(tmp_path)[kind]
+    argv = [bench_json(tmp_path, a={"min": 0.01}) if a == "BENCH" else a for a in argv]
+    # a reader held open, so that a command writing into the FIFO does not block forever
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK) if kind == "FIFO" else None
+    try:
+        refused(argv + [path], argv[-1], str(path), kind.split()[-1])
+        assert reader is None or os.read(reader, 1 << 16) == b""  # nothing written into it
+    finally:
+        if reader is not None:
+            os.close(reader)
+    assert unchanged(path, kind)
+    assert (tmp_path / "users_file.csv").read_text() == "the user's data\n"
+
+
+def test_a_device_as_output_is_refused_before_anything_is_written():
+    """#45 item 1: as root, ``capacity --out /dev/null`` replaced the machine's /dev/null. The
+    checks are called directly: they write nothing, so /dev/null is safe even if they fail."""
+    with pytest.raises(ValueError, match="--out: /dev/null is a device"):
+        options.check_output_file("--out", "/dev/null")
+    with pytest.raises(ValueError, match="--timeline: /dev/null is a device"):
+        options.check_outputs_are_not_inputs(argparse.Namespace(timeline="/dev/null"))
+
+
+def test_report_out_at_a_link_to_a_report_page_is_refused_and_the_link_kept(tmp_path,
+                                                                           monkeypatch):
+    """#45 item 3: the link was replaced by the new page."""
+    monkeypatch.setattr(suite, "build_report", lambda *a, **k: pytest.fail("the report ran"))
+    page = tmp_path / "real" / "index.html"
+    page.parent.mkdir()
+    page.write_text(f"<!DOCTYPE html>\n<head>\n{outputs.GENERATOR_META}\n</head>\n")
+    assert outputs.is_report_page(page)
+    link = tmp_path / "index.html"
+    link.symlink_to(page)
+    refused(["report", "--quick", "--no-progress", "--out", link], "--out", "symbolic link")
+    with pytest.raises(ValueError, match="not a pagebench report page"):
+        build.check_report_output(link)
+    assert link.is_symlink() and outputs.is_report_page(page)
+
+
+# ---- bench-compare --------------------------------------------------------------------------
+def gate(tmp_path, base: dict, head: dict, *extra):
+    return ["bench-compare", "--base-json", bench_json(tmp_path, "base.json", **base),
+            "--head-json", bench_json(tmp_path, "head.json", **head), *extra]
+
+
+def test_the_gate_refuses_a_boolean_statistic(tmp_path):
+    """#45 item 8: JSON ``true`` was read as 1 s, a false "1000x slower" and exit 1."""
+    refused(gate(tmp_path, {"a": {"min": 0.001}}, {"a": {"min": True}}),
+            "b.py::a", "true is not a number of seconds")
+
+
+def test_the_dirty_tree_refusal_names_whole_file_names(tmp_path):
+    """#45 item 11: ``line[3:]`` on the stripped porcelain output cut the first letter off
+    the first file ("akefile")."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (["init", "-q"], ["add", "."], ["-c", "user.name=t", "-c", "user.email=t@t",
+                                                  "commit", "-q", "-m", "one"]):
+        if args[0] == "add":
+            (repo / "Makefile").write_text("all:\n")
+            (repo / "work.py").write_text("x = 1\n")
+        subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True)
+    (repo / "Makefile").write_text("all: x\n")  # " M Makefile": a leading space
+    (repo / "work.py").write_text("x = 2\n")
+    assert benchcompare.working_tree_changes(repo) == ["Makefile", "work.py"]
+    refused(["bench-compare", "--repo", repo, "--base", "HEAD", "--head", "HEAD"],
+            "(Makefile, work.py)")
+
+
+def test_the_gate_prints_control_characters_in_names_escaped(tmp_path):
+    """#45 also: a benchmark name from the JSON was printed raw, terminal escapes included."""
+    name = "evil\x1b[2J\rname"
+    code, out, _ = run(gate(tmp_path, {name: {"min": 0.001}}, {name: {"min": 0.01}}))
+    assert code == 1 and "\x1b" not in out and "\r" not in out
+    assert out.count("evil\\x1b[2J\\rname") == 2  # the table and the list of regressions
+
+
+def test_out_dir_that_takes_no_files_is_refused_before_any_run(tmp_path, monkeypatch):
+    """#45 also: ``--out-dir /proc/self`` ran the base benchmarks, then failed."""
+    monkeypatch.setattr(benchcompare, "run_suite",
+                        lambda *a, **k: pytest.fail("a benchmark ran"))
+    refused(["bench-compare", "--base", "HEAD", "--head", "HEAD", "--out-dir", "/proc/self"],
+            "--out-dir", "/proc/self", "cannot create")
+    (tmp_path / "file").write_text("")
+    refused(["bench-compare", "--base", "HEAD", "--head", "HEAD", "--out-dir",
+             tmp_path / "file"], "--out-dir", "not a directory")

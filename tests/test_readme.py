@@ -83,7 +83,8 @@ NOT_RUN = {
 }
 NEEDS_CUDA = ("--device cuda",)
 # commands whose quick form still takes more than ~20 s on 2 CPU cores: the slow tier only
-SLOW = ("pagebench report",)  # the quick report replays the real traces: ~30 s
+SLOW = ("pagebench report",  # the quick report replays the real traces: ~30 s
+        "pagebench simulate --dynamic --trace mooncake-conv")  # a whole real trace: ~11 s
 PASSED: set[tuple[str, ...]] = set()  # argv already run: example lines that become the same run
 # text replaced in the pages' Python blocks before they run
 PYTHON_QUICK = {"max_tokens=16": "max_tokens=4"}

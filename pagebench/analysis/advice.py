@@ -256,9 +256,10 @@ def fp8_verdict(sequences: dict[str, int], capacity_words: str, kernels_fp8=None
     if dec and pre and prompt_share is not None:
         weighted = prompt_share * pre[0] + (1 - prompt_share) * dec[0]
         nums["attention_time_ratio"] = weighted
-        ev.append(f"this workload: {prompt_share:.0%} of its tokens are prompt, so attention "
-                  f"time is about {weighted:.2f}× bf16's (prompt tokens at the prefill ratio, "
-                  "output tokens at the decode ratio)")
+        ev.append(f"this workload: {prompt_share:.0%} of its tokens are prompt; weighing each "
+                  "prompt token at the prefill ratio and each output token at the decode ratio "
+                  f"gives {weighted:.2f}× bf16's attention time (a bound that overstates "
+                  "prefill: a prompt token's attention costs less than an output token's)")
     return Fp8Verdict(_fp8_words(nums, acc is not None, prompt_share), ev, missing, nums)
 
 
@@ -280,9 +281,9 @@ def _fp8_words(nums: dict, measured: bool, prompt_share: float | None) -> str:
     if weighted <= 1:
         return (f"worth it for this workload: {more} and attention at {weighted:.2f}× bf16's "
                 "time; long-context, decode-heavy traffic gains most")
-    return (f"worth it only where memory binds ({more}): this workload's "
-            f"{prompt_share:.0%} prompt tokens make attention {weighted:.2f}× bf16's time, "
-            "so not for prefill-heavy traffic that fits in bf16")
+    return (f"worth it where memory binds ({more}); for speed alone, not shown on this "
+            f"prompt-heavy workload ({prompt_share:.0%} prompt tokens: fp8 prefill is slower, "
+            f"token-weighted bound {weighted:.2f}× bf16's attention time)")
 
 
 # ---- serving -----------------------------------------------------------------------------

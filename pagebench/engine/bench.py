@@ -132,7 +132,7 @@ def _engine_row(engine: LLMEngine, seconds: float) -> dict:
                 num_steps=len(s.steps), max_batch=max((x.batch_size for x in s.steps),
                                                          default=0),
                 cuda_graphs=s.cuda_graphs, graph_capture_s=s.graphs.get("graph_capture_s"),
-                graph_memory_bytes=s.get("graph_memory_bytes"),
+                graph_memory_bytes=s.graphs.get("graph_memory_bytes"),
                 compiled_layers=s.compiled_layers, compile_s=s.graphs["compile_s"])
 
 

@@ -238,6 +238,14 @@ def test_analysis_computes_the_report_renders_and_results_gather_without_measuri
         {layer: set() for layer in LAYERS}
 
 
+def test_the_measured_systems_do_not_import_the_measuring_package():
+    """kernels, engine and sim are measured by pagebench.measure; never the other way round."""
+    graph = package_graph(import_graph(top_level_only=False))
+    assert {layer: graph.get(layer, set()) & {"pagebench.measure"}
+            for layer in ("pagebench.kernels", "pagebench.engine", "pagebench.sim")} == \
+        {layer: set() for layer in ("pagebench.kernels", "pagebench.engine", "pagebench.sim")}
+
+
 STEP_PATH = ("engine.py", "scheduler.py", "model_runner.py", "decode_graphs.py", "parallel.py")
 BLOCK_SIZE_NAMES = {"block_size", "bs"}
 

@@ -81,3 +81,24 @@ def test_reset_prefix_cache_forgets_what_a_run_left(model):
     engine.generate([prompt], params)
     assert engine.stats.prefix_cache_hit_rate == 0
     assert engine.block_manager.num_free_blocks == 64
+
+
+def test_an_interrupted_generate_leaves_nothing_queued(model, monkeypatch):
+    engine = LLMEngine(model, block_size=16, num_blocks=64)
+    calls = []
+    real_step = engine.step
+
+    def step_then_interrupt():
+        calls.append(1)
+        out = real_step()
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(engine, "step", step_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        engine.generate([list(range(20))] * 3, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert not engine.has_unfinished_requests and not engine.scheduler.has_work
+    assert engine.block_manager.num_used_blocks == 0
+    monkeypatch.undo()
+    assert len(engine.generate([[1, 2, 3]], SamplingParams(max_tokens=2))) == 1

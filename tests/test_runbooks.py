@@ -46,3 +46,18 @@ def test_h200_fp8_runbook_commands_parse_and_write_the_report_datasets(device, t
     outs = [Path(r[r.index("--out") + 1]) for r in runs[:3]]
     assert [classify(p) for p in outs] == ["kernels_fp8", "kernels_layout", "fp8_engine"]
     assert all(r[r.index("--device") + 1] == device for r in runs[:3])
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_gpu_serving_runbook_commands_parse_and_write_the_serving_datasets(device, tmp_path):
+    runs = commands("scripts/gpu_serving.sh", device, tmp_path)
+    assert [r[0] for r in runs] == ["serve-bench", "step-cost-fit"]
+    serve, fit = runs
+    outs = [Path(serve[serve.index(flag) + 1]) for flag in ("--out", "--steps-out")]
+    outs.append(Path(fit[fit.index("--out") + 1]))
+    assert [classify(p) for p in outs] == ["serve_bench", "serve_steps", "step_cost"]
+    assert fit[1] == str(outs[1])  # the fit reads the steps just written
+    assert serve[serve.index("--device") + 1] == device
+    assert serve[serve.index("--block-sizes") + 1] == "16,128"
+    assert serve[serve.index("--kv-cache-dtype") + 1] == "auto,fp8_e4m3"

@@ -149,17 +149,29 @@ def register(sub) -> None:
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     v.add_argument("--port", type=integer(0, 65535), default=8000,
                    help="port (default %(default)s; 0: any free one, printed)")
-    v.add_argument("--block-size", type=integer(1, 1 << 20), default=16)
-    v.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="auto")
-    v.add_argument("--prefix-caching", choices=("on", "off"), default="on")
-    v.add_argument("--kv-cache-memory", default=None, help="e.g. 4GiB")
-    v.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None)
-    v.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256)
-    v.add_argument("--max-num-batched-tokens", type=integer(1, 10_000_000), default=2048)
-    v.add_argument("--mode", choices=MODES, default=None)
-    v.add_argument("--device", default=None, choices=["cpu", "cuda"])
-    v.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES))
-    v.add_argument("--threads", type=integer(1, 1024), default=1)
+    v.add_argument("--block-size", type=integer(1, 1 << 20), default=16,
+                   help="KV block size in tokens (default %(default)s)")
+    v.add_argument("--kv-cache-dtype", choices=KV_DTYPES, default="auto",
+                   help="auto (the model's dtype) or fp8 (default %(default)s)")
+    v.add_argument("--prefix-caching", choices=("on", "off"), default="on",
+                   help="default %(default)s")
+    v.add_argument("--kv-cache-memory", default=None,
+                   help="KV cache memory, e.g. 4GiB (default: 80%% of the free GPU memory, or "
+                   "256MiB on a CPU)")
+    v.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None,
+                   help="longest prompt + output (default: the model's)")
+    v.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256,
+                   help="sequences running at once (default %(default)s)")
+    v.add_argument("--max-num-batched-tokens", type=integer(1, 10_000_000), default=2048,
+                   help="tokens per step (default %(default)s)")
+    v.add_argument("--mode", choices=MODES, default=None,
+                   help="how decode steps run (default: the engine's)")
+    v.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="default: cuda if present, else cpu")
+    v.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES),
+                   help="model dtype (default: bfloat16 on a GPU, float32 on a CPU)")
+    v.add_argument("--threads", type=integer(1, 1024), default=1,
+                   help="CPU threads (default %(default)s)")
     v.set_defaults(func=serve)
 
     f = sub.add_parser(

@@ -401,6 +401,9 @@ class LLMEngine:
                     outputs[out.request_id] = out
                     if bar is not None:
                         bar.update(len(out.outputs))
+        except BaseException:  # interrupted between steps too: leave nothing queued
+            self.abort_all()
+            raise
         finally:
             if bar is not None:
                 bar.close()

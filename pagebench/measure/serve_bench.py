@@ -118,9 +118,7 @@ def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *
     engine.reset_prefix_cache()
     run = run_serving(engine, requests.at_rate(rate, poisson=poisson, time_scale=time_scale),
                       progress=progress)
-    metrics = serving_metrics(run.requests, run.duration_s,
-                              slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
-                              slo_tpot_s=None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
+    metrics = metrics_at_slo(run.requests, run.duration_s, slo_ttft_ms, slo_tpot_ms, attainment)
     stats = run.stats
     metrics |= dict(num_blocks=engine.num_blocks,
                     kv_cache_memory_bytes=engine.runner.kv_cache_bytes,
@@ -128,13 +126,24 @@ def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *
                     num_preemptions=stats.num_preemptions,
                     prefix_cache_hit_rate=stats.prefix_cache_hit_rate,
                     num_steps=len(stats.steps))
-    metrics |= slo_verdict(metrics, slo_ttft_ms, slo_tpot_ms, attainment)
     steps = [dict(num_prefill_tokens=s.record.num_prefill_tokens,
                   num_decode_seqs=s.record.num_decode_seqs,
                   num_context_tokens=s.record.num_context_tokens,
                   batch_size=s.record.batch_size,
                   step_time_ms=(s.end_s - s.start_s) * 1e3) for s in run.steps]
     return metrics, steps
+
+
+def metrics_at_slo(timings, duration_s: float, slo_ttft_ms, slo_tpot_ms,
+                   attainment: float | None) -> dict:
+    """:func:`serving_metrics` at SLOs given in milliseconds, with their verdict (none without
+    an ``attainment``)."""
+    metrics = serving_metrics(timings, duration_s,
+                              slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
+                              slo_tpot_s=None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
+    if attainment is None:
+        return metrics
+    return metrics | slo_verdict(metrics, slo_ttft_ms, slo_tpot_ms, attainment)
 
 
 def slo_verdict(metrics: dict, slo_ttft_ms, slo_tpot_ms, attainment: float) -> dict:
@@ -257,10 +266,8 @@ def serve_bench_endpoint(url: str, traces: list[TraceRequests], rates, *, model_
             run = serve_endpoint(url, requests.at_rate(rate, poisson=poisson,
                                                        time_scale=time_scale), model_name)
             server = run.server
-            metrics = serving_metrics(
-                run.requests, run.duration_s, slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
-                slo_tpot_s=None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
-            metrics |= slo_verdict(metrics, slo_ttft_ms, slo_tpot_ms, attainment)
+            metrics = metrics_at_slo(run.requests, run.duration_s, slo_ttft_ms, slo_tpot_ms,
+                                     attainment)
             if server:
                 metrics |= dict(num_preemptions=server.get("num_preemptions_total"),
                                 prefix_cache_hit_rate=server.get("prefix_cache_hits_total", 0)
@@ -300,11 +307,8 @@ def predict_bench(traces: list[TraceRequests], configs: list[ServeConfig], rates
                     num_blocks=num_blocks[config], max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens,
                     prefix_caching=config.prefix_caching, hash_ids=requests.hash_ids)
-                metrics = serving_metrics(
-                    run.requests, run.duration_s,
-                    slo_ttft_s=None if slo_ttft_ms is None else slo_ttft_ms / 1e3,
-                    slo_tpot_s=None if slo_tpot_ms is None else slo_tpot_ms / 1e3)
-                metrics |= slo_verdict(metrics, slo_ttft_ms, slo_tpot_ms, attainment)
+                metrics = metrics_at_slo(run.requests, run.duration_s, slo_ttft_ms,
+                                         slo_tpot_ms, attainment)
                 prompt = sum(len(p) for p in requests.prompts)
                 asked = rate if rate is not None else requests.trace_rate * time_scale
                 rows.append(SERVE_BENCH.row(**metrics | dict(

@@ -17,10 +17,9 @@ import math
 import numpy as np
 
 from pagebench.errors import ConfigError
-from pagebench.measure.serve_bench import slo_verdict, trace_sample
+from pagebench.measure.serve_bench import metrics_at_slo, trace_sample
 from pagebench.measure.serving import arrival_times
 from pagebench.results.datasets import SERVE_BENCH, STEP_COST
-from pagebench.sim.latency import serving_metrics
 from pagebench.sim.serving import simulate_serving
 from pagebench.sim.step_cost import COEFFICIENTS, StepCostModel
 
@@ -105,13 +104,10 @@ def predict_serve_bench(row: dict, cost: StepCostModel) -> dict:
                                row.get("max_num_batched_tokens"), 2048)),
                            prefix_caching=bool(row["prefix_caching"]),
                            hash_ids=workload.hash_ids)
-    slo_ttft, slo_tpot = _optional(row.get("slo_ttft_ms")), _optional(row.get("slo_tpot_ms"))
-    metrics = serving_metrics(run.requests, run.duration_s,
-                              slo_ttft_s=None if slo_ttft is None else slo_ttft / 1e3,
-                              slo_tpot_s=None if slo_tpot is None else slo_tpot / 1e3)
     attainment = _optional(row.get("slo_attainment"))
-    if attainment is not None:
-        metrics |= slo_verdict(metrics, slo_ttft, slo_tpot, float(attainment))
+    metrics = metrics_at_slo(run.requests, run.duration_s, _optional(row.get("slo_ttft_ms")),
+                             _optional(row.get("slo_tpot_ms")),
+                             None if attainment is None else float(attainment))
     prompt = int(workload.prompt_len.sum())
     blocks = [s.blocks_used for s in run.steps] or [0]
     return SERVE_BENCH.row(**dict(row) | metrics | dict(

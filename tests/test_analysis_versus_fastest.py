@@ -105,3 +105,16 @@ def test_prefill_versus_fastest_compares_within_a_point():
     out = derive.prefill_versus_fastest(df)
     assert len(out) == 3 and set(out["fastest"]) == {"flashinfer-paged"}
     assert out["relative_time"].round(3).tolist() == [1.0, 1.125, 1.25]
+
+
+def test_the_batch1_claim_words_each_familys_verdicts_at_block_16():
+    from pagebench.analysis.claims import family_verdicts
+
+    df = pd.DataFrame([row("triton-paged", 10.5, batch=1, q20=10.4, q80=10.6),
+                       row("triton-contiguous", 10.0, batch=1, q20=9.9, q80=10.1),
+                       row("triton-paged", 10.0, batch=1, context=1024, q20=9.5, q80=10.5),
+                       row("triton-contiguous", 10.0, batch=1, context=1024, q20=9.5, q80=10.5),
+                       row("triton-paged", 30.0, batch=1, block_size=1)])
+    text = family_verdicts(derive.family_batch1(df))
+    assert text == "triton (H100): slower 1, within noise 1 of 2 (1.00–1.05×)"
+    assert family_verdicts(pd.DataFrame()) == ""

@@ -405,7 +405,8 @@ def family_verdicts(table: pd.DataFrame) -> str:
     at16 = table[table["block_size"] == derive.PRIMARY_BLOCK_SIZE]
     out = []
     for (family, label), g in at16.groupby(["family", "device_label"]):
-        counts = ", ".join(f"{k} {n}" for k, n in g["paging"].value_counts().items())
+        counts = ", ".join(f"{k} {n}" for k in ("slower", "within noise", "faster")
+                           if (n := int((g["paging"] == k).sum())))
         out.append(f"{family} ({label}): {counts} of {len(g)} "
                    f"({g['ratio'].min():.2f}–{g['ratio'].max():.2f}×)")
     return "; ".join(out)

@@ -13,7 +13,7 @@ PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 $PYTHON scripts/train_tiny_model.py --out "$OUT/pagebench-tiny-llama" --max-seconds "$TRAIN_SECONDS" \
-  --steps "${TRAIN_STEPS:-3000}"
+  --steps "${TRAIN_STEPS:-3000}" --log-every 25
 tar -C "$OUT" -cf "$OUT/model.tar" pagebench-tiny-llama && rm -rf "$OUT/pagebench-tiny-llama"
 $PYTHON -m pagebench engine-bench equal-memory --preset qwen2.5-0.5b --device cuda --kernel triton \
   --batch-sizes 32 --num-requests "${REQUESTS:-64}" --prompt-len 16-512 --max-tokens 64 --repeat 3 \

@@ -60,6 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--eval-every", type=int, default=250)
+    p.add_argument("--log-every", type=int, default=50, help="steps between loss rows")
     p.add_argument("--eval-windows", type=int, default=32)
     p.add_argument("--max-seconds", type=float, default=float("inf"),
                    help="stop early (the cosine schedule is the full run's) after this long")
@@ -93,7 +94,7 @@ def main(argv=None) -> int:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         last = step == args.steps - 1 or time.perf_counter() - start > args.max_seconds
-        if step % 50 == 0 or last:
+        if step % args.log_every == 0 or last:
             row = dict(step=step, train_loss=round(loss.item(), 4), held_out_loss="",
                        lr=lr, elapsed_s=round(time.perf_counter() - start, 1))
             if step % args.eval_every == 0 or last:

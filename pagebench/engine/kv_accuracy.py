@@ -14,6 +14,7 @@ and the share of positions whose top-1 prediction equals the reference run's, ag
 from __future__ import annotations
 
 import math
+import os
 from types import SimpleNamespace
 
 import torch
@@ -87,6 +88,8 @@ def accuracy_rows(num_windows: int = 8, length: int = 512, block_sizes=BLOCK_SIZ
         return logits[key]
 
     env = environment(torch.device(device))
+    if torch.device(device).type == "cpu":  # the device label names a CPU's core count
+        env["cpu_count"] = os.cpu_count()
     out = []
     for block_size in block_sizes:
         for kv, ref in pairs:

@@ -162,3 +162,61 @@ def test_out_dir_that_takes_no_files_is_refused_before_any_run(tmp_path, monkeyp
     (tmp_path / "file").write_text("")
     refused(["bench-compare", "--base", "HEAD", "--head", "HEAD", "--out-dir",
              tmp_path / "file"], "--out-dir", "not a directory")
+
+
+# ---- the engine's configuration -------------------------------------------------------------
+@pytest.fixture(scope="module")
+def model():
+    from pagebench.engine.bench import tiny_model
+
+    return tiny_model(num_hidden_layers=1)
+
+
+def test_numpy_integers_are_accepted_wherever_an_int_is(model):
+    """#45 item 9: a numpy ``block_size`` or ``max_num_batched_tokens`` was accepted, then every
+    ``generate`` failed ("num_new: expected an integer >= 0, got np.int64(3)"); numpy
+    ``arrival_steps`` were refused while numpy prompt ids were accepted."""
+    from pagebench.engine import LLMEngine, SamplingParams
+
+    np = pytest.importorskip("numpy")
+    engine = LLMEngine(model, block_size=np.int64(4), num_blocks=np.int32(64),
+                       max_num_batched_tokens=np.int64(3), max_num_seqs=np.int16(4),
+                       max_model_len=np.int64(64), kernel="torch")
+    prompts = [[1, 2, 3, 4, 5], [6, 7]]
+    got = engine.generate(prompts, SamplingParams(max_tokens=3),
+                          arrival_steps=np.array([0, 2]))
+    plain = LLMEngine(model, block_size=4, num_blocks=64, max_num_batched_tokens=3,
+                      max_num_seqs=4, max_model_len=64, kernel="torch")
+    want = plain.generate(prompts, SamplingParams(max_tokens=3), arrival_steps=[0, 2])
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
+    assert type(engine.block_size) is int and type(engine.scheduler.max_num_batched_tokens) is int
+
+
+@pytest.mark.parametrize("arrivals, needle", [
+    ([0, -1], "arrival_steps[1]: must be an integer >= 0"),
+    ([0, True], "arrival_steps[1]: must be an integer >= 0"),
+    ([0.0, 1], "arrival_steps[0]: must be an integer >= 0"),
+])
+def test_arrival_steps_that_are_not_integers_are_refused_naming_the_one(model, arrivals,
+                                                                        needle):
+    from pagebench.engine import LLMEngine
+    from pagebench.errors import ConfigError
+
+    engine = LLMEngine(model, block_size=4, num_blocks=64, kernel="torch")
+    with pytest.raises(ConfigError) as e:
+        engine.generate([[1, 2], [3]], arrival_steps=arrivals)
+    assert needle in str(e.value)
+
+
+@pytest.mark.parametrize("config, option", [
+    ({"kv_cache_memory": 1e300}, "kv_cache_memory"),
+    ({"kv_cache_memory": "1e15"}, "kv_cache_memory"),
+    ({"num_blocks": 2**63}, "num_blocks"),
+])
+def test_a_pool_no_machine_holds_is_a_config_error(model, config, option):
+    """#45 item 10: these raised OverflowError ("1e300", 2**63) or MemoryError ("1e15")."""
+    from pagebench.engine import LLMEngine
+    from pagebench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^{option}: a pool of .* bytes"):
+        LLMEngine(model, block_size=16, kernel="torch", **config)

@@ -14,9 +14,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagebench import benchcompare, suite
 from pagebench.cli import main, options
+from pagebench.kernels import available_backends
 from pagebench.report import build, outputs
 
 
@@ -220,3 +222,95 @@ def test_a_pool_no_machine_holds_is_a_config_error(model, config, option):
 
     with pytest.raises(ConfigError, match=f"^{option}: a pool of .* bytes"):
         LLMEngine(model, block_size=16, kernel="torch", **config)
+
+
+# ---- fp8 KV caches: scales and the Triton decode --------------------------------------------
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def test_calibration_ignores_nan_and_infinities_in_a_sample():
+    """#45 item 6: one NaN or inf made its head fall back to scale 1 (121x too small in the
+    probe, so values above 2 saturated)."""
+    from pagebench.kernels.quant import calibrated_scales
+
+    sample = torch.randn(32, 2, 8, generator=torch.Generator().manual_seed(0)) * 100
+    clean = calibrated_scales(sample, E4M3)
+    dirty = sample.clone()
+    dirty[3, 0, 1], dirty[7, 1, 2] = float("nan"), float("inf")
+    dirty[9, 1, 0] = -float("inf")
+    expected = sample.clone()
+    expected[3, 0, 1] = expected[7, 1, 2] = expected[9, 1, 0] = 0.0
+    assert torch.equal(calibrated_scales(dirty, E4M3), calibrated_scales(expected, E4M3))
+    assert torch.allclose(calibrated_scales(dirty, E4M3), clean, rtol=0.2)
+
+
+@pytest.mark.parametrize("dtype", [E4M3, E5M2])
+def test_calibration_of_extreme_samples_gives_scales_the_kernels_accept(dtype):
+    """#45 item 6: an all-tiny sample underflowed its scale to 0, which ``check_kv_scales``
+    refuses; the scale is clamped to the range it accepts (the smallest, or the largest)."""
+    from pagebench.kernels.quant import calibrated_scales, check_kv_scales, scale_range
+
+    sample = torch.full((4, 2, 8), 1e-44)
+    sample[:, 1] = 3e38
+    scales = calibrated_scales(sample, dtype)
+    assert scales.tolist() == [pytest.approx(v) for v in scale_range(dtype)]
+    cache = torch.zeros(1, 4, 2, 8).to(dtype)
+    k, v = check_kv_scales(cache, scales, scales)
+    assert torch.equal(k, scales)
+
+
+def fp8_decode_case(cache_dtype, q_magnitude: float, k_scale: float):
+    from pagebench.kernels.fixtures import make_paged_inputs
+
+    inp = make_paged_inputs([5, 9], 4, 2, 16, 4, torch.bfloat16, poison=False)
+    gen = torch.Generator().manual_seed(3)
+    k_cache = (torch.rand(inp.k_cache.shape, generator=gen) * 2 - 1).to(cache_dtype)
+    v_cache = torch.randn(inp.v_cache.shape, generator=gen).to(cache_dtype)
+    q = (inp.q.float() * q_magnitude).to(torch.bfloat16)
+    return (q, k_cache, v_cache, inp.block_tables, inp.seq_lens), {"k_scale": k_scale,
+                                                                   "v_scale": 1.0}
+
+
+triton_only = pytest.mark.skipif("triton" not in available_backends(),
+                                 reason="triton not installed")
+
+
+def both_backends(args, scales):
+    from pagebench.kernels import paged_decode
+
+    return {b: paged_decode(*args, backend=b, **scales) for b in ("torch", "triton")}
+
+
+@triton_only
+def test_triton_fp8_decode_of_a_tiny_bf16_q_is_finite_and_matches_torch():
+    """#45 item 4: a bf16 q with every value below ~2^-113 overflowed ``rows_to_f16``'s
+    ``exp2(-shift)`` in float32: NaN from Triton, finite from torch."""
+    from pagebench.kernels.fixtures import relative_error
+
+    args, scales = fp8_decode_case(E5M2, 2.0 ** -120, 1.0)
+    assert args[0].abs().max() < 2.0 ** -113
+    out = both_backends(args, scales)
+    assert torch.isfinite(out["torch"]).all() and torch.isfinite(out["triton"]).all()
+    assert relative_error(out["triton"], out["torch"]) < 1e-2
+
+
+@triton_only
+def test_backends_agree_on_the_largest_accepted_scale_and_refuse_a_larger_one():
+    """#45 item 7: a scale whose product with a stored value exceeds float32 was accepted,
+    and the torch backend returned NaN (Triton was finite). Such a scale is now refused by
+    both (their shared validation); at the largest one accepted both are finite and agree."""
+    from pagebench.kernels import paged_decode
+    from pagebench.kernels.fixtures import relative_error
+    from pagebench.kernels.quant import scale_range
+
+    largest = scale_range(E5M2)[1]
+    args, scales = fp8_decode_case(E5M2, 1e-36, largest)
+    args[1][0, 0, 0, 0] = torch.finfo(E5M2).max  # stored value x scale: float32's largest
+    out = both_backends(args, scales)
+    assert torch.isfinite(out["torch"]).all() and torch.isfinite(out["triton"]).all()
+    assert relative_error(out["triton"], out["torch"]) < 1e-2
+    for too_large in (largest * 1.01, torch.full((2,), largest * 1.01)):
+        for backend in ("torch", "triton"):
+            with pytest.raises(ValueError, match="k_scale: every scale must be at most|"
+                               "k_scale: must be at most"):
+                paged_decode(*args, backend=backend, **{**scales, "k_scale": too_large})

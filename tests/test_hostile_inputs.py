@@ -314,3 +314,53 @@ def test_backends_agree_on_the_largest_accepted_scale_and_refuse_a_larger_one():
             with pytest.raises(ValueError, match="k_scale: every scale must be at most|"
                                "k_scale: must be at most"):
                 paged_decode(*args, backend=backend, **{**scales, "k_scale": too_large})
+
+
+# ---- reading results ------------------------------------------------------------------------
+POOL = "num_blocks,num_preemptions,tokens_per_s,recomputed_tokens,block_size\n"
+
+
+def test_a_deeply_nested_json_is_skipped_by_name_and_the_rest_read(tmp_path):
+    """#45 item 2: ``[`` x 100,000 raised RecursionError out of the reader: every later file
+    of its directory, or every benchmark history, silently disappeared from the report."""
+    from pagebench.results import Results
+    from pagebench.results.history import load_benchmark_json
+    from pagebench.results.read import load_data_dir
+
+    machine = tmp_path / "results" / "m1"
+    machine.mkdir(parents=True)
+    nested = machine / "engine_pool_a.json"
+    nested.write_text("[" * 100_000)
+    (machine / "engine_pool_b.csv").write_text(POOL + "64,0,10.5,0,16\n")
+    results = Results()
+    load_data_dir(results, tmp_path / "results")
+    assert len(results.get("engine_pool")) == 1
+    assert any(str(nested) in w and "nested too deeply" in w for w in results.warnings)
+
+    bench = tmp_path / "bench"
+    bench.mkdir()
+    (bench / "0001_deep.json").write_text('{"a":' * 100_000)
+    (bench / "0002_good.json").write_text(json.dumps({
+        "machine_info": {"machine": "x86_64"}, "commit_info": {"id": "abc"},
+        "benchmarks": [{"name": "t", "fullname": "b.py::t", "stats": {"median": 0.001}}]}))
+    history = Results()
+    load_benchmark_json(history, sorted(bench.iterdir()))
+    assert history.get("pytest_benchmark")["benchmark"].tolist() == ["b.py::t"]
+    assert any("0001_deep.json" in w for w in history.warnings)
+
+
+@pytest.mark.parametrize("value", [2**70, 2**63, -(2**63) - 1])
+def test_an_integer_beyond_int64_in_a_csv_is_named_not_wrapped(tmp_path, value):
+    """#45 item 5: ``block_size`` 2**70 became -9223372036854775808, with no warning."""
+    from pagebench.results import Results
+    from pagebench.results.read import load_data_dir
+
+    machine = tmp_path / "m1"
+    machine.mkdir()
+    (machine / "engine_pool_a.csv").write_text(POOL + f"64,0,10.5,0,{value}\n")
+    (machine / "engine_pool_b.csv").write_text(POOL + "32,1,9.5,4,16\n")
+    results = Results()
+    load_data_dir(results, tmp_path)
+    assert results.get("engine_pool")["block_size"].tolist() == [16]
+    assert any("engine_pool_a.csv" in w and "block_size" in w and str(value) in w
+               and "64-bit" in w for w in results.warnings), results.warnings

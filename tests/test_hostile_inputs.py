@@ -364,3 +364,21 @@ def test_an_integer_beyond_int64_in_a_csv_is_named_not_wrapped(tmp_path, value):
     assert results.get("engine_pool")["block_size"].tolist() == [16]
     assert any("engine_pool_a.csv" in w and "block_size" in w and str(value) in w
                and "64-bit" in w for w in results.warnings), results.warnings
+
+
+# ---- options named as given, shapes refused before running ----------------------------------
+def test_an_unknown_kv_dtype_names_kv_dtype():
+    """#45 also: ``capacity --kv-dtype bool`` named ``--dtype``."""
+    line = refused(["capacity", "--kv-dtype", "bool"], "--kv-dtype: unknown dtype 'bool'")
+    assert " --dtype" not in line
+
+
+@triton_only
+def test_fp8_bench_refuses_a_head_dim_triton_does_not_take_before_running(monkeypatch):
+    """#45 also: ``bench --fp8 --shape t=4/2/300`` ran although Triton declares head dims up
+    to 256."""
+    from pagebench.kernels import fp8_sweep
+
+    monkeypatch.setattr(fp8_sweep, "paged_case", lambda *a, **k: pytest.fail("a point ran"))
+    refused(["bench", "--fp8", "--device", "cpu", "--shape", "t=4/2/300"],
+            "--shape: Triton's decode does not take t (head dim 300)", "head dims")

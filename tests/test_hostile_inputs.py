@@ -112,7 +112,7 @@ def test_report_out_at_a_link_to_a_report_page_is_refused_and_the_link_kept(tmp_
     link = tmp_path / "index.html"
     link.symlink_to(page)
     refused(["report", "--quick", "--no-progress", "--out", link], "--out", "symbolic link")
-    with pytest.raises(ValueError, match="not a pagebench report page"):
+    with pytest.raises(ValueError, match="is a symbolic link, not a pagebench report page"):
         build.check_report_output(link)
     assert link.is_symlink() and outputs.is_report_page(page)
 

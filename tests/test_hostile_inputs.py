@@ -192,6 +192,7 @@ def test_numpy_integers_are_accepted_wherever_an_int_is(model):
     want = plain.generate(prompts, SamplingParams(max_tokens=3), arrival_steps=[0, 2])
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert type(engine.block_size) is int and type(engine.scheduler.max_num_batched_tokens) is int
+    assert type(engine.block_manager.block_size) is int and type(engine.num_blocks) is int
 
 
 @pytest.mark.parametrize("arrivals, needle", [

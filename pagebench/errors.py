@@ -25,6 +25,14 @@ class SequenceError(PagebenchError, KeyError):
 def check_positive_int(name: str, value) -> int:
     """``value`` as an int if it is an integer >= 1 (numpy's too; not a bool, nor numpy's,
     which is no ``Integral``), else ConfigError naming ``name``."""
-    if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
-        raise ConfigError(f"{name}: must be a positive integer, got {value!r}")
+    return check_int(name, value, 1)
+
+
+def check_int(name: str, value, least: int = 0) -> int:
+    """``value`` as a plain int if it is an integer >= ``least`` (numpy's too; not a bool,
+    nor numpy's, which is no ``Integral``), else ConfigError naming ``name``. Callers keep
+    the int it returns: a numpy integer kept as given fails later checks that want an int."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < least:
+        what = "a positive integer" if least == 1 else f"an integer >= {least}"
+        raise ConfigError(f"{name}: must be {what}, got {value!r}")
     return int(value)

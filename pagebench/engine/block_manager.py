@@ -122,9 +122,9 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = False,
                  *, deferred_caching: bool = False):
-        check_positive_int("block_size", block_size)
+        block_size = check_positive_int("block_size", block_size)
         self.pool = BlockPool(num_blocks)
-        self.num_blocks = num_blocks
+        self.num_blocks = self.pool.num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = bool(enable_prefix_caching)
         self.deferred_caching = bool(deferred_caching)

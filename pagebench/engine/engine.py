@@ -25,6 +25,7 @@ from pagebench.kernels.quant import is_fp8, kv_dtype_from_name
 
 DEFAULT_CPU_KV_MEMORY = 256 * 2**20
 DEFAULT_GPU_KV_FRACTION = 0.8  # of the memory free after loading the model
+MAX_NUM_BLOCKS = 2**31 - 1  # block ids are int32 in the block tables the kernels read
 log = logging.getLogger(__name__)
 
 
@@ -93,15 +94,17 @@ class LLMEngine:
             raise ConfigError(f"kv_cache_dtype: {cache_dtype} is neither the model's dtype "
                               f"({param.dtype}) nor fp8: use 'auto', 'fp8_e4m3' or 'fp8_e5m2'")
         self.geometry = KVGeometry.from_config(config, dtype=cache_dtype)
-        check_positive_int("block_size", block_size)
+        block_size = check_positive_int("block_size", block_size)
+        pool_option = "num_blocks" if num_blocks is not None else "kv_cache_memory"
         if num_blocks is not None:
-            check_positive_int("num_blocks", num_blocks)
+            num_blocks = check_positive_int("num_blocks", num_blocks)
         self.tp = setup_tensor_parallel(self.model, self.geometry, tensor_parallel_size)
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
+        self._check_pool_fits(pool_option, num_blocks, block_size, param.device)
         num_blocks = self.tp.agree_min(num_blocks)  # every rank's pool the same size
         if max_model_len is not None:
-            check_positive_int("max_model_len", max_model_len)
+            max_model_len = check_positive_int("max_model_len", max_model_len)
         self.max_model_len = max_model_len or getattr(config, "max_position_embeddings", None) \
             or 2**31 - 1
         self.vocab_size = config.vocab_size
@@ -181,6 +184,21 @@ class LLMEngine:
             raise ConfigError(f"kv_cache_memory: {budget} bytes hold no block of {block_size} "
                               f"tokens ({block_bytes} bytes each)")
         return num_blocks
+
+    def _check_pool_fits(self, option: str, num_blocks: int, block_size: int, device) -> None:
+        """ConfigError naming ``option`` unless the pool's block ids fit the block tables'
+        int32 and its bytes the device's whole memory: a larger pool could only overflow or
+        fail to allocate."""
+        pool_bytes = num_blocks * self.tp.geometry.bytes_per_block(block_size)
+        if device.type == "cuda":
+            total = torch.cuda.get_device_properties(device).total_memory
+        else:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if num_blocks > MAX_NUM_BLOCKS or pool_bytes > total:
+            raise ConfigError(f"{option}: a pool of {num_blocks:,} blocks of {block_size} "
+                              f"tokens takes {pool_bytes:,} bytes; {device.type} has "
+                              f"{total:,} bytes in all, and block ids stop at "
+                              f"{MAX_NUM_BLOCKS:,}")
 
     # ---- validation ----------------------------------------------------------------------
     def _check_params(self, params) -> None:

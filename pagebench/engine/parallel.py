@@ -128,7 +128,7 @@ def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParal
     Every check runs before any collective or allocation, so a bad configuration fails alike
     on every rank with a ConfigError and leaves the model as it was.
     """
-    check_positive_int("tensor_parallel_size", size)
+    size = check_positive_int("tensor_parallel_size", size)
     device = next(model.parameters()).device
     rank_geometry = geometry.per_rank(size)
     done = getattr(model, "pagebench_tensor_parallel", None)

@@ -83,12 +83,10 @@ def _width(seq: Sequence) -> int:
 class Scheduler:
     def __init__(self, block_manager: BlockManager, max_num_seqs: int,
                  max_num_batched_tokens: int):
-        for name, value in (("max_num_seqs", max_num_seqs),
-                            ("max_num_batched_tokens", max_num_batched_tokens)):
-            check_positive_int(name, value)
         self.bm = block_manager
-        self.max_num_seqs = max_num_seqs
-        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = check_positive_int("max_num_seqs", max_num_seqs)
+        self.max_num_batched_tokens = check_positive_int("max_num_batched_tokens",
+                                                         max_num_batched_tokens)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0

@@ -24,7 +24,7 @@ import numpy as np
 
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
-from pagebench.errors import ConfigError
+from pagebench.errors import ConfigError, check_int
 from pagebench.results.datasets import REAL_TRACES_ENGINE
 from pagebench.sim.real_traces import DEFAULT_STEP_MS, read_timed_trace
 from pagebench.sim.trace import HASH_BLOCK_TOKENS, Workload
@@ -68,9 +68,9 @@ def generate_at_steps(engine: LLMEngine, prompts, params: list[SamplingParams],
     are skipped and counted. Returns the outputs in prompt order and the skipped steps;
     ``engine.stats`` describes the run."""
     arrivals = list(arrival_steps)
-    if len(arrivals) != len(prompts) or not all(
-            isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in arrivals):
+    if len(arrivals) != len(prompts):
         raise ConfigError(f"arrival_steps: expected {len(prompts)} integers >= 0, one per prompt")
+    arrivals = [check_int(f"arrival_steps[{i}]", a) for i, a in enumerate(arrivals)]
     prompts, params = engine.check_requests(prompts, list(params))
     order = sorted(range(len(prompts)), key=lambda i: (arrivals[i], i), reverse=True)
     engine.begin_stats()

@@ -63,6 +63,19 @@ def cache_dtypes(block_size: int, dtype) -> list:
     return [dtype, E4M3] + ([E5M2] if block_size == defaults.BLOCK_SIZE else [])
 
 
+def check_triton_takes(shape_name: str, shape, block_sizes, dtype, device) -> None:
+    """ValueError naming ``shape`` unless Triton's decode and prefill declare that they take
+    it at every block size (e.g. head dims up to 256): before the first point is timed."""
+    triton, device = get_backend("triton"), torch.device(device)
+    for op in ("decode", "prefill"):
+        for block_size in block_sizes:
+            if not triton.supports(op, device, dtype, block_size, shape[2]):
+                raise ValueError(
+                    f"shape: Triton's {op} does not take {shape_name} (head dim {shape[2]}) "
+                    f"at block size {block_size}, {dtype_name(dtype)} on {device.type}; it "
+                    f"takes head dims {triton.head_dims}")
+
+
 def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=None,
                   prefill_points=None, dtype=torch.bfloat16, repeat: int | None = None,
                   copy_gbps: float | None = None, progress=None, backends=None,
@@ -88,6 +101,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
     repeat = repeat or (20 if on_cuda else 1)
     if copy_gbps is None:
         copy_gbps = measure_copy_gbps(device) if on_cuda else float("nan")
+    check_triton_takes(shape_name, shape, block_sizes, dtype, device)
     scale = shape[2] ** -0.5
     env = environment(device)
     rows: list[dict] = []

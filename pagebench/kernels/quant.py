@@ -14,6 +14,8 @@ headroom), the way vLLM's ``calculate_kv_scales`` does on the first forward pass
 
 from __future__ import annotations
 
+import functools
+
 import math
 from numbers import Real
 
@@ -103,13 +105,28 @@ def check_kv_scales(k_cache, k_scale, v_scale):
                                  f"{dtype_name(k_cache.dtype)}")
         return None, None
     kv_heads = k_cache.shape[2]
-    return (_scale_tensor("k_scale", k_scale, kv_heads, k_cache.device),
-            _scale_tensor("v_scale", v_scale, kv_heads, k_cache.device))
+    return (_scale_tensor("k_scale", k_scale, kv_heads, k_cache.device, k_cache.dtype),
+            _scale_tensor("v_scale", v_scale, kv_heads, k_cache.device, k_cache.dtype))
 
 
-def _scale_tensor(name, s, kv_heads: int, device) -> torch.Tensor:
+@functools.cache
+def scale_range(dtype) -> tuple[float, float]:
+    """The scales an fp8 ``dtype`` cache takes: from float32's smallest subnormal to the
+    largest float32 whose product with the format's largest number is finite in float32 and
+    in bf16 (the torch backend dequantises to a bf16 q's dtype): a larger one makes stored
+    values infinite once dequantised, and the torch backend's output NaN."""
+    top = torch.tensor(fp8_max(dtype), dtype=torch.float32)
+    largest = torch.tensor(float(torch.finfo(torch.bfloat16).max) / float(top),
+                           dtype=torch.float32)
+    while not torch.isfinite((largest * top).to(torch.bfloat16)):
+        largest = torch.nextafter(largest, torch.zeros_like(largest))
+    return FLOAT32_RANGE[0], float(largest)
+
+
+def _scale_tensor(name, s, kv_heads: int, device, dtype) -> torch.Tensor:
     if s is None:
         raise ValueError(f"{name}: required for an fp8 cache (stored value x scale = real value)")
+    largest = scale_range(dtype)[1]
     if isinstance(s, torch.Tensor):
         if s.dtype != torch.float32:
             raise ValueError(f"{name}: expected a float32 tensor, got {s.dtype}")
@@ -120,11 +137,19 @@ def _scale_tensor(name, s, kv_heads: int, device) -> torch.Tensor:
             raise ValueError(f"{name}: is on {s.device} but the cache is on {device}")
         if s.device.type == "cpu" and not bool(torch.isfinite(s).all() & (s > 0).all()):
             raise ValueError(f"{name}: every scale must be finite and positive, got {s.tolist()}")
+        if s.device.type == "cpu" and bool((s > largest).any()):
+            raise ValueError(f"{name}: every scale must be at most {largest:.6g} (the "
+                             f"largest {dtype_name(dtype)} value times it overflows float32), "
+                             f"got {s.tolist()}")
         return s.expand(kv_heads).contiguous() if s.dim() == 0 else s.contiguous()
     if not is_number(s):
         raise ValueError(f"{name}: expected a number or a float32 tensor, got {type(s).__name__}")
     if not in_float32_range(as_float(s)):
         raise ValueError(f"{name}: must be a positive number that float32 holds, got "
+                         f"{as_float(s):.6g}")
+    if as_float(s) > largest:
+        raise ValueError(f"{name}: must be at most {largest:.6g} (the largest "
+                         f"{dtype_name(dtype)} value times it overflows float32), got "
                          f"{as_float(s):.6g}")
     return torch.full((kv_heads,), float(s), dtype=torch.float32, device=device)
 
@@ -147,8 +172,15 @@ def dequantize(x: torch.Tensor, scale: torch.Tensor, dtype, head_axis: int = -2)
 
 def calibrated_scales(x: torch.Tensor, dtype, headroom: float = CALIBRATION_HEADROOM):
     """Per-head scales for fp8 ``dtype`` from sample values ``x`` ``[num_tokens, Hkv, D]``:
-    the head's largest magnitude x ``headroom`` maps to the format's largest number. A head
-    whose sample is all zero gets the scale of magnitude 1. Stays on x's device (no sync)."""
-    amax = x.detach().abs().to(torch.float32).amax(dim=(0, 2))
-    amax = torch.where(torch.isfinite(amax) & (amax > 0), amax, torch.ones_like(amax))
-    return amax * (headroom / fp8_max(dtype))
+    the head's largest finite magnitude x ``headroom`` maps to the format's largest number.
+    NaN and infinities in a sample are ignored (one of them would otherwise decide its head's
+    scale); a head with no finite non-zero value gets the scale of magnitude 1. The scales are
+    clamped to :func:`scale_range`, which :func:`check_kv_scales` accepts: an all-tiny head
+    gets the smallest scale (its values stay tiny, not 0/0), a huge one the largest. Stays on
+    x's device (no sync)."""
+    magnitude = x.detach().abs().to(torch.float32)
+    magnitude = torch.where(torch.isfinite(magnitude), magnitude, torch.zeros_like(magnitude))
+    amax = magnitude.amax(dim=(0, 2))
+    amax = torch.where(amax > 0, amax, torch.ones_like(amax))
+    low, high = scale_range(dtype)
+    return (amax * (headroom / fp8_max(dtype))).clamp(low, high)

@@ -86,10 +86,13 @@ def rows_to_f16(x):
     """``x`` ``[rows, cols]`` as fp16 divided by a power of two per row, and those powers
     ``[rows]``: each row's largest magnitude lands in [2^14, 2^16), so no row overflows fp16
     and a bf16 row converts exactly (elements down to 2^-28 of the row's largest; smaller
-    ones round, far below the row's bf16 rounding)."""
+    ones round, far below the row's bf16 rounding). The power stops at 2^-126 (float32's
+    smallest normal; its inverse 2^126 is finite): a row below 2^-112 lands lower, still
+    well inside fp16."""
     xf = x.to(tl.float32)
     amax = tl.max(tl.abs(xf), 1)
     shift = tl.floor(tl.log2(tl.where(amax > 0, amax, 1.0))) - 14.0  # zero rows stay zero
+    shift = tl.maximum(shift, -126.0)
     return (xf * tl.exp2(-shift)[:, None]).to(tl.float16), tl.exp2(shift)
 
 

@@ -139,9 +139,9 @@ def check_report_output(page, inputs=(), option: str = "--out") -> None:
     data = report_data_dir(page)
     check_outside_inputs(option, page, inputs, data)
     if (page.exists() or page.is_symlink()) and not is_report_page(page):
-        raise ValueError(f"{option}: {page} exists and is not a pagebench report page; "
-                         "pagebench will not overwrite it: give another path, or remove it "
-                         "first")
+        what = "is a symbolic link, not" if page.is_symlink() else "exists and is not"
+        raise ValueError(f"{option}: {page} {what} a pagebench report page; pagebench will "
+                         "not overwrite it: give another path, or remove it first")
     if data.exists() or data.is_symlink():
         why = foreign(data, page)
         if why is not None:

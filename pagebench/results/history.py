@@ -19,14 +19,14 @@ def asv_units(results_dir: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return {k: v.get("unit") for k, v in data.items() if isinstance(v, dict)}
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, RecursionError, AttributeError):
         return {}
 
 
 def asv_machine_info(machine_dir: Path) -> dict:
     try:
         info = json.loads((machine_dir / "machine.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -91,6 +91,9 @@ def load_benchmark_json(results: Results, roots) -> None:
                 doc = json.loads(path.read_text(encoding="utf-8"))
             except (OSError, ValueError, UnicodeDecodeError) as e:
                 results.warn(f"benchmarks: {path}: cannot parse ({type(e).__name__}: {e})")
+                continue
+            except RecursionError:  # nested deeper than Python's stack ('[' x 100,000)
+                results.warn(f"benchmarks: {path}: cannot parse (nested too deeply)")
                 continue
             if not isinstance(doc, dict):
                 continue

@@ -117,6 +117,8 @@ def read_table(path, required=()) -> pd.DataFrame:
         raise
     except (ValueError, UnicodeDecodeError, pd.errors.ParserError, OSError) as e:
         raise DataError(f"{path}: cannot parse ({type(e).__name__}: {e})") from e
+    except RecursionError:  # json nests deeper than Python's stack ('[' x 100,000)
+        raise DataError(f"{path}: cannot parse (nested too deeply)") from None
     if len(frame) == 0:
         raise DataError(f"{path}: holds no rows")
     missing = [c for c in required if c not in frame.columns]

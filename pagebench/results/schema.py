@@ -162,5 +162,12 @@ def coerce(values: pd.Series, col: Column, where: str) -> pd.Series:
     if fractional.any():
         raise DataError(f"{where}: column {col.name}: {numbers[fractional].iloc[0]:g} is not "
                         "an integer")
+    # int64 would wrap a larger value around (2**70 read as -2**63) without a word; compared
+    # as floats (above 2**53 a value is read as one), so -2**63 itself is refused too
+    outside = numbers.notna() & (numbers.abs() >= 2**63)
+    if outside.any():
+        raise DataError(f"{where}: column {col.name}: {values[outside].iloc[0]} (row "
+                        f"{int(outside.to_numpy().argmax()) + 1}) does not fit a 64-bit "
+                        "integer")
     # plain int64 where nothing is missing (what pandas reads back), nullable Int64 otherwise
     return numbers.astype("int64" if numbers.notna().all() else "Int64")

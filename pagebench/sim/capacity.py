@@ -122,6 +122,11 @@ def capacity_plan(model="qwen2.5-0.5b", *, gpu_memory="16GiB",
     Sizes accept ints or strings such as ``"16GiB"`` (binary) and ``"16GB"`` (decimal).
     Returns a flat dict (the JSON of ``pagebench capacity --json``).
     """
+    if kv_dtype is not None:  # checked here, so that its error names it, not ``dtype``
+        try:
+            dtype_bytes(kv_dtype)
+        except ConfigError as e:
+            raise ConfigError(f"kv_dtype: {str(e).removeprefix('dtype: ')}") from None
     if isinstance(model, KVGeometry):
         geometry, config = model, None
         if kv_dtype is not None:

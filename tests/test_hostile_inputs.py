@@ -179,17 +179,18 @@ def test_numpy_integers_are_accepted_wherever_an_int_is(model):
     ``generate`` failed ("num_new: expected an integer >= 0, got np.int64(3)"); numpy
     ``arrival_steps`` were refused while numpy prompt ids were accepted."""
     from pagebench.engine import LLMEngine, SamplingParams
+    from pagebench.engine.trace_replay import generate_at_steps
 
     np = pytest.importorskip("numpy")
     engine = LLMEngine(model, block_size=np.int64(4), num_blocks=np.int32(64),
                        max_num_batched_tokens=np.int64(3), max_num_seqs=np.int16(4),
                        max_model_len=np.int64(64), kernel="torch")
     prompts = [[1, 2, 3, 4, 5], [6, 7]]
-    got = engine.generate(prompts, SamplingParams(max_tokens=3),
-                          arrival_steps=np.array([0, 2]))
+    got, _ = generate_at_steps(engine, prompts, [SamplingParams(max_tokens=3)] * 2,
+                               np.array([0, 2]))
     plain = LLMEngine(model, block_size=4, num_blocks=64, max_num_batched_tokens=3,
                       max_num_seqs=4, max_model_len=64, kernel="torch")
-    want = plain.generate(prompts, SamplingParams(max_tokens=3), arrival_steps=[0, 2])
+    want, _ = generate_at_steps(plain, prompts, [SamplingParams(max_tokens=3)] * 2, [0, 2])
     assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in want]
     assert type(engine.block_size) is int and type(engine.scheduler.max_num_batched_tokens) is int
     assert type(engine.block_manager.block_size) is int and type(engine.num_blocks) is int
@@ -202,12 +203,13 @@ def test_numpy_integers_are_accepted_wherever_an_int_is(model):
 ])
 def test_arrival_steps_that_are_not_integers_are_refused_naming_the_one(model, arrivals,
                                                                         needle):
-    from pagebench.engine import LLMEngine
+    from pagebench.engine import LLMEngine, SamplingParams
+    from pagebench.engine.trace_replay import generate_at_steps
     from pagebench.errors import ConfigError
 
     engine = LLMEngine(model, block_size=4, num_blocks=64, kernel="torch")
     with pytest.raises(ConfigError) as e:
-        engine.generate([[1, 2], [3]], arrival_steps=arrivals)
+        generate_at_steps(engine, [[1, 2], [3]], [SamplingParams()] * 2, arrivals)
     assert needle in str(e.value)
 
 

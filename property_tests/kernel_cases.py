@@ -50,7 +50,7 @@ def decode_cases(draw, backend, large=False):
     if not b.supports_block_size(block_size):
         block_size = draw(st.sampled_from([16, 32]))
     kv_heads = draw(st.sampled_from([1, 2]) if not large else st.sampled_from([1, 2, 8]))
-    ratio = draw(st.sampled_from([1, 2, 4, 7, 8, 16]))
+    ratio = draw(st.sampled_from([r for r in (1, 2, 4, 7, 8, 16) if b.supports_group(r)]))
     head_dims = [16, 32, 64] if not large else [64, 80, 96, 128, 256]
     head_dim = draw(st.sampled_from([d for d in head_dims if b.supports_head_dim(d)]))
     num_seqs = draw(st.integers(1, 3 if not large else 8))

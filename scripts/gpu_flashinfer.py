@@ -156,7 +156,8 @@ def per_tensor_fp8(inp, cache_dtype):
     out = {}
     for name in ("k", "v"):
         cache = getattr(inp, f"{name}_cache").float()
-        amax = cache.abs().amax().clamp_min(1e-6)
+        # the largest finite magnitude: a poisoned (NaN) slot must not make the scale NaN
+        amax = torch.where(cache.isfinite(), cache.abs(), 0).amax().clamp_min(1e-6)
         s = (amax / fp8_max(cache_dtype)).expand(cache.shape[2]).contiguous()
         out[f"{name}_cache"] = quantize(cache, s, cache_dtype)
         out[f"{name}_scale"] = s.float()

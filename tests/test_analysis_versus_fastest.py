@@ -118,3 +118,21 @@ def test_the_batch1_claim_words_each_familys_verdicts_at_block_16():
     text = family_verdicts(derive.family_batch1(df))
     assert text == "triton (H100): slower 1, within noise 1 of 2 (1.00–1.05×)"
     assert family_verdicts(pd.DataFrame()) == ""
+
+
+def test_block_cost_is_judged_per_kernel_against_its_own_best_block():
+    from pagebench.analysis.claims import block_cost_per_kernel_text
+
+    df = pd.DataFrame([row("triton-paged", 12.0, block_size=1), row("triton-paged", 10.0),
+                       row("flashinfer-paged", 20.0, block_size=1),
+                       row("flashinfer-paged", 25.0),  # its best block is 1, not 16
+                       row("triton-paged", 33.0, block_size=1, context=1024),
+                       row("triton-paged", 30.0, context=1024)])
+    out = derive.block_cost_per_kernel(df).set_index(["kernel", "block_size"])
+    assert out.loc[("triton", 1), "relative_time"] == pytest.approx((1.2 + 1.1) / 2)
+    assert out.loc[("triton", 1), ["relative_low", "relative_high"]].tolist() == pytest.approx(
+        [1.1, 1.2])
+    assert out.loc[("triton", 16), "relative_time"] == 1.0 and out.loc[("triton", 1), "cases"] == 2
+    assert out.loc[("flashinfer", 16), "relative_time"] == pytest.approx(1.25)
+    assert block_cost_per_kernel_text(derive.block_cost_per_kernel(df)) == (
+        "flashinfer (H100): 1: 1.00×, 16: 1.25×; triton (H100): 1: 1.15×, 16: 1.00×")

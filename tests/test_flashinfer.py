@@ -200,3 +200,16 @@ def test_bench_times_each_lengths_spec_as_an_axis(tmp_path):
     tokens = {spec: g["kv_bytes"].iloc[0] // (2 * 2 * 16 * 4) for spec, g in df.groupby("lengths")}
     assert tokens["uniform"] == 4 * 64
     assert tokens["lognormal:0,0.8"] == sum(batch_lengths("lognormal:0,0.8", 4, 64, seed=4))
+
+
+def test_the_cuda_core_decode_refuses_a_group_it_has_no_kernel_for(monkeypatch):
+    built = []
+    monkeypatch.setattr(fi, "_workspace", lambda device: built.append(device))
+    inp = make_paged_inputs([5, 9], 28, 4, 8, 4, poison=False)  # Qwen2.5-7B's 7 per KV head
+    with pytest.raises(ValueError, match=r"^q: FlashInfer's CUDA-core decode takes .* got 7 "
+                                         r"\(28/4\); backend 'flashinfer-tc' takes any"):
+        fi.decode(inp.q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, 0.3)
+    assert built == []
+    for group in fi.CUDA_CORE_GROUPS:
+        fi.check_group(4 * group, 4, tensor_cores=False)  # no error
+    fi.check_group(28, 4, tensor_cores=True)

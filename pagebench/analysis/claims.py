@@ -483,7 +483,24 @@ def block16_sweet_spot(results: Results) -> Measured | None:
                 f"(block {int(smallest['block_size'])}: {smallest['relative_time']:.2f}×)")
         parts.append(judged_part(label in judged, (u1 - u16, t), text,
                                  f"{t:.2f}× the best block's kernel time", label))
-    return Measured(parts, ", ".join(sorted(judged)))
+    per_kernel = block_cost_per_kernel_text(derive.table(results, "kernels_block_cost_kernel"))
+    note = ". Per kernel, block 1 and block 16 over its best block: " + per_kernel \
+        if per_kernel else ""
+    return Measured(parts, ", ".join(sorted(judged)), note)
+
+
+def block_cost_per_kernel_text(table: pd.DataFrame) -> str:
+    """'triton (H100): 1: 1.02×, 16: 1.00×; ...': each paged kernel's median time at blocks 1
+    and 16 over its best block (``derive.block_cost_per_kernel``)."""
+    if table.empty:
+        return ""
+    out = []
+    for (kernel, label), g in table.groupby(["kernel", "device_label"]):
+        sizes = g[g["block_size"].isin((1, derive.PRIMARY_BLOCK_SIZE))]
+        if len(sizes):
+            out.append(f"{kernel} ({label}): " + ", ".join(
+                f"{int(r.block_size)}: {r.relative_time:.2f}×" for r in sizes.itertuples()))
+    return "; ".join(out)
 
 
 # ---- engine: one part per machine and run ------------------------------------------------

@@ -377,12 +377,37 @@ def kernel_cost_per_block(kernels) -> pd.DataFrame:
     return out
 
 
+def block_cost_per_kernel(kernels) -> pd.DataFrame:
+    """:func:`kernel_cost_per_block` per paged kernel (``kernel``: triton, flashinfer,
+    flashinfer-tc, ...), so a block size's cost is judged on every backend that takes it:
+    each case's time at a block size over that kernel's best block there, the median over the
+    cases (``relative_time``) and their range (``relative_low``, ``relative_high``), of one
+    commit per device (the newest with such cases)."""
+    df = kernel_rows(kernels)
+    if df is None:
+        return pd.DataFrame()
+    keys = ["device_label", "kernel", "shape", "batch", "context", *RUN]
+    paged = df[df["paged"]].dropna(subset=["block_size", "kernel"])
+    best = _best(paged, keys + ["block_size"])[keys + ["block_size", "time_us"]].copy()
+    best["relative_time"] = best["time_us"] / best.groupby(keys)["time_us"].transform("min")
+    rel = best[best.groupby(keys)["block_size"].transform("nunique") > 1]
+    if rel.empty:
+        return pd.DataFrame()
+    rel = newest_run(rel, ["device_label"])
+    out = rel.groupby(["device_label", "commit", "kernel", "block_size"])["relative_time"].agg(
+        relative_time="median", relative_low="min", relative_high="max",
+        cases="size").reset_index()
+    out["block_size"] = out["block_size"].astype(int)
+    return out
+
+
 # the kernel tables the report shows, the claims judge and the report saves: name -> function
 # of dataset "kernels"
 KERNEL_TABLES = {"kernels_timed": kernel_rows, "kernels_batch1_ratio": batch1_ratio,
                  "kernels_throughput": throughput, "kernels_bandwidth": bandwidth,
                  "kernels_block_cost": kernel_cost_per_block,
-                 "kernels_vs_fastest": versus_fastest, "kernels_batch1_family": family_batch1}
+                 "kernels_vs_fastest": versus_fastest, "kernels_batch1_family": family_batch1,
+                 "kernels_block_cost_kernel": block_cost_per_kernel}
 
 
 def table(results, name: str, compute=None) -> pd.DataFrame:

@@ -136,6 +136,7 @@ def _flashinfer_variant(tensor_cores: bool):
 # Registered only where the package is installed (pagebench[flashinfer]); `is_available` then
 # imports it. Opt-in, like cuda-fp8: "auto" keeps Triton; the sweeps time it by name.
 if importlib.util.find_spec("flashinfer") is not None:
+    from pagebench.kernels.flashinfer import CUDA_CORE_GROUPS
     from pagebench.kernels.flashinfer import HEAD_DIMS as FI_HEAD_DIMS
     from pagebench.kernels.flashinfer import flashinfer_available
 
@@ -148,6 +149,7 @@ if importlib.util.find_spec("flashinfer") is not None:
             graph_capturable=("decode",) if _tc else ("decode", "prefill"),
             head_dims=", ".join(map(str, FI_HEAD_DIMS)),
             supports_head_dim=lambda d: d in FI_HEAD_DIMS, scratch_ratio=0.0,
+            supports_group=(lambda g: g >= 1) if _tc else (lambda g: g in CUDA_CORE_GROUPS),
             description="FlashInfer's paged " + ("decode on tensor cores (its prefill kernel, "
                         "one query row per sequence)" if _tc else "decode (CUDA cores) and "
                         "causal prefill") + ", FA2 kernels JIT-compiled, planned once per "

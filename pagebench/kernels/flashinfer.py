@@ -12,7 +12,9 @@ of the other backends, ``value_checks.CheckedValues``) and its cost is kept on t
 Two decode variants: ``flashinfer`` (CUDA-core decode) and ``flashinfer-tc`` (tensor cores,
 FlashInfer's prefill kernel with one query row per sequence); prefill (causal, aligned to each
 sequence's end) on ``flashinfer``. Both use FlashInfer's FA2 kernels (``FI_BACKEND``), which
-JIT-compile in about a minute each; FA3 builds take longer.
+nvcc builds on first use (16-58 s each on an H100, docs/flashinfer.md). The CUDA-core decode
+is compiled for 1, 2, 3, 4, 6, 8 or 16 query heads per KV head only; other groups (Qwen2.5-7B's
+7) are refused with a ValueError naming ``flashinfer-tc``, which takes any.
 
 fp8 caches: FlashInfer takes one ``k_scale`` and one ``v_scale`` per call (scalars), pagebench
 one per KV head. Equal per-head scales are passed as FlashInfer's scalar; differing ones are
@@ -33,10 +35,15 @@ import torch
 
 from pagebench.kernels.value_checks import CheckedValues
 
-WORKSPACE_BYTES = 128 * 2**20  # FlashInfer's recommended float workspace (split-KV partials)
+# the float workspace (split-KV partials): FlashInfer recommends 128 MiB, which its prefill
+# plan outgrows from a few thousand query tokens (128 x 128 tokens, Llama-3-8B heads: 335 MB)
+WORKSPACE_BYTES = 512 * 2**20
 PLAN_CACHE_ENTRIES = 16  # each planned wrapper holds its own index and int workspace buffers
 FI_BACKEND = "fa2"
 HEAD_DIMS = (64, 128, 256)  # the head sizes FlashInfer instantiates for its FA2 kernels
+# query heads per KV head the CUDA-core decode is compiled for (its DISPATCH_GQA_GROUP_SIZE);
+# the tensor-core decode takes any
+CUDA_CORE_GROUPS = (1, 2, 3, 4, 6, 8, 16)
 PLANS = CheckedValues(PLAN_CACHE_ENTRIES)
 
 
@@ -125,6 +132,17 @@ class Plan:
         return self.wrapper.run(q, (k_cache, v_cache), **kwargs)
 
 
+def check_group(num_q_heads: int, num_kv_heads: int, tensor_cores: bool) -> None:
+    """A ValueError where the CUDA-core decode has no kernel for this many query heads per KV
+    head (Qwen2.5-7B's 28/4 = 7, say), before FlashInfer fails inside its dispatch."""
+    group = num_q_heads // num_kv_heads
+    if not tensor_cores and group not in CUDA_CORE_GROUPS:
+        raise ValueError(
+            f"q: FlashInfer's CUDA-core decode takes {', '.join(map(str, CUDA_CORE_GROUPS))} "
+            f"query heads per KV head, got {group} ({num_q_heads}/{num_kv_heads}); "
+            "backend 'flashinfer-tc' takes any")
+
+
 def _scales(k_scale, v_scale):
     return (None, None) if k_scale is None else scalar_scales(k_scale, v_scale)
 
@@ -133,7 +151,8 @@ def plan_decode(block_tables, seq_lens, k_scale, v_scale, *, tensor_cores: bool,
                 num_q_heads: int, num_kv_heads: int, head_dim: int, block_size: int,
                 q_dtype, kv_dtype, scale: float) -> Plan:
     """A decode wrapper planned for this table (``k_scale``/``v_scale``: fp8 only, else None)."""
-    ks, vs = _scales(k_scale, v_scale)  # a refusal comes before anything is built
+    check_group(num_q_heads, num_kv_heads, tensor_cores)  # refusals come before anything is built
+    ks, vs = _scales(k_scale, v_scale)
     import flashinfer
 
     t0 = time.perf_counter()

@@ -95,6 +95,9 @@ class Backend:
     prepare: Mapping[str, Callable] = field(default_factory=dict, compare=False)
     sweep_block_sizes: tuple[int, ...] | None = None  # None: every block size swept
     scratch_ratio: float = 0.125  # device memory per call / K/V bytes read
+    # query heads per KV head its decode has a kernel for (checked by the kernel itself, which
+    # refuses others with a ValueError; the property tests draw only these)
+    supports_group: Callable[[int], bool] = _always_true
 
     def operations(self) -> tuple[str, ...]:
         return tuple(op for op in OPERATIONS if getattr(self, op) is not None)
@@ -166,14 +169,16 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
                      description: str = "", auto_devices=None, nan_safe: bool = True,
                      cache_dtypes=None, reads_cache_on=None, graph_capturable=(), prepare=None,
                      sweep_block_sizes=None, scratch_ratio: float = 0.125,
-                     reads_own_dtype: bool = True, replace: bool = False) -> Backend:
+                     reads_own_dtype: bool = True, supports_group: Callable[[int], bool] = _always_true,
+                     replace: bool = False) -> Backend:
     """Add a backend. At least one of decode/prefill/contiguous; ``replace=True`` to overwrite.
     ``cache_dtypes``: the paged cache dtypes it reads (default: q's dtype only; list fp8
     dtypes to be called with ``k_scale``/``v_scale`` on fp8 caches; ``reads_cache_on``: which
     of them a device reads, where the hardware decides; ``reads_own_dtype=False``: only those
     fp8 dtypes, not a cache of q's dtype). ``graph_capturable``,
     ``prepare``, ``sweep_block_sizes``, ``scratch_ratio``: what the timing sweeps need (see
-    the module docstring)."""
+    the module docstring). ``supports_group``: the query heads per KV head its decode takes
+    (default any)."""
     if not isinstance(name, str) or not name or name == "auto":
         raise ValueError(f"name: must be a non-empty string other than 'auto', got {name!r}")
     if name in _REGISTRY and not replace:
@@ -201,6 +206,8 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
     if not reads_own_dtype and not cache_dtypes:
         raise ValueError("reads_own_dtype: a backend that reads no cache of q's dtype must list "
                          "the cache_dtypes it reads")
+    if not callable(supports_group):
+        raise ValueError(f"supports_group: expected a callable, got {type(supports_group).__name__}")
     if reads_cache_on is not None and not callable(reads_cache_on):
         raise ValueError(f"reads_cache_on: expected a callable, got {type(reads_cache_on).__name__}")
     for op, hook in prepare.items():
@@ -221,7 +228,8 @@ def register_backend(name: str, *, decode=None, prefill=None, contiguous=None,
         None if cache_dtypes is None else tuple(cache_dtypes), reads_cache_on=reads_cache_on,
         graph_capturable=tuple(graph_capturable), prepare=prepare,
         sweep_block_sizes=None if sweep_block_sizes is None else tuple(sweep_block_sizes),
-        scratch_ratio=float(scratch_ratio), reads_own_dtype=bool(reads_own_dtype))
+        scratch_ratio=float(scratch_ratio), reads_own_dtype=bool(reads_own_dtype),
+        supports_group=supports_group)
     _REGISTRY[name] = backend
     return backend
 

@@ -450,6 +450,12 @@ KERNELS = (
          ("device_label", "shape", "backend", "block_size", "batch", "context", "time_us",
           "q20_us", "q80_us", "gbps", "copy_gbps", "timed_as"), plot=bandwidth_plots,
          missing="achieved bandwidth (needs gbps and copy_gbps columns)"),
+    View("kernels_block_cost_kernel", "Kernel cost per block size, per kernel",
+         ("device_label", "kernel", "block_size", "relative_time", "relative_low",
+          "relative_high", "cases"),
+         text="Each paged kernel's time at a block size over its own best block size at the "
+         "same case (median, and range over the cases): does FlashInfer's block 1 cost what "
+         "Triton's does?"),
     View("kernels_block_cost", "Kernel cost per block size", plot=lambda cost: plots.lines(
              cost, "block_size", "relative_time", "device_label",
              "Paged kernel time per block size (1.0 = best block size; median over cases of "

@@ -492,6 +492,14 @@ KERNELS_PREFILL_VS_FASTEST = schema(
     C("cached", "int", "cached tokens per sequence"), C("backend", "str", "timed variant"),
     TIME_US, C("relative_time", "float", "time / the fastest backend's at the point"),
     C("fastest", "str", "the fastest backend at the point"), environment=False)
+KERNELS_BLOCK_COST_KERNEL = schema(
+    "kernels_block_cost_kernel", "one paged kernel's time at one block size over its best "
+    "block's, over the cases of one commit per device (the newest with several block sizes)",
+    DEVICE_LABEL, C("commit", "str", "the commit measured"), C("kernel", "str", "registry backend"),
+    BLOCK_SIZE, C("relative_time", "float", "median over cases of time / best block's time"),
+    C("relative_low", "float", "the smallest over the cases"),
+    C("relative_high", "float", "the largest over the cases"),
+    C("cases", "int", "(shape, batch, context) cases"), environment=False)
 KERNELS_BATCH1_FAMILY = schema(
     "kernels_batch1_family", "batch 1, one paged-kernel family at one context and block size: "
     "its fastest paged time over its contiguous baseline, with the repeats' spread",
@@ -549,7 +557,8 @@ DERIVED: dict[str, Schema] = {s.name: s for s in (
     SERVING_MAX_RATE, SERVING_PREDICTION,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, KERNELS_VS_FASTEST, KERNELS_BATCH1_FAMILY,
-    KERNELS_PREFILL_VS_FASTEST, RECOMMENDATION, RECOMMENDATION_TRACES, FP8_DECODE, LAYOUT_SPREAD,
+    KERNELS_PREFILL_VS_FASTEST, KERNELS_BLOCK_COST_KERNEL, RECOMMENDATION, RECOMMENDATION_TRACES,
+    FP8_DECODE, LAYOUT_SPREAD,
     TP_ALLREDUCE_STEP, SWEEP_WALL_SPEEDUP)}
 
 # file-name prefix under reports/data/<machine>/ -> dataset; first match wins; None: a file the

@@ -16,7 +16,8 @@ import pytest
 from pagebench.cli import build_parser, main, options
 
 REPO = Path(__file__).resolve().parents[1]
-RESULT_COMMANDS = ("simulate", "capacity", "bench", "engine-bench", "tp-bench", "bench-compare")
+RESULT_COMMANDS = ("simulate", "capacity", "bench", "engine-bench", "tp-bench", "bench-compare",
+                   "kv-accuracy")
 HEAVY = ("torch", "numpy", "pandas", "matplotlib", "transformers")
 
 

@@ -17,7 +17,7 @@ from pagebench.cli import build_parser, main, options
 
 REPO = Path(__file__).resolve().parents[1]
 RESULT_COMMANDS = ("simulate", "capacity", "bench", "engine-bench", "tp-bench", "bench-compare",
-                   "serve-bench", "step-cost-fit")
+                   "serve-bench", "step-cost-fit", "kv-accuracy")
 HEAVY = ("torch", "numpy", "pandas", "matplotlib", "transformers")
 
 

@@ -52,3 +52,21 @@ def test_the_shipped_model_predicts_held_out_text_and_the_rows_have_the_schema()
     assert row["tokens"] == 2 * 127 and 0.5 < row["top1_agreement"] <= 1
     # a byte model with real structure: far below the 260-way vocabulary's uniform guess
     assert 1 < row["perplexity_reference"] < 60 and 1 < row["perplexity"] < 60
+
+
+def test_cli_writes_the_dataset_and_refuses_a_window_past_the_model(tmp_path, capsys):
+    import json
+
+    import pandas as pd
+
+    from pagebench.cli import main
+    from pagebench.results import DATASETS
+
+    out = tmp_path / "kv_accuracy.csv"
+    assert main(["kv-accuracy", "--windows", "1", "--length", "32", "--block-sizes", "16",
+                 "--json", "--out", str(out)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["kv_dtype"] for r in rows] == ["bfloat16", "fp8_e4m3", "fp8_e5m2"]
+    DATASETS["kv_accuracy"].validate(pd.read_csv(out), "test")
+    assert main(["kv-accuracy", "--length", "2000"]) == 2
+    assert "--length" in capsys.readouterr().err

@@ -795,3 +795,16 @@ def test_cpu_triton_rows_are_labelled_interpreted_and_keep_their_spread():
     assert {"q20_us", "q80_us"} <= set(tput.columns)
     gpu = derive.kernel_rows(synthetic_results().get("kernels"))
     assert (gpu["timed_as"] == "").all()
+
+
+def test_equal_memory_is_judged_on_the_gpu_when_one_measured_it():
+    results = synthetic_results()
+    gpu = results.get("engine_equal_memory").assign(device="cuda:0")
+    cpu = gpu.assign(device="cpu", device_name="x86_64", machine="CPU (2-core x86_64)")
+    cpu.loc[cpu["method"] == "engine_contiguous_batch", "tokens_per_s_max"] = 3200.0
+    results.frames["engine_equal_memory"] = pd.concat([gpu, cpu], ignore_index=True)
+    c = by_key(results)["memory_buys_throughput"]
+    assert c.verdict == HOLDS and c.device == "Synthetic GPU"
+    assert "(CPU; not judged: a GPU measured it)" in c.measured
+    results.frames["engine_equal_memory"] = cpu
+    assert by_key(results)["memory_buys_throughput"].verdict == WITHIN_NOISE

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-from pagebench.cli.options import (check_output_file, format_table, int_list, integer,
-                                   write_results)
+from pagebench.cli.options import (add_output_options, check_output_file, dumps, format_table,
+                                   int_list, integer, write_results)
 
 COLUMNS = [("kv_dtype", "KV dtype", 0), ("reference_dtype", "reference", 0),
            ("block_size", "block", 0), ("perplexity", "perplexity", 4),
@@ -26,8 +26,9 @@ def register(sub) -> None:
                    help="tokens per window, at most the model's 1,024 (default: %(default)s)")
     p.add_argument("--block-sizes", type=int_list, default=[1, 16, 128],
                    help="comma-separated block sizes (default: 1,16,128)")
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--out", default=None, metavar="FILE", help="also write the rows (CSV/JSON)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="where the model runs (default: %(default)s)")
+    add_output_options(p, "rows (dataset kv_accuracy)")
     p.set_defaults(func=run)
 
 
@@ -37,5 +38,5 @@ def run(args) -> int:
 
     rows = accuracy_rows(args.windows, args.length, tuple(args.block_sizes), device=args.device)
     write_results(args.out, rows)
-    print(format_table(rows, COLUMNS))
+    print(dumps(rows) if args.json else format_table(rows, COLUMNS))
     return 0

@@ -337,3 +337,79 @@ def test_a_failed_torchrun_job_is_an_error_with_its_output(one_process, monkeypa
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     with pytest.raises(PagebenchError, match="exit status 1.*--backends: not available here"):
         time_torchrun(1, ["-m", "pagebench", "bench", "--backends", "nope"])
+
+
+# ---- the collectives' path on one device: a process group of one -------------------------
+
+@pytest.fixture
+def world_of_one(tmp_path, monkeypatch):
+    """A default process group of one rank (gloo on the CPU, NCCL on CUDA), torn down after."""
+    import torch.distributed as dist
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+
+    def start(backend):
+        options = {"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}
+        dist.init_process_group(backend, init_method=f"file://{tmp_path}/store", rank=0,
+                                world_size=1, **options)
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def counted_all_reduces(engine):
+    """Count the all-reduces ``engine``'s hooks issue from Python (a replayed graph issues its
+    own without calling back)."""
+    calls = []
+    original = engine.tp.all_reduce
+    engine.tp.all_reduce = lambda x: (calls.append(x.shape), original(x))[1]
+    from pagebench.engine.parallel import _add_reduce_hooks
+    _add_reduce_hooks(engine.model, engine.tp)
+    return calls
+
+
+def test_always_all_reduce_needs_a_group_and_leaves_the_outputs_alike(world_of_one, monkeypatch):
+    from pagebench.engine import LLMEngine
+    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+
+    model = tiny_model()
+    with pytest.raises(ConfigError, match="no process group"):
+        LLMEngine(model, num_blocks=64, always_all_reduce=True)
+    assert getattr(model, "pagebench_reduce_hooks", []) == []
+    world_of_one("gloo")
+    prompts = random_prompts(3, 2, 9, 64, seed=1)
+    want = greedy_tokens(LLMEngine(model, num_blocks=64), prompts, 5)
+    reducing = LLMEngine(model, num_blocks=64, always_all_reduce=True)
+    calls = counted_all_reduces(reducing)
+    assert greedy_tokens(reducing, prompts, 5) == want
+    layers = model.config.num_hidden_layers
+    assert len(calls) == 2 * layers * len(reducing.stats.steps)  # o_proj, down_proj per layer
+    plain = LLMEngine(model, num_blocks=64)  # a plain engine removes the hooks again
+    assert model.pagebench_reduce_hooks == [] and plain.tp.group is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True], ids=["graphs", "compiled+graphs"])
+def test_graphs_capture_nccl_all_reduces_and_equal_eager_gpu(world_of_one, compiled):
+    """tp=1 under an NCCL world of one with the all-reduces on: the decode graphs hold them
+    (no all-reduce is called from Python during a replayed step) and the tokens equal eager."""
+    from pagebench.engine import LLMEngine
+    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+
+    world_of_one("nccl")
+    prompts = random_prompts(5, 1, 120, 64, seed=4)
+    kw = dict(kernel="triton", block_size=16, num_blocks=512, max_num_seqs=8,
+              always_all_reduce=True)
+    eager = LLMEngine(tiny_model(device="cuda"), enforce_eager=True, **kw)
+    want = greedy_tokens(eager, prompts, 24)
+    graphs = LLMEngine(tiny_model(device="cuda"), compile_model=compiled, **kw)
+    assert graphs.graphs()["cuda_graphs"], graphs.graphs()
+    calls = counted_all_reduces(graphs)
+    assert greedy_tokens(graphs, prompts, 24) == want
+    replays = graphs.runner.decode_graphs.num_replays
+    eager_steps = len(graphs.stats.steps) - replays
+    assert replays > 0
+    assert len(calls) == 2 * graphs.model.config.num_hidden_layers * eager_steps

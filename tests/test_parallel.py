@@ -250,11 +250,135 @@ def test_tp_bench_throughput_and_allreduce_under_torchrun(tp_bench_files):
                                              "tp=2, default (no graphs)", "tp=2, eager"]
     assert list(tput["batch"]) == [1, 2] * 4 and (tput["tokens_per_s"] > 0).all()
     assert not tput["cuda_graphs"].any()
+    assert list(tput["baseline_alone"].fillna(False)) == [True] * 4 + [False] * 4
     reduce = rows_of("tp_allreduce", tp_bench_files / "allreduce.csv")
     assert list(reduce["batch"]) == [1, 2] and (reduce["tp"] == 2).all()
     assert (reduce["allreduce_calls_per_step"] == 4).all()  # 2 layers x (o_proj, down_proj)
     assert ((reduce["allreduce_share"] > 0) & (reduce["allreduce_share"] < 1)).all()
     assert (reduce["isolated_allreduce_us"] > 0).all()
+
+
+@pytest.mark.slow  # torchrun: two processes
+def test_tp_bench_allreduce_bandwidth_rows_under_torchrun(tp_bench_files):
+    bw = rows_of("tp_allreduce_bw", tp_bench_files / "allreduce-bw.csv")
+    assert list(bw["batch"]) == [1, 2, 8]  # ascending, whatever the order asked
+    assert list(bw["bytes"]) == [b * 128 * 2 for b in (1, 2, 8)]  # hidden 128, bf16
+    assert bw["bytes"].is_monotonic_increasing
+    assert (bw["world"] == 2).all() and (bw["backend"] == "gloo").all()
+    assert (bw["time_us"] > 0).all()
+    # nccl-tests' bus bandwidth at n=2: the algorithm bandwidth itself
+    assert bw["busbw_gbps"].tolist() == pytest.approx(bw["algbw_gbps"].tolist())
+    assert bw["algbw_gbps"].tolist() == pytest.approx(
+        (bw["bytes"] / bw["time_us"] / 1e3).tolist())
+
+
+def test_bus_bandwidth_is_nccl_tests_definition():
+    from pagebench.engine.parallel_bench import bus_bandwidth
+
+    assert bus_bandwidth(1000, 1e-6, 2) == pytest.approx(1e9)
+    assert bus_bandwidth(1000, 1e-6, 4) == pytest.approx(1.5e9)
+    assert bus_bandwidth(1000, 1e-6, 8) == pytest.approx(1.75e9)
+
+
+def test_mode_labels_name_the_way_the_gpus_were_used():
+    from pagebench.engine.parallel_bench import mode_label
+
+    assert mode_label(2, False, True) == "tp=2, CUDA graphs"
+    assert mode_label(1, True, False) == "tp=1, eager"
+    assert mode_label(1, False, True, replicas=2) == "2 replicas, CUDA graphs"
+    assert mode_label(2, False, False) == "tp=2, default (no graphs)"
+
+
+# ---- data-parallel replicas ----------------------------------------------------------------
+
+def test_round_robin_split_gives_every_request_to_one_replica():
+    from pagebench.engine.replicas import split_round_robin
+
+    assert split_round_robin(5, 2) == [[0, 2, 4], [1, 3]]
+    assert split_round_robin(1, 3) == [[0], [], []]
+    shares = split_round_robin(17, 4)
+    assert sorted(i for share in shares for i in share) == list(range(17))
+    with pytest.raises(ConfigError, match="replicas"):
+        split_round_robin(4, 0)
+
+
+def test_merge_generations_refuses_a_request_run_twice_or_never():
+    from pagebench.engine.replicas import merge_generations
+    from pagebench.errors import PagebenchError
+
+    def part(indices, seconds):
+        return [dict(indices=indices, token_ids=[[i] for i in indices], seconds=seconds,
+                     num_steps=1, decode_tokens_per_s=1.0, cuda_graphs=False)]
+
+    merged = merge_generations([part([0, 2], 0.5), part([1], 0.75)], 0, 3)
+    assert merged["token_ids"] == [[0], [1], [2]] and merged["seconds"] == 0.75
+    assert merged["num_tokens"] == 3
+    with pytest.raises(PagebenchError, match="request 0 ran on two replicas"):
+        merge_generations([part([0], 1), part([0, 1], 1)], 0, 2)
+    with pytest.raises(PagebenchError, match=r"requests \[1\] ran on no replica"):
+        merge_generations([part([0], 1), part([], 1)], 0, 2)
+
+
+def test_replicas_refuse_more_gpus_than_visible_and_a_torchrun_world(one_process, monkeypatch):
+    from pagebench.engine.parallel_bench import replica_throughput
+    from pagebench.engine.replicas import check_replicas
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="2 replicas need as many GPUs; 1 visible"):
+        check_replicas(2, "cuda")
+    assert check_replicas(3, "cpu") == 3
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="run as one process"):
+        replica_throughput(None, "1MiB", 2)
+
+
+@pytest.mark.slow  # spawns two processes
+def test_two_replicas_split_the_requests_and_equal_one_engine(one_process):
+    from functools import partial
+
+    from pagebench.engine import LLMEngine
+    from pagebench.engine import replicas as dp
+    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+    from pagebench.engine.sampling import SamplingParams
+
+    prompts = random_prompts(7, 2, 20, 1024, seed=2)
+    params = SamplingParams(max_tokens=5, ignore_eos=True)
+    shares = dp.split_round_robin(len(prompts), 2)
+    setup = dp.ReplicaSetup(partial(tiny_model), "cpu", dict(num_blocks=64), threads=1)
+    out = dp.run_replicas(setup, dp.timed_generate,
+                          [[(share, [prompts[j] for j in share], params)] for share in shares])
+    assert [part[0]["indices"] for part in out] == [[0, 2, 4, 6], [1, 3, 5]]
+    run = dp.merge_generations(out, 0, len(prompts))
+    assert run["token_ids"] == greedy_tokens(LLMEngine(tiny_model(), num_blocks=64), prompts, 5)
+    assert run["num_tokens"] == 7 * 5 and run["seconds"] > 0
+
+
+@pytest.mark.slow  # spawns two processes
+def test_tp_bench_replicas_writes_aggregate_rows(one_process, tmp_path):
+    code, out, err = run_cli("tp-bench", "replicas", "--device", "cpu", "--kv-memory", "1MiB",
+                             "--batch-sizes", "1,3", "--prompt-len", "4", "--max-tokens", "2",
+                             "--out", str(tmp_path / "replicas.csv"))
+    assert code == 0, err
+    rows = rows_of("tp_throughput", tmp_path / "replicas.csv")
+    assert list(rows["batch"]) == [1, 3] and (rows["replicas"] == 2).all()
+    assert (rows["mode"] == "2 replicas, default (no graphs)").all()
+    assert (rows["tokens_per_s"] == rows["batch"] * 2 / rows["time_s"]).all()
+    assert "2 replicas" in out
+
+
+@pytest.mark.slow  # spawns a process
+def test_a_failing_replica_is_an_error_naming_it(one_process):
+    from functools import partial
+
+    from pagebench.engine import replicas as dp
+    from pagebench.engine.bench import tiny_model
+    from pagebench.errors import PagebenchError
+
+    setup = dp.ReplicaSetup(partial(tiny_model), "cpu", dict(num_blocks=-1), threads=1)
+    with pytest.raises(PagebenchError, match="^replica 0 failed: ConfigError: num_blocks: must "
+                       "be a positive integer, got -1$"):
+        dp.run_replicas(setup, dp.timed_generate, [[]])
 
 
 def run_cli(*argv):
@@ -337,3 +461,79 @@ def test_a_failed_torchrun_job_is_an_error_with_its_output(one_process, monkeypa
     monkeypatch.setenv("PYTHONPATH", env["PYTHONPATH"])
     with pytest.raises(PagebenchError, match="exit status 1.*--backends: not available here"):
         time_torchrun(1, ["-m", "pagebench", "bench", "--backends", "nope"])
+
+
+# ---- the collectives' path on one device: a process group of one -------------------------
+
+@pytest.fixture
+def world_of_one(tmp_path, monkeypatch):
+    """A default process group of one rank (gloo on the CPU, NCCL on CUDA), torn down after."""
+    import torch.distributed as dist
+
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+
+    def start(backend):
+        options = {"device_id": torch.device("cuda", 0)} if backend == "nccl" else {}
+        dist.init_process_group(backend, init_method=f"file://{tmp_path}/store", rank=0,
+                                world_size=1, **options)
+    yield start
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def counted_all_reduces(engine):
+    """Count the all-reduces ``engine``'s hooks issue from Python (a replayed graph issues its
+    own without calling back)."""
+    calls = []
+    original = engine.tp.all_reduce
+    engine.tp.all_reduce = lambda x: (calls.append(x.shape), original(x))[1]
+    from pagebench.engine.parallel import _add_reduce_hooks
+    _add_reduce_hooks(engine.model, engine.tp)
+    return calls
+
+
+def test_always_all_reduce_needs_a_group_and_leaves_the_outputs_alike(world_of_one, monkeypatch):
+    from pagebench.engine import LLMEngine
+    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+
+    model = tiny_model()
+    with pytest.raises(ConfigError, match="no process group"):
+        LLMEngine(model, num_blocks=64, always_all_reduce=True)
+    assert getattr(model, "pagebench_reduce_hooks", []) == []
+    world_of_one("gloo")
+    prompts = random_prompts(3, 2, 9, 64, seed=1)
+    want = greedy_tokens(LLMEngine(model, num_blocks=64), prompts, 5)
+    reducing = LLMEngine(model, num_blocks=64, always_all_reduce=True)
+    calls = counted_all_reduces(reducing)
+    assert greedy_tokens(reducing, prompts, 5) == want
+    layers = model.config.num_hidden_layers
+    assert len(calls) == 2 * layers * len(reducing.stats.steps)  # o_proj, down_proj per layer
+    plain = LLMEngine(model, num_blocks=64)  # a plain engine removes the hooks again
+    assert model.pagebench_reduce_hooks == [] and plain.tp.group is None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True], ids=["graphs", "compiled+graphs"])
+def test_graphs_capture_nccl_all_reduces_and_equal_eager_gpu(world_of_one, compiled):
+    """tp=1 under an NCCL world of one with the all-reduces on: the decode graphs hold them
+    (no all-reduce is called from Python during a replayed step) and the tokens equal eager."""
+    from pagebench.engine import LLMEngine
+    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+
+    world_of_one("nccl")
+    prompts = random_prompts(5, 1, 120, 64, seed=4)
+    kw = dict(kernel="triton", block_size=16, num_blocks=512, max_num_seqs=8,
+              always_all_reduce=True)
+    eager = LLMEngine(tiny_model(device="cuda"), enforce_eager=True, **kw)
+    want = greedy_tokens(eager, prompts, 24)
+    graphs = LLMEngine(tiny_model(device="cuda"), compile_model=compiled, **kw)
+    assert graphs.graphs()["cuda_graphs"], graphs.graphs()
+    calls = counted_all_reduces(graphs)
+    assert greedy_tokens(graphs, prompts, 24) == want
+    replays = graphs.runner.decode_graphs.num_replays
+    eager_steps = len(graphs.stats.steps) - replays
+    assert replays > 0
+    assert len(calls) == 2 * graphs.model.config.num_hidden_layers * eager_steps

@@ -14,6 +14,7 @@ EXPERIMENTS = {
     "capacity": ["--kv-memory", "1MiB"],
     "throughput": TINY,
     "allreduce": TINY + ["--repeat", "3"],
+    "allreduce-bw": ["--batch-sizes", "8,1,2", "--repeat", "2"],
 }
 
 

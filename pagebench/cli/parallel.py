@@ -21,6 +21,9 @@ OPTIONS = {
                    "prompt_len": 16, "max_tokens": 8},
     "allreduce": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
                   "prompt_len": 16, "max_tokens": 8, "repeat": 50},
+    "allreduce-bw": {"preset": None, "batch_sizes": [1, 4], "repeat": 5},
+    "replicas": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4], "prompt_len": 16,
+                 "max_tokens": 8, "replicas": 2},
     "attention": {"preset": None, "batch_sizes": [1, 4], "context": 64, "repeat": 30},
     "sweep-wall": {"gpus": [1, 2], "bench_args": "--device cpu", "rows_out": None},
 }
@@ -38,6 +41,11 @@ TABLES = {
                   ("allreduce_share", "share", 3),
                   ("isolated_allreduce_us", "one alone (us)", 1),
                   ("isolated_allreduce_share", "share alone", 3)],
+    "allreduce-bw": [("batch", "batch", 0), ("bytes", "bytes", 0),
+                     ("time_us", "one all-reduce (us)", 1), ("algbw_gbps", "algbw (GB/s)", 2),
+                     ("busbw_gbps", "busbw (GB/s)", 2)],
+    "replicas": [("mode", "run", 0), ("batch", "batch", 0), ("tokens_per_s", "tokens/s", 1),
+                 ("decode_tokens_per_s", "decode tokens/s", 1), ("time_s", "time (s)", 3)],
     "attention": [("tp", "tp", 0), ("num_q_heads", "query heads", 0),
                   ("num_kv_heads", "KV heads", 0), ("batch", "batch", 0),
                   ("context", "context (tokens)", 0), ("time_us", "one layer (us)", 1),
@@ -57,7 +65,12 @@ def register(sub) -> None:
         "runs on every rank, tp=2 over both, and rank 0 writes the rows. equality: greedy "
         "tokens at tp=2 against one device (tiny fp32 model, block tables checked each step). "
         "capacity: KV blocks per device at the same KV memory per device. throughput: tokens/s "
-        "per batch, eager and default. allreduce: the all-reduce share of a tp=2 eager step. "
+        "per batch, eager and with CUDA graphs (on CUDA), tp=1 on rank 0 alone while the other "
+        "ranks wait, then tp=2. allreduce: the all-reduce share of a tp=2 eager step. "
+        "allreduce-bw: one all-reduce of a decode step's hidden states [batch, hidden], bf16, "
+        "its time and bus bandwidth (nccl-tests' 2(n-1)/n; set NCCL_NVLS_ENABLE=0). "
+        "replicas (one process; it starts one process per replica, on GPUs 0..N-1): aggregate "
+        "tokens/s of N independent tp=1 engines, each batch dealt round robin. "
         "attention (one process): the paged decode kernel on one device's heads at tp=1 and 2, "
         "times the layers. sweep-wall (one process; it starts torchrun itself): wall time of "
         "`pagebench bench BENCH_ARGS` on each number of --gpus, each with a cold Triton cache.")
@@ -65,16 +78,17 @@ def register(sub) -> None:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="default: cuda if present, else cpu; under torchrun, cuda is the GPU of "
                    "the rank (LOCAL_RANK)")
-    p.add_argument("--preset", default=None, help="capacity, throughput, allreduce, attention: "
-                   "random bf16 weights in a preset's shape, e.g. llama-3-8b (default: the tiny "
+    p.add_argument("--preset", default=None, help="capacity, throughput, allreduce, "
+                   "allreduce-bw, replicas, attention: random bf16 weights in a preset's shape, e.g. llama-3-8b (default: the tiny "
                    "random Qwen2 model)")
     p.add_argument("--kernel", default=None, help="equality: attention backend (default auto)")
-    p.add_argument("--kv-memory", default=None, help="capacity, throughput, allreduce: KV cache "
+    p.add_argument("--kv-memory", default=None, help="capacity, throughput, allreduce, replicas: KV cache "
                    "memory per device, e.g. 16GiB (default 2MiB)")
     p.add_argument("--batch-sizes", type=int_list, default=None,
-                   help="throughput, allreduce, attention: sequences per run (default 1,4)")
+                   help="throughput, allreduce, allreduce-bw, replicas, attention: sequences "
+                   "per run (default 1,4)")
     p.add_argument("--prompt-len", type=integer(1, 1_000_000), default=None,
-                   help="throughput, allreduce: prompt tokens (default 16); equality: the "
+                   help="throughput, allreduce, replicas: prompt tokens (default 16); equality: the "
                    "longest prompt, prompts of 1..N tokens (default 40)")
     p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
                    help="tokens generated per request (default 8; equality 24)")
@@ -82,7 +96,10 @@ def register(sub) -> None:
                    help="attention: cached tokens per sequence (default 64)")
     p.add_argument("--repeat", type=integer(1, 10_000), default=None,
                    help="attention: timed calls per point (default 30); allreduce: timed "
-                   "all-reduces alone (default 50)")
+                   "all-reduces alone (default 50); allreduce-bw: timed loops of 20 "
+                   "all-reduces per size (default 5)")
+    p.add_argument("--replicas", type=integer(1, 64), default=None,
+                   help="replicas: independent engines, one process and GPU each (default 2)")
     p.add_argument("--gpus", type=int_list, default=None,
                    help="sweep-wall: processes (GPUs) per run (default 1,2)")
     p.add_argument("--bench-args", default=None,
@@ -96,6 +113,10 @@ def register(sub) -> None:
 
 
 def measure(experiment: str, opts: dict, device) -> list[dict]:
+    from types import SimpleNamespace
+
+    import torch
+
     from pagebench.config import KVGeometry, preset_config
     from pagebench.engine import parallel_bench as tp
 
@@ -109,6 +130,17 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
         return tp.attention_per_step(device, KVGeometry.from_config(config),
                                      opts["batch_sizes"], opts["context"], (1, 2),
                                      opts["repeat"])
+    if experiment == "allreduce-bw":
+        from pagebench.defaults import TINY_MODEL
+
+        config = preset_config(opts["preset"]) if opts["preset"] else \
+            SimpleNamespace(**TINY_MODEL)
+        return tp.allreduce_bandwidth(device, config, opts["batch_sizes"],
+                                      repeat=opts["repeat"], model=opts["preset"] or "tiny")
+    if experiment == "replicas":
+        return tp.replica_throughput(opts["preset"], opts["kv_memory"], opts["replicas"],
+                                     torch.device(device).type, opts["batch_sizes"],
+                                     opts["prompt_len"], opts["max_tokens"])
     model, name = tp.random_model(opts["preset"], device)
     if experiment == "capacity":
         return tp.capacity(model, name, opts["kv_memory"])

@@ -73,7 +73,10 @@ class LLMEngine:
     ``tensor_parallel_size=N`` runs SPMD under ``torchrun --nproc-per-node N``: the model is
     sharded in place by attention heads and MLP columns, each rank's cache holds
     ``kv_heads_per_rank`` heads, and every rank returns the same outputs (see
-    ``pagebench.engine.parallel``). ``kv_cache_memory`` is then per rank.
+    ``pagebench.engine.parallel``). ``kv_cache_memory`` is then per rank. Its decode steps
+    are captured in CUDA graphs as at tp=1, each graph holding the step's all-reduces.
+    ``always_all_reduce=True`` (tp=1) all-reduces over a process group of one: the
+    tensor-parallel step path, graphs included, on one device.
     """
 
     def __init__(self, model, block_size: int = 16, num_blocks: int | None = None,
@@ -82,7 +85,8 @@ class LLMEngine:
                  kv_cache_memory=None, max_model_len: int | None = None,
                  check_kernel_inputs: bool = False, fresh_prefill: bool = True,
                  tensor_parallel_size: int = 1, kv_cache_dtype="auto",
-                 enforce_eager: bool = False, compile_model: bool = True):
+                 enforce_eager: bool = False, compile_model: bool = True,
+                 always_all_reduce: bool = False):
         self.model = load_model(model)
         config = self.model.config
         param = next(self.model.parameters())
@@ -98,7 +102,8 @@ class LLMEngine:
         pool_option = "num_blocks" if num_blocks is not None else "kv_cache_memory"
         if num_blocks is not None:
             num_blocks = check_positive_int("num_blocks", num_blocks)
-        self.tp = setup_tensor_parallel(self.model, self.geometry, tensor_parallel_size)
+        self.tp = setup_tensor_parallel(self.model, self.geometry, tensor_parallel_size,
+                                        always_all_reduce)
         if num_blocks is None:
             num_blocks = self._blocks_from_memory(kv_cache_memory, block_size, param.device)
         self._check_pool_fits(pool_option, num_blocks, block_size, param.device)
@@ -123,20 +128,25 @@ class LLMEngine:
         if self.runner.attention_window and self.runner.attention_window < self.max_model_len:
             self.max_model_len = self.runner.attention_window
             self._length_limit = "the model's sliding window (the kernels attend to all of a sequence)"
-        # a sharded model all-reduces inside its layers: it stays eager (not yet captured or
-        # measured with graphs)
         if not enforce_eager and not check_kernel_inputs and param.device.type == "cuda":
-            if self.tp.size > 1:
-                self.runner.graph_error = "not captured: tensor parallel"
-            else:
-                self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len,
-                                                compile_layers=compile_model)
+            # every rank captures the same buckets in the same order, all-reduces inside
+            self.runner.setup_decode_graphs(max_num_seqs, self.max_model_len,
+                                            compile_layers=compile_model)
+            self._agree_on_graphs()
         log.info("LLMEngine: %s", self.describe())
         self._ids = itertools.count()
         self._request_ids = itertools.count()
         self._requests: dict[int, Request] = {}
         self.begin_stats()
         self.stats = EngineStats(self.graphs(), self.num_blocks, self.block_size)
+
+    def _agree_on_graphs(self) -> None:
+        """Graphs on every rank or on none: a rank whose capture failed decodes eagerly, so
+        the others drop theirs too (the step paths stay alike on every rank)."""
+        captured = self.runner.decode_graphs is not None
+        if self.tp.size > 1 and self.tp.agree_min(int(captured)) == 0 and captured:
+            self.runner.decode_graphs = None
+            self.runner.graph_error = "not captured: another rank's capture failed"
 
     @property
     def num_blocks(self) -> int:

@@ -15,6 +15,14 @@ same engine with ``tensor_parallel_size=N`` and calls ``generate`` with the same
   could differ, the sampled token, is broadcast from rank 0 every step. ``check_tables = True``
   all-gathers a digest of every step's batch and block tables and raises if ranks disagree.
 
+CUDA graphs: on CUDA a tp=N engine captures its decode steps as a tp=1 engine does, each rank
+the same buckets in the same order, with the all-reduces inside the graphs (NCCL collectives
+are capturable once the group's communicator exists, which the engine's first collective
+makes; the machines measured here run with ``NCCL_NVLS_ENABLE=0``). The all-reduce itself is
+left out of ``torch.compile`` (a graph break), so compiled layers call the same collective.
+``always_all_reduce`` (tp=1 only) runs the all-reduces over a group of one, so that one GPU
+exercises the captured-collective path.
+
 Backends: NCCL when the model is on CUDA, gloo on the CPU. An already initialised default
 process group is used as it is; otherwise one is initialised from torchrun's environment.
 A world larger than N is split into consecutive groups of N ranks (one engine per group).
@@ -121,9 +129,12 @@ def step_digest(seqs, blocks, copies) -> int:
     return int.from_bytes(h.digest(), "little") >> 1
 
 
-def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParallel:
+def setup_tensor_parallel(model, geometry: KVGeometry, size: int,
+                          always_all_reduce: bool = False) -> TensorParallel:
     """Validate ``size`` against the world, the model's heads and layers; join the group; shard
-    ``model`` in place (see :func:`shard_model`).
+    ``model`` in place (see :func:`shard_model`). ``always_all_reduce``: at ``size`` 1 too,
+    join a group (of one rank) and all-reduce after ``o_proj`` and ``down_proj`` (an identity
+    that runs the collectives' code path, e.g. inside CUDA graphs, on one device).
 
     Every check runs before any collective or allocation, so a bad configuration fails alike
     on every rank with a ConfigError and leaves the model as it was.
@@ -134,7 +145,8 @@ def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParal
     done = getattr(model, "pagebench_tensor_parallel", None)
     if done is not None and done[1] != size:
         raise ConfigError(f"model: already sharded as rank {done[0]} of {done[1]}; load it again")
-    if size == 1:
+    if size == 1 and not always_all_reduce:
+        _remove_reduce_hooks(model)  # left by an earlier always_all_reduce engine
         return TensorParallel(1, 0, rank_geometry, device)
     rank, world = world_from_environment()
     if size > world:
@@ -144,6 +156,9 @@ def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParal
         raise ConfigError(f"tensor_parallel_size: {size} does not divide the world of "
                           f"{world} processes")
     check_shardable(model, size)
+    if world == 1 and not dist.is_initialized():
+        raise ConfigError("always_all_reduce: no process group to reduce over; call "
+                          "torch.distributed.init_process_group first or run under torchrun")
     if not dist.is_initialized():
         if device.type == "cuda":
             torch.cuda.set_device(device)
@@ -159,7 +174,10 @@ def setup_tensor_parallel(model, geometry: KVGeometry, size: int) -> TensorParal
         group = groups[rank // size]
     tp = TensorParallel(size, rank % size, rank_geometry, device, group, rank - rank % size,
                         geometry.kv_replication(size))
-    shard_model(model, tp, geometry)
+    if size == 1:  # always_all_reduce: nothing to split, the collectives alone
+        _add_reduce_hooks(model, tp)
+    else:
+        shard_model(model, tp, geometry)
     return tp
 
 
@@ -237,14 +255,22 @@ def _keep_columns(linear: torch.nn.Linear, start: int, count: int, keep_bias: bo
     linear.in_features = count
 
 
-def _add_reduce_hooks(model, tp: TensorParallel) -> None:
-    """The all-reduce after each split projection, on behalf of the newest engine's group."""
+def _remove_reduce_hooks(model) -> None:
     for handle in getattr(model, "pagebench_reduce_hooks", []):
         handle.remove()
+    model.pagebench_reduce_hooks = []
+
+
+def _add_reduce_hooks(model, tp: TensorParallel) -> None:
+    """The all-reduce after each split projection, on behalf of the newest engine's group.
+    Left out of ``torch.compile`` (a graph break): compiled layers call the eager collective,
+    which a CUDA graph captures as it is."""
+    _remove_reduce_hooks(model)
+    reduce = torch.compiler.disable(tp.all_reduce)
     handles = []
     for layer in decoder_layers(model):
         for parent, name in REDUCED:
             module = getattr(getattr(layer, parent), name)
             handles.append(module.register_forward_hook(
-                lambda _module, _inputs, out: tp.all_reduce(out)))
+                lambda _module, _inputs, out: reduce(out)))
     model.pagebench_reduce_hooks = handles

@@ -12,6 +12,8 @@ seconds on a CPU (gloo) with the tiny random model; pass a preset's model for de
 
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.distributed as dist
 
@@ -114,50 +116,129 @@ def capacity(model, name: str, kv_memory) -> list[dict]:
     return rows
 
 
-def _prompts(model, batch_sizes, prompt_len: int) -> dict[int, list]:
-    vocab = model.config.vocab_size
+def _prompts(vocab: int, batch_sizes, prompt_len: int) -> dict[int, list]:
     return {b: bench.random_prompts(b, prompt_len, prompt_len, vocab, seed=b)
             for b in (*batch_sizes, WARMUP_BATCH)}
 
 
-def mode_label(tp: int, eager: bool, graphs: bool) -> str:
-    """How decode ran: ``tp=2, eager``, ``tp=1, CUDA graphs`` or ``tp=2, default (no graphs)``
-    (a sharded engine is not captured)."""
-    return f"tp={tp}, " + ("eager" if eager else "CUDA graphs" if graphs
-                           else "default (no graphs)")
+def mode_label(tp: int, eager: bool, graphs: bool, replicas: int = 1) -> str:
+    """How decode ran: ``tp=2, CUDA graphs``, ``tp=1, eager``, ``2 replicas, CUDA graphs``, or
+    ``tp=2, default (no graphs)`` where the engine asked for graphs and has none (a CPU, a
+    failed capture)."""
+    who = f"{replicas} replicas, " if replicas > 1 else f"tp={tp}, "
+    return who + ("eager" if eager else "CUDA graphs" if graphs else "default (no graphs)")
+
+
+def baseline_barrier():
+    """A barrier over the world for ranks that wait while rank 0 measures alone: gloo, with
+    an hour's timeout (an NCCL barrier would time out under a long baseline). None: one
+    process."""
+    _, world = world_from_environment()
+    if world == 1:
+        return None
+    from datetime import timedelta
+
+    group = dist.new_group(backend="gloo", timeout=timedelta(hours=1))
+    return lambda: dist.barrier(group=group)
 
 
 def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int = 16,
                max_tokens: int = 8) -> list[dict]:
-    """Engine tokens/s per batch at each tensor-parallel size, eager and by default (CUDA
-    graphs for decode where the engine captures them): ``batch`` prompts of ``prompt_len``
-    tokens, ``max_tokens`` each, after one warm-up call. tp=1 runs first: tp > 1 shards
-    ``model`` in place."""
+    """Engine tokens/s per batch at tp=1 and, under torchrun, tp=N; eager and by default (CUDA
+    graphs for decode on CUDA): ``batch`` prompts of ``prompt_len`` tokens, ``max_tokens``
+    each, after one warm-up call. tp=1 runs first and on rank 0 alone while the other ranks
+    wait (a baseline never shares the host with another rank's); tp > 1 then shards ``model``
+    in place. Rank 0's rows hold both."""
     device = next(model.parameters()).device
-    prompts = _prompts(model, batch_sizes, prompt_len)
+    prompts = _prompts(model.config.vocab_size, batch_sizes, prompt_len)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    rank, _ = world_from_environment()
+    wait = baseline_barrier()
     base = environment(device) | dict(model=name, dtype=model_dtype(model),
                                       block_size=BLOCK_SIZE, prompt_len=prompt_len,
                                       max_tokens=max_tokens)
     rows = []
     for tp in tp_sizes():
+        if tp == 1 and rank != 0:
+            wait()  # rank 0 measures the baseline alone
+            continue
         for eager in (True, False):
-            engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
-                               enforce_eager=eager, **ENGINE_OPTIONS)
-            graphs = bool(engine.stats.cuda_graphs)
-            _generate_seconds(engine, prompts[WARMUP_BATCH], params)
-            for b in batch_sizes:
-                seconds = _generate_seconds(engine, prompts[b], params)
-                stats = engine.stats
-                rows.append(datasets.TP_THROUGHPUT.row(**base | dict(
-                    tp=tp, mode=mode_label(tp, eager, graphs), cuda_graphs=graphs, batch=b,
-                    time_s=seconds, num_steps=len(stats.steps),
-                    tokens_per_s=b * max_tokens / seconds,
-                    decode_tokens_per_s=stats.decode_tokens_per_s,
-                    num_blocks_per_gpu=engine.num_blocks,
-                    num_preemptions=stats.num_preemptions)))
-            del engine
-            bench.release_memory(device)
+            rows += _engine_rows(model, kv_memory, tp, eager, prompts, batch_sizes, params,
+                                 base | dict(baseline_alone=True) if tp == 1 else base)
+        if tp == 1 and wait is not None:
+            wait()
+    return rows
+
+
+def _engine_rows(model, kv_memory, tp: int, eager: bool, prompts, batch_sizes, params,
+                 base: dict) -> list[dict]:
+    device = next(model.parameters()).device
+    engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
+                       enforce_eager=eager, **ENGINE_OPTIONS)
+    graphs = bool(engine.stats.cuda_graphs)
+    _generate_seconds(engine, prompts[WARMUP_BATCH], params)
+    rows = []
+    for b in batch_sizes:
+        seconds = _generate_seconds(engine, prompts[b], params)
+        stats = engine.stats
+        rows.append(datasets.TP_THROUGHPUT.row(**base | dict(
+            tp=tp, mode=mode_label(tp, eager, graphs), cuda_graphs=graphs, batch=b,
+            time_s=seconds, num_steps=len(stats.steps),
+            tokens_per_s=b * params.max_tokens / seconds,
+            decode_tokens_per_s=stats.decode_tokens_per_s, num_blocks_per_gpu=engine.num_blocks,
+            num_preemptions=stats.num_preemptions)))
+    del engine
+    bench.release_memory(device)
+    return rows
+
+
+def replica_model(preset: str | None, device):
+    """Replica processes' model builder (picklable through ``functools.partial``)."""
+    return random_model(preset, device)[0]
+
+
+def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device: str = "cpu",
+                       batch_sizes=(1, 4), prompt_len: int = 16, max_tokens: int = 8,
+                       eager: bool = False) -> list[dict]:
+    """Aggregate tokens/s of ``replicas`` independent tp=1 engines (one process and device
+    each, ``pagebench.engine.replicas``) per batch: the batch's prompts dealt round robin,
+    every replica starting each batch together; the slowest replica's time. One process:
+    it starts the replicas itself."""
+    from functools import partial
+
+    from pagebench.config import preset_config
+    from pagebench.engine import replicas as dp
+
+    if world_from_environment()[1] > 1:
+        raise ConfigError("replicas: run as one process; it starts one process per replica")
+    replicas = dp.check_replicas(replicas, device)
+    vocab = (preset_config(preset).vocab_size if preset else TINY_MODEL["vocab_size"])
+    prompts = _prompts(vocab, batch_sizes, prompt_len)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    warm = [prompts[WARMUP_BATCH][i::replicas] for i in range(replicas)]
+    jobs = [[] for _ in range(replicas)]
+    for b in batch_sizes:
+        for i, share in enumerate(dp.split_round_robin(b, replicas)):
+            jobs[i].append((share, [prompts[b][j] for j in share], params))
+    setup = dp.ReplicaSetup(
+        partial(replica_model, preset), device,
+        dict(ENGINE_OPTIONS, kv_cache_memory=kv_memory, enforce_eager=eager),
+        threads=max(1, torch.get_num_threads() // replicas) if device == "cpu" else None)
+    per_replica = dp.run_replicas(setup, dp.timed_generate,
+                                  [[(range(len(w)), w, params)] + j for w, j in zip(warm, jobs)])
+    first = torch.device(device, 0) if device == "cuda" else torch.device(device)
+    name = f"{preset}-random" if preset else "tiny-qwen2-random"
+    rows = []
+    for job, b in enumerate(batch_sizes, start=1):  # job 0: the warm-up
+        run = dp.merge_generations(per_replica, job, b)
+        graphs = run["cuda_graphs"]
+        rows.append(datasets.TP_THROUGHPUT.row(**environment(first) | dict(
+            model=name, dtype=dtype_name(torch.bfloat16), block_size=BLOCK_SIZE,
+            prompt_len=prompt_len, max_tokens=max_tokens, tp=1, replicas=replicas,
+            mode=mode_label(1, eager, graphs, replicas), cuda_graphs=graphs, batch=b,
+            time_s=run["seconds"], num_steps=run["num_steps"],
+            tokens_per_s=run["num_tokens"] / run["seconds"],
+            decode_tokens_per_s=run["decode_tokens_per_s"])))
     return rows
 
 
@@ -171,7 +252,7 @@ def allreduce_share(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len:
     device = next(model.parameters()).device
     engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
                        enforce_eager=True, **ENGINE_OPTIONS)
-    prompts = _prompts(model, batch_sizes, prompt_len)
+    prompts = _prompts(model.config.vocab_size, batch_sizes, prompt_len)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     _generate_seconds(engine, prompts[WARMUP_BATCH], params)
     hidden, layers = model.config.hidden_size, model.config.num_hidden_layers
@@ -227,4 +308,56 @@ def attention_per_step(device, geometry: KVGeometry, batch_sizes=(1, 4), context
                 num_q_heads=heads.num_q_heads, num_kv_heads=heads.num_kv_heads, head_dim=d,
                 batch=b, context=context, block_size=BLOCK_SIZE, time_us=t.median_us,
                 layers=geometry.num_layers, per_step_us=t.median_us * geometry.num_layers)))
+    return rows
+
+
+def bus_bandwidth(nbytes: int, seconds: float, world: int) -> float:
+    """All-reduce bus bandwidth, bytes/s, as nccl-tests defines it: the algorithm bandwidth
+    (``nbytes / seconds``) times ``2 (n - 1) / n``, the share of the data each link carries
+    in a ring; comparable with the link's peak whatever ``n``."""
+    return nbytes / seconds * 2 * (world - 1) / world
+
+
+def _timed_loop(fn, iters: int, device: torch.device) -> float:
+    """Seconds per call of ``iters`` back-to-back calls of ``fn`` (as nccl-tests times them),
+    after the ranks line up at a barrier."""
+    import time
+
+    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def allreduce_bandwidth(device, config, batch_sizes=(1, 4), dtype=torch.bfloat16,
+                        iters: int = 20, repeat: int = 5, model: str = "") -> list[dict]:
+    """All-reduce time and bandwidth at the sizes a decode step reduces: ``[batch, hidden]``
+    of ``dtype`` (``config.hidden_size``), over the whole world (NCCL on CUDA, gloo on the
+    CPU). Per size: the median of ``repeat`` loops of ``iters`` back-to-back all-reduces,
+    after 5 untimed ones. Rows ascend by size; every rank returns the same sizes (rank 0's
+    times are the ones written)."""
+    world = parallel_size("allreduce-bw")
+    device = torch.device(device)
+    hidden = config.hidden_size
+    item = torch.tensor([], dtype=dtype).element_size()
+    rows = []
+    for b in sorted(set(batch_sizes)):
+        x = torch.randn(b, hidden, device=device).to(dtype)
+        for _ in range(5):
+            dist.all_reduce(x)
+        loops = sorted(_timed_loop(lambda: dist.all_reduce(x), iters, device)
+                       for _ in range(repeat))
+        seconds = loops[len(loops) // 2]
+        nbytes = b * hidden * item
+        rows.append(datasets.TP_ALLREDUCE_BW.row(**environment(device) | dict(
+            model=model, dtype=dtype_name(dtype), world=world, backend=dist.get_backend(),
+            nvls=os.environ.get("NCCL_NVLS_ENABLE", ""), batch=b, hidden=hidden,
+            bytes=nbytes, time_us=seconds * 1e6, algbw_gbps=nbytes / seconds / 1e9,
+            busbw_gbps=bus_bandwidth(nbytes, seconds, world) / 1e9, iters=iters,
+            repeat=repeat)))
     return rows

@@ -310,14 +310,27 @@ TP_EQUALITY = schema("tp_equality", "greedy outputs at tp=2 against tp=1",
 TP_CAPACITY = schema("tp_capacity", "KV blocks per GPU at a tensor-parallel size", TP,
                      C("num_blocks_per_gpu", "int", "blocks per GPU"),
                      *optional(C("kv_heads_per_gpu", "int", "KV heads per GPU")))
-TP_THROUGHPUT = schema("tp_throughput", "engine tokens/s at a tensor-parallel size", TP,
-                       C("batch", "int", "requests"), TOKENS_PER_S,
-                       *optional(C("mode", "str", "how decode ran"),
-                                 C("decode_tokens_per_s", "float", "decode tokens/s")))
+TP_THROUGHPUT = schema(
+    "tp_throughput", "engine tokens/s at a tensor-parallel size, or of data-parallel replicas "
+    "(tp=1 each)", TP, C("batch", "int", "requests (over all replicas)"), TOKENS_PER_S,
+    *optional(C("mode", "str", "how it ran: 'tp=N, CUDA graphs', 'tp=N, eager' or "
+                "'N replicas, CUDA graphs' (parallel_bench.mode_label)"),
+              C("decode_tokens_per_s", "float", "decode tokens/s"),
+              C("replicas", "int", "independent engines, one per GPU; empty: 1"),
+              C("baseline_alone", "bool", "a tp=1 run made while no other rank measured")))
 TP_ALLREDUCE = schema("tp_allreduce", "all-reduce share of a tp=2 decode step",
                       C("batch", "int", "requests"),
                       *optional(TP, C("allreduce_calls_per_step", "int", "all-reduces per step"),
                                 C("isolated_allreduce_us", "float", "one all-reduce alone")))
+TP_ALLREDUCE_BW = schema(
+    "tp_allreduce_bw", "all-reduce time and bus bandwidth at decode-step sizes",
+    C("world", "int", "ranks reducing"), C("backend", "str", "nccl or gloo"),
+    C("bytes", "int", "bytes reduced: batch × hidden × dtype size"),
+    C("time_us", "float", "one all-reduce, microseconds (a loop of back-to-back calls)"),
+    C("busbw_gbps", "float", "bus bandwidth, GB/s: bytes / time × 2(n-1)/n (nccl-tests)"),
+    *optional(C("batch", "int", "sequences"), C("hidden", "int", "hidden size"), DTYPE,
+              C("algbw_gbps", "float", "bytes / time, GB/s"),
+              C("nvls", "str", "NCCL_NVLS_ENABLE as set (0: NVLink multicast off)")))
 TP_ATTENTION = schema("tp_attention", "paged attention per decode step, one GPU's heads", TP,
                       C("batch", "int", "sequences"), C("per_step_us", "float", "all layers"))
 SWEEP_WALL = schema("sweep_wall", "wall time of the kernel sweep on 1 or 2 GPUs",
@@ -414,7 +427,8 @@ DATASETS: dict[str, Schema] = {s.name: s for s in (
     MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
     CAPACITY_FP8, CAPACITY_TP, REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE,
     REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, KV_ACCURACY, TP_EQUALITY, TP_CAPACITY,
-    TP_THROUGHPUT, TP_ALLREDUCE, TP_ATTENTION, SWEEP_WALL, SERVE_BENCH, SERVE_STEPS, STEP_COST,
+    TP_THROUGHPUT, TP_ALLREDUCE, TP_ALLREDUCE_BW, TP_ATTENTION, SWEEP_WALL, SERVE_BENCH,
+    SERVE_STEPS, STEP_COST,
     ASV, PYTEST_BENCHMARK)}
 
 # ---- derived by pagebench.analysis from the datasets above (never read from files) --------
@@ -576,7 +590,8 @@ FILE_KINDS = (
     ("engine_vs_transformers", "engine_compare"), ("engine", "engine"),
     ("capacity", "capacity"), ("dynamic", "memory_dynamic_summary"),
     ("tp_equality", "tp_equality"), ("tp_capacity", "tp_capacity"),
-    ("tp_throughput", "tp_throughput"), ("tp_allreduce", "tp_allreduce"),
+    ("tp_throughput", "tp_throughput"), ("tp_allreduce_bw", "tp_allreduce_bw"),
+    ("tp_allreduce", "tp_allreduce"),
     ("tp_attention", "tp_attention"), ("sweep_wall", "sweep_wall"),
     ("serve_bench", "serve_bench"), ("serve_steps", "serve_steps"),
     ("step_cost", "step_cost"),

@@ -18,7 +18,9 @@ Every timed call's output is first checked against the float64 reference on up t
 ``CHECK_SEQS`` of its sequences (the reference is per sequence); the check goes to
 ``*_checks`` rows and a failed check leaves the point's timing out.
 Environment: DEVICE (default cuda), DEADLINE_S (seconds from start; stages stop there),
-QUICK=1 (a tiny grid: the CPU dry run), OUT (output folder).
+QUICK=1 (a tiny grid: the CPU dry run), OUT (output folder), STAGES (comma-separated stage
+names to run, default all: poison, decode, prefill, fp8, mixed, ragged, decode-others,
+prefill-others, ragged-others; "others": the shapes after the first).
 """
 
 from __future__ import annotations
@@ -461,11 +463,11 @@ def main() -> int:
         ("mixed", lambda: mixed_stage(env, prefill, prefill_checks)),
         ("ragged", lambda: decode_stage(env, decode, decode_checks, plans, ceiling, [first],
                                         ragged)),
-        ("decode", lambda: decode_stage(env, decode, decode_checks, plans, ceiling, others,
-                                        ["uniform"])),
-        ("prefill", lambda: prefill_stage(env, prefill, prefill_checks, others)),
-        ("ragged", lambda: decode_stage(env, decode, decode_checks, plans, ceiling, others,
-                                        ragged)),
+        ("decode-others", lambda: decode_stage(env, decode, decode_checks, plans, ceiling,
+                                               others, ["uniform"])),
+        ("prefill-others", lambda: prefill_stage(env, prefill, prefill_checks, others)),
+        ("ragged-others", lambda: decode_stage(env, decode, decode_checks, plans, ceiling,
+                                               others, ragged)),
     ]
     only = os.environ.get("STAGES")
     for name, run in stages:

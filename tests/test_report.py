@@ -235,7 +235,8 @@ def test_engine_claims_judge_each_run_of_a_machine():
     for key in ("preemption_signal", "prefix_caching", "batching_beats_gather"):
         assert c[key].verdict == FAILS and c[key].device == "Synthetic GPU", key
     assert "0 preemptions at 20 blocks, 0 at 40" in c["preemption_signal"].measured
-    assert "batch 1→16 gives 1.5× tokens/s" in c["batching_beats_gather"].measured
+    assert "batch 1→16 gives 1.5× (1.4–1.7, ±5% assumed) tokens/s" in \
+        c["batching_beats_gather"].measured
 
 
 def test_block16_sweet_spot_fails_when_block_16_is_slow():

@@ -754,3 +754,15 @@ def test_equal_memory_is_judged_on_the_gpu_when_one_measured_it():
     assert "(CPU; not judged: a GPU measured it)" in c.measured
     results.frames["engine_equal_memory"] = cpu
     assert by_key(results)["memory_buys_throughput"].verdict == WITHIN_NOISE
+
+
+def test_batching_gain_is_within_noise_when_its_band_straddles_the_bound():
+    results = synthetic_results()
+    results.frames["engine_batch"] = pd.DataFrame({
+        "batch": [1, 16], "tokens_per_s": [10.0, 44.0], "tokens_per_s_min": [9.0, 40.0],
+        "tokens_per_s_max": [11.0, 48.0], "block_size": 16, "machine": "Synthetic GPU"})
+    c = by_key(results)["batching_beats_gather"]  # 4.4x (3.6-5.3) against 4 x 1.08
+    assert c.verdict == WITHIN_NOISE and "4.4× (3.6–5.3)" in c.measured
+    results.frames["engine_batch"]["tokens_per_s_min"] = [9.9, 43.9]
+    results.frames["engine_batch"]["tokens_per_s_max"] = [10.1, 44.1]
+    assert by_key(results)["batching_beats_gather"].verdict == HOLDS

@@ -466,7 +466,8 @@ def block16_sweet_spot(results: Results) -> Measured | None:
         smallest = cost[cost["device_label"] == label].sort_values("block_size").iloc[0]
         text = (f"{label}: block 16 at {t:.2f}× the best block's kernel time "
                 f"(block {int(smallest['block_size'])}: {smallest['relative_time']:.2f}×)")
-        parts.append(judged_part(label in judged, (u1 - u16, t), text,
+        # a median over cases of ratios whose spread the table does not keep: ±NO_SPREAD
+        parts.append(judged_part(label in judged, (u1 - u16, Band.point(t)), text,
                                  f"{t:.2f}× the best block's kernel time", label))
     return Measured(parts, ", ".join(sorted(judged)))
 
@@ -674,9 +675,10 @@ CLAIMS = (
           kind=MEASURED_KIND),
     Claim("block16_sweet_spot", "Block 16 sits where the memory curve is flat and the kernel "
           "still runs well.", "utilisation(16) within 3 points of block 1, and block 16's "
-          "median paged kernel time within 15% of the best block size's (per device)",
-          ("memory_static", "kernels_block_cost"), block16_sweet_spot,
-          lambda v: v[0] <= 0.03 and v[1] <= 1.15, kind=MEASURED_KIND),
+          "median paged kernel time within 15% of the best block size's, beyond an assumed "
+          "±5% (per device)", ("memory_static", "kernels_block_cost"), block16_sweet_spot,
+          lambda v: against(v[1], 1.15, above=False) if v[0] <= 0.03 else FAILS,
+          kind=MEASURED_KIND),
     Claim("memory_buys_throughput", "The memory paging reclaims is spent on a bigger batch, "
           "and the throughput comes from the batch.", "same KV memory: the paged engine runs "
           "more sequences at once than transformers' padded generate with a contiguous "

@@ -10,7 +10,7 @@ from pagebench.analysis import fp8 as fp8_claims
 from pagebench.analysis.claims import ARITHMETIC, evaluate
 from pagebench.report import fp8
 from pagebench.results import Results, classify
-from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
+from pagebench.results.derived import FAILS, HOLDS, UNMEASURED, WITHIN_NOISE
 from pagebench.sim.capacity import fp8_rows
 
 ENV = {"device": "cuda", "device_name": "NVIDIA H200"}
@@ -39,7 +39,8 @@ def layout_frame(aged_slowdown: float, l2_slowdown: float) -> pd.DataFrame:
             rows.append({**ENV, "table_layout": layout, "batch": batch, "context": 4096,
                          "block_size": 16, "footprint_bytes": foot, "fits_l2": foot < 6e7,
                          "time_us": 100.0 * (slow if layout == "aged" else 1.0)})
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    return frame.assign(q20_us=0.99 * frame["time_us"], q80_us=1.01 * frame["time_us"])
 
 
 def results_with(**frames) -> Results:
@@ -75,7 +76,12 @@ def test_fp8_time_claim_takes_the_fastest_fp8_kernel_per_point():
     assert set(ratios["backend"]) == {"triton", "cuda-fp8"}
     assert len(ratios) == 2 * 8  # every point, once per fp8 kernel
     c = verdict("fp8_decode_time", results_with(kernels_fp8=frame))
-    assert c.verdict == HOLDS and "32×4096 b16: 0.55× (cuda-fp8)" in c.measured
+    # 0.55x with no spread recorded: ±5% on each time reaches 0.61x, past 0.6
+    assert c.verdict == WITHIN_NOISE and "32×4096 b16: 0.55× (cuda-fp8)" in c.measured
+    fast.loc[fast["context"] != 1024, "time_us"] *= 0.45 / 0.55
+    c = verdict("fp8_decode_time", results_with(kernels_fp8=pd.concat([slow, fast])))
+    assert c.verdict == HOLDS and "±5% assumed" in c.measured
+    fast.loc[fast["context"] != 1024, "time_us"] *= 0.55 / 0.45
     # a kernel that is faster at one point only: the worst point's best kernel decides
     fast.loc[(fast["batch"] == 1) & (fast["context"] == 65536), "time_us"] *= 2
     c = verdict("fp8_decode_time",
@@ -94,7 +100,9 @@ def test_fp8_time_claim_pairs_rows_of_one_machine_and_judges_each():
     assert c.verdict == FAILS and c.device == "H100, H200"
     both = verdict("fp8_decode_time",
                    results_with(kernels_fp8=pd.concat([decode_frame(0.5), h100])))
-    assert both.verdict == FAILS and both.measured.endswith("b16: 0.50× (triton) (holds)")
+    assert both.verdict == FAILS
+    assert both.measured.endswith("b16: 0.50× (triton) (no spread recorded: ±5% assumed on "
+                                  "each time) (holds)")
 
 
 def test_layout_claim_leaves_l2_resident_points_out():
@@ -102,6 +110,10 @@ def test_layout_claim_leaves_l2_resident_points_out():
     assert ok.verdict == HOLDS and "1 L2-resident points left out" in ok.measured
     bad = verdict("layout_cost", results_with(kernels_layout=layout_frame(1.3, 1.0)))
     assert bad.verdict == FAILS and "worst 1.30×" in bad.measured
+    # no spread recorded: ±5% on each time, and 1.05x (0.95-1.16) straddles 1.10
+    bare = layout_frame(1.05, 3.0).drop(columns=["q20_us", "q80_us"])
+    noisy = verdict("layout_cost", results_with(kernels_layout=bare))
+    assert noisy.verdict == WITHIN_NOISE and "±5% assumed" in noisy.measured
 
 
 def test_layout_claim_needs_every_layout_at_a_point_and_judges_each_machine():

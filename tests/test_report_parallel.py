@@ -91,8 +91,8 @@ def test_tp_claims_pair_rows_of_one_machine_and_judge_each():
     results.add("tp_capacity", pd.DataFrame(capacity), "two GPUs")
     capacity, attention = evaluate(results, parallel_claims.CLAIMS)
     assert attention.verdict == FAILS and attention.device == "H100, H200"
-    assert "H200: tp=2 / tp=1 per step: batch 1: 0.30×, batch 256: 0.30× (does not hold)" \
-        in attention.measured
+    assert "H200: tp=2 / tp=1 per step: batch 1: 0.30×, batch 256: 0.30× (largest batch " \
+        "0.30× (0.27–0.33, ±5% assumed)) (does not hold)" in attention.measured
     assert capacity.verdict == FAILS and "H100: 4,000 → 16,384" in capacity.measured
 
 

@@ -359,11 +359,14 @@ def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
                 "mean_output_len": float(w.output_len.mean())}
         res = static_fragmentation(w.length, max_len, STUDY_STATIC_BLOCK_SIZES)
         out["static"] += [REAL_TRACES_STATIC.row(**info | r) for r in res["results"]]
-        sample = whole.head(load_requests)
-        lw = sample.to_workload(max_model_len=max_len)
-        load_info = info | {"source": sample.source, "num_requests": lw.num_requests,
-                            "num_clipped": lw.num_clipped, "step_cost": step_cost_source}
-        load = study_trace(sample.arrival_s, lw.prompt_len, lw.output_len, max_len, step_cost,
+        # the sample and its max_model_len (the whole trace's) are those of every run mode
+        sample, load_len = whole.head(load_requests), whole.default_max_model_len
+        lw = sample.to_workload(max_model_len=load_len)
+        load_info = {"trace": name, "source": sample.source, "num_requests": lw.num_requests,
+                     "num_clipped": lw.num_clipped, "mean_prompt_len": float(lw.prompt_len.mean()),
+                     "mean_output_len": float(lw.output_len.mean()),
+                     "step_cost": step_cost_source}
+        load = study_trace(sample.arrival_s, lw.prompt_len, lw.output_len, load_len, step_cost,
                            budget)
         out["dynamic"] += [REAL_TRACES_DYNAMIC.row(**load_info | r) for r in load["memory"]]
         out["goodput"] += [REAL_TRACES_GOODPUT.row(**load_info | r) for r in load["goodput"]]

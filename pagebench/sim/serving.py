@@ -47,7 +47,7 @@ class SimulatedStep:
     num_decode_seqs: int
     num_context_tokens: int
     blocks_used: int
-    tokens_held: int = 0  # KV entries the running sequences have written, after the step
+    tokens_held: int = 0  # KV entries the running sequences hold at the step's end
     memory_bound: bool = False  # a waiting request did not fit the free blocks, or a preemption
 
 
@@ -202,6 +202,8 @@ def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
         steps.append(step)
         for seq, start, new in batch:
             seq.computed = start + new
+        step.tokens_held = sum(seq.computed for seq in running)
+        for seq, _, _ in batch:
             if seq.computed < seq.length:
                 continue  # a prefill chunk: nothing sampled yet
             t = timings[seq.index]
@@ -212,7 +214,6 @@ def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
                 running.remove(seq)
                 free += seq.blocks
                 seq.blocks = 0
-        step.tokens_held = sum(seq.computed for seq in running)
         now = end
     return SimulatedRun(timings, steps, max((t.finish_s for t in timings), default=0.0),
                         preemptions, hits)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pagebench.analysis import real_traces as trace_claims
 from pagebench.analysis.claims import evaluate
-from pagebench.report import real_traces
+from pagebench.report import real_traces, serving
 from pagebench.results import Results
 from pagebench.results.derived import FAILS, HOLDS, UNMEASURED
 from pagebench.sim.real_load import real_budget_tokens
@@ -31,6 +31,9 @@ def test_quick_sweep_section_and_claims():
     assert (prefix["prefix_cache_hit_rate"] <= unlimited + 1e-12).all() and unlimited > 0.05
     section = real_traces.section(results)
     assert len(section.plots) == 5  # utilisation bars, 3 memory timelines, hit rate
+    tables = [i.table for i in serving.section(results).items if i.kind == "table"]
+    [table] = [t for t in tables if "Goodput at equal KV memory" in t.caption]
+    assert len(table.rows) == len(goodput)
     rows = evaluate(results, trace_claims.CLAIMS)
     assert [c.key for c in rows] == ["real_traces_static", "real_traces_dynamic",
                                      "throughput_equal_memory"]

@@ -102,6 +102,7 @@ def memory_summary(run: SimulatedRun, budget_tokens: int) -> dict:
     held = np.array([s.tokens_held for s in run.steps], dtype=np.float64)
     bound = np.array([s.memory_bound for s in run.steps], dtype=bool)
     total, sat = float(dur.sum()), float(dur[bound].sum())
+
     def share(mask, t):
         return (float((held[mask] * dur[mask]).sum() / (t * budget_tokens))
                  if t > 0 else None)

@@ -42,7 +42,10 @@ def static_parts(results: Results) -> Measured | None:
 
 def dynamic_parts(results: Results) -> Measured | None:
     rows = paged_and_naive(results.get("real_traces_dynamic"), "token_state_fraction_saturated")
-    return Measured([Part(None, f"{name}: never memory-bound") if p != p or n != n else
+    return Measured([Part(None, f"{name}: " + ("never memory-bound" if n != n else
+                                               f"paged never memory-bound; reserve-max "
+                                               f"{pct(n)}"))
+                     if p != p or n != n else
                      Part((p, n), f"{name}: reserve-max {pct(n)}, paged {pct(p)}")
                      for name, p, n in rows], SIM)
 

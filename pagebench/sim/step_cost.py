@@ -92,6 +92,6 @@ def fit_engine_batch(rows) -> StepCostModel:
 # only engine steps measured on a GPU so far; tests/test_real_load.py refits them.
 H200_ENGINE_STEP_COST = StepCostModel(base_ms=1.6956, prefill_token_ms=0.0054247,
                                       decode_seq_ms=0.0062063, context_ktoken_ms=0.0)
-H200_ENGINE_STEP_COST_SOURCE = ("derived from the H200 engine batch sweep (Qwen2.5-0.5B shape, "
-                                "bf16, block 16; reports/data/h200/engine_throughput_vs_batch"
-                                ".csv)")
+H200_ENGINE_STEP_COST_SOURCE = (
+    "derived from the H200 engine batch sweep (Qwen2.5-0.5B shape, bf16, block 16; "
+    "reports/data/h200/engine_throughput_vs_batch.csv)")

@@ -54,3 +54,7 @@ SHAPES = {name: attention_shape(name) for name in KERNEL_MODELS}
 # 2 layers, hidden 128, 4 query / 2 KV heads of 32.
 TINY_MODEL = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+
+# Share of a serving run's requests that must meet every SLO for the run to meet it
+# (``serve-bench --slo-attainment``'s default; the real-trace goodput search's).
+SLO_ATTAINMENT = 0.9

@@ -18,6 +18,7 @@ import pandas as pd
 
 from pagebench import defaults
 from pagebench.analysis import analyse
+from pagebench.errors import ConfigError
 from pagebench.engine.tail_waste import tail_waste_rows
 from pagebench.report import write_report
 from pagebench.report.build import page_path
@@ -29,6 +30,8 @@ from pagebench.sim.capacity import (article_capacity, fp8_rows, geometry_rows, p
                                     tensor_parallel_rows)
 from pagebench.sim.dynamic import reference_run
 from pagebench.sim.real_traces import study_traces
+from pagebench.sim.step_cost import (H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE,
+                                     StepCostModel, read_step_cost)
 from pagebench.sim.static import max_len_rows, static_fragmentation, utilisation_rows
 from pagebench.sim.workloads import sample_lengths
 
@@ -105,11 +108,30 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
     results.add("memory_dynamic_timeline", timeline, "pagebench.sim.dynamic.reference_run")
 
 
+def committed_step_cost(data_dir=None) -> tuple[StepCostModel, str]:
+    """The step-cost model the real-trace study serves with: block 16, cache dtype auto, from
+    the first ``<machine>/step_cost*.csv`` under the committed data that has exactly one such
+    model (fitted on a GPU by ``step-cost-fit``), else the default derived from the H200 engine
+    batch sweep (:data:`~pagebench.sim.step_cost.H200_ENGINE_STEP_COST`)."""
+    from pagebench.results.collect import default_data_dir
+
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    for path in sorted(root.glob("*/step_cost*.csv")):
+        try:
+            return (read_step_cost(path, block_size=16),
+                    f"fitted on serving steps ({path.parent.name}/{path.name}, block 16)")
+        except ConfigError:
+            continue
+    return H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE
+
+
 def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> None:
     """Azure and Mooncake traces replayed in the simulators, and in the engine unless quick."""
     source = "pagebench.sim (real traces, " + ("quick: first requests" if quick else
                                                 "whole traces") + ")"
-    for kind, frame in study_traces(QUICK_REQUESTS if quick else None).items():
+    cost, cost_source = committed_step_cost()
+    for kind, frame in study_traces(QUICK_REQUESTS if quick else None, step_cost=cost,
+                                    step_cost_source=cost_source).items():
         results.add(f"real_traces_{kind}", frame, source)
     if not quick:  # the engine, the kernels and timing import torch: only when they run
         from pagebench.engine.bench import tiny_model

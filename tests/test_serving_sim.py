@@ -91,3 +91,40 @@ def test_schedule_matches_the_engine_step_for_step():
     assert [(s.num_prefill_tokens, s.num_decode_seqs, s.num_context_tokens)
             for s in engine.stats.steps] == \
         [(s.num_prefill_tokens, s.num_decode_seqs, s.num_context_tokens) for s in run.steps]
+
+
+FLAT_10MS = StepCostModel(base_ms=10, prefill_token_ms=0, decode_seq_ms=0, context_ktoken_ms=0)
+
+
+def test_contiguous_reservation_admits_one_at_a_time_where_paging_admits_both():
+    # two requests at t=0 (2 prompt tokens, 3 out: 4 slots each) in 8 slots of 1. Reserving
+    # max_model_len = 8 each, r1 waits until r0 finishes at 30 ms (steps of 10 ms: prefill,
+    # two decodes), then runs 30-60 ms; paged, both run 0-30 ms.
+    kwargs = dict(block_size=1, num_blocks=8)
+    reserved = simulate_serving([0.0, 0.0], [2, 2], [3, 3], FLAT_10MS, reserve_len=[8, 8],
+                                **kwargs)
+    paged = simulate_serving([0.0, 0.0], [2, 2], [3, 3], FLAT_10MS, **kwargs)
+    assert [t.token_s for t in reserved.requests] == [pytest.approx([0.01, 0.02, 0.03]),
+                                                      pytest.approx([0.04, 0.05, 0.06])]
+    assert [t.token_s for t in paged.requests] == [pytest.approx([0.01, 0.02, 0.03])] * 2
+    # KV entries held at each step's end (a finishing request's included): prompt, +1, +1
+    assert [s.tokens_held for s in reserved.steps] == [2, 3, 4, 2, 3, 4]
+    assert [s.blocks_used for s in reserved.steps] == [8] * 6  # held until the step ends
+    assert [s.memory_bound for s in reserved.steps] == [True] * 3 + [False] * 3
+    assert [s.tokens_held for s in paged.steps] == [4, 6, 8]
+    assert not any(s.memory_bound for s in paged.steps)
+    good = [serving_metrics(r.requests, r.duration_s, slo_ttft_s=0.02)["num_good_requests"]
+            for r in (reserved, paged)]
+    assert good == [1, 2]
+
+
+def test_reservation_inputs_are_refused():
+    with pytest.raises(ConfigError, match="reserve_len"):
+        simulate_serving([0.0], [4], [4], FLAT_10MS, block_size=1, num_blocks=64,
+                         reserve_len=[6])  # 7 slots needed
+    with pytest.raises(ConfigError, match="prefix_caching"):
+        simulate_serving([0.0], [4], [4], FLAT_10MS, block_size=1, num_blocks=64,
+                         reserve_len=[8], prefix_caching=True)
+    with pytest.raises(ConfigError, match="num_blocks"):  # one reservation exceeds the pool
+        simulate_serving([0.0], [4], [4], FLAT_10MS, block_size=1, num_blocks=7,
+                         reserve_len=[8])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from pagebench.defaults import SLO_ATTAINMENT
 from pagebench.cli.options import (add_output_options, allocating, check_bytes,
                                    check_output_file, dumps, format_table, int_list, integer,
                                    name_list, number, progress, torch_device, write_results)
@@ -83,7 +84,7 @@ def register(sub) -> None:
                    help="time-to-first-token SLO, milliseconds")
     p.add_argument("--slo-tpot", type=number(0, 1e9), default=None, metavar="MS",
                    help="time-per-output-token SLO, milliseconds")
-    p.add_argument("--slo-attainment", type=number(0, 1), default=0.9,
+    p.add_argument("--slo-attainment", type=number(0, 1), default=SLO_ATTAINMENT,
                    help="--find-max-rate: share of requests that must meet every SLO "
                    "(default %(default)s)")
     p.add_argument("--block-sizes", type=int_list, default=[16],

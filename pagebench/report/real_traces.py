@@ -2,8 +2,8 @@
 
 The rows come from :func:`pagebench.sim.real_traces.study_traces` (run by
 :func:`pagebench.suite.real_traces`): ``real_traces_static``, ``real_traces_dynamic``
-(at a memory-bound budget: at the article's 12.4 GB these traces are never short of memory),
-``real_traces_timeline``, ``real_traces_prefix`` (Mooncake's hash_ids) and, without
+and ``real_traces_timeline`` (:mod:`pagebench.sim.real_load`: a sample served at a real KV
+budget, at the rate where memory binds; ``real_traces_goodput`` is drawn in the Serving section), ``real_traces_prefix`` (Mooncake's hash_ids) and, without
 ``--quick``, ``real_traces_engine`` (the engine's hit rate beside the simulator's on a sample).
 :mod:`pagebench.analysis.real_traces` judges the article's claims on each trace.
 """
@@ -27,7 +27,20 @@ def traces_text(static: pd.DataFrame) -> str:
                         f"{r.mean_prompt_len:,.0f} / output {r.mean_output_len:,.0f} tokens, "
                         f"max_model_len {int(r.max_model_len):,}, {int(r.num_clipped)} clipped"
                         for r in static.drop_duplicates("trace").itertuples())
-            + ". Arrivals replay at 20 ms per decode step.")
+            + ". The prefix-cache sweep replays arrivals at 20 ms per decode step.")
+
+
+LOAD_TEXT = (
+    "The first requests of each trace (the same sample in every run mode) served by the "
+    "serving simulator (the engine's scheduler, each step costing what the step-cost model "
+    "says: step_cost) in a real KV budget: the capacity planner's Llama-3-8B (bf16) on one "
+    "H100 80 GiB at gpu_memory_utilization 0.9, vLLM V1's limits (1,024 sequences, 8,192 "
+    "tokens a step). Arrivals are compressed by time_scale, the smallest power of two at which "
+    "paged block 16 is memory-bound (a request refused for want of blocks, or a preemption) "
+    "for a quarter of the run's time, or 1,024 where none is. Reservations (naive: "
+    "max_model_len, pow2, oracle: exact length) hold their slots from admission to finish. "
+    "token_state_fraction: time-weighted share of the budget holding written KV entries, over "
+    "the run and (_saturated) over its memory-bound time; empty: never memory-bound.")
 
 
 def static_plot(static: pd.DataFrame) -> plots.Plot | None:
@@ -56,15 +69,10 @@ VIEWS = (
          ("trace", "allocator", "block_size", "utilisation", "wasted_slots_per_seq"),
          text=traces_text, plot=static_plot, missing="real-trace simulations (see warnings)",
          needed=True),
-    View("real_traces_dynamic", "Time-stepped summary per trace and allocator",
-         ("trace", "label", "budget_tokens", "token_state_fraction_saturated",
-          "reserved_unused_fraction_saturated", "internal_fragmentation_fraction_saturated",
-          "external_fragmentation_fraction_saturated", "saturated_step_fraction",
-          "mean_concurrency", "num_preemptions", "num_refused", "refused_with_enough_free",
-          "mean_wait_steps"), text="Time-stepped simulation at a memory-bound budget per trace "
-         "(half the oracle's peak demand with unlimited memory): fractions over the steps "
-         "where requests wait for memory. 'refused_with_enough_free' counts requests refused "
-         "while the total free memory would have held them (external fragmentation)."),
+    View("real_traces_dynamic", "Each allocator serving the trace at a real KV budget",
+         ("trace", "label", "budget_tokens", "request_rate", "time_scale",
+          "token_state_fraction", "token_state_fraction_saturated", "saturated_step_fraction",
+          "num_preemptions", "duration_s", "step_cost"), text=LOAD_TEXT),
     View("real_traces_timeline", plot=timeline_plots),
     View("real_traces_prefix", "Prefix-cache hit rate versus budget",
          ("trace", "budget_tokens", "budget_vs_article", "unlimited", "prefix_cache_hit_rate",

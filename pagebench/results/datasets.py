@@ -267,8 +267,21 @@ CAPACITY_TP = schema(
 TRACE = C("trace", "str", "azure-code, azure-conv, mooncake-conv or a file")
 REAL_TRACES_STATIC = schema("real_traces_static", "sim.static on one trace", TRACE, ALLOCATOR,
                             BLOCK_SIZE, UTILISATION)
-REAL_TRACES_DYNAMIC = schema("real_traces_dynamic", "sim.dynamic on one trace", TRACE,
-                             *DYNAMIC_COLUMNS)
+REAL_TRACES_DYNAMIC = schema(
+    "real_traces_dynamic", "one allocator serving a trace sample at a real KV budget, at the "
+    "rate where memory binds (sim.real_load)", TRACE, *DYNAMIC_COLUMNS, *optional(
+        C("budget_tokens", "int", "KV tokens of the real budget"),
+        C("time_scale", "float", "arrivals compressed by this factor"),
+        C("request_rate", "float", "requests/s at that scale"),
+        C("saturated_step_fraction", "float", "share of the run's time memory-bound"),
+        C("step_cost", "str", "the step-cost model's origin")))
+REAL_TRACES_GOODPUT = schema(
+    "real_traces_goodput", "paged or reserve-max serving a trace sample at one rate in the same "
+    "KV memory: goodput under the SLOs (sim.real_load)", TRACE, ALLOCATOR,
+    C("request_rate", "float", "requests/s"), C("goodput", "float", "requests/s meeting every SLO"),
+    C("meets_slo", "bool", "at least slo_attainment of the requests meet every SLO"),
+    *optional(C("time_scale", "float", "arrivals compressed by this factor"),
+              C("slo_ttft_ms", "float", "TTFT SLO"), C("slo_tpot_ms", "float", "TPOT SLO")))
 REAL_TRACES_TIMELINE = schema("real_traces_timeline", "one step of a trace's run", TRACE,
                               C("step", "int", "step"), ALLOCATOR, BLOCK_SIZE)
 REAL_TRACES_PREFIX = schema("real_traces_prefix", "prefix-cache hit rate at one budget",
@@ -426,9 +439,9 @@ DATASETS: dict[str, Schema] = {s.name: s for s in (
     MEMORY_DYNAMIC_SUMMARY,
     MEMORY_DYNAMIC_TIMELINE, BLOCK_WASTE, KV_GEOMETRY, CAPACITY, CAPACITY_ARTICLE,
     CAPACITY_FP8, CAPACITY_TP, REAL_TRACES_STATIC, REAL_TRACES_DYNAMIC, REAL_TRACES_TIMELINE,
-    REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, FP8_ENGINE, KV_ACCURACY, TP_EQUALITY, TP_CAPACITY,
-    TP_THROUGHPUT, TP_ALLREDUCE, TP_ALLREDUCE_BW, TP_ATTENTION, SWEEP_WALL, SERVE_BENCH,
-    SERVE_STEPS, STEP_COST,
+    REAL_TRACES_PREFIX, REAL_TRACES_ENGINE, REAL_TRACES_GOODPUT, FP8_ENGINE, KV_ACCURACY,
+    TP_EQUALITY, TP_CAPACITY, TP_THROUGHPUT, TP_ALLREDUCE, TP_ALLREDUCE_BW, TP_ATTENTION,
+    SWEEP_WALL, SERVE_BENCH, SERVE_STEPS, STEP_COST,
     ASV, PYTEST_BENCHMARK)}
 
 # ---- derived by pagebench.analysis from the datasets above (never read from files) --------

@@ -30,8 +30,9 @@ import numpy as np
 
 from pagebench.defaults import ENGINE_BLOCK_SIZES
 from pagebench.errors import ConfigError, check_positive_int
-from pagebench.results.datasets import (REAL_TRACES_DYNAMIC, REAL_TRACES_PREFIX,
-                                        REAL_TRACES_STATIC, REAL_TRACES_TIMELINE)
+from pagebench.results.datasets import (REAL_TRACES_DYNAMIC, REAL_TRACES_GOODPUT,
+                                        REAL_TRACES_PREFIX, REAL_TRACES_STATIC,
+                                        REAL_TRACES_TIMELINE)
 from pagebench.sim.trace import (HASH_BLOCK_TOKENS, MAX_TRACE_VALUE, Workload, open_text,
                                  read_trace)
 
@@ -311,45 +312,45 @@ def read_mooncake(path, source: str | None = None) -> Trace:
 
 STUDY_TRACES = ("azure-code", "azure-conv", "mooncake-conv")
 STUDY_STATIC_BLOCK_SIZES = ENGINE_BLOCK_SIZES
-STUDY_DYNAMIC_BLOCK_SIZES = (16, 128)
 # budgets of the prefix-cache sweep, as multiples of the article's 12.4 GB (1,009,104 slots)
 PREFIX_BUDGET_MULTIPLES = (64.0, 8.0, 2.0, 1.0, 0.5, 0.25)
-
-
-def memory_bound_budget(workload: Workload, max_model_len: int) -> int:
-    """Half the oracle's peak token demand with unlimited memory, in whole 128-token blocks and
-    at least twice ``max_model_len``: at the article's 12.4 GB budget the shipped traces are
-    never short of memory, so that budget would judge nothing."""
-    from pagebench.sim.dynamic import simulate_allocator
-
-    unlimited = int(workload.length.sum())
-    row, _ = simulate_allocator(workload, unlimited, "oracle", max_len=max_model_len)
-    peak = row["peak_token_state_fraction"] * unlimited
-    return max(int(np.ceil(peak / 2 / 128) * 128), 2 * max_model_len)
+# requests of each trace served at the real budget (sim.real_load), the first by arrival, in
+# every run mode (report, report --quick, claims --simulate): one sample, one verdict
+STUDY_LOAD_REQUESTS = 2000
 
 
 def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
-                 prefix_budget_multiples=PREFIX_BUDGET_MULTIPLES) -> dict:
+                 prefix_budget_multiples=PREFIX_BUDGET_MULTIPLES, step_cost=None,
+                 step_cost_source: str | None = None,
+                 load_requests: int = STUDY_LOAD_REQUESTS) -> dict:
     """The article's memory claims replayed on real traces (the first ``num_requests`` of each,
-    or all), at the default 20 ms per decode step. A DataFrame per kind:
+    or all). A DataFrame per kind:
 
     - ``static``: utilisation per allocator and block size on each trace's final lengths
       (``max_model_len`` = the trace's default);
-    - ``dynamic``: the time-stepped simulation per allocator at :func:`memory_bound_budget`;
-    - ``timeline``: the breakdown over time of those runs (paged at block 16 only);
+    - ``dynamic``, ``timeline``, ``goodput``: the first ``load_requests`` (and at most
+      ``num_requests``) requests served at a real KV budget by :mod:`pagebench.sim.real_load`
+      with ``step_cost`` (default :data:`~pagebench.sim.step_cost.H200_ENGINE_STEP_COST`),
+      whichever way the report runs: the same sample gives the same verdicts;
     - ``prefix``: prefix-cache hit rate of paged block 16 as the budget shrinks, for traces
       with ``hash_ids`` (Mooncake; the Azure traces say nothing about sharing).
     """
     import pandas as pd
 
     from pagebench.sim.capacity import article_budget_tokens
-    from pagebench.sim.dynamic import run_dynamic, simulate_allocator
+    from pagebench.sim.dynamic import simulate_allocator
+    from pagebench.sim.real_load import real_budget_tokens, study_trace
     from pagebench.sim.static import static_fragmentation
+    from pagebench.sim.step_cost import H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE
 
-    out = {"static": [], "dynamic": [], "timeline": [], "prefix": []}
+    if step_cost is None:
+        step_cost, step_cost_source = H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE
+    load_requests = min(load_requests, num_requests or load_requests)
+    budget = real_budget_tokens()
+    out = {"static": [], "dynamic": [], "timeline": [], "goodput": [], "prefix": []}
     for name in names:
-        trace = read_timed_trace(name)
-        trace = trace if num_requests is None else trace.head(num_requests)
+        whole = read_timed_trace(name)
+        trace = whole if num_requests is None else whole.head(num_requests)
         w = trace.to_workload()
         max_len = w.max_model_len
         info = {"trace": name, "source": trace.source, "num_requests": w.num_requests,
@@ -358,31 +359,37 @@ def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
                 "mean_output_len": float(w.output_len.mean())}
         res = static_fragmentation(w.length, max_len, STUDY_STATIC_BLOCK_SIZES)
         out["static"] += [REAL_TRACES_STATIC.row(**info | r) for r in res["results"]]
-        run = run_dynamic(w, memory_bound_budget(w, max_len),
-                          block_sizes=STUDY_DYNAMIC_BLOCK_SIZES, max_len=max_len,
-                          max_timeline_rows=300)
-        out["dynamic"] += [REAL_TRACES_DYNAMIC.row(**info | {"step_ms": DEFAULT_STEP_MS} | r)
-                           for r in run.summary]
-        tl = run.timeline_frame()
-        tl = tl[(tl["allocator"] != "paged") | (tl["block_size"] == 16)]
-        out["timeline"].append(REAL_TRACES_TIMELINE.table(tl.assign(trace=name)))
+        # the sample and its max_model_len (the whole trace's) are those of every run mode
+        sample, load_len = whole.head(load_requests), whole.default_max_model_len
+        lw = sample.to_workload(max_model_len=load_len)
+        load_info = {"trace": name, "source": sample.source, "num_requests": lw.num_requests,
+                     "num_clipped": lw.num_clipped, "mean_prompt_len": float(lw.prompt_len.mean()),
+                     "mean_output_len": float(lw.output_len.mean()),
+                     "step_cost": step_cost_source}
+        load = study_trace(sample.arrival_s, lw.prompt_len, lw.output_len, load_len, step_cost,
+                           budget)
+        out["dynamic"] += [REAL_TRACES_DYNAMIC.row(**load_info | r) for r in load["memory"]]
+        out["goodput"] += [REAL_TRACES_GOODPUT.row(**load_info | r) for r in load["goodput"]]
+        out["timeline"] += [REAL_TRACES_TIMELINE.table(pd.DataFrame(t).assign(trace=name))
+                            for t in load["timeline"]
+                            if t["allocator"] != "paged" or t["block_size"] == 16]
         if w.hash_ids is None:
             continue
         for multiple in tuple(prefix_budget_multiples) + (None,):
             # None: unlimited memory (every token of the trace fits), the trace's own sharing
-            budget = int(w.length.sum()) if multiple is None else \
+            budget_p = int(w.length.sum()) if multiple is None else \
                 int(article_budget_tokens() * multiple)
-            if budget < int(np.ceil(w.length.max() / 16) * 16):
+            if budget_p < int(np.ceil(w.length.max() / 16) * 16):
                 continue
-            row, _ = simulate_allocator(w, budget, "paged", 16, max_len=max_len,
+            row, _ = simulate_allocator(w, budget_p, "paged", 16, max_len=max_len,
                                         prefix_caching=True)
             out["prefix"].append(REAL_TRACES_PREFIX.row(**info | {
-                "budget_tokens": budget, "budget_vs_article": multiple,
+                "budget_tokens": budget_p, "budget_vs_article": multiple,
                 "unlimited": multiple is None} | {k: row[k] for k in (
                     "prefix_cache_hit_rate", "prefix_blocks_saved", "num_preemptions",
                     "free_fraction")}))
     frames = {kind: pd.DataFrame(rows) for kind, rows in out.items() if kind != "timeline"}
-    for kind in ("static", "dynamic"):
+    for kind in ("static", "dynamic", "goodput"):
         frames[kind]["block_size"] = frames[kind]["block_size"].astype("Int64")
     frames["timeline"] = pd.concat(out["timeline"], ignore_index=True)
     return frames

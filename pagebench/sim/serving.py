@@ -17,7 +17,11 @@ Prefix caching is modelled at block granularity from the trace's ``hash_ids`` (a
 identified by its 512-token span's id and its offset in the span, as the trace replay
 synthesises tokens), blocks become findable when the step computing them is scheduled, and
 are never evicted (the pool is taken as large enough to keep them; sharing does not reduce the
-blocks a request holds). Results: every request's arrival, first scheduled step, token times
+blocks a request holds). With ``reserve_len`` the pool is a contiguous reservation instead of
+paging: a request is admitted only if ``reserve_len`` slots for it fit (reserve-max: the model's
+``max_model_len``; Orca's power-of-two and exact-size reservations likewise), holds them until
+it finishes and so never needs a block while decoding. A step is *memory-bound* when a waiting
+request was refused for want of free blocks or a sequence was preempted. Results: every request's arrival, first scheduled step, token times
 and finish (:class:`~pagebench.sim.latency.RequestTiming`), scored by
 :func:`~pagebench.sim.latency.serving_metrics`.
 """
@@ -43,6 +47,8 @@ class SimulatedStep:
     num_decode_seqs: int
     num_context_tokens: int
     blocks_used: int
+    tokens_held: int = 0  # KV entries the running sequences hold at the step's end
+    memory_bound: bool = False  # a waiting request did not fit the free blocks, or a preemption
 
 
 @dataclass(slots=True)
@@ -80,9 +86,10 @@ def _block_keys(index: int, prompt_len: int, block_size: int, hash_ids) -> list:
 def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
                      block_size: int, num_blocks: int, max_num_seqs: int = 256,
                      max_num_batched_tokens: int = 2048, prefix_caching: bool = False,
-                     hash_ids=None) -> SimulatedRun:
+                     hash_ids=None, reserve_len=None) -> SimulatedRun:
     """Serve every request (see the module doc); ``hash_ids``: one array of span ids per
-    request (Mooncake traces), or None."""
+    request (Mooncake traces), or None; ``reserve_len``: the slots each request reserves at
+    admission (a contiguous reservation, at least prompt + output - 1), or None (paging)."""
     for name, value in (("block_size", block_size), ("num_blocks", num_blocks),
                         ("max_num_seqs", max_num_seqs),
                         ("max_num_batched_tokens", max_num_batched_tokens)):
@@ -94,9 +101,19 @@ def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
     if min(prompts + outputs, default=1) < 1:
         raise ConfigError("prompt_len, output_len: every request needs >= 1 of each")
     seqs = [_Seq(i, p, o, _block_keys(i, p, block_size, None if hash_ids is None
-                                      else hash_ids[i]))
+                                      else hash_ids[i]) if prefix_caching else [])
             for i, (p, o) in enumerate(zip(prompts, outputs))]
-    need = [-(-(p + o - 1) // block_size) for p, o in zip(prompts, outputs)]
+    if reserve_len is not None:
+        reserve = np.asarray(reserve_len).tolist()
+        if len(reserve) != len(prompts) or any(
+                r < p + o - 1 for r, p, o in zip(reserve, prompts, outputs)):
+            raise ConfigError("reserve_len: one value per request, each >= prompt + output - 1")
+        if prefix_caching:
+            raise ConfigError("reserve_len: a contiguous reservation shares no blocks; "
+                              "prefix_caching needs paging")
+    else:
+        reserve = [p + o - 1 for p, o in zip(prompts, outputs)]
+    need = [-(-r // block_size) for r in reserve]
     if max(need, default=0) > num_blocks:
         raise ConfigError(f"num_blocks: a request needs {max(need)} blocks of {block_size} "
                           f"tokens alone, the pool has {num_blocks}")
@@ -118,7 +135,7 @@ def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
         if not waiting and not running:
             now = float(arrival[order[0]])
             continue
-        budget, batch, preempted = max_num_batched_tokens, [], False
+        budget, batch, preempted, refused = max_num_batched_tokens, [], False, False
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -148,12 +165,14 @@ def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
                 limit = (seq.length - 1) // block_size  # the last token is always computed
                 while have < min(limit, len(seq.keys)) and seq.keys[have] in cached:
                     have += 1
-            fresh = blocks_for(seq.length) - have
+            held = blocks_for(seq.length if reserve_len is None else reserve[seq.index])
+            fresh = held - have
             if fresh > free:
+                refused = True
                 break
             waiting.popleft()
             free -= fresh
-            seq.blocks = blocks_for(seq.length)
+            seq.blocks = held
             seq.computed = have * block_size
             if not seq.admitted:
                 hits += seq.computed
@@ -178,9 +197,13 @@ def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
             if t.first_scheduled_s is None:
                 t.first_scheduled_s = now
         end = now + cost.step_ms(prefill, decode, context) / 1e3
-        steps.append(SimulatedStep(now, end, prefill, decode, context, num_blocks - free))
+        step = SimulatedStep(now, end, prefill, decode, context, num_blocks - free,
+                             memory_bound=preempted or refused)
+        steps.append(step)
         for seq, start, new in batch:
             seq.computed = start + new
+        step.tokens_held = sum(seq.computed for seq in running)
+        for seq, _, _ in batch:
             if seq.computed < seq.length:
                 continue  # a prefill chunk: nothing sampled yet
             t = timings[seq.index]

@@ -58,3 +58,40 @@ def read_step_cost(path, *, block_size: int, kv_cache_dtype: str = "auto",
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"step_cost: {path} lacks a number in {', '.join(COEFFICIENTS)}") \
             from None
+
+
+def fit_engine_batch(rows) -> StepCostModel:
+    """A step-cost model from the engine's batch sweep (``engine_throughput_vs_batch`` rows:
+    ``batch`` requests of ``prompt_len`` tokens, ``max_tokens`` outputs each, ``num_steps``
+    steps in ``time_s``, decode steps of ``decode_step_ms``), for when no serving steps were
+    measured on a GPU.
+
+    ``base_ms`` and ``decode_seq_ms``: a least-squares line through (batch, decode_step_ms);
+    ``prefill_token_ms``: the run's time left over after its ``max_tokens`` decode steps, per
+    prompt token, from the row with the most prompt tokens. Every row decodes at one context
+    length, so the context term cannot be told from the per-sequence one: it is 0 and the
+    per-sequence cost carries it at that length.
+    """
+    import numpy as np
+
+    rows = list(rows)
+    if len(rows) < 2 or len({float(r["batch"]) for r in rows}) < 2:
+        raise ConfigError("rows: need decode steps at two batch sizes or more")
+    batch = np.array([float(r["batch"]) for r in rows])
+    step = np.array([float(r["decode_step_ms"]) for r in rows])
+    slope, base = np.polyfit(batch, step, 1)
+    big = max(rows, key=lambda r: float(r["batch"]) * float(r["prompt_len"]))
+    decode_ms = float(big["max_tokens"]) * (base + slope * float(big["batch"]))
+    prefill = (float(big["time_s"]) * 1e3 - decode_ms) / (float(big["batch"])
+                                                          * float(big["prompt_len"]))
+    return StepCostModel(float(base), max(float(prefill), 0.0), max(float(slope), 0.0), 0.0)
+
+
+# fit_engine_batch on reports/data/h200/engine_throughput_vs_batch.csv, the rows of block 16 in
+# mode "graphs" (random-weight Qwen2.5-0.5B shape, bf16, NVIDIA H200, commit c46d36d): the
+# only engine steps measured on a GPU so far; tests/test_real_load.py refits them.
+H200_ENGINE_STEP_COST = StepCostModel(base_ms=1.6956, prefill_token_ms=0.0054247,
+                                      decode_seq_ms=0.0062063, context_ktoken_ms=0.0)
+H200_ENGINE_STEP_COST_SOURCE = (
+    "derived from the H200 engine batch sweep (Qwen2.5-0.5B shape, bf16, block 16; "
+    "reports/data/h200/engine_throughput_vs_batch.csv)")

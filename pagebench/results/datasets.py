@@ -372,6 +372,8 @@ SERVE_BENCH = schema(
               C("num_preemptions", "int", "sequences preempted"),
               C("prefix_cache_hit_rate", "float", "prompt tokens found cached"),
               C("num_steps", "int", "engine steps"), C("mode", "str", "how decode steps ran"),
+              C("replicas", "int", "data-parallel engines sharing the stream, one GPU each "
+                "(every N-th arrival); empty: 1"),
               C("max_model_len", "int", "requests clipped to this"),
               C("max_output_len", "int", "outputs cut to this"),
               C("max_num_seqs", "int", "engine's running-sequence cap"),

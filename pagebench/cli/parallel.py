@@ -15,7 +15,7 @@ from pagebench.cli.options import (
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
 # any other option given is refused rather than silently ignored
 OPTIONS = {
-    "equality": {"kernel": "auto", "prompt_len": 40, "max_tokens": 24},
+    "equality": {"preset": None, "kernel": "auto", "prompt_len": 40, "max_tokens": 24},
     "capacity": {"preset": None, "kv_memory": "2MiB"},
     "throughput": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
                    "prompt_len": 16, "max_tokens": 8},
@@ -63,7 +63,8 @@ def register(sub) -> None:
         description="Measure the tensor-parallel engine. Run equality, capacity, throughput and "
         "allreduce under `torchrun --nproc-per-node 2` (NCCL on CUDA, gloo on the CPU): tp=1 "
         "runs on every rank, tp=2 over both, and rank 0 writes the rows. equality: greedy "
-        "tokens at tp=2 against one device (tiny fp32 model, block tables checked each step). "
+        "tokens at tp=2 against one device (fp32: the tiny model or --preset's shape; block "
+        "tables checked each step; CUDA graphs on a GPU). "
         "capacity: KV blocks per device at the same KV memory per device. throughput: tokens/s "
         "per batch, eager and with CUDA graphs (on CUDA), tp=1 on rank 0 alone while the other "
         "ranks wait, then tp=2. allreduce: the all-reduce share of a tp=2 eager step. "
@@ -78,18 +79,17 @@ def register(sub) -> None:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="default: cuda if present, else cpu; under torchrun, cuda is the GPU of "
                    "the rank (LOCAL_RANK)")
-    p.add_argument("--preset", default=None, help="capacity, throughput, allreduce, "
-                   "allreduce-bw, replicas, attention: random bf16 weights in a preset's shape, e.g. llama-3-8b (default: the tiny "
-                   "random Qwen2 model)")
+    p.add_argument("--preset", default=None, help="random weights in a preset's shape, e.g. "
+                   "llama-3-8b: bf16, fp32 for equality (default: the tiny random Qwen2 model)")
     p.add_argument("--kernel", default=None, help="equality: attention backend (default auto)")
-    p.add_argument("--kv-memory", default=None, help="capacity, throughput, allreduce, replicas: KV cache "
-                   "memory per device, e.g. 16GiB (default 2MiB)")
+    p.add_argument("--kv-memory", default=None, help="capacity, throughput, allreduce, "
+                   "replicas: KV cache memory per device, e.g. 16GiB (default 2MiB)")
     p.add_argument("--batch-sizes", type=int_list, default=None,
                    help="throughput, allreduce, allreduce-bw, replicas, attention: sequences "
                    "per run (default 1,4)")
     p.add_argument("--prompt-len", type=integer(1, 1_000_000), default=None,
-                   help="throughput, allreduce, replicas: prompt tokens (default 16); equality: the "
-                   "longest prompt, prompts of 1..N tokens (default 40)")
+                   help="throughput, allreduce, replicas: prompt tokens (default 16); "
+                   "equality: the longest prompt, prompts of 1..N tokens (default 40)")
     p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
                    help="tokens generated per request (default 8; equality 24)")
     p.add_argument("--context", type=integer(1, 1_000_000), default=None,
@@ -122,7 +122,7 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
 
     if experiment == "equality":
         return tp.greedy_equality(device, opts["kernel"], max_prompt_len=opts["prompt_len"],
-                                  max_tokens=opts["max_tokens"])
+                                  max_tokens=opts["max_tokens"], preset=opts["preset"])
     if experiment == "attention":
         from pagebench.defaults import TINY_MODEL
 

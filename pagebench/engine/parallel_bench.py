@@ -66,33 +66,55 @@ def _generate_seconds(engine: LLMEngine, prompts, params) -> float:
 
 
 def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_prompt_len: int = 40,
-                    max_tokens: int = 24, seed: int = 3) -> list[dict]:
-    """Greedy tokens of the tp=N engine against the single-device engine on the same tiny fp32
-    model (block tables checked on every rank each step), prefix caching off and on; whether
-    every rank returned the same outputs."""
+                    max_tokens: int = 24, seed: int = 3, preset: str | None = None) -> list[dict]:
+    """Greedy tokens of the tp=N engine against the single-device engine on the same fp32
+    model (the tiny one, or random weights in ``preset``'s shape), block tables checked on
+    every rank each step, prefix caching off and on; whether every rank returned the same
+    outputs. On CUDA both engines decode through CUDA graphs (``cuda_graphs`` says whether
+    the tp=N one did)."""
     tp = parallel_size("equality")
     device = torch.device(device)
-    prompts = bench.random_prompts(num_prompts, 1, max_prompt_len, TINY_MODEL["vocab_size"],
+
+    def model():
+        if preset is None:
+            return bench.tiny_model(device=device)
+        return bench.preset_model(preset, dtype=torch.float32, device=device)
+
+    prompts = bench.random_prompts(num_prompts, 1, max_prompt_len, model_vocab(preset),
                                    seed=seed)
     rows = []
     for prefix in (False, True):
         options = dict(block_size=BLOCK_SIZE, num_blocks=512, kernel=kernel,
                        enable_prefix_caching=prefix, max_num_seqs=num_prompts,
                        compile_model=False)
-        single = LLMEngine(bench.tiny_model(device=device), **options)
+        single = LLMEngine(model(), **options)
         want = bench.greedy_tokens(single, prompts, max_tokens)
-        engine = LLMEngine(bench.tiny_model(device=device), tensor_parallel_size=tp, **options)
+        del single
+        engine = LLMEngine(model(), tensor_parallel_size=tp, **options)
         engine.tp.check_tables = True
         got = bench.greedy_tokens(engine, prompts, max_tokens)
         every = [None] * tp
         dist.all_gather_object(every, got, group=engine.tp.group)
         rows.append(datasets.TP_EQUALITY.row(**environment(device) | dict(
-            experiment="tp_greedy_equality", model="tiny-qwen2-fp32", dtype="float32", tp=tp,
-            prefix_caching=prefix, kernel=engine.runner.decode_backend.name,
+            experiment="tp_greedy_equality",
+            model=f"{preset}-random-fp32" if preset else "tiny-qwen2-fp32", dtype="float32",
+            tp=tp, prefix_caching=prefix, kernel=engine.runner.decode_backend.name,
+            cuda_graphs=bool(engine.graphs()["cuda_graphs"]),
             num_prompts=len(prompts), prompts_equal=bench.agreement(got, want)[0],
             ranks_agree=all(e == every[0] for e in every),
             kv_heads_per_gpu=engine.kv_heads_per_rank)))
+        del engine
+        bench.release_memory(device)
     return rows
+
+
+def model_vocab(preset: str | None) -> int:
+    """The vocabulary of ``preset``'s shape (None: the tiny model's)."""
+    if preset is None:
+        return TINY_MODEL["vocab_size"]
+    from pagebench.config import preset_config
+
+    return preset_config(preset).vocab_size
 
 
 def capacity(model, name: str, kv_memory) -> list[dict]:
@@ -206,14 +228,12 @@ def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device:
     it starts the replicas itself."""
     from functools import partial
 
-    from pagebench.config import preset_config
     from pagebench.engine import replicas as dp
 
     if world_from_environment()[1] > 1:
         raise ConfigError("replicas: run as one process; it starts one process per replica")
     replicas = dp.check_replicas(replicas, device)
-    vocab = (preset_config(preset).vocab_size if preset else TINY_MODEL["vocab_size"])
-    prompts = _prompts(vocab, batch_sizes, prompt_len)
+    prompts = _prompts(model_vocab(preset), batch_sizes, prompt_len)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     warm = [prompts[WARMUP_BATCH][i::replicas] for i in range(replicas)]
     jobs = [[] for _ in range(replicas)]

@@ -551,9 +551,9 @@ def test_merge_runs_keeps_request_order_and_the_longest_duration():
 
     timings, duration, steps = merge_runs([part([0, 2], 1.5), part([1], 2.0)], 0, 3)
     assert timings == ["t0", "t1", "t2"] and duration == 2.0 and steps == 3
-    with pytest.raises(PagebenchError, match="request 1 served twice"):
+    with pytest.raises(PagebenchError, match="request 1 ran on two replicas"):
         merge_runs([part([0, 1], 1), part([1], 1)], 0, 2)
-    with pytest.raises(PagebenchError, match="served by no replica"):
+    with pytest.raises(PagebenchError, match=r"requests \[1\] ran on no replica"):
         merge_runs([part([0], 1), part([], 1)], 0, 2)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from functools import partial
 
 from pagebench.engine import replicas as dp
-from pagebench.errors import ConfigError, PagebenchError
+from pagebench.errors import ConfigError
 from pagebench.measure.serve_bench import (
     ServeConfig, TraceRequests, engine_config, metrics_at_slo, warm_up)
 from pagebench.measure.serving import run_serving
@@ -38,15 +38,7 @@ def serve_share(engine, jobs, sync) -> list[dict]:
 def merge_runs(per_replica: list[list[dict]], job: int, count: int) -> tuple[list, float, int]:
     """(every request's timing in request order, the longest replica duration, steps over all
     replicas) of job ``job``; PagebenchError unless each request ran exactly once."""
-    timings: list = [None] * count
-    for replica in per_replica:
-        part = replica[job]
-        for i, t in zip(part["indices"], part["timings"]):
-            if timings[i] is not None:
-                raise PagebenchError(f"replicas: request {i} served twice")
-            timings[i] = t
-    if any(t is None for t in timings):
-        raise PagebenchError("replicas: a request was served by no replica")
+    timings = dp.in_request_order(per_replica, job, "timings", count)
     return (timings, max(r[job]["duration_s"] for r in per_replica),
             sum(r[job]["num_steps"] for r in per_replica))
 

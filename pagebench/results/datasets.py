@@ -543,10 +543,10 @@ LAYOUT_SPREAD = schema("layout_spread", "one decode point, each table layout's t
                        environment=False)
 TP_ALLREDUCE_STEP = schema("tp_allreduce_step", "tp_allreduce beside the CUDA-graph step",
                            *TP_ALLREDUCE.columns, environment=False)
+TP_CASE = (C("machine", "str", "device label"), MODEL, C("batch", "int", "sequences"))
 TP_CHOICE = schema(
     "tp_choice", "per model and batch: one GPU, tp=2 and two replicas (CUDA graphs), the "
-    "better use of a second GPU", C("machine", "str", "device label"), MODEL,
-    C("batch", "int", "requests"),
+    "better use of a second GPU", *TP_CASE,
     C("one_gpu_tokens_per_s", "float", "one GPU, CUDA graphs"),
     C("tp2_tokens_per_s", "float", "tp=2, CUDA graphs; empty: not measured"),
     C("replicas2_tokens_per_s", "float", "two replicas, CUDA graphs; empty: not measured"),
@@ -556,7 +556,7 @@ TP_CHOICE = schema(
     C("baseline_alone", "bool", "the one-GPU run had the host to itself"), environment=False)
 TP_STEP_MODEL = schema(
     "tp_step_model", "tp=2 decode step predicted: one GPU's graph step / 2 + the all-reduces",
-    C("machine", "str", "device label"), MODEL, C("batch", "int", "sequences"),
+    *TP_CASE,
     C("one_gpu_step_ms", "float", "one GPU's CUDA-graph decode step"),
     C("compute_per_rank_ms", "float", "half of it"),
     C("allreduce_bytes", "int", "one all-reduce: batch × hidden × dtype"),

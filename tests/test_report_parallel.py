@@ -206,3 +206,11 @@ def test_section_lists_the_runs_still_missing(tmp_path):
     analyse(nothing)
     todo = next(t for t in section_texts(nothing) if t.startswith("Runs still to make"))
     assert todo.count("for the 0.5B and Llama-3-8B shapes") == 3
+
+
+def test_throughput_plot_draws_a_panel_per_model():
+    rows = [dict(model=m, mode=mode, batch=b, tokens_per_s=float(b))
+            for m in (EIGHT_B, "qwen2.5-0.5b-random") for (mode, b) in TPUT]
+    plot = parallel.throughput_plot(pd.DataFrame(rows))
+    titles = [axes.get("title") for axes in plot.axes]
+    assert len(titles) == 2 and all(EIGHT_B in t or "qwen2.5-0.5b" in t for t in titles), titles

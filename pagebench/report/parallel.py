@@ -68,12 +68,14 @@ def missing(choice: pd.DataFrame | None, bandwidth: pd.DataFrame | None) -> list
 
 
 def throughput_plot(tput: pd.DataFrame) -> plots.Plot | None:
+    """Tokens/s against batch, one line per run; a panel per model where several were run."""
+    several = "model" in tput.columns and tput["model"].nunique() > 1
     hue = "mode" if "mode" in tput.columns else "tp"  # mode (optional): tp and eager / graphs
-    return plots.lines(tput, "batch", "tokens_per_s", hue, "Engine tokens/s vs batch: tp=1 (one "
-                       "GPU) and tp=2 (two GPUs)", "batch size (sequences)", "generated tokens/s",
-                       "line chart of tokens per second against batch for tp 1 and 2",
-                       legend_title="run" if hue == "mode" else "tensor-parallel GPUs",
-                       logx=True)
+    return plots.lines(tput, "batch", "tokens_per_s", hue, "Engine tokens/s vs batch: one GPU, "
+                       "tp=2 and two replicas", "batch size (sequences)", "generated tokens/s",
+                       "line chart of tokens per second against batch for one GPU, tp=2 and "
+                       "two replicas", legend_title="run" if hue == "mode" else
+                       "tensor-parallel GPUs", logx=True, panel="model" if several else None)
 
 
 MEASURED = (
@@ -91,9 +93,10 @@ MEASURED = (
     View("tp_capacity", "KV blocks per GPU at the same KV memory per GPU",
          ("machine", "tp", "kv_heads_per_gpu", "kv_memory_budget_bytes",
           "bytes_per_block_per_gpu", "num_blocks_per_gpu")),
-    View("tp_throughput", "Engine throughput (random-weight Llama-3-8B, bf16; prompts of 128 "
-         "tokens, 64 generated)", ("machine", "tp", "mode", "batch", "tokens_per_s",
-         "decode_tokens_per_s", "time_s", "num_steps", "num_blocks_per_gpu"),
+    View("tp_throughput", "Engine throughput (random weights, bf16; prompts of 128 tokens, 64 "
+         "generated): one GPU (run alone where baseline_alone), tp=2, two replicas",
+         ("machine", "model", "tp", "mode", "batch", "tokens_per_s", "decode_tokens_per_s",
+          "time_s", "num_steps", "num_blocks_per_gpu", "baseline_alone"),
          plot=throughput_plot, missing=f"engine throughput at tp=1 and tp=2 ({SOURCE})"),
     View("tp_allreduce", "All-reduce per step at tp=2. Eager run: CUDA events around every "
          "all-reduce (steps of a whole generate call, mostly decode); 'isolated': one "

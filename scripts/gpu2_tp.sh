@@ -5,6 +5,7 @@
 #   scripts/gpu2_tp.sh OUT_DIR                      # the default STEPS, one device call
 #   STEPS="capacity attention" scripts/gpu2_tp.sh OUT_DIR   # any steps, by name
 #   DEVICE=cpu scripts/gpu2_tp.sh OUT_DIR           # the same steps at CPU sizes over gloo
+#   EXTRA=--compile STEPS="throughput replicas" scripts/gpu2_tp.sh OUT_DIR2  # compiled layers
 #
 # Steps (STEPS, in this order; default: gpu-tests equality throughput replicas bandwidth):
 #   gpu-tests   the one-GPU tests of the captured-collective path (pytest -m gpu), log only
@@ -25,6 +26,7 @@ OUT=${1:?usage: scripts/gpu2_tp.sh OUT_DIR}
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}  # may be a command with arguments, e.g. "nice .venv/bin/python"
 STEPS=${STEPS:-gpu-tests equality throughput replicas bandwidth}
+EXTRA=${EXTRA:-}  # more tp-bench options for throughput and replicas, e.g. --compile
 OUT=$(mkdir -p "$OUT" && cd "$OUT" && pwd)
 cd "$(dirname "$0")/.."  # the repository root: its pagebench is the one run
 # NVLink multicast (NVLS) stays off: NCCL's all-reduce and torch's symmetric memory use it
@@ -80,13 +82,14 @@ equality() {
 
 throughput() {
   for m in $MODELS; do
-    $TORCHRUN throughput --device "$DEVICE" $(preset $m) $KV $RUN --out "$OUT/tp_throughput_$m.csv"
+    $TORCHRUN throughput --device "$DEVICE" $(preset $m) $KV $RUN $EXTRA \
+      --out "$OUT/tp_throughput_$m.csv"
   done
 }
 
 replicas() {
   for m in $MODELS; do
-    $ONE replicas --device "$DEVICE" $(preset $m) $KV $RUN --replicas 2 \
+    $ONE replicas --device "$DEVICE" $(preset $m) $KV $RUN $EXTRA --replicas 2 \
       --out "$OUT/tp_throughput_replicas_$m.csv"
   done
 }

@@ -287,6 +287,8 @@ def test_mode_labels_name_the_way_the_gpus_were_used():
     assert mode_label(1, True, False) == "tp=1, eager"
     assert mode_label(1, False, True, replicas=2) == "2 replicas, CUDA graphs"
     assert mode_label(2, False, False) == "tp=2, default (no graphs)"
+    assert mode_label(2, False, True, compiled=True) == "tp=2, CUDA graphs, compiled"
+    assert mode_label(1, False, False, compiled=True) == "tp=1, default (no graphs)"  # a CPU
 
 
 # ---- data-parallel replicas ----------------------------------------------------------------

@@ -18,12 +18,12 @@ OPTIONS = {
     "equality": {"preset": None, "kernel": "auto", "prompt_len": 40, "max_tokens": 24},
     "capacity": {"preset": None, "kv_memory": "2MiB"},
     "throughput": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
-                   "prompt_len": 16, "max_tokens": 8},
+                   "prompt_len": 16, "max_tokens": 8, "compile": False},
     "allreduce": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
                   "prompt_len": 16, "max_tokens": 8, "repeat": 50},
     "allreduce-bw": {"preset": None, "batch_sizes": [1, 4], "repeat": 5},
     "replicas": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4], "prompt_len": 16,
-                 "max_tokens": 8, "replicas": 2},
+                 "max_tokens": 8, "replicas": 2, "compile": False},
     "attention": {"preset": None, "batch_sizes": [1, 4], "context": 64, "repeat": 30},
     "sweep-wall": {"gpus": [1, 2], "bench_args": "--device cpu", "rows_out": None},
 }
@@ -98,6 +98,10 @@ def register(sub) -> None:
                    help="attention: timed calls per point (default 30); allreduce: timed "
                    "all-reduces alone (default 50); allreduce-bw: timed loops of 20 "
                    "all-reduces per size (default 5)")
+    p.add_argument("--compile", action="store_const", const=True, default=None,
+                   help="throughput, replicas: torch.compile the decoder layers before the "
+                   "CUDA graphs are captured (mode '..., compiled'; about a minute per 8B "
+                   "engine)")
     p.add_argument("--replicas", type=integer(1, 64), default=None,
                    help="replicas: independent engines, one process and GPU each (default 2)")
     p.add_argument("--gpus", type=int_list, default=None,
@@ -140,14 +144,16 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
     if experiment == "replicas":
         return tp.replica_throughput(opts["preset"], opts["kv_memory"], opts["replicas"],
                                      torch.device(device).type, opts["batch_sizes"],
-                                     opts["prompt_len"], opts["max_tokens"])
+                                     opts["prompt_len"], opts["max_tokens"],
+                                     compile_model=opts["compile"])
     model, name = tp.random_model(opts["preset"], device)
     if experiment == "capacity":
         return tp.capacity(model, name, opts["kv_memory"])
     run = dict(batch_sizes=opts["batch_sizes"], prompt_len=opts["prompt_len"],
                max_tokens=opts["max_tokens"])
     if experiment == "throughput":
-        return tp.throughput(model, name, opts["kv_memory"], **run)
+        return tp.throughput(model, name, opts["kv_memory"], compile_model=opts["compile"],
+                             **run)
     return tp.allreduce_share(model, name, opts["kv_memory"], repeat=opts["repeat"], **run)
 
 

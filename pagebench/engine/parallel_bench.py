@@ -29,8 +29,8 @@ from pagebench.timing import environment, measure
 
 # the batch of the warm-up call before an engine's timed runs: kernels compiled, allocator grown
 WARMUP_BATCH = 16
-# torch.compile of the layers is left out: it costs a minute per 8B engine, and the 8B decode
-# step is weight-bound
+# torch.compile of the layers is left out unless asked (compile_model): it costs a minute per
+# 8B engine, and the 8B decode step is weight-bound
 ENGINE_OPTIONS = dict(block_size=BLOCK_SIZE, max_num_seqs=256, max_num_batched_tokens=8192,
                       compile_model=False)
 
@@ -143,12 +143,14 @@ def _prompts(vocab: int, batch_sizes, prompt_len: int) -> dict[int, list]:
             for b in (*batch_sizes, WARMUP_BATCH)}
 
 
-def mode_label(tp: int, eager: bool, graphs: bool, replicas: int = 1) -> str:
+def mode_label(tp: int, eager: bool, graphs: bool, replicas: int = 1,
+               compiled: bool = False) -> str:
     """How decode ran: ``tp=2, CUDA graphs``, ``tp=1, eager``, ``2 replicas, CUDA graphs``, or
     ``tp=2, default (no graphs)`` where the engine asked for graphs and has none (a CPU, a
-    failed capture)."""
+    failed capture); ``, compiled`` after a graph run of ``torch.compile``'d layers."""
     who = f"{replicas} replicas, " if replicas > 1 else f"tp={tp}, "
-    return who + ("eager" if eager else "CUDA graphs" if graphs else "default (no graphs)")
+    how = "eager" if eager else "CUDA graphs" if graphs else "default (no graphs)"
+    return who + how + (", compiled" if compiled and graphs and not eager else "")
 
 
 def baseline_barrier():
@@ -165,12 +167,13 @@ def baseline_barrier():
 
 
 def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int = 16,
-               max_tokens: int = 8) -> list[dict]:
+               max_tokens: int = 8, compile_model: bool = False) -> list[dict]:
     """Engine tokens/s per batch at tp=1 and, under torchrun, tp=N; eager and by default (CUDA
     graphs for decode on CUDA): ``batch`` prompts of ``prompt_len`` tokens, ``max_tokens``
     each, after one warm-up call. tp=1 runs first and on rank 0 alone while the other ranks
     wait (a baseline never shares the host with another rank's); tp > 1 then shards ``model``
-    in place. Rank 0's rows hold both."""
+    in place. Rank 0's rows hold both. ``compile_model``: the graph runs ``torch.compile``
+    the layers first (mode ``..., compiled``)."""
     device = next(model.parameters()).device
     prompts = _prompts(model.config.vocab_size, batch_sizes, prompt_len)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -185,18 +188,20 @@ def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int 
             wait()  # rank 0 measures the baseline alone
             continue
         for eager in (True, False):
-            rows += _engine_rows(model, kv_memory, tp, eager, prompts, batch_sizes, params,
-                                 base | dict(baseline_alone=True) if tp == 1 else base)
+            rows += _engine_rows(model, kv_memory, tp, eager, prompts,
+                                 batch_sizes, params,
+                                 base | dict(baseline_alone=True) if tp == 1 else base,
+                                 compile_model and not eager)
         if tp == 1 and wait is not None:
             wait()
     return rows
 
 
 def _engine_rows(model, kv_memory, tp: int, eager: bool, prompts, batch_sizes, params,
-                 base: dict) -> list[dict]:
+                 base: dict, compile_model: bool = False) -> list[dict]:
     device = next(model.parameters()).device
     engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
-                       enforce_eager=eager, **ENGINE_OPTIONS)
+                       enforce_eager=eager, **ENGINE_OPTIONS | dict(compile_model=compile_model))
     graphs = bool(engine.stats.cuda_graphs)
     _generate_seconds(engine, prompts[WARMUP_BATCH], params)
     rows = []
@@ -204,7 +209,8 @@ def _engine_rows(model, kv_memory, tp: int, eager: bool, prompts, batch_sizes, p
         seconds = _generate_seconds(engine, prompts[b], params)
         stats = engine.stats
         rows.append(datasets.TP_THROUGHPUT.row(**base | dict(
-            tp=tp, mode=mode_label(tp, eager, graphs), cuda_graphs=graphs, batch=b,
+            tp=tp, mode=mode_label(tp, eager, graphs, compiled=compile_model),
+            cuda_graphs=graphs, batch=b,
             time_s=seconds, num_steps=len(stats.steps),
             tokens_per_s=b * params.max_tokens / seconds,
             decode_tokens_per_s=stats.decode_tokens_per_s, num_blocks_per_gpu=engine.num_blocks,
@@ -221,7 +227,7 @@ def replica_model(preset: str | None, device):
 
 def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device: str = "cpu",
                        batch_sizes=(1, 4), prompt_len: int = 16, max_tokens: int = 8,
-                       eager: bool = False) -> list[dict]:
+                       eager: bool = False, compile_model: bool = False) -> list[dict]:
     """Aggregate tokens/s of ``replicas`` independent tp=1 engines (one process and device
     each, ``pagebench.engine.replicas``) per batch: the batch's prompts dealt round robin,
     every replica starting each batch together; the slowest replica's time. One process:
@@ -242,7 +248,8 @@ def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device:
             jobs[i].append((share, [prompts[b][j] for j in share], params))
     setup = dp.ReplicaSetup(
         partial(replica_model, preset), device,
-        dict(ENGINE_OPTIONS, kv_cache_memory=kv_memory, enforce_eager=eager),
+        dict(ENGINE_OPTIONS, kv_cache_memory=kv_memory, enforce_eager=eager,
+             compile_model=compile_model),
         threads=max(1, torch.get_num_threads() // replicas) if device == "cpu" else None)
     per_replica = dp.run_replicas(setup, dp.timed_generate,
                                   [[(range(len(w)), w, params)] + j for w, j in zip(warm, jobs)])
@@ -255,7 +262,8 @@ def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device:
         rows.append(datasets.TP_THROUGHPUT.row(**environment(first) | dict(
             model=name, dtype=dtype_name(torch.bfloat16), block_size=BLOCK_SIZE,
             prompt_len=prompt_len, max_tokens=max_tokens, tp=1, replicas=replicas,
-            mode=mode_label(1, eager, graphs, replicas), cuda_graphs=graphs, batch=b,
+            mode=mode_label(1, eager, graphs, replicas, compile_model), cuda_graphs=graphs,
+            batch=b,
             time_s=run["seconds"], num_steps=run["num_steps"],
             tokens_per_s=run["num_tokens"] / run["seconds"],
             decode_tokens_per_s=run["decode_tokens_per_s"])))

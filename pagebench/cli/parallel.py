@@ -58,11 +58,12 @@ TABLES = {
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "tp-bench", help="tensor parallelism: tp=2 vs one device (equality, KV capacity, "
-        "tokens/s, all-reduce share, attention per step); the kernel sweep on 1 vs 2 GPUs",
-        description="Measure the tensor-parallel engine. Run equality, capacity, throughput and "
-        "allreduce under `torchrun --nproc-per-node 2` (NCCL on CUDA, gloo on the CPU): tp=1 "
-        "runs on every rank, tp=2 over both, and rank 0 writes the rows. equality: greedy "
+        "tp-bench", help="past one GPU: tp=2 vs one device vs two replicas (equality, KV "
+        "capacity, tokens/s, all-reduce share and bandwidth, attention per step); the kernel "
+        "sweep on 1 vs 2 GPUs",
+        description="Measure the tensor-parallel engine. Run equality, capacity, throughput, "
+        "allreduce and allreduce-bw under `torchrun --nproc-per-node 2` (NCCL on CUDA, gloo on "
+        "the CPU): tp=2 runs over both ranks, and rank 0 writes the rows. equality: greedy "
         "tokens at tp=2 against one device (fp32: the tiny model or --preset's shape; block "
         "tables checked each step; CUDA graphs on a GPU). "
         "capacity: KV blocks per device at the same KV memory per device. throughput: tokens/s "

@@ -2,9 +2,11 @@
 
 Run under ``torchrun --nproc-per-node N`` (``pagebench tp-bench``), every rank calling the same
 function with the same arguments: a tp=N engine runs SPMD, so its rows are the same on every
-rank, and a tp=1 engine runs on every rank at once, each on its own device, so each rank
-measures its own copy (rank 0's rows are the ones written). Outside torchrun the world is one
-process and only tp=1 runs.
+rank. A timed tp=1 baseline (``throughput``) runs on rank 0 alone while the others wait; the
+untimed ones (equality's reference, capacity) run on every rank at once, each on its own
+device. Rank 0's rows are the ones written. Outside torchrun the world is one process and only
+tp=1 runs. ``replica_throughput`` (one process) starts its own replica processes
+(``pagebench.engine.replicas``); ``allreduce_bandwidth`` times the collective alone.
 
 The rows are those of ``pagebench.results.datasets``' ``tp_*`` schemas. The defaults run in
 seconds on a CPU (gloo) with the tiny random model; pass a preset's model for device runs.

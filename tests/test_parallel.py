@@ -581,3 +581,13 @@ def test_serve_bench_replicas_merges_every_request_into_one_run(one_process, tmp
     assert (rows["ttft_p99_ms"] >= rows["ttft_p50_ms"]).all()
     assert (rows["output_throughput"] * rows["duration_s"]).round().tolist() == \
         rows["num_output_tokens"].astype(float).tolist()
+
+
+def test_runbook_files_are_classified_by_their_prefix():
+    from pagebench.results import classify
+
+    assert classify("tp_allreduce_bw_llama-3-8b.csv") == "tp_allreduce_bw"
+    assert classify("tp_allreduce.csv") == "tp_allreduce"
+    assert classify("tp_throughput_replicas_qwen2.5-0.5b.csv") == "tp_throughput"
+    assert classify("tp_equality_qwen2.5-0.5b.csv") == "tp_equality"
+    assert classify("tp_serve_replicas2.csv") is None  # serve_bench rows, not read yet

@@ -25,7 +25,7 @@ def test_analyse_adds_every_derived_table_the_recommendation_and_the_verdicts():
     assert list(verdicts.columns) == VERDICT.names
     assert list(verdicts["key"]) == [c.id for c in pipeline.EVERY_CLAIM]
     assert verdicts.groupby("section", sort=False).size().to_dict() == {
-        "claims": len(claims.CLAIMS) + 2, "fp8": 4, "parallel": 2}
+        "claims": len(claims.CLAIMS) + 2, "fp8": 4, "parallel": 3}
     assert set(verdicts["kind"]) == {"arithmetic", "measured", "citation"}
     rec = results.recommendation
     table = results.get("recommendation")

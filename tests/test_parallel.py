@@ -287,6 +287,8 @@ def test_mode_labels_name_the_way_the_gpus_were_used():
     assert mode_label(1, True, False) == "tp=1, eager"
     assert mode_label(1, False, True, replicas=2) == "2 replicas, CUDA graphs"
     assert mode_label(2, False, False) == "tp=2, default (no graphs)"
+    assert mode_label(2, False, True, compiled=True) == "tp=2, CUDA graphs, compiled"
+    assert mode_label(1, False, False, compiled=True) == "tp=1, default (no graphs)"  # a CPU
 
 
 # ---- data-parallel replicas ----------------------------------------------------------------
@@ -537,3 +539,55 @@ def test_graphs_capture_nccl_all_reduces_and_equal_eager_gpu(world_of_one, compi
     eager_steps = len(graphs.stats.steps) - replays
     assert replays > 0
     assert len(calls) == 2 * graphs.model.config.num_hidden_layers * eager_steps
+
+
+# ---- serve-bench over replicas ---------------------------------------------------------------
+
+def test_merge_runs_keeps_request_order_and_the_longest_duration():
+    from pagebench.errors import PagebenchError
+    from pagebench.measure.replica_serving import merge_runs
+
+    def part(indices, duration):
+        return [dict(indices=indices, timings=[f"t{i}" for i in indices], duration_s=duration,
+                     num_steps=len(indices))]
+
+    timings, duration, steps = merge_runs([part([0, 2], 1.5), part([1], 2.0)], 0, 3)
+    assert timings == ["t0", "t1", "t2"] and duration == 2.0 and steps == 3
+    with pytest.raises(PagebenchError, match="request 1 ran on two replicas"):
+        merge_runs([part([0, 1], 1), part([1], 1)], 0, 2)
+    with pytest.raises(PagebenchError, match=r"requests \[1\] ran on no replica"):
+        merge_runs([part([0], 1), part([], 1)], 0, 2)
+
+
+def test_serve_bench_replicas_refuses_what_one_engine_runs(one_process):
+    common = ("serve-bench", "--replicas", "2", "--device", "cpu", "--num-requests", "4")
+    code, _, err = run_cli(*common, "--block-sizes", "8,16")
+    assert code == 2 and "one configuration" in err and "not 2" in err
+    code, _, err = run_cli(*common, "--find-max-rate", "--rates", "1", "--slo-ttft", "100")
+    assert code == 2 and "max-rate search runs on one engine" in err
+
+
+@pytest.mark.slow  # spawns two processes
+def test_serve_bench_replicas_merges_every_request_into_one_run(one_process, tmp_path):
+    code, _, err = run_cli("serve-bench", "--replicas", "2", "--device", "cpu",
+                           "--num-requests", "5", "--max-model-len", "64",
+                           "--max-output-len", "3", "--rates", "inf,40", "--slo-ttft", "60000",
+                           "--out", str(tmp_path / "serve.csv"))
+    assert code == 0, err
+    rows = rows_of("serve_bench", tmp_path / "serve.csv")
+    assert list(rows["request_rate"]) == [float("inf"), 40.0]
+    assert (rows["replicas"] == 2).all() and (rows["num_requests"] == 5).all()
+    assert (rows["num_good_requests"] == 5).all()  # a minute's TTFT SLO: every request
+    assert (rows["ttft_p99_ms"] >= rows["ttft_p50_ms"]).all()
+    assert (rows["output_throughput"] * rows["duration_s"]).round().tolist() == \
+        rows["num_output_tokens"].astype(float).tolist()
+
+
+def test_runbook_files_are_classified_by_their_prefix():
+    from pagebench.results import classify
+
+    assert classify("tp_allreduce_bw_llama-3-8b.csv") == "tp_allreduce_bw"
+    assert classify("tp_allreduce.csv") == "tp_allreduce"
+    assert classify("tp_throughput_replicas_qwen2.5-0.5b.csv") == "tp_throughput"
+    assert classify("tp_equality_qwen2.5-0.5b.csv") == "tp_equality"
+    assert classify("tp_serve_replicas2.csv") is None  # serve_bench rows, not read yet

@@ -47,7 +47,7 @@ def test_verdicts_hold_on_doubled_blocks_and_halved_attention(tmp_path):
     write_h200x2(tmp_path)
     results = loaded(tmp_path)
     assert results.get("kernels") is None  # the split sweep's rows are not decode data here
-    capacity, attention = evaluate(results, parallel_claims.CLAIMS)
+    capacity, attention, _ = evaluate(results, parallel_claims.CLAIMS)
     assert capacity.verdict == HOLDS and "8,192 → 16,384" in capacity.measured
     assert capacity.device == "H200"  # the device label (pagebench.results.devices)
     assert attention.verdict == HOLDS and "batch 256: 0.50×" in attention.measured
@@ -89,7 +89,7 @@ def test_tp_claims_pair_rows_of_one_machine_and_judge_each():
     results = Results()
     results.add("tp_attention", pd.DataFrame(attention), "two GPUs")
     results.add("tp_capacity", pd.DataFrame(capacity), "two GPUs")
-    capacity, attention = evaluate(results, parallel_claims.CLAIMS)
+    capacity, attention, _ = evaluate(results, parallel_claims.CLAIMS)
     assert attention.verdict == FAILS and attention.device == "H100, H200"
     assert "H200: tp=2 / tp=1 per step: batch 1: 0.30×, batch 256: 0.30× (largest batch " \
         "0.30× (0.27–0.33, ±5% assumed)) (does not hold)" in attention.measured
@@ -103,7 +103,7 @@ def test_section_without_data_says_no_data_and_keeps_the_planner(tmp_path):
         f"No data: two-GPU measurements ({parallel.SOURCE})"]
     verdicts = next(i.table for i in s.items if i.kind == "table")
     # columns: claim, kind, measured, device, verdict, ...
-    assert [r[4] for r in verdicts.rows] == [UNMEASURED, UNMEASURED]
+    assert [r[4] for r in verdicts.rows] == [UNMEASURED] * 3
     assert any(i.table.data == "capacity_tp" for i in s.items if i.kind == "table")
     nothing = Results()
     analyse(nothing)
@@ -128,3 +128,89 @@ def test_allreduce_set_against_the_graph_decode_step(tmp_path):
     frame = loaded(tmp_path).get("tp_allreduce_step")
     assert frame["graph_decode_step_ms"].iloc[0] == pytest.approx(10.0)  # 16 / 1600 tokens/s
     assert frame["isolated_share_of_graph_step"].iloc[0] == pytest.approx(0.16)  # 64 x 25 us
+
+
+EIGHT_B = "llama-3-8b-random"
+# tokens/s per (mode, batch): replicas win at batch 1, tp=2 at batch 256
+TPUT = {("tp=1, CUDA graphs", 1): 130.0, ("tp=1, CUDA graphs", 256): 8700.0,
+        ("tp=2, CUDA graphs", 1): 120.0, ("tp=2, CUDA graphs", 256): 17000.0,
+        ("2 replicas, CUDA graphs", 1): 131.0, ("2 replicas, CUDA graphs", 256): 16000.0,
+        ("tp=2, eager", 256): 5000.0}
+
+
+def write_choice(root, modes=None, alone=True, bandwidth=True):
+    d = root / "h200x2"
+    d.mkdir(parents=True)
+    rows = [GPU | dict(model=EIGHT_B, tp=2 if mode.startswith("tp=2") else 1, mode=mode,
+                       batch=b, tokens_per_s=t, decode_tokens_per_s=t * 2, time_s=1.0,
+                       baseline_alone=alone if mode.startswith("tp=1") else None)
+            for (mode, b), t in TPUT.items() if modes is None or mode in modes]
+    pd.DataFrame(rows).to_csv(d / "tp_throughput.csv", index=False)
+    if bandwidth:  # hidden 4096, bf16: batch 1 = 8 KiB, batch 256 = 2 MiB
+        pd.DataFrame([GPU | dict(model="llama-3-8b", world=2, backend="nccl", batch=b,
+                                 hidden=4096, bytes=b * 4096 * 2, time_us=us,
+                                 busbw_gbps=b * 8192 / us / 1e3)
+                      for b, us in ((1, 10.0), (64, 20.0), (512, 60.0))]
+                     ).to_csv(d / "tp_allreduce_bw.csv", index=False)
+
+
+def section_texts(results):
+    return [i.text for i in parallel.section(results).items if i.kind == "text"]
+
+
+def test_choice_names_the_better_use_of_two_gpus_per_batch(tmp_path):
+    write_choice(tmp_path)
+    results = loaded(tmp_path)
+    choice = results.get("tp_choice").set_index("batch")
+    assert choice.loc[1, "choice"] == "2 replicas"  # 131 vs 120 tokens/s
+    assert choice.loc[256, "choice"] == "tp=2"
+    assert choice.loc[256, "tp2_speedup"] == pytest.approx(17000 / 8700)
+    assert choice["baseline_alone"].all()
+    verdict = evaluate(results, parallel_claims.CLAIMS)[2]
+    assert verdict.verdict == HOLDS and "batch 256: 17,000 vs 8,700 tokens/s (1.95×)" in \
+        verdict.measured
+    texts = section_texts(results)
+    answer = next(t for t in texts if t.startswith("tp=2 or two replicas?"))
+    assert f"{EIGHT_B} on " in answer and "batch 256: tp=2 (tp=2 1.95×, 2 replicas 1.84× " \
+        "one GPU)" in answer
+    todo = next(t for t in texts if t.startswith("Runs still to make"))
+    assert EIGHT_B not in todo and "all-reduce" not in todo  # only the 0.5B shape's runs
+    assert todo.count("qwen2.5-0.5b-random: ") == 3
+
+
+def test_step_model_is_half_the_graph_step_plus_the_all_reduces(tmp_path):
+    write_choice(tmp_path)
+    model = loaded(tmp_path).get("tp_step_model").set_index("batch")
+    # batch 256: one GPU's step 256 / 17,400 tokens/s; all-reduce of 2 MiB interpolated
+    # between 64 (20 us) and 512 (60 us) sequences' sizes: 20 + 40 * 192 / 448 us, 64 a step
+    step = 256 / 17400 * 1e3
+    reduce_ms = 64 * (20 + 40 * 192 / 448) / 1e3
+    assert model.loc[256, "predicted_tp2_step_ms"] == pytest.approx(step / 2 + reduce_ms)
+    assert model.loc[256, "measured_tp2_step_ms"] == pytest.approx(256 / 34000 * 1e3)
+    assert model.loc[1, "allreduce_bytes"] == 8192
+
+
+def test_section_lists_the_runs_still_missing(tmp_path):
+    write_choice(tmp_path, modes={"tp=1, CUDA graphs", "tp=2, eager"}, alone=False,
+                 bandwidth=False)
+    texts = section_texts(loaded(tmp_path))
+    todo = next(t for t in texts if t.startswith("Runs still to make"))
+    assert "all-reduce bandwidth" in todo
+    assert f"{EIGHT_B}: tp=2 with CUDA graphs" in todo
+    assert f"{EIGHT_B}: two replicas with CUDA graphs" in todo
+    assert f"{EIGHT_B}: the one-GPU baseline again, alone" in todo
+    assert f"{EIGHT_B}: one GPU with CUDA graphs" not in todo
+    assert "qwen2.5-0.5b-random: tp=2 with CUDA graphs" in todo  # a shape not run at all
+    assert not any(t.startswith("tp=2 or two replicas?") for t in texts)
+    nothing = Results()
+    analyse(nothing)
+    todo = next(t for t in section_texts(nothing) if t.startswith("Runs still to make"))
+    assert todo.count("for the 0.5B and Llama-3-8B shapes") == 3
+
+
+def test_throughput_plot_draws_a_panel_per_model():
+    rows = [dict(model=m, mode=mode, batch=b, tokens_per_s=float(b))
+            for m in (EIGHT_B, "qwen2.5-0.5b-random") for (mode, b) in TPUT]
+    plot = parallel.throughput_plot(pd.DataFrame(rows))
+    titles = [axes.get("title") for axes in plot.axes]
+    assert len(titles) == 2 and all(EIGHT_B in t or "qwen2.5-0.5b" in t for t in titles), titles

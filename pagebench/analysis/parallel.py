@@ -1,14 +1,18 @@
 """Tensor parallelism, judged: the claims the report's "Past one GPU" section shows, and the
-tables it derives from ``reports/data/h200x2/`` (``scripts/h200x2_tp.sh``): the all-reduce
-against the CUDA-graph decode step, the sweep's speedup on two GPUs.
+tables it derives from the two-GPU runs (``scripts/gpu2_tp.sh``): the all-reduce against the
+CUDA-graph decode step, the sweep's speedup on two GPUs, the choice between tp=2 and two
+replicas per model and batch (``tp_choice``), and the step-time model of tp=2 (``tp_step_model``:
+one GPU's CUDA-graph step split over the ranks plus the measured all-reduces).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from pagebench.analysis.claims import Claim, Measured, Part, first, per_machine
 from pagebench.analysis.noise import Band, inside
+from pagebench.config import PRESETS
 from pagebench.results import Results
 from pagebench.results.derived import ARITHMETIC_KIND, MEASURED_KIND
 
@@ -69,6 +73,119 @@ def attention_ratios(frame: pd.DataFrame | None) -> pd.Series | None:
     return (wide[2] / wide[1]).dropna().sort_index()
 
 
+# tp_throughput modes compared for the two-GPU choice: everything with CUDA graphs
+ONE_GPU, TP2, REPLICAS2 = "tp=1, CUDA graphs", "tp=2, CUDA graphs", "2 replicas, CUDA graphs"
+CHOICES = {TP2: "tp=2", REPLICAS2: "2 replicas"}
+
+
+def choice_frame(results: Results) -> pd.DataFrame | None:
+    """Per machine, model and batch: tokens/s of one GPU, tp=2 and two replicas (all with CUDA
+    graphs), each over one GPU, and the better way to use the second GPU (``choice``: tp=2, 2
+    replicas, or one GPU where neither beats it; empty without the one-GPU baseline).
+    ``baseline_alone``: the one-GPU run was made with no other rank measuring."""
+    tput = results.get("tp_throughput")
+    if tput is None or "mode" not in tput.columns:
+        return None
+    runs = tput[tput["mode"].isin([ONE_GPU, *CHOICES])]
+    if runs.empty:
+        return None
+    wide = runs.pivot_table(index=["machine", "model", "batch"], columns="mode",
+                            values="tokens_per_s", aggfunc="median")
+    out = pd.DataFrame(index=wide.index)
+    for mode, column in ((ONE_GPU, "one_gpu"), (TP2, "tp2"), (REPLICAS2, "replicas2")):
+        out[f"{column}_tokens_per_s"] = wide[mode] if mode in wide else np.nan
+    one = out["one_gpu_tokens_per_s"]
+    out["tp2_speedup"] = out["tp2_tokens_per_s"] / one
+    out["replicas2_speedup"] = out["replicas2_tokens_per_s"] / one
+    out["choice"] = [_choice(row) for _, row in out.iterrows()]
+    alone = runs[runs["mode"] == ONE_GPU]
+    if "baseline_alone" in alone.columns:
+        flags = alone.assign(baseline_alone=alone["baseline_alone"].astype("boolean")
+                             .fillna(False)).groupby(["machine", "model", "batch"])
+        out["baseline_alone"] = flags["baseline_alone"].all().reindex(out.index).fillna(False)
+    else:
+        out["baseline_alone"] = False
+    return out.reset_index()
+
+
+def _choice(row) -> str:
+    if pd.isna(row["one_gpu_tokens_per_s"]):
+        return ""
+    speedups = {"tp=2": row["tp2_speedup"], "2 replicas": row["replicas2_speedup"]}
+    measured = {k: v for k, v in speedups.items() if pd.notna(v)}
+    if not measured:
+        return ""
+    best = max(measured, key=measured.get)
+    if measured[best] <= 1:
+        return "one GPU"
+    missing = [k for k in speedups if k not in measured]
+    return best + (f" ({missing[0]} not measured)" if missing else "")
+
+
+def _preset_layers(model: str) -> float:
+    preset = PRESETS.get(str(model).removesuffix("-random"))
+    return preset["num_hidden_layers"] if preset else np.nan
+
+
+def step_model_frame(results: Results) -> pd.DataFrame | None:
+    """The tp=2 decode step predicted per machine, model and batch: one GPU's CUDA-graph step
+    halved (weights, heads and MLP split over two ranks) plus two all-reduces a layer, each
+    timed alone at the step's size (``tp_allreduce_bw``, interpolated in bytes); beside the
+    measured tp=2 CUDA-graph step where there is one. A step is batch / decode tokens/s."""
+    tput, bw = results.get("tp_throughput"), results.get("tp_allreduce_bw")
+    if tput is None or bw is None or "mode" not in tput.columns or \
+            "decode_tokens_per_s" not in tput.columns or "hidden" not in bw.columns:
+        return None
+    steps = tput[tput["mode"].isin([ONE_GPU, TP2])].assign(
+        step_ms=lambda f: f["batch"] / f["decode_tokens_per_s"] * 1e3)
+    wide = steps.pivot_table(index=["machine", "model", "batch"], columns="mode",
+                             values="step_ms", aggfunc="median")
+    if ONE_GPU not in wide:
+        return None
+    rows = []
+    for (machine, model, batch), step in wide.iterrows():
+        reduce = bw[(bw["machine"] == machine) & (bw["world"] == 2) &
+                    (bw["model"].astype(str) == str(model).removesuffix("-random"))]
+        layers = _preset_layers(model)
+        if reduce.empty or np.isnan(layers):
+            continue
+        reduce = reduce.sort_values("bytes")
+        hidden = int(reduce["hidden"].iloc[0])
+        item = int(reduce["bytes"].iloc[0]) // (int(reduce["batch"].iloc[0]) * hidden)
+        nbytes = batch * hidden * item
+        one_us = float(np.interp(nbytes, reduce["bytes"], reduce["time_us"]))
+        compute = step[ONE_GPU] / 2
+        allreduce = 2 * layers * one_us / 1e3
+        measured = step.get(TP2, np.nan)
+        rows.append(dict(machine=machine, model=model, batch=batch,
+                         one_gpu_step_ms=step[ONE_GPU], compute_per_rank_ms=compute,
+                         allreduce_bytes=nbytes, allreduce_ms_per_step=allreduce,
+                         predicted_tp2_step_ms=compute + allreduce,
+                         measured_tp2_step_ms=measured,
+                         measured_over_predicted=measured / (compute + allreduce)))
+    return pd.DataFrame(rows) if rows else None
+
+
+def tp2_speedup_parts(results: Results) -> Measured | None:
+    """tp=2 / one GPU tokens/s (both with CUDA graphs) at the largest batch both ran, per
+    machine, on the Llama-3-8B shape."""
+    frame = choice_frame(results)
+    if frame is None:
+        return None
+    frame = frame[frame["model"].astype(str).str.startswith("llama-3-8b")]
+    return per_machine(frame.dropna(subset=["tp2_speedup"]), tp2_speedup_part)
+
+
+def tp2_speedup_part(machine: str, frame: pd.DataFrame) -> Part | None:
+    if frame.empty:
+        return None
+    top = frame.sort_values("batch").iloc[-1]
+    alone = "" if top["baseline_alone"] else "; one-GPU baseline not run alone"
+    return Part(top["tp2_speedup"], f"{machine}: batch {int(top['batch'])}: "
+                f"{top['tp2_tokens_per_s']:,.0f} vs {top['one_gpu_tokens_per_s']:,.0f} tokens/s "
+                f"({top['tp2_speedup']:.2f}×){alone}", name=machine)
+
+
 CLAIMS = (
     Claim("tp_kv_capacity", "TP doubles KV capacity per GPU.", "KV blocks per GPU at tp=2 / "
           "tp=1 within 1.9–2.1×, same KV memory per GPU (random-weight Llama-3-8B, bf16, "
@@ -80,6 +197,10 @@ CLAIMS = (
           "shown", ("tp_attention",),
           attention_parts, lambda band: inside(band, 0.4, 0.6), mark_parts=True,
           kind=MEASURED_KIND),
+    Claim("tp2_graphs_beat_one_gpu", "Past one GPU, tp=2 pays at large batch.", "tokens/s of "
+          "tp=2 over one GPU, both with CUDA graphs, random-weight Llama-3-8B, at the largest "
+          "batch both ran: above 1× (single runs: no noise band)", ("tp_throughput",),
+          tp2_speedup_parts, lambda r: r > 1, mark_parts=True, kind=MEASURED_KIND),
 )
 
 
@@ -111,5 +232,6 @@ def with_speedup(wall: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 # derived tables the section shows: name -> function of the results
-TABLES = {"tp_allreduce_step": allreduce_frame,
+TABLES = {"tp_allreduce_step": allreduce_frame, "tp_choice": choice_frame,
+          "tp_step_model": step_model_frame,
           "sweep_wall_speedup": lambda results: with_speedup(results.get("sweep_wall"))}

@@ -15,15 +15,15 @@ from pagebench.cli.options import (
 # experiment -> the options it reads, with their defaults (CPU-sized: the tiny random model);
 # any other option given is refused rather than silently ignored
 OPTIONS = {
-    "equality": {"kernel": "auto", "prompt_len": 40, "max_tokens": 24},
+    "equality": {"preset": None, "kernel": "auto", "prompt_len": 40, "max_tokens": 24},
     "capacity": {"preset": None, "kv_memory": "2MiB"},
     "throughput": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
-                   "prompt_len": 16, "max_tokens": 8},
+                   "prompt_len": 16, "max_tokens": 8, "compile": False},
     "allreduce": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4],
                   "prompt_len": 16, "max_tokens": 8, "repeat": 50},
     "allreduce-bw": {"preset": None, "batch_sizes": [1, 4], "repeat": 5},
     "replicas": {"preset": None, "kv_memory": "2MiB", "batch_sizes": [1, 4], "prompt_len": 16,
-                 "max_tokens": 8, "replicas": 2},
+                 "max_tokens": 8, "replicas": 2, "compile": False},
     "attention": {"preset": None, "batch_sizes": [1, 4], "context": 64, "repeat": 30},
     "sweep-wall": {"gpus": [1, 2], "bench_args": "--device cpu", "rows_out": None},
 }
@@ -58,12 +58,14 @@ TABLES = {
 
 def register(sub) -> None:
     p = sub.add_parser(
-        "tp-bench", help="tensor parallelism: tp=2 vs one device (equality, KV capacity, "
-        "tokens/s, all-reduce share, attention per step); the kernel sweep on 1 vs 2 GPUs",
-        description="Measure the tensor-parallel engine. Run equality, capacity, throughput and "
-        "allreduce under `torchrun --nproc-per-node 2` (NCCL on CUDA, gloo on the CPU): tp=1 "
-        "runs on every rank, tp=2 over both, and rank 0 writes the rows. equality: greedy "
-        "tokens at tp=2 against one device (tiny fp32 model, block tables checked each step). "
+        "tp-bench", help="past one GPU: tp=2 vs one device vs two replicas (equality, KV "
+        "capacity, tokens/s, all-reduce share and bandwidth, attention per step); the kernel "
+        "sweep on 1 vs 2 GPUs",
+        description="Measure the tensor-parallel engine. Run equality, capacity, throughput, "
+        "allreduce and allreduce-bw under `torchrun --nproc-per-node 2` (NCCL on CUDA, gloo on "
+        "the CPU): tp=2 runs over both ranks, and rank 0 writes the rows. equality: greedy "
+        "tokens at tp=2 against one device (fp32: the tiny model or --preset's shape; block "
+        "tables checked each step; CUDA graphs on a GPU). "
         "capacity: KV blocks per device at the same KV memory per device. throughput: tokens/s "
         "per batch, eager and with CUDA graphs (on CUDA), tp=1 on rank 0 alone while the other "
         "ranks wait, then tp=2. allreduce: the all-reduce share of a tp=2 eager step. "
@@ -78,18 +80,17 @@ def register(sub) -> None:
     p.add_argument("--device", default=None, choices=["cpu", "cuda"],
                    help="default: cuda if present, else cpu; under torchrun, cuda is the GPU of "
                    "the rank (LOCAL_RANK)")
-    p.add_argument("--preset", default=None, help="capacity, throughput, allreduce, "
-                   "allreduce-bw, replicas, attention: random bf16 weights in a preset's shape, e.g. llama-3-8b (default: the tiny "
-                   "random Qwen2 model)")
+    p.add_argument("--preset", default=None, help="random weights in a preset's shape, e.g. "
+                   "llama-3-8b: bf16, fp32 for equality (default: the tiny random Qwen2 model)")
     p.add_argument("--kernel", default=None, help="equality: attention backend (default auto)")
-    p.add_argument("--kv-memory", default=None, help="capacity, throughput, allreduce, replicas: KV cache "
-                   "memory per device, e.g. 16GiB (default 2MiB)")
+    p.add_argument("--kv-memory", default=None, help="capacity, throughput, allreduce, "
+                   "replicas: KV cache memory per device, e.g. 16GiB (default 2MiB)")
     p.add_argument("--batch-sizes", type=int_list, default=None,
                    help="throughput, allreduce, allreduce-bw, replicas, attention: sequences "
                    "per run (default 1,4)")
     p.add_argument("--prompt-len", type=integer(1, 1_000_000), default=None,
-                   help="throughput, allreduce, replicas: prompt tokens (default 16); equality: the "
-                   "longest prompt, prompts of 1..N tokens (default 40)")
+                   help="throughput, allreduce, replicas: prompt tokens (default 16); "
+                   "equality: the longest prompt, prompts of 1..N tokens (default 40)")
     p.add_argument("--max-tokens", type=integer(1, 1_000_000), default=None,
                    help="tokens generated per request (default 8; equality 24)")
     p.add_argument("--context", type=integer(1, 1_000_000), default=None,
@@ -98,6 +99,10 @@ def register(sub) -> None:
                    help="attention: timed calls per point (default 30); allreduce: timed "
                    "all-reduces alone (default 50); allreduce-bw: timed loops of 20 "
                    "all-reduces per size (default 5)")
+    p.add_argument("--compile", action="store_const", const=True, default=None,
+                   help="throughput, replicas: torch.compile the decoder layers before the "
+                   "CUDA graphs are captured (mode '..., compiled'; about a minute per 8B "
+                   "engine)")
     p.add_argument("--replicas", type=integer(1, 64), default=None,
                    help="replicas: independent engines, one process and GPU each (default 2)")
     p.add_argument("--gpus", type=int_list, default=None,
@@ -122,7 +127,7 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
 
     if experiment == "equality":
         return tp.greedy_equality(device, opts["kernel"], max_prompt_len=opts["prompt_len"],
-                                  max_tokens=opts["max_tokens"])
+                                  max_tokens=opts["max_tokens"], preset=opts["preset"])
     if experiment == "attention":
         from pagebench.defaults import TINY_MODEL
 
@@ -140,14 +145,16 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
     if experiment == "replicas":
         return tp.replica_throughput(opts["preset"], opts["kv_memory"], opts["replicas"],
                                      torch.device(device).type, opts["batch_sizes"],
-                                     opts["prompt_len"], opts["max_tokens"])
+                                     opts["prompt_len"], opts["max_tokens"],
+                                     compile_model=opts["compile"])
     model, name = tp.random_model(opts["preset"], device)
     if experiment == "capacity":
         return tp.capacity(model, name, opts["kv_memory"])
     run = dict(batch_sizes=opts["batch_sizes"], prompt_len=opts["prompt_len"],
                max_tokens=opts["max_tokens"])
     if experiment == "throughput":
-        return tp.throughput(model, name, opts["kv_memory"], **run)
+        return tp.throughput(model, name, opts["kv_memory"], compile_model=opts["compile"],
+                             **run)
     return tp.allreduce_share(model, name, opts["kv_memory"], repeat=opts["repeat"], **run)
 
 

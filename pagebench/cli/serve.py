@@ -118,6 +118,10 @@ def register(sub) -> None:
                    "layers on a GPU, eager on a CPU)")
     p.add_argument("--seed", type=integer(0), default=0,
                    help="sample and Poisson seed (default 0)")
+    p.add_argument("--replicas", type=integer(1, 64), default=1,
+                   help="data-parallel engines, one process and GPU each (cuda:0..N-1), each "
+                   "serving every N-th arrival; the requests' latencies merged into one run "
+                   "(default 1; one --block-sizes/--kv-cache-dtype/--prefix-caching value)")
     p.add_argument("--threads", type=integer(1, 1024), default=1,
                    help="CPU threads (default %(default)s)")
     p.add_argument("--endpoint", metavar="URL", default=None,
@@ -246,6 +250,8 @@ def run(args) -> int:
     # prefix caching outermost: a run cut short has every block size and dtype of the first
     configs = [ServeConfig(bs, dt, pc) for pc in args.prefix_caching
                for bs in args.block_sizes for dt in args.kv_cache_dtype]
+    if args.replicas > 1:
+        return run_replicas(args, device, configs)
     with allocating(f"serve-bench of {args.num_requests:,} requests"), \
             cpu_threads(args.threads if device == "cpu" else None):
         model, label = load_serving_model(args.model, device, args.dtype)
@@ -271,6 +277,47 @@ def run(args) -> int:
                 progress=bar, on_config=lambda rows, steps: save(args, rows, steps))
         finally:
             bar.close()
+    print(dumps(rows) if args.json else format_table(rows, TABLE))
+    return 0
+
+
+def run_replicas(args, device: str, configs) -> int:
+    """serve-bench over ``--replicas`` engines (pagebench.measure.replica_serving)."""
+    from pagebench.config import PRESETS
+    from pagebench.engine.bench import mode_options
+    from pagebench.engine.replicas import check_replicas
+    from pagebench.measure import replica_serving as rs
+    from pagebench.measure.serve_bench import trace_requests
+    from pagebench.timing import environment
+
+    rs.check_replica_run(args.replicas, configs, args.find_max_rate)
+    check_replicas(args.replicas, device)
+    if args.model == "tiny":
+        from pagebench.defaults import TINY_MODEL
+        vocab = TINY_MODEL["vocab_size"]
+    elif args.model.lower() in PRESETS:
+        vocab = PRESETS[args.model.lower()]["vocab_size"]
+    else:
+        from transformers import AutoConfig
+        vocab = AutoConfig.from_pretrained(args.model).vocab_size
+    traces = [trace_requests(trace, args.num_requests, vocab, max_model_len=args.max_model_len,
+                             max_output_len=args.max_output_len, seed=args.seed)
+              for trace in args.trace]
+    options = dict(max_num_seqs=args.max_num_seqs,
+                   max_num_batched_tokens=args.max_num_batched_tokens,
+                   kv_cache_memory=args.kv_cache_memory) | mode_options(args.mode)
+    first = "cuda:0" if device == "cuda" else device
+    base = environment(first) | dict(
+        model=args.model.lower() if args.model.lower() in PRESETS else args.model,
+        mode=args.mode, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens, torch_threads=args.threads)
+    rows = rs.serve_bench_replicas(
+        rs.model_builder(load_serving_model, args.model, args.dtype), args.replicas, device,
+        traces, configs[0], args.rates or [None], poisson=args.arrival == "poisson",
+        time_scale=args.time_scale, slo_ttft_ms=args.slo_ttft, slo_tpot_ms=args.slo_tpot,
+        attainment=args.slo_attainment, engine_options=options, base=base,
+        threads=args.threads if device == "cpu" else None)
+    write_results(args.out, rows)
     print(dumps(rows) if args.json else format_table(rows, TABLE))
     return 0
 

@@ -2,9 +2,11 @@
 
 Run under ``torchrun --nproc-per-node N`` (``pagebench tp-bench``), every rank calling the same
 function with the same arguments: a tp=N engine runs SPMD, so its rows are the same on every
-rank, and a tp=1 engine runs on every rank at once, each on its own device, so each rank
-measures its own copy (rank 0's rows are the ones written). Outside torchrun the world is one
-process and only tp=1 runs.
+rank. A timed tp=1 baseline (``throughput``) runs on rank 0 alone while the others wait; the
+untimed ones (equality's reference, capacity) run on every rank at once, each on its own
+device. Rank 0's rows are the ones written. Outside torchrun the world is one process and only
+tp=1 runs. ``replica_throughput`` (one process) starts its own replica processes
+(``pagebench.engine.replicas``); ``allreduce_bandwidth`` times the collective alone.
 
 The rows are those of ``pagebench.results.datasets``' ``tp_*`` schemas. The defaults run in
 seconds on a CPU (gloo) with the tiny random model; pass a preset's model for device runs.
@@ -29,8 +31,8 @@ from pagebench.timing import environment, measure
 
 # the batch of the warm-up call before an engine's timed runs: kernels compiled, allocator grown
 WARMUP_BATCH = 16
-# torch.compile of the layers is left out: it costs a minute per 8B engine, and the 8B decode
-# step is weight-bound
+# torch.compile of the layers is left out unless asked (compile_model): it costs a minute per
+# 8B engine, and the 8B decode step is weight-bound
 ENGINE_OPTIONS = dict(block_size=BLOCK_SIZE, max_num_seqs=256, max_num_batched_tokens=8192,
                       compile_model=False)
 
@@ -66,33 +68,55 @@ def _generate_seconds(engine: LLMEngine, prompts, params) -> float:
 
 
 def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_prompt_len: int = 40,
-                    max_tokens: int = 24, seed: int = 3) -> list[dict]:
-    """Greedy tokens of the tp=N engine against the single-device engine on the same tiny fp32
-    model (block tables checked on every rank each step), prefix caching off and on; whether
-    every rank returned the same outputs."""
+                    max_tokens: int = 24, seed: int = 3, preset: str | None = None) -> list[dict]:
+    """Greedy tokens of the tp=N engine against the single-device engine on the same fp32
+    model (the tiny one, or random weights in ``preset``'s shape), block tables checked on
+    every rank each step, prefix caching off and on; whether every rank returned the same
+    outputs. On CUDA both engines decode through CUDA graphs (``cuda_graphs`` says whether
+    the tp=N one did)."""
     tp = parallel_size("equality")
     device = torch.device(device)
-    prompts = bench.random_prompts(num_prompts, 1, max_prompt_len, TINY_MODEL["vocab_size"],
+
+    def model():
+        if preset is None:
+            return bench.tiny_model(device=device)
+        return bench.preset_model(preset, dtype=torch.float32, device=device)
+
+    prompts = bench.random_prompts(num_prompts, 1, max_prompt_len, model_vocab(preset),
                                    seed=seed)
     rows = []
     for prefix in (False, True):
         options = dict(block_size=BLOCK_SIZE, num_blocks=512, kernel=kernel,
                        enable_prefix_caching=prefix, max_num_seqs=num_prompts,
                        compile_model=False)
-        single = LLMEngine(bench.tiny_model(device=device), **options)
+        single = LLMEngine(model(), **options)
         want = bench.greedy_tokens(single, prompts, max_tokens)
-        engine = LLMEngine(bench.tiny_model(device=device), tensor_parallel_size=tp, **options)
+        del single
+        engine = LLMEngine(model(), tensor_parallel_size=tp, **options)
         engine.tp.check_tables = True
         got = bench.greedy_tokens(engine, prompts, max_tokens)
         every = [None] * tp
         dist.all_gather_object(every, got, group=engine.tp.group)
         rows.append(datasets.TP_EQUALITY.row(**environment(device) | dict(
-            experiment="tp_greedy_equality", model="tiny-qwen2-fp32", dtype="float32", tp=tp,
-            prefix_caching=prefix, kernel=engine.runner.decode_backend.name,
+            experiment="tp_greedy_equality",
+            model=f"{preset}-random-fp32" if preset else "tiny-qwen2-fp32", dtype="float32",
+            tp=tp, prefix_caching=prefix, kernel=engine.runner.decode_backend.name,
+            cuda_graphs=bool(engine.graphs()["cuda_graphs"]),
             num_prompts=len(prompts), prompts_equal=bench.agreement(got, want)[0],
             ranks_agree=all(e == every[0] for e in every),
             kv_heads_per_gpu=engine.kv_heads_per_rank)))
+        del engine
+        bench.release_memory(device)
     return rows
+
+
+def model_vocab(preset: str | None) -> int:
+    """The vocabulary of ``preset``'s shape (None: the tiny model's)."""
+    if preset is None:
+        return TINY_MODEL["vocab_size"]
+    from pagebench.config import preset_config
+
+    return preset_config(preset).vocab_size
 
 
 def capacity(model, name: str, kv_memory) -> list[dict]:
@@ -121,12 +145,14 @@ def _prompts(vocab: int, batch_sizes, prompt_len: int) -> dict[int, list]:
             for b in (*batch_sizes, WARMUP_BATCH)}
 
 
-def mode_label(tp: int, eager: bool, graphs: bool, replicas: int = 1) -> str:
+def mode_label(tp: int, eager: bool, graphs: bool, replicas: int = 1,
+               compiled: bool = False) -> str:
     """How decode ran: ``tp=2, CUDA graphs``, ``tp=1, eager``, ``2 replicas, CUDA graphs``, or
     ``tp=2, default (no graphs)`` where the engine asked for graphs and has none (a CPU, a
-    failed capture)."""
+    failed capture); ``, compiled`` after a graph run of ``torch.compile``'d layers."""
     who = f"{replicas} replicas, " if replicas > 1 else f"tp={tp}, "
-    return who + ("eager" if eager else "CUDA graphs" if graphs else "default (no graphs)")
+    how = "eager" if eager else "CUDA graphs" if graphs else "default (no graphs)"
+    return who + how + (", compiled" if compiled and graphs and not eager else "")
 
 
 def baseline_barrier():
@@ -143,12 +169,13 @@ def baseline_barrier():
 
 
 def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int = 16,
-               max_tokens: int = 8) -> list[dict]:
+               max_tokens: int = 8, compile_model: bool = False) -> list[dict]:
     """Engine tokens/s per batch at tp=1 and, under torchrun, tp=N; eager and by default (CUDA
     graphs for decode on CUDA): ``batch`` prompts of ``prompt_len`` tokens, ``max_tokens``
     each, after one warm-up call. tp=1 runs first and on rank 0 alone while the other ranks
     wait (a baseline never shares the host with another rank's); tp > 1 then shards ``model``
-    in place. Rank 0's rows hold both."""
+    in place. Rank 0's rows hold both. ``compile_model``: the graph runs ``torch.compile``
+    the layers first (mode ``..., compiled``)."""
     device = next(model.parameters()).device
     prompts = _prompts(model.config.vocab_size, batch_sizes, prompt_len)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -163,18 +190,20 @@ def throughput(model, name: str, kv_memory, batch_sizes=(1, 4), prompt_len: int 
             wait()  # rank 0 measures the baseline alone
             continue
         for eager in (True, False):
-            rows += _engine_rows(model, kv_memory, tp, eager, prompts, batch_sizes, params,
-                                 base | dict(baseline_alone=True) if tp == 1 else base)
+            rows += _engine_rows(model, kv_memory, tp, eager, prompts,
+                                 batch_sizes, params,
+                                 base | dict(baseline_alone=True) if tp == 1 else base,
+                                 compile_model and not eager)
         if tp == 1 and wait is not None:
             wait()
     return rows
 
 
 def _engine_rows(model, kv_memory, tp: int, eager: bool, prompts, batch_sizes, params,
-                 base: dict) -> list[dict]:
+                 base: dict, compile_model: bool = False) -> list[dict]:
     device = next(model.parameters()).device
     engine = LLMEngine(model, kv_cache_memory=kv_memory, tensor_parallel_size=tp,
-                       enforce_eager=eager, **ENGINE_OPTIONS)
+                       enforce_eager=eager, **ENGINE_OPTIONS | dict(compile_model=compile_model))
     graphs = bool(engine.stats.cuda_graphs)
     _generate_seconds(engine, prompts[WARMUP_BATCH], params)
     rows = []
@@ -182,7 +211,8 @@ def _engine_rows(model, kv_memory, tp: int, eager: bool, prompts, batch_sizes, p
         seconds = _generate_seconds(engine, prompts[b], params)
         stats = engine.stats
         rows.append(datasets.TP_THROUGHPUT.row(**base | dict(
-            tp=tp, mode=mode_label(tp, eager, graphs), cuda_graphs=graphs, batch=b,
+            tp=tp, mode=mode_label(tp, eager, graphs, compiled=compile_model),
+            cuda_graphs=graphs, batch=b,
             time_s=seconds, num_steps=len(stats.steps),
             tokens_per_s=b * params.max_tokens / seconds,
             decode_tokens_per_s=stats.decode_tokens_per_s, num_blocks_per_gpu=engine.num_blocks,
@@ -199,21 +229,19 @@ def replica_model(preset: str | None, device):
 
 def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device: str = "cpu",
                        batch_sizes=(1, 4), prompt_len: int = 16, max_tokens: int = 8,
-                       eager: bool = False) -> list[dict]:
+                       eager: bool = False, compile_model: bool = False) -> list[dict]:
     """Aggregate tokens/s of ``replicas`` independent tp=1 engines (one process and device
     each, ``pagebench.engine.replicas``) per batch: the batch's prompts dealt round robin,
     every replica starting each batch together; the slowest replica's time. One process:
     it starts the replicas itself."""
     from functools import partial
 
-    from pagebench.config import preset_config
     from pagebench.engine import replicas as dp
 
     if world_from_environment()[1] > 1:
         raise ConfigError("replicas: run as one process; it starts one process per replica")
     replicas = dp.check_replicas(replicas, device)
-    vocab = (preset_config(preset).vocab_size if preset else TINY_MODEL["vocab_size"])
-    prompts = _prompts(vocab, batch_sizes, prompt_len)
+    prompts = _prompts(model_vocab(preset), batch_sizes, prompt_len)
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     warm = [prompts[WARMUP_BATCH][i::replicas] for i in range(replicas)]
     jobs = [[] for _ in range(replicas)]
@@ -222,7 +250,8 @@ def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device:
             jobs[i].append((share, [prompts[b][j] for j in share], params))
     setup = dp.ReplicaSetup(
         partial(replica_model, preset), device,
-        dict(ENGINE_OPTIONS, kv_cache_memory=kv_memory, enforce_eager=eager),
+        dict(ENGINE_OPTIONS, kv_cache_memory=kv_memory, enforce_eager=eager,
+             compile_model=compile_model),
         threads=max(1, torch.get_num_threads() // replicas) if device == "cpu" else None)
     per_replica = dp.run_replicas(setup, dp.timed_generate,
                                   [[(range(len(w)), w, params)] + j for w, j in zip(warm, jobs)])
@@ -235,7 +264,8 @@ def replica_throughput(preset: str | None, kv_memory, replicas: int = 2, device:
         rows.append(datasets.TP_THROUGHPUT.row(**environment(first) | dict(
             model=name, dtype=dtype_name(torch.bfloat16), block_size=BLOCK_SIZE,
             prompt_len=prompt_len, max_tokens=max_tokens, tp=1, replicas=replicas,
-            mode=mode_label(1, eager, graphs, replicas), cuda_graphs=graphs, batch=b,
+            mode=mode_label(1, eager, graphs, replicas, compile_model), cuda_graphs=graphs,
+            batch=b,
             time_s=run["seconds"], num_steps=run["num_steps"],
             tokens_per_s=run["num_tokens"] / run["seconds"],
             decode_tokens_per_s=run["decode_tokens_per_s"])))

@@ -150,19 +150,27 @@ def timed_generate(engine, jobs, sync) -> list[dict]:
     return out
 
 
+def in_request_order(per_replica: list[list[dict]], job: int, key: str, count: int) -> list:
+    """Each replica's ``key`` values of job ``job`` (one per request of its ``indices``) placed
+    in request order; PagebenchError unless each of the ``count`` requests ran exactly once."""
+    merged: list = [None] * count
+    ran = [False] * count
+    for replica in per_replica:
+        part = replica[job]
+        for i, value in zip(part["indices"], part[key]):
+            if ran[i]:
+                raise PagebenchError(f"replicas: request {i} ran on two replicas")
+            merged[i], ran[i] = value, True
+    missing = [i for i, done in enumerate(ran) if not done]
+    if missing:
+        raise PagebenchError(f"replicas: requests {missing[:5]} ran on no replica")
+    return merged
+
+
 def merge_generations(per_replica: list[list[dict]], job: int, count: int) -> dict:
     """Job ``job`` of every replica merged: token ids in request order (each request exactly
     once, else PagebenchError), the slowest replica's seconds, the replicas' total tokens."""
-    token_ids: list = [None] * count
-    for replica in per_replica:
-        part = replica[job]
-        for i, ids in zip(part["indices"], part["token_ids"]):
-            if token_ids[i] is not None:
-                raise PagebenchError(f"replicas: request {i} ran on two replicas")
-            token_ids[i] = ids
-    missing = [i for i, ids in enumerate(token_ids) if ids is None]
-    if missing:
-        raise PagebenchError(f"replicas: requests {missing[:5]} ran on no replica")
+    token_ids = in_request_order(per_replica, job, "token_ids", count)
     return dict(token_ids=token_ids, seconds=max(r[job]["seconds"] for r in per_replica),
                 num_tokens=sum(len(ids) for ids in token_ids),
                 num_steps=max(r[job]["num_steps"] for r in per_replica),

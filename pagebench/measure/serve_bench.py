@@ -98,16 +98,25 @@ def build_engine(model, config: ServeConfig, *, max_model_len: int, engine_optio
     """An engine for ``config``, warmed up (kernels compiled for short, long and chunked
     prefills and for decode batches, an fp8 cache calibrated) on a few requests, its prefix
     cache emptied after."""
-    engine = LLMEngine(model, block_size=config.block_size,
-                       kv_cache_dtype=config.kv_cache_dtype,
-                       enable_prefix_caching=config.prefix_caching,
-                       max_model_len=max_model_len, **engine_options)
-    vocab = model.config.vocab_size
-    lens = sorted({max(1, min(n, max_model_len - 8)) for n in WARMUP_PROMPT_LENS})
+    engine = LLMEngine(model, **engine_config(config, max_model_len) | engine_options)
+    warm_up(engine)
+    return engine
+
+
+def engine_config(config: ServeConfig, max_model_len: int) -> dict:
+    """The ``LLMEngine`` options ``config`` sets."""
+    return dict(block_size=config.block_size, kv_cache_dtype=config.kv_cache_dtype,
+                enable_prefix_caching=config.prefix_caching, max_model_len=max_model_len)
+
+
+def warm_up(engine: LLMEngine) -> None:
+    """A few requests of short to long prompts (see :func:`build_engine`), then the prefix
+    cache emptied."""
+    vocab = engine.vocab_size
+    lens = sorted({max(1, min(n, engine.max_model_len - 8)) for n in WARMUP_PROMPT_LENS})
     warm = [[(7 * i + 13 * j) % vocab for j in range(n)] for i, n in enumerate(lens)]
     engine.generate(warm, SamplingParams(max_tokens=8, ignore_eos=True), use_tqdm=False)
     engine.reset_prefix_cache()
-    return engine
 
 
 def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *,

@@ -385,6 +385,8 @@ SERVE_BENCH = schema(
               C("num_preemptions", "int", "sequences preempted"),
               C("prefix_cache_hit_rate", "float", "prompt tokens found cached"),
               C("num_steps", "int", "engine steps"), C("mode", "str", "how decode steps ran"),
+              C("replicas", "int", "data-parallel engines sharing the stream, one GPU each "
+                "(every N-th arrival); empty: 1"),
               C("max_model_len", "int", "requests clipped to this"),
               C("max_output_len", "int", "outputs cut to this"),
               C("max_num_seqs", "int", "engine's running-sequence cap"),
@@ -562,6 +564,27 @@ LAYOUT_SPREAD = schema("layout_spread", "one decode point, each table layout's t
                        environment=False)
 TP_ALLREDUCE_STEP = schema("tp_allreduce_step", "tp_allreduce beside the CUDA-graph step",
                            *TP_ALLREDUCE.columns, environment=False)
+TP_CASE = (C("machine", "str", "device label"), MODEL, C("batch", "int", "sequences"))
+TP_CHOICE = schema(
+    "tp_choice", "per model and batch: one GPU, tp=2 and two replicas (CUDA graphs), the "
+    "better use of a second GPU", *TP_CASE,
+    C("one_gpu_tokens_per_s", "float", "one GPU, CUDA graphs"),
+    C("tp2_tokens_per_s", "float", "tp=2, CUDA graphs; empty: not measured"),
+    C("replicas2_tokens_per_s", "float", "two replicas, CUDA graphs; empty: not measured"),
+    C("tp2_speedup", "float", "tp=2 / one GPU"),
+    C("replicas2_speedup", "float", "two replicas / one GPU"),
+    C("choice", "str", "tp=2, 2 replicas or one GPU"),
+    C("baseline_alone", "bool", "the one-GPU run had the host to itself"), environment=False)
+TP_STEP_MODEL = schema(
+    "tp_step_model", "tp=2 decode step predicted: one GPU's graph step / 2 + the all-reduces",
+    *TP_CASE,
+    C("one_gpu_step_ms", "float", "one GPU's CUDA-graph decode step"),
+    C("compute_per_rank_ms", "float", "half of it"),
+    C("allreduce_bytes", "int", "one all-reduce: batch × hidden × dtype"),
+    C("allreduce_ms_per_step", "float", "2 × layers all-reduces timed alone"),
+    C("predicted_tp2_step_ms", "float", "compute per rank + all-reduces"),
+    C("measured_tp2_step_ms", "float", "tp=2 CUDA-graph step; empty: not measured"),
+    C("measured_over_predicted", "float", "measured / predicted"), environment=False)
 SWEEP_WALL_SPEEDUP = schema("sweep_wall_speedup", "sweep_wall with the speedup over one GPU",
                             *SWEEP_WALL.columns, C("speedup", "float", "one GPU's wall / this"),
                             environment=False)
@@ -585,8 +608,7 @@ DERIVED: dict[str, Schema] = {s.name: s for s in (
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, KERNELS_VS_FASTEST, KERNELS_BATCH1_FAMILY,
     KERNELS_PREFILL_VS_FASTEST, KERNELS_BLOCK_COST_KERNEL, RECOMMENDATION, RECOMMENDATION_TRACES,
-    FP8_DECODE, LAYOUT_SPREAD,
-    TP_ALLREDUCE_STEP, SWEEP_WALL_SPEEDUP)}
+    FP8_DECODE, LAYOUT_SPREAD, TP_ALLREDUCE_STEP, TP_CHOICE, TP_STEP_MODEL, SWEEP_WALL_SPEEDUP)}
 
 # file-name prefix under reports/data/<machine>/ -> dataset; first match wins; None: a file the
 # report does not read

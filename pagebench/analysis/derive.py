@@ -76,8 +76,11 @@ def prefill_summary(prefill: pd.DataFrame | None) -> pd.DataFrame:
     if prefill is None or len(prefill) == 0:
         return pd.DataFrame()
     df = prefill.dropna(subset=["batch", "query_len", "cached", "time_us"])
+    if "lengths" in df.columns:  # mixed steps are prefill_versus_fastest's
+        df = df[df["lengths"].fillna(UNIFORM) == UNIFORM]
     if len(df) == 0:
         return pd.DataFrame()
+    df = df.copy()
     df["variant"] = df["backend"].astype(str) + df["cuda_graphs"].map({True: " graph",
                                                                          False: ""})
     df["device_label"] = row_labels(df)
@@ -117,7 +120,7 @@ def versus_fastest(kernels: pd.DataFrame | None) -> pd.DataFrame:
     """Every backend (and block size) at every decode point beside the fastest one there:
     ``relative_time`` = its time / the fastest's (1.0: it is the fastest), and
     ``read_fraction`` = its K/V GB/s / the device's read-only bandwidth (``read_gbps``), for
-    one commit per device and shape, the newest; uniform and ragged batches, bf16 and fp8
+    one commit per device, shape and lengths, the newest; uniform and ragged batches, bf16 and fp8
     caches are separate points. Only points where two or more kernels were timed."""
     if kernels is None or len(kernels) == 0:
         return pd.DataFrame()
@@ -131,7 +134,7 @@ def versus_fastest(kernels: pd.DataFrame | None) -> pd.DataFrame:
     df["device_label"] = row_labels(df)
     df["shape"] = df["model_shape"].astype(str)
     df["commit"] = df["commit"].fillna("").astype(str) if "commit" in df.columns else ""
-    df = newest_run(df, ["device_label", "shape"])
+    df = newest_run(df, ["device_label", "shape", "lengths"])  # a ragged sweep is its own run
     df["block_size"] = df["block_size"].fillna(0)  # 0: contiguous, kept in the groupby
     df = _best(df, POINT + ["backend", "block_size"])
     kernels_at = df.groupby(POINT)["kernel"].transform("nunique")
@@ -166,7 +169,7 @@ def prefill_versus_fastest(prefill: pd.DataFrame | None) -> pd.DataFrame:
     df["device_label"] = row_labels(df)
     df["shape"] = df["model_shape"].astype(str)
     df["commit"] = df["commit"].fillna("").astype(str) if "commit" in df.columns else ""
-    df = newest_run(df, ["device_label", "shape"])
+    df = newest_run(df, ["device_label", "shape", "lengths"])  # mixed steps: their own run
     df = _best(df, PREFILL_POINT + ["backend"])
     df = df[df.groupby(PREFILL_POINT)["backend"].transform("nunique") >= 2]
     if df.empty:

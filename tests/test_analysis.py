@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from synthetic_report import synthetic_results
 
-from pagebench.analysis import analyse, claims, pipeline
+from pagebench.analysis import analyse, claims, pipeline, real_traces
 from pagebench.cli import main
 from pagebench.report import build
 from pagebench.results import Results
@@ -25,7 +25,7 @@ def test_analyse_adds_every_derived_table_the_recommendation_and_the_verdicts():
     assert list(verdicts.columns) == VERDICT.names
     assert list(verdicts["key"]) == [c.id for c in pipeline.EVERY_CLAIM]
     assert verdicts.groupby("section", sort=False).size().to_dict() == {
-        "claims": len(claims.CLAIMS) + 2, "fp8": 4, "parallel": 3}
+        "claims": len(claims.CLAIMS) + len(real_traces.CLAIMS), "fp8": 4, "parallel": 3}
     assert set(verdicts["kind"]) == {"arithmetic", "measured", "citation"}
     rec = results.recommendation
     table = results.get("recommendation")

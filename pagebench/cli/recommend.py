@@ -102,21 +102,28 @@ def register(sub) -> None:
 # ---- the device's data -------------------------------------------------------------------
 
 def device_dir(args) -> Path | None:
-    """``--device-data``, else the first directory under the committed data with GPU rows of
-    the engine or the kernels (None: there is none)."""
+    """``--device-data``, else the directory under the committed data whose GPU rows answer
+    most of the question: engine tokens/s per batch (what decides the block size), then decode
+    kernel times, then fp8 kernel times; the first by name among equals (None: no GPU rows)."""
     if args.device_data is not None:
         check_input_dir("--device-data", args.device_data)
         return Path(args.device_data)
     from pagebench.results.collect import default_data_dir
 
     root = default_data_dir()
+    best, best_score = None, (0, 0, 0)
     for d in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
         results = read_device(d)
-        frames = [results.get(n) for n in ("engine_batch", "kernels")]
-        if any(f is not None and "device" in f and f["device"].astype(str).str.startswith(
-                "cuda").any() for f in frames):
-            return d
-    return None
+        score = tuple(int(gpu_rows(results.get(n))) for n in
+                      ("engine_batch", "kernels", "kernels_fp8"))
+        if score > best_score:
+            best, best_score = d, score
+    return best
+
+
+def gpu_rows(frame) -> bool:
+    return frame is not None and "device" in frame and \
+        frame["device"].astype(str).str.startswith("cuda").any()
 
 
 def read_device(directory: Path):
@@ -130,16 +137,21 @@ def read_device(directory: Path):
 
 def extra_table(directory: Path | None, prefix: str, device=None):
     """Dataset ``prefix`` as read with the device's data, else the rows of
-    ``<directory>/<prefix>*.csv`` (``serve_bench``, ``kv_accuracy``: datasets other helpers
-    add), one frame; None where there is none."""
+    ``<directory>/<prefix>*.csv``, else, for the committed data, of every machine's
+    ``<prefix>*.csv`` (accuracy is measured on a CPU, serving on whichever GPU ran it: each
+    row names its device), one frame; None where there is none."""
     import pandas as pd
 
+    from pagebench.results.collect import default_data_dir
     from pagebench.results.datasets import DATASETS
     from pagebench.results.read import read_table
 
     if device is not None and prefix in DATASETS and device.get(prefix) is not None:
         return device.get(prefix)
     files = sorted(directory.glob(f"{prefix}*.csv")) if directory is not None else []
+    root = default_data_dir()
+    if not files and directory is not None and directory.resolve().parent == root.resolve():
+        files = sorted(root.glob(f"*/{prefix}*.csv"))
     frames = [read_table(f) for f in files]
     return pd.concat(frames, ignore_index=True) if frames else None
 

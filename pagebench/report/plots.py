@@ -337,12 +337,13 @@ def bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str, xl
     """One group of bars per row of ``df`` (labelled by ``category``), one bar per column of
     ``series`` (column -> legend entry). With ``ylabel`` every series shares that axis; without
     it each series has a panel of its own, labelled with its entry: quantities in different
-    units (tokens, blocks) never share an axis. More than :data:`MANY_BARS` rows lie on their
-    side, one row a line, so their labels never meet. ``hue`` (a column of ``df``, one series
+    units (tokens, blocks) never share an axis. More than :data:`MANY_BARS` rows, or more than
+    three with long labels, lie on their side, one row a line, so their labels never meet. ``hue`` (a column of ``df``, one series
     only): one colour per value, with a legend."""
     if df.empty:  # e.g. no run that finished
         return None
-    if len(df) > MANY_BARS:
+    longest = max(len(line) for v in df[category] for line in label(v).split("\n"))
+    if len(df) > MANY_BARS or (len(df) > 3 and longest > LONG_LABEL):
         return side_bars(df, category, series, title, xlabel, alt, ylabel=ylabel, logy=logy,
                          hue=hue)
     groups = [series] if ylabel else [{col: name} for col, name in series.items()]
@@ -368,6 +369,7 @@ def bars(df: pd.DataFrame, category: str, series: dict[str, str], title: str, xl
 
 
 MANY_BARS = 8  # more bars than this lie on their side
+LONG_LABEL = 16  # so do more than three whose labels have a line longer than this
 
 
 def hue_colors(df: pd.DataFrame, hue: str | None):

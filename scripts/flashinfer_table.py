@@ -57,7 +57,7 @@ def main(arg: str) -> int:
         if not checks.empty:
             bad = checks[~checks["ok"].astype(bool)]
             print(f"{name}: {len(checks) - len(bad)}/{len(checks)} within tolerance"
-                  + "".join(f"\n  FAILED {r.backend} {r.to_dict()}" for r in bad.itertuples()))
+                  + "".join(f"\n  FAILED {r['backend']} {r.to_dict()}" for _, r in bad.iterrows()))
     return 0
 
 

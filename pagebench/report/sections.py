@@ -429,11 +429,12 @@ KERNELS = (
     View("kernels_vs_fastest", "Every decode backend against the fastest at each point",
          ("device_label", "shape", "kv_dtype", "lengths", "batch", "context", "backend",
           "block_size", "time_us", "relative_time", "fastest", "read_fraction"),
-         text="Each backend's time (fastest block-table variant, CUDA graph or not) relative "
-         "to the fastest backend at the same point (1.00 = it is the fastest), on the same "
-         "tensors in one process; lengths: uniform batches, or ragged ones rescaled to mean "
-         "context. read_fraction: K/V bytes per second over the device's read-only bandwidth "
-         "(a reduction that only reads), the ceiling of a decode step."),
+         text=lambda df: "Each backend's time (fastest block-table variant, CUDA graph or "
+         "not) relative to the fastest backend at the same point (1.00 = it is the fastest), on "
+         "the same tensors in one process; lengths: uniform batches, or ragged ones rescaled to "
+         "mean context. read_fraction: K/V bytes per second over the device's read-only "
+         "bandwidth (a reduction that only reads), the ceiling of a decode step. "
+         + triton_behind_text(df)),
     View("kernels_throughput", "Throughput versus batch", ("device_label", "shape", "context",
          "series", "batch", "time_us", "q20_us", "q80_us", "tokens_per_s", "timed_as"),
          text="Attention-kernel throughput versus "
@@ -580,6 +581,24 @@ def engine(results: Results) -> Section:
 
 
 # ---- benchmark histories and the recommendation ------------------------------------------
+
+def triton_behind_text(df: pd.DataFrame) -> str:
+    """Where pagebench's Triton paged decode is not the fastest at batch 8 or more, per device,
+    shape and lengths, in words: the report says plainly where it is slower."""
+    keys = ["device_label", "shape", "lengths"]
+    triton = df[(df["backend"] == "triton-paged") & (df["batch"] >= 8)]
+    behind = triton[triton["relative_time"] > 1.0]
+    if behind.empty:
+        return "At batch 8 and more, pagebench's Triton paged decode is the fastest at every point."
+    points = triton.groupby(keys).size()
+    parts = [f"{dev} {shape}, {lengths}: up to {g['relative_time'].max():.2f}× the fastest "
+             f"({len(g)} of {points[(dev, shape, lengths)]} points)"
+             for (dev, shape, lengths), g in behind.groupby(keys)]
+    return ("Where pagebench's Triton paged decode is slower than another backend at batch 8 and "
+            "more: " + "; ".join(parts) + ". On ragged batches its split-KV count follows the "
+            "longest sequence, so programs over short sequences finish early (load imbalance, "
+            "not paging; docs/flashinfer.md).")
+
 
 def asv_text(asv: pd.DataFrame) -> str:
     return (f"asv: {asv['commit'].nunique()} commit(s) on {asv['machine'].nunique()} device(s). "

@@ -57,6 +57,29 @@ def kv_dtype_list(text: str) -> list[str]:
     return names
 
 
+def add_engine_options(p) -> None:
+    """The model and engine options serve-bench and serve share."""
+    p.add_argument("--model", default="tiny",
+                   help="tiny (a random 2-layer Qwen2, the default), a preset name (random "
+                   "weights in its shape, e.g. qwen2.5-0.5b) or a local model directory")
+    p.add_argument("--device", default=None, choices=["cpu", "cuda"],
+                   help="default: cuda if present, else cpu")
+    p.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES),
+                   help="model dtype (default: bfloat16 on a GPU, float32 on a CPU)")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="KV cache memory, e.g. 4GiB (default: 80%% of the free GPU memory, or "
+                   "256MiB on a CPU)")
+    p.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256,
+                   help="sequences running at once (default %(default)s)")
+    p.add_argument("--max-num-batched-tokens", type=integer(1, 10_000_000), default=2048,
+                   help="tokens per step (default %(default)s)")
+    p.add_argument("--mode", choices=MODES, default=None,
+                   help="how decode steps run (default: the engine's, CUDA graphs of compiled "
+                   "layers on a GPU, eager on a CPU)")
+    p.add_argument("--threads", type=integer(1, 1024), default=1,
+                   help="CPU threads (default %(default)s)")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "serve-bench", help="latency under load: TTFT, TPOT, ITL and goodput at request rates "
@@ -99,31 +122,13 @@ def register(sub) -> None:
                    help="requests clipped to this many tokens (default %(default)s)")
     p.add_argument("--max-output-len", type=integer(1, 1_000_000), default=32,
                    help="outputs cut to this many tokens first (default %(default)s)")
-    p.add_argument("--model", default="tiny",
-                   help="tiny (a random 2-layer Qwen2, the default), a preset name (random "
-                   "weights in its shape, e.g. qwen2.5-0.5b) or a local model directory")
-    p.add_argument("--device", default=None, choices=["cpu", "cuda"],
-                   help="default: cuda if present, else cpu")
-    p.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES),
-                   help="model dtype (default: bfloat16 on a GPU, float32 on a CPU)")
-    p.add_argument("--kv-cache-memory", default=None,
-                   help="KV cache memory, e.g. 4GiB (default: 80%% of the free GPU memory, or "
-                   "256MiB on a CPU)")
-    p.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256,
-                   help="sequences running at once (default %(default)s)")
-    p.add_argument("--max-num-batched-tokens", type=integer(1, 10_000_000), default=2048,
-                   help="tokens per step (default %(default)s)")
-    p.add_argument("--mode", choices=MODES, default=None,
-                   help="how decode steps run (default: the engine's, CUDA graphs of compiled "
-                   "layers on a GPU, eager on a CPU)")
+    add_engine_options(p)
     p.add_argument("--seed", type=integer(0), default=0,
                    help="sample and Poisson seed (default 0)")
     p.add_argument("--replicas", type=integer(1, 64), default=1,
                    help="data-parallel engines, one process and GPU each (cuda:0..N-1), each "
                    "serving every N-th arrival; the requests' latencies merged into one run "
                    "(default 1; one --block-sizes/--kv-cache-dtype/--prefix-caching value)")
-    p.add_argument("--threads", type=integer(1, 1024), default=1,
-                   help="CPU threads (default %(default)s)")
     p.add_argument("--endpoint", metavar="URL", default=None,
                    help="measure a running OpenAI-compatible server (pagebench serve, vLLM, "
                    "SGLang) at URL instead of an engine in this process: TTFT/TPOT/ITL from "
@@ -150,7 +155,6 @@ def register(sub) -> None:
         "token ids; stream: true for Server-Sent Events, one chunk per token), GET /v1/models, "
         "GET /metrics. Binds 127.0.0.1 unless --host says otherwise. Needs aiohttp (the "
         "'serve' extra). Ctrl-C stops it.")
-    v.add_argument("--model", default="tiny", help="tiny, a preset name or a model directory")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default %(default)s)")
     v.add_argument("--port", type=integer(0, 65535), default=8000,
                    help="port (default %(default)s; 0: any free one, printed)")
@@ -160,23 +164,9 @@ def register(sub) -> None:
                    help="auto (the model's dtype) or fp8 (default %(default)s)")
     v.add_argument("--prefix-caching", choices=("on", "off"), default="on",
                    help="default %(default)s")
-    v.add_argument("--kv-cache-memory", default=None,
-                   help="KV cache memory, e.g. 4GiB (default: 80%% of the free GPU memory, or "
-                   "256MiB on a CPU)")
     v.add_argument("--max-model-len", type=integer(2, 1_000_000), default=None,
                    help="longest prompt + output (default: the model's)")
-    v.add_argument("--max-num-seqs", type=integer(1, 1_000_000), default=256,
-                   help="sequences running at once (default %(default)s)")
-    v.add_argument("--max-num-batched-tokens", type=integer(1, 10_000_000), default=2048,
-                   help="tokens per step (default %(default)s)")
-    v.add_argument("--mode", choices=MODES, default=None,
-                   help="how decode steps run (default: the engine's)")
-    v.add_argument("--device", default=None, choices=["cpu", "cuda"],
-                   help="default: cuda if present, else cpu")
-    v.add_argument("--dtype", default=None, choices=list(MODEL_DTYPES),
-                   help="model dtype (default: bfloat16 on a GPU, float32 on a CPU)")
-    v.add_argument("--threads", type=integer(1, 1024), default=1,
-                   help="CPU threads (default %(default)s)")
+    add_engine_options(v)
     v.set_defaults(func=serve)
 
     f = sub.add_parser(

@@ -552,8 +552,8 @@ class _MockKernel:
 
 
 def _direct_launches(monkeypatch):
-    """triton_decode with direct launches on (as on a GPU), its stream a placeholder."""
-    from pagebench.kernels import triton_decode as td
+    """triton_runtime with direct launches on (as on a GPU), its stream a placeholder."""
+    from pagebench.kernels import triton_runtime as td
     monkeypatch.setattr(td, "DIRECT_LAUNCH", True)
     monkeypatch.setattr(td, "_current_stream", lambda index: "stream")
     return td
@@ -568,7 +568,7 @@ def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
 
     td = _direct_launches(monkeypatch)
     calls = []
-    launch = td._Launcher(_MockKernel(calls), (4, 2), (7, 9), {"C": 3}, {"num_warps": 4}, num_tensors=2)
+    launch = td.Launcher(_MockKernel(calls), (4, 2), (7, 9), {"C": 3}, {"num_warps": 4}, num_tensors=2)
     a, b = torch.zeros(8), torch.zeros(8)
     launch(a, b)
     launch(a, b)
@@ -583,7 +583,7 @@ def test_launcher_reuses_the_compiled_kernel_per_alignment(monkeypatch):
     launch(a, b)
     assert calls[3][0] == "jit"
     with pytest.raises(AssertionError, match="tensors, scalars, constexprs"):
-        td._Launcher(_MockKernel(calls), (1,), (7,), {"C": 3}, {}, num_tensors=2)
+        td.Launcher(_MockKernel(calls), (1,), (7,), {"C": 3}, {}, num_tensors=2)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
@@ -615,11 +615,11 @@ def test_triton_prefill_direct_launches_match_reference_cuda(monkeypatch):
     others launch the compiled kernel directly with their own grid, each matching float64."""
     from triton.runtime.jit import JITFunction
 
-    from pagebench.kernels import triton_decode
+    from pagebench.kernels import triton_runtime
     from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
     from pagebench.kernels.reference import reference_prefill
     from pagebench.kernels.triton_prefill import triton_paged_prefill
-    monkeypatch.setattr(triton_decode, "_LAUNCHERS", {})
+    monkeypatch.setattr(triton_runtime, "_LAUNCHERS", {})
     through_triton = []
     run = JITFunction.run
     monkeypatch.setattr(JITFunction, "run", lambda self, *a, **kw: (
@@ -635,7 +635,7 @@ def test_triton_prefill_direct_launches_match_reference_cuda(monkeypatch):
         out = triton_paged_prefill(*case.args(), 64 ** -0.5)
         err = relative_error(out, reference_prefill(*case.args(), 64 ** -0.5))
         assert err < TOLERANCE[torch.bfloat16], err
-    assert len(through_triton) == 1 and len(triton_decode._LAUNCHERS) == 1
+    assert len(through_triton) == 1 and len(triton_runtime._LAUNCHERS) == 1
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")

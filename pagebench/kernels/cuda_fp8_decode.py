@@ -49,6 +49,7 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8, nvidia_fp8_hardware
+from pagebench.kernels.reference import LOG2E
 
 LANES = 32
 STEP = 16  # tokens per MMA step (the M of S^T; the source's STEP)
@@ -724,7 +725,7 @@ def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_
     split(grid=(num_seqs, kv_heads // heads * qchunks, groups),
           block=(LANES * heads * split_warps, 1, 1),
           args=[q, k8, v8, block_tables, seq_lens, out, part, k_scale, v_scale,
-                float(scale * 1.4426950408889634), per_split, groups,
+                float(scale * LOG2E), per_split, groups,
                 parts * head_dim if groups > 1 else 0,
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])

@@ -22,6 +22,7 @@ from pagebench.kernels.quant import dequantize
 # 32/8 x 128, torch 2.11): "gqa" 77 us vs "groups" 750 us at 1 x 65536 (CUDA's kernel splits
 # the KV only there), "groups" 8-13% faster at batch 8-64 x 4096, equal at 256. "auto" picks
 # "gqa" while sequences x KV heads is below 64 (a few programs per SM), else "groups".
+LOG2E = 1.4426950408889634  # kernels take exp2: a softmax scale is multiplied by log2(e)
 SDPA_GQA_MODE = "auto"
 
 

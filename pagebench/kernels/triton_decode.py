@@ -21,8 +21,8 @@ splits it also counts itself in a counter of its (sequence, KV head(s)), and the
 splits to arrive merges all their partials into ``out`` (``merge_splits``): one launch. With
 more splits a second kernel merges them, a program per query head.
 
-On a machine without a GPU the kernels run interpreted on CPU tensors: this module sets
-``TRITON_INTERPRET=1`` before it imports Triton (:mod:`pagebench.triton_setup`).
+On a machine without a GPU the kernels run interpreted on CPU tensors
+(:mod:`pagebench.kernels.triton_runtime`).
 """
 
 from __future__ import annotations
@@ -33,12 +33,13 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8, nvidia_fp8_hardware
-from pagebench.triton_setup import interpret_without_gpu
+from pagebench.kernels.reference import LOG2E
+from pagebench.kernels.triton_runtime import INTERPRETED, Launcher, next_pow2
 
-# Triton's interpreter (3.9) computes bf16 tl.dot wrongly: where INTERPRETED, the dots run in fp32.
-INTERPRETED = interpret_without_gpu()  # before Triton is imported: it reads the variable then
-import triton  # noqa: E402 (after TRITON_INTERPRET is decided)
-import triton.language as tl  # noqa: E402 (after TRITON_INTERPRET is decided)
+# isort: split
+# after triton_runtime, whose import set TRITON_INTERPRET where Triton needs it
+import triton
+import triton.language as tl
 
 MAX_SPLITS = 512
 MMA_ROWS = 16  # tl.dot's fewest rows: a program's query rows are padded to this
@@ -51,12 +52,6 @@ INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split path run
 # kernel's program per query head is faster (docs/kernels.md, "Merging splits").
 FUSED_MERGE_SPLITS = 4  # also the most it takes: it loads them all at once
 COMBINE_CHUNK = 32  # splits the combine kernel merges per step
-
-
-def next_pow2(n: int) -> int:
-    """Smallest power of two >= n (plain Python: ``triton.next_power_of_2`` and ``triton.cdiv``
-    are constexpr-function wrappers that cost microseconds per call on the launch path)."""
-    return 1 << max(0, n - 1).bit_length()
 
 
 @triton.jit
@@ -384,79 +379,6 @@ def hardware_fp8_convert(device: torch.device) -> bool:
     return not INTERPRETED and nvidia_fp8_hardware(device)
 
 
-def _launch_hooks_set() -> bool:
-    """Whether a profiler (Proton, a user) hooked Triton's launches: then every launch goes
-    through Triton so the hooks see it."""
-    runtime = triton.knobs.runtime
-    return any(h is not None and getattr(h, "calls", True)
-               for h in (runtime.launch_enter_hook, runtime.launch_exit_hook))
-
-
-# Launch compiled kernels directly where this Triton's launcher convention is known (3.4+ has
-# ``triton.knobs``; checked against 3.6 and 3.9) and kernels are compiled, not interpreted.
-DIRECT_LAUNCH = hasattr(triton, "knobs") and not INTERPRETED
-
-
-class _Launcher:
-    """One Triton kernel with its grid, scalars and constexprs fixed, launched on tensors.
-
-    Triton's own launch (``kernel[grid](...)``) re-derives the kernel's specialisation from
-    every argument on each call: 26-40 us of host time per launch with Triton 3.6 on an H200's
-    host, where launching the compiled kernel takes 10-16 us (docs/kernels.md, the host path). The
-    scalars here never change, so only the tensors' 16-byte alignment (a specialisation Triton
-    makes) can pick a different compiled kernel: the first launch of each alignment pattern goes
-    through Triton, which compiles and returns the kernel; later ones call its launcher
-    directly. A launcher serves one plan, whose key fixes every tensor's dtype (or one key of
-    ``launch``'s). A call may give another ``grid``: Triton does not specialise on it.
-    """
-
-    def __init__(self, kernel, grid, scalars, constexprs, options, num_tensors):
-        names = kernel.arg_names
-        if list(names[num_tensors + len(scalars):]) != list(constexprs):
-            raise AssertionError(f"{kernel}: arguments must be tensors, scalars, constexprs")
-        self.kernel, self.scalars = kernel, tuple(scalars)
-        self.grid = tuple(grid) + (1,) * (3 - len(grid))
-        self.kwargs = {**constexprs, **options}
-        self.tail = self.scalars + tuple(constexprs.values())
-        self.compiled = {}  # tensors' alignment -> (CompiledKernel, launcher, function, metadata)
-
-    def __call__(self, *tensors, grid=None):
-        g = self.grid if grid is None else tuple(grid) + (1,) * (3 - len(grid))
-        key = tuple(t.data_ptr() % 16 == 0 for t in tensors) if DIRECT_LAUNCH else None
-        hit = self.compiled.get(key)
-        if hit is None or _launch_hooks_set():
-            kernel = self.kernel[g](*tensors, *self.scalars, **self.kwargs)
-            if key is not None and hasattr(kernel, "packed_metadata"):
-                self.compiled[key] = (kernel, kernel.run, kernel.function, kernel.packed_metadata)
-            return
-        _, run, function, metadata = hit
-        run(g[0], g[1], g[2], _current_stream(tensors[0].device.index), function, metadata,
-            None, None, None, *tensors, *self.tail)
-
-
-_LAUNCHERS: dict = {}
-MAX_LAUNCHERS = 1024
-
-
-def launch(kernel, grid, tensors, scalars, constexprs, options) -> None:
-    """``kernel[grid](*tensors, *scalars, **constexprs, **options)`` (arguments in that order)
-    through a ``_Launcher`` cached per device, tensor dtypes, scalars, constexprs and options:
-    a kernel launched with arguments it has seen before skips Triton's launch path."""
-    key = (kernel, tensors[0].device, *(t.dtype for t in tensors), *scalars,
-           *constexprs.items(), *options.items())
-    launcher = _LAUNCHERS.get(key)
-    if launcher is None:
-        if len(_LAUNCHERS) >= MAX_LAUNCHERS:
-            _LAUNCHERS.clear()
-        launcher = _LAUNCHERS[key] = _Launcher(kernel, grid, scalars, constexprs, options,
-                                               len(tensors))
-    launcher(*tensors, grid=grid)
-
-
-def _current_stream(device_index: int) -> int:
-    return triton.runtime.driver.active.get_current_stream(device_index)
-
-
 class DecodePlan:
     """Everything about a decode call that its shapes fix: split count, grids, constexprs and
     strides, built once per shape (``decode_plan``) so a call only allocates and launches.
@@ -510,7 +432,7 @@ class DecodePlan:
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, ml_offset):
-            return (scale * 1.4426950408889634, tokens_per_split, ml_offset,
+            return (scale * LOG2E, tokens_per_split, ml_offset,
                     q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                     tables.stride(0), q_heads * head_dim, head_dim,  # out is contiguous
                     q_heads * splits, splits, 1)
@@ -547,15 +469,15 @@ class DecodePlan:
                              f"{FUSED_MERGE_SPLITS} splits, this plan has {num_splits}")
         self.fused = num_splits > 1 and (num_splits <= FUSED_MERGE_SPLITS if fused_merge is None
                                          else bool(fused_merge))
-        self.split = _Launcher(_decode_split_kernel, grid, split_scalars,
+        self.split = Launcher(_decode_split_kernel, grid, split_scalars,
                                {**constexprs, "DIRECT": num_splits == 1, "MERGE": self.fused},
                                options, num_tensors=10)
         self.num_counters, self.counters = grid[0] * grid[1], None
         if num_splits > 1:  # unfused, or a call captured before the plan has counters
-            self.unmerged = self.split if not self.fused else _Launcher(
+            self.unmerged = self.split if not self.fused else Launcher(
                 _decode_split_kernel, grid, split_scalars, {**constexprs, "MERGE": False},
                 options, num_tensors=10)
-            self.combine = _Launcher(
+            self.combine = Launcher(
                 _combine_kernel, (num_seqs, q_heads),
                 (num_splits, parts * dim_pad, q_heads * num_splits, num_splits,
                  q_heads * head_dim, head_dim),
@@ -633,7 +555,7 @@ def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
     first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
-    # specialisations, which its launchers do not re-derive per call (``_Launcher``).
+    # specialisations, which its launchers do not re-derive per call (``Launcher``).
     key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, kv_per_program,
            fused_merge, *((x.shape, x.stride(), x.dtype)
                           for x in (q, k_cache, v_cache, block_tables, seq_lens)))

@@ -42,11 +42,13 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.kernels.quant import is_fp8
-from pagebench.kernels.triton_decode import INTERPRETED, default_tile_n, launch, next_pow2
+from pagebench.kernels.triton_decode import default_tile_n
+from pagebench.kernels.reference import LOG2E
+from pagebench.kernels.triton_runtime import INTERPRETED, launch, next_pow2
 from pagebench.kernels.validate import element_span
 
 # isort: split
-# after triton_decode, whose import set TRITON_INTERPRET where Triton needs it
+# after triton_runtime, whose import set TRITON_INTERPRET where Triton needs it
 import triton
 import triton.language as tl
 
@@ -640,7 +642,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens
     launch(_prefill_kernel, (by_round if round_robin else by_sequence,),
            (q, k_cache, v_cache, tables, seq_lens, q_lens, out,
             q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale, work),
-           (num_seqs, scale * 1.4426950408889634,
+           (num_seqs, scale * LOG2E,
             q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),

@@ -1,0 +1,285 @@
+"""A/B runs of paged-attention kernels: named variants on the same tensors, point by point.
+
+At each point (batch, context, lengths, block size) one case is built, and every variant
+(:mod:`pagebench.measure.ab_variants`) is first checked against the float64 reference on the
+same tensors: its relative error on up to :data:`CHECK_SEQS` of the sequences against the
+kernels' ``TOLERANCE`` for the query dtype (an fp8 cache's reference dequantises it exactly).
+A variant that fails, raises or does not support the input gets a row that says so and is
+not timed. The others are timed as the sweeps time (``timing.measure``: warm-up, median of
+``repeat`` calls; on CUDA events with L2 flushed, from a CUDA graph where the call can be
+captured; on a CPU wall clock on one thread) in ``rounds`` rounds that interleave the variants
+(each round starts one variant later), so drift reaches every variant alike. A variant's time
+is the median of its round medians, its band their min-max; its ratio to the baseline (the
+first variant) is judged as "faster than the baseline" by ``analysis.noise.against``: holds
+when the whole ratio band is below 1, does not hold when it is above, else within noise.
+
+The routines: ``decode`` (one new query per sequence, ``paged_decode``), ``prefill`` (each
+sequence's last ``query_len`` tokens, all of them by default, ``paged_prefill``) and ``mixed``
+(``batch`` prefill chunks and ``decodes`` one-token decodes in one ``paged_prefill`` call, as
+a chunked-prefill serving step sends them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from pagebench.analysis.noise import Band, against
+from pagebench.config import dtype_name
+from pagebench.kernels import registry
+from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+                                        relative_error)
+from pagebench.kernels.quant import check_kv_scales, is_fp8
+from pagebench.kernels.ragged import batch_lengths
+from pagebench.kernels.reference import reference_prefill
+from pagebench.kernels.sweep import graph_modes
+from pagebench.kernels.validate import check_decode, check_prefill
+from pagebench.measure.ab_variants import ROUTINE_OPS, Variant, variant_call
+from pagebench.timing import cpu_threads, environment, measure
+
+ROUTINES = tuple(ROUTINE_OPS)
+CHECK_SEQS = 8  # sequences checked against the float64 reference per point (evenly spaced)
+WARMUP = 3  # untimed calls before a variant's first round (1 before each later round)
+CPU_NOTE = ("CPU wall clock: interpreted Triton and PyTorch references, a check of the "
+            "variants and the driver, not kernel speed")
+# the printed table (`options.format_table` columns; ``table_rows`` adds the text ones)
+TABLE = [("variant", "variant", 0), ("batch", "batch", 0), ("context", "context", 0),
+         ("lengths", "lengths", 0), ("block_size", "block", 0), ("cuda_graphs", "graph", 0),
+         ("error_text", "error", 0, "relative error against the float64 reference"),
+         ("check", "check", 0, "ok, wrong (error above tolerance), error, unsupported"),
+         ("time_us", "time (us)", 1, "median of the rounds' medians"),
+         ("ratio_text", "x baseline (min-max)", 0, "time / the baseline's, over the rounds"),
+         ("faster", "faster than baseline", 0, "the ratio band below 1: holds")]
+
+
+@dataclass(frozen=True)
+class Point:
+    batch: int  # sequences (prefill: chunks; mixed: prefill chunks beside the decodes)
+    context: int  # mean tokens per sequence
+    lengths: str  # a kernels.ragged spec: uniform, lognormal:MU,SIGMA, trace:NAME
+    block_size: int
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every point of a run shares."""
+    routine: str
+    device: str
+    shape: tuple[int, int, int]  # (num_q_heads, num_kv_heads, head_dim)
+    dtype: torch.dtype
+    kv_dtype: torch.dtype
+    query_len: int | None = None  # prefill, mixed: new tokens per chunk (None: whole sequences)
+    decodes: int = 0  # mixed: one-token decodes in the call
+    one_scale: bool = False  # fp8: one scale for every head (FlashInfer's)
+    seed: int = 0
+    repeat: int = 5
+    rounds: int = 3
+    cuda_graphs: str = "only"  # kernels.sweep.graph_modes
+
+    @property
+    def op(self) -> str:
+        return ROUTINE_OPS[self.routine]
+
+
+def build_case(setup: Setup, point: Point):
+    """The point's paged inputs (``kernels.fixtures.PagedInputs``): ``batch + decodes``
+    sequences with lengths of ``point.lengths`` around ``point.context``, blocks shuffled in
+    the cache; for prefill and mixed, q holds each chunk's queries (the decodes' one each)."""
+    num_q, _, head_dim = setup.shape
+    lens = batch_lengths(point.lengths, point.batch + setup.decodes, point.context,
+                         seed=setup.seed)
+    case = make_paged_inputs(lens, *setup.shape, point.block_size, setup.dtype, setup.device,
+                             seed=setup.seed, extra_blocks=0, extra_table_cols=0, poison=False)
+    if setup.op == "prefill":
+        chunks = [min(setup.query_len or n, n) for n in lens[:point.batch]]
+        query_lens = chunks + [1] * setup.decodes
+        gen = torch.Generator(device=setup.device).manual_seed(setup.seed + 1)
+        q = torch.randn(sum(query_lens), num_q, head_dim, generator=gen, device=setup.device,
+                        dtype=setup.dtype)
+        case = dataclasses.replace(case, q=q, query_lens=torch.tensor(
+            query_lens, dtype=torch.int32, device=setup.device))
+    if is_fp8(setup.kv_dtype):  # each head's largest value maps to the format's
+        case = quantized_inputs(case, setup.kv_dtype, spread=1.0, one_scale=setup.one_scale)
+    check = check_decode if setup.op == "decode" else check_prefill
+    check(*case.args(), None, "always")
+    check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
+    return case
+
+
+def checked_sequences(num_seqs: int) -> list[int]:
+    """Up to :data:`CHECK_SEQS` sequence indices, evenly spaced, first and last included."""
+    if num_seqs <= CHECK_SEQS:
+        return list(range(num_seqs))
+    step = (num_seqs - 1) / (CHECK_SEQS - 1)
+    return sorted({round(i * step) for i in range(CHECK_SEQS)})
+
+
+def reference_rows(case, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the float64 reference for sequences ``seqs``, the indices of their rows in q)."""
+    query_lens = (case.query_lens if case.query_lens is not None
+                  else torch.ones_like(case.seq_lens)).cpu()
+    starts = torch.cumsum(query_lens, 0) - query_lens
+    rows = torch.cat([torch.arange(int(starts[s]), int(starts[s] + query_lens[s]))
+                      for s in seqs])
+    index = torch.tensor(seqs)
+    device_rows, device_index = rows.to(case.q.device), index.to(case.q.device)
+    ref = reference_prefill(case.q[device_rows], case.k_cache, case.v_cache,
+                            case.block_tables[device_index], case.seq_lens[device_index],
+                            query_lens[index], case.q.shape[-1] ** -0.5, **case.scales())
+    return ref, device_rows
+
+
+@dataclass
+class Outcome:
+    """A variant's check at one point, and its call when the check passed."""
+    check: str  # "ok", "wrong" (error above tolerance), "error" (raised), "unsupported"
+    rel_error: float | None = None
+    message: str = ""
+    call: Callable[[], object] | None = None
+
+
+def check_variant_output(setup: Setup, point: Point, case, variant: Variant, ref, rows,
+                         tolerance: float) -> Outcome:
+    """``variant`` run once on ``case``: its error on the checked rows against ``ref``."""
+    backend = registry.get_backend(variant.backend)
+    if not backend.supports(setup.op, setup.device, setup.dtype, point.block_size,
+                            setup.shape[2], setup.kv_dtype):
+        return Outcome("unsupported", message=f"{variant.backend} does not take this input: "
+                       f"{backend.capabilities(setup.device)}")
+    try:
+        call = variant_call(variant, setup.op, case.args(), setup.shape[2] ** -0.5,
+                            case.scales())
+        out = call()
+    except Exception as e:  # noqa: BLE001 -- one variant's failure is its row, not the run's end
+        return Outcome("error", message=_one_line(e))
+    err = relative_error(out[rows], ref)
+    if not err < tolerance:  # NaN fails too
+        return Outcome("wrong", err, f"relative error {err:.3g} is not below the tolerance "
+                       f"{tolerance:g}: not timed")
+    return Outcome("ok", err, call=call)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split())[:200]
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def time_rounds(calls: dict[str, Callable[[], object]], setup: Setup,
+                graph: bool) -> dict[str, list]:
+    """Each call timed (``timing.measure``) once per round, the rounds interleaving the
+    calls, each round starting one call later: name -> the rounds' ``Timing``s."""
+    names = list(calls)
+    out: dict[str, list] = {n: [] for n in names}
+    on_cuda = torch.device(setup.device).type == "cuda"
+    for r in range(setup.rounds):
+        order = names[r % len(names):] + names[:r % len(names)] if names else []
+        for name in order:
+            with cpu_threads(None if on_cuda else 1):  # one thread: steadier on a shared CPU
+                out[name].append(measure(calls[name], device=setup.device,
+                                         warmup=WARMUP if r == 0 else 1, repeat=setup.repeat,
+                                         cuda_graph=graph))
+    return out
+
+
+def band(timings: list) -> Band:
+    """A variant's time: the median of its round medians within their min-max (±NO_SPREAD
+    assumed for one round)."""
+    medians = sorted(t.median_us for t in timings)
+    mid = (medians[(len(medians) - 1) // 2] + medians[len(medians) // 2]) / 2
+    return Band.point(mid) if len(medians) < 2 else Band.of(mid, medians[0], medians[-1])
+
+
+def run_point(setup: Setup, point: Point, variants: list[Variant],
+              command: Callable[[Point, Variant, bool], str], env: dict) -> list[dict]:
+    """The rows of one point: one per variant and CUDA-graph mode (see the module docstring)."""
+    case = build_case(setup, point)
+    seqs = checked_sequences(int(case.seq_lens.numel()))
+    ref, rows = reference_rows(case, seqs)
+    tolerance = TOLERANCE[setup.dtype]
+    outcomes = {v.name: check_variant_output(setup, point, case, v, ref, rows, tolerance)
+                for v in variants}
+    on_cuda = torch.device(setup.device).type == "cuda"
+    base = variants[0]
+    records = []
+    capturable = {v.name: setup.op in registry.get_backend(v.backend).graph_capturable
+                  for v in variants}
+    for graph in sorted({g for v in variants
+                         for g in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda)}):
+        ok = {v.name: outcomes[v.name].call for v in variants if outcomes[v.name].call
+              and graph in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda)}
+        bands = {n: band(t) for n, t in time_rounds(ok, setup, graph).items()}
+        base_band = bands.get(base.name)
+        for v in variants:
+            if graph not in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda):
+                continue
+            records.append(_row(setup, point, case, v, base, outcomes[v.name], bands.get(v.name),
+                                base_band, graph, len(seqs), tolerance,
+                                command(point, v, graph), env))
+    return records
+
+
+def _row(setup, point, case, variant, base, outcome, mine, base_band, graph, checked,
+         tolerance, command, env) -> dict:
+    ratio = mine / base_band if mine is not None and base_band is not None else None
+    query_tokens = int(case.query_lens.sum()) if case.query_lens is not None else None
+    return {
+        **env, "dirty": env["commit"].endswith("-dirty"),
+        "routine": setup.routine, "variant": variant.name, "backend": variant.backend,
+        "launch": json.dumps(variant.launch, sort_keys=True), "baseline": base.name,
+        "num_q_heads": setup.shape[0], "num_kv_heads": setup.shape[1],
+        "head_dim": setup.shape[2], "dtype": dtype_name(setup.dtype),
+        "kv_dtype": dtype_name(setup.kv_dtype), "batch": point.batch, "context": point.context,
+        "lengths": point.lengths, "block_size": point.block_size,
+        "query_len": setup.query_len, "decodes": setup.decodes if setup.routine == "mixed"
+        else None, "tokens": int(case.seq_lens.sum()), "query_tokens": query_tokens,
+        "seed": setup.seed, "cuda_graphs": graph,
+        "check": outcome.check, "rel_error": outcome.rel_error, "tolerance": tolerance,
+        "checked_seqs": checked, "message": outcome.message,
+        "time_us": None if mine is None else mine.value,
+        "time_lo_us": None if mine is None else mine.lo,
+        "time_hi_us": None if mine is None else mine.hi,
+        "rounds": setup.rounds, "repeat": setup.repeat,
+        "ratio": None if ratio is None else ratio.value,
+        "ratio_lo": None if ratio is None else ratio.lo,
+        "ratio_hi": None if ratio is None else ratio.hi,
+        "faster": None if ratio is None or variant.name == base.name
+        else against(ratio, 1.0, above=False),
+        "note": None if torch.device(setup.device).type == "cuda" else CPU_NOTE,
+        "command": command,
+    }
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` with the text columns of :data:`TABLE`: the error in scientific notation, the
+    ratio with its band."""
+    out = []
+    for r in rows:
+        err, ratio = r["rel_error"], r["ratio"]
+        out.append({**r, "error_text": None if err is None else f"{err:.1e}",
+                    "ratio_text": None if ratio is None
+                    else f"{ratio:.3f} ({r['ratio_lo']:.3f}-{r['ratio_hi']:.3f})"})
+    return out
+
+
+def run_ab(setup: Setup, points: list[Point], variants: list[Variant],
+           command: Callable[[Point, Variant, bool], str],
+           progress: Callable[[dict], None] | None = None) -> list[dict]:
+    """Every point's rows (:func:`run_point`); ``command(point, variant, graph)``: the line
+    that reproduces one row; ``progress``: called with each row."""
+    if not variants:
+        raise ValueError("variants: an A/B run needs at least one variant")
+    graph_modes(setup.cuda_graphs, False, False)  # a bad mode fails before any work
+    env = environment(setup.device)
+    rows = []
+    for point in points:
+        for row in run_point(setup, point, variants, command, env):
+            rows.append(row)
+            if progress:
+                progress(row)
+        if torch.device(setup.device).type == "cuda":
+            torch.cuda.empty_cache()
+    return rows

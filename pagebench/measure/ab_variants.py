@@ -1,0 +1,186 @@
+"""The variants of an A/B run: named backends with launch options, read from a file or named.
+
+A variants file (TOML or JSON, by its suffix) lists ``variant`` records in order; the first is
+the baseline the others are compared with::
+
+    [[variant]]
+    name = "triton"                  # letters, digits, ``.``, ``_``, ``-``: it goes on a command line
+    backend = "triton"               # a registered backend
+    [[variant]]
+    name = "triton-2-splits"
+    backend = "triton"
+    launch = { num_splits = 2 }      # the kernel's launch fields (optional)
+
+JSON has the same shape: ``{"variant": [{"name": ..., "backend": ..., "launch": {...}}]}``.
+Every mistake (a bad file, an unknown key, backend or launch field, a backend without the
+routine's operation, a repeated name) is a ``ConfigError`` naming the option, the file and the
+variant, raised before anything runs.
+
+:func:`variant_call` is the one place a variant becomes a call; :data:`LAUNCH_KERNELS` says
+which backends take launch fields and where their kernels are.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pagebench.errors import ConfigError
+from pagebench.kernels import registry
+
+# --routine -> the registry operation its call runs (mixed: prefill chunks and decodes, one
+# query each, in one prefill call)
+ROUTINE_OPS = {"decode": "decode", "prefill": "prefill", "mixed": "prefill"}
+VARIANT_KEYS = ("name", "backend", "launch")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+# (backend, operation) -> (module, the kernel a variant with launch fields calls, the function
+# whose keyword-only parameters are those fields): the kernels whose launch a variant may set
+LAUNCH_KERNELS = {
+    ("triton", "decode"): ("pagebench.kernels.triton_decode", "triton_paged_decode",
+                           "decode_plan"),
+    ("triton", "prefill"): ("pagebench.kernels.triton_prefill", "triton_paged_prefill",
+                            "triton_paged_prefill"),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    backend: str
+    launch: dict = field(default_factory=dict, hash=False)  # launch field -> value
+
+
+def launch_fields(backend: str, op: str) -> tuple[str, ...]:
+    """The launch fields a variant of ``backend`` may set for ``op`` (none: it takes none)."""
+    where = LAUNCH_KERNELS.get((backend, op))
+    if where is None:
+        return ()
+    declares = getattr(importlib.import_module(where[0]), where[2])
+    return tuple(p.name for p in inspect.signature(declares).parameters.values()
+                 if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
+def variant_call(variant: Variant, op: str, args: tuple, scale: float,
+                 scales: dict) -> Callable[[], object]:
+    """A no-argument call of ``variant`` on already-validated ``args`` (the operation's
+    positional tensors) with ``scale`` and the fp8 ``scales`` keywords: the backend's prepared
+    call (``Backend.prepared_call``), or with launch fields its kernel called with them."""
+    backend = registry.get_backend(variant.backend)
+    if not variant.launch:
+        return backend.prepared_call(op, *args, scale, **scales)
+    module, name, _ = LAUNCH_KERNELS[(variant.backend, op)]
+    kernel = getattr(importlib.import_module(module), name)
+    launch = dict(variant.launch)
+    return lambda: kernel(*args, scale, **scales, **launch)
+
+
+def check_variant(variant: Variant, routine: str, where: str) -> Variant:
+    """``variant`` if its backend is registered and available, has the routine's operation and
+    takes each launch field it sets; else a ConfigError that starts with ``where``."""
+    op = ROUTINE_OPS[routine]
+    try:
+        backend = registry.get_backend(variant.backend)
+    except ValueError as e:
+        raise ConfigError(f"{where}: {str(e).removeprefix('backend: ')}") from None
+    if getattr(backend, op) is None:
+        raise ConfigError(f"{where}: backend {variant.backend!r} has no {op} kernel, which "
+                          f"--routine {routine} calls (it has {list(backend.operations())})")
+    if variant.launch:
+        fields = launch_fields(variant.backend, op)
+        if not fields:
+            raise ConfigError(f"{where}: backend {variant.backend!r} takes no launch fields "
+                              f"for {op}")
+        unknown = sorted(set(variant.launch) - set(fields))
+        if unknown:
+            raise ConfigError(f"{where}: unknown launch field(s) {', '.join(unknown)} for "
+                              f"{variant.backend} {op} (it takes {', '.join(fields)})")
+    return variant
+
+
+def read_variants(path: str, routine: str, only: list[str] | None = None) -> list[Variant]:
+    """The variants listed in ``path`` (``only``: those named, in the file's order), each
+    checked for ``routine`` (:func:`check_variant`: only the selected ones, so that one file
+    can hold decode and prefill variants); the first is the baseline."""
+    option = "--variants"
+    records = _records(path)
+    if not isinstance(records, list) or not records:
+        raise ConfigError(f"{option}: {path}: expected a non-empty list of [[variant]] "
+                          "records")
+    variants: list[Variant] = []
+    where_of: dict[str, str] = {}
+    for i, record in enumerate(records, 1):
+        where = f"{option}: {path}: variant {i}"
+        if not isinstance(record, dict):
+            raise ConfigError(f"{where}: expected a table of {', '.join(VARIANT_KEYS)}")
+        unknown = sorted(set(record) - set(VARIANT_KEYS))
+        if unknown:
+            raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (a variant has "
+                              f"{', '.join(VARIANT_KEYS)})")
+        name, backend, launch = record.get("name"), record.get("backend"), record.get("launch", {})
+        if not isinstance(name, str) or not NAME.fullmatch(name):
+            raise ConfigError(f"{where}: name must be letters, digits, '.', '_' or '-', got "
+                              f"{name!r}")
+        where = f"{option}: {path}: variant {name!r}"
+        if not isinstance(backend, str):
+            raise ConfigError(f"{where}: backend must be a backend's name, got {backend!r}")
+        if not isinstance(launch, dict):
+            raise ConfigError(f"{where}: launch must be a table of launch fields, got "
+                              f"{launch!r}")
+        if any(v.name == name for v in variants):
+            raise ConfigError(f"{option}: {path}: two variants are named {name!r}")
+        variants.append(Variant(name, backend, launch))
+        where_of[name] = where
+    return [check_variant(v, routine, where_of[v.name])
+            for v in _select(variants, only, f"{option}: {path}")]
+
+
+def named_variants(names: list[str], routine: str) -> list[Variant]:
+    """``--backends a,b``: one variant per backend, named after it, without launch fields."""
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--backends: a backend is named twice in {','.join(names)}")
+    return [check_variant(Variant(n, n), routine, f"--backends: {n}") for n in names]
+
+
+def _select(variants: list[Variant], only: list[str] | None, where: str) -> list[Variant]:
+    if not only:
+        return variants
+    missing = [n for n in only if n not in {v.name for v in variants}]
+    if missing:
+        raise ConfigError(f"--only: {where} has no variant {', '.join(map(repr, missing))} "
+                          f"(it has {', '.join(v.name for v in variants)})")
+    return [v for v in variants if v.name in only]
+
+
+def _records(path: str):
+    """The ``variant`` list of a TOML or JSON file; a ConfigError for an unreadable or
+    malformed file."""
+    option = "--variants"
+    suffix = Path(path).suffix.lower()
+    if suffix not in (".toml", ".json"):
+        raise ConfigError(f"{option}: {path}: expected a .toml or .json file")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{option}: {path} not found") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{option}: cannot read {path}: {getattr(e, 'strerror', None) or e}") \
+            from None
+    try:
+        if suffix == ".toml":
+            import tomllib
+
+            doc = tomllib.loads(text)
+        else:
+            doc = json.loads(text)
+    except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
+        kind = "TOML" if suffix == ".toml" else "JSON"
+        raise ConfigError(f"{option}: {path}: bad {kind}: {' '.join(str(e).split())}") from None
+    if not isinstance(doc, dict) or set(doc) != {"variant"}:
+        raise ConfigError(f"{option}: {path}: expected only a 'variant' list (TOML "
+                          "[[variant]] tables)")
+    return doc["variant"]

@@ -117,6 +117,9 @@ def test_a_bad_variants_file_is_one_line_and_exit_2(tmp_path, text, expected):
     (["--backends", "torch", "--heads", "4/3"], "--heads: need 1 <= KV <= Q"),
     (["--backends", "torch", "--kv-dtype", "fp4"], "--kv-dtype: unknown 'fp4'"),
     (["--backends", "torch", "--lengths", "zipf:2"], "--lengths: expected uniform"),
+    (["--backends", "sdpa"], "sdpa-contiguous is its contiguous decode"),
+    (["--routine", "prefill", "--backends", "sdpa-contiguous"],
+     "a contiguous layout is a decode baseline"),
 ])
 def test_bad_options_are_one_line_and_exit_2(tmp_path, argv, expected):
     code, _, err = run_cli(*argv, "--out-dir", str(tmp_path / "out"))
@@ -219,6 +222,18 @@ def test_prefill_checks_whole_sequences_by_default(tmp_path, zeros_backend):
     assert code == 1
     assert rows.loc["torch", "query_tokens"] == 80 and rows.loc["torch", "check"] == "ok"
     assert rows.loc[zeros_backend, "check"] == "wrong"
+
+
+def test_a_contiguous_baseline_reads_the_same_values(tmp_path):
+    code, _, err = run_cli("--backends", "sdpa-contiguous,torch", "--batch", "3",
+                           "--lengths", "lognormal:4,0.6", "--out-dir", str(tmp_path), *TINY)
+    assert code == 0, err
+    rows = rows_in(tmp_path).set_index("variant")
+    assert list(rows.layout) == ["contiguous", "paged"]
+    # the same ragged tensors: both within the float32 tolerance of one reference
+    assert (rows.check == "ok").all() and (rows.rel_error < rows.tolerance).all()
+    assert "--backends sdpa-contiguous " in rows.loc["sdpa-contiguous", "command"]
+    assert rows.loc["torch", "baseline"] == "sdpa-contiguous"
 
 
 def test_checked_sequences_span_the_batch():

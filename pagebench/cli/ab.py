@@ -167,7 +167,7 @@ def reproduction(setup, args, out_dir: str):
         if args.variants:
             argv += ["--variants", str(Path(args.variants).resolve()), "--only", variant.name]
         else:
-            argv += ["--backends", variant.backend]
+            argv += ["--backends", variant.name]
         argv += ["--device", setup.device, "--batch", str(point.batch),
                  "--context", str(point.context), "--lengths", point.lengths,
                  "--block-size", str(point.block_size),

@@ -16,7 +16,8 @@ when the whole ratio band is below 1, does not hold when it is above, else withi
 The routines: ``decode`` (one new query per sequence, ``paged_decode``), ``prefill`` (each
 sequence's last ``query_len`` tokens, all of them by default, ``paged_prefill``) and ``mixed``
 (``batch`` prefill chunks and ``decodes`` one-token decodes in one ``paged_prefill`` call, as
-a chunked-prefill serving step sends them).
+a chunked-prefill serving step sends them). A decode variant of the contiguous layout runs
+the backend's contiguous kernel on the same K/V, copied out of the blocks once per point.
 """
 
 from __future__ import annotations
@@ -35,10 +36,10 @@ from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_
                                         relative_error)
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.ragged import batch_lengths
-from pagebench.kernels.reference import reference_prefill
+from pagebench.kernels.reference import gather_kv, reference_prefill
 from pagebench.kernels.sweep import graph_modes
 from pagebench.kernels.validate import check_decode, check_prefill
-from pagebench.measure.ab_variants import ROUTINE_OPS, Variant, variant_call
+from pagebench.measure.ab_variants import ROUTINE_OPS, Variant, variant_call, variant_op
 from pagebench.timing import cpu_threads, environment, measure
 
 ROUTINES = tuple(ROUTINE_OPS)
@@ -110,6 +111,17 @@ def build_case(setup: Setup, point: Point):
     return case
 
 
+def contiguous_args(case) -> tuple:
+    """``contiguous_decode``'s tensors holding ``case``'s K/V: (q, k, v, seq_lens), the caches
+    ``[num_seqs, longest, num_kv_heads, head_dim]``; seq_lens None when every sequence fills
+    them (no mask, as the sweep times a uniform batch)."""
+    k, v, _ = gather_kv(case.k_cache, case.v_cache, case.block_tables, case.seq_lens)
+    longest = int(case.seq_lens.max())
+    k, v = (x[:, :, :longest].transpose(1, 2).contiguous() for x in (k, v))
+    full = bool((case.seq_lens == longest).all())
+    return case.q, k, v, None if full else case.seq_lens
+
+
 def checked_sequences(num_seqs: int) -> list[int]:
     """Up to :data:`CHECK_SEQS` sequence indices, evenly spaced, first and last included."""
     if num_seqs <= CHECK_SEQS:
@@ -143,16 +155,22 @@ class Outcome:
 
 
 def check_variant_output(setup: Setup, point: Point, case, variant: Variant, ref, rows,
-                         tolerance: float) -> Outcome:
-    """``variant`` run once on ``case``: its error on the checked rows against ``ref``."""
+                         tolerance: float, contiguous: Callable[[], tuple]) -> Outcome:
+    """``variant`` run once on ``case`` (``contiguous()``: its tensors as a contiguous cache):
+    its error on the checked rows against ``ref``."""
     backend = registry.get_backend(variant.backend)
-    if not backend.supports(setup.op, setup.device, setup.dtype, point.block_size,
-                            setup.shape[2], setup.kv_dtype):
-        return Outcome("unsupported", message=f"{variant.backend} does not take this input: "
-                       f"{backend.capabilities(setup.device)}")
+    op = variant_op(variant, setup.routine)
+    paged = op != "contiguous"
+    if not paged and setup.kv_dtype != setup.dtype:
+        return Outcome("unsupported", message=f"a contiguous cache holds {dtype_name(setup.dtype)}"
+                       f", not {dtype_name(setup.kv_dtype)}")
+    if not backend.supports(op, setup.device, setup.dtype, point.block_size if paged else None,
+                            setup.shape[2], setup.kv_dtype if paged else None):
+        return Outcome("unsupported", message=f"{variant.backend} {op} does not take this "
+                       f"input: {backend.capabilities(setup.device)}")
     try:
-        call = variant_call(variant, setup.op, case.args(), setup.shape[2] ** -0.5,
-                            case.scales())
+        args, scales = (case.args(), case.scales()) if paged else (contiguous(), {})
+        call = variant_call(variant, op, args, setup.shape[2] ** -0.5, scales)
         out = call()
     except Exception as e:  # noqa: BLE001 -- one variant's failure is its row, not the run's end
         return Outcome("error", message=_one_line(e))
@@ -200,13 +218,20 @@ def run_point(setup: Setup, point: Point, variants: list[Variant],
     seqs = checked_sequences(int(case.seq_lens.numel()))
     ref, rows = reference_rows(case, seqs)
     tolerance = TOLERANCE[setup.dtype]
-    outcomes = {v.name: check_variant_output(setup, point, case, v, ref, rows, tolerance)
-                for v in variants}
+    copies: list[tuple] = []  # the contiguous copy, made for the first variant that needs it
+
+    def contiguous() -> tuple:
+        if not copies:
+            copies.append(contiguous_args(case))
+        return copies[0]
+
+    outcomes = {v.name: check_variant_output(setup, point, case, v, ref, rows, tolerance,
+                                             contiguous) for v in variants}
     on_cuda = torch.device(setup.device).type == "cuda"
     base = variants[0]
     records = []
-    capturable = {v.name: setup.op in registry.get_backend(v.backend).graph_capturable
-                  for v in variants}
+    capturable = {v.name: variant_op(v, setup.routine)
+                  in registry.get_backend(v.backend).graph_capturable for v in variants}
     for graph in sorted({g for v in variants
                          for g in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda)}):
         ok = {v.name: outcomes[v.name].call for v in variants if outcomes[v.name].call
@@ -229,7 +254,8 @@ def _row(setup, point, case, variant, base, outcome, mine, base_band, graph, che
     return {
         **env, "dirty": env["commit"].endswith("-dirty"),
         "routine": setup.routine, "variant": variant.name, "backend": variant.backend,
-        "launch": json.dumps(variant.launch, sort_keys=True), "baseline": base.name,
+        "layout": variant.layout, "launch": json.dumps(variant.launch, sort_keys=True),
+        "baseline": base.name,
         "num_q_heads": setup.shape[0], "num_kv_heads": setup.shape[1],
         "head_dim": setup.shape[2], "dtype": dtype_name(setup.dtype),
         "kv_dtype": dtype_name(setup.kv_dtype), "batch": point.batch, "context": point.context,

@@ -10,8 +10,17 @@ the baseline the others are compared with::
     name = "triton-2-splits"
     backend = "triton"
     launch = { num_splits = 2 }      # the kernel's launch fields (optional)
+    [[variant]]
+    name = "sdpa"
+    backend = "sdpa"
+    layout = "contiguous"            # decode on a contiguous copy of the same K/V
 
 JSON has the same shape: ``{"variant": [{"name": ..., "backend": ..., "launch": {...}}]}``.
+``layout`` is ``paged`` (the default: the routine's paged kernel) or ``contiguous`` (decode
+only: the backend's contiguous kernel on the same values, copied out of the blocks before
+the timed calls: the baseline that paging is measured against). On the command line a
+backend ``NAME-contiguous`` (``NAME-paged``) is that backend in that layout, as the sweeps
+label them.
 Every mistake (a bad file, an unknown key, backend or launch field, a backend without the
 routine's operation, a repeated name) is a ``ConfigError`` naming the option, the file and the
 variant, raised before anything runs.
@@ -36,7 +45,8 @@ from pagebench.kernels import registry
 # --routine -> the registry operation its call runs (mixed: prefill chunks and decodes, one
 # query each, in one prefill call)
 ROUTINE_OPS = {"decode": "decode", "prefill": "prefill", "mixed": "prefill"}
-VARIANT_KEYS = ("name", "backend", "launch")
+VARIANT_KEYS = ("name", "backend", "launch", "layout")
+LAYOUTS = ("paged", "contiguous")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # (backend, operation) -> (module, the kernel a variant with launch fields calls, the function
 # whose keyword-only parameters are those fields): the kernels whose launch a variant may set
@@ -53,6 +63,12 @@ class Variant:
     name: str
     backend: str
     launch: dict = field(default_factory=dict, hash=False)  # launch field -> value
+    layout: str = "paged"  # or "contiguous": the backend's contiguous kernel (decode)
+
+
+def variant_op(variant: Variant, routine: str) -> str:
+    """The registry operation ``variant`` runs for ``routine``."""
+    return "contiguous" if variant.layout == "contiguous" else ROUTINE_OPS[routine]
 
 
 def launch_fields(backend: str, op: str) -> tuple[str, ...]:
@@ -82,14 +98,23 @@ def variant_call(variant: Variant, op: str, args: tuple, scale: float,
 def check_variant(variant: Variant, routine: str, where: str) -> Variant:
     """``variant`` if its backend is registered and available, has the routine's operation and
     takes each launch field it sets; else a ConfigError that starts with ``where``."""
-    op = ROUTINE_OPS[routine]
+    if variant.layout not in LAYOUTS:
+        raise ConfigError(f"{where}: layout must be one of {', '.join(LAYOUTS)}, got "
+                          f"{variant.layout!r}")
+    if variant.layout == "contiguous" and routine != "decode":
+        raise ConfigError(f"{where}: a contiguous layout is a decode baseline; --routine "
+                          f"{routine} runs paged kernels only")
+    op = variant_op(variant, routine)
     try:
         backend = registry.get_backend(variant.backend)
     except ValueError as e:
         raise ConfigError(f"{where}: {str(e).removeprefix('backend: ')}") from None
     if getattr(backend, op) is None:
+        hint = (f"; {variant.backend}-contiguous is its contiguous decode"
+                 if backend.contiguous is not None and routine == "decode" else "")
         raise ConfigError(f"{where}: backend {variant.backend!r} has no {op} kernel, which "
-                          f"--routine {routine} calls (it has {list(backend.operations())})")
+                          f"--routine {routine} calls (it has {list(backend.operations())})"
+                          f"{hint}")
     if variant.launch:
         fields = launch_fields(variant.backend, op)
         if not fields:
@@ -121,7 +146,8 @@ def read_variants(path: str, routine: str, only: list[str] | None = None) -> lis
         if unknown:
             raise ConfigError(f"{where}: unknown key(s) {', '.join(unknown)} (a variant has "
                               f"{', '.join(VARIANT_KEYS)})")
-        name, backend, launch = record.get("name"), record.get("backend"), record.get("launch", {})
+        name, backend = record.get("name"), record.get("backend")
+        launch, layout = record.get("launch", {}), record.get("layout", "paged")
         if not isinstance(name, str) or not NAME.fullmatch(name):
             raise ConfigError(f"{where}: name must be letters, digits, '.', '_' or '-', got "
                               f"{name!r}")
@@ -133,17 +159,28 @@ def read_variants(path: str, routine: str, only: list[str] | None = None) -> lis
                               f"{launch!r}")
         if any(v.name == name for v in variants):
             raise ConfigError(f"{option}: {path}: two variants are named {name!r}")
-        variants.append(Variant(name, backend, launch))
+        variants.append(Variant(name, backend, launch, layout))
         where_of[name] = where
     return [check_variant(v, routine, where_of[v.name])
             for v in _select(variants, only, f"{option}: {path}")]
 
 
 def named_variants(names: list[str], routine: str) -> list[Variant]:
-    """``--backends a,b``: one variant per backend, named after it, without launch fields."""
+    """``--backends a,b``: one variant per name, without launch fields: a backend (paged), or
+    a backend's label ``NAME-paged`` / ``NAME-contiguous`` (that layout)."""
     if len(set(names)) != len(names):
         raise ConfigError(f"--backends: a backend is named twice in {','.join(names)}")
-    return [check_variant(Variant(n, n), routine, f"--backends: {n}") for n in names]
+    return [check_variant(_labelled(n), routine, f"--backends: {n}") for n in names]
+
+
+def _labelled(label: str) -> Variant:
+    """The variant a ``--backends`` name stands for (a registered name is taken as it is)."""
+    registered = registry.registered_backends()
+    for layout in LAYOUTS:
+        backend = label.removesuffix(f"-{layout}")
+        if backend != label and label not in registered and backend in registered:
+            return Variant(label, backend, layout=layout)
+    return Variant(label, label)
 
 
 def _select(variants: list[Variant], only: list[str] | None, where: str) -> list[Variant]:

@@ -15,6 +15,13 @@ the baseline the others are compared with::
     backend = "sdpa"
     layout = "contiguous"            # decode on a contiguous copy of the same K/V
 
+A kernel of your own (a modified copy of one, say) joins through ``import``: Python files,
+paths relative to the variants file, run once per process before the variants are read,
+that call ``pagebench.kernels.register_backend``; its backend is then a variant like any
+other::
+
+    import = ["my_decode.py"]        # registers backend "triton-mine"
+
 JSON has the same shape: ``{"variant": [{"name": ..., "backend": ..., "launch": {...}}]}``.
 ``layout`` is ``paged`` (the default: the routine's paged kernel) or ``contiguous`` (decode
 only: the backend's contiguous kernel on the same values, copied out of the blocks before
@@ -46,6 +53,8 @@ from pagebench.kernels import registry
 # query each, in one prefill call)
 ROUTINE_OPS = {"decode": "decode", "prefill": "prefill", "mixed": "prefill"}
 VARIANT_KEYS = ("name", "backend", "launch", "layout")
+FILE_KEYS = ("variant", "import")
+_imported: dict[Path, object] = {}  # resolved path -> module: each file runs once per process
 LAYOUTS = ("paged", "contiguous")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # (backend, operation) -> (module, the kernel a variant with launch fields calls, the function
@@ -132,7 +141,9 @@ def read_variants(path: str, routine: str, only: list[str] | None = None) -> lis
     checked for ``routine`` (:func:`check_variant`: only the selected ones, so that one file
     can hold decode and prefill variants); the first is the baseline."""
     option = "--variants"
-    records = _records(path)
+    records, imports = _records(path)
+    for module in imports:
+        import_kernels(path, module)
     if not isinstance(records, list) or not records:
         raise ConfigError(f"{option}: {path}: expected a non-empty list of [[variant]] "
                           "records")
@@ -194,8 +205,8 @@ def _select(variants: list[Variant], only: list[str] | None, where: str) -> list
 
 
 def _records(path: str):
-    """The ``variant`` list of a TOML or JSON file; a ConfigError for an unreadable or
-    malformed file."""
+    """The ``variant`` list and the ``import`` list of a TOML or JSON file; a ConfigError for
+    an unreadable or malformed file."""
     option = "--variants"
     suffix = Path(path).suffix.lower()
     if suffix not in (".toml", ".json"):
@@ -217,7 +228,35 @@ def _records(path: str):
     except ValueError as e:  # tomllib.TOMLDecodeError and json.JSONDecodeError are ValueErrors
         kind = "TOML" if suffix == ".toml" else "JSON"
         raise ConfigError(f"{option}: {path}: bad {kind}: {' '.join(str(e).split())}") from None
-    if not isinstance(doc, dict) or set(doc) != {"variant"}:
-        raise ConfigError(f"{option}: {path}: expected only a 'variant' list (TOML "
-                          "[[variant]] tables)")
-    return doc["variant"]
+    if not isinstance(doc, dict) or "variant" not in doc or not set(doc) <= set(FILE_KEYS):
+        raise ConfigError(f"{option}: {path}: expected a 'variant' list (TOML [[variant]] "
+                          "tables) and optionally an 'import' list, nothing else")
+    imports = doc.get("import", [])
+    if not isinstance(imports, list) or not all(isinstance(m, str) for m in imports):
+        raise ConfigError(f"{option}: {path}: import must be a list of Python files")
+    return doc["variant"], imports
+
+
+def import_kernels(variants_path: str, module: str) -> None:
+    """Run the Python file ``module`` (relative to the variants file) once per process: it
+    registers the backends the variants name."""
+    import importlib.util
+    import sys
+
+    path = (Path(variants_path).parent / module).resolve()
+    if path in _imported:
+        return
+    where = f"--variants: {variants_path}: import {module}"
+    if path.suffix != ".py" or not path.is_file():
+        raise ConfigError(f"{where}: not a Python file")
+    name = f"pagebench_ab_import_{len(_imported)}_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    loaded = importlib.util.module_from_spec(spec)
+    sys.modules[name] = loaded
+    try:
+        spec.loader.exec_module(loaded)
+    except Exception as e:  # noqa: BLE001 -- any failure of the user's file is one line
+        del sys.modules[name]
+        raise ConfigError(f"{where}: {type(e).__name__}: {' '.join(str(e).split())}") \
+            from None
+    _imported[path] = loaded

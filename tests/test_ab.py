@@ -16,7 +16,7 @@ import torch
 from pagebench.cli import main
 from pagebench.errors import ConfigError
 from pagebench.kernels import register_backend, unregister_backend
-from pagebench.measure.ab import CHECK_SEQS, checked_sequences
+from pagebench.measure.ab import CHECK_ROWS, evenly_spaced
 from pagebench.measure.ab_variants import Variant, launch_fields, read_variants
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,7 +212,7 @@ def test_mixed_puts_chunks_and_decodes_in_one_call(tmp_path, variants_file):
     assert code == 0, err
     row = rows_in(tmp_path).iloc[0]
     assert row.query_tokens == 2 * 8 + 3 and row.decodes == 3 and row.tokens == 5 * 40
-    assert row.check == "ok" and row.checked_seqs == 5
+    assert row.check == "ok" and row.checked_seqs == 5 and row.checked_rows == 2 * 8 + 3
 
 
 def test_prefill_checks_whole_sequences_by_default(tmp_path, zeros_backend):
@@ -275,8 +275,18 @@ def test_an_import_that_fails_is_one_line(tmp_path):
                    "half written\n")
 
 
-def test_checked_sequences_span_the_batch():
-    assert checked_sequences(3) == [0, 1, 2]
-    many = checked_sequences(100)
-    assert len(many) == CHECK_SEQS and many[0] == 0 and many[-1] == 99
-    assert many == sorted(set(many))
+def test_checked_rows_span_the_batch():
+    assert evenly_spaced(3, 8) == [0, 1, 2]
+    many = evenly_spaced(100, 8)
+    assert len(many) == 8 and many[0] == 0 and many[-1] == 99 and many == sorted(set(many))
+
+
+def test_a_long_chunk_is_checked_on_a_few_rows(tmp_path, zeros_backend):
+    """The reference takes a few rows of a long chunk, each at its own position: a correct
+    kernel passes, a wrong one is still caught."""
+    code, _, _ = run_cli("--routine", "prefill", "--backends", f"torch,{zeros_backend}",
+                         "--batch", "2", "--query-len", "60", "--out-dir", str(tmp_path),
+                         *TINY, "--context", "100")  # the last --context counts
+    rows = rows_in(tmp_path).set_index("variant")
+    assert code == 1 and rows.loc["torch", "checked_rows"] == 2 * CHECK_ROWS < 2 * 60
+    assert rows.loc["torch", "check"] == "ok" and rows.loc[zeros_backend, "check"] == "wrong"

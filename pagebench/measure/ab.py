@@ -2,8 +2,9 @@
 
 At each point (batch, context, lengths, block size) one case is built, and every variant
 (:mod:`pagebench.measure.ab_variants`) is first checked against the float64 reference on the
-same tensors: its relative error on up to :data:`CHECK_SEQS` of the sequences against the
-kernels' ``TOLERANCE`` for the query dtype (an fp8 cache's reference dequantises it exactly).
+same tensors: its relative error on up to :data:`CHECK_SEQS` of the sequences (up to
+:data:`CHECK_ROWS` query rows of each) against the kernels' ``TOLERANCE`` for the query
+dtype (an fp8 cache's reference dequantises it exactly).
 A variant that fails, raises or does not support the input gets a row that says so and is
 not timed. The others are timed as the sweeps time (``timing.measure``: warm-up, median of
 ``repeat`` calls; on CUDA events with L2 flushed, from a CUDA graph where the call can be
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,14 +38,17 @@ from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_
                                         relative_error)
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.ragged import batch_lengths
-from pagebench.kernels.reference import gather_kv, reference_prefill
+from pagebench.kernels.reference import gather_kv, reference_decode
 from pagebench.kernels.sweep import graph_modes
 from pagebench.kernels.validate import check_decode, check_prefill
 from pagebench.measure.ab_variants import ROUTINE_OPS, Variant, variant_call, variant_op
 from pagebench.timing import cpu_threads, environment, measure
 
 ROUTINES = tuple(ROUTINE_OPS)
-CHECK_SEQS = 8  # sequences checked against the float64 reference per point (evenly spaced)
+# checked against the float64 reference per point: sequences, and query rows of each (evenly
+# spaced, first and last included)
+CHECK_SEQS = 8
+CHECK_ROWS = 16
 WARMUP = 3  # untimed calls before a variant's first round (1 before each later round)
 CPU_NOTE = ("CPU wall clock: interpreted Triton and PyTorch references, a check of the "
             "variants and the driver, not kernel speed")
@@ -122,27 +127,37 @@ def contiguous_args(case) -> tuple:
     return case.q, k, v, None if full else case.seq_lens
 
 
-def checked_sequences(num_seqs: int) -> list[int]:
-    """Up to :data:`CHECK_SEQS` sequence indices, evenly spaced, first and last included."""
-    if num_seqs <= CHECK_SEQS:
-        return list(range(num_seqs))
-    step = (num_seqs - 1) / (CHECK_SEQS - 1)
-    return sorted({round(i * step) for i in range(CHECK_SEQS)})
+def evenly_spaced(n: int, most: int) -> list[int]:
+    """Up to ``most`` of ``range(n)``, evenly spaced, first and last included."""
+    if n <= most:
+        return list(range(n))
+    step = (n - 1) / (most - 1)
+    return sorted({round(i * step) for i in range(most)})
 
 
 def reference_rows(case, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the float64 reference for sequences ``seqs``, the indices of their rows in q)."""
+    """(the float64 reference of the checked query rows, their indices in q): up to
+    :data:`CHECK_ROWS` rows of each sequence in ``seqs``, each row a query at its position
+    seeing the keys up to it, so that a long chunk costs the reference no more than a few
+    decodes."""
     query_lens = (case.query_lens if case.query_lens is not None
-                  else torch.ones_like(case.seq_lens)).cpu()
-    starts = torch.cumsum(query_lens, 0) - query_lens
-    rows = torch.cat([torch.arange(int(starts[s]), int(starts[s] + query_lens[s]))
-                      for s in seqs])
-    index = torch.tensor(seqs)
-    device_rows, device_index = rows.to(case.q.device), index.to(case.q.device)
-    ref = reference_prefill(case.q[device_rows], case.k_cache, case.v_cache,
-                            case.block_tables[device_index], case.seq_lens[device_index],
-                            query_lens[index], case.q.shape[-1] ** -0.5, **case.scales())
-    return ref, device_rows
+                  else torch.ones_like(case.seq_lens)).tolist()
+    seq_lens = case.seq_lens.tolist()
+    rows, owners, lengths = [], [], []
+    start = 0
+    for s, (query_len, length) in enumerate(zip(query_lens, seq_lens)):
+        if s in seqs:
+            for j in evenly_spaced(query_len, CHECK_ROWS):
+                rows.append(start + j)
+                owners.append(s)
+                lengths.append(length - query_len + j + 1)  # the row's position, plus one
+        start += query_len
+    device = case.q.device
+    rows, owners = torch.tensor(rows, device=device), torch.tensor(owners, device=device)
+    ref = reference_decode(case.q[rows], case.k_cache, case.v_cache, case.block_tables[owners],
+                           torch.tensor(lengths, dtype=torch.int32), case.q.shape[-1] ** -0.5,
+                           **case.scales())
+    return ref, rows
 
 
 @dataclass
@@ -171,10 +186,9 @@ def check_variant_output(setup: Setup, point: Point, case, variant: Variant, ref
     try:
         args, scales = (case.args(), case.scales()) if paged else (contiguous(), {})
         call = variant_call(variant, op, args, setup.shape[2] ** -0.5, scales)
-        out = call()
+        err = relative_error(call()[rows], ref)
     except Exception as e:  # noqa: BLE001 -- one variant's failure is its row, not the run's end
         return Outcome("error", message=_one_line(e))
-    err = relative_error(out[rows], ref)
     if not err < tolerance:  # NaN fails too
         return Outcome("wrong", err, f"relative error {err:.3g} is not below the tolerance "
                        f"{tolerance:g}: not timed")
@@ -207,7 +221,7 @@ def band(timings: list) -> Band:
     """A variant's time: the median of its round medians within their min-max (±NO_SPREAD
     assumed for one round)."""
     medians = sorted(t.median_us for t in timings)
-    mid = (medians[(len(medians) - 1) // 2] + medians[len(medians) // 2]) / 2
+    mid = statistics.median(medians)
     return Band.point(mid) if len(medians) < 2 else Band.of(mid, medians[0], medians[-1])
 
 
@@ -215,7 +229,7 @@ def run_point(setup: Setup, point: Point, variants: list[Variant],
               command: Callable[[Point, Variant, bool], str], env: dict) -> list[dict]:
     """The rows of one point: one per variant and CUDA-graph mode (see the module docstring)."""
     case = build_case(setup, point)
-    seqs = checked_sequences(int(case.seq_lens.numel()))
+    seqs = evenly_spaced(int(case.seq_lens.numel()), CHECK_SEQS)
     ref, rows = reference_rows(case, seqs)
     tolerance = TOLERANCE[setup.dtype]
     copies: list[tuple] = []  # the contiguous copy, made for the first variant that needs it
@@ -242,7 +256,7 @@ def run_point(setup: Setup, point: Point, variants: list[Variant],
             if graph not in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda):
                 continue
             records.append(_row(setup, point, case, v, base, outcomes[v.name], bands.get(v.name),
-                                base_band, graph, len(seqs), tolerance,
+                                base_band, graph, (len(seqs), len(rows)), tolerance,
                                 command(point, v, graph), env))
     return records
 
@@ -264,7 +278,7 @@ def _row(setup, point, case, variant, base, outcome, mine, base_band, graph, che
         else None, "tokens": int(case.seq_lens.sum()), "query_tokens": query_tokens,
         "seed": setup.seed, "cuda_graphs": graph,
         "check": outcome.check, "rel_error": outcome.rel_error, "tolerance": tolerance,
-        "checked_seqs": checked, "message": outcome.message,
+        "checked_seqs": checked[0], "checked_rows": checked[1], "message": outcome.message,
         "time_us": None if mine is None else mine.value,
         "time_lo_us": None if mine is None else mine.lo,
         "time_hi_us": None if mine is None else mine.hi,

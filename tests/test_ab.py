@@ -4,6 +4,7 @@ variant untimed, the rows' provenance, and reproduction commands that rerun one 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import shlex
@@ -17,7 +18,8 @@ from pagebench.cli import main
 from pagebench.errors import ConfigError
 from pagebench.kernels import register_backend, unregister_backend
 from pagebench.measure.ab import CHECK_ROWS, evenly_spaced
-from pagebench.measure.ab_variants import Variant, launch_fields, read_variants
+from pagebench.kernels.reference import torch_paged_decode
+from pagebench.measure.ab_variants import LAUNCH_KERNELS, Variant, launch_fields, read_variants
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["--heads", "4/2", "--head-dim", "16", "--context", "40", "--block-size", "8",
@@ -273,6 +275,40 @@ def test_an_import_that_fails_is_one_line(tmp_path):
     assert code == 2
     assert err == (f"pagebench ab: error: --variants: {path}: import broken.py: RuntimeError: "
                    "half written\n")
+
+
+@dataclasses.dataclass(frozen=True)
+class ToyLaunch:
+    tile: int = 16
+
+
+LAUNCHES: list = []  # the launch records the toy kernel was called with
+
+
+def toy_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, *, launch=ToyLaunch()):
+    LAUNCHES.append(launch)
+    return torch_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale)
+
+
+def test_a_launch_dataclass_is_built_from_the_fields(tmp_path, monkeypatch):
+    """Where a dataclass declares a kernel's launch, a variant's fields become one record."""
+    monkeypatch.setitem(LAUNCH_KERNELS, ("toy-test", "decode"),
+                        (__name__, "toy_decode", "ToyLaunch"))
+    register_backend("toy-test", decode=toy_decode)
+    try:
+        assert launch_fields("toy-test", "decode") == ("tile",)
+        path = tmp_path / "v.toml"
+        path.write_text('[[variant]]\nname = "toy"\nbackend = "toy-test"\n'
+                        'launch = { tile = 4 }\n')
+        LAUNCHES.clear()
+        code, _, err = run_cli("--variants", str(path), "--out-dir", str(tmp_path), *TINY)
+        assert code == 0, err
+        assert set(LAUNCHES) == {ToyLaunch(4)} and rows_in(tmp_path).check[0] == "ok"
+        path.write_text(path.read_text().replace("tile", "tiles"))
+        with pytest.raises(ConfigError, match="unknown launch field.*tiles.*takes tile"):
+            read_variants(str(path), "decode")
+    finally:
+        unregister_backend("toy-test")
 
 
 def test_checked_rows_span_the_batch():

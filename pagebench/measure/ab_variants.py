@@ -38,6 +38,7 @@ which backends take launch fields and where their kernels are.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import json
@@ -57,8 +58,9 @@ FILE_KEYS = ("variant", "import")
 _imported: dict[Path, object] = {}  # resolved path -> module: each file runs once per process
 LAYOUTS = ("paged", "contiguous")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
-# (backend, operation) -> (module, the kernel a variant with launch fields calls, the function
-# whose keyword-only parameters are those fields): the kernels whose launch a variant may set
+# (backend, operation) -> (module, the kernel a variant with launch fields calls, what declares
+# the fields): a launch dataclass (the kernel is called with ``launch=`` one built from them)
+# or a function (its keyword-only parameters, passed as keywords)
 LAUNCH_KERNELS = {
     ("triton", "decode"): ("pagebench.kernels.triton_decode", "triton_paged_decode",
                            "decode_plan"),
@@ -80,12 +82,23 @@ def variant_op(variant: Variant, routine: str) -> str:
     return "contiguous" if variant.layout == "contiguous" else ROUTINE_OPS[routine]
 
 
-def launch_fields(backend: str, op: str) -> tuple[str, ...]:
-    """The launch fields a variant of ``backend`` may set for ``op`` (none: it takes none)."""
+def _launch_kernel(backend: str, op: str):
+    """(the kernel, what declares its launch fields) of ``LAUNCH_KERNELS``, or None."""
     where = LAUNCH_KERNELS.get((backend, op))
     if where is None:
+        return None
+    module = importlib.import_module(where[0])
+    return getattr(module, where[1]), getattr(module, where[2])
+
+
+def launch_fields(backend: str, op: str) -> tuple[str, ...]:
+    """The launch fields a variant of ``backend`` may set for ``op`` (none: it takes none)."""
+    found = _launch_kernel(backend, op)
+    if found is None:
         return ()
-    declares = getattr(importlib.import_module(where[0]), where[2])
+    declares = found[1]
+    if dataclasses.is_dataclass(declares):
+        return tuple(f.name for f in dataclasses.fields(declares))
     return tuple(p.name for p in inspect.signature(declares).parameters.values()
                  if p.kind is inspect.Parameter.KEYWORD_ONLY)
 
@@ -94,13 +107,14 @@ def variant_call(variant: Variant, op: str, args: tuple, scale: float,
                  scales: dict) -> Callable[[], object]:
     """A no-argument call of ``variant`` on already-validated ``args`` (the operation's
     positional tensors) with ``scale`` and the fp8 ``scales`` keywords: the backend's prepared
-    call (``Backend.prepared_call``), or with launch fields its kernel called with them."""
+    call (``Backend.prepared_call``), or with launch fields its kernel called with them (as
+    one ``launch=`` record where a dataclass declares them)."""
     backend = registry.get_backend(variant.backend)
     if not variant.launch:
         return backend.prepared_call(op, *args, scale, **scales)
-    module, name, _ = LAUNCH_KERNELS[(variant.backend, op)]
-    kernel = getattr(importlib.import_module(module), name)
-    launch = dict(variant.launch)
+    kernel, declares = _launch_kernel(variant.backend, op)
+    launch = ({"launch": declares(**variant.launch)} if dataclasses.is_dataclass(declares)
+              else dict(variant.launch))
     return lambda: kernel(*args, scale, **scales, **launch)
 
 

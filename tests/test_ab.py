@@ -140,6 +140,26 @@ def test_a_tracked_folder_of_the_checkout_is_refused():
     assert not tracked.exists()
 
 
+def test_the_default_folder_is_an_ignored_one_of_the_checkout():
+    from pagebench.cli.ab import DEFAULT_OUT_DIR, check_out_dir
+
+    check_out_dir(str(REPO / DEFAULT_OUT_DIR))  # git-ignored: accepted
+    with pytest.raises(ValueError, match="not git-ignored"):
+        check_out_dir(str(REPO / "docs" / "ab_out"))
+
+
+def test_json_prints_the_rows_and_name_names_the_files(tmp_path):
+    code, out, err = run_cli("--backends", "torch", "--json", "--name", "mine",
+                             "--out-dir", str(tmp_path), *TINY)
+    assert code == 0, err
+    (row,) = json.loads(out)
+    assert row["variant"] == "torch" and row["check"] == "ok"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.csv", "mine.json"]
+    code, _, err = run_cli("--backends", "torch", "--name", "../up", "--out-dir",
+                           str(tmp_path), *TINY)
+    assert code == 2 and "--name: a file name without folders" in err
+
+
 def test_a_wrong_variant_is_caught_and_not_timed(tmp_path, zeros_backend):
     code, out, err = run_cli("--backends", f"torch,{zeros_backend}", "--batch", "3",
                              "--out-dir", str(tmp_path), *TINY)

@@ -3,8 +3,9 @@
 A variants file (TOML or JSON, by its suffix) lists ``variant`` records in order; the first is
 the baseline the others are compared with::
 
+    import = ["my_decode.py"]        # optional: Python files that register backends
     [[variant]]
-    name = "triton"                  # letters, digits, ``.``, ``_``, ``-``: it goes on a command line
+    name = "triton"                  # letters, digits, '.', '_', '-' (a command-line word)
     backend = "triton"               # a registered backend
     [[variant]]
     name = "triton-2-splits"
@@ -13,27 +14,25 @@ the baseline the others are compared with::
     [[variant]]
     name = "sdpa"
     backend = "sdpa"
-    layout = "contiguous"            # decode on a contiguous copy of the same K/V
-
-A kernel of your own (a modified copy of one, say) joins through ``import``: Python files,
-paths relative to the variants file, run once per process before the variants are read,
-that call ``pagebench.kernels.register_backend``; its backend is then a variant like any
-other::
-
-    import = ["my_decode.py"]        # registers backend "triton-mine"
+    layout = "contiguous"            # optional: "paged" (the default) or "contiguous"
 
 JSON has the same shape: ``{"variant": [{"name": ..., "backend": ..., "launch": {...}}]}``.
-``layout`` is ``paged`` (the default: the routine's paged kernel) or ``contiguous`` (decode
-only: the backend's contiguous kernel on the same values, copied out of the blocks before
-the timed calls: the baseline that paging is measured against). On the command line a
-backend ``NAME-contiguous`` (``NAME-paged``) is that backend in that layout, as the sweeps
-label them.
+
+- ``layout = "contiguous"`` (decode only) runs the backend's contiguous kernel on the same
+  values, copied out of the blocks before the timed calls: the baseline that paging is
+  measured against. On the command line ``NAME-contiguous`` (``NAME-paged``) is a backend in
+  that layout, as the sweeps label it.
+- ``import``: a kernel of your own (an edited copy of one, say) joins through Python files,
+  paths relative to the variants file, run once per process before the variants are read,
+  that call ``pagebench.kernels.register_backend``; its backend is then a variant like any
+  other.
+
 Every mistake (a bad file, an unknown key, backend or launch field, a backend without the
 routine's operation, a repeated name) is a ``ConfigError`` naming the option, the file and the
 variant, raised before anything runs.
 
 :func:`variant_call` is the one place a variant becomes a call; :data:`LAUNCH_KERNELS` says
-which backends take launch fields and where their kernels are.
+which backends take launch fields, where their kernels are and what declares the fields.
 """
 
 from __future__ import annotations
@@ -55,7 +54,6 @@ from pagebench.kernels import registry
 ROUTINE_OPS = {"decode": "decode", "prefill": "prefill", "mixed": "prefill"}
 VARIANT_KEYS = ("name", "backend", "launch", "layout")
 FILE_KEYS = ("variant", "import")
-_imported: dict[Path, object] = {}  # resolved path -> module: each file runs once per process
 LAYOUTS = ("paged", "contiguous")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # (backend, operation) -> (module, the kernel a variant with launch fields calls, what declares
@@ -67,6 +65,7 @@ LAUNCH_KERNELS = {
     ("triton", "prefill"): ("pagebench.kernels.triton_prefill", "triton_paged_prefill",
                             "triton_paged_prefill"),
 }
+_imported: dict[Path, object] = {}  # resolved path -> module: each file runs once per process
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,13 @@ def test_toml_and_json_files_give_the_same_variants(tmp_path, variants_file):
     assert read_variants(str(variants_file), "decode", ["triton-2-splits"]) == from_toml[1:]
 
 
+def test_the_command_line_offers_every_routine():
+    from pagebench.cli.ab import ROUTINES
+    from pagebench.measure.ab_variants import ROUTINE_OPS
+
+    assert ROUTINES == tuple(ROUTINE_OPS)
+
+
 def test_launch_fields_are_the_kernels_keywords():
     assert {"num_splits", "tile_n", "num_warps"} <= set(launch_fields("triton", "decode"))
     assert "rows" in launch_fields("triton", "prefill")

@@ -12,7 +12,8 @@ from pathlib import Path
 from pagebench.cli.options import (check_output_dir, dumps, format_table, int_list, integer,
                                    name_list, write_results)
 
-ROUTINES = ("decode", "prefill", "mixed")  # pagebench.measure.ab.ROUTINES (torch-free here)
+# measure.ab_variants.ROUTINE_OPS's keys, spelled here so --help imports no torch (tested)
+ROUTINES = ("decode", "prefill", "mixed")
 DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_OUT_DIR = os.path.join("reports", "ab")  # git-ignored (reports/* except reports/data/)
 MIXED_DECODES = 8  # --routine mixed: one-token decodes beside the prefill chunks, by default

@@ -44,7 +44,6 @@ from pagebench.kernels.validate import check_decode, check_prefill
 from pagebench.measure.ab_variants import ROUTINE_OPS, Variant, variant_call, variant_op
 from pagebench.timing import cpu_threads, environment, measure
 
-ROUTINES = tuple(ROUTINE_OPS)
 # checked against the float64 reference per point: sequences, and query rows of each (evenly
 # spaced, first and last included)
 CHECK_SEQS = 8

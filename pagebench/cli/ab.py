@@ -9,12 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pagebench.cli.kernels import DTYPE_BYTES
 from pagebench.cli.options import (check_output_dir, dumps, format_table, int_list, integer,
                                    name_list, write_results)
 
 # measure.ab_variants.ROUTINE_OPS's keys, spelled here so --help imports no torch (tested)
 ROUTINES = ("decode", "prefill", "mixed")
-DTYPES = ("float32", "float16", "bfloat16")
 DEFAULT_OUT_DIR = os.path.join("reports", "ab")  # git-ignored (reports/* except reports/data/)
 MIXED_DECODES = 8  # --routine mixed: one-token decodes beside the prefill chunks, by default
 # --repeat and --rounds by device when not given
@@ -65,7 +65,7 @@ def register(sub) -> None:
                    help="default %(default)s")
     p.add_argument("--block-size", type=int_list, default=[16], metavar="N,...",
                    help="tokens per block (a list: more points); default 16")
-    p.add_argument("--dtype", choices=DTYPES,
+    p.add_argument("--dtype", choices=sorted(DTYPE_BYTES),
                    help="q's dtype (and the cache's); default bfloat16 on CUDA, float32 on CPU")
     p.add_argument("--kv-dtype", help="the cache's dtype if not --dtype: fp8_e4m3 or fp8_e5m2 "
                    "(per-head scales; the reference dequantises them exactly)")

@@ -167,6 +167,22 @@ def test_json_prints_the_rows_and_name_names_the_files(tmp_path):
     assert code == 2 and "--name: a file name without folders" in err
 
 
+def test_the_points_measured_before_a_failure_are_written(tmp_path, monkeypatch):
+    from pagebench.measure import ab
+
+    def build_or_fail(setup, point):
+        if point.batch == 2:
+            raise MemoryError("the second point does not fit")
+        return real_build(setup, point)
+
+    real_build = ab.build_case
+    monkeypatch.setattr(ab, "build_case", build_or_fail)
+    code, _, err = run_cli("--backends", "torch", "--batch", "1,2", "--out-dir", str(tmp_path),
+                           *TINY)
+    assert code == 2 and "not enough memory: the second point does not fit" in err
+    assert list(rows_in(tmp_path).batch) == [1]
+
+
 def test_a_wrong_variant_is_caught_and_not_timed(tmp_path, zeros_backend):
     code, out, err = run_cli("--backends", f"torch,{zeros_backend}", "--batch", "3",
                              "--out-dir", str(tmp_path), *TINY)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pagebench.cli.kernels import DTYPE_BYTES
 from pagebench.cli.options import (check_output_dir, dumps, format_table, int_list, integer,
-                                   name_list, write_results)
+                                   name_list, progress, write_results)
 
 # measure.ab_variants.ROUTINE_OPS's keys, spelled here so --help imports no torch (tested)
 ROUTINES = ("decode", "prefill", "mixed")
@@ -218,10 +218,23 @@ def run_ab_command(args) -> int:
         raise ValueError(f"--name: a file name without folders, got {args.name!r}")
     out_dir = os.path.abspath(args.out_dir)
     name = args.name or run_name(args.routine, out_dir)
-    rows = run_ab(setup, points, variants, reproduction(setup, args, out_dir))
-    csv_path, json_path = (os.path.join(out_dir, name + ext) for ext in (".csv", ".json"))
-    write_results(csv_path, rows)
-    write_results(json_path, rows, {"variants": [vars(v) for v in variants], "rows": rows})
+    rows: list[dict] = []
+
+    def done(row: dict) -> None:
+        rows.append(row)
+        bar.update()
+
+    # the rows measured so far are written even when a later point fails (memory, a crash)
+    # or the run is interrupted
+    try:
+        with progress(len(points) * len(variants), "ab") as bar:
+            run_ab(setup, points, variants, reproduction(setup, args, out_dir), done)
+    finally:
+        if rows:
+            csv_path, json_path = (os.path.join(out_dir, name + ext) for ext in (".csv", ".json"))
+            write_results(csv_path, rows)
+            write_results(json_path, rows, {"variants": [vars(v) for v in variants],
+                                            "rows": rows})
     if args.json:
         print(dumps(rows))
     else:

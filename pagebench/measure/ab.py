@@ -91,28 +91,36 @@ class Setup:
 
 
 def build_case(setup: Setup, point: Point):
-    """The point's paged inputs (``kernels.fixtures.PagedInputs``): ``batch + decodes``
-    sequences with lengths of ``point.lengths`` around ``point.context``, blocks shuffled in
-    the cache; for prefill and mixed, q holds each chunk's queries (the decodes' one each)."""
-    num_q, _, head_dim = setup.shape
+    """The point's paged inputs (``kernels.fixtures.PagedInputs``) and each sequence's query
+    count: ``batch + decodes`` sequences with lengths of ``point.lengths`` around
+    ``point.context``, blocks shuffled in the cache; for prefill and mixed, q holds each
+    chunk's queries (the decodes' one each)."""
     lens = batch_lengths(point.lengths, point.batch + setup.decodes, point.context,
                          seed=setup.seed)
     case = make_paged_inputs(lens, *setup.shape, point.block_size, setup.dtype, setup.device,
                              seed=setup.seed, extra_blocks=0, extra_table_cols=0, poison=False)
+    query_lens = [1] * len(lens)
     if setup.op == "prefill":
-        chunks = [min(setup.query_len or n, n) for n in lens[:point.batch]]
-        query_lens = chunks + [1] * setup.decodes
-        gen = torch.Generator(device=setup.device).manual_seed(setup.seed + 1)
-        q = torch.randn(sum(query_lens), num_q, head_dim, generator=gen, device=setup.device,
-                        dtype=setup.dtype)
-        case = dataclasses.replace(case, q=q, query_lens=torch.tensor(
-            query_lens, dtype=torch.int32, device=setup.device))
+        query_lens = [min(setup.query_len or n, n) for n in lens[:point.batch]] + \
+            [1] * setup.decodes
+        case = with_queries(case, query_lens, setup.seed + 1)
     if is_fp8(setup.kv_dtype):  # each head's largest value maps to the format's
         case = quantized_inputs(case, setup.kv_dtype, spread=1.0, one_scale=setup.one_scale)
     check = check_decode if setup.op == "decode" else check_prefill
     check(*case.args(), None, "always")
     check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
-    return case
+    return case, query_lens
+
+
+def with_queries(case, query_lens: list[int], seed: int):
+    """``case`` as a prefill input: ``query_lens[s]`` random queries for sequence s, packed."""
+    num_q, head_dim = case.q.shape[1:]
+    device = case.q.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(sum(query_lens), num_q, head_dim, generator=gen, device=device,
+                    dtype=case.q.dtype)
+    return dataclasses.replace(case, q=q, query_lens=torch.tensor(
+        query_lens, dtype=torch.int32, device=device))
 
 
 def contiguous_args(case) -> tuple:
@@ -134,17 +142,15 @@ def evenly_spaced(n: int, most: int) -> list[int]:
     return sorted({round(i * step) for i in range(most)})
 
 
-def reference_rows(case, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def reference_rows(case, query_lens: list[int],
+                   seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(the float64 reference of the checked query rows, their indices in q): up to
-    :data:`CHECK_ROWS` rows of each sequence in ``seqs``, each row a query at its position
-    seeing the keys up to it, so that a long chunk costs the reference no more than a few
-    decodes."""
-    query_lens = (case.query_lens if case.query_lens is not None
-                  else torch.ones_like(case.seq_lens)).tolist()
-    seq_lens = case.seq_lens.tolist()
+    :data:`CHECK_ROWS` rows of each sequence in ``seqs`` (``query_lens``: each sequence's
+    query count), each row a query at its position seeing the keys up to it, so that a long
+    chunk costs the reference no more than a few decodes."""
     rows, owners, lengths = [], [], []
     start = 0
-    for s, (query_len, length) in enumerate(zip(query_lens, seq_lens)):
+    for s, (query_len, length) in enumerate(zip(query_lens, case.seq_lens.tolist())):
         if s in seqs:
             for j in evenly_spaced(query_len, CHECK_ROWS):
                 rows.append(start + j)
@@ -227,9 +233,9 @@ def band(timings: list) -> Band:
 def run_point(setup: Setup, point: Point, variants: list[Variant],
               command: Callable[[Point, Variant, bool], str], env: dict) -> list[dict]:
     """The rows of one point: one per variant and CUDA-graph mode (see the module docstring)."""
-    case = build_case(setup, point)
-    seqs = evenly_spaced(int(case.seq_lens.numel()), CHECK_SEQS)
-    ref, rows = reference_rows(case, seqs)
+    case, query_lens = build_case(setup, point)
+    seqs = evenly_spaced(len(query_lens), CHECK_SEQS)
+    ref, rows = reference_rows(case, query_lens, seqs)
     tolerance = TOLERANCE[setup.dtype]
     copies: list[tuple] = []  # the contiguous copy, made for the first variant that needs it
 
@@ -240,55 +246,59 @@ def run_point(setup: Setup, point: Point, variants: list[Variant],
 
     outcomes = {v.name: check_variant_output(setup, point, case, v, ref, rows, tolerance,
                                              contiguous) for v in variants}
+    shared = {**point_columns(setup, point, env, case.seq_lens, query_lens),
+              "tolerance": tolerance, "checked_seqs": len(seqs), "checked_rows": len(rows)}
     on_cuda = torch.device(setup.device).type == "cuda"
-    base = variants[0]
+    modes = {v.name: graph_modes(setup.cuda_graphs, variant_op(v, setup.routine)
+                                 in registry.get_backend(v.backend).graph_capturable, on_cuda)
+             for v in variants}
     records = []
-    capturable = {v.name: variant_op(v, setup.routine)
-                  in registry.get_backend(v.backend).graph_capturable for v in variants}
-    for graph in sorted({g for v in variants
-                         for g in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda)}):
-        ok = {v.name: outcomes[v.name].call for v in variants if outcomes[v.name].call
-              and graph in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda)}
-        bands = {n: band(t) for n, t in time_rounds(ok, setup, graph).items()}
-        base_band = bands.get(base.name)
-        for v in variants:
-            if graph not in graph_modes(setup.cuda_graphs, capturable[v.name], on_cuda):
-                continue
-            records.append(_row(setup, point, case, v, base, outcomes[v.name], bands.get(v.name),
-                                base_band, graph, (len(seqs), len(rows)), tolerance,
-                                command(point, v, graph), env))
+    for graph in sorted({g for m in modes.values() for g in m}):
+        timed = [v for v in variants if graph in modes[v.name]]
+        calls = {v.name: outcomes[v.name].call for v in timed if outcomes[v.name].call}
+        bands = {n: band(t) for n, t in time_rounds(calls, setup, graph).items()}
+        for v in timed:
+            records.append({**shared, "cuda_graphs": graph,
+                            **variant_columns(v, variants[0], outcomes[v.name], bands),
+                            "command": command(point, v, graph)})
     return records
 
 
-def _row(setup, point, case, variant, base, outcome, mine, base_band, graph, checked,
-         tolerance, command, env) -> dict:
-    ratio = mine / base_band if mine is not None and base_band is not None else None
-    query_tokens = int(case.query_lens.sum()) if case.query_lens is not None else None
+def point_columns(setup: Setup, point: Point, env: dict, seq_lens, query_lens) -> dict:
+    """A row's columns that every variant at the point shares."""
+    prefill = setup.op == "prefill"
     return {
-        **env, "dirty": env["commit"].endswith("-dirty"),
-        "routine": setup.routine, "variant": variant.name, "backend": variant.backend,
-        "layout": variant.layout, "launch": json.dumps(variant.launch, sort_keys=True),
-        "baseline": base.name,
+        **env, "dirty": env["commit"].endswith("-dirty"), "routine": setup.routine,
         "num_q_heads": setup.shape[0], "num_kv_heads": setup.shape[1],
         "head_dim": setup.shape[2], "dtype": dtype_name(setup.dtype),
         "kv_dtype": dtype_name(setup.kv_dtype), "batch": point.batch, "context": point.context,
         "lengths": point.lengths, "block_size": point.block_size,
-        "query_len": setup.query_len, "decodes": setup.decodes if setup.routine == "mixed"
-        else None, "tokens": int(case.seq_lens.sum()), "query_tokens": query_tokens,
-        "seed": setup.seed, "cuda_graphs": graph,
-        "check": outcome.check, "rel_error": outcome.rel_error, "tolerance": tolerance,
-        "checked_seqs": checked[0], "checked_rows": checked[1], "message": outcome.message,
-        "time_us": None if mine is None else mine.value,
-        "time_lo_us": None if mine is None else mine.lo,
-        "time_hi_us": None if mine is None else mine.hi,
-        "rounds": setup.rounds, "repeat": setup.repeat,
-        "ratio": None if ratio is None else ratio.value,
-        "ratio_lo": None if ratio is None else ratio.lo,
-        "ratio_hi": None if ratio is None else ratio.hi,
+        "query_len": setup.query_len, "decodes": setup.decodes if prefill else None,
+        "tokens": int(seq_lens.sum()), "query_tokens": sum(query_lens) if prefill else None,
+        "seed": setup.seed, "rounds": setup.rounds, "repeat": setup.repeat,
+        "note": None if torch.device(setup.device).type == "cuda" else CPU_NOTE,
+    }
+
+
+def variant_columns(variant: Variant, base: Variant, outcome: Outcome,
+                    bands: dict[str, Band]) -> dict:
+    """A row's columns of one variant: what it is, its check, its time and its ratio to the
+    baseline ``base`` (``bands``: the timed variants' time bands, by name)."""
+    mine, theirs = bands.get(variant.name), bands.get(base.name)
+    ratio = mine / theirs if mine is not None and theirs is not None else None
+
+    def part(b: Band | None, attr: str):
+        return None if b is None else getattr(b, attr)
+
+    return {
+        "variant": variant.name, "backend": variant.backend, "layout": variant.layout,
+        "launch": json.dumps(variant.launch, sort_keys=True), "baseline": base.name,
+        "check": outcome.check, "rel_error": outcome.rel_error, "message": outcome.message,
+        "time_us": part(mine, "value"), "time_lo_us": part(mine, "lo"),
+        "time_hi_us": part(mine, "hi"), "ratio": part(ratio, "value"),
+        "ratio_lo": part(ratio, "lo"), "ratio_hi": part(ratio, "hi"),
         "faster": None if ratio is None or variant.name == base.name
         else against(ratio, 1.0, above=False),
-        "note": None if torch.device(setup.device).type == "cuda" else CPU_NOTE,
-        "command": command,
     }
 
 

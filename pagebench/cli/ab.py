@@ -38,10 +38,12 @@ def register(sub) -> None:
                    "decodes in one paged_prefill call); default %(default)s")
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--variants", metavar="FILE",
-                       help="TOML or JSON file of [[variant]] records (name, backend, launch); "
-                       "the first is the baseline")
+                       help="TOML or JSON file of [[variant]] records (name, backend, and "
+                       "optionally launch fields and layout; an import list of Python files "
+                       "that register backends); the first is the baseline")
     which.add_argument("--backends", type=name_list, metavar="A,B",
-                       help="plain backends as variants (the first is the baseline)")
+                       help="registered backends as variants, NAME-contiguous for a "
+                       "backend's contiguous decode (the first is the baseline)")
     p.add_argument("--only", type=name_list, metavar="NAMES",
                    help="with --variants: run only these variants (in the file's order)")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",

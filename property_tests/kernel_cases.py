@@ -122,6 +122,8 @@ def logit_slack(q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> float:
     tolerance for any fp32 kernel (at gain 200 the torch backend 8.7e-6 and Triton 1.6e-5
     against 1e-5). ``|s|`` is taken as the largest over every query and cached key of its KV
     head (an upper bound of the visible ones), in float64; twice ``eps * |s|`` is allowed."""
+    if q.shape[0] == 0:  # no queries: no scores
+        return 0.0
     keys = k_cache.double().nan_to_num(0.0).flatten(0, 1)  # [slots, kv_heads, dim]
     group = q.shape[1] // keys.shape[1]
     queries = q.double().unflatten(1, (keys.shape[1], group))  # [tokens, kv_heads, group, dim]

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 
-from pagebench.kernels import triton_runtime
 from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import cumulative_offsets
 from pagebench.kernels.triton_prefill import prefill_launch, triton_paged_prefill
@@ -162,14 +161,21 @@ def check(name, out, ref, dtype) -> tuple[bool, float]:
     return ok, err
 
 
-def compiled_kernels(kernel) -> list:
-    """(constexprs, options, n_regs, n_spills) of each compiled ``kernel`` launched so far."""
-    rows = []
-    for launcher in triton_runtime._LAUNCHERS.values():
-        if launcher.kernel is kernel:
-            for compiled, *_ in launcher.compiled.values():
-                rows.append((launcher.kwargs, compiled.n_regs, compiled.n_spills))
-    return rows
+def record_compiled(module: str) -> list:
+    """A list that collects (constexprs and options, compiled kernel) of every launch Triton
+    makes of a kernel defined in ``module`` from now on (the first launch of each
+    specialisation: later ones skip Triton's launch path)."""
+    from triton.runtime.jit import JITFunction
+
+    seen, run = [], JITFunction.run
+
+    def recorded(self, *args, **kwargs):
+        kernel = run(self, *args, **kwargs)
+        if self.fn.__module__ == module:
+            seen.append((kwargs, kernel))
+        return kernel
+    JITFunction.run = recorded
+    return seen
 
 
 def check_ragged(setup, old, scale) -> int:
@@ -266,6 +272,7 @@ def main() -> int:
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     old = load_old(args.old)
+    compiled = record_compiled("pagebench.kernels.triton_prefill")
     env = environment(setup.device)
     scale = setup.shape[2] ** -0.5
     print(f"{env['device_name']} torch {env['torch_version']} triton {env['triton_version']} "
@@ -284,16 +291,15 @@ def main() -> int:
     failures += failed
     print(f"  ({time.perf_counter() - started:.0f} s)", flush=True)
 
-    from pagebench.kernels import triton_prefill
-
     print("\nnew kernels compiled ([ROWS, TILE_N, BLOCK_SIZE, ONE_LOOP, TABLE_AHEAD, LAZY, VOTE, "
           "num_warps, num_stages, maxnreg], n_regs, n_spills):")
     spills = 0
-    for kwargs, regs, n_spills in compiled_kernels(triton_prefill._prefill_kernel):
-        keys = ("ROWS", "TILE_N", "BLOCK_SIZE", "ONE_LOOP", "TABLE_AHEAD", "LAZY", "VOTE",
-                "num_warps", "num_stages", "maxnreg")
+    keys = ("ROWS", "TILE_N", "BLOCK_SIZE", "ONE_LOOP", "TABLE_AHEAD", "LAZY", "VOTE",
+            "num_warps", "num_stages", "maxnreg")
+    for kwargs, kernel in compiled:
+        regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", 0)
         print(f"  {[kwargs.get(k) for k in keys]} regs {regs} spills {n_spills}")
-        spills += n_spills > 0
+        spills += bool(n_spills)
     print_table(rows)
     print(f"\nfailures: {failures}; kernels that spilled: {spills}; csv: {path}")
     return 1 if failures else 0

@@ -169,8 +169,8 @@ def test_prefill_launches_picked_for_an_h200_spill_nothing():
 
 def _chosen_launches_here(device) -> dict:
     """The distinct launches ``prefill_launch`` picks on ``device`` over head dims, dtypes,
-    groups, sequence counts, chunk lengths and table widths, each with one input it was
-    picked for."""
+    groups, sequence counts, chunk lengths and table widths: (launch, head dim, dtype) -> the
+    largest group it was picked for."""
     from pagebench.kernels.triton_prefill import prefill_launch
 
     picked = {}
@@ -186,7 +186,8 @@ def _chosen_launches_here(device) -> dict:
                                 head_dim, dtype, device, group=group, kv_heads=max(1, 8 // group),
                                 total=sequences * chunk, sequences=sequences,
                                 max_keys=max_keys)
-                            picked.setdefault((launch, head_dim, dtype, group), None)
+                            key = (launch, head_dim, dtype)
+                            picked[key] = max(picked.get(key, 0), group)
     return picked
 
 
@@ -212,7 +213,7 @@ def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypat
     monkeypatch.setattr(triton_runtime, "DIRECT_LAUNCH", False)
     device = torch.device("cuda")
     spilled = []
-    for launch, head_dim, dtype, group in _chosen_launches_here(device):
+    for (launch, head_dim, dtype), group in _chosen_launches_here(device).items():
         inp = make_paged_inputs([300, 9], group, 1, head_dim, 16, dtype, device, seed=1)
         q = torch.randn(300 + 9, group, head_dim, device=device).to(dtype)
         starts = cumulative_offsets([300, 9], device)

@@ -3,7 +3,8 @@
 Runbook for ``reports/data/<machine>/prefill_old_new.csv`` (read by docs/kernels.md, no dataset
 of the report): the kernel as it was on main before the change (``--old``: a copy of that
 ``triton_prefill.py``, which takes ``query_lens`` and scans them) against this checkout's
-(``query_start_loc``, binary search), on the same tensors, Llama-3-8B heads (32 q / 8 kv, head dim 128), bf16, blocks of 16 and 128:
+(``query_start_loc``, binary search), on the same tensors, Llama-3-8B heads (32 q / 8 kv,
+head dim 128), bf16, blocks of 16 and 128:
 
 1. correctness: each kernel's output written over NaN-poisoned memory (unused cache slots are
    NaN too), against a float64 reference computed on the GPU, on ragged batches (chunks

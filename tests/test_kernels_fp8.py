@@ -111,9 +111,9 @@ def test_bad_scales_are_value_errors_naming_the_argument(kwargs, match):
     inp = _fp8_case()
     with pytest.raises(ValueError, match=match):
         paged_decode(*inp.args(), backend="torch", **kwargs)
-    qlens = torch.ones(2, dtype=torch.int32)
+    starts = torch.arange(3, dtype=torch.int32)
     with pytest.raises(ValueError, match=match):
-        paged_prefill(*inp.args(), qlens, backend="torch", **kwargs)
+        paged_prefill(*inp.args(), starts, backend="torch", **kwargs)
 
 
 def test_scales_on_an_unquantised_cache_are_refused():
@@ -145,9 +145,9 @@ def test_torch_backend_reads_fp8_beyond_fp16_range_with_an_fp16_q(op):
         out = paged_decode(q[:1], *args, backend="torch", **scales)
         ref = reference_decode(q[:1], *args, **scales)
     else:
-        qlens = torch.tensor([2], dtype=torch.int32)
-        out = paged_prefill(q, *args, qlens, backend="torch", **scales)
-        ref = reference_prefill(q, *args, qlens, **scales)
+        starts = torch.tensor([0, 2], dtype=torch.int32)
+        out = paged_prefill(q, *args, starts, backend="torch", **scales)
+        ref = reference_prefill(q, *args, starts, **scales)
     assert out.dtype == torch.float16 and relative_error(out, ref) < 2e-3
 
 

@@ -13,6 +13,13 @@ def test_grids_refuse_a_cpu_before_any_work(grid):
         grid("cpu")
 
 
+def test_every_prefill_configuration_is_a_launch():
+    from pagebench.kernels.triton_prefill import PrefillLaunch
+
+    launches = {PrefillLaunch(**config) for config in tuning.PREFILL_CONFIGS}
+    assert len(launches) == len(tuning.PREFILL_CONFIGS)  # no configuration timed twice
+
+
 def test_a_timed_configuration_is_a_row_and_a_failing_one_is_skipped(monkeypatch):
     class Timing:
         median_us = 4.0

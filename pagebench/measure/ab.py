@@ -38,7 +38,7 @@ from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_
                                         relative_error)
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.ragged import batch_lengths
-from pagebench.kernels.reference import gather_kv, reference_decode
+from pagebench.kernels.reference import cumulative_offsets, gather_kv, reference_decode
 from pagebench.kernels.sweep import graph_modes
 from pagebench.kernels.validate import check_decode, check_prefill
 from pagebench.measure.ab_variants import ROUTINE_OPS, Variant, variant_call, variant_op
@@ -119,8 +119,8 @@ def with_queries(case, query_lens: list[int], seed: int):
     gen = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn(sum(query_lens), num_q, head_dim, generator=gen, device=device,
                     dtype=case.q.dtype)
-    return dataclasses.replace(case, q=q, query_lens=torch.tensor(
-        query_lens, dtype=torch.int32, device=device))
+    return dataclasses.replace(case, q=q,
+                               query_start_loc=cumulative_offsets(query_lens, device))
 
 
 def contiguous_args(case) -> tuple:

@@ -63,7 +63,7 @@ LAUNCH_KERNELS = {
     ("triton", "decode"): ("pagebench.kernels.triton_decode", "triton_paged_decode",
                            "decode_plan"),
     ("triton", "prefill"): ("pagebench.kernels.triton_prefill", "triton_paged_prefill",
-                            "triton_paged_prefill"),
+                            "PrefillLaunch"),
 }
 _imported: dict[Path, object] = {}  # resolved path -> module: each file runs once per process
 

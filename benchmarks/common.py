@@ -3,7 +3,7 @@
 Every suite imports pagebench modules through ``optional`` so that a history run over a commit
 that predates a subsystem skips that suite's cases (``NotImplementedError`` in ``setup``) instead
 of failing to import. GPU cases are ``track_*`` benchmarks that return the median of CUDA-event
-timings from ``pagebench.timing.measure``: asv's own ``time_*`` is host wall clock and does not
+timings from ``pagebench.measure.timing.measure``: asv's own ``time_*`` is host wall clock and does not
 synchronise the GPU.
 """
 
@@ -101,13 +101,13 @@ def gpu_median_us(fn, *, cuda_graph: bool = True, repeat: int = 30) -> float:
     """Median of CUDA-event timings (L2 flushed before each call) of ``fn``, in microseconds,
     replayed from a CUDA graph as a serving engine runs decode: without one, a Triton call's
     Python launch path (tens of us) hides the kernel (H200: 67 vs 11 us at 1 x 1024)."""
-    from pagebench.timing import measure
+    from pagebench.measure.timing import measure
 
     return measure(fn, device="cuda", warmup=5, repeat=repeat, cuda_graph=cuda_graph).median_us
 
 
 def cpu_median_us(fn, repeat: int = 15, warmup: int = 2) -> float:
-    from pagebench.timing import measure
+    from pagebench.measure.timing import measure
 
     return measure(fn, device="cpu", warmup=warmup, repeat=repeat).median_us
 

@@ -18,7 +18,7 @@ import torch
 from hypothesis import given, note, settings
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
 

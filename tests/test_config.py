@@ -44,7 +44,7 @@ def test_bad_geometry_and_sizes():
 
 def test_environment_commit_can_be_overridden(monkeypatch):
     """A copied tree (a remote GPU machine's) may carry a stale .git: PAGEBENCH_COMMIT wins."""
-    from pagebench import timing
+    from pagebench.measure import timing
     timing.git_commit.cache_clear()
     monkeypatch.setenv("PAGEBENCH_COMMIT", "feedbee")
     try:
@@ -59,7 +59,7 @@ def test_commit_says_dirty_when_tracked_files_differ_from_head(monkeypatch, tmp_
     """Rows timed on uncommitted code carried the clean commit's hash."""
     import subprocess
 
-    from pagebench import timing
+    from pagebench.measure import timing
 
     repo = tmp_path / "repo"
     (repo / "pagebench").mkdir(parents=True)

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from pagebench.kernels import register_backend, registered_backends, unregister_backend
-from pagebench.kernels.fixtures import paged_case, relative_error
-from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
+from pagebench.measure.kernel_cases import paged_case, relative_error
+from pagebench.measure.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
 from pagebench.kernels.reference import (reference_decode, torch_paged_decode,
                                          torch_paged_prefill)
-from pagebench.kernels.sweep import COLUMNS, run_sweep, variants
+from pagebench.measure.kernel_sweep import COLUMNS, run_sweep, variants
 
 SHAPE = (4, 2, 16)
 KERNELS = pathlib.Path(__file__).resolve().parents[1] / "pagebench" / "kernels"

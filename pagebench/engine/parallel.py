@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from pagebench.config import KVGeometry
-from pagebench.distributed import world_from_environment
+from pagebench.measure.distributed import world_from_environment
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
 
 # (attention, MLP) projections split by output rows, then by input columns + all-reduce

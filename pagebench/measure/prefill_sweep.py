@@ -19,14 +19,14 @@ import torch.nn.functional as F
 
 from pagebench import defaults
 from pagebench.config import dtype_name
-from pagebench.distributed import take_share
+from pagebench.measure.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import prefill_case, quantized_inputs
+from pagebench.measure.kernel_cases import prefill_case, quantized_inputs
 from pagebench.kernels.quant import is_fp8
-from pagebench.kernels.sweep import graph_modes
+from pagebench.measure.kernel_sweep import graph_modes
 from pagebench.kernels.validate import check_prefill
 from pagebench.results.datasets import KERNELS_PREFILL
-from pagebench.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
+from pagebench.measure.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
 
 PREFILL_COLUMNS = [
     *ENVIRONMENT_COLUMNS,
@@ -105,7 +105,7 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                       one_scale: bool = False):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
-    this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
+    this rank's (shape, point) pairs (``pagebench.measure.distributed.take_share``). ``kv_dtype``
     (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
     scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``).
     ``include``: backend names or paged variants' labels (``triton-paged``) to time.

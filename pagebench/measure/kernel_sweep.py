@@ -8,7 +8,7 @@ sizes it is timed at, where it is a real kernel) it declares in the registry.
 The timed body is the backend's ``prepared_call`` on inputs validated once beforehand (the
 public functions validate on every call, which reads scalars back from the GPU).
 
-The paged cases' block tables follow ``layouts`` (``kernels.fixtures.TABLE_LAYOUTS``: contiguous,
+The paged cases' block tables follow ``layouts`` (``measure.kernel_cases.TABLE_LAYOUTS``: contiguous,
 shuffled, aged; column ``table_layout``). Every row records the unique K/V bytes the step
 reads (``footprint_bytes``) and whether they fit in the GPU's L2 (``fits_l2``): such a point
 measures the cache hierarchy more than the kernel, and is flagged rather than compared.
@@ -23,15 +23,15 @@ import torch
 
 from pagebench import defaults
 from pagebench.config import dtype_name
-from pagebench.distributed import take_share
+from pagebench.measure.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, make_paged_inputs,
+from pagebench.measure.kernel_cases import (adjacent_fraction, contiguous_case, make_paged_inputs,
                                         quantized_inputs)
 from pagebench.kernels.ragged import batch_lengths
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.validate import check_contiguous, check_decode
 from pagebench.results.datasets import KERNELS
-from pagebench.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
+from pagebench.measure.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
 
 COLUMNS = [
     *ENVIRONMENT_COLUMNS,
@@ -155,7 +155,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
-    block-table layouts (``kernels.fixtures.TABLE_LAYOUTS``); contiguous variants ignore it.
+    block-table layouts (``measure.kernel_cases.TABLE_LAYOUTS``); contiguous variants ignore it.
     ``kv_dtype`` (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn``
     (scales: each head's largest value maps to the format's); only backends that declare it
     are timed paged, and the contiguous baselines stay in ``dtype``. ``lengths``: the batches'
@@ -175,7 +175,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     serving engine runs decode with one: without it, a Triton call's Python launch overhead,
     tens of us, hides small kernels).
     ``share=(rank, world)`` times only this rank's (shape, point) pairs
-    (``pagebench.distributed.take_share``), for a sweep split over GPUs.
+    (``pagebench.measure.distributed.take_share``), for a sweep split over GPUs.
     """
     import pandas as pd
 

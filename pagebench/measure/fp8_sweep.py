@@ -20,13 +20,13 @@ import torch
 
 from pagebench import defaults
 from pagebench.config import dtype_name
-from pagebench.kernels.fixtures import paged_case, prefill_case, quantized_inputs, relative_error
+from pagebench.measure.kernel_cases import paged_case, prefill_case, quantized_inputs, relative_error
 from pagebench.kernels.registry import backend_available, get_backend, registered_backends
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
-from pagebench.kernels.sweep import kv_bytes, measure_copy_gbps
+from pagebench.measure.kernel_sweep import kv_bytes, measure_copy_gbps
 from pagebench.kernels.validate import check_decode, check_prefill
 from pagebench.results.datasets import KERNELS_FP8
-from pagebench.timing import environment, measure
+from pagebench.measure.timing import environment, measure
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # the H200 grid: long contexts, where a decode step is bound by the bytes it reads

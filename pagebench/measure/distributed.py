@@ -17,18 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pagebench.engine.parallel import world_from_environment
 from pagebench.errors import PagebenchError
-
-
-def world_from_environment() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or of torchrun's environment."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return 0, 1
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 class SweepRanks:

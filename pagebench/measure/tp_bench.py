@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from pagebench.config import KVGeometry, dtype_name, parse_bytes
 from pagebench.defaults import BLOCK_SIZE, TINY_MODEL
-from pagebench.measure.distributed import world_from_environment
+from pagebench.engine.parallel import world_from_environment
 from pagebench.measure import engine_bench
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams

@@ -18,7 +18,7 @@ from pagebench.kernels.reference import (reference_decode, torch_paged_decode,
 from pagebench.measure.kernel_sweep import COLUMNS, run_sweep, variants
 
 SHAPE = (4, 2, 16)
-KERNELS = pathlib.Path(__file__).resolve().parents[1] / "pagebench" / "kernels"
+MEASURE = pathlib.Path(__file__).resolve().parents[1] / "pagebench" / "measure"
 
 
 @pytest.fixture
@@ -138,8 +138,8 @@ def test_the_sweeps_name_no_backend():
     """No string in the sweeps' code equals a registered backend's name: what differs between
     backends is declared in the registry."""
     names = set(registered_backends())
-    for module in ("sweep.py", "prefill_sweep.py"):
-        tree = ast.parse((KERNELS / module).read_text())
+    for module in ("kernel_sweep.py", "prefill_sweep.py"):
+        tree = ast.parse((MEASURE / module).read_text())
         found = {node.value for node in ast.walk(tree)
                  if isinstance(node, ast.Constant) and node.value in names}
         assert not found, f"{module} names backends {sorted(found)}"

@@ -111,7 +111,7 @@ def time_torchrun(nproc: int, argv: list[str], env: dict | None = None) -> tuple
     """(wall seconds, output) of ``torchrun --standalone --nproc-per-node nproc argv``, started
     from a fresh interpreter: torchrun's start, the workers' imports and their work. The workers
     import the ``pagebench`` this process runs. PagebenchError with the output's tail if it fails."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",

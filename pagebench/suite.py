@@ -26,13 +26,13 @@ from pagebench.results import Results, report_data_dir
 from pagebench.results.datasets import WORKLOAD_STATIC
 from pagebench.results.collect import collect
 from pagebench.results.devices import device_label
-from pagebench.sim.capacity import (article_capacity, fp8_rows, geometry_rows, planner_case_rows,
-                                    tensor_parallel_rows)
-from pagebench.sim.dynamic import reference_run
-from pagebench.sim.real_traces import study_traces
+from pagebench.measure.memory import (article_capacity, geometry_rows, max_len_rows,
+                                     planner_case_rows, reference_run, utilisation_rows)
+from pagebench.measure.real_traces import study_traces
+from pagebench.sim.capacity import fp8_rows, tensor_parallel_rows
 from pagebench.sim.step_cost import (H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE,
                                      StepCostModel, read_step_cost)
-from pagebench.sim.static import max_len_rows, static_fragmentation, utilisation_rows
+from pagebench.sim.static import static_fragmentation
 from pagebench.sim.workloads import sample_lengths
 
 WORKLOAD, SEED = defaults.REFERENCE_LENGTHS, defaults.REFERENCE_SEED  # the article's lengths

@@ -96,14 +96,6 @@ def test_simulator_datasets_meet_their_schemas(sweep):
     assert results.frames and not results.warnings
 
 
-def _dynamic_run():
-    from pagebench.sim.dynamic import run_dynamic
-    from pagebench.sim.trace import poisson_workload
-
-    return run_dynamic(poisson_workload(30, rate=4.0, lengths="uniform:8,64", max_len=64,
-                                        seed=1), 256, block_sizes=(16,), max_len=64)
-
-
 # (module, its schema's name there, a call of the writer that builds rows through it)
 WRITERS = [
     ("pagebench.measure.kernel_sweep", "KERNELS",
@@ -115,17 +107,19 @@ WRITERS = [
     ("pagebench.measure.fp8_sweep", "KERNELS_FP8",
      lambda m: m.run_fp8_sweep("cpu", shape=("t", (4, 2, 16)), points=[(1, 8)],
                                block_sizes=(4,), prefill_points=[])),
-    ("pagebench.sim.static", "MEMORY_STATIC",
+    ("pagebench.measure.memory", "MEMORY_STATIC",
      lambda m: m.utilisation_rows("uniform:8,64", 20, 0, 64, (16,))),
-    ("pagebench.sim.static", "MEMORY_MAX_LEN",
+    ("pagebench.measure.memory", "MEMORY_MAX_LEN",
      lambda m: m.max_len_rows("uniform:8,64", 20, 0, (64,))),
     ("pagebench.measure.tail_waste", "BLOCK_WASTE", lambda m: m.tail_waste_rows([5, 17], (4,))),
-    ("pagebench.sim.capacity", "KV_GEOMETRY", lambda m: m.geometry_rows()),
-    ("pagebench.sim.capacity", "CAPACITY", lambda m: m.planner_case_rows()),
-    ("pagebench.sim.capacity", "CAPACITY_ARTICLE", lambda m: m.article_capacity()),
-    ("pagebench.sim.dynamic", "MEMORY_DYNAMIC_SUMMARY", lambda m: _dynamic_run()),
-    ("pagebench.sim.dynamic", "MEMORY_DYNAMIC_TIMELINE", lambda m: _dynamic_run()),
-    *[("pagebench.sim.real_traces", f"REAL_TRACES_{kind}",
+    ("pagebench.measure.memory", "KV_GEOMETRY", lambda m: m.geometry_rows()),
+    ("pagebench.measure.memory", "CAPACITY", lambda m: m.planner_case_rows()),
+    ("pagebench.measure.memory", "CAPACITY_ARTICLE", lambda m: m.article_capacity()),
+    ("pagebench.measure.memory", "MEMORY_DYNAMIC_SUMMARY", lambda m: m.reference_run(
+        num_requests=40)),
+    ("pagebench.measure.memory", "MEMORY_DYNAMIC_TIMELINE", lambda m: m.reference_run(
+        num_requests=40)),
+    *[("pagebench.measure.real_traces", f"REAL_TRACES_{kind}",
        lambda m: m.study_traces(40, names=("mooncake-conv",), prefix_budget_multiples=()))
       for kind in ("STATIC", "DYNAMIC", "TIMELINE", "PREFIX")],
 ]

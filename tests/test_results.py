@@ -353,6 +353,39 @@ def test_newest_first_orders_by_date_dirty_after_its_base_unknown_last(monkeypat
     assert got == ["cccc-dirty", "cccc", "bbbb", "aaaa", "zzzz", ""]
 
 
+def test_rows_timestamps_order_commits_before_git_is_asked(monkeypatch):
+    """A commit whose rows carry a timestamp is as new as its newest row, whatever git says;
+    git's date places only the commits of rows measured before rows carried one."""
+    asked = []
+
+    def git_date(commit):
+        asked.append(commit)
+        return {"aaaa": 30, "bbbb": 20, "oldd": 10}.get(commit)
+
+    monkeypatch.setattr(commits, "commit_time", git_date)
+    rows = pd.DataFrame({
+        "commit": ["aaaa", "bbbb", "bbbb", "oldd", "cccc"],
+        "timestamp": ["1970-01-01T00:00:05+00:00", "1970-01-01T00:00:40+00:00", None, None,
+                      "1970-01-01T00:00:25+00:00"]})
+    measured = commits.measured_at(rows)
+    assert measured == {"aaaa": 5.0, "bbbb": 40.0, "cccc": 25.0}
+    assert commits.newest_first(rows["commit"], measured) == ["bbbb", "cccc", "oldd", "aaaa"]
+    assert asked == ["oldd"]
+    assert commits.measured_at(rows.drop(columns="timestamp")) == {}
+
+
+def test_measured_rows_carry_the_utc_start_of_their_run():
+    from datetime import datetime, timezone
+
+    from pagebench.measure.timing import ENVIRONMENT_COLUMNS, environment
+
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    stamp = datetime.fromisoformat(environment("cpu")["timestamp"])
+    assert "timestamp" in ENVIRONMENT_COLUMNS and "timestamp" in DATASETS["kernels"].names
+    assert stamp.utcoffset().total_seconds() == 0
+    assert before <= stamp <= datetime.now(timezone.utc)
+
+
 def git_lines(*args: str) -> list[str]:
     try:
         out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5)

@@ -138,7 +138,7 @@ PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
 # shown once per dataset in the environment section, not in every table (all kept in the CSVs)
 PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
                       "pagebench_version", "python_version", "commit", "source", "experiment",
-                      "timing_harness")
+                      "timing_harness", "timestamp")
 
 
 def fmt(value, column: str = "") -> str:

@@ -4,7 +4,7 @@ decode (backend ``cuda-fp8``, where it runs) with each fp8 cache, and the fp8 ou
 
 At each point K/V are drawn once in ``dtype`` (standard normal: no outlier channels) and
 quantised with per-head scales, each head's largest value mapped to the format's largest
-(``fixtures.quantized_inputs``). One row per (point, cache dtype, launch): the time, and for
+(``kernel_cases.quantized_inputs``). One row per (point, cache dtype, launch): the time, and for
 decode the bytes a step reads (fp8 counted in fp8 bytes), GB/s and its fraction of the measured
 copy bandwidth; for an fp8 cache, the output's relative error against the ``dtype`` cache's
 output and, as a correctness check, against the torch backend in float32 on the dequantised
@@ -87,7 +87,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
     CUDA (``DECODE_POINTS`` ...), the CPU one elsewhere (``CPU_DECODE_POINTS`` ...); ``repeat``
     20 on CUDA, 1 on a CPU. ``progress`` is called with each row. ``backends``: the fp8
     decode kernels timed beside Triton's (default ``OTHER_FP8_DECODE``, where they run);
-    ``one_scale``: quantise every head with one scale (``fixtures.quantized_inputs``), which
+    ``one_scale``: quantise every head with one scale (``kernel_cases.quantized_inputs``), which
     kernels taking one scale per cache need (FlashInfer)."""
     from pagebench.kernels import triton_decode, triton_prefill
 

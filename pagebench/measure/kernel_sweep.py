@@ -202,7 +202,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     length specs (``kernels.ragged``: ``uniform``, ``lognormal:MU,SIGMA``, ``trace:NAME``; the
     point's context is their mean; column ``lengths``); a ragged batch's contiguous baseline
     is a cache padded to its longest sequence, read up to each length. ``one_scale``: an fp8
-    cache with one scale for every head (``fixtures.quantized_inputs``).
+    cache with one scale for every head (``kernel_cases.quantized_inputs``).
     ``quick`` on CPU: two small shapes, a handful of points, the backends that are real
     kernels there (torch-paged vs sdpa-contiguous), about a minute on two cores. On CUDA
     (quick=False) the full H200 grid of the issue. ``block_sizes`` default to

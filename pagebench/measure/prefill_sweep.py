@@ -110,8 +110,8 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
     (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
     scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``).
     ``include``: backend names or paged variants' labels (``triton-paged``) to time.
-    ``cuda_graphs``: as the decode sweep's (``sweep.graph_modes``). ``one_scale``: an fp8
-    cache with one scale for every head (``fixtures.quantized_inputs``)."""
+    ``cuda_graphs``: as the decode sweep's (``kernel_sweep.graph_modes``). ``one_scale``: an fp8
+    cache with one scale for every head (``kernel_cases.quantized_inputs``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"

@@ -115,6 +115,11 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
         return KERNELS_FP8.row(**env, model_shape=shape_name, num_q_heads=shape[0],
                                num_kv_heads=shape[1], head_dim=shape[2], **fields)
 
+    def on_cache(case, cache_dtype):
+        """``case`` with its cache in ``cache_dtype``: itself, or quantised (per-head scales)."""
+        return case if cache_dtype == dtype else quantized_inputs(
+            case, cache_dtype, spread=1.0, one_scale=one_scale)
+
     def decode_case(point):
         """The point's ``dtype`` inputs and Triton's output on them (what fp8 is compared to)."""
         batch, context, block_size = point
@@ -126,8 +131,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
         """The fields of a row per kernel and launch timed on a ``cache_dtype`` cache."""
         batch, context, block_size = point
         case, base = case_base
-        inputs = case if cache_dtype == dtype else quantized_inputs(
-            case, cache_dtype, spread=1.0, one_scale=one_scale)
+        inputs = on_cache(case, cache_dtype)
         exact = None if cache_dtype == dtype else dequantised_output(
             torch_paged_decode, inputs, scale)  # once for every kernel timed on it
         # (backend, launch, call): Triton's default and other launches, then the
@@ -166,8 +170,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
     def time_prefill(point, case_base, cache_dtype):
         batch, query_len, cached = point
         case, base = case_base
-        inputs = case if cache_dtype == dtype else quantized_inputs(
-            case, cache_dtype, spread=1.0, one_scale=one_scale)
+        inputs = on_cache(case, cache_dtype)
 
         def call(inputs=inputs):
             return triton_prefill.triton_paged_prefill(*inputs.args(), scale, **inputs.scales())

@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from kernel_cases import (PREFILL_LAUNCHES, backends_for, check_backend, check_prefill,
                           decode_cases, examples_for, prefill_cases, run_property)
 
-from pagebench.kernels.fixtures import LAYOUTS, spare_block, with_layout
+from pagebench.measure.kernel_cases import LAYOUTS, spare_block, with_layout
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from hypothesis import given, note, settings
 from kernel_cases import decode_cases, examples_for, formats_read_on, prefill_cases
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
-from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error, unquantized_caches)
 from pagebench.kernels.reference import cumulative_offsets, reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available

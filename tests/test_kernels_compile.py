@@ -27,9 +27,9 @@ from pagebench.kernels import available_backends
 CHILD = textwrap.dedent(r'''
     import json, sys
     import torch
-    from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
     from pagebench.kernels import registered_backends, triton_decode
-    from pagebench.kernels.offline_compile import captured_launches, compile_for_arch
+    from pagebench.measure.offline_compile import captured_launches, compile_for_arch
     from pagebench.kernels.triton_decode import triton_paged_decode
     from pagebench.kernels.reference import cumulative_offsets
     from pagebench.kernels.triton_prefill import PrefillLaunch, triton_paged_prefill
@@ -138,7 +138,7 @@ def test_triton_kernels_compile_for_every_input_accepted_on(arch):
 SPILLS = textwrap.dedent(r'''
     import json
     from pagebench.defaults import SHAPES
-    from pagebench.kernels.offline_compile import prefill_reports
+    from pagebench.measure.offline_compile import prefill_reports
     points = [(1, 2048, 0), (2, 2048, 0), (4, 2048, 0), (1, 512, 0), (8, 512, 0), (16, 512, 0),
               (32, 128, 0), (64, 128, 0), (128, 128, 0), (64, 256, 0), (8, 256, 2048),
               (1, 512, 3584)]
@@ -201,7 +201,7 @@ def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypat
     from triton.runtime.jit import JITFunction
 
     from pagebench.kernels import triton_runtime
-    from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
     from pagebench.kernels.reference import cumulative_offsets
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 

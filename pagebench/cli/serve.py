@@ -205,15 +205,15 @@ def load_serving_model(name: str, device: str, dtype_name: str | None):
     import torch
 
     from pagebench.config import PRESETS
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
     from pagebench.engine.engine import load_model
 
     dtype = getattr(torch, dtype_name) if dtype_name else None
     default = torch.bfloat16 if device != "cpu" else torch.float32
     if name == "tiny":
-        return bench.tiny_model(device=device, dtype=dtype or torch.float32), "tiny"
+        return engine_bench.tiny_model(device=device, dtype=dtype or torch.float32), "tiny"
     if name.lower() in PRESETS:
-        return bench.preset_model(name.lower(), device=device, dtype=dtype or default), \
+        return engine_bench.preset_model(name.lower(), device=device, dtype=dtype or default), \
             name.lower()
     return load_model(name, dtype=dtype, device=device), name
 
@@ -232,9 +232,9 @@ def run(args) -> int:
         return run_endpoint(args)
     if args.step_cost:
         return run_predicted(args)
-    from pagebench.engine.bench import mode_options
+    from pagebench.measure.engine_bench import mode_options
     from pagebench.measure.serve_bench import ServeConfig, serve_bench, trace_requests
-    from pagebench.timing import cpu_threads, environment
+    from pagebench.measure.timing import cpu_threads, environment
 
     device = torch_device(args.device)
     # prefix caching outermost: a run cut short has every block size and dtype of the first
@@ -274,11 +274,11 @@ def run(args) -> int:
 def run_replicas(args, device: str, configs) -> int:
     """serve-bench over ``--replicas`` engines (pagebench.measure.replica_serving)."""
     from pagebench.config import PRESETS
-    from pagebench.engine.bench import mode_options
+    from pagebench.measure.engine_bench import mode_options
     from pagebench.engine.replicas import check_replicas
     from pagebench.measure import replica_serving as rs
     from pagebench.measure.serve_bench import trace_requests
-    from pagebench.timing import environment
+    from pagebench.measure.timing import environment
 
     rs.check_replica_run(args.replicas, configs, args.find_max_rate)
     check_replicas(args.replicas, device)
@@ -368,7 +368,7 @@ def run_endpoint(args) -> int:
 
     from pagebench.measure.endpoint import server_info
     from pagebench.measure.serve_bench import serve_bench_endpoint, trace_requests
-    from pagebench.timing import environment
+    from pagebench.measure.timing import environment
 
     if not args.endpoint.startswith(("http://", "https://")):
         raise ValueError(f"--endpoint: expected an http:// or https:// URL, got "
@@ -396,9 +396,9 @@ def run_endpoint(args) -> int:
 
 
 def serve(args) -> int:
-    from pagebench.engine.bench import mode_options
+    from pagebench.measure.engine_bench import mode_options
     from pagebench.engine.engine import LLMEngine
-    from pagebench.timing import cpu_threads
+    from pagebench.measure.timing import cpu_threads
 
     try:
         from aiohttp import web

@@ -3,7 +3,7 @@ configuration (block size x KV cache dtype x prefix caching), and tabulate the l
 
 Requests are a seeded sample of the trace, clipped to ``max_model_len`` and their outputs to
 ``max_output_len``, with token ids synthesised as the trace replay does
-(:func:`pagebench.engine.trace_replay.synthesise_prompts`: equal ``hash_ids``, equal token
+(:func:`pagebench.measure.trace_replay.synthesise_prompts`: equal ``hash_ids``, equal token
 blocks), each generating exactly its output length. One engine per configuration, warmed up
 once; before each rate its prefix cache is emptied, so no run finds what another left.
 """
@@ -14,10 +14,10 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from pagebench.engine.bench import release_memory
+from pagebench.measure.engine_bench import release_memory
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
-from pagebench.engine.trace_replay import synthesise_prompts
+from pagebench.measure.trace_replay import synthesise_prompts
 from pagebench.errors import ConfigError
 from pagebench.measure.serving import (ServingRequest, arrival_times, run_serving,
                                        serving_metrics)

@@ -18,10 +18,10 @@ import dataclasses
 import torch
 
 from pagebench.defaults import BLOCK_SIZE, SHAPES
-from pagebench.kernels.fixtures import contiguous_case, paged_case, prefill_case
-from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS
-from pagebench.kernels.sweep import kv_bytes
-from pagebench.timing import measure
+from pagebench.measure.kernel_cases import contiguous_case, paged_case, prefill_case
+from pagebench.measure.prefill_sweep import FULL_PREFILL_POINTS
+from pagebench.measure.kernel_sweep import kv_bytes
+from pagebench.measure.timing import measure
 
 DECODE_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 4, 2)]
 DECODE_SPLITS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64, 128]

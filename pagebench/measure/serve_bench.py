@@ -5,7 +5,11 @@ Requests are a seeded sample of the trace, clipped to ``max_model_len`` and thei
 ``max_output_len``, with token ids synthesised as the trace replay does
 (:func:`pagebench.engine.trace_replay.synthesise_prompts`: equal ``hash_ids``, equal token
 blocks), each generating exactly its output length. One engine per configuration, warmed up
-once; before each rate its prefix cache is emptied, so no run finds what another left.
+once on a few prompts and then by ``warmup_passes`` untimed runs of every trace's requests all
+at once (the batch shapes, chunked prefills and decode batch sizes the timed runs will meet,
+so that the first timed rate pays no compile or first-use cost), its heap frozen
+(:func:`~pagebench.measure.serving.freeze_heap`); before each rate its prefix cache is
+emptied, so no run finds what another left.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ import itertools
 import math
 from dataclasses import dataclass
 
+from pagebench.defaults import WARMUP_PASSES
 from pagebench.engine.bench import release_memory
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.engine.trace_replay import synthesise_prompts
 from pagebench.errors import ConfigError
-from pagebench.measure.serving import (ServingRequest, arrival_times, run_serving,
-                                       serving_metrics)
+from pagebench.measure.serving import (ServingRequest, arrival_times, device_counters,
+                                       freeze_heap, run_serving, serving_metrics)
 from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 from pagebench.sim.real_traces import read_timed_trace
 
@@ -126,7 +131,7 @@ def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *
     """One run: its serve_bench metrics (no configuration columns) and its steps' rows."""
     engine.reset_prefix_cache()
     run = run_serving(engine, requests.at_rate(rate, poisson=poisson, time_scale=time_scale),
-                      progress=progress)
+                      progress=progress, counters=device_counters(engine.runner.device))
     metrics = metrics_at_slo(run.requests, run.duration_s, slo_ttft_ms, slo_tpot_ms, attainment)
     stats = run.stats
     metrics |= dict(num_blocks=engine.num_blocks,
@@ -139,7 +144,8 @@ def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *
                   num_decode_seqs=s.record.num_decode_seqs,
                   num_context_tokens=s.record.num_context_tokens,
                   batch_size=s.record.batch_size,
-                  step_time_ms=(s.end_s - s.start_s) * 1e3) for s in run.steps]
+                  step_time_ms=(s.end_s - s.start_s) * 1e3, gc_ms=s.gc_s * 1e3)
+             | (s.counters or {}) for s in run.steps]
     return metrics, steps
 
 
@@ -177,7 +183,7 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
                 slo_tpot_ms=None, find_max_rate: bool = False,
                 attainment: float = DEFAULT_SLO_ATTAINMENT, engine_options: dict | None = None,
                 mode: str | None = None, model_name: str | None = None, environment=None,
-                progress=None, max_search_runs: int = 12,
+                progress=None, max_search_runs: int = 12, warmup_passes: int = WARMUP_PASSES,
                 on_config=None) -> tuple[list[dict], list[dict]]:
     """serve_bench rows (one per configuration x trace x rate) and serve_steps rows.
 
@@ -203,6 +209,13 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
     for config in configs:
         engine = build_engine(model, config, max_model_len=max_model_len,
                               engine_options=engine_options)
+        for _ in range(warmup_passes):
+            for requests in traces:
+                engine.reset_prefix_cache()
+                engine.generate([list(p) for p in requests.prompts],
+                                [SamplingParams(max_tokens=n, ignore_eos=True)
+                                 for n in requests.output_len], use_tqdm=False)
+        freeze_heap()
         labels = base | dict(block_size=config.block_size,
                              kv_cache_dtype=config.kv_cache_dtype,
                              prefix_caching=config.prefix_caching)

@@ -408,17 +408,26 @@ SERVE_STEPS = schema(
     C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
     *optional(MODEL, C("trace", "str", "trace"), C("request_rate", "float", "requests/s"),
               C("batch_size", "int", "sequences in the step"),
-              C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode")))
+              C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode"),
+              C("gc_ms", "float", "time the step spent in Python's garbage collector"),
+              C("device_allocs", "int", "CUDA allocator: device allocations in the step"),
+              C("alloc_retries", "int", "CUDA allocator: retries (cache freed) in the step")))
 STEP_COST = schema(
     "step_cost", "a step-cost model's coefficients fitted on serve_steps (measure.step_cost): "
-    "step_ms = base + per prefill token + per decode sequence + per 1k context tokens",
+    "step_ms = base + per prefill token + per decode sequence + per 1k context tokens "
+    "(+ per step with prompt tokens + per prefilling sequence)",
     MODEL, BLOCK_SIZE, C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
     C("base_ms", "float", "fixed cost of a step"),
     C("prefill_token_ms", "float", "per prefill token"),
     C("decode_seq_ms", "float", "per decoding sequence"),
     C("context_ktoken_ms", "float", "per 1,000 context tokens read"),
-    *optional(C("num_steps", "int", "steps fitted"),
+    *optional(C("prefill_step_ms", "float", "fixed cost of a step with prompt tokens (eager)"),
+              C("prefill_seq_ms", "float", "per sequence with prompt tokens in the step"),
+              C("num_steps", "int", "steps fitted"),
               C("rel_err_median", "float", "median |predicted - measured| / measured"),
+              C("rel_err_median_decode", "float", "the same over decode-only steps"),
+              C("rel_err_median_prefill", "float", "the same over prefill-only steps"),
+              C("rel_err_median_mixed", "float", "the same over steps of both"),
               C("mode", "str", "decode mode")))
 
 # ---- benchmark histories (pagebench.results.history) -------------------------------------

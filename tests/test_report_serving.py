@@ -48,11 +48,16 @@ def test_max_rate_and_prediction_error_per_configuration(tmp_path):
     assert set(pred["block_size"]) == {16}  # block 128 has no prediction
     ttft = pred[pred["metric"] == "ttft_p99_ms"]
     assert len(ttft) == 4 and ttft["rel_err"].to_numpy() == pytest.approx([0.1] * 4)
+    errors = results.get("serving_prediction_error").set_index("metric")
+    assert errors.loc["ttft_p99_ms", "median_abs_err"] == pytest.approx(0.1)
+    assert errors.loc["tpot_p50_ms", "max_abs_err"] == pytest.approx(0.1)
+    assert errors["points"].tolist() == [4] * 4
     section = serving.section(results)
     assert len(section.plots) == 2
     captions = [i.table.caption for i in section.items if i.kind == "table"]
     assert any("Largest measured request rate" in c for c in captions)
     assert any("Simulator against engine" in c for c in captions)
+    assert any("median and largest |error|" in c for c in captions)
 
 
 def test_no_data_says_what_is_missing(tmp_path):

@@ -71,11 +71,19 @@ def prediction_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def error_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per machine, model, trace and metric: the median and largest |relative error|."""
+    """Per machine, model, trace and metric: the median and largest |relative error| over the
+    trace's points (every configuration and rate)."""
     err = table.assign(abs_err=table["rel_err"].abs())
     return (err.groupby(["machine", "model", "trace", "metric"], sort=True)["abs_err"]
             .agg(median_abs_err="median", max_abs_err="max", points="count").reset_index())
 
 
+def prediction_error(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """:func:`error_summary` of the measured points with a prediction (the validation)."""
+    table = prediction_table(frame)
+    return None if table is None else error_summary(table)
+
+
 TABLES = {"serving_max_rate": lambda r: max_rate_at_slo(r.get("serve_bench")),
-          "serving_prediction": lambda r: prediction_table(r.get("serve_bench"))}
+          "serving_prediction": lambda r: prediction_table(r.get("serve_bench")),
+          "serving_prediction_error": lambda r: prediction_error(r.get("serve_bench"))}

@@ -148,6 +148,9 @@ def register(sub) -> None:
     p.add_argument("--steps-out", metavar="FILE", default=None,
                    help="also write every engine step (prefill tokens, decode sequences, "
                    "context tokens, time) to FILE: the step-cost model's data")
+    p.add_argument("--append", action="store_true",
+                   help="in-process runs: keep the rows already in --out and --steps-out (CSV) "
+                   "and add this run's after them (several runs, e.g. two models, one file)")
     add_output_options(p, "rows")
     p.set_defaults(func=run)
 
@@ -224,12 +227,25 @@ def load_serving_model(name: str, device: str, dtype_name: str | None):
     return load_model(name, dtype=dtype, device=device), name
 
 
-def save(args, rows: list[dict], steps: list[dict]) -> None:
+def earlier_rows(path: str | None, append: bool) -> list[dict]:
+    """``--append``: the rows already in ``path`` (a CSV; none if it does not exist yet)."""
+    import csv
+    import os
+
+    if not (append and path and os.path.exists(path)):
+        return []
+    if path.endswith(".json"):
+        raise ValueError(f"--append: {path}: only CSV files are appended to")
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def save(args, rows: list[dict], steps: list[dict], before=((), ())) -> None:
     """Write what is measured so far (after each configuration: a long run cut short keeps
-    its finished configurations)."""
-    write_results(args.out, rows)
+    its finished configurations), after ``before``'s rows and steps (``--append``)."""
+    write_results(args.out, [*before[0], *rows])
     if args.steps_out:
-        write_results(args.steps_out, steps)
+        write_results(args.steps_out, [*before[1], *steps])
 
 
 def run(args) -> int:
@@ -248,6 +264,7 @@ def run(args) -> int:
                for bs in args.block_sizes for dt in args.kv_cache_dtype]
     if args.replicas > 1:
         return run_replicas(args, device, configs)
+    before = (earlier_rows(args.out, args.append), earlier_rows(args.steps_out, args.append))
     with allocating(f"serve-bench of {args.num_requests:,} requests"), \
             cpu_threads(args.threads if device == "cpu" else None):
         model, label = load_serving_model(args.model, device, args.dtype)
@@ -270,7 +287,8 @@ def run(args) -> int:
                 find_max_rate=args.find_max_rate, attainment=args.slo_attainment,
                 engine_options=options, mode=args.mode, model_name=label,
                 environment=environment(device) | dict(torch_threads=args.threads),
-                progress=bar, warmup_passes=args.warmup_passes, on_config=lambda rows, steps: save(args, rows, steps))
+                progress=bar, warmup_passes=args.warmup_passes,
+                on_config=lambda rows, steps: save(args, rows, steps, before))
         finally:
             bar.close()
     print(dumps(rows) if args.json else format_table(rows, TABLE))

@@ -611,9 +611,16 @@ SERVING_PREDICTION = schema(
     C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
     C("measured_ms", "float", "measured"), C("predicted_ms", "float", "predicted"),
     C("rel_err", "float", "(predicted - measured) / measured"), environment=False)
+SERVING_PREDICTION_ERROR = schema(
+    "serving_prediction_error", "per trace and metric, the simulator's |relative error| over "
+    "the measured points", C("machine", "str", "device label"), MODEL, C("trace", "str", "trace"),
+    C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
+    C("median_abs_err", "float", "median |predicted - measured| / measured"),
+    C("max_abs_err", "float", "largest |predicted - measured| / measured"),
+    C("points", "int", "measured points with a prediction"), environment=False)
 
 DERIVED: dict[str, Schema] = {s.name: s for s in (
-    SERVING_MAX_RATE, SERVING_PREDICTION,
+    SERVING_MAX_RATE, SERVING_PREDICTION, SERVING_PREDICTION_ERROR,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, KERNELS_VS_FASTEST, KERNELS_BATCH1_FAMILY,
     KERNELS_PREFILL_VS_FASTEST, KERNELS_BLOCK_COST_KERNEL, RECOMMENDATION, RECOMMENDATION_TRACES,

@@ -25,8 +25,8 @@ import numpy as np
 from pagebench.errors import ConfigError
 from pagebench.sim.latency import RequestTiming, serving_metrics
 
-__all__ = ["ServingRequest", "RequestTiming", "StepTiming", "ServingRun", "arrival_times",
-           "run_serving", "serving_metrics"]
+__all__ = ["ServingRequest", "RequestTiming", "StepTiming", "ServingRun", "GCTimer",
+           "arrival_times", "device_counters", "freeze_heap", "run_serving", "serving_metrics"]
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@
 #    25 requests/s for Azure, 16 for Mooncake), 24 requests a point.
 # 2. block 1: the same shape, bf16, prefix caching off, Azure conversation, 16 requests a point.
 # 3. 8B: Llama-3-8B shape (tp=1, bf16), block 16, Azure conversation at 2, 4, 8 and 16 requests/s,
-#    32 requests a point, SLO TTFT <= 1 s and TPOT <= 50 ms.
+#    32 requests a point, each rate run twice (--repeats 2), SLO TTFT <= 1 s and TPOT <= 50 ms.
 # 4. the step-cost fit on all of their steps and the simulator's prediction of every point.
 # Every engine serves each trace once untimed first (serve-bench --warmup-passes), so the first
 # rate runs warm. Each part has its own time limit (SERVE_SECONDS scales them) and writes each
@@ -38,12 +38,12 @@ if [ "$DEVICE" = cuda ]; then
   GRID="$SMALL --num-requests 24 --rates 8,16,32,inf --slo-ttft 500 --slo-tpot 25"
   BLOCK1="$SMALL --num-requests 16 --rates 8,16,32,inf --slo-ttft 500 --slo-tpot 25"
   BIG="--model llama-3-8b --kv-cache-memory 16GiB --max-num-seqs 64 --mode graphs_uncompiled
-       --num-requests 32 --rates 2,4,8,16 --slo-ttft 1000 --slo-tpot 50"
+       --num-requests 32 --rates 2,4,8,16 --repeats 2 --slo-ttft 1000 --slo-tpot 50"
 else
   GRID="--num-requests 4 --max-model-len 512 --max-output-len 4 --rates 16,inf
         --slo-ttft 2000 --slo-tpot 200"
   BLOCK1="--num-requests 3 --max-model-len 512 --max-output-len 4 --rates 16,inf"
-  BIG="--num-requests 4 --max-model-len 512 --max-output-len 4 --rates 8,inf
+  BIG="--num-requests 4 --max-model-len 512 --max-output-len 4 --rates 8,inf --repeats 2
        --slo-ttft 2000 --slo-tpot 200"
 fi
 part() {  # part SECONDS NAME ARGS...: one serve-bench call within its time limit
@@ -53,12 +53,12 @@ part() {  # part SECONDS NAME ARGS...: one serve-bench call within its time limi
     || echo "serve-bench $name: cut short or failed (status $?)" >&2
 }
 # prefix caching on (4 engines), then off (2): one call each, bf16 first within each
-part 165 grid-prefix-on $GRID --trace azure-code,azure-conv,mooncake-conv \
+part 160 grid-prefix-on $GRID --trace azure-code,azure-conv,mooncake-conv \
   --block-sizes 16,128 --kv-cache-dtype auto,fp8_e4m3 --prefix-caching on
 part 80 grid-prefix-off $GRID --trace azure-code,azure-conv,mooncake-conv \
   --block-sizes 16,128 --kv-cache-dtype auto --prefix-caching off
 part 30 block-1 $BLOCK1 --trace azure-conv --block-sizes 1 --prefix-caching off
-part 105 llama-3-8b $BIG --trace azure-conv --block-sizes 16
+part 120 llama-3-8b $BIG --trace azure-conv --block-sizes 16
 # the step-cost model of each model x block size x cache dtype, from the steps just measured,
 # and the simulator's prediction of every measured point with it
 $PYTHON -m pagebench step-cost-fit "$OUT/serve_steps.csv" --out "$OUT/step_cost.csv" \

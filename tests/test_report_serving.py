@@ -67,3 +67,15 @@ def test_no_data_says_what_is_missing(tmp_path):
     section = serving.section(results)
     assert [i.kind for i in section.items] == ["text", "nodata"]
     assert "serve-bench" in section.items[-1].text
+
+
+def test_a_rate_meets_the_slo_only_if_every_repeat_does(tmp_path):
+    first = [r | dict(repeat=0) for r in rows(16, 128.0)]
+    second = [r | dict(repeat=1, meets_slo=r["meets_slo"] and r["request_rate"] <= 8.0)
+              for r in rows(16, 128.0)]
+    predicted = [r | dict(repeat=k) for k in (0, 1) for r in rows(16, 128.0, predicted=True)]
+    results = loaded(tmp_path, first + second + predicted)
+    best = results.get("serving_max_rate")
+    assert best["max_rate_at_slo"].tolist() == [8.0]  # 32 and 128 met once, missed once
+    pred = results.get("serving_prediction")
+    assert len(pred) == 2 * 4 * 4  # each repeat paired with its own prediction, no cross pairs

@@ -70,4 +70,5 @@ def test_gpu_serving_runbook_commands_parse_and_write_the_serving_datasets(devic
     if device == "cuda":
         assert value(serves[3], "--model") == "llama-3-8b"
         assert len(value(serves[3], "--rates").split(",")) >= 4
+        assert int(value(serves[3], "--repeats")) >= 2  # the validation points, repeated
         assert (value(serves[3], "--slo-ttft"), value(serves[3], "--slo-tpot")) == ("1000", "50")

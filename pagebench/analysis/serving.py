@@ -14,7 +14,7 @@ import pandas as pd
 from pagebench.analysis.derive import row_labels
 
 CONFIG = ["machine", "model", "trace", "block_size", "kv_cache_dtype", "prefix_caching"]
-PAIRED = CONFIG + ["request_rate", "num_requests", "seed"]
+PAIRED = CONFIG + ["request_rate", "num_requests", "seed", "repeat"]
 COMPARED = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
 
 
@@ -34,14 +34,16 @@ def measured_rows(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def max_rate_at_slo(frame: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Per configuration: the largest finite measured rate whose row ``meets_slo``."""
+    """Per configuration: the largest finite measured rate whose rows (every repeat)
+    ``meets_slo``."""
     rows = measured_rows(frame)
     if rows is None or "meets_slo" not in rows or rows["meets_slo"].isna().all():
         return None
     rows = rows[rows["request_rate"].map(math.isfinite) & rows["meets_slo"].notna()]
     out = []
     for key, g in rows.groupby(CONFIG, sort=True, dropna=False):
-        good = g.loc[g["meets_slo"].astype(bool), "request_rate"]
+        met = g["meets_slo"].astype(bool).groupby(g["request_rate"]).all()  # every repeat
+        good = met.index[met.to_numpy()]
         out.append(dict(zip(CONFIG, key)) | dict(
             max_rate_at_slo=float(good.max()) if len(good) else math.nan,
             rates_measured=int(g["request_rate"].nunique())))

@@ -128,6 +128,8 @@ def register(sub) -> None:
     p.add_argument("--warmup-passes", type=integer(0, 100), default=WARMUP_PASSES,
                    help="untimed all-at-once runs of each trace per engine before the timed "
                    "ones, so the first rate runs warm (default %(default)s)")
+    p.add_argument("--repeats", type=integer(1, 100), default=1,
+                   help="runs of each rate, one row each (column repeat; default 1)")
     p.add_argument("--replicas", type=integer(1, 64), default=1,
                    help="data-parallel engines, one process and GPU each (cuda:0..N-1), each "
                    "serving every N-th arrival; the requests' latencies merged into one run "
@@ -201,6 +203,8 @@ def check_args(args) -> None:
             raise ValueError("--find-max-rate: give --slo-ttft and/or --slo-tpot")
         if not args.rates or math.isinf(args.rates[0]):
             raise ValueError("--find-max-rate: give a finite starting rate as --rates R")
+        if args.repeats != 1:
+            raise ValueError("--repeats: the --find-max-rate search runs each rate once")
     if args.arrival == "poisson" and not args.rates:
         raise ValueError("--arrival poisson: give --rates")
     if args.kv_cache_memory is not None:
@@ -276,7 +280,7 @@ def run(args) -> int:
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        kv_cache_memory=args.kv_cache_memory) | mode_options(args.mode)
         runs = len(configs) * len(traces) * (
-            len(args.rates) if args.rates and not args.find_max_rate else 1)
+            len(args.rates or [None]) * args.repeats if not args.find_max_rate else 1)
         bar = progress(runs * args.num_requests if not args.find_max_rate else None,
                        "requests served")
         try:
@@ -287,7 +291,7 @@ def run(args) -> int:
                 find_max_rate=args.find_max_rate, attainment=args.slo_attainment,
                 engine_options=options, mode=args.mode, model_name=label,
                 environment=environment(device) | dict(torch_threads=args.threads),
-                progress=bar, warmup_passes=args.warmup_passes,
+                progress=bar, warmup_passes=args.warmup_passes, repeats=args.repeats,
                 on_config=lambda rows, steps: save(args, rows, steps, before))
         finally:
             bar.close()

@@ -33,7 +33,7 @@ from pagebench.sim.real_traces import read_timed_trace
 WARMUP_PROMPT_LENS = (16, 100, 700, 3000)
 DEFAULT_SLO_ATTAINMENT = 0.9  # a rate "meets the SLO" when this share of requests does
 STEP_LABELS = ("model", "trace", "request_rate", "block_size", "kv_cache_dtype",
-               "prefix_caching", "mode")
+               "prefix_caching", "mode", "repeat")
 SEARCH_STEPS = 4  # bisections between the last rate that met the SLO and the first that missed
 
 
@@ -184,7 +184,7 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
                 attainment: float = DEFAULT_SLO_ATTAINMENT, engine_options: dict | None = None,
                 mode: str | None = None, model_name: str | None = None, environment=None,
                 progress=None, max_search_runs: int = 12, warmup_passes: int = WARMUP_PASSES,
-                on_config=None) -> tuple[list[dict], list[dict]]:
+                repeats: int = 1, on_config=None) -> tuple[list[dict], list[dict]]:
     """serve_bench rows (one per configuration x trace x rate) and serve_steps rows.
 
     One engine per configuration serves every trace. ``rates``: requests/s (``math.inf``: all
@@ -197,6 +197,8 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
         raise ConfigError("find_max_rate: give an SLO (slo_ttft_ms or slo_tpot_ms) to search for")
     if find_max_rate and (not rates or rates[0] is None or math.isinf(rates[0])):
         raise ConfigError("find_max_rate: start from a finite request rate")
+    if find_max_rate and repeats != 1:
+        raise ConfigError("repeats: the max-rate search runs each rate once")
     engine_options = engine_options or {}
     rows, step_rows = [], []
     base = (environment or {}) | dict(
@@ -220,7 +222,7 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
                              kv_cache_dtype=config.kv_cache_dtype,
                              prefix_caching=config.prefix_caching)
         for requests in traces:
-            def measure(rate, requests=requests):
+            def measure(rate, requests=requests, repeat=0):
                 metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
                                             time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
                                             slo_tpot_ms=slo_tpot_ms, attainment=attainment,
@@ -229,7 +231,7 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
                 run = labels | dict(trace=requests.trace, num_requests=len(requests.prompts),
                                     max_model_len=requests.max_model_len,
                                     max_output_len=requests.max_output_len,
-                                    seed=requests.seed, request_rate=asked)
+                                    seed=requests.seed, request_rate=asked, repeat=repeat)
                 rows.append(SERVE_BENCH.row(**run | metrics))
                 step_rows.extend(SERVE_STEPS.row(**{k: run[k] for k in STEP_LABELS} | s)
                                  for s in steps)
@@ -239,7 +241,8 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
                 search_max_rate(measure, rates[0], attainment, max_search_runs)
             else:
                 for rate in rates:
-                    measure(rate)
+                    for repeat in range(repeats):
+                        measure(rate, repeat=repeat)
         engine = None  # the closures above hold the cell, not the engine
         release_memory(device)
         if on_config is not None:

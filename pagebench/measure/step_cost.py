@@ -132,7 +132,7 @@ class MeasuredSteps:
 def run_steps(steps, row: dict):
     """The rows of ``steps`` (serve_steps) measured in the run of serve_bench ``row``."""
     mask = np.ones(len(steps), dtype=bool)
-    for name in RUN + ("model", "mode"):
+    for name in RUN + ("model", "mode", "repeat"):
         if name in steps and name in row and _optional(row[name]) is not None:
             mask &= (steps[name] == row[name]).to_numpy()
     return steps[mask]

@@ -397,7 +397,9 @@ SERVE_BENCH = schema(
                 "(its /metrics), 0..1"),
               C("slo_attainment", "float", "share of requests that must meet every SLO"),
               C("meets_slo", "bool", "num_good_requests >= slo_attainment x num_requests"),
-              C("predicted", "bool", "the simulator's prediction, not a measurement")))
+              C("predicted", "bool", "the simulator's prediction, not a measurement"),
+              C("repeat", "int", "which run of the same point (serve-bench --repeats); "
+                "empty: 0")))
 SERVE_STEPS = schema(
     "serve_steps", "one engine step of a serve-bench run: what it computed and how long it "
     "took (the step-cost model's training data)",
@@ -411,7 +413,8 @@ SERVE_STEPS = schema(
               C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode"),
               C("gc_ms", "float", "time the step spent in Python's garbage collector"),
               C("device_allocs", "int", "CUDA allocator: device allocations in the step"),
-              C("alloc_retries", "int", "CUDA allocator: retries (cache freed) in the step")))
+              C("alloc_retries", "int", "CUDA allocator: retries (cache freed) in the step"),
+              C("repeat", "int", "which run of the same point (serve-bench --repeats)")))
 STEP_COST = schema(
     "step_cost", "a step-cost model's coefficients fitted on serve_steps (measure.step_cost): "
     "step_ms = base + per prefill token + per decode sequence + per 1k context tokens "

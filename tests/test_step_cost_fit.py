@@ -90,3 +90,12 @@ def test_gc_timer_sees_collections_while_installed():
     gc.collect()
     assert timer.collections == 1 and timer.total_s >= 0
     assert timer not in gc.callbacks
+
+
+def test_the_heap_is_frozen_only_while_the_timed_runs_last():
+    from pagebench.measure.serving import frozen_heap
+
+    before = gc.get_freeze_count()
+    with frozen_heap():
+        assert gc.get_freeze_count() > before
+    assert gc.get_freeze_count() == 0

@@ -7,9 +7,9 @@ Requests are a seeded sample of the trace, clipped to ``max_model_len`` and thei
 blocks), each generating exactly its output length. One engine per configuration, warmed up
 once on a few prompts and then by ``warmup_passes`` untimed runs of every trace's requests all
 at once (the batch shapes, chunked prefills and decode batch sizes the timed runs will meet,
-so that the first timed rate pays no compile or first-use cost), its heap frozen
-(:func:`~pagebench.measure.serving.freeze_heap`); before each rate its prefix cache is
-emptied, so no run finds what another left.
+so that the first timed rate pays no compile or first-use cost), its heap frozen while the
+timed runs last (:func:`~pagebench.measure.serving.frozen_heap`); before each rate its prefix
+cache is emptied, so no run finds what another left.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pagebench.engine.sampling import SamplingParams
 from pagebench.engine.trace_replay import synthesise_prompts
 from pagebench.errors import ConfigError
 from pagebench.measure.serving import (ServingRequest, arrival_times, device_counters,
-                                       freeze_heap, run_serving, serving_metrics)
+                                       frozen_heap, run_serving, serving_metrics)
 from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 from pagebench.sim.real_traces import read_timed_trace
 
@@ -124,6 +124,16 @@ def warm_up(engine: LLMEngine) -> None:
     engine.reset_prefix_cache()
 
 
+def warm_up_on_traces(engine: LLMEngine, traces: list[TraceRequests], passes: int) -> None:
+    """``passes`` untimed runs of every trace's requests all at once (see the module doc)."""
+    for _ in range(passes):
+        for requests in traces:
+            engine.reset_prefix_cache()
+            engine.generate([list(p) for p in requests.prompts],
+                            [SamplingParams(max_tokens=n, ignore_eos=True)
+                             for n in requests.output_len], use_tqdm=False)
+
+
 def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *,
                poisson: bool, time_scale: float, slo_ttft_ms: float | None,
                slo_tpot_ms: float | None, attainment: float = DEFAULT_SLO_ATTAINMENT,
@@ -211,38 +221,33 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
     for config in configs:
         engine = build_engine(model, config, max_model_len=max_model_len,
                               engine_options=engine_options)
-        for _ in range(warmup_passes):
-            for requests in traces:
-                engine.reset_prefix_cache()
-                engine.generate([list(p) for p in requests.prompts],
-                                [SamplingParams(max_tokens=n, ignore_eos=True)
-                                 for n in requests.output_len], use_tqdm=False)
-        freeze_heap()
+        warm_up_on_traces(engine, traces, warmup_passes)
         labels = base | dict(block_size=config.block_size,
                              kv_cache_dtype=config.kv_cache_dtype,
                              prefix_caching=config.prefix_caching)
-        for requests in traces:
-            def measure(rate, requests=requests, repeat=0):
-                metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
-                                            time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
-                                            slo_tpot_ms=slo_tpot_ms, attainment=attainment,
-                                            progress=progress)
-                asked = rate if rate is not None else requests.trace_rate * time_scale
-                run = labels | dict(trace=requests.trace, num_requests=len(requests.prompts),
-                                    max_model_len=requests.max_model_len,
-                                    max_output_len=requests.max_output_len,
-                                    seed=requests.seed, request_rate=asked, repeat=repeat)
-                rows.append(SERVE_BENCH.row(**run | metrics))
-                step_rows.extend(SERVE_STEPS.row(**{k: run[k] for k in STEP_LABELS} | s)
-                                 for s in steps)
-                return rows[-1]
+        with frozen_heap():
+            for requests in traces:
+                def measure(rate, requests=requests, repeat=0):
+                    metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
+                                                time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
+                                                slo_tpot_ms=slo_tpot_ms, attainment=attainment,
+                                                progress=progress)
+                    asked = rate if rate is not None else requests.trace_rate * time_scale
+                    run = labels | dict(trace=requests.trace, num_requests=len(requests.prompts),
+                                        max_model_len=requests.max_model_len,
+                                        max_output_len=requests.max_output_len,
+                                        seed=requests.seed, request_rate=asked, repeat=repeat)
+                    rows.append(SERVE_BENCH.row(**run | metrics))
+                    step_rows.extend(SERVE_STEPS.row(**{k: run[k] for k in STEP_LABELS} | s)
+                                     for s in steps)
+                    return rows[-1]
 
-            if find_max_rate:
-                search_max_rate(measure, rates[0], attainment, max_search_runs)
-            else:
-                for rate in rates:
-                    for repeat in range(repeats):
-                        measure(rate, repeat=repeat)
+                if find_max_rate:
+                    search_max_rate(measure, rates[0], attainment, max_search_runs)
+                else:
+                    for rate in rates:
+                        for repeat in range(repeats):
+                            measure(rate, repeat=repeat)
         engine = None  # the closures above hold the cell, not the engine
         release_memory(device)
         if on_config is not None:

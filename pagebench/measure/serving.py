@@ -6,7 +6,7 @@ sleeps until the next arrival (no idle step is skipped: time passes as it would 
 Each request's arrival, first scheduled step, every token and finish are recorded, as is each
 step's start, duration, batch, KV blocks in use and the time Python's garbage collector took
 inside it (a collection of a process holding a model's many objects can take tens of
-milliseconds, which no step-cost model sees coming; :func:`freeze_heap` keeps it short).
+milliseconds, which no step-cost model sees coming; :func:`frozen_heap` keeps it short).
 
 The metrics (:func:`pagebench.sim.latency.serving_metrics`) are vLLM's serving benchmark's;
 the simulator's predictions are scored the same way.
@@ -14,6 +14,7 @@ the simulator's predictions are scored the same way.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import time
@@ -26,7 +27,7 @@ from pagebench.errors import ConfigError
 from pagebench.sim.latency import RequestTiming, serving_metrics
 
 __all__ = ["ServingRequest", "RequestTiming", "StepTiming", "ServingRun", "GCTimer",
-           "arrival_times", "device_counters", "freeze_heap", "run_serving", "serving_metrics"]
+           "arrival_times", "device_counters", "frozen_heap", "run_serving", "serving_metrics"]
 
 
 @dataclass(slots=True)
@@ -110,12 +111,18 @@ class GCTimer:
         gc.callbacks.remove(self)
 
 
-def freeze_heap() -> None:
+@contextlib.contextmanager
+def frozen_heap():
     """Collect, then move every object alive (the model, the engine, the imported modules) out
-    of the collector's reach, as vLLM does after start-up: a full collection then scans only
-    what serving allocates."""
+    of the collector's reach while the block runs, as vLLM does after start-up: a collection
+    then scans only what serving allocates. Unfrozen after, so that a long-lived process (a
+    test session, a notebook) can still collect what the block's engine leaves in cycles."""
     gc.collect()
     gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def device_counters(device) -> Callable[[], dict] | None:

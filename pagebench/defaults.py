@@ -58,3 +58,5 @@ TINY_MODEL = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_h
 # Share of a serving run's requests that must meet every SLO for the run to meet it
 # (``serve-bench --slo-attainment``'s default; the real-trace goodput search's).
 SLO_ATTAINMENT = 0.9
+# serve-bench: untimed all-at-once runs of each trace per engine before the timed ones
+WARMUP_PASSES = 1

@@ -110,18 +110,25 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
 
 def committed_step_cost(data_dir=None) -> tuple[StepCostModel, str]:
     """The step-cost model the real-trace study serves with: block 16, cache dtype auto, from
-    the first ``<machine>/step_cost*.csv`` under the committed data that has exactly one such
-    model (fitted on a GPU by ``step-cost-fit``), else the default derived from the H200 engine
-    batch sweep (:data:`~pagebench.sim.step_cost.H200_ENGINE_STEP_COST`)."""
+    the committed data's ``<machine>/step_cost*.csv`` (fitted on a GPU by ``step-cost-fit``):
+    the first file's model of the budget's own model
+    (:data:`~pagebench.sim.real_load.REAL_BUDGET_CASE`, Llama-3-8B) if any file has one, else
+    the first file's only block-16 model, else the default derived from the H200 engine batch
+    sweep (:data:`~pagebench.sim.step_cost.H200_ENGINE_STEP_COST`). Every run mode (report,
+    ``report --quick``, ``claims --simulate``) asks this, so all serve with the same costs."""
     from pagebench.results.collect import default_data_dir
+    from pagebench.sim.real_load import REAL_BUDGET_CASE
 
     root = Path(data_dir) if data_dir is not None else default_data_dir()
-    for path in sorted(root.glob("*/step_cost*.csv")):
-        try:
-            return (read_step_cost(path, block_size=16),
-                    f"fitted on serving steps ({path.parent.name}/{path.name}, block 16)")
-        except ConfigError:
-            continue
+    paths = sorted(root.glob("*/step_cost*.csv"))
+    for model in (REAL_BUDGET_CASE["model"], None):
+        for path in paths:
+            try:
+                cost = read_step_cost(path, block_size=16, model=model)
+            except ConfigError:
+                continue
+            return cost, (f"fitted on serving steps ({path.parent.name}/{path.name}, "
+                          f"{model + ', ' if model else ''}block 16)")
     return H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE
 
 

@@ -399,7 +399,9 @@ SERVE_BENCH = schema(
                 "(its /metrics), 0..1"),
               C("slo_attainment", "float", "share of requests that must meet every SLO"),
               C("meets_slo", "bool", "num_good_requests >= slo_attainment x num_requests"),
-              C("predicted", "bool", "the simulator's prediction, not a measurement")))
+              C("predicted", "bool", "the simulator's prediction, not a measurement"),
+              C("repeat", "int", "which run of the same point (serve-bench --repeats); "
+                "empty: 0")))
 SERVE_STEPS = schema(
     "serve_steps", "one engine step of a serve-bench run: what it computed and how long it "
     "took (the step-cost model's training data)",
@@ -410,17 +412,27 @@ SERVE_STEPS = schema(
     C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
     *optional(MODEL, C("trace", "str", "trace"), C("request_rate", "float", "requests/s"),
               C("batch_size", "int", "sequences in the step"),
-              C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode")))
+              C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode"),
+              C("gc_ms", "float", "time the step spent in Python's garbage collector"),
+              C("device_allocs", "int", "CUDA allocator: device allocations in the step"),
+              C("alloc_retries", "int", "CUDA allocator: retries (cache freed) in the step"),
+              C("repeat", "int", "which run of the same point (serve-bench --repeats)")))
 STEP_COST = schema(
     "step_cost", "a step-cost model's coefficients fitted on serve_steps (measure.step_cost): "
-    "step_ms = base + per prefill token + per decode sequence + per 1k context tokens",
+    "step_ms = base + per prefill token + per decode sequence + per 1k context tokens "
+    "(+ per step with prompt tokens + per prefilling sequence)",
     MODEL, BLOCK_SIZE, C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
     C("base_ms", "float", "fixed cost of a step"),
     C("prefill_token_ms", "float", "per prefill token"),
     C("decode_seq_ms", "float", "per decoding sequence"),
     C("context_ktoken_ms", "float", "per 1,000 context tokens read"),
-    *optional(C("num_steps", "int", "steps fitted"),
+    *optional(C("prefill_step_ms", "float", "fixed cost of a step with prompt tokens (eager)"),
+              C("prefill_seq_ms", "float", "per sequence with prompt tokens in the step"),
+              C("num_steps", "int", "steps fitted"),
               C("rel_err_median", "float", "median |predicted - measured| / measured"),
+              C("rel_err_median_decode", "float", "the same over decode-only steps"),
+              C("rel_err_median_prefill", "float", "the same over prefill-only steps"),
+              C("rel_err_median_mixed", "float", "the same over steps of both"),
               C("mode", "str", "decode mode")))
 
 # ---- benchmark histories (pagebench.results.history) -------------------------------------
@@ -604,9 +616,16 @@ SERVING_PREDICTION = schema(
     C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
     C("measured_ms", "float", "measured"), C("predicted_ms", "float", "predicted"),
     C("rel_err", "float", "(predicted - measured) / measured"), environment=False)
+SERVING_PREDICTION_ERROR = schema(
+    "serving_prediction_error", "per trace and metric, the simulator's |relative error| over "
+    "the measured points", C("machine", "str", "device label"), MODEL, C("trace", "str", "trace"),
+    C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
+    C("median_abs_err", "float", "median |predicted - measured| / measured"),
+    C("max_abs_err", "float", "largest |predicted - measured| / measured"),
+    C("points", "int", "measured points with a prediction"), environment=False)
 
 DERIVED: dict[str, Schema] = {s.name: s for s in (
-    SERVING_MAX_RATE, SERVING_PREDICTION,
+    SERVING_MAX_RATE, SERVING_PREDICTION, SERVING_PREDICTION_ERROR,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, KERNELS_VS_FASTEST, KERNELS_BATCH1_FAMILY,
     KERNELS_PREFILL_VS_FASTEST, KERNELS_BLOCK_COST_KERNEL, RECOMMENDATION, RECOMMENDATION_TRACES,

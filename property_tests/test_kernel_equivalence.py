@@ -33,14 +33,15 @@ def test_triton_split_kv_and_tiles_match_reference():
     """The split-KV merge and tile boundaries, forced at CPU sizes (auto picks one split)."""
     if "triton" not in backends_for("cpu"):
         pytest.skip("triton not installed")
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
 
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(case=decode_cases("triton"), splits=st.integers(2, 5),
            tile_n=st.sampled_from([16, 32, 128]))
     def prop(case, splits, tile_n):
         check_backend("triton", case, decode=lambda *args: triton_paged_decode(
-            *args, case["head_dim"] ** -0.5, num_splits=splits, tile_n=tile_n))
+            *args, case["head_dim"] ** -0.5,
+            launch=DecodeLaunch(num_splits=splits, tile_n=tile_n)))
     prop()
 
 
@@ -58,7 +59,8 @@ def test_triton_split_merges_match_reference_cuda():
     """Both merges of the splits (the split kernel's own, the combine kernel), forced or by
     the split count, at the counts the defaults take on an H200 (2-4, 16-64); each case twice
     on one plan, whose merge counters must be back at zero after the first call."""
-    from pagebench.kernels.triton_decode import FUSED_MERGE_SPLITS, triton_paged_decode
+    from pagebench.kernels.triton_decode import (FUSED_MERGE_SPLITS, DecodeLaunch,
+                                                 triton_paged_decode)
 
     @settings(max_examples=24, deadline=None)
     @given(case=decode_cases("triton", large=True), splits=st.sampled_from([2, 3, 4, 7, 16, 64]),
@@ -68,8 +70,8 @@ def test_triton_split_merges_match_reference_cuda():
             fused = False
 
         def decode(*args):
-            return triton_paged_decode(*args, case["head_dim"] ** -0.5, num_splits=splits,
-                                       fused_merge=fused)
+            return triton_paged_decode(*args, case["head_dim"] ** -0.5,
+                                       launch=DecodeLaunch(num_splits=splits, fused_merge=fused))
         for _ in range(2):
             check_backend("triton", case, "cuda", decode=decode)
     prop()

@@ -29,7 +29,7 @@ CHILD = textwrap.dedent(r'''
     from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
     from pagebench.kernels import registered_backends, triton_decode
     from pagebench.kernels.offline_compile import captured_launches, compile_for_arch
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
     ARCH = int(sys.argv[1])
@@ -67,7 +67,8 @@ CHILD = textwrap.dedent(r'''
         qlens = torch.tensor([1, 20, 64], dtype=lens)
         name = f"{dtype} cache={cache} tables={tables} seq_lens={lens} shape={shape}"
         calls = [(f"decode splits={n} {name}",
-                  lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
+                  lambda n=n: triton_paged_decode(*args, 0.125, **scales,
+                                                  launch=DecodeLaunch(num_splits=n)))
                  for n in (1, 3)]
         calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
         every_launch = (dtype, tables, lens, cache, shape) == (torch.bfloat16, I64, I64, None,

@@ -40,16 +40,15 @@ def check(out, inp, scales=None):
 
 @pytest.mark.parametrize("splits", [2, 3, 4])
 def test_repeated_calls_of_one_plan_merge_every_time(splits):
-    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
     lengths = [2 * splits * TILE, 1, splits * TILE + 3]
     plan, outs = None, []
     for seed in range(3):
         inp = split_inputs(lengths, splits, seed=seed)
-        out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
-                                  fused_merge=True)
+        launch = DecodeLaunch(num_splits=splits, tile_n=TILE, fused_merge=True)
+        out = triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
         check(out, inp)
-        again = decode_plan(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
-                            fused_merge=True)
+        again = decode_plan(*inp.args(), 32 ** -0.5, launch)
         assert plan is None or again is plan
         plan = again
         assert plan.num_splits == splits and plan.counters.tolist() == [0] * 2 * len(lengths)
@@ -66,7 +65,7 @@ def test_repeated_calls_of_one_plan_merge_every_time(splits):
 def test_empty_splits_and_ragged_lengths(q_heads, kv_heads, kv_per_program, cache):
     """Lengths 1 (every split but the first empty), a tile and one token, a block, the whole
     table; empty splits (max -inf) weigh nothing."""
-    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
     splits = 4
     lengths = [1, TILE + 1, 2 * splits * TILE, 16, 3 * TILE]
     for seed in range(2):
@@ -76,11 +75,11 @@ def test_empty_splits_and_ragged_lengths(q_heads, kv_heads, kv_per_program, cach
         if cache is not None:
             inp = quantized_inputs(inp, cache, seed=seed)
             scales = inp.scales()
-        options = dict(num_splits=splits, tile_n=TILE, kv_per_program=kv_per_program,
-                       fused_merge=True)
-        out = triton_paged_decode(*inp.args(), 32 ** -0.5, **scales, **options)
+        launch = DecodeLaunch(num_splits=splits, tile_n=TILE, kv_per_program=kv_per_program,
+                              fused_merge=True)
+        out = triton_paged_decode(*inp.args(), 32 ** -0.5, **scales, launch=launch)
         check(out, inp, scales)
-        plan = decode_plan(*inp.args(), 32 ** -0.5, **options)
+        plan = decode_plan(*inp.args(), 32 ** -0.5, launch)
         assert plan.num_splits == splits and not plan.counters.any()
 
 
@@ -92,13 +91,13 @@ def test_a_plan_first_called_in_a_capture_launches_split_and_combine(monkeypatch
     monkeypatch.setattr(td, "_PLANS", {})
     monkeypatch.setattr(td, "_capturing", lambda device: True)
     inp = split_inputs([1, 70, 2 * 4 * TILE], 4, seed=3)
-    options = dict(num_splits=4, tile_n=TILE)
-    captured = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
-    plan = td.decode_plan(*inp.args(), 32 ** -0.5, **options)
+    launch = td.DecodeLaunch(num_splits=4, tile_n=TILE)
+    captured = td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
+    plan = td.decode_plan(*inp.args(), 32 ** -0.5, launch)
     assert plan.counters is None
     check(captured, inp)
     monkeypatch.setattr(td, "_capturing", lambda device: False)
-    fused = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
+    fused = td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
     assert plan.counters is not None and not plan.counters.any()
     assert relative_error(fused, captured) < 1e-6
 
@@ -110,12 +109,13 @@ def test_evicted_plans_hand_their_counters_on(monkeypatch):
     monkeypatch.setattr(td, "_SPARE_COUNTERS", [])
     monkeypatch.setattr(td, "MAX_PLANS", 1)
     big = split_inputs([1, 40, 3 * TILE], 3, seed=4)
-    td.triton_paged_decode(*big.args(), 32 ** -0.5, num_splits=3, tile_n=TILE)
-    counters = td.decode_plan(*big.args(), 32 ** -0.5, num_splits=3, tile_n=TILE).counters
+    launch = td.DecodeLaunch(num_splits=3, tile_n=TILE)
+    td.triton_paged_decode(*big.args(), 32 ** -0.5, launch=launch)
+    counters = td.decode_plan(*big.args(), 32 ** -0.5, launch).counters
     small = split_inputs([20, 50], 3, seed=5)  # another shape: evicts the first plan
-    out = td.triton_paged_decode(*small.args(), 32 ** -0.5, num_splits=3, tile_n=TILE)
+    out = td.triton_paged_decode(*small.args(), 32 ** -0.5, launch=launch)
     check(out, small)
-    reused = td.decode_plan(*small.args(), 32 ** -0.5, num_splits=3, tile_n=TILE).counters
+    reused = td.decode_plan(*small.args(), 32 ** -0.5, launch).counters
     assert reused.data_ptr() == counters.data_ptr() and reused.numel() == 4
     assert not td._SPARE_COUNTERS
 
@@ -129,9 +129,9 @@ def test_fused_merge_follows_the_split_count_and_can_be_forced(monkeypatch):
     inp = split_inputs([1, 70, 2 * (most + 1) * TILE], most + 1, seed=4)
     outs = {}
     for splits, forced in ((most, None), (most + 1, None), (most, False), (2, True)):
-        options = dict(num_splits=splits, tile_n=TILE, fused_merge=forced)
-        outs[splits, forced] = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
-        plan = td.decode_plan(*inp.args(), 32 ** -0.5, **options)
+        launch = td.DecodeLaunch(num_splits=splits, tile_n=TILE, fused_merge=forced)
+        outs[splits, forced] = td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
+        plan = td.decode_plan(*inp.args(), 32 ** -0.5, launch)
         assert plan.num_splits == splits
         assert plan.fused == (splits <= most if forced is None else forced)
         assert (plan.counters is not None) == plan.fused
@@ -145,14 +145,15 @@ def test_fused_merge_follows_the_split_count_and_can_be_forced(monkeypatch):
 def test_graph_replays_merge_every_time_cuda(splits, fused):
     """A CUDA graph of a split decode, replayed with new queries: every replay's output is the
     reference's (a merging plan's counters are back at zero after each replay, no memset)."""
-    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
+    launch = DecodeLaunch(num_splits=splits, fused_merge=fused)
     inp = make_paged_inputs([700, 1, 333, 1024], 32, 8, 128, 16, torch.bfloat16, "cuda",
                             seed=1)
     q = inp.q.clone()
     args = (q, *inp.args()[1:])
 
     def call():
-        return triton_paged_decode(*args, 128 ** -0.5, num_splits=splits, fused_merge=fused)
+        return triton_paged_decode(*args, 128 ** -0.5, launch=launch)
 
     call()  # eager first: the plan makes its counters outside the capture
     stream = torch.cuda.Stream()
@@ -169,16 +170,17 @@ def test_graph_replays_merge_every_time_cuda(splits, fused):
         graph.replay()
         torch.cuda.synchronize()
         assert relative_error(out, reference_decode(*args, 128 ** -0.5)) < TOLERANCE[q.dtype]
-    plan = decode_plan(*args, 128 ** -0.5, num_splits=splits, fused_merge=fused)
+    plan = decode_plan(*args, 128 ** -0.5, launch)
     assert plan.fused == (fused if fused is not None else splits <= 4)
     assert plan.counters is None if not plan.fused else not plan.counters.any()
 
 
 def test_fused_merge_beyond_its_splits_is_refused():
     """The split kernel loads all the splits it merges at once: more is a ValueError."""
-    from pagebench.kernels.triton_decode import FUSED_MERGE_SPLITS, triton_paged_decode
+    from pagebench.kernels.triton_decode import (FUSED_MERGE_SPLITS, DecodeLaunch,
+                                                 triton_paged_decode)
     splits = FUSED_MERGE_SPLITS + 1
     inp = split_inputs([2 * splits * TILE, 5], splits)
     with pytest.raises(ValueError, match="fused_merge"):
-        triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
-                            fused_merge=True)
+        triton_paged_decode(*inp.args(), 32 ** -0.5, launch=DecodeLaunch(
+            num_splits=splits, tile_n=TILE, fused_merge=True))

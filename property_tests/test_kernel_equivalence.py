@@ -45,6 +45,35 @@ def test_triton_split_kv_and_tiles_match_reference():
     prop()
 
 
+@pytest.mark.slow
+def test_triton_ragged_default_splits_match_reference():
+    """The default split count on ragged batches, at a tile CPU sizes split (16 tokens): each
+    sequence takes the splits the batch's lengths leave it, read on the device; lengths 1 and
+    the table's whole capacity beside the drawn ones, int32/int64 tables and lengths, q a
+    strided view."""
+    if "triton" not in backends_for("cpu"):
+        pytest.skip("triton not installed")
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
+    launch = DecodeLaunch(tile_n=16)
+
+    @settings(max_examples=examples_for("triton"), deadline=None)
+    @given(case=decode_cases("triton"), index=st.sampled_from([torch.int32, torch.int64]),
+           longest=st.integers(97, 200))
+    def prop(case, index, longest):
+        case = dict(case, lengths=[1, *case["lengths"], longest])
+
+        def decode(q, k_cache, v_cache, tables, seq_lens):
+            wide = torch.zeros(*q.shape[:2], 2 * q.shape[2], dtype=q.dtype)
+            wide[..., :q.shape[2]] = q
+            args = (wide[..., :q.shape[2]], k_cache, v_cache, tables.to(index),
+                    seq_lens.to(index))
+            plan = decode_plan(*args, case["head_dim"] ** -0.5, launch)
+            assert plan.num_splits == 1 or plan.split.kwargs["ADAPTIVE"]
+            return triton_paged_decode(*args, case["head_dim"] ** -0.5, launch=launch)
+        check_backend("triton", case, decode=decode)
+    prop()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("backend", backends_for("cuda"))

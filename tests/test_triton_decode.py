@@ -184,3 +184,32 @@ def test_fused_merge_beyond_its_splits_is_refused():
     with pytest.raises(ValueError, match="fused_merge"):
         triton_paged_decode(*inp.args(), 32 ** -0.5, launch=DecodeLaunch(
             num_splits=splits, tile_n=TILE, fused_merge=True))
+
+
+def test_ragged_room_fills_the_waves_the_uniform_choice_pays_for():
+    """The grid's splits of a ragged batch: room for a long sequence while the others take one
+    split each, within the waves of programs the uniform choice already launches."""
+    from pagebench.kernels.triton_decode import MAX_SPLITS, RAGGED_SPLITS, ragged_split_room
+    # 8 sequences x 8 KV heads, 8 splits each: 512 programs, one wave of 528
+    assert ragged_split_room(8, 8, 8, 528, 512) == (66, RAGGED_SPLITS * 8)
+    # one sequence: nothing to make room from, but the wave's spare programs
+    assert ragged_split_room(1, 8, 64, 528, 1024) == (66, 66)
+    # a full batch: one split each in two waves, room for 4 more sequences' worth
+    budget, grid = ragged_split_room(128, 8, 1, 528, 512)
+    assert budget == 132 and grid == RAGGED_SPLITS
+    for args in ((300, 2, 3, 1000, 40), (1, 1, 1, 4, 1), (64, 8, 600, 10**6, 10**6)):
+        budget, grid = ragged_split_room(*args)
+        num_seqs, _, splits, _, tiles = args
+        assert budget >= num_seqs * splits and splits <= grid <= max(splits, min(tiles,
+                                                                                 MAX_SPLITS))
+
+
+@pytest.mark.parametrize("field, value", [("num_splits", 0), ("tile_n", 48),
+                                          ("num_warps", 3), ("fused_merge", 1),
+                                          ("kv_per_program", True)])
+def test_launch_fields_are_checked_and_named(field, value):
+    from pagebench.kernels.triton_decode import DecodeLaunch
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        DecodeLaunch(**{field: value})
+    with pytest.raises(TypeError):
+        DecodeLaunch(4)  # keyword only: no positional launch

@@ -462,7 +462,7 @@ class DecodeLaunch:
             value = getattr(self, name)
             if value is not None and value & (value - 1):
                 raise ValueError(f"{name}: expected a power of two, got {value}")
-        if self.fused_merge not in (None, True, False):
+        if not (self.fused_merge is None or isinstance(self.fused_merge, bool)):
             raise ValueError(f"fused_merge: expected a bool or None, got {self.fused_merge!r}")
 
 

@@ -14,8 +14,10 @@ is an fp16, bf16 and fp32 value), to fp16 unless q is fp32: a bf16 q is rescaled
 fp16 (``rows_to_f16``) so the dots take the format fp8 converts to in one instruction, and V
 converts in registers (``fp8_to_f16``). Its per-KV-head scales are applied where they cost
 nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
-accumulator once at the end. With one split the program normalises and writes ``out``
-directly; with several (flash-decoding, so one long sequence at batch 1 still fills the GPU),
+accumulator once at the end. The split size follows the batch's own lengths, read on the
+device (``split_tokens``): a ragged batch's long sequences take many splits, its short ones
+few, and a sequence's unused splits exit at once. A sequence of one split normalises and
+writes ``out`` directly; with several (flash-decoding, so one long sequence still fills the GPU),
 it writes its unnormalised partial output and (max, sum); up to ``FUSED_MERGE_SPLITS``
 splits it also counts itself in a counter of its (sequence, KV head(s)), and the last of their
 splits to arrive merges all their partials into ``out`` (``merge_splits``): one launch. With

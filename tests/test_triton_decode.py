@@ -213,3 +213,29 @@ def test_launch_fields_are_checked_and_named(field, value):
         DecodeLaunch(**{field: value})
     with pytest.raises(TypeError):
         DecodeLaunch(4)  # keyword only: no positional launch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+def test_ragged_default_launch_replays_cuda(block_size):
+    """The default launch on a ragged batch (lengths 1 to the table's capacity): eager and
+    graph-replayed outputs equal the reference, with new queries every replay."""
+    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    inp = make_paged_inputs([1, 17, 300, 9000, 2, 16384, 40, 700], 32, 8, 128, block_size,
+                            torch.bfloat16, "cuda", seed=block_size)
+    q = inp.q.clone()
+    args = (q, *inp.args()[1:])
+    assert decode_plan(*args, 128 ** -0.5).split.kwargs["ADAPTIVE"]
+    check_args = (*args, 128 ** -0.5)
+    eager = triton_paged_decode(*check_args)
+    assert relative_error(eager, reference_decode(*check_args)) < TOLERANCE[q.dtype]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_paged_decode(*check_args)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for _ in range(2):
+        q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, reference_decode(*check_args)) < TOLERANCE[q.dtype]

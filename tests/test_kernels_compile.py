@@ -71,6 +71,12 @@ CHILD = textwrap.dedent(r'''
                                                   launch=DecodeLaunch(num_splits=n)))
                  for n in (1, 3)]
         calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
+        # the default split count on tiles small enough to split here: per-sequence splits
+        # read from the lengths on the device (merged by the split kernel or the combine)
+        calls.append((f"decode ragged default {name}", lambda: triton_paged_decode(
+            *args, 0.125, **scales, launch=DecodeLaunch(tile_n=16))))
+        calls.append((f"decode ragged default captured first {name}",
+                      captured_first(calls[-1][1])))
         every_launch = (dtype, tables, lens, cache, shape) == (torch.bfloat16, I64, I64, None,
                                                                (8, 2, 64))
         forced = ([{}, *PREFILL_LAUNCHES.values(),  # and each with the rows' offsets read again

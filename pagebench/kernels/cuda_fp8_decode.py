@@ -3,8 +3,8 @@ warp per (sequence, KV head, KV split), everything in registers.
 
 Why a second fp8 decode beside Triton's: Triton's paged decode puts the query rows in the MMA's
 M dimension (16 rows for 4-7 heads a group) and stages the converted K/V tiles through shared
-memory, so its fp8 loop is bound by that per-tile chain, not by the bytes it reads (0.66-0.74x
-the bf16 time on an H200 at blocks 16/128, docs/kernels.md). This kernel swaps the operands,
+memory, so its fp8 loop is bound by that per-tile chain, not by the bytes it reads
+(docs/kernels.md, "fp8 KV caches"). This kernel swaps the operands,
 as decode kernels with few query rows do: scores are computed transposed, ``S^T = K Q^T``, with
 16 tokens in M and up to 8 query rows of the group in N of ``mma.m16n8k16`` (a larger group
 takes one warp per 8 rows), and the output as ``O^T = V^T P^T``. The token and head-dim orders

@@ -375,8 +375,7 @@ def _slots(kernel, device_index: int) -> int:
 
 
 # A long context over very few (sequence, KV head) pairs: larger tiles with more warps move more
-# per loop step there (measured in docs/kernels.md: Qwen 14/2 x 64 at 1 x 16384 and 1 x 65536
-# gains, Llama 32/8 x 128 with 8 pairs at batch 1 does not, so 8 pairs keep (64, 4)).
+# per loop step there (docs/kernels.md, "Long contexts with few pairs").
 LONG_CONTEXT, FEW_PAIRS = 16384, 4
 
 
@@ -538,10 +537,9 @@ class DecodePlan:
             else:
                 key = (q.device.index, q.dtype, k_cache.dtype, v_cache.dtype, tables.dtype,
                        seq_lens.dtype, *constexprs.values(), *options.values())
-                # compile without running: occupancy needs the binary. The merging variant,
-                # whichever the plan takes: for sm_90 with Triton 3.6 its registers and
-                # shared memory give the same programs per SM as the other's (bf16, both
-                # shapes: equal; e4m3: 201 registers merging, 207 not, 2 programs either way)
+                # compile without running: occupancy needs the binary. One variant stands for
+                # all the plan may take (merging or not, ragged or not): they differ outside
+                # the main loop, which sets the registers and shared memory
                 if key not in _SLOTS:
                     part = torch.empty(16, device=q.device, dtype=torch.float32)
                     counters = torch.empty(16, device=q.device, dtype=torch.int32)

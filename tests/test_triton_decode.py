@@ -189,14 +189,15 @@ def test_fused_merge_beyond_its_splits_is_refused():
 def test_ragged_room_fills_the_waves_the_uniform_choice_pays_for():
     """The grid's splits of a ragged batch: room for a long sequence while the others take one
     split each, within the waves of programs the uniform choice already launches."""
-    from pagebench.kernels.triton_decode import MAX_SPLITS, RAGGED_SPLITS, ragged_split_room
+    from pagebench.kernels.triton_decode import (FUSED_MERGE_SPLITS, MAX_SPLITS, RAGGED_SPLITS,
+                                                 ragged_split_room)
     # 8 sequences x 8 KV heads, 8 splits each: 512 programs, one wave of 528
     assert ragged_split_room(8, 8, 8, 528, 512) == (66, RAGGED_SPLITS * 8)
     # one sequence: nothing to make room from, but the wave's spare programs
     assert ragged_split_room(1, 8, 64, 528, 1024) == (66, 66)
     # a full batch: one split each in two waves, room for 4 more sequences' worth
     budget, grid = ragged_split_room(128, 8, 1, 528, 512)
-    assert budget == 132 and grid == RAGGED_SPLITS
+    assert budget == 132 and grid == FUSED_MERGE_SPLITS  # it keeps merging them itself
     for args in ((300, 2, 3, 1000, 40), (1, 1, 1, 4, 1), (64, 8, 600, 10**6, 10**6)):
         budget, grid = ragged_split_room(*args)
         num_seqs, _, splits, _, tiles = args

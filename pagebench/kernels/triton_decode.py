@@ -14,9 +14,10 @@ is an fp16, bf16 and fp32 value), to fp16 unless q is fp32: a bf16 q is rescaled
 fp16 (``rows_to_f16``) so the dots take the format fp8 converts to in one instruction, and V
 converts in registers (``fp8_to_f16``). Its per-KV-head scales are applied where they cost
 nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
-accumulator once at the end. The split size follows the batch's own lengths, read on the
-device (``split_tokens``): a ragged batch's long sequences take many splits, its short ones
-few, and a sequence's unused splits exit at once. A sequence of one split normalises and
+accumulator once at the end. By default the split size follows the batch's own lengths,
+read on the device (``split_tokens``): a ragged batch's long sequences take many splits, its
+short ones one, and the grid is a list of work items (a sequence's splits one after another)
+that each program finds its (sequence, split) in. A sequence of one split normalises and
 writes ``out`` directly; with several (flash-decoding, so one long sequence still fills the GPU),
 it writes its unnormalised partial output and (max, sum); up to ``FUSED_MERGE_SPLITS``
 splits it also counts itself in a counter of its (sequence, KV head(s)), and the last of their
@@ -59,7 +60,7 @@ COMBINE_CHUNK = 32  # splits the combine kernel merges per step
 # table would give each (``ragged_split_room``), from the halvings ``split_tokens`` tries.
 RAGGED_SPLITS = 4
 SPLIT_CANDIDATES = tl.constexpr(16)
-LENS_CHUNK = 256  # lengths ``split_tokens`` reads at once
+MAX_RAGGED_SEQS = 256  # batches up to this size split per sequence (lengths read at once)
 
 
 @triton.jit
@@ -121,35 +122,34 @@ def fp8_to_f16(x):
 
 
 @triton.jit
-def split_tokens(SEQ_LENS, num_seqs, tokens_per_split, split_budget, max_splits,
-                 TILE_N: tl.constexpr, ADAPTIVE: tl.constexpr, LENS_PAD: tl.constexpr):
-    """Tokens per split of this call, the same in every program of both kernels. Without
-    ``ADAPTIVE``, ``tokens_per_split``. With it, the smallest of ``tokens_per_split``,
-    its halves, quarters, ... (whole tiles) at which the batch's own lengths take at most
-    ``split_budget`` splits in all and no sequence more than ``max_splits``: short sequences
-    then take few splits and the long ones of a ragged batch many, read from ``SEQ_LENS`` on
-    the device (no host sync). ``tokens_per_split`` itself always qualifies (it is the host's
-    choice for a batch that fills the table)."""
-    if ADAPTIVE:
-        halvings = tl.arange(0, SPLIT_CANDIDATES)
-        cand = tl.cdiv(tokens_per_split // TILE_N, 1 << halvings) * TILE_N  # non-increasing
-        splits = tl.zeros([SPLIT_CANDIDATES], tl.int32)
-        longest = 0
-        for first in range(0, num_seqs, LENS_PAD):
-            idx = first + tl.arange(0, LENS_PAD)
-            lens = tl.load(SEQ_LENS + idx, mask=idx < num_seqs, other=0).to(tl.int32)
-            splits += tl.sum(tl.cdiv(lens[None, :], cand[:, None]), 1)
-            longest = tl.maximum(longest, tl.max(lens, 0))
-        fits = (splits <= split_budget) & (tl.cdiv(longest, cand) <= max_splits)
-        return tl.min(tl.where(fits, cand, tokens_per_split), 0)
-    else:
-        return tokens_per_split
+def batch_lengths(SEQ_LENS, num_seqs, LENS_PAD: tl.constexpr):
+    """(index, valid, lengths as int32) of the batch's sequences, ``LENS_PAD`` >= num_seqs."""
+    idx = tl.arange(0, LENS_PAD)
+    valid = idx < num_seqs
+    return idx, valid, tl.load(SEQ_LENS + idx, mask=valid, other=0).to(tl.int32)
+
+
+@triton.jit
+def split_tokens(lens, valid, tokens_per_split, split_budget, max_splits,
+                 TILE_N: tl.constexpr):
+    """Tokens per split of a ragged batch (lengths ``lens`` where ``valid``): the smallest of
+    ``tokens_per_split``, its halves, quarters, ... (whole tiles) at which the sequences take
+    at most ``split_budget`` splits in all (one at least each) and none more than
+    ``max_splits``. Short sequences then take one split and the long ones many. Every program
+    of both kernels computes the same value; ``tokens_per_split`` itself always qualifies (it
+    is the host's choice for a batch that fills the table)."""
+    halvings = tl.arange(0, SPLIT_CANDIDATES)
+    cand = tl.cdiv(tokens_per_split // TILE_N, 1 << halvings) * TILE_N  # non-increasing
+    per_seq = tl.where(valid[None, :], tl.maximum(tl.cdiv(lens[None, :], cand[:, None]), 1), 0)
+    fits = (tl.sum(per_seq, 1) <= split_budget) & (tl.cdiv(tl.max(lens, 0), cand)
+                                                     <= max_splits)
+    return tl.min(tl.where(fits, cand, tokens_per_split), 0)
 
 
 @triton.jit
 def _decode_split_kernel(
     Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE, COUNTERS,
-    scale_log2e, tokens_per_split, split_budget, ml_offset,
+    scale_log2e, tokens_per_split, split_budget, max_splits, num_seqs, ml_offset,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -163,25 +163,40 @@ def _decode_split_kernel(
     MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_PAD: tl.constexpr,
     ADAPTIVE: tl.constexpr, LENS_PAD: tl.constexpr,
 ):
-    """``DIRECT``: the grid has one split, which writes ``out``. Else a sequence takes
-    ``ceil(seq_len / split_tokens(...))`` of the grid's splits and the programs of its others
-    exit at once; a sequence of one split writes ``out``, else each split writes its partial;
-    with ``MERGE`` the last of a (sequence, ``tl.program_id(1)``)'s splits to count itself in
-    ``COUNTERS`` (int32, zero between launches) sets the counter back and merges them, without
-    it ``_combine_kernel`` does in a second launch."""
-    seq = tl.program_id(0)
+    """Grid ``(sequence, KV program, split)``: ``DIRECT``, one split, which writes ``out``;
+    else a sequence takes ``ceil(seq_len / tokens_per_split)`` of the splits (its others exit
+    at once). ``ADAPTIVE`` (a ragged batch): grid ``(work item, KV program, 1)``, the splits
+    per sequence chosen from the lengths on the device (``split_tokens``, at most
+    ``split_budget`` work items in all), the items beyond them exiting at once. A sequence of
+    one split writes ``out``, else each split writes its partial; with ``MERGE`` the last of a
+    (sequence, ``tl.program_id(1)``)'s splits to count itself in ``COUNTERS`` (int32, zero
+    between launches) sets the counter back and merges them, without it ``_combine_kernel``
+    does in a second launch."""
     kv_head = tl.program_id(1) * KV_PER_PROGRAM  # the first of the program's KV heads
-    split = tl.program_id(2)
-    seq_len = tl.load(SEQ_LENS + seq)
-    if DIRECT:
-        num_splits = 1
-        chunk = tokens_per_split
+    if ADAPTIVE:
+        idx, valid, lens = batch_lengths(SEQ_LENS, num_seqs, LENS_PAD)
+        chunk = split_tokens(lens, valid, tokens_per_split, split_budget, max_splits, TILE_N)
+        per_seq = tl.where(valid, tl.maximum(tl.cdiv(lens, chunk), 1), 0)
+        ends = tl.cumsum(per_seq, 0)  # work items of sequences 0..i
+        work = tl.program_id(0)
+        seq = tl.sum((ends <= work).to(tl.int32), 0)  # the sequence the work item falls in
+        if seq >= num_seqs:  # beyond the batch's splits
+            return
+        mine = idx == seq
+        num_splits = tl.sum(tl.where(mine, per_seq, 0), 0)
+        split = work - tl.sum(tl.where(mine, ends, 0), 0) + num_splits
+        seq_len = tl.sum(tl.where(mine, lens, 0), 0)
     else:
-        chunk = split_tokens(SEQ_LENS, tl.num_programs(0), tokens_per_split, split_budget,
-                             tl.num_programs(2), TILE_N, ADAPTIVE, LENS_PAD)
-        num_splits = tl.maximum(tl.cdiv(seq_len, chunk), 1)
-    if split >= num_splits:  # a split of a shorter sequence than the longest the grid allows
-        return
+        seq = tl.program_id(0)
+        split = tl.program_id(2)
+        seq_len = tl.load(SEQ_LENS + seq)
+        chunk = tokens_per_split
+        if DIRECT:
+            num_splits = 1
+        else:
+            num_splits = tl.maximum(tl.cdiv(seq_len, chunk), 1)
+        if split >= num_splits:  # a shorter sequence than the table's capacity
+            return
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -305,8 +320,11 @@ def _combine_kernel(
     ``DecodePlan``). A sequence of one split has its output already."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    per_split = split_tokens(SEQ_LENS, tl.num_programs(0), tokens_per_split, split_budget,
-                             grid_splits, TILE_N, ADAPTIVE, LENS_PAD)
+    per_split = tokens_per_split
+    if ADAPTIVE:
+        _, valid, lens = batch_lengths(SEQ_LENS, tl.num_programs(0), LENS_PAD)
+        per_split = split_tokens(lens, valid, tokens_per_split, split_budget, grid_splits,
+                                 TILE_N)
     num_splits = tl.cdiv(tl.load(SEQ_LENS + seq), per_split)
     if num_splits <= 1:
         return
@@ -345,16 +363,17 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
 
 def ragged_split_room(num_seqs: int, units_per_seq: int, splits: int, slots: int,
                       capacity_tiles: int) -> tuple[int, int]:
-    """(split budget, grid splits) of a call whose uniform choice is ``splits`` per sequence:
-    the batch may take as many splits in all as fill the waves of programs that choice pays
-    for (``split_budget`` of ``split_tokens``), and one sequence as many as that budget
-    leaves it when every other sequence takes one, at most ``RAGGED_SPLITS`` times
-    ``splits`` (the grid's splits: a sequence's unused ones are programs that exit at
-    once)."""
+    """(split budget, most splits of a sequence) of a call whose uniform choice is ``splits``
+    per sequence. The batch may take as many splits in all as fill the waves of programs that
+    choice pays for (the ``split_budget`` of ``split_tokens``, also the work items of the
+    ragged grid), and one sequence as many as that budget leaves it when every other takes
+    one: at most ``FUSED_MERGE_SPLITS`` where ``splits`` is within them (the split kernel
+    keeps merging its splits itself), else ``RAGGED_SPLITS`` times ``splits``."""
     waves = ceil_div(num_seqs * units_per_seq * splits, slots)
     budget = max(num_seqs * splits, waves * slots // units_per_seq)
-    grid = min(budget - num_seqs + 1, RAGGED_SPLITS * splits, capacity_tiles, MAX_SPLITS)
-    return budget, max(splits, grid)
+    cap = FUSED_MERGE_SPLITS if splits <= FUSED_MERGE_SPLITS else RAGGED_SPLITS * splits
+    most = min(budget - num_seqs + 1, cap, capacity_tiles, MAX_SPLITS)
+    return budget, max(splits, most)
 
 
 _SLOTS: dict = {}  # launch configuration -> slots, filled on first use
@@ -521,11 +540,11 @@ class DecodePlan:
         # the merge's rows unpadded (it has no tl.dot), its splits loaded all at once
         constexprs.update(MERGE_ROWS=next_pow2(group * kv_per_program),
                           SPLITS_PAD=FUSED_MERGE_SPLITS, ADAPTIVE=False,
-                          LENS_PAD=min(LENS_CHUNK, max(16, next_pow2(num_seqs))))
+                          LENS_PAD=max(16, next_pow2(min(num_seqs, MAX_RAGGED_SEQS))))
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
         def scalars(splits, tokens_per_split, budget, ml_offset):
-            return (scale * LOG2E, tokens_per_split, budget, ml_offset,
+            return (scale * LOG2E, tokens_per_split, budget, splits, num_seqs, ml_offset,
                     q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                     tables.stride(0), q_heads * head_dim, head_dim,  # out is contiguous
                     q_heads * splits, splits, 1)
@@ -553,18 +572,19 @@ class DecodePlan:
         num_splits = max(1, min(num_splits, ceil_div(capacity, tile_n)))
         tokens_per_split = ceil_div(ceil_div(capacity, num_splits), tile_n) * tile_n
         num_splits = ceil_div(capacity, tokens_per_split)
-        # the grid's splits: a given count is every sequence's (those shorter than the table
-        # take fewer); the default's may grow for the long sequences of a ragged batch
-        budget, grid_splits = num_splits, num_splits
-        adaptive = launch.num_splits is None and num_splits > 1
-        if adaptive:
-            budget, grid_splits = ragged_split_room(num_seqs, kv_heads // kv_per_program,
-                                                    num_splits, slots,
-                                                    ceil_div(capacity, tile_n))
-        self.num_splits = num_splits = grid_splits
+        # a given count is every sequence's (those shorter than the table take fewer); the
+        # default's may grow for the long sequences of a ragged batch, as far as the room
+        # the uniform choice leaves (a grid of work items then, not of splits)
+        budget = most = num_splits
+        if launch.num_splits is None and num_seqs <= MAX_RAGGED_SEQS:
+            budget, most = ragged_split_room(num_seqs, kv_heads // kv_per_program, num_splits,
+                                             slots, ceil_div(capacity, tile_n))
+        adaptive = launch.num_splits is None and num_seqs <= MAX_RAGGED_SEQS and most > 1
+        self.num_splits = num_splits = most  # the most any sequence takes
         parts = num_seqs * q_heads * num_splits
         self.part_numel = parts * (dim_pad + 2) if num_splits > 1 else 0
-        grid = (num_seqs, kv_heads // kv_per_program, num_splits)
+        grid = ((budget, kv_heads // kv_per_program, 1) if adaptive
+                else (num_seqs, kv_heads // kv_per_program, num_splits))
         split_scalars = scalars(num_splits, tokens_per_split, budget, parts * dim_pad)
         if fused_merge and num_splits > FUSED_MERGE_SPLITS:
             raise ValueError(f"fused_merge: the split kernel merges at most "
@@ -575,7 +595,7 @@ class DecodePlan:
         self.split = Launcher(_decode_split_kernel, grid, split_scalars,
                                {**constexprs, "DIRECT": num_splits == 1, "MERGE": self.fused},
                                options, num_tensors=10)
-        self.num_counters, self.counters = grid[0] * grid[1], None
+        self.num_counters, self.counters = num_seqs * grid[1], None
         if num_splits > 1:  # unfused, or a call captured before the plan has counters
             self.unmerged = self.split if not self.fused else Launcher(
                 _decode_split_kernel, grid, split_scalars, {**constexprs, "MERGE": False},

@@ -254,3 +254,28 @@ def test_a_broken_source_fails_to_compile():
     rc, log = _compile(_nvrtc(), source.replace("mma16816(st.acc[j]", "mma16816(st.acc[j][0]"),
                        90)
     assert rc != 0 and "error" in log
+
+
+def test_the_cuda_source_ships_as_package_data():
+    """The .cu file is read from the installed package (importlib.resources), and the wheel's
+    package-data globs carry it."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(cf.__file__).resolve().parents[2] / "pyproject.toml"
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]
+    assert any(fnmatch.fnmatch(f"kernels/{cf.SOURCE_FILE}", g) for g in globs["pagebench"])
+    source = cf.kernel_source(cf.CudaBuild(*BUILDS[0]))
+    assert source.startswith("#define HEAD_DIM 128\n")
+    assert 'extern "C" __global__' in source and all(name in source for name in cf.KERNELS)
+
+
+def test_launch_records_are_keyword_only_and_checked():
+    with pytest.raises(TypeError):
+        cf.CudaDecodeLaunch(4)  # keyword only
+    with pytest.raises(ValueError, match="^combine: "):
+        cf.CudaDecodeLaunch(combine="none")  # skipping the merge is no launch
+    with pytest.raises(ValueError, match="^num_splits: "):
+        cf.CudaDecodeLaunch(num_splits=0)
+    assert not hasattr(cf, "COMBINE")

@@ -492,6 +492,8 @@ DEFAULT_LAUNCH = DecodeLaunch()
 class DecodePlan:
     """Everything about a decode call that its shapes fix: split count, grids, constexprs and
     strides, built once per shape (``decode_plan``) so a call only allocates and launches.
+    ``num_splits``: the splits of a sequence that fills the table; ``max_splits``: the most
+    any sequence of the batch may take (more on a ragged batch, ``ragged_split_room``).
 
     With several splits, up to ``FUSED_MERGE_SPLITS`` of them unless ``fused_merge`` says
     otherwise, the split kernel merges them itself; with more, ``_combine_kernel`` does, a
@@ -580,7 +582,9 @@ class DecodePlan:
             budget, most = ragged_split_room(num_seqs, kv_heads // kv_per_program, num_splits,
                                              slots, ceil_div(capacity, tile_n))
         adaptive = launch.num_splits is None and num_seqs <= MAX_RAGGED_SEQS and most > 1
-        self.num_splits = num_splits = most  # the most any sequence takes
+        # num_splits: a sequence's that fills the table; max_splits: the most any one takes
+        self.num_splits, self.max_splits = num_splits, most
+        num_splits = most
         parts = num_seqs * q_heads * num_splits
         self.part_numel = parts * (dim_pad + 2) if num_splits > 1 else 0
         grid = ((budget, kv_heads // kv_per_program, 1) if adaptive
@@ -615,7 +619,7 @@ class DecodePlan:
             return out
         if k_scale is None:  # not read (FP8 is off): any pointer will do
             k_scale = v_scale = seq_lens
-        if self.num_splits == 1:  # writes out directly (reads no counters)
+        if self.max_splits == 1:  # writes out directly (reads no counters)
             self.split(q, k_cache, v_cache, tables, seq_lens, out, out, k_scale, v_scale,
                        seq_lens)
             return out

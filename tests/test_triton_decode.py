@@ -187,22 +187,24 @@ def test_fused_merge_beyond_its_splits_is_refused():
 
 
 def test_ragged_room_fills_the_waves_the_uniform_choice_pays_for():
-    """The grid's splits of a ragged batch: room for a long sequence while the others take one
-    split each, within the waves of programs the uniform choice already launches."""
-    from pagebench.kernels.triton_decode import (FUSED_MERGE_SPLITS, MAX_SPLITS, RAGGED_SPLITS,
+    """The work items and splits a ragged batch may take: the waves the uniform choice already
+    launches and RAGGED_WAVES more; room for a long sequence while the others take one split
+    each."""
+    from pagebench.kernels.triton_decode import (MAX_SPLITS, RAGGED_SPLITS, RAGGED_WAVES,
                                                  ragged_split_room)
-    # 8 sequences x 8 KV heads, 8 splits each: 512 programs, one wave of 528
-    assert ragged_split_room(8, 8, 8, 528, 512) == (66, RAGGED_SPLITS * 8)
-    # one sequence: nothing to make room from, but the wave's spare programs
-    assert ragged_split_room(1, 8, 64, 528, 1024) == (66, 66)
-    # a full batch: one split each in two waves, room for 4 more sequences' worth
-    budget, grid = ragged_split_room(128, 8, 1, 528, 512)
-    assert budget == 132 and grid == FUSED_MERGE_SPLITS  # it keeps merging them itself
-    for args in ((300, 2, 3, 1000, 40), (1, 1, 1, 4, 1), (64, 8, 600, 10**6, 10**6)):
-        budget, grid = ragged_split_room(*args)
+    slots = 528
+    # 8 sequences x 8 KV heads, 8 splits each: 512 programs, one wave, and RAGGED_WAVES more
+    budget, most = ragged_split_room(8, 8, 8, slots, 512)
+    assert budget == (1 + RAGGED_WAVES) * slots // 8 and most == budget - 7
+    # a full batch, one split each in two waves: a long sequence may take RAGGED_SPLITS
+    budget, most = ragged_split_room(128, 8, 1, slots, 512)
+    assert budget == (2 + RAGGED_WAVES) * slots // 8 and most == RAGGED_SPLITS
+    for args in ((300, 2, 3, 1000, 40), (1, 1, 1, 4, 1), (64, 8, 600, 10**6, 10**6),
+                 (1, 8, 64, slots, 1024)):
+        budget, most = ragged_split_room(*args)
         num_seqs, _, splits, _, tiles = args
-        assert budget >= num_seqs * splits and splits <= grid <= max(splits, min(tiles,
-                                                                                 MAX_SPLITS))
+        assert budget >= num_seqs * splits
+        assert splits <= most <= max(splits, min(tiles, MAX_SPLITS, budget - num_seqs + 1))
 
 
 @pytest.mark.parametrize("field, value", [("num_splits", 0), ("tile_n", 48),
@@ -240,3 +242,25 @@ def test_ragged_default_launch_replays_cuda(block_size):
         graph.replay()
         torch.cuda.synchronize()
         assert relative_error(out, reference_decode(*check_args)) < TOLERANCE[q.dtype]
+
+
+@pytest.mark.parametrize("captured_first", [False, True])
+def test_ragged_default_merges_short_sequences_itself_and_long_ones_after(monkeypatch,
+                                                                           captured_first):
+    """A ragged batch on the default launch whose uniform choice is within the split kernel's
+    own merge: its long sequence takes more splits than that merge takes, so the combine kernel
+    merges that one after the split kernel (or every one, for a plan first called in a
+    capture); the outputs are the reference's, and the counters are back at zero."""
+    from pagebench.kernels import triton_decode as td
+    monkeypatch.setattr(td, "_PLANS", {})
+    monkeypatch.setattr(td, "_capturing", lambda device: captured_first)
+    inp = make_paged_inputs([1, 2, 3, 800], 8, 2, 32, 16, seed=9)
+    launch = td.DecodeLaunch(tile_n=TILE)
+    plan = td.decode_plan(*inp.args(), 32 ** -0.5, launch)
+    assert plan.split.kwargs["ADAPTIVE"] and plan.num_splits <= td.FUSED_MERGE_SPLITS
+    assert plan.fused and plan.combine_after_merge and plan.max_splits > td.FUSED_MERGE_SPLITS
+    for seed in range(2):
+        inp.q.copy_(torch.randn(inp.q.shape, generator=torch.Generator().manual_seed(seed)))
+        check(td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch), inp)
+        assert (plan.counters is None) == captured_first
+        assert plan.counters is None or not plan.counters.any()

@@ -56,10 +56,15 @@ INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split path run
 # kernel's program per query head is faster (docs/kernels.md, "Merging splits").
 FUSED_MERGE_SPLITS = 4  # also the most it takes: it loads them all at once
 COMBINE_CHUNK = 32  # splits the combine kernel merges per step
-# Ragged batches: a sequence may take up to this many times the splits a batch that fills the
-# table would give each (``ragged_split_room``), from the halvings ``split_tokens`` tries.
-RAGGED_SPLITS = 4
-SPLIT_CANDIDATES = tl.constexpr(16)
+# Ragged batches (``ragged_split_room``): work items beyond the uniform choice's, in waves of
+# the GPU's slots, and the most splits of one sequence beyond the split kernel's own merge
+RAGGED_WAVES = 1
+RAGGED_SPLITS = 16
+SPLIT_CANDIDATES = tl.constexpr(16)  # tokens per split tried: the host's, its half, ...
+OVERHEAD_TILES = tl.constexpr(SPLIT_OVERHEAD_TILES)
+COMBINE_STEP = tl.constexpr(COMBINE_CHUNK)
+# a ragged choice must beat the host's (exact for a batch that fills its table) by 1/8
+LEAVE_HOST_CHOICE = tl.constexpr(8)
 MAX_RAGGED_SEQS = 256  # batches up to this size split per sequence (lengths read at once)
 
 
@@ -130,26 +135,44 @@ def batch_lengths(SEQ_LENS, num_seqs, LENS_PAD: tl.constexpr):
 
 
 @triton.jit
-def split_tokens(lens, valid, tokens_per_split, split_budget, max_splits,
-                 TILE_N: tl.constexpr):
-    """Tokens per split of a ragged batch (lengths ``lens`` where ``valid``): the smallest of
-    ``tokens_per_split``, its halves, quarters, ... (whole tiles) at which the sequences take
-    at most ``split_budget`` splits in all (one at least each) and none more than
-    ``max_splits``. Short sequences then take one split and the long ones many. Every program
-    of both kernels computes the same value; ``tokens_per_split`` itself always qualifies (it
-    is the host's choice for a batch that fills the table)."""
+def split_tokens(lens, valid, tokens_per_split, split_budget, max_splits, units_per_seq,
+                 slots, TILE_N: tl.constexpr):
+    """Tokens per split of a ragged batch (lengths ``lens`` where ``valid``), the same in every
+    program of both kernels: of ``tokens_per_split`` (the host's choice for a batch that fills
+    the table), its half, quarter, ... (whole tiles), the one of least cost, kept only if it
+    beats the host's by ``1 / LEAVE_HOST_CHOICE``. A chunk's cost is the larger of the
+    average load of a slot (every sequence's tiles and ``OVERHEAD_TILES`` per work item, over
+    ``slots`` programs at once, ``units_per_seq`` per sequence) and its longest work item
+    (list scheduling ends within their sum, and near the larger when items are many and
+    short), plus a tile time per ``COMBINE_CHUNK`` splits of the longest sequence merged.
+    A chunk qualifies with at most ``split_budget`` work items (one at least per sequence) and
+    ``max_splits`` per sequence."""
     halvings = tl.arange(0, SPLIT_CANDIDATES)
     cand = tl.cdiv(tokens_per_split // TILE_N, 1 << halvings) * TILE_N  # non-increasing
     per_seq = tl.where(valid[None, :], tl.maximum(tl.cdiv(lens[None, :], cand[:, None]), 1), 0)
-    fits = (tl.sum(per_seq, 1) <= split_budget) & (tl.cdiv(tl.max(lens, 0), cand)
-                                                     <= max_splits)
-    return tl.min(tl.where(fits, cand, tokens_per_split), 0)
+    items = tl.sum(per_seq, 1)
+    longest = tl.max(lens, 0)
+    tiles = tl.sum(tl.cdiv(lens, TILE_N), 0)
+    # costs in tile times x slots (integers: every program computes the same)
+    load = (tiles + OVERHEAD_TILES * items).to(tl.int64) * units_per_seq
+    path = (tl.cdiv(tl.minimum(cand, longest), TILE_N) + OVERHEAD_TILES).to(tl.int64) * slots
+    most = tl.cdiv(longest, cand)
+    merge = tl.where(most > 1, tl.cdiv(most, COMBINE_STEP), 0).to(tl.int64) * slots
+    cost = tl.maximum(load, path) + merge
+    fits = (items <= split_budget) & (most <= max_splits)
+    cost = tl.where(fits, cost, tl.max(cost, 0) + 1)
+    host = tl.sum(tl.where(halvings == 0, cost, 0), 0)
+    best = tl.min(cost, 0)
+    chosen = tl.max(tl.where(fits & (cost == best), cand, 0), 0)  # ties: fewer items
+    return tl.where(best * LEAVE_HOST_CHOICE < host * (LEAVE_HOST_CHOICE - 1), chosen,
+                    tokens_per_split)
 
 
 @triton.jit
 def _decode_split_kernel(
     Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE, COUNTERS,
-    scale_log2e, tokens_per_split, split_budget, max_splits, num_seqs, ml_offset,
+    scale_log2e, tokens_per_split, split_budget, max_splits, num_seqs, units_per_seq, slots,
+    ml_offset,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -175,7 +198,8 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1) * KV_PER_PROGRAM  # the first of the program's KV heads
     if ADAPTIVE:
         idx, valid, lens = batch_lengths(SEQ_LENS, num_seqs, LENS_PAD)
-        chunk = split_tokens(lens, valid, tokens_per_split, split_budget, max_splits, TILE_N)
+        chunk = split_tokens(lens, valid, tokens_per_split, split_budget, max_splits,
+                             units_per_seq, slots, TILE_N)
         per_seq = tl.where(valid, tl.maximum(tl.cdiv(lens, chunk), 1), 0)
         ends = tl.cumsum(per_seq, 0)  # work items of sequences 0..i
         work = tl.program_id(0)
@@ -257,7 +281,7 @@ def _decode_split_kernel(
         tl.store(PART + part[:, None] * DIM_PAD + dims[None, :], acc, mask=out_mask)
         tl.store(PART + ml_offset + part * 2, m_i, mask=row_ok)
         tl.store(PART + ml_offset + part * 2 + 1, l_i, mask=row_ok)
-        if MERGE:
+        if MERGE and num_splits <= SPLITS_PAD:  # more: the combine kernel merges them
             # the barrier orders every thread's stores before the count (one thread's atomic,
             # its old value broadcast), which releases them to the last split's count
             tl.debug_barrier()
@@ -308,25 +332,27 @@ def merge_splits(PART, OUT, seq, first_head, num_splits, ml_offset,
 
 @triton.jit
 def _combine_kernel(
-    PART, OUT, SEQ_LENS, grid_splits, tokens_per_split, split_budget, ml_offset,
-    stride_ps, stride_ph, stride_os, stride_oh,
+    PART, OUT, SEQ_LENS, grid_splits, tokens_per_split, split_budget, units_per_seq, slots,
+    ml_offset, stride_ps, stride_ph, stride_os, stride_oh,
     SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, TILE_N: tl.constexpr, ADAPTIVE: tl.constexpr,
-    LENS_PAD: tl.constexpr,
+    LENS_PAD: tl.constexpr, MERGED_UP_TO: tl.constexpr,
 ):
     """The merge as a second launch, one program per (sequence, query head), ``CHUNK`` splits
     a step: where the split kernel does not merge (more than ``FUSED_MERGE_SPLITS`` splits, or
     a plan first called while a CUDA graph is captured, before it has counters:
-    ``DecodePlan``). A sequence of one split has its output already."""
+    ``DecodePlan``). A sequence of up to ``MERGED_UP_TO`` splits has its output already (one
+    split writes it, and the split kernel merges up to ``FUSED_MERGE_SPLITS`` where it
+    merges)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     per_split = tokens_per_split
     if ADAPTIVE:
         _, valid, lens = batch_lengths(SEQ_LENS, tl.num_programs(0), LENS_PAD)
         per_split = split_tokens(lens, valid, tokens_per_split, split_budget, grid_splits,
-                                 TILE_N)
+                                 units_per_seq, slots, TILE_N)
     num_splits = tl.cdiv(tl.load(SEQ_LENS + seq), per_split)
-    if num_splits <= 1:
+    if num_splits <= MERGED_UP_TO:
         return
     base = seq * stride_ps + head * stride_ph  # stride over splits is 1
     PART_ML = PART + ml_offset
@@ -364,15 +390,13 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
 def ragged_split_room(num_seqs: int, units_per_seq: int, splits: int, slots: int,
                       capacity_tiles: int) -> tuple[int, int]:
     """(split budget, most splits of a sequence) of a call whose uniform choice is ``splits``
-    per sequence. The batch may take as many splits in all as fill the waves of programs that
-    choice pays for (the ``split_budget`` of ``split_tokens``, also the work items of the
-    ragged grid), and one sequence as many as that budget leaves it when every other takes
-    one: at most ``FUSED_MERGE_SPLITS`` where ``splits`` is within them (the split kernel
-    keeps merging its splits itself), else ``RAGGED_SPLITS`` times ``splits``."""
-    waves = ceil_div(num_seqs * units_per_seq * splits, slots)
+    per sequence: the batch may take as many work items (splits) in all as fill the waves of
+    programs that choice pays for and ``RAGGED_WAVES`` more (the ``split_budget`` of
+    ``split_tokens``, and the ragged grid's size), and one sequence as many as that budget
+    leaves it when every other takes one, at most ``RAGGED_SPLITS`` times ``splits``."""
+    waves = ceil_div(num_seqs * units_per_seq * splits, slots) + RAGGED_WAVES
     budget = max(num_seqs * splits, waves * slots // units_per_seq)
-    cap = FUSED_MERGE_SPLITS if splits <= FUSED_MERGE_SPLITS else RAGGED_SPLITS * splits
-    most = min(budget - num_seqs + 1, cap, capacity_tiles, MAX_SPLITS)
+    most = min(budget - num_seqs + 1, RAGGED_SPLITS * splits, capacity_tiles, MAX_SPLITS)
     return budget, max(splits, most)
 
 
@@ -545,14 +569,17 @@ class DecodePlan:
                           LENS_PAD=max(16, next_pow2(min(num_seqs, MAX_RAGGED_SEQS))))
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
+        units = kv_heads // kv_per_program
+
         def scalars(splits, tokens_per_split, budget, ml_offset):
-            return (scale * LOG2E, tokens_per_split, budget, splits, num_seqs, ml_offset,
+            return (scale * LOG2E, tokens_per_split, budget, splits, num_seqs, units, slots,
+                    ml_offset,
                     q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                     tables.stride(0), q_heads * head_dim, head_dim,  # out is contiguous
                     q_heads * splits, splits, 1)
 
         slots = INTERPRETED_SLOTS
-        if num_splits is None:
+        if num_splits is None or launch.num_splits is None:
             if INTERPRETED or q.device.type != "cuda":
                 slots = INTERPRETED_SLOTS
             else:
@@ -590,28 +617,35 @@ class DecodePlan:
         grid = ((budget, kv_heads // kv_per_program, 1) if adaptive
                 else (num_seqs, kv_heads // kv_per_program, num_splits))
         split_scalars = scalars(num_splits, tokens_per_split, budget, parts * dim_pad)
-        if fused_merge and num_splits > FUSED_MERGE_SPLITS:
+        if fused_merge and self.num_splits > FUSED_MERGE_SPLITS:
             raise ValueError(f"fused_merge: the split kernel merges at most "
-                             f"{FUSED_MERGE_SPLITS} splits, this plan has {num_splits}")
-        self.fused = num_splits > 1 and (num_splits <= FUSED_MERGE_SPLITS if fused_merge is None
-                                         else bool(fused_merge))
+                             f"{FUSED_MERGE_SPLITS} splits, this plan has {self.num_splits}")
+        # fused: the split kernel merges the sequences of up to FUSED_MERGE_SPLITS splits; a
+        # ragged plan's longer ones (and every sequence of an unfused plan) the combine kernel
+        self.fused = num_splits > 1 and (self.num_splits <= FUSED_MERGE_SPLITS
+                                         if fused_merge is None else fused_merge)
+        self.combine_after_merge = self.fused and num_splits > FUSED_MERGE_SPLITS
         constexprs["ADAPTIVE"] = adaptive
         self.split = Launcher(_decode_split_kernel, grid, split_scalars,
                                {**constexprs, "DIRECT": num_splits == 1, "MERGE": self.fused},
                                options, num_tensors=10)
-        self.num_counters, self.counters = num_seqs * grid[1], None
+        self.num_counters, self.counters = num_seqs * units, None
         if num_splits > 1:  # unfused, or a call captured before the plan has counters
             self.unmerged = self.split if not self.fused else Launcher(
                 _decode_split_kernel, grid, split_scalars, {**constexprs, "MERGE": False},
                 options, num_tensors=10)
-            self.combine = Launcher(
-                _combine_kernel, (num_seqs, q_heads),
-                (num_splits, tokens_per_split, budget, parts * dim_pad, q_heads * num_splits,
-                 num_splits, q_heads * head_dim, head_dim),
-                dict(SPLITS_PAD=max(2, next_pow2(num_splits)),
-                     CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
-                     HEAD_DIM=head_dim, DIM_PAD=dim_pad, TILE_N=tile_n, ADAPTIVE=adaptive,
-                     LENS_PAD=constexprs["LENS_PAD"]), dict(num_warps=4), num_tensors=3)
+            combine_scalars = (num_splits, tokens_per_split, budget, units, slots,
+                               parts * dim_pad, q_heads * num_splits, num_splits,
+                               q_heads * head_dim, head_dim)
+            combine_constexprs = dict(
+                SPLITS_PAD=max(2, next_pow2(num_splits)),
+                CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))), HEAD_DIM=head_dim,
+                DIM_PAD=dim_pad, TILE_N=tile_n, ADAPTIVE=adaptive,
+                LENS_PAD=constexprs["LENS_PAD"], MERGED_UP_TO=1)
+            self.combine, self.combine_rest = (Launcher(
+                _combine_kernel, (num_seqs, q_heads), combine_scalars,
+                {**combine_constexprs, "MERGED_UP_TO": merged}, dict(num_warps=4),
+                num_tensors=3) for merged in (1, FUSED_MERGE_SPLITS))
 
     def __call__(self, q, k_cache, v_cache, tables, seq_lens, k_scale=None, v_scale=None):
         out = torch.empty(self.out_shape, device=q.device, dtype=q.dtype)
@@ -633,6 +667,8 @@ class DecodePlan:
         else:
             self.split(q, k_cache, v_cache, tables, seq_lens, out, part, k_scale, v_scale,
                        self.counters)
+            if self.combine_after_merge:
+                self.combine_rest(part, out, seq_lens)
         return out
 
 

@@ -553,9 +553,10 @@ def test_slots_follow_the_cuda_occupancy_rule(monkeypatch, regs, shared, warps, 
 def test_triton_combines_many_splits(splits):
     """2 splits: the split kernel merges them itself; 33 and 70 (past ``FUSED_MERGE_SPLITS``
     and ``COMBINE_CHUNK``): the combine kernel merges them in chunks; empty splits weigh 0."""
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
     inp = make_paged_inputs([1, 40, 300, 1100], 8, 2, 32, 16, seed=splits)
-    out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=16)
+    out = triton_paged_decode(*inp.args(), 32 ** -0.5,
+                              launch=DecodeLaunch(num_splits=splits, tile_n=16))
     assert relative_error(out, reference_decode(*inp.args())) < TOLERANCE[torch.float32]
 
 
@@ -695,8 +696,8 @@ def test_fp8_caches_in_blocks_take_half_tiles_on_two_warps():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
     from pagebench.measure.kernel_cases import quantized_inputs
-    from pagebench.kernels.triton_decode import (FP8_LAUNCH, decode_plan, kv_heads_pair,
-                                                 triton_paged_decode)
+    from pagebench.kernels.triton_decode import (FP8_LAUNCH, DecodeLaunch, decode_plan,
+                                                 kv_heads_pair, triton_paged_decode)
 
     assert kv_heads_pair(4, 8, fp8=True) and kv_heads_pair(7, 2, fp8=True)  # Llama, Qwen
     assert not kv_heads_pair(4, 8, fp8=False)
@@ -704,7 +705,7 @@ def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
     assert not kv_heads_pair(16, 4, fp8=True)  # one group fills the 16 rows
 
     def launch(inp, **options):
-        kw = decode_plan(*inp.args(), 0.25, **options).split.kwargs
+        kw = decode_plan(*inp.args(), 0.25, DecodeLaunch(**options)).split.kwargs
         return kw["KV_PER_PROGRAM"], (kw["TILE_N"], kw["num_warps"]), kw["GROUP_PAD"]
 
     for block in (1, 16):
@@ -716,7 +717,7 @@ def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
         assert launch(fp8, kv_per_program=1) == (1, FP8_LAUNCH if block > 1 else (64, 4), 16)
         assert launch(fp8, kv_per_program=4, tile_n=16) == (4, (16, 4), 16)
         # two K/V tiles in flight for pairs at every block size (block 1: every fp8 launch)
-        stages = {kv: decode_plan(*fp8.args(), 0.25, kv_per_program=kv).split.kwargs[
+        stages = {kv: decode_plan(*fp8.args(), 0.25, DecodeLaunch(kv_per_program=kv)).split.kwargs[
             "num_stages"] for kv in (None, 1)}
         assert stages == {None: 5, 1: 5 if block == 1 else 2}
         assert decode_plan(*inp.args(), 0.25).split.kwargs["num_stages"] == (3 if block == 1
@@ -724,14 +725,14 @@ def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
         ref = reference_decode(*fp8.args(), 0.25, **fp8.scales())
         for kv_per_program in (None, 1, 2, 4):
             for splits in (None, 1):
-                out = triton_paged_decode(*fp8.args(), 0.25, **fp8.scales(), num_splits=splits,
-                                          kv_per_program=kv_per_program)
+                out = triton_paged_decode(*fp8.args(), 0.25, **fp8.scales(), launch=DecodeLaunch(
+                    num_splits=splits, kv_per_program=kv_per_program))
                 assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
     odd = quantized_inputs(make_paged_inputs([5], 12, 3, 16, 16, torch.bfloat16),
                            torch.float8_e5m2)
     assert launch(odd)[0] == 1
     with pytest.raises(ValueError, match="kv_per_program: must divide the 3 KV heads"):
-        decode_plan(*odd.args(), 0.25, kv_per_program=2)
+        decode_plan(*odd.args(), 0.25, DecodeLaunch(kv_per_program=2))
 
 
 def test_triton_takes_cpu_tensors_only_where_it_interprets():

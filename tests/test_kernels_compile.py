@@ -30,7 +30,7 @@ CHILD = textwrap.dedent(r'''
     from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
     from pagebench.kernels import registered_backends, triton_decode
     from pagebench.measure.offline_compile import captured_launches, compile_for_arch
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
     from pagebench.kernels.reference import cumulative_offsets
     from pagebench.kernels.triton_prefill import PrefillLaunch, triton_paged_prefill
 
@@ -69,9 +69,16 @@ CHILD = textwrap.dedent(r'''
         starts = cumulative_offsets([1, 20, 64], dtype=lens)
         name = f"{dtype} cache={cache} tables={tables} seq_lens={lens} shape={shape}"
         calls = [(f"decode splits={n} {name}",
-                  lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
+                  lambda n=n: triton_paged_decode(*args, 0.125, **scales,
+                                                  launch=DecodeLaunch(num_splits=n)))
                  for n in (1, 3)]
         calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
+        # the default split count on tiles small enough to split here: per-sequence splits
+        # read from the lengths on the device (merged by the split kernel or the combine)
+        calls.append((f"decode ragged default {name}", lambda: triton_paged_decode(
+            *args, 0.125, **scales, launch=DecodeLaunch(tile_n=16))))
+        calls.append((f"decode ragged default captured first {name}",
+                      captured_first(calls[-1][1])))
         every_launch = (dtype, tables, lens, cache, shape) == (torch.bfloat16, I64, I64, None,
                                                                (8, 2, 64))
         forced = ([None, *(PrefillLaunch(**launch, lazy_rescale=lazy)  # each with both rescales

@@ -43,7 +43,7 @@ CPU_PREFILL_POINTS = [(1, 32, 16)]
 # launch options beside the default, for e4m3 at defaults.BLOCK_SIZE: an fp8 tile holds half
 # the bytes of a bf16 one, so a tile of twice the tokens reads as much per load (the default
 # goes the other way, triton_decode.FP8_LAUNCH: this row keeps the comparison measured)
-FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}
+FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}  # DecodeLaunch fields
 # fp8 decode kernels timed beside Triton's where they run and read the format
 OTHER_FP8_DECODE = ("cuda-fp8",)
 
@@ -145,9 +145,11 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
                 OTHER_FP8_DECODE if backends is None else backends)]
         for backend, launch, options in calls:
             if backend == "triton":
-                def call(inputs=inputs, options=options):
+                fields = triton_decode.DecodeLaunch(**options)
+
+                def call(inputs=inputs, fields=fields):
                     return triton_decode.triton_paged_decode(
-                        *inputs.args(), scale, **inputs.scales(), **options)
+                        *inputs.args(), scale, **inputs.scales(), launch=fields)
             else:  # as the decode sweep times a backend
                 call = get_backend(backend).prepared_call(
                     "decode", *inputs.args(), scale, **inputs.scales())

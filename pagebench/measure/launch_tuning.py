@@ -110,10 +110,11 @@ def _decode_point(timed, device: str, shape_name: str, batch: int, context: int)
             if splits > max(1, context // tile_n):
                 continue
             options = dict(num_splits=splits, tile_n=tile_n, num_warps=warps, num_stages=stages)
-            row = timed(lambda: triton_decode.triton_paged_decode(*case, scale, **options),
+            launch = triton_decode.DecodeLaunch(**options)
+            row = timed(lambda: triton_decode.triton_paged_decode(*case, scale, launch=launch),
                         base, nbytes, backend="triton", **options,
                         programs=batch * shape[1] * splits)
-            plan = triton_decode.decode_plan(*case, scale, **options)
+            plan = triton_decode.decode_plan(*case, scale, launch)
             kernel = next(iter(plan.split.compiled.values()), (None,))[0]
             if row is not None and kernel is not None:  # registers, shared memory
                 row.update(n_regs=kernel.n_regs, shared=kernel.metadata.shared)

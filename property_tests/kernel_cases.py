@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, note, settings
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
-from pagebench.kernels.reference import reference_decode, reference_prefill
+from pagebench.kernels.reference import cumulative_offsets, reference_decode, reference_prefill
+from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.registry import backend_available
 
 
@@ -94,8 +94,9 @@ def run_property(backend: str, device: str = "cpu", large: bool = False, example
 
 def check_prefill(backend: str, case: dict, query_lens: list[int], device: str = "cpu",
                   prefill=None, q_gain: float = 1.0) -> None:
-    """Queries for the last ``query_lens[s]`` positions of each sequence, against float64;
-    ``q_gain`` scales the queries (large: scores whose running max jumps between key tiles)."""
+    """Queries for the last ``query_lens[s]`` positions of each sequence (their offsets
+    ``query_start_loc``), against float64; ``q_gain`` scales the queries (large: scores whose
+    running max jumps between key tiles)."""
     b = registered_backends()[backend]
     inp = make_paged_inputs(case["lengths"], case["q_heads"], case["kv_heads"], case["head_dim"],
                             case["block_size"], case["dtype"], device, seed=case["seed"],
@@ -103,8 +104,8 @@ def check_prefill(backend: str, case: dict, query_lens: list[int], device: str =
     gen = torch.Generator().manual_seed(case["seed"])
     q = torch.randn(sum(query_lens), case["q_heads"], case["head_dim"], generator=gen) * q_gain
     q = q.to(device, case["dtype"])
-    qlens = torch.tensor(query_lens, dtype=torch.int32, device=device)
-    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    starts = cumulative_offsets(query_lens, device)
+    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts)
     note(f"query_lens={query_lens} tables={inp.block_tables.tolist()}")
     out = (prefill or functools.partial(paged_prefill, backend=backend))(*args)
     assert out.shape == q.shape and out.dtype == q.dtype
@@ -121,6 +122,8 @@ def logit_slack(q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> float:
     tolerance for any fp32 kernel (at gain 200 the torch backend 8.7e-6 and Triton 1.6e-5
     against 1e-5). ``|s|`` is taken as the largest over every query and cached key of its KV
     head (an upper bound of the visible ones), in float64; twice ``eps * |s|`` is allowed."""
+    if q.shape[0] == 0:  # no queries: no scores
+        return 0.0
     keys = k_cache.double().nan_to_num(0.0).flatten(0, 1)  # [slots, kv_heads, dim]
     group = q.shape[1] // keys.shape[1]
     queries = q.double().unflatten(1, (keys.shape[1], group))  # [tokens, kv_heads, group, dim]
@@ -134,10 +137,10 @@ def logit_slack(q: torch.Tensor, k_cache: torch.Tensor, scale: float) -> float:
 @st.composite
 def prefill_cases(draw, backend, large=False):
     """A decode case plus, per sequence, how many of its last tokens are queries (the whole
-    prompt, one token, or a chunk after a cached prefix)."""
+    prompt, one token, a chunk after a cached prefix, or none)."""
     case = draw(decode_cases(backend, large))
     cap = 128 if large else None  # the float64 reference holds heads x queries x keys scores
-    query_lens = [min(draw(st.one_of(st.just(n), st.just(1), st.integers(1, n))), cap or n)
+    query_lens = [min(draw(st.one_of(st.just(n), st.just(1), st.integers(0, n))), cap or n)
                   for n in case["lengths"]]
     return case, query_lens
 

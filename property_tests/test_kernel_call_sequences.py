@@ -23,9 +23,9 @@ from kernel_cases import formats_read_on
 
 from pagebench.kernels import (FP8_DTYPES, available_backends, paged_decode, paged_prefill,
                                registered_backends)
-from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (LAYOUTS, TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error, spare_block, with_layout)
-from pagebench.kernels.reference import reference_decode, reference_prefill
+from pagebench.kernels.reference import cumulative_offsets, reference_decode, reference_prefill
 
 BACKENDS = ["torch"] + (["triton"] if "triton" in available_backends() else [])
 # backends that take only some calls (cuda-fp8: decode of fp8 caches, on NVIDIA 8.9+ GPUs):
@@ -71,13 +71,14 @@ def calls(draw, num_geometries: int, formats: list):
         cache=draw(st.sampled_from(formats)),
         table_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         lens_dtype=draw(st.sampled_from(INDEX_DTYPES)),
-        qlens_dtype=draw(st.sampled_from(INDEX_DTYPES)),
+        starts_dtype=draw(st.sampled_from(INDEX_DTYPES)),
         table_layout=draw(st.sampled_from(LAYOUTS)),
         lens_layout=draw(st.sampled_from(LAYOUTS)),
-        qlens_layout=draw(st.sampled_from(LAYOUTS)),
+        starts_layout=draw(st.sampled_from(LAYOUTS)),
         q_layout=draw(st.sampled_from(LAYOUTS)),
         cache_layout=draw(st.sampled_from(LAYOUTS)),
         query_fraction=draw(st.sampled_from([0.0, 0.5, 1.0])),  # prefill: 1 token .. whole
+        no_queries=draw(st.sets(st.integers(0, 7), max_size=2)),  # prefill: these have none
     )
 
 
@@ -110,14 +111,15 @@ def build_call(geometry: dict, call: dict, device: str, large: bool):
         q = with_layout(inp.q, call["q_layout"], nan)
         return (q, k_cache, v_cache, tables, seq_lens), inp.scales()
     # large: at most 128 queries (the float64 reference holds heads x queries x keys scores)
-    qlens = [min(max(1, round(n * call["query_fraction"])), 128 if large else n)
-             for n in geometry["lengths"]]
+    qlens = [0 if s in call["no_queries"] else
+             min(max(1, round(n * call["query_fraction"])), 128 if large else n)
+             for s, n in enumerate(geometry["lengths"])]
     gen = torch.Generator().manual_seed(geometry["seed"] + 1)
     q = torch.randn(sum(qlens), geometry["q_heads"], geometry["head_dim"], generator=gen)
     q = with_layout(q.to(device, call["dtype"]), call["q_layout"], nan)
-    query_lens = torch.tensor(qlens, dtype=call["qlens_dtype"], device=device)
-    query_lens = with_layout(query_lens, call["qlens_layout"], 1)
-    return (q, k_cache, v_cache, tables, seq_lens, query_lens), inp.scales()
+    starts = cumulative_offsets(qlens, device, call["starts_dtype"])
+    starts = with_layout(starts, call["starts_layout"], 1)
+    return (q, k_cache, v_cache, tables, seq_lens, starts), inp.scales()
 
 
 def call_backends(geometry: dict, call: dict, device: str) -> list[str]:

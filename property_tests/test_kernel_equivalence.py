@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from kernel_cases import (PREFILL_LAUNCHES, backends_for, check_backend, check_prefill,
                           decode_cases, examples_for, prefill_cases, run_property)
 
-from pagebench.kernels.fixtures import LAYOUTS, spare_block, with_layout
+from pagebench.measure.kernel_cases import LAYOUTS, spare_block, with_layout
 
 
 @pytest.mark.slow
@@ -89,53 +89,44 @@ def test_paged_prefill_matches_float64_reference_cpu(backend):
     prop()
 
 
-# the prefill's grids: by sequence (each program scans the lengths), round-robin, from a work list
-GRIDS = {"by sequence": dict(round_robin=False), "round robin": dict(round_robin=True),
-         "work list": dict(round_robin=False, work_list=True)}
-
-
 @pytest.mark.slow
 def test_triton_prefill_tiles_match_reference():
-    """Several query tiles per sequence and key tiles across the diagonal, forced small; the
-    query lengths scanned in steps of one or two sequences as well as all at once; one walk
-    over the keys or two, block ids loaded with their tile or a tile ahead, the grid in either
-    order (by sequence, or round-robin over the sequences with empty programs) and by sequence
-    from a work list built by a kernel before the prefill, the output rows'
-    offsets kept through the walk or read again after it, the output rescaled whenever a
-    row's running max moves or only when it moves by more than 2^8; the table and the length
-    vectors int32 or int64, contiguous or views with junk around them; queries scaled so
-    that the running max rises between key tiles by more than fp16 and fp32 hold unrescaled
-    (gain 8 and 200), and by little (gain 1)."""
+    """Several query tiles per sequence and key tiles across the diagonal, forced small; one
+    walk over the keys or two, block ids loaded with their tile or a tile ahead, the output
+    rescaled whenever a row's running max moves or only when it moves by more than 2^8; the
+    table, the lengths and the query offsets int32 or int64, contiguous or views with junk
+    around them; sequences without queries among the others; queries scaled so that the
+    running max rises between key tiles by more than fp16 and fp32 hold unrescaled (gain 8
+    and 200), and by little (gain 1)."""
     if "triton" not in backends_for("cpu", "prefill"):
         pytest.skip("triton not installed")
-    from pagebench.kernels.triton_prefill import triton_paged_prefill
+    from pagebench.kernels.triton_prefill import PrefillLaunch, triton_paged_prefill
 
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(drawn=prefill_cases("triton"), rows=st.sampled_from([16, 32]),
-           tile_n=st.sampled_from([16, 32]), scan=st.sampled_from([None, 1, 2]),
-           one_loop=st.booleans(), table_ahead=st.booleans(), grid=st.sampled_from(list(GRIDS)),
-           reread=st.booleans(), lazy=st.booleans(),
-           q_gain=st.sampled_from([1.0, 8.0, 200.0]),
+           tile_n=st.sampled_from([16, 32]), one_loop=st.booleans(), table_ahead=st.booleans(),
+           lazy=st.booleans(), q_gain=st.sampled_from([1.0, 8.0, 200.0]),
            index_dtype=st.sampled_from([torch.int32, torch.int64]),
            index_layout=st.sampled_from(LAYOUTS))
     # found by the long profile: fp32 at gain 200, 1.6e-5 against 1e-5 before logit_slack
-    @example(drawn=(FP32_LARGE_SCORES, [1, 1]), rows=16, tile_n=16, scan=None, one_loop=False,
-             table_ahead=False, grid="by sequence", reread=False, lazy=False, q_gain=200.0,
-             index_dtype=torch.int32, index_layout="contiguous")
-    def prop(drawn, rows, tile_n, scan, one_loop, table_ahead, grid, reread, lazy, q_gain,
-             index_dtype, index_layout):
+    @example(drawn=(FP32_LARGE_SCORES, [1, 1]), rows=16, tile_n=16, one_loop=False,
+             table_ahead=False, lazy=False, q_gain=200.0, index_dtype=torch.int32,
+             index_layout="contiguous")
+    def prop(drawn, rows, tile_n, one_loop, table_ahead, lazy, q_gain, index_dtype,
+             index_layout):
         case, query_lens = drawn
+        launch = PrefillLaunch(rows=rows, tile_n=tile_n, num_warps=4, num_stages=3,
+                               one_loop=one_loop, table_ahead=table_ahead and one_loop,
+                               lazy_rescale=lazy)
 
-        def prefill(q, k_cache, v_cache, tables, seq_lens, qlens):
-            # the table and both length vectors in the drawn dtype and layout, junk around them
+        def prefill(q, k_cache, v_cache, tables, seq_lens, starts):
+            # the table, the lengths and the offsets in the drawn dtype and layout, junk around
             junk = spare_block(tables, case["lengths"], case["block_size"], k_cache.shape[0])
             tables = with_layout(tables.to(index_dtype), index_layout, junk)
             seq_lens = with_layout(seq_lens.to(index_dtype), index_layout, 1)
-            qlens = with_layout(qlens.to(index_dtype), index_layout, 1)
-            return triton_paged_prefill(
-                q, k_cache, v_cache, tables, seq_lens, qlens, case["head_dim"] ** -0.5,
-                rows=rows, tile_n=tile_n, scan=scan, one_loop=one_loop, table_ahead=table_ahead,
-                reread=reread, lazy_rescale=lazy, **GRIDS[grid])
+            starts = with_layout(starts.to(index_dtype), index_layout, 1)
+            return triton_paged_prefill(q, k_cache, v_cache, tables, seq_lens, starts,
+                                        case["head_dim"] ** -0.5, launch=launch)
         check_prefill("triton", case, query_lens, q_gain=q_gain, prefill=prefill)
     prop()
 
@@ -146,19 +137,19 @@ def test_triton_prefill_tiles_match_reference():
 def test_triton_prefill_launches_match_reference_cuda(launch):
     if "triton" not in backends_for("cuda", "prefill"):
         pytest.skip("triton not available on CUDA")
-    from pagebench.kernels.triton_prefill import triton_paged_prefill
+    from pagebench.kernels.triton_prefill import PrefillLaunch, triton_paged_prefill
 
     @settings(max_examples=6, deadline=None)
     @given(drawn=prefill_cases("triton", large=True), q_gain=st.sampled_from([1.0, 40.0]),
-           grid=st.sampled_from(list(GRIDS)), reread=st.booleans(), lazy=st.booleans())
-    def prop(drawn, q_gain, grid, reread, lazy):
+           lazy=st.booleans())
+    def prop(drawn, q_gain, lazy):
         case, query_lens = drawn
         case = dict(case, head_dim=min(case["head_dim"], 128),
                     dtype=torch.bfloat16 if case["dtype"] == torch.float32 else case["dtype"])
+        forced = PrefillLaunch(**PREFILL_LAUNCHES[launch], lazy_rescale=lazy)
         check_prefill("triton", case, query_lens, device="cuda", q_gain=q_gain,
                       prefill=lambda *args: triton_paged_prefill(
-                          *args, case["head_dim"] ** -0.5, reread=reread, lazy_rescale=lazy,
-                          **GRIDS[grid], **PREFILL_LAUNCHES[launch]))
+                          *args, case["head_dim"] ** -0.5, launch=forced))
     prop()
 
 

@@ -25,9 +25,9 @@ from hypothesis import given, note, settings
 from kernel_cases import decode_cases, examples_for, formats_read_on, prefill_cases
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
-from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error, unquantized_caches)
-from pagebench.kernels.reference import reference_decode, reference_prefill
+from pagebench.kernels.reference import cumulative_offsets, reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
 
 # per stored element: |stored x scale - real| <= rel x |real| + abs_step x scale. rel is half
@@ -93,8 +93,8 @@ def check_prefill_fp8(backend, case, query_lens, cache_dtype, device="cpu"):
     gen = torch.Generator().manual_seed(case["seed"])
     q = torch.randn(sum(query_lens), case["q_heads"], case["head_dim"], generator=gen)
     q = q.to(device, case["dtype"])
-    qlens = torch.tensor(query_lens, dtype=torch.int32, device=device)
-    args = (q, fp8.k_cache, fp8.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    starts = cumulative_offsets(query_lens, device)
+    args = (q, fp8.k_cache, fp8.v_cache, inp.block_tables, inp.seq_lens, starts)
     note(f"cache={cache_dtype} query_lens={query_lens} tables={inp.block_tables.tolist()}")
     out = paged_prefill(*args, backend=backend, **fp8.scales())
     assert out.shape == q.shape and out.dtype == q.dtype

@@ -37,13 +37,13 @@ import torch
 from pagebench.config import dtype_name
 from pagebench.defaults import attention_shape
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import make_paged_inputs, relative_error
-from pagebench.kernels.prefill_sweep import causal_flops, sdpa_causal
+from pagebench.measure.kernel_cases import make_paged_inputs, relative_error
+from pagebench.measure.prefill_sweep import causal_flops, sdpa_causal
 from pagebench.kernels.quant import fp8_max, quantize
 from pagebench.kernels.ragged import batch_lengths
-from pagebench.kernels.reference import reference_prefill
-from pagebench.kernels.sweep import read_gbps
-from pagebench.timing import environment, measure
+from pagebench.kernels.reference import cumulative_offsets, reference_prefill
+from pagebench.measure.kernel_sweep import read_gbps
+from pagebench.measure.timing import environment, measure
 
 DEVICE = os.environ.get("DEVICE", "cuda")
 ON_CUDA = DEVICE == "cuda"
@@ -116,14 +116,15 @@ def check(out, inp, scale, n: int) -> float:
     """Relative error of ``out``'s first ``n`` sequences against the float64 reference, which
     reads only their blocks (copied out of the cache first: the whole cache in float64 on the
     host would not fit)."""
-    qlens = inp.query_lens if inp.query_lens is not None else torch.ones_like(inp.seq_lens)
-    rows = int(qlens[:n].sum())
+    starts = inp.query_start_loc
+    starts = torch.arange(n + 1) if starts is None else starts[:n + 1].cpu()
+    rows = int(starts[-1])
     block_size = inp.k_cache.shape[1]
     width = max(math.ceil(int(x) / block_size) for x in inp.seq_lens[:n])
     ids = inp.block_tables[:n, :width].long().clamp(0, inp.k_cache.shape[0] - 1).flatten()
     tables = torch.arange(ids.numel(), dtype=torch.int32).view(n, width)
     ref = reference_prefill(inp.q[:rows], inp.k_cache[ids], inp.v_cache[ids], tables,
-                            inp.seq_lens[:n].cpu(), qlens[:n].cpu(), scale,
+                            inp.seq_lens[:n].cpu(), starts, scale,
                             k_scale=inp.k_scale, v_scale=inp.v_scale)
     return relative_error(out[:rows], ref)
 
@@ -219,7 +220,7 @@ def decode_stage(env, rows: Sink, checks: Sink, plans: Sink, ceiling: float, sha
 
 def contiguous_rows(base, shape, lens, scale, rows: Sink, checks: Sink, nbytes: int) -> None:
     """The contiguous baselines at a decode point (a ragged batch: padded to its longest)."""
-    from pagebench.kernels.fixtures import ContiguousInputs
+    from pagebench.measure.kernel_cases import ContiguousInputs
     from pagebench.kernels.reference import reference_contiguous
 
     hq, hkv, d = shape
@@ -285,7 +286,7 @@ def prefill_point_rows(env, shape_name, shape, batch, query_lens, seq_lens, rows
 
     inp = dataclasses.replace(
         inp, q=torch.randn(sum(query_lens), hq, d, device=DEVICE, dtype=DTYPE, generator=gen),
-        query_lens=torch.tensor(query_lens, dtype=torch.int32, device=DEVICE))
+        query_start_loc=cumulative_offsets(query_lens, DEVICE))
     flops = sum(causal_flops(1, ql, n - ql, hq, d) for ql, n in zip(query_lens, seq_lens))
     base = dict(env, dtype=dtype_name(DTYPE), model_shape=shape_name, num_q_heads=hq,
                 num_kv_heads=hkv, head_dim=d, batch=len(query_lens), **label_extra)
@@ -372,7 +373,7 @@ def poison_stage(checks: Sink, prefill_checks: Sink) -> None:
                 case = dataclasses.replace(
                     inp, q=torch.randn(sum(qlens), kv_heads * group, head_dim, device=DEVICE,
                                        dtype=dtype, generator=gen),
-                    query_lens=torch.tensor(qlens, dtype=torch.int32, device=DEVICE))
+                    query_start_loc=cumulative_offsets(qlens, DEVICE))
             run = paged_decode if op == "decode" else paged_prefill
             for name in names:
                 if not available(name, op, inp.k_cache.dtype, block_size, head_dim):
@@ -428,8 +429,7 @@ def jit_one(op: str, cache: str) -> int:
         import dataclasses
 
         inp = dataclasses.replace(inp, q=inp.q.repeat(4, 1, 1)[:8],
-                                  query_lens=torch.tensor([4, 4], dtype=torch.int32,
-                                                          device=DEVICE))
+                                  query_start_loc=cumulative_offsets([4, 4], DEVICE))
     fn = registry.get_backend(name).prepared_call(operation, *inp.args(), d ** -0.5,
                                                   **inp.scales())
     err = check(fn(), inp, d ** -0.5, 2)

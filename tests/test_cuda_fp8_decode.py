@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pagebench.config import ceil_div
 from pagebench.kernels import paged_decode, register_backend, registered_backends
 from pagebench.kernels import cuda_fp8_decode as cf
-from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
+from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs, relative_error
 from pagebench.kernels.quant import FP8_DTYPES
 from pagebench.kernels.reference import reference_decode
 from pagebench.kernels.registry import resolve, unregister_backend

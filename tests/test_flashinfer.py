@@ -12,7 +12,7 @@ import torch
 
 from pagebench.kernels import flashinfer as fi
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import make_paged_inputs
+from pagebench.measure.kernel_cases import make_paged_inputs
 from pagebench.kernels.ragged import batch_lengths, check_lengths_spec
 
 
@@ -54,8 +54,9 @@ def test_the_layout_reads_a_strided_table_as_its_values():
     assert a.indices.tolist() == b.indices.tolist() and a.indptr.tolist() == b.indptr.tolist()
 
 
-def test_query_offsets_are_the_running_sum_of_the_query_lengths():
-    assert fi.query_indptr(torch.tensor([3, 1, 0, 5])).tolist() == [0, 3, 4, 4, 9]
+def test_query_indptr_is_query_start_loc_as_contiguous_int32():
+    qo = fi.query_indptr(torch.tensor([0, 3, 4, 4, 9, 0])[:5])
+    assert qo.tolist() == [0, 3, 4, 4, 9] and qo.dtype == torch.int32 and qo.is_contiguous()
 
 
 def test_equal_per_head_scales_become_flashinfers_scalars():
@@ -93,8 +94,8 @@ def planned(monkeypatch):
             block_tables, seq_lens, kw["block_size"]).indices.tolist()))
         return fi.Plan(None, lambda: None, None, None, 0.0)
 
-    def fake_plan_prefill(block_tables, seq_lens, query_lens, k_scale, v_scale, **kw):
-        calls.append(("prefill", query_lens.tolist()))
+    def fake_plan_prefill(block_tables, seq_lens, query_start_loc, k_scale, v_scale, **kw):
+        calls.append(("prefill", query_start_loc.tolist()))
         return fi.Plan(None, lambda: None, None, None, 0.0)
 
     monkeypatch.setattr(fi, "plan_decode", fake_plan_decode)
@@ -131,11 +132,12 @@ def test_each_variant_and_each_operation_has_its_own_plan(planned):
     inp = make_paged_inputs([5, 9], 4, 2, 8, 4, poison=False)
     decode_plan(inp, tensor_cores=False)
     decode_plan(inp, tensor_cores=True)
-    qlens = torch.tensor([2, 3], dtype=torch.int32)
+    starts = torch.tensor([0, 2, 5], dtype=torch.int32)
     for _ in range(2):
-        fi._prefill_plan(inp.block_tables, inp.seq_lens, qlens, None, None, inp.q, inp.k_cache,
+        fi._prefill_plan(inp.block_tables, inp.seq_lens, starts, None, None, inp.q, inp.k_cache,
                          0.5)
-    assert [c[:2] for c in planned] == [("decode", False), ("decode", True), ("prefill", [2, 3])]
+    assert [c[:2] for c in planned] == [("decode", False), ("decode", True),
+                                        ("prefill", [0, 2, 5])]
 
 
 def test_the_backends_are_registered_only_where_flashinfer_is_installed():
@@ -168,7 +170,7 @@ def test_bad_lengths_specs_are_refused_naming_the_option(spec, message):
 
 @pytest.mark.parametrize("shape", [(4, 2, 8), (4, 4, 8)])
 def test_the_unmasked_sdpa_prefill_baseline_computes_what_the_masked_one_does(shape):
-    from pagebench.kernels.prefill_sweep import sdpa_causal
+    from pagebench.measure.prefill_sweep import sdpa_causal
 
     plain = sdpa_causal(2, 5, 7, shape, torch.float32, "cpu", seed=1)()
     masked = sdpa_causal(2, 5, 7, shape, torch.float32, "cpu", seed=1, masked=True)()

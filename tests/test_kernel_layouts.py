@@ -12,7 +12,7 @@ import torch
 
 from pagebench.kernels import (available_backends, contiguous_decode, paged_decode,
                                paged_prefill, write_kv)
-from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
+from pagebench.measure.kernel_cases import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
                                         with_layout)
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill)
@@ -53,14 +53,14 @@ def test_triton_decode_reads_strided_seq_lens(device, junk):
 
 @needs_triton
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("which", ["seq_lens", "query_lens", "both"])
+@pytest.mark.parametrize("which", ["seq_lens", "query_start_loc", "both"])
 def test_triton_prefill_reads_strided_lengths(device, which):
     inp = make_paged_inputs([10, 7], 4, 2, 16, 4, device=device)
-    qlens = [4, 7]
-    q = torch.randn(sum(qlens), 4, 16, generator=torch.Generator().manual_seed(1)).to(device)
-    sl = strided([10, 7], device=device) if which != "query_lens" else inp.seq_lens
-    ql = (strided(qlens, device=device) if which != "seq_lens"
-          else torch.tensor(qlens, dtype=torch.int32, device=device))
+    starts = [0, 4, 11]
+    q = torch.randn(starts[-1], 4, 16, generator=torch.Generator().manual_seed(1)).to(device)
+    sl = strided([10, 7], device=device) if which != "query_start_loc" else inp.seq_lens
+    ql = (strided(starts, device=device) if which != "seq_lens"
+          else torch.tensor(starts, dtype=torch.int32, device=device))
     args = (q, inp.k_cache, inp.v_cache, inp.block_tables, sl, ql)
     assert_close(paged_prefill(*args, backend="triton"), reference_prefill(*args))
 
@@ -91,13 +91,13 @@ def table_views(tables: torch.Tensor) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize("backend", ["torch"] + (["triton"] if HAS_TRITON else []))
 def test_table_views_decode_and_prefill(device, backend):
     inp = make_paged_inputs([10, 7, 3], 4, 2, 16, 4, device=device)
-    qlens = torch.tensor([3, 7, 1], dtype=torch.int32, device=device)
+    starts = torch.tensor([0, 3, 10, 11], dtype=torch.int32, device=device)
     q_pre = torch.randn(11, 4, 16, generator=torch.Generator().manual_seed(3)).to(device)
     for name, tables in table_views(inp.block_tables).items():
         assert torch.equal(tables.cpu().long(), inp.block_tables.cpu().long()), name
         args = (inp.q, inp.k_cache, inp.v_cache, tables, inp.seq_lens)
         assert_close(paged_decode(*args, backend=backend), reference_decode(*args))
-        args = (q_pre, inp.k_cache, inp.v_cache, tables, inp.seq_lens, qlens)
+        args = (q_pre, inp.k_cache, inp.v_cache, tables, inp.seq_lens, starts)
         assert_close(paged_prefill(*args, backend=backend), reference_prefill(*args))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import subprocess
@@ -15,10 +16,11 @@ import pytest
 import torch
 
 from pagebench.cli import main as cli_main
-from pagebench.kernels import (available_backends, contiguous_decode, copy_blocks, get_backend,
-                               paged_decode, paged_prefill, register_backend,
+from pagebench.kernels import (available_backends, contiguous_decode, copy_blocks,
+                               cumulative_offsets, get_backend, paged_decode, paged_prefill,
+                               register_backend,
                                registered_backends, unregister_backend, write_kv)
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill, torch_paged_decode)
 from property_tests.kernel_cases import backends_for, run_property
@@ -109,53 +111,71 @@ def test_paged_equals_contiguous_on_the_same_tokens():
 
 # ---- prefill --------------------------------------------------------------------------------
 
-def _prefill_case(seed=5, block_size=4, lens=(9, 1, 6), qlens=(3, 1, 6), q_heads=6, kv_heads=2):
-    inp = make_paged_inputs(list(lens), q_heads, kv_heads, 16, block_size, seed=seed)
+def _prefill_case(seed=5, block_size=4, lens=(9, 1, 6), qlens=(3, 1, 6), q_heads=6, kv_heads=2,
+                  dtype=torch.float32):
+    inp = make_paged_inputs(list(lens), q_heads, kv_heads, 16, block_size, dtype, seed=seed)
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(sum(qlens), q_heads, 16, generator=g)
-    return q, inp, torch.tensor(qlens, dtype=torch.int32)
+    q = torch.randn(sum(qlens), q_heads, 16, generator=g).to(dtype)
+    return q, inp, cumulative_offsets(qlens)
 
 
 def test_prefill_matches_float64_reference():
-    q, inp, qlens = _prefill_case()
-    out = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
-    ref = reference_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    q, inp, starts = _prefill_case()
+    out = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts)
+    ref = reference_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts)
     assert not torch.isnan(out).any()
     assert relative_error(out, ref) < 1e-5
 
 
 def test_prefill_is_causal_a_chunk_equals_successive_decodes():
-    q, inp, qlens = _prefill_case(lens=(11,), qlens=(4,))
-    out = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    q, inp, starts = _prefill_case(lens=(11,), qlens=(4,))
+    out = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts)
     for i in range(4):  # query i sits at position 7 + i and sees 8 + i tokens
         lens = torch.tensor([8 + i], dtype=torch.int32)
         step = paged_decode(q[i:i + 1], inp.k_cache, inp.v_cache, inp.block_tables, lens)
         assert relative_error(out[i:i + 1], step) < 1e-5
 
 
-def _chosen_prefill_launches():
-    """Every launch ``prefill_launch`` picks over the regimes it tells apart (chunk length,
-    sequences, table width, head dim, dtype, device, SM count), with its inputs."""
+@pytest.mark.parametrize("backend", backends_for("cpu", "prefill"))
+def test_prefill_sequences_without_queries_leave_the_rest_unchanged(backend):
+    """A sequence with no queries (equal offsets) between others: the others' rows are those
+    of the call without it."""
+    q, inp, starts = _prefill_case(lens=(9, 7, 6, 5), qlens=(3, 0, 6, 0))
+    out = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts,
+                        backend=backend)
+    keep = [0, 2]
+    alone = paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables[keep],
+                          inp.seq_lens[keep], cumulative_offsets([3, 6]), backend=backend)
+    assert starts.tolist() == [0, 3, 3, 9, 9]
+    assert relative_error(out, alone) < 1e-6
+
+
+@functools.cache
+def _chosen_prefill_launches() -> list:
+    """Every launch ``prefill_launch`` picks over a grid of its inputs (head dim, group, block
+    size and table width, q dtype, sequences, chunk length, device, SM count, Hopper or not),
+    with them."""
     from pagebench.kernels.triton_prefill import prefill_launch
 
-    cuda = torch.device("cuda")
-    for device in (cuda, torch.device("cpu")):
-        for head_dim in (64, 80, 128, 256):
+    chosen = []
+    for device in (torch.device("cuda"), torch.device("cpu")):
+        for head_dim in (64, 128, 256):
             for dtype in (torch.bfloat16, torch.float16, torch.float32):
-                for sequences in (1, 2, 8, 16, 32, 64, 128):
-                    for mean_chunk in (16, 128, 512, 1024, 2048, 8192):
-                        for max_keys in sorted({mean_chunk, 128, 512, 4096, 16384}):
-                            if max_keys < mean_chunk:
-                                continue
-                            for sms in (78, 132):
-                                programs = sequences * 8 * -(-mean_chunk // 64)
-                                inputs = dict(head_dim=head_dim, dtype=dtype, device=device,
-                                              sequences=sequences, mean_chunk=mean_chunk,
-                                              max_keys=max_keys, sm_count=sms)
-                                yield inputs, prefill_launch(
-                                    head_dim, dtype, device, mean_chunk=mean_chunk,
-                                    programs=programs, max_keys=max_keys,
-                                    sequences=sequences, sm_count=sms)
+                for group in range(1, 9):
+                    for sequences in (1, 2, 8, 16, 64, 256):
+                        for chunk in (1, 16, 128, 512, 1024, 2048, 8192):
+                            for block_size, width in ((1, 300), (16, 8), (16, 160), (256, 64)):
+                                if block_size * width < chunk:
+                                    continue
+                                for sms, hopper in ((78, False), (132, True)):
+                                    given = dict(group=group, kv_heads=max(1, 8 // group),
+                                                 total=sequences * chunk, sequences=sequences,
+                                                 max_keys=block_size * width, sm_count=sms,
+                                                 hopper=hopper)
+                                    launch = prefill_launch(head_dim, dtype, device, **given)
+                                    chosen.append((dict(given, head_dim=head_dim, dtype=dtype,
+                                                        device=device), launch))
+    return chosen
 
 
 def _power_of_two(n: int) -> bool:
@@ -165,68 +185,73 @@ def _power_of_two(n: int) -> bool:
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_chosen_prefill_launch_is_valid_for_its_inputs():
     """Whatever the launch rules pick (docs/kernels.md, "Launch rules"), the launch is one the
-    kernel can run: tiles powers of two within Triton's and the kernel's bounds, a register cap
-    that fits the SM's register file, and option combinations the kernel supports. Which
-    launches compile without spills is tests/test_kernels_compile.py's; which are correct on
-    a GPU, property_tests/test_kernel_equivalence.py's."""
+    kernel can run: rows a power of two >= 16 and >= the group, no more than the mean chunk
+    needs; key tiles powers of two; a register cap that fits the SM's register file; block ids
+    ahead only in the one-walk loop with a stage to hold them; the lazy rescale only on Hopper
+    with more programs than a wave; plain launches wherever the rules were not measured.
+    Which launches compile without spills is tests/test_kernels_compile.py's (on a GPU)."""
     seen = 0
     for inputs, launch in _chosen_prefill_launches():
         seen += 1
         where = f"{inputs} -> {launch}"
+        group, mean_chunk = inputs["group"], -(-inputs["total"] // inputs["sequences"])
         assert _power_of_two(launch.rows) and 16 <= launch.rows <= 128, where
+        assert launch.rows >= group, where
+        assert launch.rows <= max(16, 2 * mean_chunk * group), where  # no idle half
         assert _power_of_two(launch.tile_n) and 16 <= launch.tile_n <= 128, where
         assert launch.num_warps in (1, 2, 4, 8) and 1 <= launch.num_stages <= 4, where
         if launch.maxnreg is not None:  # 64K registers an SM, at most 255 a thread
             assert launch.maxnreg <= 255 and launch.maxnreg * 32 * launch.num_warps <= 65536, where
-        # block ids a tile ahead only pay with a stage to hold them, in the one-walk loop
         assert not launch.table_ahead or (launch.one_loop and launch.num_stages >= 3), where
-        # the round-robin grid finds its sequence without a scan, so it takes no work list
-        assert not (launch.round_robin and launch.work_list), where
-        # the rows' offsets are kept or read again, or rebuilt from the work list: one of them
-        assert not (launch.reread and launch.round_robin), where
+        assert not launch.lazy_rescale or (inputs["hopper"]
+                                           and launch.rows == 16 * launch.num_warps), where
         tuned = (inputs["device"].type == "cuda" and inputs["head_dim"] <= 128
                  and inputs["dtype"] != torch.float32)
         if not tuned:  # one plain launch wherever the rules were not measured
-            assert (launch.maxnreg, launch.round_robin, launch.reread, launch.lazy_rescale,
-                    launch.work_list, launch.table_ahead) == (None, False, False, False, False,
-                                                              False), where
+            assert (launch.maxnreg, launch.one_loop, launch.table_ahead,
+                    launch.lazy_rescale) == (None, False, False, False), where
             assert launch.tile_n == (32 if inputs["dtype"] == torch.float32
                                      or inputs["head_dim"] > 128 else 64), where
-    assert seen > 1000
+    assert seen > 10000
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_chosen_prefill_launch_matches_the_reference():
-    """Each distinct launch the rules pick on a GPU, forced on a small ragged case (chunks after
-    a prefix, a whole prompt, one query) and run here (interpreted): the float64 reference's
-    result. Fields a CPU cannot take (the register cap) are Triton's options, not the
-    kernel's."""
+    """Each distinct launch the rules pick (with the largest group it was picked for), forced on a small
+    ragged case (a chunk after a prefix, a whole prompt, one query, none), run here
+    (interpreted): the float64 reference's result (fp8 caches: property_tests). The register
+    cap is Triton's option, not the kernel's: the interpreter ignores it."""
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
-    launches = {dataclasses.replace(launch, maxnreg=None) for inputs, launch
-                in _chosen_prefill_launches() if inputs["device"].type == "cuda"}
-    assert len(launches) >= 5
-    q, inp, qlens = _prefill_case(lens=(9, 40, 6), qlens=(3, 40, 1))
-    ref = reference_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
-    for launch in sorted(launches, key=repr):
-        out = triton_paged_prefill(q, inp.k_cache, inp.v_cache, inp.block_tables,
-                                   inp.seq_lens, qlens, q.shape[-1] ** -0.5,
-                                   **dataclasses.asdict(launch))
-        assert relative_error(out, ref) < 1e-5, launch
+    groups = {}  # each launch with the largest group it was picked for
+    for inputs, launch in _chosen_prefill_launches():
+        launch = dataclasses.replace(launch, maxnreg=None)
+        groups[launch] = max(groups.get(launch, 0), inputs["group"])
+    assert len(groups) >= 10
+    for launch, group in sorted(groups.items(), key=repr):
+        q, inp, starts = _prefill_case(lens=(9, 40, 6, 3), qlens=(3, 40, 1, 0),
+                                       q_heads=group, kv_heads=1, dtype=torch.float16)
+        args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts)
+        out = triton_paged_prefill(*args, 0.25, launch=launch)
+        ref = reference_prefill(*args, 0.25)
+        assert relative_error(out, ref) < TOLERANCE[torch.float16], (launch, group)
 
 
-@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
-def test_prefill_round_robin_grid_is_taken_only_where_no_larger():
-    """The round-robin grid's size against the one by sequence: equal for chunks that fill the
-    table (8 x 512, 9 queries a program at Qwen's group of 7), far larger after a prefix (the
-    grid by sequence is exact there: 57 tiles of 9 queries a 512-key table), where the
-    default keeps the order by sequence."""
-    from pagebench.kernels import triton_prefill
+def test_a_prefill_launch_is_built_by_keyword_and_checked():
+    from pagebench.errors import ConfigError
+    from pagebench.kernels.triton_prefill import PrefillLaunch
 
-    assert triton_prefill._round_grid_size(8 * 512, 8, 9, 2, 512) == 912
-    assert triton_prefill._grid_size(8 * 512, 8, 9, 2, 512) == 912
-    assert triton_prefill._round_grid_size(8 * 512, 8, 9, 2, 4096) == 7296  # after 3,584
-    assert triton_prefill._grid_size(8 * 512, 8, 9, 2, 4096) == 926  # 455 + 8 tiles
+    launch = PrefillLaunch(rows=64, tile_n=32, num_warps=4, num_stages=2)
+    assert (launch.maxnreg, launch.one_loop, launch.table_ahead, launch.lazy_rescale) == (
+        None, False, False, False)
+    with pytest.raises(TypeError):
+        PrefillLaunch(64, 32, 4, 2)  # the fields are keywords only
+    for bad, field in ((dict(rows=48), "rows"), (dict(rows=8), "rows"),
+                       (dict(tile_n=24), "tile_n"), (dict(num_warps=3), "num_warps"),
+                       (dict(num_stages=0), "num_stages"), (dict(maxnreg=300), "maxnreg"),
+                       (dict(table_ahead=True), "table_ahead")):
+        with pytest.raises(ConfigError, match=f"^launch: {field}="):
+            dataclasses.replace(launch, **bad)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
@@ -235,11 +260,12 @@ def test_triton_prefill_64_bit_offsets_match(monkeypatch):
     here) forced on a small cache: the same result as the 32-bit path."""
     from pagebench.kernels import triton_prefill
 
-    q, inp, qlens = _prefill_case(lens=(9, 40, 6), qlens=(3, 40, 1))
-    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens, 0.25)
-    narrow = triton_prefill.triton_paged_prefill(*args, rows=16, tile_n=16)
+    q, inp, starts = _prefill_case(lens=(9, 40, 6), qlens=(3, 40, 1))
+    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts, 0.25)
+    small = triton_prefill.PrefillLaunch(rows=16, tile_n=16, num_warps=4, num_stages=2)
+    narrow = triton_prefill.triton_paged_prefill(*args, launch=small)
     monkeypatch.setattr(triton_prefill, "INT32_SPAN", 1)
-    wide = triton_prefill.triton_paged_prefill(*args, rows=16, tile_n=16)
+    wide = triton_prefill.triton_paged_prefill(*args, launch=small)
     ref = reference_prefill(*args[:6], scale=0.25)
     assert not torch.isnan(wide).any()
     assert relative_error(wide, ref) < 1e-5 and torch.equal(wide, narrow)
@@ -343,7 +369,7 @@ def test_registered_backend_is_available_and_selectable(tiny_backend):
 
 
 def test_registered_backend_gets_the_property_suite_and_the_sweep(tiny_backend):
-    from pagebench.kernels.sweep import COLUMNS, run_sweep, variants
+    from pagebench.measure.kernel_sweep import COLUMNS, run_sweep, variants
 
     assert "tiny" in backends_for("cpu")
     run_property("tiny", examples=5)
@@ -388,7 +414,7 @@ def test_register_backend_rejects_bad_definitions():
 def _carries_the_environment(df):
     """Every row names its device, versions, commit and timing harness (the sweeps once kept
     only the first six of these, so GPU rows timed by harness 2 read as harness 1)."""
-    from pagebench.timing import ENVIRONMENT_COLUMNS, HARNESS, environment
+    from pagebench.measure.timing import ENVIRONMENT_COLUMNS, HARNESS, environment
 
     assert set(ENVIRONMENT_COLUMNS) == set(environment("cpu"))
     assert df[list(ENVIRONMENT_COLUMNS)].notna().all().drop("triton_version").all()
@@ -396,7 +422,7 @@ def _carries_the_environment(df):
 
 
 def test_quick_cpu_sweep_has_the_shared_columns():
-    from pagebench.kernels.sweep import COLUMNS, run_sweep
+    from pagebench.measure.kernel_sweep import COLUMNS, run_sweep
     df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(1, 64), (2, 32)],
                    block_sizes=(1, 16), repeat=2)
     assert list(df.columns) == COLUMNS
@@ -431,7 +457,7 @@ def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
 
 
 def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
-    from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, causal_flops, run_prefill_sweep
+    from pagebench.measure.prefill_sweep import PREFILL_COLUMNS, causal_flops, run_prefill_sweep
     # 2 sequences, 3 queries each after 5 cached tokens: each query sees 6, 7, 8 keys
     assert causal_flops(2, 3, 5, 4, 16) == 4.0 * 2 * 4 * 16 * (6 + 7 + 8)
     df = run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(2, 3, 5), (1, 8, 0)],
@@ -453,8 +479,9 @@ def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
 def test_both_cpu_sweeps_time_on_one_thread(monkeypatch):
     """The decode sweep timed on one thread, the prefill sweep on all cores, and no row said
     which: their CPU numbers were not comparable."""
-    from pagebench.kernels import prefill_sweep, sweep
-    from pagebench.timing import measure
+    from pagebench.measure import prefill_sweep
+    from pagebench.measure import kernel_sweep
+    from pagebench.measure.timing import measure
 
     threads = []
 
@@ -462,9 +489,9 @@ def test_both_cpu_sweeps_time_on_one_thread(monkeypatch):
         threads.append(torch.get_num_threads())
         return measure(fn, **kw)
 
-    for module in (sweep, prefill_sweep):
+    for module in (kernel_sweep, prefill_sweep):
         monkeypatch.setattr(module, "measure", spy)
-    sweep.run_sweep("cpu", points=[(1, 16)], block_sizes=(4,), repeat=1,
+    kernel_sweep.run_sweep("cpu", points=[(1, 16)], block_sizes=(4,), repeat=1,
                     shapes={"t": (4, 2, 16)}, include=["torch"])
     prefill_sweep.run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(1, 3, 0)],
                                     block_size=4, repeat=1, include=["torch"])
@@ -616,7 +643,7 @@ def test_triton_prefill_direct_launches_match_reference_cuda(monkeypatch):
     from triton.runtime.jit import JITFunction
 
     from pagebench.kernels import triton_runtime
-    from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
+    from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
     from pagebench.kernels.reference import reference_prefill
     from pagebench.kernels.triton_prefill import triton_paged_prefill
     monkeypatch.setattr(triton_runtime, "_LAUNCHERS", {})
@@ -629,8 +656,8 @@ def test_triton_prefill_direct_launches_match_reference_cuda(monkeypatch):
                                                ([513, 300, 200, 100], [90, 90, 90, 90])]):
         inp = make_paged_inputs(lens, 8, 2, 64, 16, torch.bfloat16, "cuda", seed=seed)
         q = torch.randn(sum(query_lens), 8, 64, device="cuda", dtype=torch.bfloat16)
-        cases.append(dataclasses.replace(inp, q=q, query_lens=torch.tensor(
-            query_lens, dtype=torch.int32, device="cuda")))
+        cases.append(dataclasses.replace(inp, q=q, query_start_loc=cumulative_offsets(
+            query_lens, "cuda")))
     for case in cases * 2:
         out = triton_paged_prefill(*case.args(), 64 ** -0.5)
         err = relative_error(out, reference_prefill(*case.args(), 64 ** -0.5))
@@ -667,7 +694,7 @@ def test_fp8_caches_in_blocks_take_half_tiles_on_two_warps():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
-    from pagebench.kernels.fixtures import quantized_inputs
+    from pagebench.measure.kernel_cases import quantized_inputs
     from pagebench.kernels.triton_decode import (FP8_LAUNCH, decode_plan, kv_heads_pair,
                                                  triton_paged_decode)
 
@@ -713,7 +740,7 @@ def test_triton_takes_cpu_tensors_only_where_it_interprets():
     in for such a machine here; without CUDA the error says Triton is not available)."""
     code = (
         "import torch, pagebench.kernels as k\n"
-        "from pagebench.kernels.fixtures import make_paged_inputs\n"
+        "from pagebench.measure.kernel_cases import make_paged_inputs\n"
         "print(k.registered_backends()['triton'].devices)\n"
         "case = make_paged_inputs([5, 9], 4, 2, 16, block_size=4, dtype=torch.float32)\n"
         "try:\n"

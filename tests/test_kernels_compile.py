@@ -20,17 +20,19 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagebench.kernels import available_backends
 
 CHILD = textwrap.dedent(r'''
     import json, sys
     import torch
-    from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
     from pagebench.kernels import registered_backends, triton_decode
-    from pagebench.kernels.offline_compile import captured_launches, compile_for_arch
+    from pagebench.measure.offline_compile import captured_launches, compile_for_arch
     from pagebench.kernels.triton_decode import triton_paged_decode
-    from pagebench.kernels.triton_prefill import triton_paged_prefill
+    from pagebench.kernels.reference import cumulative_offsets
+    from pagebench.kernels.triton_prefill import PrefillLaunch, triton_paged_prefill
 
     ARCH = int(sys.argv[1])
     sys.path.insert(0, sys.argv[2])  # property_tests: the launches prefill_launch picks on a GPU
@@ -64,7 +66,7 @@ CHILD = textwrap.dedent(r'''
                 inp.seq_lens.to(lens))
         scales = {} if cache is None else dict(k_scale=inp.k_scale, v_scale=inp.v_scale)
         q = torch.randn(85, q_heads, head_dim).to(dtype)
-        qlens = torch.tensor([1, 20, 64], dtype=lens)
+        starts = cumulative_offsets([1, 20, 64], dtype=lens)
         name = f"{dtype} cache={cache} tables={tables} seq_lens={lens} shape={shape}"
         calls = [(f"decode splits={n} {name}",
                   lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
@@ -72,11 +74,11 @@ CHILD = textwrap.dedent(r'''
         calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
         every_launch = (dtype, tables, lens, cache, shape) == (torch.bfloat16, I64, I64, None,
                                                                (8, 2, 64))
-        forced = ([{}, *PREFILL_LAUNCHES.values(),  # and each with the rows' offsets read again
-                   *(dict(launch, reread=True) for launch in PREFILL_LAUNCHES.values())]
-                  if every_launch else [{}])
+        forced = ([None, *(PrefillLaunch(**launch, lazy_rescale=lazy)  # each with both rescales
+                           for launch in PREFILL_LAUNCHES.values() for lazy in (False, True))]
+                  if every_launch else [None])
         calls += [(f"prefill {launch} {name}", lambda launch=launch: triton_paged_prefill(
-            q, *args[1:], qlens, 0.125, **scales, **launch)) for launch in forced]
+            q, *args[1:], starts, 0.125, **scales, launch=launch)) for launch in forced]
         accepted = registered_backends()["triton"].supports("decode", CUDA, dtype,
                                                             cache_dtype=cache)
         return calls if accepted else [(name, None)]  # refused: resolve names the reason
@@ -136,9 +138,10 @@ def test_triton_kernels_compile_for_every_input_accepted_on(arch):
 SPILLS = textwrap.dedent(r'''
     import json
     from pagebench.defaults import SHAPES
-    from pagebench.kernels.offline_compile import prefill_reports
+    from pagebench.measure.offline_compile import prefill_reports
     points = [(1, 2048, 0), (2, 2048, 0), (4, 2048, 0), (1, 512, 0), (8, 512, 0), (16, 512, 0),
-              (32, 128, 0), (64, 128, 0), (1, 512, 3584)]
+              (32, 128, 0), (64, 128, 0), (128, 128, 0), (64, 256, 0), (8, 256, 2048),
+              (1, 512, 3584)]
     print(json.dumps({shape: prefill_reports(SHAPES[shape], points)
                       for shape in ("llama-3-8b", "qwen2.5-0.5b")}))
 ''')
@@ -146,28 +149,82 @@ SPILLS = textwrap.dedent(r'''
 
 @pytest.mark.slow
 @pytest.mark.skipif("triton" not in available_backends(), reason="triton not installed")
-def test_prefill_launches_picked_for_an_h200_spill_no_more_with_more_sequences():
-    """Compiled for sm_90 as ``prefill_launch`` picks them on an H200: the launches of short
-    and medium walks spill nothing, nor does the work list's kernel (16 x 512, 64 x 128), and the
-    long-chunk launch (128 registers, Llama shape) spills no more at two or four sequences
-    than at one. Before its rows' offsets were read again after the walk, it spilled 308
-    bytes at two sequences against 72 at one, and the prefill of several long prompts ran
-    1.2x slower; the work list's kernel spilled 68 bytes at 128 tiles a program on four warps
-    and took ~10% of 128 x 128's time (docs/kernels.md)."""
+def test_prefill_launches_picked_for_an_h200_spill_nothing():
+    """Compiled for sm_90 as ``prefill_launch`` picks them on an H200, for the Llama-3-8B and
+    Qwen2.5-0.5B shapes: no launch spills, the long-chunk one (128 rows on 128 registers) at
+    one, two or four sequences included (docs/kernels.md, "Launch rules")."""
     env = dict(os.environ, TRITON_INTERPRET="0")
     proc = subprocess.run([sys.executable, "-c", SPILLS], capture_output=True, text=True,
                           env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     reports = json.loads(proc.stdout.strip().splitlines()[-1])
     for shape, rows in reports.items():
-        lists = [r for r in rows if r["kernel"] == "_work_list_kernel"]
-        assert [(r["batch"], r["query_len"]) for r in lists] == (
-            [(16, 512), (64, 128)] if shape == "llama-3-8b" else []), (shape, lists)
-        rows = [r for r in rows if r["kernel"] == "_prefill_kernel"] + lists
+        assert {r["kernel"] for r in rows} == {"_prefill_kernel"}
         long_chunks = [r for r in rows if r["query_len"] == 2048]
         assert all(r["ROWS"] == (128 if shape == "llama-3-8b" else 64) for r in long_chunks)
-        one = long_chunks[0]["spill_stores"]
-        assert all(r["spill_stores"] <= one for r in long_chunks[1:]), (shape, long_chunks)
-        others = [(r["batch"], r["query_len"], r["spill_stores"]) for r in rows
-                  if r["query_len"] != 2048 and r["spill_stores"]]
-        assert not others, (shape, others)
+        spilled = [(r["batch"], r["query_len"], r["spill_stores"]) for r in rows
+                   if r["spill_stores"] or r["spill_loads"]]
+        assert not spilled, (shape, spilled)
+
+
+def _chosen_launches_here(device) -> dict:
+    """The distinct launches ``prefill_launch`` picks on ``device`` over head dims, dtypes,
+    groups, sequence counts, chunk lengths and table widths: (launch, head dim, dtype) -> the
+    largest group it was picked for."""
+    from pagebench.kernels.triton_prefill import prefill_launch
+
+    picked = {}
+    for head_dim in (64, 128, 256):
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            for group in (1, 2, 4, 7, 8):
+                for sequences in (1, 8, 64, 256):
+                    for chunk in (16, 128, 512, 1024, 2048, 8192):
+                        for max_keys in {chunk, 512, 4 * chunk}:
+                            if max_keys < chunk:
+                                continue
+                            launch = prefill_launch(
+                                head_dim, dtype, device, group=group, kv_heads=max(1, 8 // group),
+                                total=sequences * chunk, sequences=sequences,
+                                max_keys=max_keys)
+                            key = (launch, head_dim, dtype)
+                            picked[key] = max(picked.get(key, 0), group)
+    return picked
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or "triton" not in available_backends(),
+                    reason="needs a CUDA device and Triton")
+def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypatch):
+    """Each distinct launch the rules pick on this GPU, compiled for its head dim, dtype and
+    group (on a small input; the launch, not the input, fixes the code) and for an fp8 (e5m2)
+    cache as well: the compiled kernel spills no registers (Triton's ``n_spills``)."""
+    from triton.runtime.jit import JITFunction
+
+    from pagebench.kernels import triton_runtime
+    from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
+    from pagebench.kernels.reference import cumulative_offsets
+    from pagebench.kernels.triton_prefill import triton_paged_prefill
+
+    compiled = []
+    run = JITFunction.run
+    monkeypatch.setattr(JITFunction, "run", lambda self, *a, **kw: (
+        compiled.append(k := run(self, *a, **kw)), k)[1])
+    monkeypatch.setattr(triton_runtime, "_LAUNCHERS", {})  # every call through Triton's launch
+    monkeypatch.setattr(triton_runtime, "DIRECT_LAUNCH", False)
+    device = torch.device("cuda")
+    spilled = []
+    for (launch, head_dim, dtype), group in _chosen_launches_here(device).items():
+        inp = make_paged_inputs([300, 9], group, 1, head_dim, 16, dtype, device, seed=1)
+        q = torch.randn(300 + 9, group, head_dim, device=device).to(dtype)
+        starts = cumulative_offsets([300, 9], device)
+        cases = [inp] + ([quantized_inputs(inp, torch.float8_e5m2, seed=1)]
+                         if dtype != torch.float32 else [])
+        for case in cases:
+            compiled.clear()
+            triton_paged_prefill(q, case.k_cache, case.v_cache, case.block_tables,
+                                 case.seq_lens, starts, head_dim ** -0.5, **case.scales(),
+                                 launch=launch)
+            assert compiled, launch
+            spilled += [(launch, head_dim, dtype, group, case.k_cache.dtype, k.n_spills)
+                        for k in compiled if k.n_spills]
+    assert not spilled, spilled

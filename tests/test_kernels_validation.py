@@ -8,7 +8,7 @@ import torch
 
 from pagebench.kernels import (contiguous_decode, copy_blocks, paged_decode, paged_prefill,
                                write_kv)
-from pagebench.kernels.fixtures import make_paged_inputs
+from pagebench.measure.kernel_cases import make_paged_inputs
 
 
 @pytest.fixture
@@ -86,20 +86,43 @@ def test_unknown_or_unsuitable_backend(inp):
         paged_decode(*inp.args(), backend="flex")
 
 
+def _offsets(*values, dtype=torch.int32):
+    return torch.tensor(values, dtype=dtype)
+
+
+@pytest.mark.parametrize("starts, total, match", [
+    ((0, 2, 3), 4, "ends at 3 but q has 4 query tokens"),
+    ((1, 2, 4), 4, "must start at 0, got 1"),
+    ((0, 3, 2), 2, r"decreases at sequence 1 \(3 then 2\)"),
+    ((0, 6, 10), 10, r"sequence 0: query length 6 exceeds its seq_len \(5\)"),  # [5, 9]
+    ((0, 2, 4, 4), 4, r"has 4 entries for the 2 sequences of seq_lens \(it needs"),
+    ((0, 4), 4, r"has 2 entries for the 2 sequences of seq_lens \(it needs num_seqs \+ 1 = 3"),
+    ((), 0, "is empty"),
+])
+def test_prefill_rejects_bad_query_start_loc(inp, starts, total, match):
+    """Each bad ``query_start_loc`` named, on every backend, before any state changes (the
+    validation's cache of checked values included: the next good call still passes)."""
+    args = (inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
+    for dtype in (torch.int32, torch.int64):
+        with pytest.raises(ValueError, match=f"^query_start_loc: {match}"):
+            paged_prefill(torch.randn(total, 8, 16), *args, _offsets(*starts, dtype=dtype))
+    assert paged_prefill(torch.randn(4, 8, 16), *args, _offsets(0, 2, 4)).shape == (4, 8, 16)
+
+
 def test_prefill_rejects(inp):
     q = torch.randn(4, 8, 16)
-    qlens = torch.tensor([2, 2], dtype=torch.int32)
+    starts = _offsets(0, 2, 4)
     args = (inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
-    with pytest.raises(ValueError, match="^q:"):
-        paged_prefill(q[:3], *args, qlens)
-    with pytest.raises(ValueError, match="^query_lens:"):
-        paged_prefill(q, *args, torch.tensor([0, 4], dtype=torch.int32))
-    with pytest.raises(ValueError, match="^query_lens:"):
-        paged_prefill(torch.randn(16, 8, 16), *args, torch.tensor([6, 10], dtype=torch.int32))
-    with pytest.raises(ValueError, match="^query_lens:"):
-        paged_prefill(q, *args, qlens.float())
-    with pytest.raises(ValueError, match="^query_lens: has 3 entries but seq_lens has 2"):
-        paged_prefill(q, *args, torch.tensor([2, 1, 1], dtype=torch.int32))
+    with pytest.raises(ValueError, match="^query_start_loc: ends at 4 but q has 3"):
+        paged_prefill(q[:3], *args, starts)
+    with pytest.raises(ValueError, match="^query_start_loc: dtype"):
+        paged_prefill(q, *args, starts.float())
+    with pytest.raises(ValueError, match="^query_start_loc: expected 1 dimensions"):
+        paged_prefill(q, *args, starts[None])
+    with pytest.raises(ValueError, match="^query_start_loc: expected a torch.Tensor"):
+        paged_prefill(q, *args, [0, 2, 4])
+    # a sequence may have no queries
+    assert paged_prefill(q, *args, _offsets(0, 0, 4)).shape == q.shape
 
 
 def test_contiguous_rejects():
@@ -225,7 +248,8 @@ def test_empty_batches_give_empty_outputs_on_every_backend():
             if "decode" in b["operations"]:
                 assert paged_decode(q, k_cache, k_cache, tables, lens, backend=name).shape == q.shape
             if "prefill" in b["operations"]:
-                assert paged_prefill(q, k_cache, k_cache, tables, lens, lens,
+                assert paged_prefill(q, k_cache, k_cache, tables, lens,
+                                     torch.zeros(1, dtype=torch.int32),
                                      backend=name).shape == q.shape
     for name, b in available_backends().items():
         if "contiguous" in b["operations"]:

@@ -14,7 +14,7 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.kernels import available_backends
-from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error)
 from pagebench.kernels.reference import reference_decode
 

@@ -10,7 +10,7 @@ import torch
 
 from pagebench.kernels import (available_backends, contiguous_decode, paged_decode,
                                paged_prefill, write_kv)
-from pagebench.kernels.fixtures import make_paged_inputs
+from pagebench.measure.kernel_cases import make_paged_inputs
 from pagebench.kernels.value_checks import CheckedValues
 
 HAS_CUDA = torch.cuda.is_available()
@@ -176,14 +176,14 @@ def test_cuda_new_tables_in_a_loop_are_each_checked():
 @pytest.mark.gpu
 def test_cuda_prefill_contiguous_and_write_kv_cached_without_sync():
     inp = make_paged_inputs([50, 9], 8, 2, 64, 16, torch.bfloat16, "cuda")
-    qlens = torch.tensor([20, 9], dtype=torch.int32, device="cuda")
+    starts = torch.tensor([0, 20, 29], dtype=torch.int32, device="cuda")
     q = torch.randn(29, 8, 64, device="cuda", dtype=torch.bfloat16)
-    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, qlens)
+    args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts)
     paged_prefill(*args, backend="triton")
     with no_sync():
         paged_prefill(*args, backend="triton")
-    qlens[0] = 60  # beyond seq_lens[0]
-    with pytest.raises(ValueError, match="^query_lens:"):
+    starts[1] = 30  # a decrease
+    with pytest.raises(ValueError, match="^query_start_loc:"):
         paged_prefill(*args, backend="triton")
 
     k = torch.randn(2, 64, 2, 64, device="cuda", dtype=torch.bfloat16)

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "pagebench.cli.recommend",
     "pagebench.cli.benchcompare",
     "pagebench.cli.serve",
+    "pagebench.cli.ab",
 )
 # what a user can fix: one line and exit status 2 (anything else is a bug: a traceback); torch
 # failing to allocate becomes a MemoryError (options.allocating): a run too large for here

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from pagebench.errors import ConfigError
 from pagebench.kernels.cache_ops import store_kv
 from pagebench.kernels.quant import calibrated_scales, is_fp8
+from pagebench.kernels.reference import cumulative_offsets
 
 ATTN_NAME = "pagebench"
 _active: ModelRunner | None = None  # the runner whose step is in flight
@@ -82,7 +83,7 @@ class AttentionGroup:
     rows: torch.Tensor | None
     block_tables: torch.Tensor | None = None  # [S, max_blocks] int32
     seq_lens: torch.Tensor | None = None  # [S] int32, context length after this step
-    query_lens: torch.Tensor | None = None  # [S] int32
+    query_start_loc: torch.Tensor | None = None  # [S + 1] int32: the queries' packed offsets
     index: torch.Tensor | None = None  # fresh: [S, L] token rows, padded
     valid: torch.Tensor | None = None  # fresh: [S, L] bool
 
@@ -229,10 +230,10 @@ class ModelRunner:
                                               scale, **scales)
         if checked:
             return kern.paged_prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
-                                      g.query_lens, scale=scale,
+                                      g.query_start_loc, scale=scale,
                                       backend=self.prefill_backend.name, **scales)
         return self.prefill_backend.prefill(qg, k_cache, v_cache, g.block_tables, g.seq_lens,
-                                            g.query_lens, scale, **scales)
+                                            g.query_start_loc, scale, **scales)
 
     def prepare(self, seqs, blocks):
         """Packed input ids and positions, the step's metadata, and the rows to sample.
@@ -258,7 +259,8 @@ class ModelRunner:
         start_t = torch.tensor(starts, dtype=torch.int64)
         seq_lens = (start_t + query_lens).to(torch.int32)
         num_seqs, num_tokens = len(seqs), len(ids)
-        first = torch.cumsum(query_lens, 0) - query_lens  # each sequence's first token row
+        query_start_loc = cumulative_offsets(query_lens)
+        first = query_start_loc[:-1]  # each sequence's first token row
         if num_tokens == num_seqs:  # decode only
             positions, seq_index = start_t, torch.arange(num_seqs)
         else:
@@ -284,9 +286,12 @@ class ModelRunner:
                                              valid=(span < lens[:, None]).to(dev)))
                 continue
             sel = slice(None) if whole else mask
+            starts = None
+            if kind == "prefill":  # the group's own offsets where it is not the whole step
+                starts = query_start_loc if whole else cumulative_offsets(query_lens[mask])
+                starts = starts.to(dev)
             groups.append(AttentionGroup(kind, rows, block_tables[sel].to(dev),
-                                         seq_lens[sel].to(dev),
-                                         query_lens[sel].to(dev) if kind == "prefill" else None))
+                                         seq_lens[sel].to(dev), starts))
         meta = StepMetadata(torch.tensor(slots, dtype=torch.int64).to(dev), groups)
         input_ids = torch.tensor(ids, dtype=torch.int64).to(dev)
         return input_ids, positions.to(dev), meta, sample_rows, sample_seqs

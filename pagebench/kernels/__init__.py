@@ -30,6 +30,7 @@ import torch
 from pagebench.kernels import builtin  # importing it registers the built-in backends
 from pagebench.kernels.cache_ops import copy_blocks, write_kv
 from pagebench.kernels.quant import FP8_DTYPES, check_kv_scales
+from pagebench.kernels.reference import cumulative_offsets
 from pagebench.kernels.registry import (
     Backend, available_backends, get_backend, register_backend, registered_backends, resolve,
     unregister_backend)
@@ -38,7 +39,7 @@ from pagebench.kernels.validate import check_contiguous, check_decode, check_pre
 __all__ = [
     "paged_decode", "paged_prefill", "contiguous_decode", "write_kv", "copy_blocks",
     "available_backends", "register_backend", "unregister_backend", "registered_backends",
-    "get_backend", "Backend", "FP8_DTYPES",
+    "get_backend", "Backend", "FP8_DTYPES", "cumulative_offsets",
 ]
 del builtin
 
@@ -68,27 +69,31 @@ def paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, backen
                        v_scale=v_scale)
 
 
-def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None,
+def paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale=None,
                   backend="auto", validate="cached", *, k_scale=None, v_scale=None):
-    """Attention for the last ``query_lens[s]`` positions of each sequence (chunked prefill, or a
-    prompt that starts from a prefix-cache hit), causal over everything cached before them.
+    """Attention for the last ``query_start_loc[s + 1] - query_start_loc[s]`` positions of each
+    sequence (chunked prefill, or a prompt that starts from a prefix-cache hit), causal over
+    everything cached before them.
 
     q is ``[total_query_tokens, num_q_heads, head_dim]``, the sequences' queries packed one after
-    another in sequence order (sequence 0's ``query_lens[0]`` tokens first). ``seq_lens[s]``
-    counts all of sequence s's tokens including the new ones, whose K/V must already be written
-    to the cache (``write_kv``). Returns ``out`` shaped and typed like q. ``validate``,
-    ``k_scale`` and ``v_scale`` as in ``paged_decode`` (the query lengths are values too).
+    another in sequence order: sequence s's are rows ``query_start_loc[s] ..
+    query_start_loc[s + 1] - 1``. ``query_start_loc`` (int32 or int64 ``[num_seqs + 1]``) holds
+    those cumulative offsets, starting at 0 and ending at ``total_query_tokens``, as vLLM's
+    ``query_start_loc`` and FlashInfer's ``qo_indptr``; a sequence may have no queries.
+    ``seq_lens[s]`` counts all of sequence s's tokens including the new ones, whose K/V must
+    already be written to the cache (``write_kv``). Returns ``out`` shaped and typed like q.
+    ``validate``, ``k_scale`` and ``v_scale`` as in ``paged_decode`` (the offsets are values too).
     """
-    scale = check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+    scale = check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                           validate)
     k_scale, v_scale = check_kv_scales(k_cache, k_scale, v_scale)
     impl = resolve("prefill", backend, q.device, q.dtype, k_cache.shape[1], q.shape[-1],
                    k_cache.dtype)
-    if q.shape[0] == 0:  # no query tokens (so no sequences)
+    if q.shape[0] == 0:  # no query tokens: nothing for a backend to launch
         return torch.empty_like(q)
     if k_scale is None:
-        return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale)
-    return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+        return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale)
+    return impl.prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                         k_scale=k_scale, v_scale=v_scale)
 
 

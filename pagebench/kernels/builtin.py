@@ -31,11 +31,11 @@ def _triton_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=N
                                v_scale)
 
 
-def _triton_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+def _triton_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                     k_scale=None, v_scale=None):
     from pagebench.kernels.triton_prefill import triton_paged_prefill
-    return triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
-                                k_scale, v_scale)
+    return triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
+                                scale, k_scale, v_scale)
 
 
 def _triton_contiguous(q, k, v, seq_lens, scale):

@@ -84,11 +84,10 @@ def paged_kv_layout(block_tables: torch.Tensor, seq_lens: torch.Tensor,
     return PagedKV(indptr, indices, lens - (pages - 1) * block_size)
 
 
-def query_indptr(query_lens: torch.Tensor) -> torch.Tensor:
-    """Packed queries' offsets (``qo_indptr``): sequence s's rows are ``[qo[s], qo[s+1])``."""
-    qo = torch.zeros(query_lens.numel() + 1, dtype=torch.int32, device=query_lens.device)
-    torch.cumsum(query_lens.to(torch.int32), 0, out=qo[1:])
-    return qo
+def query_indptr(query_start_loc: torch.Tensor) -> torch.Tensor:
+    """``query_start_loc`` as FlashInfer's ``qo_indptr`` (the same offsets: sequence s's rows
+    are ``[qo[s], qo[s+1])``), int32 and contiguous."""
+    return query_start_loc.to(torch.int32).contiguous()
 
 
 def scalar_scales(k_scale: torch.Tensor, v_scale: torch.Tensor) -> tuple[float, float]:
@@ -173,17 +172,17 @@ def plan_decode(block_tables, seq_lens, k_scale, v_scale, *, tensor_cores: bool,
     return Plan(wrapper, replan, ks, vs, (time.perf_counter() - t0) * 1e6)
 
 
-def plan_prefill(block_tables, seq_lens, query_lens, k_scale, v_scale, *, num_q_heads: int,
+def plan_prefill(block_tables, seq_lens, query_start_loc, k_scale, v_scale, *, num_q_heads: int,
                  num_kv_heads: int, head_dim: int, block_size: int, q_dtype, kv_dtype,
                  scale: float) -> Plan:
-    """A causal prefill wrapper planned for this table and these query lengths (the causal
+    """A causal prefill wrapper planned for this table and these query offsets (the causal
     mask is aligned to each sequence's end, as ``paged_prefill`` defines it)."""
     ks, vs = _scales(k_scale, v_scale)  # a refusal comes before anything is built
     import flashinfer
 
     t0 = time.perf_counter()
     kv = paged_kv_layout(block_tables, seq_lens, block_size)  # sizes the wrapper's buffers
-    qo = query_indptr(query_lens)
+    qo = query_indptr(query_start_loc)
     wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
         _workspace(block_tables.device), "NHD", use_cuda_graph=True,
         qo_indptr_buf=torch.empty_like(qo), paged_kv_indptr_buf=torch.empty_like(kv.indptr),
@@ -191,7 +190,8 @@ def plan_prefill(block_tables, seq_lens, query_lens, k_scale, v_scale, *, num_q_
         paged_kv_last_page_len_buf=torch.empty_like(kv.last_page_len), backend=FI_BACKEND)
 
     def replan():
-        kv, qo = paged_kv_layout(block_tables, seq_lens, block_size), query_indptr(query_lens)
+        kv = paged_kv_layout(block_tables, seq_lens, block_size)
+        qo = query_indptr(query_start_loc)
         wrapper.plan(qo, kv.indptr, kv.indices, kv.last_page_len, num_q_heads, num_kv_heads,
                      head_dim, block_size, causal=True, sm_scale=scale, q_data_type=q_dtype,
                      kv_data_type=kv_dtype)
@@ -239,29 +239,29 @@ def prepare_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=N
 def _make_prefill(*args) -> Plan:
     """``plan_prefill`` from the plan cache's arguments: the key's tensors, then its params."""
     *tensors, hq, hkv, d, bs, qd, kd, sc, _device = args
-    block_tables, seq_lens, query_lens, *scales = tensors
-    return plan_prefill(block_tables, seq_lens, query_lens, *(scales or (None, None)),
+    block_tables, seq_lens, query_start_loc, *scales = tensors
+    return plan_prefill(block_tables, seq_lens, query_start_loc, *(scales or (None, None)),
                         num_q_heads=hq, num_kv_heads=hkv, head_dim=d, block_size=bs,
                         q_dtype=qd, kv_dtype=kd, scale=sc)
 
 
-def _prefill_plan(block_tables, seq_lens, query_lens, k_scale, v_scale, q, k_cache, scale):
+def _prefill_plan(block_tables, seq_lens, query_start_loc, k_scale, v_scale, q, k_cache, scale):
     params = (q.shape[1], k_cache.shape[2], q.shape[2], k_cache.shape[1], q.dtype,
               k_cache.dtype, float(scale), q.device)
-    return PLANS.run(_make_prefill, _plan_key((block_tables, seq_lens, query_lens), k_scale,
+    return PLANS.run(_make_prefill, _plan_key((block_tables, seq_lens, query_start_loc), k_scale,
                                               v_scale), params)
 
 
-def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale, k_scale=None,
+def prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale, k_scale=None,
             v_scale=None):
-    """Causal paged prefill through FlashInfer, planned once per unchanged table and lengths."""
-    return _prefill_plan(block_tables, seq_lens, query_lens, k_scale, v_scale, q, k_cache,
+    """Causal paged prefill through FlashInfer, planned once per unchanged table and offsets."""
+    return _prefill_plan(block_tables, seq_lens, query_start_loc, k_scale, v_scale, q, k_cache,
                          scale).run(q, k_cache, v_cache)
 
 
-def prepare_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+def prepare_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                     k_scale=None, v_scale=None):
     """``prefill`` as a no-argument call, planned now (the registry's ``prepare`` hook)."""
-    plan = _prefill_plan(block_tables, seq_lens, query_lens, k_scale, v_scale, q, k_cache,
+    plan = _prefill_plan(block_tables, seq_lens, query_start_loc, k_scale, v_scale, q, k_cache,
                          scale)
     return lambda: plan.run(q, k_cache, v_cache)

@@ -154,15 +154,17 @@ def _bytes_of_fp8(cache, cache_scale):
     return cache if cache_scale is None else cache.view(torch.uint8)
 
 
-def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                         k_scale=None, v_scale=None):
-    """q packed in sequence order [sum(query_lens), Hq, D]; causal over the cached prefix."""
+    """q packed in sequence order [query_start_loc[-1], Hq, D]; causal over the cached
+    prefix."""
     out = torch.empty_like(q)
     q_heads, kv_heads = q.shape[1], k_cache.shape[2]
     group = q_heads // kv_heads
     dtype = attend_dtype(q, k_scale)
-    start = 0
-    for s, (n, ql) in enumerate(zip(seq_lens.tolist(), query_lens.tolist())):
+    for s, (n, start, ql) in enumerate(query_spans(seq_lens, query_start_loc)):
+        if not ql:
+            continue
         k, v = _seq_kv(k_cache, v_cache, block_tables[s], n, k_scale, v_scale, dtype)
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)  # [Hq, n, D]
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
@@ -171,8 +173,22 @@ def torch_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens,
         mask = torch.arange(n, device=q.device)[None, :] <= q_pos[:, None]  # [ql, n]
         o = F.scaled_dot_product_attention(qs, k, v, attn_mask=mask, scale=scale)
         out[start:start + ql] = o.transpose(0, 1)
-        start += ql
     return out
+
+
+def cumulative_offsets(lengths, device=None, dtype=torch.int32) -> torch.Tensor:
+    """``[0, l0, l0 + l1, ..]``: the ``query_start_loc`` of queries packed with ``lengths``
+    (a list or a tensor) per sequence."""
+    lengths = torch.as_tensor(lengths, dtype=torch.int64)
+    starts = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+    torch.cumsum(lengths.cpu(), 0, out=starts[1:])
+    return starts.to(device=device or lengths.device, dtype=dtype)
+
+
+def query_spans(seq_lens, query_start_loc) -> list[tuple[int, int, int]]:
+    """Each sequence's (length, first query row, query count), read back to the host."""
+    starts = query_start_loc.tolist()
+    return [(n, a, b - a) for n, a, b in zip(seq_lens.tolist(), starts, starts[1:])]
 
 
 def sdpa_contiguous_decode(q, k, v, seq_lens, scale, mode=None):
@@ -195,13 +211,15 @@ def _softmax_attend64(q, k, v, mask, scale):
 def reference_decode(q, k_cache, v_cache, block_tables, seq_lens, scale=None, *, k_scale=None,
                      v_scale=None):
     """Paged decode in float64 on the CPU, one sequence at a time from its logical K/V."""
-    return reference_prefill(q, k_cache, v_cache, block_tables, seq_lens,
-                             torch.ones_like(seq_lens), scale, k_scale=k_scale, v_scale=v_scale)
+    starts = torch.arange(seq_lens.shape[0] + 1, dtype=torch.int64)
+    return reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, starts, scale,
+                             k_scale=k_scale, v_scale=v_scale)
 
 
-def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale=None, *,
-                      k_scale=None, v_scale=None):
-    """float64 CPU result [sum(query_lens), Hq, D]; queries are the last query_lens positions.
+def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale=None,
+                      *, k_scale=None, v_scale=None):
+    """float64 CPU result [query_start_loc[-1], Hq, D]; sequence s's queries are its last
+    ``query_start_loc[s + 1] - query_start_loc[s]`` positions.
     An fp8 cache is dequantised exactly (in float64) with its per-head scales (numbers or
     tensors [num_kv_heads])."""
     q64, kc, vc = (t.detach().to("cpu", torch.float64) for t in (q, k_cache, v_cache))
@@ -214,15 +232,16 @@ def reference_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, s
     head_dim = q.shape[-1]
     scale = head_dim ** -0.5 if scale is None else float(scale)
     group = q.shape[1] // k_cache.shape[2]
-    outs, start = [], 0
-    for s, (n, ql) in enumerate(zip(seq_lens.tolist(), query_lens.tolist())):
+    outs = []
+    for s, (n, start, ql) in enumerate(query_spans(seq_lens, query_start_loc)):
+        if not ql:
+            continue
         k, v = _seq_kv(kc, vc, tables[s], n)
         k = k.repeat_interleave(group, dim=1).transpose(0, 1)
         v = v.repeat_interleave(group, dim=1).transpose(0, 1)
         qs = q64[start:start + ql].transpose(0, 1)
         mask = torch.arange(n)[None, :] <= torch.arange(n - ql, n)[:, None]
         outs.append(_softmax_attend64(qs, k, v, mask, scale).transpose(0, 1))
-        start += ql
     return torch.cat(outs) if outs else q64.new_empty(q.shape)
 
 

@@ -4,7 +4,8 @@ A backend supplies any of three operations, each a plain function taking already
 tensors and a resolved float ``scale``:
 
 - ``decode(q, k_cache, v_cache, block_tables, seq_lens, scale) -> out`` (paged decode)
-- ``prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale) -> out``
+- ``prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale) -> out``
+  (``query_start_loc``: the queries' cumulative offsets, ``[num_seqs + 1]`` from 0)
 - ``contiguous(q, k, v, seq_lens, scale) -> out`` (contiguous cache; ``seq_lens`` is None when
   every sequence fills the cache's max_len)
 

@@ -20,17 +20,13 @@ conditional rescaling), and a warp whose rows all kept theirs skips the output's
 vote, no barrier). ``prefill_launch`` picks these per regime (docs/kernels.md).
 
 The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile
-``last - p // kv_heads``, where the query tiles of all sequences are numbered one after another
-(each program finds its sequence by scanning the query lengths). Numbering from the last tile
+``last - p // kv_heads``. The query tiles are numbered as in vLLM's unified attention: sequence
+``s``'s start at ``query_start_loc[s] // TOKENS + s``, at least as many as its queries fill, so
+the grid (``total // TOKENS + num_seqs`` tiles a KV head) is sized without reading anything
+back to the host, and a program finds its sequence by a binary search over the offsets
+(``_sequence_of``); tiles past a sequence's queries do nothing. Numbering from the last tile
 means the programs with the most keys to walk (the ends of long chunks) start first and the
-short ones fill in behind them, rather than leaving a tail of long ones. Or (``round_robin``)
-round ``r`` of the grid takes the ``r``-th tile from the last of every sequence in turn, so
-that the long walks of all sequences start before the short ones of any; its rounds are as
-many as the longest chunk can have tiles, so sequences with fewer leave empty programs. Either
-grid is sized from the packed query count and the table's width alone, so nothing is read
-back to the host. With many sequences a small kernel launched first lists each query tile's
-sequence and offsets (``work_list``), and the prefill's programs read their tile's record
-rather than each scanning the lengths.
+short ones fill in behind them, rather than leaving a tail of long ones.
 """
 
 from __future__ import annotations
@@ -41,10 +37,11 @@ import functools
 import torch
 
 from pagebench.config import ceil_div
+from pagebench.errors import ConfigError
 from pagebench.kernels.quant import is_fp8
-from pagebench.kernels.triton_decode import default_tile_n
 from pagebench.kernels.reference import LOG2E
-from pagebench.kernels.triton_runtime import INTERPRETED, launch, next_pow2
+from pagebench.kernels.triton_decode import default_tile_n
+from pagebench.kernels.triton_runtime import INTERPRETED, launch as launch_kernel, next_pow2
 from pagebench.kernels.validate import element_span
 
 # isort: split
@@ -53,13 +50,11 @@ import triton
 import triton.language as tl
 
 INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithmetic
-MAX_SCAN = 1024  # query lengths a program scans per step while finding its sequence
-MIN_SCAN = 32  # the narrowest scan, but for one sequence without the re-read (_scan_width)
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 LONG_CHUNKS = 1024  # ... where there are several sequences
-WORK_LIST_SEQS = 64  # sequences from which short-walk launches take a work list
-WORK_LIST_SEQS_LONGER = 16  # ... from which those of walks over 4 tiles take one
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
+MAX_ROWS = 128  # query rows a program holds at most (its accumulator: rows x head dim fp32)
+MAX_TILE_N = 128
 
 
 @triton.jit
@@ -220,154 +215,47 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
-def _queries_of(Q_LENS, seq, SCAN: tl.constexpr):
-    """Sequence ``seq``'s first row in the packed queries and its query count, read again by
-    volatile loads (which the compiler does not merge with the reads before the walk)."""
-    q_start = 0
-    for chunk in range(0, seq, SCAN):
-        idx = chunk + tl.arange(0, SCAN)
-        q_start += tl.sum(tl.load(Q_LENS + idx, mask=idx < seq, other=0, volatile=True), 0)
-    return q_start, tl.load(Q_LENS + seq, volatile=True)
-
-
-@triton.jit
-def _lengths(Q_LENS, SEQ_LENS, chunk, num_seqs, SCAN: tl.constexpr):
-    """Sequences ``chunk .. chunk + SCAN - 1``: their indices, query counts and lengths (0 past
-    the last), the lengths as int32 whatever the caller's dtype (they are summed into
-    loop-carried int32, and fit)."""
-    idx = chunk + tl.arange(0, SCAN)
-    listed = idx < num_seqs
-    lens = tl.load(Q_LENS + idx, mask=listed, other=0)
-    return idx, lens, tl.load(SEQ_LENS + idx, mask=listed, other=0).to(tl.int32)
-
-
-@triton.jit
-def _tile_owner(tile, tiles_before, lens, TOKENS: tl.constexpr):
-    """With the query tiles numbered one after another over the sequences, ``tiles_before`` of
-    them before these sequences (query counts ``lens``): each sequence's tile count, and for
-    ``tile`` (a scalar, or a column of tiles: then the flags are a matrix) whether each sequence
-    lies wholly before it and whether it holds it."""
-    tiles = (lens + (TOKENS - 1)) // TOKENS
-    through = tiles_before + tl.cumsum(tiles, 0)  # tiles through each sequence
-    return tiles, through <= tile, (through - tiles <= tile) & (tile < through)
-
-
-@triton.jit
-def _counted(before, mine, lens, totals, AXIS: tl.constexpr):
-    """Summed over the sequences (``AXIS``): the queries of those ``before``, and the query
-    count and length of the one that is ``mine``."""
-    return (tl.sum(tl.where(before, lens, 0), AXIS), tl.sum(tl.where(mine, lens, 0), AXIS),
-            tl.sum(tl.where(mine, totals, 0), AXIS))
-
-
-WORK_FIELDS = 8  # int32 per query tile in the work list (five used; 32 bytes a record)
-WORK_TILES = 8  # query tiles a program of the work-list kernel describes (one warp)
-WORK_WARPS = 1
-_WORK_FIELDS = tl.constexpr(WORK_FIELDS)
-
-
-@triton.jit
-def _work_list_kernel(Q_LENS, SEQ_LENS, WORK, num_seqs, TOKENS: tl.constexpr,
-                      SCAN: tl.constexpr, BLOCK_T: tl.constexpr):
-    """For each query tile (numbered one after another over the sequences): its sequence
-    (``num_seqs`` past the last tile), its first query in the chunk, the sequence's first row
-    in the packed queries, its query count and its length; the same scan as the prefill's,
-    done once for ``BLOCK_T`` tiles rather than by every program (``WORK`` holds ``BLOCK_T``
-    records a program)."""
-    tile = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    seq = tl.zeros([BLOCK_T], tl.int32)
-    tile_start = tl.zeros([BLOCK_T], tl.int32)
-    q_start = tl.zeros([BLOCK_T], tl.int32)
-    q_len = tl.zeros([BLOCK_T], tl.int32)
-    seq_len = tl.zeros([BLOCK_T], tl.int32)
-    tiles_before = 0
-    for chunk in range(0, num_seqs, SCAN):
-        idx, lens, totals = _lengths(Q_LENS, SEQ_LENS, chunk, num_seqs, SCAN)
-        tiles, before, mine = _tile_owner(tile[:, None], tiles_before, lens, TOKENS)
-        seq += tl.sum(before.to(tl.int32), 1)
-        tile_start += tl.sum(tl.where(before, tiles, 0), 1)
-        queries_before, count, length = _counted(before, mine, lens, totals, 1)
-        q_start += queries_before
-        q_len += count
-        seq_len += length
-        tiles_before += tl.sum(tiles, 0)
-    record = WORK + tile * _WORK_FIELDS
-    tl.store(record, seq)
-    tl.store(record + 1, (tile - tile_start) * TOKENS)
-    tl.store(record + 2, q_start)
-    tl.store(record + 3, q_len)
-    tl.store(record + 4, seq_len)
+def _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS: tl.constexpr):
+    """The sequence whose query tiles include ``tile``: sequence ``s``'s tiles start at
+    ``query_start_loc[s] // TOKENS + s``, which grows with ``s``, so the last sequence whose
+    start is at most ``tile`` is found by a binary search (vLLM's ``find_seq_idx``)."""
+    lo = tile * 0
+    hi = lo + num_seqs
+    while lo < hi:
+        mid = (lo + hi) // 2
+        start = tl.load(QUERY_START + mid * stride_qs).to(tl.int32)
+        if start // TOKENS + mid <= tile:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo - 1
 
 
 @triton.jit
 def _prefill_kernel(
-    Q, K, V, TABLES, SEQ_LENS, Q_LENS, OUT, K_SCALE, V_SCALE, WORK,
+    Q, K, V, TABLES, SEQ_LENS, QUERY_START, OUT, K_SCALE, V_SCALE,
     num_seqs, scale_log2e,
     stride_qt, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
-    stride_ts, stride_ot, stride_oh,
+    stride_ts, stride_sl, stride_qs, stride_ot, stride_oh,
     KV_HEADS: tl.constexpr, GROUP: tl.constexpr, TOKENS: tl.constexpr, ROWS: tl.constexpr,
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr, SCAN: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
-    IEEE_DOT: tl.constexpr,
-    FP8: tl.constexpr, WIDE_INDEX: tl.constexpr, ROUND_ROBIN: tl.constexpr, REREAD: tl.constexpr,
-    LAZY: tl.constexpr, VOTE: tl.constexpr, WORK_LIST: tl.constexpr,
+    DIM_PAD: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
+    IEEE_DOT: tl.constexpr, FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
+    LAZY: tl.constexpr, VOTE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
-    if ROUND_ROBIN:  # round r takes the r-th tile from the last of each sequence in turn
-        rank = pid // KV_HEADS // num_seqs
-        seq = pid // KV_HEADS % num_seqs
-    else:
-        tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
-        seq = 0
+    tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    if WORK_LIST:  # the tile's record, written by _work_list_kernel before this launch
-        record = WORK + tile * _WORK_FIELDS
-        seq = tl.load(record)
-        first = tl.load(record + 1)
-        q_start = tl.load(record + 2)
-        q_len = tl.load(record + 3)
-        seq_len = tl.load(record + 4)
-        # every field before the branch (all are >= 0), so that the compiler issues the five
-        # loads together instead of sinking four past it: one round trip to L2, not two
-        live = (seq < num_seqs) & ((first | q_start | q_len | seq_len) >= 0)
-    else:
-        # Each program scans the query and sequence lengths itself, SCAN sequences at a time, in
-        # one round of loads, for its sequence's query count and length and the queries before it.
-        # By sequence, its sequence is the one whose tiles (numbered one after another over the
-        # sequences) include this tile: the sequences before it are those whose cumulative tile
-        # count is <= tile. (One pass of vector loads instead of prefix sums launched from the
-        # host: those were separate kernels, each costing more than this scan on a small prefill.)
-        q_start = 0
-        tile_start = 0
-        tiles_before = 0
-        q_len = 0
-        seq_len = 0
-        for chunk in range(0, num_seqs, SCAN):
-            idx, lens, totals = _lengths(Q_LENS, SEQ_LENS, chunk, num_seqs, SCAN)
-            if ROUND_ROBIN:
-                before = idx < seq
-                mine = idx == seq
-            else:
-                tiles, before, mine = _tile_owner(tile, tiles_before, lens, TOKENS)
-                seq += tl.sum(before.to(tl.int32), 0)
-                tile_start += tl.sum(tl.where(before, tiles, 0), 0)
-                tiles_before += tl.sum(tiles, 0)
-            queries_before, count, length = _counted(before, mine, lens, totals, 0)
-            q_start += queries_before
-            q_len += count
-            seq_len += length
-        if ROUND_ROBIN:
-            local = (q_len + (TOKENS - 1)) // TOKENS - 1 - rank
-            live = local >= 0
-        else:
-            local = tile - tile_start
-            live = seq < num_seqs
-        first = local * TOKENS
-    if live:  # the grid is an upper bound on the tile count: the rest do nothing
+    seq = _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS)
+    q_start = tl.load(QUERY_START + seq * stride_qs).to(tl.int32)
+    q_len = tl.load(QUERY_START + (seq + 1) * stride_qs).to(tl.int32) - q_start
+    seq_len = tl.load(SEQ_LENS + seq * stride_sl).to(tl.int32)
+    first = (tile - q_start // TOKENS - seq) * TOKENS  # this tile's first query in the chunk
+    if first < q_len:  # the grid is an upper bound on the tile count: the rest do nothing
         rows = tl.arange(0, ROWS)
         tok = first + rows // GROUP  # query index in the chunk
         heads = kv_head * GROUP + rows % GROUP
@@ -416,87 +304,95 @@ def _prefill_kernel(
         out = acc / l_i[:, None]
         if FP8:
             out = out * tl.load(V_SCALE + kv_head)
-        if WORK_LIST:
-            # the rows' offsets rebuilt from two scalars kept through the walk, in a form the
-            # compiler does not merge with q_rows (which it would then keep, at 14 registers)
-            out_tile = OUT + (q_start + first).to(tl.int64) * stride_ot
-            in_tile = rows // GROUP
-            row_ok = (rows < TOKENS * GROUP) & (in_tile < q_len - first)
-            out_ptr = out_tile + in_tile.to(tl.int64)[:, None] * stride_ot
-        else:
-            if REREAD:  # the rows' offsets read again, not kept through the walk (fewer spills)
-                q_start, q_len = _queries_of(Q_LENS, seq, SCAN)
-                q_rows = (q_start + tok).to(tl.int64)
-                row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
-            out_ptr = OUT + q_rows[:, None] * stride_ot
+        # the rows' offsets rebuilt from two scalars kept through the walk, in a form the
+        # compiler does not merge with q_rows (which it would keep through the walk, in
+        # registers the long-chunk launch does not have)
+        out_tile = OUT + (q_start + first).to(tl.int64) * stride_ot
+        in_tile = rows // GROUP
+        row_ok = (rows < TOKENS * GROUP) & (in_tile < q_len - first)
+        out_ptr = out_tile + in_tile.to(tl.int64)[:, None] * stride_ot
         tl.store(out_ptr + heads[:, None] * stride_oh + dims[None, :],
                  out.to(OUT.dtype.element_ty), mask=row_ok[:, None] & dim_ok[None, :])
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+def _power_of_two(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool) and n > 0 and n & (n - 1) == 0
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
 class PrefillLaunch:
-    """A launch configuration of the prefill kernel (``triton_paged_prefill``'s options)."""
-    rows: int  # query rows per program (queries x the group's heads)
-    tile_n: int  # keys per tile
+    """How ``triton_paged_prefill`` launches its kernel; ``prefill_launch`` picks one per call
+    unless the caller gives one (``launch=``)."""
+    rows: int  # query rows a program (queries x the group's heads; raised to >= the group)
+    tile_n: int  # keys a tile
     num_warps: int
     num_stages: int  # Triton's pipelining depth
-    one_loop: bool  # one walk over the keys, masking only the tiles across the diagonal
-    table_ahead: bool  # each tile's block ids loaded a tile ahead of its K/V
-    maxnreg: int | None = None  # registers per thread (None: the compiler's choice)
-    round_robin: bool = False  # grid order: round r = each sequence's r-th tile from its last
-    reread: bool = False  # the output rows' offsets read again after the walk (no work list)
-    lazy_rescale: bool = False  # the running max moves by more than 2^8 or not at all
-    work_list: bool = False  # the tiles' sequences listed by a kernel before the prefill
+    maxnreg: int | None = None  # registers a thread (None: the compiler's choice; NVIDIA only)
+    one_loop: bool = False  # one walk over the keys, masking only the tiles across the diagonal
+    table_ahead: bool = False  # each tile's block ids loaded a tile ahead of its K/V
+    lazy_rescale: bool = False  # a row's running max moves by more than 2^8 or not at all
+
+    def __post_init__(self):
+        def bad(name, why):
+            raise ConfigError(f"launch: {name}={getattr(self, name)!r} {why}")
+        if not _power_of_two(self.rows) or not 16 <= self.rows <= MAX_ROWS:
+            bad("rows", f"must be a power of two in 16..{MAX_ROWS}")
+        if not _power_of_two(self.tile_n) or not 16 <= self.tile_n <= MAX_TILE_N:
+            bad("tile_n", f"must be a power of two in 16..{MAX_TILE_N}")
+        if self.num_warps not in (1, 2, 4, 8, 16):
+            bad("num_warps", "must be 1, 2, 4, 8 or 16")
+        if not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            bad("num_stages", "must be an integer in 1..8")
+        if self.maxnreg is not None and (not isinstance(self.maxnreg, int)
+                                         or not 24 <= self.maxnreg <= 255):
+            bad("maxnreg", "must be None or an integer in 24..255")
+        if self.table_ahead and not self.one_loop:
+            bad("table_ahead", "needs one_loop=True (the two walks load ids with their tile)")
 
 
-def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *,
-                   mean_chunk: int, programs: int, max_keys: int, sequences: int = 1,
-                   sm_count: int | None = None) -> PrefillLaunch:
-    """The launch for ``sequences`` chunks of ``mean_chunk`` queries on average, ``programs``
-    programs of 64 rows, and at most ``max_keys`` keys per sequence (the block table's
-    capacity), on a CUDA device of ``sm_count`` SMs (None: ``device``'s own).
+def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int,
+                   kv_heads: int, total: int, sequences: int, max_keys: int,
+                   sm_count: int | None = None, hopper: bool | None = None) -> PrefillLaunch:
+    """The launch for ``total`` queries of ``sequences`` chunks, heads grouped ``group`` query
+    heads to each of ``kv_heads``, at most ``max_keys`` keys a sequence (the block table's
+    capacity), on a CUDA device of ``sm_count`` SMs (None: ``device``'s own), Hopper or not
+    (None: ``device``'s).
 
-    Three regimes, each fitted on an H200 (docs/kernels.md, "Launch rules", has the table and
-    the numbers; reports/data/h200/kernels_prefill_tuning.csv the grid):
-
-    - long chunks above head dim 64: 128 rows, so each K/V tile serves more queries, on 8
-      warps capped at 128 registers (two programs per SM; four warps spill);
-    - short tables with more than a wave of programs: 32-key tiles and capped registers, so
-      that more programs share an SM and hide each one's fixed cost (scan, Q, first tiles,
-      output); at head dim 64 only walks of at most four tiles;
-    - otherwise 64 rows, 64-key tiles, block ids a tile ahead and 3 stages (two K/V tiles in
-      flight), 255 registers only where the programs fit one wave (with more, the cap cost
-      time).
-
-    Head dim 64 orders the grid round-robin over the sequences (``round_robin``; the caller
-    takes it where that grid is no larger) and never re-reads the rows' offsets; above it the offsets are read again after the walk
-    (``reread``: kept through it, they made the long-chunk launch spill), and a work list
-    replaces the per-program scan from ``WORK_LIST_SEQS`` sequences (``WORK_LIST_SEQS_LONGER``
-    for walks over four tiles). The lazy rescale is taken where the programs exceed a wave.
-    fp8 caches take these launches; fp32, head dims over 128 and other devices take a plain
-    one (64 rows, two walks, 2 stages), not tuned."""
+    Three regimes, fitted on an H200 (docs/kernels.md, "Launch rules"): long chunks above head
+    dim 64 take 128 rows, so each K/V tile serves more queries, on 8 warps capped at 128
+    registers (two programs an SM); short tables with more than a wave of programs take 32-key
+    tiles and capped registers, so more programs share an SM and hide each one's fixed cost;
+    the rest 64 rows, 64-key tiles, block ids a tile ahead and 3 stages, capped only where the
+    programs fit one wave. Past a wave the rescale is lazy where a warp can vote (Hopper). A
+    program never has more rows than the mean chunk fills. fp32, head dims over 128 and other
+    devices take one plain launch, not tuned."""
+    mean_chunk = ceil_div(total, sequences)
     tile_n = default_tile_n(head_dim, dtype)
+
+    def fitted(rows, **fields):  # no more rows than the mean chunk fills, at least the group
+        rows = max(16, next_pow2(max(min(rows, mean_chunk * group), group)))
+        return PrefillLaunch(rows=rows, **fields)
+
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
-        return PrefillLaunch(64, tile_n, 4, 2, False, False)
+        return fitted(64, tile_n=tile_n, num_warps=4, num_stages=2)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
-    by_round, reread = head_dim <= 64, head_dim > 64
-    long = mean_chunk >= (LONG_CHUNKS if sequences > 1 else LONG_CHUNK)
-    if long and head_dim > 64:
-        return PrefillLaunch(128, 64, 8, 2, False, False, 128 if cap else None, reread=True)
-    sms = sm_count or _sm_count(device)
-    many = programs > 2 * sms  # more than a wave (two programs per SM): the lazy rescale
-    listed = sequences >= WORK_LIST_SEQS and head_dim > 64
+    if mean_chunk >= (LONG_CHUNKS if sequences > 1 else LONG_CHUNK) and head_dim > 64:
+        return fitted(128, tile_n=64, num_warps=8, num_stages=2, maxnreg=128 if cap else None)
+    tokens = _padded_rows(64, group) // group  # the estimate counts programs of 64 rows
+    programs = min(total // tokens + sequences, sequences * ceil_div(max_keys, tokens)) * kv_heads
+    many = programs > 2 * (sm_count or _sm_count(device))  # more than a wave, two an SM
+    hopper = _hopper(device) if hopper is None else hopper
+    rows = fitted(64, tile_n=tile_n, num_warps=4, num_stages=2).rows
+    lazy = many and hopper and _votes(rows, 4, head_dim)
     if max_keys <= SHORT_WALK_TILES * 32 and many:
         if max_keys <= 4 * 32:
-            return PrefillLaunch(64, 32, 4, 2, True, False, 128 if cap else None, by_round,
-                                 reread, lazy_rescale=True, work_list=listed)
+            return fitted(64, tile_n=32, num_warps=4, num_stages=2, one_loop=True,
+                          maxnreg=128 if cap else None, lazy_rescale=lazy)
         if head_dim > 64:
-            return PrefillLaunch(64, 32, 4, 3, True, True, 168 if cap else None, reread=True,
-                                 lazy_rescale=True,
-                                 work_list=sequences >= WORK_LIST_SEQS_LONGER)
-    # the register cap only where the programs fit in one wave
-    return PrefillLaunch(64, 64, 4, 3, True, True, 255 if cap and not many else None, by_round,
-                         reread, lazy_rescale=many, work_list=listed)
+            return fitted(64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
+                          table_ahead=True, maxnreg=168 if cap else None, lazy_rescale=lazy)
+    return fitted(64, tile_n=64, num_warps=4, num_stages=3, one_loop=True, table_ahead=True,
+                  maxnreg=255 if cap and not many else None, lazy_rescale=lazy)
 
 
 @functools.cache
@@ -509,23 +405,19 @@ def _hopper(device: torch.device) -> bool:
     return torch.version.hip is None and torch.cuda.get_device_capability(device)[0] == 9
 
 
-def _can_vote(q: torch.Tensor, rows: int, num_warps: int, dim_pad: int, ieee_dot: bool) -> bool:
-    """Whether the lazy rescale's warp vote (``_rescaled``) holds: a compiled (not interpreted)
-    bf16/fp16 ``wgmma`` accumulator of 16 rows a warp, whole packs of ``LAZY_PACK`` per thread,
-    on a Hopper GPU, or on the CPU, where a kernel is only compiled for one
-    (``offline_compile``), never run."""
-    if INTERPRETED or ieee_dot or rows != 16 * num_warps or (dim_pad // 2) % LAZY_PACK:
+def _votes(rows: int, num_warps: int, head_dim: int) -> bool:
+    """Whether the lazy rescale's warp vote (``_rescaled``) fits the accumulator's layout: a
+    ``wgmma`` accumulator of 16 rows a warp and whole packs of ``LAZY_PACK`` a thread."""
+    return rows == 16 * num_warps and (max(16, next_pow2(head_dim)) // 2) % LAZY_PACK == 0
+
+
+def _can_vote(q: torch.Tensor, rows: int, num_warps: int, head_dim: int, ieee_dot: bool) -> bool:
+    """Whether the warp vote holds for this call: compiled (not interpreted), bf16/fp16 dots,
+    the accumulator's layout (``_votes``), on a Hopper GPU, or on the CPU, where a kernel is
+    only compiled for one (``offline_compile``), never run."""
+    if INTERPRETED or ieee_dot or not _votes(rows, num_warps, head_dim):
         return False
     return q.device.type == "cpu" or (q.device.type == "cuda" and _hopper(q.device))
-
-
-def _scan_width(num_seqs: int, reread: bool) -> int:
-    """Query lengths a program scans per step: at least ``MIN_SCAN`` (narrower scans cost
-    spills), except one for one sequence where the rows are not read again (there the one-lane
-    scan was faster for short chunks; where the rows are read again it was not)."""
-    if num_seqs == 1 and not reread:
-        return 1
-    return min(max(num_seqs, MIN_SCAN), MAX_SCAN)
 
 
 def _padded_rows(rows: int, group: int) -> int:
@@ -533,119 +425,49 @@ def _padded_rows(rows: int, group: int) -> int:
     return max(16, next_pow2(max(rows, group)))
 
 
-def _grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int, max_keys: int) -> int:
-    """Programs for ``tokens`` queries each: an upper bound on the query tiles,
-    sum(ceil(len / tokens)), known without a device sync: at most total // tokens + num_seqs,
-    and at most ceil(max_keys / tokens) a sequence (no chunk has more queries than its table
-    holds keys), which is exact for chunks that fill their tables."""
-    return min(total // tokens + num_seqs, num_seqs * ceil_div(max_keys, tokens)) * kv_heads
-
-
-def _round_grid_size(total: int, num_seqs: int, tokens: int, kv_heads: int,
-                     max_keys: int) -> int:
-    """Programs for the round-robin order: ``num_seqs`` a round, as many rounds as the longest
-    chunk can have tiles (no more queries than the table holds keys, nor than the step has)."""
-    return num_seqs * min(ceil_div(max_keys, tokens), total // tokens + 1) * kv_heads
-
-
-def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
-                         k_scale=None, v_scale=None, *, rows: int | None = None,
-                         tile_n: int | None = None, num_warps: int | None = None,
-                         num_stages: int | None = None, scan: int | None = None,
-                         one_loop: bool | None = None, table_ahead: bool | None = None,
-                         maxnreg: int | None = None, round_robin: bool | None = None,
-                         reread: bool | None = None, lazy_rescale: bool | None = None,
-                         work_list: bool | None = None):
+def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                         k_scale=None, v_scale=None, *, launch: PrefillLaunch | None = None):
     """Paged prefill; arguments as ``pagebench.kernels.paged_prefill`` (already validated; an
     fp8 cache's scales as float32 tensors ``[num_kv_heads]``, converted and applied as in the
-    decode kernel).
-
-    Launch options (each ``None``: ``prefill_launch``'s choice): ``rows``: query rows per
-    program (rounded up to a power of two >= 16 and >= the group; a program takes
-    ``rows // group`` queries of one sequence with all ``group`` heads of a KV head; by
-    default no more than the mean chunk needs); ``tile_n``: keys per tile; ``num_warps``,
-    ``num_stages``, ``maxnreg``: Triton's; ``one_loop``: one walk over the keys (else the
-    unmasked tiles, then the diagonal ones); ``table_ahead``: block ids loaded a tile ahead;
-    ``round_robin``: the grid's order (by default round-robin where the launch says so and its
-    grid is no larger than the one by sequence); ``reread``: the output rows' offsets read
-    again after the walk rather than kept through it (without a work list; with one, they are
-    rebuilt from two scalars kept through it); ``lazy_rescale``: a row's running max
-    moves only when a tile's passes it by more than 2^8, and the output is rescaled only then,
-    skipped by whole warps where the GPU allows (by default where the launch says so and the
-    skip is possible, ``_can_vote``);
-    ``work_list``: each query tile's sequence and offsets listed by a small kernel launched
-    first (``_work_list_kernel``), so that no program of the prefill scans the lengths (not
-    with the round-robin grid, which needs no scan to find its sequence);
-    ``scan``: query lengths a program reads per step while finding its sequence (a power of
-    two; default ``_scan_width``'s). Nothing is read back to the host, so a call can be
-    captured in a CUDA graph.
-    """
+    decode kernel). ``launch``: how to launch the kernel (None: ``prefill_launch``'s choice;
+    its rows are raised to a power of two >= the group). Nothing is read back to the host, so
+    a call can be captured in a CUDA graph."""
     total, q_heads, head_dim = q.shape
-    num_seqs = query_lens.shape[0]
+    num_seqs = query_start_loc.shape[0] - 1
     _, block_size, kv_heads, _ = k_cache.shape
     group = q_heads // kv_heads
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
-    if total == 0 or num_seqs == 0:
+    if total == 0 or num_seqs <= 0:
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
     tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
-    mean_chunk = ceil_div(total, num_seqs)
-    max_keys = tables.shape[1] * block_size
-    fp8 = is_fp8(k_cache.dtype)
-    chosen = prefill_launch(head_dim, q.dtype, q.device, mean_chunk=mean_chunk,
-                            programs=_grid_size(total, num_seqs, _padded_rows(64, group) // group,
-                                                kv_heads, max_keys),
-                            max_keys=max_keys, sequences=num_seqs)
-    if rows is None:  # no wider than the mean chunk needs: short chunks would waste rows
-        rows = min(chosen.rows, mean_chunk * group)
-    rows = _padded_rows(rows, group)
+    if launch is None:
+        launch = prefill_launch(head_dim, q.dtype, q.device, group=group, kv_heads=kv_heads,
+                                total=total, sequences=num_seqs,
+                                max_keys=tables.shape[1] * block_size)
+    rows = _padded_rows(launch.rows, group)
     tokens = rows // group
-    tile_n = tile_n or chosen.tile_n
-    maxnreg = maxnreg if maxnreg is not None else chosen.maxnreg
-    q_lens = query_lens.to(torch.int32).contiguous()  # the kernel reads lengths at unit stride
-    reread = chosen.reread if reread is None else bool(reread)
-    by_sequence = _grid_size(total, num_seqs, tokens, kv_heads, max_keys)
-    by_round = _round_grid_size(total, num_seqs, tokens, kv_heads, max_keys)
-    work_list = chosen.work_list if work_list is None else bool(work_list)
-    if round_robin is None:  # where its grid is no larger (chunks of about the table's width)
-        round_robin = chosen.round_robin and by_round <= by_sequence and not work_list
-    if round_robin and work_list:
-        raise ValueError("work_list: the round-robin grid takes no work list")
-    scan_width = next_pow2(scan or _scan_width(num_seqs, reread))
-    work = q_lens  # (a placeholder pointer where there is no work list)
-    if work_list:  # records for whole programs of the list's kernel (those past the last tile idle)
-        programs = ceil_div(by_sequence // kv_heads, WORK_TILES)
-        work = torch.empty(programs * WORK_TILES * WORK_FIELDS, device=q.device,
-                           dtype=torch.int32)
-        launch(_work_list_kernel, (programs,), (q_lens, seq_lens, work), (num_seqs,),
-               dict(TOKENS=tokens, SCAN=min(scan_width, 64), BLOCK_T=WORK_TILES),
-               dict(num_warps=WORK_WARPS))
-    num_warps = num_warps or chosen.num_warps
     ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
-    dim_pad = max(16, next_pow2(head_dim))
-    vote = _can_vote(q, rows, num_warps, dim_pad, ieee_dot)
-    lazy = chosen.lazy_rescale and vote if lazy_rescale is None else bool(lazy_rescale)
+    lazy = launch.lazy_rescale
     constexprs = dict(
         KV_HEADS=kv_heads, GROUP=group, TOKENS=tokens, ROWS=rows, BLOCK_SIZE=block_size,
-        TILE_N=tile_n, HEAD_DIM=head_dim, DIM_PAD=dim_pad,
-        SCAN=scan_width,
-        ONE_LOOP=chosen.one_loop if one_loop is None else bool(one_loop),
-        TABLE_AHEAD=chosen.table_ahead if table_ahead is None else bool(table_ahead),
-        IEEE_DOT=ieee_dot,
-        FP8=fp8,
+        TILE_N=launch.tile_n, HEAD_DIM=head_dim, DIM_PAD=max(16, next_pow2(head_dim)),
+        ONE_LOOP=launch.one_loop, TABLE_AHEAD=launch.table_ahead, IEEE_DOT=ieee_dot,
+        FP8=is_fp8(k_cache.dtype),
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
-        ROUND_ROBIN=bool(round_robin),
-        REREAD=reread, LAZY=lazy, VOTE=lazy and vote, WORK_LIST=work_list)
-    options = dict(num_warps=num_warps, num_stages=num_stages or chosen.num_stages,
+        LAZY=lazy, VOTE=lazy and _can_vote(q, rows, launch.num_warps, head_dim, ieee_dot))
+    maxnreg = launch.maxnreg
+    options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages,
                    **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))
-    launch(_prefill_kernel, (by_round if round_robin else by_sequence,),
-           (q, k_cache, v_cache, tables, seq_lens, q_lens, out,
-            q_lens if k_scale is None else k_scale, q_lens if v_scale is None else v_scale, work),
-           (num_seqs, scale * LOG2E,
-            q.stride(0), q.stride(1),
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-            tables.stride(0), out.stride(0), out.stride(1)),
-           constexprs, options)
+    launch_kernel(_prefill_kernel, ((total // tokens + num_seqs) * kv_heads,),
+                  (q, k_cache, v_cache, tables, seq_lens, query_start_loc, out,
+                   seq_lens if k_scale is None else k_scale,
+                   seq_lens if v_scale is None else v_scale),
+                  (num_seqs, scale * LOG2E,
+                   q.stride(0), q.stride(1),
+                   k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+                   v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+                   tables.stride(0), seq_lens.stride(0), query_start_loc.stride(0),
+                   out.stride(0), out.stride(1)),
+                  constexprs, options)
     return out

@@ -169,34 +169,49 @@ def check_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, validate="c
     return check_scale(scale, head_dim)
 
 
-def check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_lens, scale,
+def check_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                   validate="cached"):
     """Validate paged-prefill arguments; returns the resolved scale."""
     check_validate(validate)
     _tensor("q", q, 3, FLOAT_DTYPES)
     _, block_size, _, _, head_dim = check_cache(q, k_cache, v_cache)
     _same_device("q", q, k_cache=k_cache, v_cache=v_cache)
-    _tensor("query_lens", query_lens, 1, INDEX_DTYPES)
-    num_seqs = query_lens.shape[0]
+    _tensor("query_start_loc", query_start_loc, 1, INDEX_DTYPES)
+    num_seqs = query_start_loc.shape[0] - 1
+    if num_seqs < 0:
+        _fail("query_start_loc", "is empty: it needs num_seqs + 1 entries, the first 0")
     if isinstance(seq_lens, torch.Tensor) and seq_lens.dim() == 1 and seq_lens.shape[0] != num_seqs:
-        _fail("query_lens", f"has {num_seqs} entries but seq_lens has {seq_lens.shape[0]}")
-    if query_lens.device != q.device:
-        _fail("query_lens", f"is on {query_lens.device} but q is on {q.device}")
+        _fail("query_start_loc", f"has {num_seqs + 1} entries for the {seq_lens.shape[0]} "
+              f"sequences of seq_lens (it needs num_seqs + 1 = {seq_lens.shape[0] + 1})")
+    if query_start_loc.device != q.device:
+        _fail("query_start_loc", f"is on {query_start_loc.device} but q is on {q.device}")
     check_tables(block_tables, seq_lens, num_seqs, k_cache.shape[0], block_size, q.device,
                  validate)
     if not _capturing(q.device):
-        _check_values(validate, q.device, _check_query_values, (query_lens, seq_lens),
+        _check_values(validate, q.device, _check_query_values, (query_start_loc, seq_lens),
                       (q.shape[0],))
     return check_scale(scale, head_dim)
 
 
-def _check_query_values(query_lens, seq_lens, total: int) -> None:
-    qlens, slens = torch.stack([query_lens.to(torch.int64), seq_lens.to(torch.int64)]).tolist()
-    for s, (ql, sl) in enumerate(zip(qlens, slens)):
-        if ql < 1 or ql > sl:
-            _fail("query_lens", f"sequence {s}: query length {ql} must be in 1..seq_len ({sl})")
-    if sum(qlens) != total:
-        _fail("q", f"has {total} query tokens but query_lens sums to {sum(qlens)}")
+def _check_query_values(query_start_loc, seq_lens, total: int) -> None:
+    """The offsets start at 0, never decrease, end at q's token count, and no sequence has
+    more queries than tokens."""
+    num_seqs = seq_lens.shape[0]  # one read back: the offsets, then the lengths
+    values = torch.cat([query_start_loc.to(torch.int64), seq_lens.to(torch.int64)]).tolist()
+    starts, lens = values[:num_seqs + 1], values[num_seqs + 1:]
+    first, last = starts[0], starts[-1]
+    if first != 0:
+        _fail("query_start_loc", f"must start at 0, got {first}")
+    for s, sl in enumerate(lens):
+        ql = starts[s + 1] - starts[s]
+        if ql < 0:
+            _fail("query_start_loc", f"decreases at sequence {s} ({starts[s]} then "
+                  f"{starts[s + 1]})")
+        if ql > sl:
+            _fail("query_start_loc", f"sequence {s}: query length {ql} exceeds its "
+                  f"seq_len ({sl})")
+    if last != total:
+        _fail("query_start_loc", f"ends at {last} but q has {total} query tokens")
 
 
 def check_contiguous(q, k, v, seq_lens, scale, validate="cached"):

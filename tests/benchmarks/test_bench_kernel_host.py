@@ -27,7 +27,7 @@ class _NoLaunch:
 
 @pytest.mark.parametrize("num_splits", [None, 1], ids=["split_choice", "one_split"])
 def test_triton_wrapper_host_cost(benchmark, monkeypatch, num_splits):
-    from pagebench.kernels.fixtures import make_paged_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs
 
     split = _NoLaunch(triton_decode._decode_split_kernel)
     combine = _NoLaunch(triton_decode._combine_kernel)

@@ -5,9 +5,10 @@ bf16, blocks of 16, one row per measurement; a configuration that fails to compi
 is recorded in ``skipped`` instead. The decode grid crosses (tile_n, num_warps, num_stages) with
 the number of KV splits at each point, beside SDPA (both GQA layouts), Flex at short batch-1
 contexts, and the split count the model picks (``heuristic=True``): the data behind
-``triton_decode``'s defaults (docs/kernels.md). The prefill grid crosses (rows, tile_n,
-num_warps, num_stages, one or two walks, block ids ahead, register cap) at the prefill
-sweep's points, beside the launch ``prefill_launch`` picks (``chosen=True``).
+``triton_decode``'s defaults (docs/kernels.md). The prefill grid crosses ``PrefillLaunch``'s
+fields (rows, tile_n, num_warps, num_stages, one or two walks, block ids ahead, register cap,
+lazy rescale) at the prefill sweep's points, beside the launch ``prefill_launch`` picks
+(``chosen=True``).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import dataclasses
 import torch
 
 from pagebench.defaults import BLOCK_SIZE, SHAPES
-from pagebench.kernels.fixtures import contiguous_case, paged_case, prefill_case
-from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS
-from pagebench.kernels.sweep import kv_bytes
-from pagebench.timing import measure
+from pagebench.measure.kernel_cases import contiguous_case, paged_case, prefill_case
+from pagebench.measure.prefill_sweep import FULL_PREFILL_POINTS
+from pagebench.measure.kernel_sweep import kv_bytes
+from pagebench.measure.timing import measure
 
 DECODE_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 4, 2)]
 DECODE_SPLITS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64, 128]
@@ -30,18 +31,23 @@ DECODE_POINTS = {
     "qwen2.5-0.5b": [(1, 1024), (1, 65536), (8, 4096), (16, 4096), (32, 4096), (64, 4096),
                      (256, 4096)],
 }
-# (rows, tile_n, num_warps, num_stages, one_loop, table_ahead, maxnreg, lazy_rescale):
-# prefill_launch's choices and their neighbours (triton_prefill.PrefillLaunch's fields)
-PREFILL_CONFIGS = [(64, 64, 4, 2, False, False, None, False),
-                   (64, 64, 4, 2, True, False, None, False),
-                   (64, 64, 4, 3, True, True, None, False),
-                   (64, 64, 4, 3, True, True, 255, False),
-                   (64, 64, 4, 3, False, True, None, False),
-                   (64, 32, 4, 2, True, False, 128, False),
-                   (64, 32, 4, 3, True, True, 168, False), (64, 32, 4, 3, True, True, 168, True),
-                   (128, 64, 4, 3, False, False, None, False),
-                   (128, 64, 8, 2, False, False, 128, False),
-                   (128, 64, 8, 2, True, False, 128, False)]
+# prefill_launch's choices and their neighbours, as triton_prefill.PrefillLaunch's keywords
+PREFILL_CONFIGS = [dict(rows=64, tile_n=64, num_warps=4, num_stages=2),
+                   dict(rows=64, tile_n=64, num_warps=4, num_stages=2, one_loop=True),
+                   dict(rows=64, tile_n=64, num_warps=4, num_stages=3, one_loop=True,
+                        table_ahead=True),
+                   dict(rows=64, tile_n=64, num_warps=4, num_stages=3, one_loop=True,
+                        table_ahead=True, maxnreg=255),
+                   dict(rows=64, tile_n=32, num_warps=4, num_stages=2, one_loop=True,
+                        maxnreg=128),
+                   dict(rows=64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
+                        table_ahead=True, maxnreg=168),
+                   dict(rows=64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
+                        table_ahead=True, maxnreg=168, lazy_rescale=True),
+                   dict(rows=128, tile_n=64, num_warps=4, num_stages=3),
+                   dict(rows=128, tile_n=64, num_warps=8, num_stages=2, maxnreg=128),
+                   dict(rows=128, tile_n=64, num_warps=8, num_stages=2, one_loop=True,
+                        maxnreg=128)]
 
 
 def _require_cuda(device: str) -> None:
@@ -128,11 +134,9 @@ def prefill_launch_grid(device: str = "cuda", repeat: int = 10, skipped: list | 
                             device, seed=3).args()
         base = {"batch": batch, "query_len": query_len, "cached": cached}
         timed(lambda: triton_paged_prefill(*case, scale), base, chosen=True)
-        for *config, lazy in PREFILL_CONFIGS:
-            # the rows' offsets read again, as every launch prefill_launch picks here, and a
-            # work list where it takes one
-            options = dataclasses.asdict(PrefillLaunch(*config, reread=True, lazy_rescale=lazy))
-            del options["work_list"]
-            timed(lambda: triton_paged_prefill(*case, scale, **options), base, **options)
+        for config in PREFILL_CONFIGS:
+            launch = PrefillLaunch(**config)
+            timed(lambda: triton_paged_prefill(*case, scale, launch=launch), base,
+                  **dataclasses.asdict(launch))
         case = None  # free this point's cache before the next is built
     return rows

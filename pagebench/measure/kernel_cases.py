@@ -33,13 +33,13 @@ class PagedInputs:
     seq_lens: torch.Tensor  # int32 [num_seqs]
     k_scale: torch.Tensor | None = None  # fp8 caches: float32 [num_kv_heads]
     v_scale: torch.Tensor | None = None
-    query_lens: torch.Tensor | None = None  # prefill: int32 [num_seqs], new tokens per sequence
+    query_start_loc: torch.Tensor | None = None  # prefill: int32 [num_seqs + 1], q's offsets
 
     def args(self):
         """The positional arguments of ``paged_decode`` (of ``paged_prefill`` when the input
-        has ``query_lens``)."""
+        has ``query_start_loc``)."""
         tensors = (self.q, self.k_cache, self.v_cache, self.block_tables, self.seq_lens)
-        return tensors if self.query_lens is None else (*tensors, self.query_lens)
+        return tensors if self.query_start_loc is None else (*tensors, self.query_start_loc)
 
     def scales(self) -> dict:
         """``k_scale``/``v_scale`` keywords for an fp8 cache, else nothing."""
@@ -136,13 +136,14 @@ def paged_case(batch: int, context: int, shape, block_size: int, dtype, device, 
 def prefill_case(batch: int, query_len: int, cached: int, shape, block_size: int, dtype, device,
                  seed: int = 0) -> PagedInputs:
     """A timed prefill case: ``batch`` sequences, each with ``cached`` tokens before a chunk of
-    ``query_len`` new ones (already in the cache); q packs the chunks, ``query_lens`` is set."""
+    ``query_len`` new ones (already in the cache); q packs the chunks, ``query_start_loc`` is
+    set."""
     case = paged_case(batch, cached + query_len, shape, block_size, dtype, device, seed)
     gen = torch.Generator(device=device).manual_seed(seed + 1)
     q = torch.randn(batch * query_len, shape[0], shape[2], device=device, dtype=dtype,
                     generator=gen)
-    qlens = torch.full((batch,), query_len, dtype=torch.int32, device=device)
-    return dataclasses.replace(case, q=q, query_lens=qlens)
+    starts = torch.arange(batch + 1, dtype=torch.int32, device=device) * query_len
+    return dataclasses.replace(case, q=q, query_start_loc=starts)
 
 
 def contiguous_case(batch: int, context: int, shape, dtype, device,

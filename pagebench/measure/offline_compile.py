@@ -94,16 +94,16 @@ def ptxas_report(compiled, arch: int) -> PtxasReport:
 
 
 @contextlib.contextmanager
-def launching_as_on(sm_count: int):
-    """``prefill_launch`` choosing inside the block as on a CUDA GPU of ``sm_count`` SMs, for
-    the CPU tensors the wrappers are called with here."""
+def launching_as_on(sm_count: int, arch: int = 90):
+    """``prefill_launch`` choosing inside the block as on a CUDA GPU of ``sm_count`` SMs and
+    architecture ``sm_<arch>``, for the CPU tensors the wrappers are called with here."""
     import torch
 
     from pagebench.kernels import triton_prefill
 
     choose = triton_prefill.prefill_launch
     triton_prefill.prefill_launch = lambda head_dim, dtype, device, **kw: choose(
-        head_dim, dtype, torch.device("cuda"), sm_count=sm_count, **kw)
+        head_dim, dtype, torch.device("cuda"), sm_count=sm_count, hopper=arch // 10 == 9, **kw)
     try:
         yield
     finally:
@@ -111,26 +111,27 @@ def launching_as_on(sm_count: int):
 
 
 def prefill_reports(shape: tuple[int, int, int], points, arch: int = 90, sm_count: int = 132,
-                    **launch) -> list[dict]:
-    """One row per (batch, query_len, cached) point of ``points`` and kernel launched there
-    (the work list's, where there is one, then the prefill): as ``prefill_launch`` picks it
-    on a GPU of ``sm_count`` SMs (``launch``: options forced), bf16, block 16, heads and head
-    dim ``shape``, with :func:`ptxas_report`'s fields."""
+                    launch=None) -> list[dict]:
+    """One row per (batch, query_len, cached) point of ``points``: the prefill kernel as
+    ``prefill_launch`` picks it on a GPU of ``sm_count`` SMs (``launch``: a ``PrefillLaunch``
+    forced), bf16, block 16, heads and head dim ``shape``, with :func:`ptxas_report`'s
+    fields."""
     import torch
 
-    from pagebench.kernels.fixtures import prefill_case
+    from pagebench.measure.kernel_cases import prefill_case
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
     rows = []
     for batch, query_len, cached in points:
         case = prefill_case(batch, query_len, cached, shape, 16, torch.bfloat16, "cpu",
                             seed=0).args()
-        with launching_as_on(sm_count), captured_launches() as launches:
-            triton_paged_prefill(*case, shape[2] ** -0.5, **launch)
+        with launching_as_on(sm_count, arch), captured_launches() as launches:
+            triton_paged_prefill(*case, shape[2] ** -0.5, launch=launch)
         for kernel, args, kwargs in launches:
             report = ptxas_report(compile_for_arch(kernel, args, kwargs, arch), arch)
             options = {k: kwargs.get(k) for k in ("ROWS", "TILE_N", "num_warps", "num_stages",
-                                                    "maxnreg", "SCAN", "REREAD", "WORK_LIST")}
+                                                    "maxnreg", "ONE_LOOP", "TABLE_AHEAD",
+                                                    "LAZY", "VOTE")}
             rows.append({"batch": batch, "query_len": query_len, "cached": cached,
                          "kernel": kernel.fn.__name__, **options,
                          **dataclasses.asdict(report)})

@@ -21,7 +21,7 @@ from pagebench.kernels import (available_backends, contiguous_decode, copy_block
                                register_backend,
                                registered_backends, unregister_backend, write_kv)
 from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
-from pagebench.kernels.reference import (reference_contiguous, reference_decode,
+from pagebench.kernels.reference import (gather_kv, reference_contiguous, reference_decode,
                                          reference_prefill, torch_paged_decode)
 from property_tests.kernel_cases import backends_for, run_property
 
@@ -107,6 +107,22 @@ def test_paged_equals_contiguous_on_the_same_tokens():
     paged = paged_decode(*inp.args())
     contiguous = contiguous_decode(inp.q, k, v, inp.seq_lens, backend="sdpa")
     assert relative_error(paged, contiguous) < 1e-5
+
+
+def test_torch_gather_on_cpu_is_head_major_and_reads_only_each_sequence_s_slots():
+    """The torch backend's CPU gather: contiguous head-major K/V (SDPA's CPU kernel reads a
+    transposed view several times slower), each sequence's tokens in order, and nothing read
+    from a poisoned slot (NaN) or table entry (out of range)."""
+    lens, block = [7, 12, 1], 3
+    inp = make_paged_inputs(lens, 4, 2, 16, block, seed=4)
+    k, v, valid = gather_kv(inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens)
+    assert k.shape == v.shape == (3, 2, 12, 16) and k.is_contiguous() and v.is_contiguous()
+    assert torch.isfinite(k).all() and torch.isfinite(v).all()
+    assert valid.sum(dim=1).tolist() == lens
+    for s, n in enumerate(lens):
+        blocks = inp.block_tables[s, :-(-n // block)].long()
+        for cache, out in ((inp.k_cache, k), (inp.v_cache, v)):
+            assert torch.equal(out[s, :, :n], cache[blocks].flatten(0, 1)[:n].transpose(0, 1))
 
 
 # ---- prefill --------------------------------------------------------------------------------

@@ -46,16 +46,17 @@ def _paged_attention(module, query, key, value, attention_mask, scaling=None, **
 
 def _padded_causal_attention(q, k, v, index, valid, scale):
     """Causal attention of S sequences packed in q/k/v rows ``index`` [S, L] (``valid`` marks
-    real tokens); returns their outputs packed in the same order, [sum(valid), Hq, D]."""
+    real tokens); returns their outputs packed in the same order, [sum(valid), Hq, D].
+
+    Padding follows each sequence's tokens, so the causal mask alone keeps a real query from
+    every padding key (padding rows repeat real tokens' K/V: finite, and their outputs are
+    dropped); no [S, L, L] mask is built and SDPA skips the blocks above the diagonal."""
     # qb [S, Hq, L, D], kb/vb [S, Hkv, L, D]
     qb, kb, vb = (x[index].transpose(1, 2) for x in (q, k, v))
     group = qb.shape[1] // kb.shape[1]
     if group > 1:
         kb, vb = kb.repeat_interleave(group, dim=1), vb.repeat_interleave(group, dim=1)
-    length = index.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
-    mask = causal & valid[:, None, None, :]  # [S, 1, L, L]
-    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scale)
+    out = F.scaled_dot_product_attention(qb, kb, vb, is_causal=True, scale=scale)
     return out.transpose(1, 2)[valid]
 
 

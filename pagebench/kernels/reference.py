@@ -58,24 +58,25 @@ def attend_dtype(q, k_scale=None) -> torch.dtype:
 def gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale=None, v_scale=None,
               dtype=None):
     """Copy each sequence's K/V out of its blocks, head-major: ([S, Hkv, L, D] x2, valid [S, L]).
-    An fp8 cache (``k_scale``, ``v_scale`` given) comes out dequantised to ``dtype``.
+    An fp8 cache (``k_scale``, ``v_scale`` given) comes out dequantised to ``dtype``. Positions
+    at or beyond a sequence's length hold finite values that ``valid`` masks: a poisoned or
+    stale slot is never copied out.
 
-    Whole blocks are gathered (one index per block, not per token), and the transpose to
-    head-major and the zeroing of positions at or beyond a sequence's length (poisoned or stale
-    slots never leak) happen in the same pass. On CUDA, L is the table's capacity
-    (max_blocks_per_seq * block_size) so that no device sync is needed; on the CPU, where
-    reading a length costs nothing, L stops at the longest sequence's last block.
+    On CUDA, whole blocks are gathered (one index per block, not per token), then transposed to
+    head-major with those positions zeroed in the same pass; L is the table's capacity
+    (max_blocks_per_seq * block_size) so that no device sync is needed. On the CPU see
+    :func:`_gather_kv_rows`.
     """
+    if k_cache.device.type == "cpu":
+        return _gather_kv_rows(k_cache, v_cache, block_tables, seq_lens, k_scale, v_scale, dtype)
     num_blocks, block_size, kv_heads, head_dim = k_cache.shape
     lens = seq_lens.to(torch.int64)
     needed = (lens + block_size - 1) // block_size
     max_blocks = block_tables.shape[1]
-    if k_cache.device.type == "cpu" and lens.numel():
-        max_blocks = min(max_blocks, int(needed.max()))
     device = k_cache.device
     used = torch.arange(max_blocks, device=device)[None, :] < needed[:, None]
     # unused table entries may hold anything: point them at block 0, then mask
-    table = torch.where(used, block_tables[:, :max_blocks].to(torch.int64), 0).reshape(-1)
+    table = torch.where(used, block_tables.to(torch.int64), 0).reshape(-1)
     length = max_blocks * block_size
     valid = torch.arange(length, device=device)[None, :] < lens[:, None]  # [S, L]
     keep = valid[:, None, :, None]
@@ -87,7 +88,42 @@ def gather_kv(k_cache, v_cache, block_tables, seq_lens, k_scale=None, v_scale=No
         x = blocks.view(num_seqs, length, kv_heads, head_dim).transpose(1, 2)
         if cache_scale is not None:
             x = dequantize(x.view(cache.dtype), cache_scale, dtype, head_axis=1)
-        return torch.where(keep, x, x.new_zeros(()))  # contiguous [S, Hkv, L, D]
+        # out=: where's own output would keep x's token-major strides, which SDPA reads
+        # several times slower than head-major rows
+        out = torch.empty(num_seqs, kv_heads, length, head_dim, dtype=x.dtype, device=device)
+        return torch.where(keep, x, x.new_zeros(()), out=out)
+
+    return gather(k_cache, k_scale), gather(v_cache, v_scale), valid
+
+
+def _gather_kv_rows(k_cache, v_cache, block_tables, seq_lens, k_scale=None, v_scale=None,
+                    dtype=None):
+    """:func:`gather_kv` on the CPU: one ``index_select`` of head_dim-long rows straight into
+    head-major order, a single pass over the K/V read (the block gather's second, masking and
+    transposing pass cost as much as the first). L stops at the longest sequence's last block
+    (reading a length costs nothing on the CPU); positions at or beyond a sequence's length
+    read its position 0, which ``valid`` masks (its real K/V: finite whenever the attended
+    ones are). The index is [S, Hkv, L], fine at CPU sizes, too large at a GPU's capacity."""
+    num_blocks, block_size, kv_heads, head_dim = k_cache.shape
+    lens = seq_lens.to(torch.int64)
+    max_blocks = block_tables.shape[1]
+    if lens.numel():
+        max_blocks = min(max_blocks, int((lens.max() + block_size - 1) // block_size))
+    length = max_blocks * block_size
+    pos = torch.arange(length)
+    valid = pos[None, :] < lens[:, None]  # [S, L]
+    pos = torch.where(valid, pos, 0)  # only the entries of used blocks are read
+    blocks = block_tables[:, :max_blocks].to(torch.int64).gather(1, pos // block_size)
+    slots = blocks * block_size + pos % block_size  # [S, L]
+    rows = (slots[:, None, :] * kv_heads + torch.arange(kv_heads)[:, None]).reshape(-1)
+    shape = (block_tables.shape[0], kv_heads, length, head_dim)
+
+    def gather(cache, cache_scale):
+        x = _bytes_of_fp8(cache, cache_scale).reshape(-1, head_dim).index_select(0, rows)
+        x = x.view(shape)
+        if cache_scale is not None:
+            x = dequantize(x.view(cache.dtype), cache_scale, dtype, head_axis=1)
+        return x
 
     return gather(k_cache, k_scale), gather(v_cache, v_scale), valid
 

@@ -271,6 +271,38 @@ def test_triton_prefill_64_bit_offsets_match(monkeypatch):
     assert relative_error(wide, ref) < 1e-5 and torch.equal(wide, narrow)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("offsets", ["int32", "int64", "strided view", "offset view"])
+def test_triton_prefill_vector_and_binary_search_find_the_same_sequences(monkeypatch, offsets):
+    """A program finds its sequence by one vector load of the offsets where the sequences fit
+    its width (forced to 4 here), else by a binary search: on ragged batches of 3, 4 and 5
+    sequences (some without queries: first, in between, last), the output is the reference's
+    and the binary search's, with the offsets in either integer type or a view."""
+    from pagebench.kernels import triton_prefill
+
+    small = triton_prefill.PrefillLaunch(rows=16, tile_n=16, num_warps=4, num_stages=2)
+    searched = []
+    for lens, qlens in [((9, 40, 6), (0, 40, 1)), ((9, 40, 6, 3), (3, 40, 0, 3)),
+                        ((9, 40, 6, 3, 20), (3, 0, 6, 2, 0))]:
+        q, inp, starts = _prefill_case(lens=lens, qlens=qlens)
+        if offsets == "int64":
+            starts = starts.long()
+        elif offsets == "strided view":
+            starts = torch.stack([starts, torch.full_like(starts, -7)], 1)[:, 0]
+        elif offsets == "offset view":
+            starts = torch.cat([torch.tensor([-7], dtype=starts.dtype), starts])[1:]
+        args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts, 0.25)
+        monkeypatch.setattr(triton_prefill, "VECTOR_SEARCH_SEQS", 4)
+        searched.append(triton_prefill.search_width(len(lens)))
+        vector = triton_prefill.triton_paged_prefill(*args, launch=small)
+        monkeypatch.setattr(triton_prefill, "VECTOR_SEARCH_SEQS", 0)
+        binary = triton_prefill.triton_paged_prefill(*args, launch=small)
+        assert not torch.isnan(vector).any()
+        assert relative_error(vector, reference_prefill(*args[:6], scale=0.25)) < 1e-5
+        assert torch.equal(vector, binary)
+    assert searched == [4, 4, 0]
+
+
 # ---- cache writes ---------------------------------------------------------------------------
 
 def test_write_kv_then_decode_reads_what_was_written():

@@ -23,8 +23,10 @@ The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and que
 ``last - p // kv_heads``. The query tiles are numbered as in vLLM's unified attention: sequence
 ``s``'s start at ``query_start_loc[s] // TOKENS + s``, at least as many as its queries fill, so
 the grid (``total // TOKENS + num_seqs`` tiles a KV head) is sized without reading anything
-back to the host, and a program finds its sequence by a binary search over the offsets
-(``_sequence_of``); tiles past a sequence's queries do nothing. Numbering from the last tile
+back to the host, and a program finds its sequence from the offsets (``_sequence_of``): up to
+``VECTOR_SEARCH_SEQS`` sequences it counts the starts at or before its tile in one vector load
+(one load to wait on, not a chain of them), above that by a binary search; tiles past a
+sequence's queries do nothing. Numbering from the last tile
 means the programs with the most keys to walk (the ends of long chunks) start first and the
 short ones fill in behind them, rather than leaving a tail of long ones.
 """
@@ -55,6 +57,10 @@ LONG_CHUNKS = 1024  # ... where there are several sequences
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 MAX_ROWS = 128  # query rows a program holds at most (its accumulator: rows x head dim fp32)
 MAX_TILE_N = 128
+# sequences up to which a program finds its own by one vector load of the offsets (the width of
+# that load; 0: always the binary search). Read at each call: a script comparing the two searches
+# sets it.
+VECTOR_SEARCH_SEQS = 128
 
 
 @triton.jit
@@ -215,10 +221,19 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
-def _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS: tl.constexpr):
+def _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS: tl.constexpr,
+                 SEARCH_WIDTH: tl.constexpr):
     """The sequence whose query tiles include ``tile``: sequence ``s``'s tiles start at
-    ``query_start_loc[s] // TOKENS + s``, which grows with ``s``, so the last sequence whose
-    start is at most ``tile`` is found by a binary search (vLLM's ``find_seq_idx``)."""
+    ``query_start_loc[s] // TOKENS + s``, which grows with ``s``, so it is the last sequence
+    whose start is at most ``tile``, one less than the number of such starts. ``SEARCH_WIDTH``
+    (a power of two >= ``num_seqs``): all the starts in one vector load, counted by a
+    reduction, so a program waits on one load; 0: a binary search (vLLM's ``find_seq_idx``), log2
+    of ``num_seqs`` dependent loads, for any number of sequences."""
+    if SEARCH_WIDTH > 0:
+        s = tl.arange(0, SEARCH_WIDTH)
+        starts = tl.load(QUERY_START + s * stride_qs, mask=s < num_seqs, other=0).to(tl.int32)
+        before = (starts // TOKENS + s <= tile) & (s < num_seqs)
+        return tl.sum(before.to(tl.int32), 0) - 1
     lo = tile * 0
     hi = lo + num_seqs
     while lo < hi:
@@ -243,14 +258,14 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr, FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    LAZY: tl.constexpr, VOTE: tl.constexpr,
+    LAZY: tl.constexpr, VOTE: tl.constexpr, SEARCH_WIDTH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
     tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    seq = _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS)
+    seq = _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS, SEARCH_WIDTH)
     q_start = tl.load(QUERY_START + seq * stride_qs).to(tl.int32)
     q_len = tl.load(QUERY_START + (seq + 1) * stride_qs).to(tl.int32) - q_start
     seq_len = tl.load(SEQ_LENS + seq * stride_sl).to(tl.int32)
@@ -420,6 +435,12 @@ def _can_vote(q: torch.Tensor, rows: int, num_warps: int, head_dim: int, ieee_do
     return q.device.type == "cpu" or (q.device.type == "cuda" and _hopper(q.device))
 
 
+def search_width(num_seqs: int) -> int:
+    """The kernel's ``SEARCH_WIDTH`` for ``num_seqs`` sequences: ``VECTOR_SEARCH_SEQS`` where
+    they fit it (one width, so one more compiled kernel at most), else 0 (the binary search)."""
+    return VECTOR_SEARCH_SEQS if num_seqs <= VECTOR_SEARCH_SEQS else 0
+
+
 def _padded_rows(rows: int, group: int) -> int:
     """Rows of a program: a power of two >= 16 (``tl.dot``) and >= the group."""
     return max(16, next_pow2(max(rows, group)))
@@ -455,7 +476,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_star
         ONE_LOOP=launch.one_loop, TABLE_AHEAD=launch.table_ahead, IEEE_DOT=ieee_dot,
         FP8=is_fp8(k_cache.dtype),
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
-        LAZY=lazy, VOTE=lazy and _can_vote(q, rows, launch.num_warps, head_dim, ieee_dot))
+        LAZY=lazy, VOTE=lazy and _can_vote(q, rows, launch.num_warps, head_dim, ieee_dot),
+        SEARCH_WIDTH=search_width(num_seqs))
     maxnreg = launch.maxnreg
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages,
                    **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))

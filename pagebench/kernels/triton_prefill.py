@@ -55,6 +55,7 @@ INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithm
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 LONG_CHUNKS = 1024  # ... where there are several sequences
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
+LONG_CHUNK_TILE_N = 32  # keys a tile of the 128-row launch (64 spill within its 128 registers)
 MAX_ROWS = 128  # query rows a program holds at most (its accumulator: rows x head dim fp32)
 MAX_TILE_N = 128
 # sequences up to which a program finds its own by one vector load of the offsets (the width of
@@ -375,12 +376,12 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
 
     Three regimes, fitted on an H200 (docs/kernels.md, "Launch rules"): long chunks above head
     dim 64 take 128 rows, so each K/V tile serves more queries, on 8 warps capped at 128
-    registers (two programs an SM); short tables with more than a wave of programs take 32-key
-    tiles and capped registers, so more programs share an SM and hide each one's fixed cost;
-    the rest 64 rows, 64-key tiles, block ids a tile ahead and 3 stages, capped only where the
-    programs fit one wave. Past a wave the rescale is lazy where a warp can vote (Hopper). A
-    program never has more rows than the mean chunk fills. fp32, head dims over 128 and other
-    devices take one plain launch, not tuned."""
+    registers (two programs an SM), in 32-key tiles (64-key ones spill there); short tables
+    with more than a wave of programs take 32-key tiles and capped registers, so more programs
+    share an SM and hide each one's fixed cost; the rest 64 rows, 64-key tiles, block ids a
+    tile ahead and 3 stages, capped only where the programs fit one wave. Past a wave the
+    rescale is lazy where a warp can vote (Hopper). A program never has more rows than the mean
+    chunk fills. fp32, head dims over 128 and other devices take one plain launch, not tuned."""
     mean_chunk = ceil_div(total, sequences)
     tile_n = default_tile_n(head_dim, dtype)
 
@@ -392,7 +393,8 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
         return fitted(64, tile_n=tile_n, num_warps=4, num_stages=2)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= (LONG_CHUNKS if sequences > 1 else LONG_CHUNK) and head_dim > 64:
-        return fitted(128, tile_n=64, num_warps=8, num_stages=2, maxnreg=128 if cap else None)
+        return fitted(128, tile_n=LONG_CHUNK_TILE_N, num_warps=8, num_stages=2,
+                      maxnreg=128 if cap else None)
     tokens = _padded_rows(64, group) // group  # the estimate counts programs of 64 rows
     programs = min(total // tokens + sequences, sequences * ceil_div(max_keys, tokens)) * kv_heads
     many = programs > 2 * (sm_count or _sm_count(device))  # more than a wave, two an SM

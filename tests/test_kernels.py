@@ -153,8 +153,8 @@ def test_prefill_sequences_without_queries_leave_the_rest_unchanged(backend):
 @functools.cache
 def _chosen_prefill_launches() -> list:
     """Every launch ``prefill_launch`` picks over a grid of its inputs (head dim, group, block
-    size and table width, q dtype, sequences, chunk length, device, SM count, Hopper or not),
-    with them."""
+    size and table width, q dtype, sequences, chunk length, device, SM count, Hopper or not, an
+    fp8 cache or not), with them."""
     from pagebench.kernels.triton_prefill import prefill_launch
 
     chosen = []
@@ -167,11 +167,12 @@ def _chosen_prefill_launches() -> list:
                             for block_size, width in ((1, 300), (16, 8), (16, 160), (256, 64)):
                                 if block_size * width < chunk:
                                     continue
-                                for sms, hopper in ((78, False), (132, True)):
+                                for sms, hopper, fp8 in ((78, False, False), (132, True, False),
+                                                         (132, True, True)):
                                     given = dict(group=group, kv_heads=max(1, 8 // group),
                                                  total=sequences * chunk, sequences=sequences,
                                                  max_keys=block_size * width, sm_count=sms,
-                                                 hopper=hopper)
+                                                 hopper=hopper, fp8_cache=fp8)
                                     launch = prefill_launch(head_dim, dtype, device, **given)
                                     chosen.append((dict(given, head_dim=head_dim, dtype=dtype,
                                                         device=device), launch))

@@ -169,25 +169,26 @@ def test_prefill_launches_picked_for_an_h200_spill_nothing():
 
 def _chosen_launches_here(device) -> dict:
     """The distinct launches ``prefill_launch`` picks on ``device`` over head dims, dtypes,
-    groups, sequence counts, chunk lengths and table widths: (launch, head dim, dtype) -> the
-    largest group it was picked for."""
+    groups, sequence counts, chunk lengths, table widths and caches (the queries' dtype or fp8
+    e5m2): (launch, head dim, dtype, fp8 cache) -> the largest group it was picked for."""
     from pagebench.kernels.triton_prefill import prefill_launch
 
     picked = {}
     for head_dim in (64, 128, 256):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            for group in (1, 2, 4, 7, 8):
-                for sequences in (1, 8, 64, 256):
-                    for chunk in (16, 128, 512, 1024, 2048, 8192):
-                        for max_keys in {chunk, 512, 4 * chunk}:
-                            if max_keys < chunk:
-                                continue
-                            launch = prefill_launch(
-                                head_dim, dtype, device, group=group, kv_heads=max(1, 8 // group),
-                                total=sequences * chunk, sequences=sequences,
-                                max_keys=max_keys)
-                            key = (launch, head_dim, dtype)
-                            picked[key] = max(picked.get(key, 0), group)
+            for fp8 in ((False,) if dtype == torch.float32 else (False, True)):
+                for group in (1, 2, 4, 7, 8):
+                    for sequences in (1, 8, 64, 256):
+                        for chunk in (16, 128, 512, 1024, 2048, 8192):
+                            for max_keys in {chunk, 512, 4 * chunk}:
+                                if max_keys < chunk:
+                                    continue
+                                launch = prefill_launch(
+                                    head_dim, dtype, device, group=group,
+                                    kv_heads=max(1, 8 // group), total=sequences * chunk,
+                                    sequences=sequences, max_keys=max_keys, fp8_cache=fp8)
+                                key = (launch, head_dim, dtype, fp8)
+                                picked[key] = max(picked.get(key, 0), group)
     return picked
 
 
@@ -195,9 +196,9 @@ def _chosen_launches_here(device) -> dict:
 @pytest.mark.skipif(not torch.cuda.is_available() or "triton" not in available_backends(),
                     reason="needs a CUDA device and Triton")
 def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypatch):
-    """Each distinct launch the rules pick on this GPU, compiled for its head dim, dtype and
-    group (on a small input; the launch, not the input, fixes the code) and for an fp8 (e5m2)
-    cache as well: the compiled kernel spills no registers (Triton's ``n_spills``)."""
+    """Each distinct launch the rules pick on this GPU, compiled for its head dim, dtype, group
+    and cache (the queries' dtype or fp8 e5m2; on a small input: the launch, not the input,
+    fixes the code): the compiled kernel spills no registers (Triton's ``n_spills``)."""
     from triton.runtime.jit import JITFunction
 
     from pagebench.kernels import triton_runtime
@@ -213,18 +214,15 @@ def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypat
     monkeypatch.setattr(triton_runtime, "DIRECT_LAUNCH", False)
     device = torch.device("cuda")
     spilled = []
-    for (launch, head_dim, dtype), group in _chosen_launches_here(device).items():
+    for (launch, head_dim, dtype, fp8), group in _chosen_launches_here(device).items():
         inp = make_paged_inputs([300, 9], group, 1, head_dim, 16, dtype, device, seed=1)
         q = torch.randn(300 + 9, group, head_dim, device=device).to(dtype)
         starts = cumulative_offsets([300, 9], device)
-        cases = [inp] + ([quantized_inputs(inp, torch.float8_e5m2, seed=1)]
-                         if dtype != torch.float32 else [])
-        for case in cases:
-            compiled.clear()
-            triton_paged_prefill(q, case.k_cache, case.v_cache, case.block_tables,
-                                 case.seq_lens, starts, head_dim ** -0.5, **case.scales(),
-                                 launch=launch)
-            assert compiled, launch
-            spilled += [(launch, head_dim, dtype, group, case.k_cache.dtype, k.n_spills)
-                        for k in compiled if k.n_spills]
+        case = quantized_inputs(inp, torch.float8_e5m2, seed=1) if fp8 else inp
+        compiled.clear()
+        triton_paged_prefill(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                             starts, head_dim ** -0.5, **case.scales(), launch=launch)
+        assert compiled, launch
+        spilled += [(launch, head_dim, dtype, group, case.k_cache.dtype, k.n_spills)
+                    for k in compiled if k.n_spills]
     assert not spilled, spilled

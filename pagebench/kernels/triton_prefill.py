@@ -55,6 +55,7 @@ INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithm
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 LONG_CHUNKS = 1024  # ... where there are several sequences
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
+SHORT_WALK_FP8_REGS = 144  # the register cap of the shortest walks from an fp8 cache (128 spill)
 LONG_CHUNK_TILE_N = 32  # keys a tile of the 128-row launch (64 spill within its 128 registers)
 MAX_ROWS = 128  # query rows a program holds at most (its accumulator: rows x head dim fp32)
 MAX_TILE_N = 128
@@ -368,17 +369,19 @@ class PrefillLaunch:
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int,
                    kv_heads: int, total: int, sequences: int, max_keys: int,
-                   sm_count: int | None = None, hopper: bool | None = None) -> PrefillLaunch:
+                   fp8_cache: bool = False, sm_count: int | None = None,
+                   hopper: bool | None = None) -> PrefillLaunch:
     """The launch for ``total`` queries of ``sequences`` chunks, heads grouped ``group`` query
     heads to each of ``kv_heads``, at most ``max_keys`` keys a sequence (the block table's
-    capacity), on a CUDA device of ``sm_count`` SMs (None: ``device``'s own), Hopper or not
-    (None: ``device``'s).
+    capacity), from an fp8 cache or not, on a CUDA device of ``sm_count`` SMs (None:
+    ``device``'s own), Hopper or not (None: ``device``'s).
 
     Three regimes, fitted on an H200 (docs/kernels.md, "Launch rules"): long chunks above head
     dim 64 take 128 rows, so each K/V tile serves more queries, on 8 warps capped at 128
     registers (two programs an SM), in 32-key tiles (64-key ones spill there); short tables
     with more than a wave of programs take 32-key tiles and capped registers, so more programs
-    share an SM and hide each one's fixed cost; the rest 64 rows, 64-key tiles, block ids a
+    share an SM and hide each one's fixed cost (from an fp8 cache, whose conversion needs a few
+    registers more, capped at 144 rather than 128 in the shortest walks); the rest 64 rows, 64-key tiles, block ids a
     tile ahead and 3 stages, capped only where the programs fit one wave. Past a wave the
     rescale is lazy where a warp can vote (Hopper). A program never has more rows than the mean
     chunk fills. fp32, head dims over 128 and other devices take one plain launch, not tuned."""
@@ -403,8 +406,9 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
     lazy = many and hopper and _votes(rows, 4, head_dim)
     if max_keys <= SHORT_WALK_TILES * 32 and many:
         if max_keys <= 4 * 32:
+            regs = SHORT_WALK_FP8_REGS if fp8_cache else 128
             return fitted(64, tile_n=32, num_warps=4, num_stages=2, one_loop=True,
-                          maxnreg=128 if cap else None, lazy_rescale=lazy)
+                          maxnreg=regs if cap else None, lazy_rescale=lazy)
         if head_dim > 64:
             return fitted(64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
                           table_ahead=True, maxnreg=168 if cap else None, lazy_rescale=lazy)
@@ -467,7 +471,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_star
     if launch is None:
         launch = prefill_launch(head_dim, q.dtype, q.device, group=group, kv_heads=kv_heads,
                                 total=total, sequences=num_seqs,
-                                max_keys=tables.shape[1] * block_size)
+                                max_keys=tables.shape[1] * block_size,
+                                fp8_cache=is_fp8(k_cache.dtype))
     rows = _padded_rows(launch.rows, group)
     tokens = rows // group
     ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)

@@ -8,7 +8,7 @@ pool), as in a long-running server.
 
 CPU classes (``time_*``, fp32, small sizes) run where there is no GPU; CUDA classes (``track_*``,
 bf16, real sizes, ``--launch-method spawn``) return the median of CUDA-event timings of the
-step replayed from a CUDA graph, L2 flushed between calls, through ``pagebench.timing.measure``. A backend that this commit or machine lacks is skipped.
+step replayed from a CUDA graph, L2 flushed between calls, through ``pagebench.measure.timing.measure``. A backend that this commit or machine lacks is skipped.
 Triton and FlexAttention are skipped on CPU: there Triton only runs interpreted and Flex is
 dominated by compilation, so their times would say nothing about the kernels.
 """
@@ -43,7 +43,7 @@ GPU_THROUGHPUT_CONTEXT = 4096
 
 
 class DecodeCase:
-    """Inputs for one decode step (``pagebench.kernels.fixtures``) and the call that runs it
+    """Inputs for one decode step (``pagebench.measure.kernel_cases``) and the call that runs it
     (the backend's ``prepared_call``, as the kernel sweep times it), built outside the timed
     body. A commit without the fixtures module skips the case."""
 
@@ -51,7 +51,7 @@ class DecodeCase:
                  device: str):
         import torch
 
-        fixtures = require("pagebench.kernels.fixtures", "paged_case", "contiguous_case")
+        fixtures = require("pagebench.measure.kernel_cases", "paged_case", "contiguous_case")
         kernels = require("pagebench.kernels", "paged_decode", "contiguous_decode",
                           "available_backends", "get_backend")
         name, _, layout = backend.rpartition("-")
@@ -212,8 +212,8 @@ class PrefillCase:
     def __init__(self, shape, batch, query_len, cached, backend, device):
         import torch
 
-        fixtures = require("pagebench.kernels.fixtures", "prefill_case")
-        sweep = require("pagebench.kernels.prefill_sweep", "sdpa_causal")
+        fixtures = require("pagebench.measure.kernel_cases", "prefill_case")
+        sweep = require("pagebench.measure.prefill_sweep", "sdpa_causal")
         kernels = require("pagebench.kernels", "available_backends", "get_backend")
         name, _, layout = backend.rpartition("-")
         info = kernels.available_backends().get(name, {})

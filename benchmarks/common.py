@@ -3,7 +3,7 @@
 Every suite imports pagebench modules through ``optional`` so that a history run over a commit
 that predates a subsystem skips that suite's cases (``NotImplementedError`` in ``setup``) instead
 of failing to import. GPU cases are ``track_*`` benchmarks that return the median of CUDA-event
-timings from ``pagebench.timing.measure``: asv's own ``time_*`` is host wall clock and does not
+timings from ``pagebench.measure.timing.measure``: asv's own ``time_*`` is host wall clock and does not
 synchronise the GPU.
 """
 
@@ -54,12 +54,24 @@ class SkipCase(NotImplementedError):
     commit without the module, a CPU machine for a CUDA case), not that code is unfinished."""
 
 
+# modules a later commit moved: the suites name today's place, and a history run over a commit
+# from before the move finds the module where that commit kept it
+FORMER_NAMES = {"pagebench.measure.kernel_cases": "pagebench.kernels.fixtures",
+                "pagebench.measure.prefill_sweep": "pagebench.kernels.prefill_sweep",
+                "pagebench.measure.timing": "pagebench.timing"}
+
+
 def optional(module: str):
-    """The module, or None when this commit does not have it (or it fails to import)."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
+    """The module (at its former name in a commit from before it moved), or None when this
+    commit does not have it (or it fails to import)."""
+    for name in (module, FORMER_NAMES.get(module)):
+        if name is None:
+            continue
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    return None
 
 
 def public(mod, name: str):
@@ -101,14 +113,12 @@ def gpu_median_us(fn, *, cuda_graph: bool = True, repeat: int = 30) -> float:
     """Median of CUDA-event timings (L2 flushed before each call) of ``fn``, in microseconds,
     replayed from a CUDA graph as a serving engine runs decode: without one, a Triton call's
     Python launch path (tens of us) hides the kernel (H200: 67 vs 11 us at 1 x 1024)."""
-    from pagebench.timing import measure
-
+    measure = optional("pagebench.measure.timing").measure
     return measure(fn, device="cuda", warmup=5, repeat=repeat, cuda_graph=cuda_graph).median_us
 
 
 def cpu_median_us(fn, repeat: int = 15, warmup: int = 2) -> float:
-    from pagebench.timing import measure
-
+    measure = optional("pagebench.measure.timing").measure
     return measure(fn, device="cpu", warmup=warmup, repeat=repeat).median_us
 
 

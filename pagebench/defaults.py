@@ -50,7 +50,7 @@ def attention_shape(model: str) -> tuple[int, int, int]:
 KERNEL_MODELS = ("llama-3-8b", "qwen2.5-0.5b")
 SHAPES = {name: attention_shape(name) for name in KERNEL_MODELS}
 
-# The tiny random-weight Qwen2 model of CPU runs and tests (``engine.bench.tiny_model``):
+# The tiny random-weight Qwen2 model of CPU runs and tests (``measure.engine_bench.tiny_model``):
 # 2 layers, hidden 128, 4 query / 2 KV heads of 32.
 TINY_MODEL = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
@@ -58,3 +58,5 @@ TINY_MODEL = dict(vocab_size=1024, hidden_size=128, intermediate_size=512, num_h
 # Share of a serving run's requests that must meet every SLO for the run to meet it
 # (``serve-bench --slo-attainment``'s default; the real-trace goodput search's).
 SLO_ATTAINMENT = 0.9
+# serve-bench: untimed all-at-once runs of each trace per engine before the timed ones
+WARMUP_PASSES = 1

@@ -19,20 +19,20 @@ import pandas as pd
 from pagebench import defaults
 from pagebench.analysis import analyse
 from pagebench.errors import ConfigError
-from pagebench.engine.tail_waste import tail_waste_rows
+from pagebench.measure.tail_waste import tail_waste_rows
 from pagebench.report import write_report
 from pagebench.report.build import page_path
 from pagebench.results import Results, report_data_dir
 from pagebench.results.datasets import WORKLOAD_STATIC
 from pagebench.results.collect import collect
 from pagebench.results.devices import device_label
-from pagebench.sim.capacity import (article_capacity, fp8_rows, geometry_rows, planner_case_rows,
-                                    tensor_parallel_rows)
-from pagebench.sim.dynamic import reference_run
-from pagebench.sim.real_traces import study_traces
+from pagebench.measure.memory import (article_capacity, geometry_rows, max_len_rows,
+                                     planner_case_rows, reference_run, utilisation_rows)
+from pagebench.measure.real_traces import study_traces
+from pagebench.sim.capacity import fp8_rows, tensor_parallel_rows
 from pagebench.sim.step_cost import (H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE,
                                      StepCostModel, read_step_cost)
-from pagebench.sim.static import max_len_rows, static_fragmentation, utilisation_rows
+from pagebench.sim.static import static_fragmentation
 from pagebench.sim.workloads import sample_lengths
 
 WORKLOAD, SEED = defaults.REFERENCE_LENGTHS, defaults.REFERENCE_SEED  # the article's lengths
@@ -42,7 +42,7 @@ QUICK_REQUESTS = 2000  # requests of each real trace replayed with --quick
 
 def here(device: str) -> str:
     """The device label of rows this report run measures (see :mod:`pagebench.results.devices`)."""
-    from pagebench.timing import environment  # imports torch: only when a sweep runs
+    from pagebench.measure.timing import environment  # imports torch: only when a sweep runs
 
     return device_label(device, environment(device)["device_name"], os.cpu_count(),
                         this_run=True)
@@ -110,18 +110,25 @@ def dynamic_memory(results: Results, device: str = "cpu", quick: bool = False) -
 
 def committed_step_cost(data_dir=None) -> tuple[StepCostModel, str]:
     """The step-cost model the real-trace study serves with: block 16, cache dtype auto, from
-    the first ``<machine>/step_cost*.csv`` under the committed data that has exactly one such
-    model (fitted on a GPU by ``step-cost-fit``), else the default derived from the H200 engine
-    batch sweep (:data:`~pagebench.sim.step_cost.H200_ENGINE_STEP_COST`)."""
+    the committed data's ``<machine>/step_cost*.csv`` (fitted on a GPU by ``step-cost-fit``):
+    the first file's model of the budget's own model
+    (:data:`~pagebench.sim.real_load.REAL_BUDGET_CASE`, Llama-3-8B) if any file has one, else
+    the first file's only block-16 model, else the default derived from the H200 engine batch
+    sweep (:data:`~pagebench.sim.step_cost.H200_ENGINE_STEP_COST`). Every run mode (report,
+    ``report --quick``, ``claims --simulate``) asks this, so all serve with the same costs."""
     from pagebench.results.collect import default_data_dir
+    from pagebench.sim.real_load import REAL_BUDGET_CASE
 
     root = Path(data_dir) if data_dir is not None else default_data_dir()
-    for path in sorted(root.glob("*/step_cost*.csv")):
-        try:
-            return (read_step_cost(path, block_size=16),
-                    f"fitted on serving steps ({path.parent.name}/{path.name}, block 16)")
-        except ConfigError:
-            continue
+    paths = sorted(root.glob("*/step_cost*.csv"))
+    for model in (REAL_BUDGET_CASE["model"], None):
+        for path in paths:
+            try:
+                cost = read_step_cost(path, block_size=16, model=model)
+            except ConfigError:
+                continue
+            return cost, (f"fitted on serving steps ({path.parent.name}/{path.name}, "
+                          f"{model + ', ' if model else ''}block 16)")
     return H200_ENGINE_STEP_COST, H200_ENGINE_STEP_COST_SOURCE
 
 
@@ -134,24 +141,24 @@ def real_traces(results: Results, device: str = "cpu", quick: bool = False) -> N
                                     step_cost_source=cost_source).items():
         results.add(f"real_traces_{kind}", frame, source)
     if not quick:  # the engine, the kernels and timing import torch: only when they run
-        from pagebench.engine.bench import tiny_model
-        from pagebench.engine.trace_replay import replay_trace
+        from pagebench.measure.engine_bench import tiny_model
+        from pagebench.measure.trace_replay import replay_trace
 
         model = tiny_model(device=device)
         rows = [replay_trace(model, name, 24, max_model_len=1024, max_output_len=16)
                 for name in ("mooncake-conv", "azure-conv")]
         results.add("real_traces_engine", pd.DataFrame(rows),
-                    "pagebench.engine.trace_replay (tiny random model)")
+                    "pagebench.measure.trace_replay (tiny random model)")
 
 
 def kernel_sweep(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    from pagebench.kernels.sweep import run_sweep
+    from pagebench.measure.kernel_sweep import run_sweep
 
     frame = pd.DataFrame(run_sweep(device=device, quick=True)).assign(machine=here(device))
-    results.add("kernels", frame, "pagebench.kernels.sweep.run_sweep (this run)")
+    results.add("kernels", frame, "pagebench.measure.kernel_sweep.run_sweep (this run)")
 
 
-# (function in pagebench.engine.bench, keyword arguments) sized for ~1 minute on 2 CPU cores with
+# (function in pagebench.measure.engine_bench, keyword arguments) sized for ~1 minute on 2 CPU cores with
 # the bench's tiny random-weight model; each returns rows of one dataset (their ``experiment``).
 ENGINE_SWEEPS = (
     ("cow_comparison", dict(prompt_len=256, max_tokens=16)),
@@ -162,19 +169,19 @@ ENGINE_SWEEPS = (
 
 
 def engine_sweeps(results: Results, device: str = "cpu", quick: bool = False) -> None:
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
 
     # on CPU each comparison builds its own tiny model; elsewhere one, on that device
-    model = {} if device == "cpu" else {"model": bench.tiny_model(device=device)}
+    model = {} if device == "cpu" else {"model": engine_bench.tiny_model(device=device)}
     label = here(device)
     for fn_name, kwargs in ENGINE_SWEEPS:
         try:
-            frame = pd.DataFrame(getattr(bench, fn_name)(**kwargs, **model))
+            frame = pd.DataFrame(getattr(engine_bench, fn_name)(**kwargs, **model))
         except Exception as e:  # noqa: BLE001 -- one failed comparison keeps the others
             results.warn(f"engine: {fn_name} failed ({type(e).__name__}: {e})")
             continue
         results.add(frame["experiment"].iloc[0], frame.assign(machine=label),
-                    f"pagebench.engine.bench.{fn_name} (this run)")
+                    f"pagebench.measure.engine_bench.{fn_name} (this run)")
 
 
 def plan(run_sweeps: bool, workload=None) -> list[tuple[str, object]]:
@@ -209,7 +216,7 @@ def build_report(out="reports/index.html", *, device: str | None = None, quick: 
     committed data and benchmark results, and write the report, its recommendation made for
     ``workload`` if given (a :class:`~pagebench.sim.user_workload.UserWorkload`). Returns the
     page's path and the data."""
-    from pagebench.timing import environment
+    from pagebench.measure.timing import environment
 
     device = device or default_device()
     if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):

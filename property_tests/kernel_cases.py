@@ -18,8 +18,8 @@ import torch
 from hypothesis import given, note, settings
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import cumulative_offsets, reference_decode, reference_prefill
+from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.registry import backend_available
 
 

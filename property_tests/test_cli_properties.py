@@ -161,7 +161,7 @@ def argvs(draw):
 def fake_sweep(*args, **kwargs):
     import pandas as pd
 
-    from pagebench.kernels.sweep import COLUMNS
+    from pagebench.measure.kernel_sweep import COLUMNS
 
     return pd.DataFrame([{c: 1 for c in COLUMNS} | {"backend": "torch-paged", "block_size": 16.0}])
 
@@ -169,7 +169,7 @@ def fake_sweep(*args, **kwargs):
 def fake_prefill_sweep(*args, **kwargs):
     import pandas as pd
 
-    from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS
+    from pagebench.measure.prefill_sweep import PREFILL_COLUMNS
 
     return pd.DataFrame([{c: 1 for c in PREFILL_COLUMNS}])
 
@@ -192,7 +192,7 @@ def fake_build_report(out, **kwargs):
 
 
 def fake_bench_compare(repo, base, head, **kwargs):
-    from pagebench.benchcompare import Change, resolve_rev
+    from pagebench.measure.regression_gate import Change, resolve_rev
 
     resolve_rev(Path(repo), base)  # the git errors a user can cause, without running anything
     return [Change("a", 0.01, 0.011)], base, head
@@ -204,22 +204,22 @@ def stubs():
     for path, text in FILES.items():
         path.write_text(text)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("pagebench.kernels.sweep.run_sweep", fake_sweep)
-        mp.setattr("pagebench.kernels.prefill_sweep.run_prefill_sweep", fake_prefill_sweep)
+        mp.setattr("pagebench.measure.kernel_sweep.run_sweep", fake_sweep)
+        mp.setattr("pagebench.measure.prefill_sweep.run_prefill_sweep", fake_prefill_sweep)
         mp.setattr("pagebench.cli.engine._model", lambda args, device: FakeModel())
         for fn in ("throughput_vs_batch", "cow_comparison", "prefix_cache_comparison",
                    "pool_size_sweep", "compare_with_transformers", "greedy_equality",
                    "equal_memory_comparison"):
-            mp.setattr(f"pagebench.engine.bench.{fn}", fake_rows)
-        mp.setattr("pagebench.engine.bench.padded_reservation_bytes", lambda *args: 1)
-        mp.setattr("pagebench.engine.step_profile.step_breakdown",
+            mp.setattr(f"pagebench.measure.engine_bench.{fn}", fake_rows)
+        mp.setattr("pagebench.measure.engine_bench.padded_reservation_bytes", lambda *args: 1)
+        mp.setattr("pagebench.measure.step_profile.step_breakdown",
                    lambda *args, **kwargs: fake_rows()[0])
-        mp.setattr("pagebench.engine.trace_replay.replay_trace",
+        mp.setattr("pagebench.measure.trace_replay.replay_trace",
                    lambda *args, **kwargs: fake_rows()[0])
         mp.setattr("pagebench.cli.parallel.measure", fake_rows)
-        mp.setattr("pagebench.distributed.sweep_wall", lambda *args: (fake_rows(), fake_rows()))
+        mp.setattr("pagebench.measure.distributed.sweep_wall", lambda *args: (fake_rows(), fake_rows()))
         mp.setattr("pagebench.suite.build_report", fake_build_report)
-        mp.setattr("pagebench.benchcompare.bench_compare", fake_bench_compare)
+        mp.setattr("pagebench.measure.regression_gate.bench_compare", fake_bench_compare)
         # large valid requests are refused by their memory estimate instead of run
         mp.setattr(options, "available_memory_bytes", lambda: 20 * 10**6)
         yield

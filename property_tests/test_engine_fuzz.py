@@ -20,7 +20,8 @@ import pytest
 import torch
 from hypothesis import given, note
 
-from pagebench.engine import LLMEngine, SamplingParams, bench
+from pagebench.engine import LLMEngine, SamplingParams
+from pagebench.measure import engine_bench
 from pagebench.errors import ConfigError
 
 transformers = pytest.importorskip("transformers")
@@ -37,7 +38,7 @@ TOKEN = st.integers(0, VOCAB - 1)
 def tiny_model(family: str, shape: tuple, layers: int, seed: int):
     """The drawn model, built once per draw by the package's builder."""
     hidden, heads, kv_heads = shape
-    return bench.tiny_model(seed, family=family, vocab_size=VOCAB, hidden_size=hidden,
+    return engine_bench.tiny_model(seed, family=family, vocab_size=VOCAB, hidden_size=hidden,
                             intermediate_size=2 * hidden, num_hidden_layers=layers,
                             num_attention_heads=heads, num_key_value_heads=kv_heads,
                             max_position_embeddings=MAX_POSITIONS)

@@ -23,7 +23,7 @@ from kernel_cases import formats_read_on
 
 from pagebench.kernels import (FP8_DTYPES, available_backends, paged_decode, paged_prefill,
                                registered_backends)
-from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (LAYOUTS, TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error, spare_block, with_layout)
 from pagebench.kernels.reference import cumulative_offsets, reference_decode, reference_prefill
 

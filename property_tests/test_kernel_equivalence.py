@@ -19,7 +19,7 @@ from hypothesis import example, given, settings
 from kernel_cases import (PREFILL_LAUNCHES, backends_for, check_backend, check_prefill,
                           decode_cases, examples_for, prefill_cases, run_property)
 
-from pagebench.kernels.fixtures import LAYOUTS, spare_block, with_layout
+from pagebench.measure.kernel_cases import LAYOUTS, spare_block, with_layout
 
 
 @pytest.mark.slow
@@ -33,14 +33,44 @@ def test_triton_split_kv_and_tiles_match_reference():
     """The split-KV merge and tile boundaries, forced at CPU sizes (auto picks one split)."""
     if "triton" not in backends_for("cpu"):
         pytest.skip("triton not installed")
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
 
     @settings(max_examples=examples_for("triton"), deadline=None)
     @given(case=decode_cases("triton"), splits=st.integers(2, 5),
            tile_n=st.sampled_from([16, 32, 128]))
     def prop(case, splits, tile_n):
         check_backend("triton", case, decode=lambda *args: triton_paged_decode(
-            *args, case["head_dim"] ** -0.5, num_splits=splits, tile_n=tile_n))
+            *args, case["head_dim"] ** -0.5,
+            launch=DecodeLaunch(num_splits=splits, tile_n=tile_n)))
+    prop()
+
+
+@pytest.mark.slow
+def test_triton_ragged_default_splits_match_reference():
+    """The default split count on ragged batches, at a tile CPU sizes split (16 tokens): each
+    sequence takes the splits the batch's lengths leave it, read on the device; lengths 1 and
+    the table's whole capacity beside the drawn ones, int32/int64 tables and lengths, q a
+    strided view."""
+    if "triton" not in backends_for("cpu"):
+        pytest.skip("triton not installed")
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
+    launch = DecodeLaunch(tile_n=16)
+
+    @settings(max_examples=examples_for("triton"), deadline=None)
+    @given(case=decode_cases("triton"), index=st.sampled_from([torch.int32, torch.int64]),
+           longest=st.integers(97, 200))
+    def prop(case, index, longest):
+        case = dict(case, lengths=[1, *case["lengths"], longest])
+
+        def decode(q, k_cache, v_cache, tables, seq_lens):
+            wide = torch.zeros(*q.shape[:2], 2 * q.shape[2], dtype=q.dtype)
+            wide[..., :q.shape[2]] = q
+            args = (wide[..., :q.shape[2]], k_cache, v_cache, tables.to(index),
+                    seq_lens.to(index))
+            plan = decode_plan(*args, case["head_dim"] ** -0.5, launch)
+            assert plan.max_splits == 1 or plan.split.kwargs["ADAPTIVE"]
+            return triton_paged_decode(*args, case["head_dim"] ** -0.5, launch=launch)
+        check_backend("triton", case, decode=decode)
     prop()
 
 
@@ -58,7 +88,8 @@ def test_triton_split_merges_match_reference_cuda():
     """Both merges of the splits (the split kernel's own, the combine kernel), forced or by
     the split count, at the counts the defaults take on an H200 (2-4, 16-64); each case twice
     on one plan, whose merge counters must be back at zero after the first call."""
-    from pagebench.kernels.triton_decode import FUSED_MERGE_SPLITS, triton_paged_decode
+    from pagebench.kernels.triton_decode import (FUSED_MERGE_SPLITS, DecodeLaunch,
+                                                 triton_paged_decode)
 
     @settings(max_examples=24, deadline=None)
     @given(case=decode_cases("triton", large=True), splits=st.sampled_from([2, 3, 4, 7, 16, 64]),
@@ -68,8 +99,8 @@ def test_triton_split_merges_match_reference_cuda():
             fused = False
 
         def decode(*args):
-            return triton_paged_decode(*args, case["head_dim"] ** -0.5, num_splits=splits,
-                                       fused_merge=fused)
+            return triton_paged_decode(*args, case["head_dim"] ** -0.5,
+                                       launch=DecodeLaunch(num_splits=splits, fused_merge=fused))
         for _ in range(2):
             check_backend("triton", case, "cuda", decode=decode)
     prop()

@@ -25,7 +25,7 @@ from hypothesis import given, note, settings
 from kernel_cases import decode_cases, examples_for, formats_read_on, prefill_cases
 
 from pagebench.kernels import FP8_DTYPES, paged_decode, paged_prefill, registered_backends
-from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error, unquantized_caches)
 from pagebench.kernels.reference import cumulative_offsets, reference_decode, reference_prefill
 from pagebench.kernels.registry import backend_available
@@ -153,7 +153,7 @@ def test_triton_fp8_split_kv_matches_reference():
     with one KV head per program or two (each head's scales on its own rows)."""
     if "triton" not in fp8_backends_for("cpu", "decode"):
         pytest.skip("triton not installed")
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
 
     @settings(max_examples=fp8_examples("triton"), deadline=None)
     @given(case=decode_cases("triton"), cache_dtype=st.sampled_from(FP8_DTYPES),
@@ -162,8 +162,9 @@ def test_triton_fp8_split_kv_matches_reference():
         kv_per_program = 2 if pair and case["kv_heads"] % 2 == 0 else 1
         check_decode_fp8("triton", case, cache_dtype, decode=lambda *args, **scales:
                          triton_paged_decode(*args, case["head_dim"] ** -0.5, **scales,
-                                             num_splits=splits, tile_n=tile_n,
-                                             kv_per_program=kv_per_program))
+                                             launch=DecodeLaunch(
+                                                 num_splits=splits, tile_n=tile_n,
+                                                 kv_per_program=kv_per_program)))
     prop()
 
 

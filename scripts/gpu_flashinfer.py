@@ -37,13 +37,13 @@ import torch
 from pagebench.config import dtype_name
 from pagebench.defaults import attention_shape
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import make_paged_inputs, relative_error
-from pagebench.kernels.prefill_sweep import causal_flops, sdpa_causal
+from pagebench.measure.kernel_cases import make_paged_inputs, relative_error
+from pagebench.measure.prefill_sweep import causal_flops, sdpa_causal
 from pagebench.kernels.quant import fp8_max, quantize
 from pagebench.kernels.ragged import batch_lengths
 from pagebench.kernels.reference import cumulative_offsets, reference_prefill
-from pagebench.kernels.sweep import read_gbps
-from pagebench.timing import environment, measure
+from pagebench.measure.kernel_sweep import read_gbps
+from pagebench.measure.timing import environment, measure
 
 DEVICE = os.environ.get("DEVICE", "cuda")
 ON_CUDA = DEVICE == "cuda"
@@ -220,7 +220,7 @@ def decode_stage(env, rows: Sink, checks: Sink, plans: Sink, ceiling: float, sha
 
 def contiguous_rows(base, shape, lens, scale, rows: Sink, checks: Sink, nbytes: int) -> None:
     """The contiguous baselines at a decode point (a ragged batch: padded to its longest)."""
-    from pagebench.kernels.fixtures import ContiguousInputs
+    from pagebench.measure.kernel_cases import ContiguousInputs
     from pagebench.kernels.reference import reference_contiguous
 
     hq, hkv, d = shape

@@ -11,9 +11,9 @@ heads (32 q / 8 kv, head dim 128), bf16, blocks of 16 and 128:
    NaN too), against a float64 reference computed on the GPU, on ragged batches (chunks
    after a prefix, whole prompts, single queries; the new kernel also with sequences without
    queries) and on every timed point;
-2. timing: CUDA-event medians of CUDA-graph replays after warm-up (``pagebench.timing``), at
-   whole prompts (1 x 2k, 1 x 8k, 8 x 512, 64 x 256, 128 x 128) and chunks after a cached
-   prefix (8 x 256 after 2k). Variants: ``old`` (its default launch), ``old-scan`` (its default
+2. timing: CUDA-event medians of CUDA-graph replays after warm-up
+   (``pagebench.measure.timing``), at whole prompts (1 x 2k, 1 x 8k, 8 x 512, 64 x 256,
+   128 x 128) and chunks after a cached prefix (8 x 256 after 2k). Variants: ``old`` (its default launch), ``old-scan`` (its default
    without the work list, where it takes one), ``new`` (the default launch), ``new-binary``
    (the default launch with the binary search where the default takes the vector search),
    ``new-tile_n-64`` (the 128-row launch with 64-key tiles, as before they spilled) and, for
@@ -51,11 +51,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's pagebench
 # isort: split
 from pagebench.kernels import triton_prefill
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import cumulative_offsets
 from pagebench.kernels.triton_prefill import (LONG_CHUNK_TILE_N, MAX_ROWS, prefill_launch,
                                                search_width, triton_paged_prefill)
-from pagebench.timing import environment, measure
+from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.measure.timing import environment, measure
 
 
 @dataclasses.dataclass

@@ -1,7 +1,7 @@
 """The engine tests' model and prompts: a plain helper module (not a test module) shared by the
 tests, ``tests/conftest.py``'s fixtures and the torchrun worker ``tests/tp_worker.py``.
 
-``small_model`` builds through the package's one builder, ``pagebench.engine.bench.tiny_model``,
+``small_model`` builds through the package's one builder, ``pagebench.measure.engine_bench.tiny_model``,
 at the tests' size: small enough that a test generates in well under a second, with a wide
 initialisation so that greedy decoding has no near-ties.
 """
@@ -22,7 +22,7 @@ FAMILY_CONFIG = {"qwen3": {"head_dim": 16}, "mistral": {"sliding_window": 256}}
 def small_model(family: str = "qwen2", seed: int = 0, **config):
     """A new random-weight model of ``family`` (qwen2, qwen3, llama, mistral) at the tests'
     size, ``config`` overriding it."""
-    from pagebench.engine.bench import tiny_model
+    from pagebench.measure.engine_bench import tiny_model
 
     return tiny_model(seed, family=family, **SMALL_MODEL | FAMILY_CONFIG.get(family, {}) | config)
 

@@ -11,11 +11,16 @@
    `tests/**/test_X.py` or `property_tests/test_X.py` may use private names of any module whose
    file is `X.py` or that lies in a package directory `X/` (the module or package it tests).
    Dunder names are not private.
-3. The report imports no subsystem that measures (sim, engine, kernels, timing) and not the
+3. The report imports no subsystem that measures (sim, engine, kernels, measure) and not the
    analysis: it renders an analysed `Results`; the analysis computes from a `Results` and
    imports neither the report nor a subsystem that measures; `results` imports only `errors`
    (imports inside functions included).
-4. The engine's step path (`engine/engine.py`, `scheduler.py`, `model_runner.py`,
+4. The measured systems (`kernels`, `engine`, `sim`) import nothing from `results` or the
+   measuring package `measure` (timing included), imports inside functions included: the
+   measuring code times them and names their rows as datasets.
+5. No import cycle between packages, imports inside functions included (rule 1 allows such an
+   import to break a cycle between modules, never between packages).
+6. The engine's step path (`engine/engine.py`, `scheduler.py`, `model_runner.py`,
    `decode_graphs.py`, `parallel.py`) does no block-boundary arithmetic: no `//` or `%` by a
    block size and no `ceil_div` call; blocks for n tokens and a token's cache slot come from
    `engine/block_manager.py`, the one owner of a sequence's KV state.
@@ -238,12 +243,43 @@ def test_analysis_computes_the_report_renders_and_results_gather_without_measuri
         {layer: set() for layer in LAYERS}
 
 
-def test_the_measured_systems_do_not_import_the_measuring_package():
-    """kernels, engine and sim are measured by pagebench.measure; never the other way round."""
+# the systems measured: what they may not import, imports inside functions included (the
+# measuring package times and records them, and names their rows as datasets)
+MEASURED = ("pagebench.kernels", "pagebench.engine", "pagebench.sim")
+MEASURING = {"pagebench.results", "pagebench.measure"}  # timing lives in pagebench.measure
+
+
+def test_the_measured_systems_import_neither_results_nor_the_measuring_package():
+    """kernels, engine and sim are measured by pagebench.measure, never the other way round."""
     graph = package_graph(import_graph(top_level_only=False))
-    assert {layer: graph.get(layer, set()) & {"pagebench.measure"}
-            for layer in ("pagebench.kernels", "pagebench.engine", "pagebench.sim")} == \
-        {layer: set() for layer in ("pagebench.kernels", "pagebench.engine", "pagebench.sim")}
+    assert {layer: graph.get(layer, set()) & MEASURING for layer in MEASURED} == \
+        {layer: set() for layer in MEASURED}
+
+
+def test_no_import_cycle_between_packages_counting_imports_inside_functions():
+    """A function-level import breaks a module cycle at load time, but between packages (say
+    kernels -> engine -> kernels) it still ties two layers together: none is allowed."""
+    assert find_cycles(package_graph(import_graph(top_level_only=False))) == []
+
+
+def test_layering_checkers_see_imports_inside_functions(tmp_path, monkeypatch):
+    """The checkers themselves: an import in a function body is an edge of the package graph,
+    and two packages importing each other that way are a cycle."""
+    pkg = tmp_path / "pagebench"
+    for sub in ("kernels", "engine", "measure"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "kernels" / "a.py").write_text("def f():\n    from pagebench.engine import b\n")
+    (pkg / "engine" / "b.py").write_text("from pagebench.kernels import a\n"
+                                          "def g():\n    import pagebench.measure.c\n")
+    (pkg / "measure" / "c.py").write_text("")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "CHECKED_DIRS", ("pagebench",))
+    graph = package_graph(import_graph(top_level_only=False))
+    assert graph["pagebench.engine"] & MEASURING == {"pagebench.measure"}
+    assert find_cycles(graph) == [["pagebench.engine", "pagebench.kernels"]]
+    assert find_cycles(package_graph(import_graph())) == []
 
 
 STEP_PATH = ("engine.py", "scheduler.py", "model_runner.py", "decode_graphs.py", "parallel.py")

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from pagebench.benchcompare import bench_compare, compare, regressions, run_suite, timings
+from pagebench.measure.regression_gate import bench_compare, compare, regressions, run_suite, timings
 from pagebench.cli import main
 from pagebench.errors import ConfigError
 

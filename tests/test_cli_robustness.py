@@ -17,7 +17,7 @@ import pytest
 import torch
 from synthetic_report import synthetic_results
 
-from pagebench import benchcompare
+from pagebench.measure import regression_gate
 from pagebench.cli import main, options
 from pagebench.analysis import analyse
 from pagebench.report import build
@@ -110,26 +110,26 @@ def refuse_to_allocate(error):
                             "capacity of 139.81 GiB of which 1.2 GiB is free."),
      ("the GPU", "20.00 GiB"))])
 def test_an_allocation_failure_is_one_line_naming_the_run(monkeypatch, error, needles):
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
 
-    monkeypatch.setattr(bench, "LLMEngine", refuse_to_allocate(error))
+    monkeypatch.setattr(engine_bench, "LLMEngine", refuse_to_allocate(error))
     line = assert_one_line_error(SMALL_THROUGHPUT, "not enough memory", "the throughput run",
                                  "--batch-sizes 2", "--block-sizes 16", *needles)
     assert "Traceback" not in line and "enforce fail" not in line
 
 
 def test_an_allocation_failure_in_any_command_is_one_line(monkeypatch):
-    from pagebench.kernels import sweep
+    from pagebench.measure import kernel_sweep
 
-    monkeypatch.setattr(sweep, "run_sweep", refuse_to_allocate(RuntimeError(CPU_ALLOC_FAILED)))
+    monkeypatch.setattr(kernel_sweep, "run_sweep", refuse_to_allocate(RuntimeError(CPU_ALLOC_FAILED)))
     assert_one_line_error(["bench", "--contexts", "16", "--batches", "1"],
                           "pagebench bench: error: not enough memory", "a tensor", "411.2 GB")
 
 
 def test_another_runtime_error_is_still_a_bug(monkeypatch):
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
 
-    monkeypatch.setattr(bench, "LLMEngine", refuse_to_allocate(RuntimeError("shape mismatch")))
+    monkeypatch.setattr(engine_bench, "LLMEngine", refuse_to_allocate(RuntimeError("shape mismatch")))
     with pytest.raises(RuntimeError, match="shape mismatch"):
         run(SMALL_THROUGHPUT)
 
@@ -367,9 +367,9 @@ def test_a_sweep_that_measures_nothing_is_an_error():
 def test_cuda_graphs_only_on_the_cpu_says_it_times_eagerly(monkeypatch):
     """R4: every row said "CUDA graph: no" without a word (the runbooks' CPU dry runs pass
     --cuda-graphs only as they are, so it is a warning, not an error)."""
-    from pagebench.kernels import sweep
+    from pagebench.measure import kernel_sweep
 
-    monkeypatch.setattr(sweep, "run_sweep", refuse_to_allocate(MemoryError("stop here")))
+    monkeypatch.setattr(kernel_sweep, "run_sweep", refuse_to_allocate(MemoryError("stop here")))
     code, _, err = run(["bench", "--cuda-graphs", "only", "--contexts", "16", "--batches", "1"])
     assert code == 2 and "warning: --cuda-graphs only" in err and "eagerly" in err
 
@@ -392,10 +392,10 @@ def test_bench_rows_write_counts_as_integers(tmp_path):
 
 # ---- engine-bench -------------------------------------------------------------------------------
 def test_an_engine_run_too_large_is_refused_before_its_prompts_are_drawn(monkeypatch):
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
 
     monkeypatch.setattr(options, "available_memory_bytes", lambda: 16 * 10**9)
-    monkeypatch.setattr(bench, "random_prompts", refuse_to_allocate(AssertionError("drawn")))
+    monkeypatch.setattr(engine_bench, "random_prompts", refuse_to_allocate(AssertionError("drawn")))
     assert_one_line_error(["engine-bench", "throughput", "--batch-sizes", "100000",
                            "--prompt-len", "4000", "--max-tokens", "1", "--block-sizes", "16"],
                           "--batch-sizes", "100,000 requests of up to 4,001 tokens",
@@ -478,14 +478,14 @@ def test_the_gate_refuses_head_when_the_working_tree_has_changes(tiny_repo):
 def test_a_killed_runs_temp_dir_and_worktree_are_removed_by_the_next(tiny_repo, tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    stale = tmp_path / (benchcompare.TEMP_PREFIX + "stale")
+    stale = tmp_path / (regression_gate.TEMP_PREFIX + "stale")
     stale.mkdir()
     (stale / "pid").write_text(str(dead.pid))
     git(tiny_repo, "worktree", "add", "--detach", "--quiet", str(stale / "wt"), "HEAD")
-    live = tmp_path / (benchcompare.TEMP_PREFIX + "live")
+    live = tmp_path / (regression_gate.TEMP_PREFIX + "live")
     live.mkdir()
     (live / "pid").write_text(str(os.getpid()))
-    assert benchcompare.remove_stale_temp_dirs(tiny_repo, str(tmp_path)) == [stale]
+    assert regression_gate.remove_stale_temp_dirs(tiny_repo, str(tmp_path)) == [stale]
     assert not stale.exists() and live.exists()
     assert "wt" not in git(tiny_repo, "worktree", "list")
 
@@ -495,7 +495,7 @@ def test_checkouts_leave_nothing_behind(tiny_repo, monkeypatch, tmp_path):
     scratch.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(scratch))
     with pytest.raises(KeyboardInterrupt):
-        with benchcompare.TerminationAsInterrupt(), benchcompare.Checkouts(tiny_repo) as c:
+        with regression_gate.TerminationAsInterrupt(), regression_gate.Checkouts(tiny_repo) as c:
             c.get(git(tiny_repo, "rev-parse", "HEAD"))
             c.scratch("results")
             os.kill(os.getpid(), signal.SIGTERM)  # `kill` of a running gate

@@ -44,7 +44,7 @@ def test_bad_geometry_and_sizes():
 
 def test_environment_commit_can_be_overridden(monkeypatch):
     """A copied tree (a remote GPU machine's) may carry a stale .git: PAGEBENCH_COMMIT wins."""
-    from pagebench import timing
+    from pagebench.measure import timing
     timing.git_commit.cache_clear()
     monkeypatch.setenv("PAGEBENCH_COMMIT", "feedbee")
     try:
@@ -59,11 +59,11 @@ def test_commit_says_dirty_when_tracked_files_differ_from_head(monkeypatch, tmp_
     """Rows timed on uncommitted code carried the clean commit's hash."""
     import subprocess
 
-    from pagebench import timing
+    from pagebench.measure import timing
 
     repo = tmp_path / "repo"
-    (repo / "pagebench").mkdir(parents=True)
-    (repo / "pagebench" / "timing.py").write_text("x = 1\n")
+    (repo / "pagebench" / "measure").mkdir(parents=True)
+    (repo / "pagebench" / "measure" / "timing.py").write_text("x = 1\n")
 
     def git(*args):
         subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t",
@@ -72,12 +72,12 @@ def test_commit_says_dirty_when_tracked_files_differ_from_head(monkeypatch, tmp_
     git("add", ".")
     git("commit", "-qm", "one")
     monkeypatch.delenv("PAGEBENCH_COMMIT", raising=False)
-    monkeypatch.setattr(timing, "__file__", str(repo / "pagebench" / "timing.py"))
+    monkeypatch.setattr(timing, "__file__", str(repo / "pagebench" / "measure" / "timing.py"))
     timing.git_commit.cache_clear()
     try:
         clean = timing.git_commit()
         assert clean and "dirty" not in clean
-        (repo / "pagebench" / "timing.py").write_text("x = 2\n")
+        (repo / "pagebench" / "measure" / "timing.py").write_text("x = 2\n")
         (repo / "untracked.txt").write_text("not measured\n")
         timing.git_commit.cache_clear()
         assert timing.git_commit() == f"{clean}-dirty"

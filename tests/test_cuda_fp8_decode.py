@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from pagebench.config import ceil_div
 from pagebench.kernels import paged_decode, register_backend, registered_backends
 from pagebench.kernels import cuda_fp8_decode as cf
-from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
+from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs, relative_error
 from pagebench.kernels.quant import FP8_DTYPES
 from pagebench.kernels.reference import reference_decode
 from pagebench.kernels.registry import resolve, unregister_backend
@@ -111,12 +111,13 @@ def test_merged_splits_make_the_combine_cheaper_in_the_wave_model():
 @pytest.mark.gpu
 @pytest.mark.skipif(not HAS_KERNEL, reason="needs an NVIDIA GPU of compute capability 8.9+")
 def test_a_block_merges_splits_from_merge_from_splits_on_cuda():
-    build = (128, 4, 16, "e4m3", True, "int", "int", True, 1)
+    build = cf.CudaBuild(head_dim=128, group=4, block_size=16, fp8_name="e4m3", q_bf16=True,
+                         table_t="int", seq_t="int", heads_per_block=1)
     for num_seqs, capacity, merged in ((1, 65536, True), (32, 4096, False), (128, 4096, False)):
-        _, _, heads, split_warps, splits, _ = cf._plan(build, num_seqs, 32, 8, capacity, None,
-                                                       4, None)
-        assert (split_warps == cf.MERGED_SPLIT_WARPS) == merged, (num_seqs, capacity)
-        assert heads * split_warps <= 4 and (splits >= cf.MERGE_FROM_SPLITS) == merged
+        _, _, chosen, splits, _ = cf._plan(build, num_seqs, 32, 8, capacity,
+                                           cf.CudaDecodeLaunch())
+        assert (chosen.split_warps == cf.MERGED_SPLIT_WARPS) == merged, (num_seqs, capacity)
+        assert chosen.block_warps <= 4 and (splits >= cf.MERGE_FROM_SPLITS) == merged
 
 
 @pytest.mark.parametrize("kv_heads, most, warps", [(8, 4, 4), (6, 4, 2), (7, 4, 1), (2, 8, 2)])
@@ -146,7 +147,7 @@ def test_matches_float64_reference_cuda():
            index=st.sampled_from([torch.int32, torch.int64]),
            q_dtype=st.sampled_from([torch.float16, torch.bfloat16]),
            cache=st.sampled_from(FP8_DTYPES), splits=st.sampled_from([None, 1, 2, 7, 40, 187]),
-           combine=st.sampled_from([None, 1, 2]), offset=st.sampled_from([0, 0, 1, 8]),
+           combine=st.sampled_from([None, *cf.COMBINES]), offset=st.sampled_from([0, 0, 1, 8]),
            layout=st.sampled_from([(4, None), (4, 1), (4, 4), (4, 2), (2, 2)]),
            exponent=st.integers(-20, 20), seed=st.integers(0, 2 ** 16))
     def prop(head_dim, kv_heads, group, block, lengths, index, q_dtype, cache, splits, combine,
@@ -158,13 +159,10 @@ def test_matches_float64_reference_cuda():
         k, v = (_misaligned(x, offset) if offset else x for x in (fp8.k_cache, fp8.v_cache))
         args = (q, k, v, fp8.block_tables.to(index), fp8.seq_lens.to(index))
         note(f"k aligned={cf._aligned(k)} splits={splits} warps, split warps per block={layout}")
-        cf.COMBINE = combine
-        try:
-            out = cf.cuda_fp8_paged_decode(*args, head_dim ** -0.5, fp8.k_scale, fp8.v_scale,
-                                           num_splits=splits, warps_per_block=layout[0],
-                                           split_warps=layout[1])
-        finally:
-            cf.COMBINE = None
+        launch = cf.CudaDecodeLaunch(num_splits=splits, warps_per_block=layout[0],
+                                     split_warps=layout[1], combine=combine)
+        out = cf.cuda_fp8_paged_decode(*args, head_dim ** -0.5, fp8.k_scale, fp8.v_scale,
+                                       launch=launch)
         ref = reference_decode(*args, head_dim ** -0.5, **fp8.scales())
         assert out.shape == q.shape and out.dtype == q.dtype
         assert torch.isfinite(out).all(), "a poisoned slot or table entry was read"
@@ -180,11 +178,11 @@ def test_graph_replay_equals_eager_cuda(splits, split_warps):
     inp = make_paged_inputs([700, 1, 4096], 32, 8, 128, 16, torch.bfloat16, "cuda", seed=3)
     fp8 = quantized_inputs(inp, E4M3, seed=3)
     args = (*fp8.args(), 128 ** -0.5, fp8.k_scale, fp8.v_scale)
-    options = dict(num_splits=splits, split_warps=split_warps)
-    eager = cf.cuda_fp8_paged_decode(*args, **options)
+    launch = cf.CudaDecodeLaunch(num_splits=splits, split_warps=split_warps)
+    eager = cf.cuda_fp8_paged_decode(*args, launch=launch)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = cf.cuda_fp8_paged_decode(*args, **options)
+        out = cf.cuda_fp8_paged_decode(*args, launch=launch)
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, eager)
@@ -223,7 +221,7 @@ def _compile(nvrtc, source: str, arch: int) -> tuple[int, str]:
     return rc, log.value.decode(errors="replace")
 
 
-# builds the backend makes (kernel_source's arguments): every head dim, both formats and q
+# builds the backend makes (CudaBuild's fields in order): every head dim, both formats and q
 # dtypes, int32/int64 tables and lengths, block sizes with and without 16 | block, groups of
 # 1-16 (two warps' chunks past 8), the byte-load build for unaligned caches, a register cap,
 # a block's warps on the splits of one KV head (the in-block merge)
@@ -245,13 +243,39 @@ def test_source_compiles_for_every_kind_of_build(arch):
     nvrtc = _nvrtc()
     failed = []
     for build in BUILDS:
-        rc, log = _compile(nvrtc, cf.kernel_source(*build), arch)
+        rc, log = _compile(nvrtc, cf.kernel_source(cf.CudaBuild(*build)), arch)
         if rc != 0 or "warning" in log.lower():
             failed.append(f"{build}: rc={rc}\n{log[-2000:]}")
     assert not failed, "\n".join(failed)
 
 
 def test_a_broken_source_fails_to_compile():
-    rc, log = _compile(_nvrtc(), cf.kernel_source(*BUILDS[0]).replace("mma16816(st.acc[j]",
-                                                                     "mma16816(st.acc[j][0]"), 90)
+    source = cf.kernel_source(cf.CudaBuild(*BUILDS[0]))
+    rc, log = _compile(_nvrtc(), source.replace("mma16816(st.acc[j]", "mma16816(st.acc[j][0]"),
+                       90)
     assert rc != 0 and "error" in log
+
+
+def test_the_cuda_source_ships_as_package_data():
+    """The .cu file is read from the installed package (importlib.resources), and the wheel's
+    package-data globs carry it."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    pyproject = Path(cf.__file__).resolve().parents[2] / "pyproject.toml"
+    globs = tomllib.loads(pyproject.read_text())["tool"]["setuptools"]["package-data"]
+    assert any(fnmatch.fnmatch(f"kernels/{cf.SOURCE_FILE}", g) for g in globs["pagebench"])
+    source = cf.kernel_source(cf.CudaBuild(*BUILDS[0]))
+    assert source.startswith("#define HEAD_DIM 128\n")
+    assert 'extern "C" __global__' in source and all(name in source for name in cf.KERNELS)
+
+
+def test_launch_records_are_keyword_only_and_checked():
+    with pytest.raises(TypeError):
+        cf.CudaDecodeLaunch(4)  # keyword only
+    with pytest.raises(ValueError, match="^combine: "):
+        cf.CudaDecodeLaunch(combine="none")  # skipping the merge is no launch
+    with pytest.raises(ValueError, match="^num_splits: "):
+        cf.CudaDecodeLaunch(num_splits=0)
+    assert not hasattr(cf, "COMBINE")

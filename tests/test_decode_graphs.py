@@ -11,7 +11,7 @@ import torch
 
 from pagebench.defaults import SHORT_BLOCK_SIZES
 from pagebench.engine import LLMEngine, SamplingParams
-from pagebench.engine.bench import tiny_model
+from pagebench.measure.engine_bench import tiny_model
 from pagebench.engine.decode_graphs import MAX_GRAPH_LEN, bucket_for, graph_batch_sizes
 from pagebench.errors import ConfigError
 

@@ -29,7 +29,7 @@ def test_block_size_lists_are_derived_from_one():
 def test_cpu_recommendation_ranges_over_every_swept_block_size():
     """The report's CPU kernel sweep and its static simulation both cover BLOCK_SIZES, so the
     recommendation made from them weighs every one (not an intersection of two lists)."""
-    from pagebench.kernels.sweep import run_sweep
+    from pagebench.measure.kernel_sweep import run_sweep
     from pagebench.analysis import advice
     from pagebench.results import Results
     from pagebench.suite import here, static_memory

@@ -10,17 +10,17 @@ import pytest
 pytest.importorskip("transformers")
 
 from pagebench.cli import main
-from pagebench.engine import bench
+from pagebench.measure import engine_bench
 from pagebench.kernels import available_backends
 
 
 @pytest.fixture(scope="module")
 def model():
-    return bench.tiny_model(hidden_size=64, intermediate_size=128)
+    return engine_bench.tiny_model(hidden_size=64, intermediate_size=128)
 
 
 def test_cow_comparison_shares_blocks(model):
-    rows = {r["variant"]: r for r in bench.cow_comparison(model, prompt_len=128, max_tokens=8)}
+    rows = {r["variant"]: r for r in engine_bench.cow_comparison(model, prompt_len=128, max_tokens=8)}
     shared, separate, one = rows["n=4 shared"], rows["4 separate requests"], rows["n=1"]
     assert shared["num_generated_tokens"] == separate["num_generated_tokens"] == 32
     assert shared["peak_blocks"] < 1.5 * one["peak_blocks"] < separate["peak_blocks"]
@@ -28,7 +28,7 @@ def test_cow_comparison_shares_blocks(model):
 
 
 def test_prefix_cache_comparison(model):
-    off, on = bench.prefix_cache_comparison(model, system_len=64, num_requests=6,
+    off, on = engine_bench.prefix_cache_comparison(model, system_len=64, num_requests=6,
                                             suffix_len=(4, 12), max_tokens=4)
     assert not off["enable_prefix_caching"] and on["enable_prefix_caching"]
     assert off["prefix_cache_hit_rate"] == 0 < on["prefix_cache_hit_rate"]
@@ -36,7 +36,7 @@ def test_prefix_cache_comparison(model):
 
 
 def test_pool_size_sweep_has_a_cliff(model):
-    rows = bench.pool_size_sweep(model, pool_fractions=(0.3, 1.0), num_requests=8,
+    rows = engine_bench.pool_size_sweep(model, pool_fractions=(0.3, 1.0), num_requests=8,
                                  prompt_len=(8, 24), max_tokens=16)
     small, full = rows
     assert full["num_preemptions"] == 0 < small["num_preemptions"]
@@ -44,12 +44,12 @@ def test_pool_size_sweep_has_a_cliff(model):
 
 
 def test_throughput_rows_are_tidy(model):
-    rows = bench.throughput_vs_batch(model, batch_sizes=(1, 3), block_sizes=(8,),
+    rows = engine_bench.throughput_vs_batch(model, batch_sizes=(1, 3), block_sizes=(8,),
                                      prompt_len=8, max_tokens=4, kernel="torch")
     df = pd.DataFrame(rows)
     assert list(df.batch) == [1, 3] and (df.tokens_per_s > 0).all()
     assert (df.max_batch == df.batch).all() and (df.kernel == "torch").all()
-    auto = bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2)[0]
+    auto = engine_bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2)[0]
     assert auto["kernel"] in available_backends(), auto["kernel"]  # resolved, not "auto"
 
 
@@ -101,29 +101,29 @@ def validated(name, rows):
 
 
 def test_greedy_equality_rows(model):
-    prompts = bench.random_prompts(3, 1, 12, model.config.vocab_size, seed=3)
-    rows = validated("engine", bench.greedy_equality(model, prompts, 3, block_sizes=(4, 16),
+    prompts = engine_bench.random_prompts(3, 1, 12, model.config.vocab_size, seed=3)
+    rows = validated("engine", engine_bench.greedy_equality(model, prompts, 3, block_sizes=(4, 16),
                                                      kernel="torch"))
     # on a CPU no engine captures graphs or compiles: no "graphs vs eager" row (it would
     # compare the eager steps with themselves)
-    assert len(rows) == 4 and (rows.experiment == bench.GREEDY_EQUALITY).all()
+    assert len(rows) == 4 and (rows.experiment == engine_bench.GREEDY_EQUALITY).all()
     assert rows.check.tolist() == ["engine vs model.generate"] * 4
     assert rows.enable_prefix_caching.tolist() == [False, True] * 2
     assert (rows.prompts_equal == 3).all() and (rows.token_agreement == 1.0).all()
 
 
 def test_agreement_counts_tokens_before_the_first_difference():
-    assert bench.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == (1, 4 / 6)
-    assert bench.agreement([[7]], [[8]]) == (0, 0.0)
+    assert engine_bench.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 3], [4, 9, 6]]) == (1, 4 / 6)
+    assert engine_bench.agreement([[7]], [[8]]) == (0, 0.0)
     with pytest.raises(ValueError):
-        bench.agreement([[1]], [[1], [2]])  # one output per prompt or nothing is compared
+        engine_bench.agreement([[1]], [[1], [2]])  # one output per prompt or nothing is compared
 
 
 def test_step_breakdown_row(model):
-    from pagebench.engine.step_profile import step_breakdown
+    from pagebench.measure.step_profile import step_breakdown
 
     table = []
-    prompts = bench.random_prompts(2, 4, 12, model.config.vocab_size)
+    prompts = engine_bench.random_prompts(2, 4, 12, model.config.vocab_size)
     row = validated("engine", [step_breakdown(model, prompts, max_tokens=5, kernel="torch",
                                               mode="eager", profile_table=table)]).iloc[0]
     assert row.experiment == "step_breakdown" and row.batch == 2 and row.decode_steps == 4
@@ -133,26 +133,26 @@ def test_step_breakdown_row(model):
 
 
 def test_modes_and_bandwidth_reach_the_rows(model):
-    rows = validated("engine_batch", bench.throughput_vs_batch(
+    rows = validated("engine_batch", engine_bench.throughput_vs_batch(
         model, (2,), (8,), prompt_len=(4, 8), max_tokens=3, kernel="torch", mode="eager",
         copy_bandwidth=1e9))
     row = rows.iloc[0]
     assert row["mode"] == "eager" and row.prompt_len_min == 4 and row.prompt_len_max == 8
     # the prompts it drew (seeded by the batch size), not the middle of the range
-    drawn = bench.random_prompts(2, 4, 8, model.config.vocab_size, seed=2)
+    drawn = engine_bench.random_prompts(2, 4, 8, model.config.vocab_size, seed=2)
     assert row.prompt_len == sum(map(len, drawn)) / 2
     expected = row.decode_bytes_per_step / (row.decode_step_ms / 1e3) / 1e9
     assert row.copy_bandwidth_bytes_per_s == 1e9 and row.bandwidth_fraction == expected
-    assert "mode" not in bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2)[0]
+    assert "mode" not in engine_bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2)[0]
     with pytest.raises(ValueError, match="mode"):
-        bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2, mode="fast")
+        engine_bench.throughput_vs_batch(model, (1,), (8,), 4, max_tokens=2, mode="fast")
 
 
 def test_padded_reservation_bytes(model):
     from pagebench.config import KVGeometry
 
     per_token = KVGeometry.from_config(model.config, dtype=model.dtype).bytes_per_token
-    assert bench.padded_reservation_bytes(model, 3, 10) == 30 * per_token
+    assert engine_bench.padded_reservation_bytes(model, 3, 10) == 30 * per_token
 
 
 def test_cli_runbook_experiments_write_their_datasets(tmp_path):
@@ -251,26 +251,26 @@ def test_fp8_comparison_frees_each_engine_when_it_is_dropped(monkeypatch):
     import torch
 
     runners, dead_at_release = [], []
-    real = bench.LLMEngine
+    real = engine_bench.LLMEngine
 
     def tracked(*args, **kwargs):
         engine = real(*args, **kwargs)
         runners.append(weakref.ref(engine.runner))
         return engine
 
-    monkeypatch.setattr(bench, "LLMEngine", tracked)
-    monkeypatch.setattr(bench, "release_memory",
+    monkeypatch.setattr(engine_bench, "LLMEngine", tracked)
+    monkeypatch.setattr(engine_bench, "release_memory",
                         lambda device: dead_at_release.append([r() is None for r in runners]))
-    model = bench.tiny_model(dtype=torch.bfloat16, hidden_size=64, intermediate_size=128)
-    prompts = bench.random_prompts(2, 3, 5, model.config.vocab_size)
+    model = engine_bench.tiny_model(dtype=torch.bfloat16, hidden_size=64, intermediate_size=128)
+    prompts = engine_bench.random_prompts(2, 3, 5, model.config.vocab_size)
     gc.disable()
     try:
-        bench.fp8_comparison(model, prompts, max_tokens=2, kv_cache_memory="1MiB", logit_steps=2)
+        engine_bench.fp8_comparison(model, prompts, max_tokens=2, kv_cache_memory="1MiB", logit_steps=2)
     finally:
         gc.enable()
     assert dead_at_release == [[True], [True, True]]
 
 
 def test_blocks_for_all_holds_every_prompt_with_its_new_tokens():
-    assert bench.blocks_for_all([[0] * 5, [0] * 16], max_tokens=3, block_size=8) == 1 + 3
-    assert bench.blocks_for_all([], max_tokens=3, block_size=8) == 0
+    assert engine_bench.blocks_for_all([[0] * 5, [0] * 16], max_tokens=3, block_size=8) == 1 + 3
+    assert engine_bench.blocks_for_all([], max_tokens=3, block_size=8) == 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pagebench.engine.bench import tiny_model
+from pagebench.measure.engine_bench import tiny_model
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.errors import ConfigError

@@ -12,7 +12,7 @@ import torch
 
 from pagebench.kernels import flashinfer as fi
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import make_paged_inputs
+from pagebench.measure.kernel_cases import make_paged_inputs
 from pagebench.kernels.ragged import batch_lengths, check_lengths_spec
 
 
@@ -170,7 +170,7 @@ def test_bad_lengths_specs_are_refused_naming_the_option(spec, message):
 
 @pytest.mark.parametrize("shape", [(4, 2, 8), (4, 4, 8)])
 def test_the_unmasked_sdpa_prefill_baseline_computes_what_the_masked_one_does(shape):
-    from pagebench.kernels.prefill_sweep import sdpa_causal
+    from pagebench.measure.prefill_sweep import sdpa_causal
 
     plain = sdpa_causal(2, 5, 7, shape, torch.float32, "cpu", seed=1)()
     masked = sdpa_causal(2, 5, 7, shape, torch.float32, "cpu", seed=1, masked=True)()

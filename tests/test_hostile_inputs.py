@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagebench import benchcompare, suite
+from pagebench import suite
+from pagebench.measure import regression_gate
 from pagebench.cli import main, options
 from pagebench.kernels import available_backends
 from pagebench.report import build, outputs
@@ -142,7 +143,7 @@ def test_the_dirty_tree_refusal_names_whole_file_names(tmp_path):
         subprocess.run(["git", "-C", repo, *args], check=True, capture_output=True)
     (repo / "Makefile").write_text("all: x\n")  # " M Makefile": a leading space
     (repo / "work.py").write_text("x = 2\n")
-    assert benchcompare.working_tree_changes(repo) == ["Makefile", "work.py"]
+    assert regression_gate.working_tree_changes(repo) == ["Makefile", "work.py"]
     refused(["bench-compare", "--repo", repo, "--base", "HEAD", "--head", "HEAD"],
             "(Makefile, work.py)")
 
@@ -157,7 +158,7 @@ def test_the_gate_prints_control_characters_in_names_escaped(tmp_path):
 
 def test_out_dir_that_takes_no_files_is_refused_before_any_run(tmp_path, monkeypatch):
     """#45 also: ``--out-dir /proc/self`` ran the base benchmarks, then failed."""
-    monkeypatch.setattr(benchcompare, "run_suite",
+    monkeypatch.setattr(regression_gate, "run_suite",
                         lambda *a, **k: pytest.fail("a benchmark ran"))
     refused(["bench-compare", "--base", "HEAD", "--head", "HEAD", "--out-dir", "/proc/self"],
             "--out-dir", "/proc/self", "cannot create")
@@ -169,7 +170,7 @@ def test_out_dir_that_takes_no_files_is_refused_before_any_run(tmp_path, monkeyp
 # ---- the engine's configuration -------------------------------------------------------------
 @pytest.fixture(scope="module")
 def model():
-    from pagebench.engine.bench import tiny_model
+    from pagebench.measure.engine_bench import tiny_model
 
     return tiny_model(num_hidden_layers=1)
 
@@ -179,7 +180,7 @@ def test_numpy_integers_are_accepted_wherever_an_int_is(model):
     ``generate`` failed ("num_new: expected an integer >= 0, got np.int64(3)"); numpy
     ``arrival_steps`` were refused while numpy prompt ids were accepted."""
     from pagebench.engine import LLMEngine, SamplingParams
-    from pagebench.engine.trace_replay import generate_at_steps
+    from pagebench.measure.trace_replay import generate_at_steps
 
     np = pytest.importorskip("numpy")
     engine = LLMEngine(model, block_size=np.int64(4), num_blocks=np.int32(64),
@@ -204,7 +205,7 @@ def test_numpy_integers_are_accepted_wherever_an_int_is(model):
 def test_arrival_steps_that_are_not_integers_are_refused_naming_the_one(model, arrivals,
                                                                         needle):
     from pagebench.engine import LLMEngine, SamplingParams
-    from pagebench.engine.trace_replay import generate_at_steps
+    from pagebench.measure.trace_replay import generate_at_steps
     from pagebench.errors import ConfigError
 
     engine = LLMEngine(model, block_size=4, num_blocks=64, kernel="torch")
@@ -265,7 +266,7 @@ def test_calibration_of_extreme_samples_gives_scales_the_kernels_accept(dtype):
 
 
 def fp8_decode_case(cache_dtype, q_magnitude: float, k_scale: float):
-    from pagebench.kernels.fixtures import make_paged_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs
 
     inp = make_paged_inputs([5, 9], 4, 2, 16, 4, torch.bfloat16, poison=False)
     gen = torch.Generator().manual_seed(3)
@@ -290,7 +291,7 @@ def both_backends(args, scales):
 def test_triton_fp8_decode_of_a_tiny_bf16_q_is_finite_and_matches_torch():
     """#45 item 4: a bf16 q with every value below ~2^-113 overflowed ``rows_to_f16``'s
     ``exp2(-shift)`` in float32: NaN from Triton, finite from torch."""
-    from pagebench.kernels.fixtures import relative_error
+    from pagebench.measure.kernel_cases import relative_error
 
     args, scales = fp8_decode_case(E5M2, 2.0 ** -120, 1.0)
     assert args[0].abs().max() < 2.0 ** -113
@@ -305,7 +306,7 @@ def test_backends_agree_on_the_largest_accepted_scale_and_refuse_a_larger_one():
     and the torch backend returned NaN (Triton was finite). Such a scale is now refused by
     both (their shared validation); at the largest one accepted both are finite and agree."""
     from pagebench.kernels import paged_decode
-    from pagebench.kernels.fixtures import relative_error
+    from pagebench.measure.kernel_cases import relative_error
 
     overflowing = torch.finfo(torch.float32).max / torch.finfo(E5M2).max * 1.01
     args, scales = fp8_decode_case(E5M2, 1e-36, overflowing)
@@ -383,7 +384,7 @@ def test_an_unknown_kv_dtype_names_kv_dtype():
 def test_fp8_bench_refuses_a_head_dim_triton_does_not_take_before_running(monkeypatch):
     """#45 also: ``bench --fp8 --shape t=4/2/300`` ran although Triton declares head dims up
     to 256."""
-    from pagebench.kernels import fp8_sweep
+    from pagebench.measure import fp8_sweep
 
     monkeypatch.setattr(fp8_sweep, "paged_case", lambda *a, **k: pytest.fail("a point ran"))
     refused(["bench", "--fp8", "--device", "cpu", "--shape", "t=4/2/300"],

@@ -12,7 +12,7 @@ import torch
 
 from pagebench.kernels import (available_backends, contiguous_decode, paged_decode,
                                paged_prefill, write_kv)
-from pagebench.kernels.fixtures import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
+from pagebench.measure.kernel_cases import (LAYOUTS, TOLERANCE, make_paged_inputs, relative_error,
                                         with_layout)
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill)

@@ -20,7 +20,7 @@ from pagebench.kernels import (available_backends, contiguous_decode, copy_block
                                cumulative_offsets, get_backend, paged_decode, paged_prefill,
                                register_backend,
                                registered_backends, unregister_backend, write_kv)
-from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
+from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.kernels.reference import (reference_contiguous, reference_decode,
                                          reference_prefill, torch_paged_decode)
 from property_tests.kernel_cases import backends_for, run_property
@@ -402,7 +402,7 @@ def test_registered_backend_is_available_and_selectable(tiny_backend):
 
 
 def test_registered_backend_gets_the_property_suite_and_the_sweep(tiny_backend):
-    from pagebench.kernels.sweep import COLUMNS, run_sweep, variants
+    from pagebench.measure.kernel_sweep import COLUMNS, run_sweep, variants
 
     assert "tiny" in backends_for("cpu")
     run_property("tiny", examples=5)
@@ -447,7 +447,7 @@ def test_register_backend_rejects_bad_definitions():
 def _carries_the_environment(df):
     """Every row names its device, versions, commit and timing harness (the sweeps once kept
     only the first six of these, so GPU rows timed by harness 2 read as harness 1)."""
-    from pagebench.timing import ENVIRONMENT_COLUMNS, HARNESS, environment
+    from pagebench.measure.timing import ENVIRONMENT_COLUMNS, HARNESS, environment
 
     assert set(ENVIRONMENT_COLUMNS) == set(environment("cpu"))
     assert df[list(ENVIRONMENT_COLUMNS)].notna().all().drop("triton_version").all()
@@ -455,7 +455,7 @@ def _carries_the_environment(df):
 
 
 def test_quick_cpu_sweep_has_the_shared_columns():
-    from pagebench.kernels.sweep import COLUMNS, run_sweep
+    from pagebench.measure.kernel_sweep import COLUMNS, run_sweep
     df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(1, 64), (2, 32)],
                    block_sizes=(1, 16), repeat=2)
     assert list(df.columns) == COLUMNS
@@ -490,7 +490,7 @@ def test_cli_bench_writes_csv_and_json(tmp_path, capsys):
 
 
 def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
-    from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, causal_flops, run_prefill_sweep
+    from pagebench.measure.prefill_sweep import PREFILL_COLUMNS, causal_flops, run_prefill_sweep
     # 2 sequences, 3 queries each after 5 cached tokens: each query sees 6, 7, 8 keys
     assert causal_flops(2, 3, 5, 4, 16) == 4.0 * 2 * 4 * 16 * (6 + 7 + 8)
     df = run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(2, 3, 5), (1, 8, 0)],
@@ -512,8 +512,9 @@ def test_prefill_sweep_times_every_prefill_backend_and_sdpa(tmp_path, capsys):
 def test_both_cpu_sweeps_time_on_one_thread(monkeypatch):
     """The decode sweep timed on one thread, the prefill sweep on all cores, and no row said
     which: their CPU numbers were not comparable."""
-    from pagebench.kernels import prefill_sweep, sweep
-    from pagebench.timing import measure
+    from pagebench.measure import prefill_sweep
+    from pagebench.measure import kernel_sweep
+    from pagebench.measure.timing import measure
 
     threads = []
 
@@ -521,9 +522,9 @@ def test_both_cpu_sweeps_time_on_one_thread(monkeypatch):
         threads.append(torch.get_num_threads())
         return measure(fn, **kw)
 
-    for module in (sweep, prefill_sweep):
+    for module in (kernel_sweep, prefill_sweep):
         monkeypatch.setattr(module, "measure", spy)
-    sweep.run_sweep("cpu", points=[(1, 16)], block_sizes=(4,), repeat=1,
+    kernel_sweep.run_sweep("cpu", points=[(1, 16)], block_sizes=(4,), repeat=1,
                     shapes={"t": (4, 2, 16)}, include=["torch"])
     prefill_sweep.run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(1, 3, 0)],
                                     block_size=4, repeat=1, include=["torch"])
@@ -585,9 +586,10 @@ def test_slots_follow_the_cuda_occupancy_rule(monkeypatch, regs, shared, warps, 
 def test_triton_combines_many_splits(splits):
     """2 splits: the split kernel merges them itself; 33 and 70 (past ``FUSED_MERGE_SPLITS``
     and ``COMBINE_CHUNK``): the combine kernel merges them in chunks; empty splits weigh 0."""
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
     inp = make_paged_inputs([1, 40, 300, 1100], 8, 2, 32, 16, seed=splits)
-    out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=16)
+    out = triton_paged_decode(*inp.args(), 32 ** -0.5,
+                              launch=DecodeLaunch(num_splits=splits, tile_n=16))
     assert relative_error(out, reference_decode(*inp.args())) < TOLERANCE[torch.float32]
 
 
@@ -675,7 +677,7 @@ def test_triton_prefill_direct_launches_match_reference_cuda(monkeypatch):
     from triton.runtime.jit import JITFunction
 
     from pagebench.kernels import triton_runtime
-    from pagebench.kernels.fixtures import TOLERANCE, make_paged_inputs, relative_error
+    from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
     from pagebench.kernels.reference import reference_prefill
     from pagebench.kernels.triton_prefill import triton_paged_prefill
     monkeypatch.setattr(triton_runtime, "_LAUNCHERS", {})
@@ -726,9 +728,9 @@ def test_fp8_caches_in_blocks_take_half_tiles_on_two_warps():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
-    from pagebench.kernels.fixtures import quantized_inputs
-    from pagebench.kernels.triton_decode import (FP8_LAUNCH, decode_plan, kv_heads_pair,
-                                                 triton_paged_decode)
+    from pagebench.measure.kernel_cases import quantized_inputs
+    from pagebench.kernels.triton_decode import (FP8_LAUNCH, DecodeLaunch, decode_plan,
+                                                 kv_heads_pair, triton_paged_decode)
 
     assert kv_heads_pair(4, 8, fp8=True) and kv_heads_pair(7, 2, fp8=True)  # Llama, Qwen
     assert not kv_heads_pair(4, 8, fp8=False)
@@ -736,7 +738,7 @@ def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
     assert not kv_heads_pair(16, 4, fp8=True)  # one group fills the 16 rows
 
     def launch(inp, **options):
-        kw = decode_plan(*inp.args(), 0.25, **options).split.kwargs
+        kw = decode_plan(*inp.args(), 0.25, DecodeLaunch(**options)).split.kwargs
         return kw["KV_PER_PROGRAM"], (kw["TILE_N"], kw["num_warps"]), kw["GROUP_PAD"]
 
     for block in (1, 16):
@@ -748,7 +750,7 @@ def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
         assert launch(fp8, kv_per_program=1) == (1, FP8_LAUNCH if block > 1 else (64, 4), 16)
         assert launch(fp8, kv_per_program=4, tile_n=16) == (4, (16, 4), 16)
         # two K/V tiles in flight for pairs at every block size (block 1: every fp8 launch)
-        stages = {kv: decode_plan(*fp8.args(), 0.25, kv_per_program=kv).split.kwargs[
+        stages = {kv: decode_plan(*fp8.args(), 0.25, DecodeLaunch(kv_per_program=kv)).split.kwargs[
             "num_stages"] for kv in (None, 1)}
         assert stages == {None: 5, 1: 5 if block == 1 else 2}
         assert decode_plan(*inp.args(), 0.25).split.kwargs["num_stages"] == (3 if block == 1
@@ -756,14 +758,14 @@ def test_fp8_decode_pairs_kv_heads_where_both_groups_fit_the_padded_rows():
         ref = reference_decode(*fp8.args(), 0.25, **fp8.scales())
         for kv_per_program in (None, 1, 2, 4):
             for splits in (None, 1):
-                out = triton_paged_decode(*fp8.args(), 0.25, **fp8.scales(), num_splits=splits,
-                                          kv_per_program=kv_per_program)
+                out = triton_paged_decode(*fp8.args(), 0.25, **fp8.scales(), launch=DecodeLaunch(
+                    num_splits=splits, kv_per_program=kv_per_program))
                 assert relative_error(out, ref) < TOLERANCE[torch.bfloat16]
     odd = quantized_inputs(make_paged_inputs([5], 12, 3, 16, 16, torch.bfloat16),
                            torch.float8_e5m2)
     assert launch(odd)[0] == 1
     with pytest.raises(ValueError, match="kv_per_program: must divide the 3 KV heads"):
-        decode_plan(*odd.args(), 0.25, kv_per_program=2)
+        decode_plan(*odd.args(), 0.25, DecodeLaunch(kv_per_program=2))
 
 
 def test_triton_takes_cpu_tensors_only_where_it_interprets():
@@ -772,7 +774,7 @@ def test_triton_takes_cpu_tensors_only_where_it_interprets():
     in for such a machine here; without CUDA the error says Triton is not available)."""
     code = (
         "import torch, pagebench.kernels as k\n"
-        "from pagebench.kernels.fixtures import make_paged_inputs\n"
+        "from pagebench.measure.kernel_cases import make_paged_inputs\n"
         "print(k.registered_backends()['triton'].devices)\n"
         "case = make_paged_inputs([5, 9], 4, 2, 16, block_size=4, dtype=torch.float32)\n"
         "try:\n"

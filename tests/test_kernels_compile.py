@@ -27,10 +27,10 @@ from pagebench.kernels import available_backends
 CHILD = textwrap.dedent(r'''
     import json, sys
     import torch
-    from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
     from pagebench.kernels import registered_backends, triton_decode
-    from pagebench.kernels.offline_compile import captured_launches, compile_for_arch
-    from pagebench.kernels.triton_decode import triton_paged_decode
+    from pagebench.measure.offline_compile import captured_launches, compile_for_arch
+    from pagebench.kernels.triton_decode import DecodeLaunch, triton_paged_decode
     from pagebench.kernels.reference import cumulative_offsets
     from pagebench.kernels.triton_prefill import PrefillLaunch, triton_paged_prefill
 
@@ -69,9 +69,16 @@ CHILD = textwrap.dedent(r'''
         starts = cumulative_offsets([1, 20, 64], dtype=lens)
         name = f"{dtype} cache={cache} tables={tables} seq_lens={lens} shape={shape}"
         calls = [(f"decode splits={n} {name}",
-                  lambda n=n: triton_paged_decode(*args, 0.125, num_splits=n, **scales))
+                  lambda n=n: triton_paged_decode(*args, 0.125, **scales,
+                                                  launch=DecodeLaunch(num_splits=n)))
                  for n in (1, 3)]
         calls.append((f"decode splits=3 captured first {name}", captured_first(calls[-1][1])))
+        # the default split count on tiles small enough to split here: per-sequence splits
+        # read from the lengths on the device (merged by the split kernel or the combine)
+        calls.append((f"decode ragged default {name}", lambda: triton_paged_decode(
+            *args, 0.125, **scales, launch=DecodeLaunch(tile_n=16))))
+        calls.append((f"decode ragged default captured first {name}",
+                      captured_first(calls[-1][1])))
         every_launch = (dtype, tables, lens, cache, shape) == (torch.bfloat16, I64, I64, None,
                                                                (8, 2, 64))
         forced = ([None, *(PrefillLaunch(**launch, lazy_rescale=lazy)  # each with both rescales
@@ -138,7 +145,7 @@ def test_triton_kernels_compile_for_every_input_accepted_on(arch):
 SPILLS = textwrap.dedent(r'''
     import json
     from pagebench.defaults import SHAPES
-    from pagebench.kernels.offline_compile import prefill_reports
+    from pagebench.measure.offline_compile import prefill_reports
     points = [(1, 2048, 0), (2, 2048, 0), (4, 2048, 0), (1, 512, 0), (8, 512, 0), (16, 512, 0),
               (32, 128, 0), (64, 128, 0), (128, 128, 0), (64, 256, 0), (8, 256, 2048),
               (1, 512, 3584)]
@@ -202,7 +209,7 @@ def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypat
     from triton.runtime.jit import JITFunction
 
     from pagebench.kernels import triton_runtime
-    from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
     from pagebench.kernels.reference import cumulative_offsets
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 

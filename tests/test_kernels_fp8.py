@@ -9,7 +9,7 @@ import torch
 
 from pagebench.kernels import (available_backends, get_backend, paged_decode, paged_prefill,
                                register_backend, resolve, unregister_backend, write_kv)
-from pagebench.kernels.fixtures import make_paged_inputs, quantized_inputs, relative_error
+from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs, relative_error
 from pagebench.kernels.quant import (calibrated_scales, check_kv_scales, dequantize,
                                      kv_dtype_from_name, quantize)
 from pagebench.kernels.reference import reference_decode, reference_prefill
@@ -199,7 +199,7 @@ def test_kv_dtype_names():
 
 
 def test_sweep_times_fp8_caches_with_their_bytes():
-    from pagebench.kernels.sweep import run_sweep
+    from pagebench.measure.kernel_sweep import run_sweep
 
     df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(2, 32)],
                    block_sizes=(4,), include=["torch", "sdpa"], repeat=1, kv_dtype=E4M3)
@@ -220,7 +220,7 @@ def test_bench_cli_kv_dtype_errors_name_the_option(capsys):
 
 def test_prefill_sweep_times_fp8_caches(tmp_path):
     from pagebench.cli import main
-    from pagebench.kernels.prefill_sweep import run_prefill_sweep
+    from pagebench.measure.prefill_sweep import run_prefill_sweep
 
     df = run_prefill_sweep("cpu", shapes={"t": (4, 2, 16)}, points=[(2, 3, 5)], block_size=4,
                            include=["torch", "sdpa"], repeat=1, kv_dtype=E5M2)
@@ -237,7 +237,7 @@ def test_prefill_sweep_times_fp8_caches(tmp_path):
 # ---- the fp8 sweep (pagebench bench --fp8; dataset kernels_fp8) ----------------------------
 
 def test_fp8_sweep_rows_meet_their_schema_with_errors_on_fp8_rows_only():
-    from pagebench.kernels.fp8_sweep import run_fp8_sweep
+    from pagebench.measure.fp8_sweep import run_fp8_sweep
     from pagebench.results.datasets import KERNELS_FP8
 
     rows = KERNELS_FP8.validate(pd.DataFrame(run_fp8_sweep(
@@ -283,7 +283,7 @@ def test_bench_cli_fp8_writes_its_dataset_and_refuses_other_modes(tmp_path, caps
 def test_fp8_sweep_times_the_other_fp8_kernels_on_what_they_take(monkeypatch, head_dims):
     """A kernel of ``OTHER_FP8_DECODE`` (on a GPU, cuda-fp8) is timed beside Triton's on the
     fp8 decodes its capabilities accept, with its errors, as its backend's rows; nowhere else."""
-    from pagebench.kernels import fp8_sweep
+    from pagebench.measure import fp8_sweep
     from pagebench.kernels.reference import torch_paged_decode
     from pagebench.results.datasets import KERNELS_FP8
 

@@ -8,7 +8,7 @@ import torch
 
 from pagebench.kernels import (contiguous_decode, copy_blocks, paged_decode, paged_prefill,
                                write_kv)
-from pagebench.kernels.fixtures import make_paged_inputs
+from pagebench.measure.kernel_cases import make_paged_inputs
 
 
 @pytest.fixture

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from pagebench.engine import kv_accuracy, trained_model
-from pagebench.engine.bench import tiny_model
+from pagebench.engine import trained_model
+from pagebench.measure import kv_accuracy
+from pagebench.measure.engine_bench import tiny_model
 
 
 def test_held_out_files_are_fixed_by_path_and_disjoint_from_training():

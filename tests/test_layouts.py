@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagebench.config import ceil_div
-from pagebench.kernels.fixtures import TABLE_LAYOUTS, adjacent_fraction, aged_tables, layout_tables
+from pagebench.measure.kernel_cases import TABLE_LAYOUTS, adjacent_fraction, aged_tables, layout_tables
 
 
 @pytest.mark.parametrize("layout", TABLE_LAYOUTS)
@@ -42,7 +42,7 @@ def test_aged_tables_come_from_a_churned_pool():
 
 
 def test_sweep_records_layout_footprint_and_l2_flag():
-    from pagebench.kernels.sweep import COLUMNS, DEFAULT_L2_BYTES, run_sweep
+    from pagebench.measure.kernel_sweep import COLUMNS, DEFAULT_L2_BYTES, run_sweep
 
     df = run_sweep("cpu", quick=True, shapes={"t": (4, 2, 16)}, points=[(2, 32)],
                    block_sizes=(4,), include=["torch"], repeat=1,
@@ -78,7 +78,7 @@ def test_bench_cli_layout_rows_are_one_variant_and_meet_the_layout_schema(tmp_pa
 
 
 def test_graph_modes_follow_the_option_where_a_graph_can_be_used():
-    from pagebench.kernels.sweep import graph_modes
+    from pagebench.measure.kernel_sweep import graph_modes
 
     assert graph_modes("both", True, True) == (False, True)
     assert graph_modes("only", True, True) == (True,)

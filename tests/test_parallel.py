@@ -132,7 +132,7 @@ def test_tp2_errors_name_the_world_and_catch_diverging_tables(torchrun_results):
 
 
 def test_take_share_partitions_the_work_units():
-    from pagebench.distributed import take_share
+    from pagebench.measure.distributed import take_share
 
     for world in (1, 2, 3):
         owners = [[r for r in range(world) if take_share(i, (r, world))] for i in range(10)]
@@ -273,7 +273,7 @@ def test_tp_bench_allreduce_bandwidth_rows_under_torchrun(tp_bench_files):
 
 
 def test_bus_bandwidth_is_nccl_tests_definition():
-    from pagebench.engine.parallel_bench import bus_bandwidth
+    from pagebench.measure.tp_bench import bus_bandwidth
 
     assert bus_bandwidth(1000, 1e-6, 2) == pytest.approx(1e9)
     assert bus_bandwidth(1000, 1e-6, 4) == pytest.approx(1.5e9)
@@ -281,7 +281,7 @@ def test_bus_bandwidth_is_nccl_tests_definition():
 
 
 def test_mode_labels_name_the_way_the_gpus_were_used():
-    from pagebench.engine.parallel_bench import mode_label
+    from pagebench.measure.tp_bench import mode_label
 
     assert mode_label(2, False, True) == "tp=2, CUDA graphs"
     assert mode_label(1, True, False) == "tp=1, eager"
@@ -322,7 +322,7 @@ def test_merge_generations_refuses_a_request_run_twice_or_never():
 
 
 def test_replicas_refuse_more_gpus_than_visible_and_a_torchrun_world(one_process, monkeypatch):
-    from pagebench.engine.parallel_bench import replica_throughput
+    from pagebench.measure.tp_bench import replica_throughput
     from pagebench.engine.replicas import check_replicas
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -341,7 +341,7 @@ def test_two_replicas_split_the_requests_and_equal_one_engine(one_process):
 
     from pagebench.engine import LLMEngine
     from pagebench.engine import replicas as dp
-    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+    from pagebench.measure.engine_bench import greedy_tokens, random_prompts, tiny_model
     from pagebench.engine.sampling import SamplingParams
 
     prompts = random_prompts(7, 2, 20, 1024, seed=2)
@@ -374,7 +374,7 @@ def test_a_failing_replica_is_an_error_naming_it(one_process):
     from functools import partial
 
     from pagebench.engine import replicas as dp
-    from pagebench.engine.bench import tiny_model
+    from pagebench.measure.engine_bench import tiny_model
     from pagebench.errors import PagebenchError
 
     setup = dp.ReplicaSetup(partial(tiny_model), "cpu", dict(num_blocks=-1), threads=1)
@@ -436,7 +436,7 @@ def test_tp_bench_attention_times_one_device_share_of_the_heads(one_process, tmp
 
 @pytest.mark.slow  # torchrun: a start-up probe and one two-process sweep
 def test_sweep_wall_times_the_kernel_sweep_under_torchrun(one_process, tmp_path, monkeypatch):
-    from pagebench.distributed import sweep_wall
+    from pagebench.measure.distributed import sweep_wall
 
     _, env = torchrun_env()
     for name in ("OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "PYTHONPATH"):
@@ -456,7 +456,7 @@ def test_sweep_wall_times_the_kernel_sweep_under_torchrun(one_process, tmp_path,
 
 @pytest.mark.slow  # torchrun: one process that fails at once
 def test_a_failed_torchrun_job_is_an_error_with_its_output(one_process, monkeypatch):
-    from pagebench.distributed import time_torchrun
+    from pagebench.measure.distributed import time_torchrun
     from pagebench.errors import PagebenchError
 
     _, env = torchrun_env()
@@ -498,7 +498,7 @@ def counted_all_reduces(engine):
 
 def test_always_all_reduce_needs_a_group_and_leaves_the_outputs_alike(world_of_one, monkeypatch):
     from pagebench.engine import LLMEngine
-    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+    from pagebench.measure.engine_bench import greedy_tokens, random_prompts, tiny_model
 
     model = tiny_model()
     with pytest.raises(ConfigError, match="no process group"):
@@ -523,7 +523,7 @@ def test_graphs_capture_nccl_all_reduces_and_equal_eager_gpu(world_of_one, compi
     """tp=1 under an NCCL world of one with the all-reduces on: the decode graphs hold them
     (no all-reduce is called from Python during a replayed step) and the tokens equal eager."""
     from pagebench.engine import LLMEngine
-    from pagebench.engine.bench import greedy_tokens, random_prompts, tiny_model
+    from pagebench.measure.engine_bench import greedy_tokens, random_prompts, tiny_model
 
     world_of_one("nccl")
     prompts = random_prompts(5, 1, 120, 64, seed=4)

@@ -66,6 +66,39 @@ def test_no_committed_gpu_model_falls_back_to_the_h200_default(tmp_path):
     assert model == StepCostModel(3, 0.01, 0.02, 0.5) and "gpu/step_cost.csv" in source
 
 
+def test_the_budgets_own_model_is_preferred_among_committed_step_costs(tmp_path):
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "step_cost.csv").write_text(
+        "model,block_size,kv_cache_dtype,base_ms,prefill_token_ms,decode_seq_ms,"
+        "context_ktoken_ms,prefill_step_ms,prefill_seq_ms\n"
+        "qwen2.5-0.5b,16,auto,3,0.01,0.02,0.5,20,5\nllama-3-8b,16,auto,8,0.1,0.2,1,30,9\n")
+    model, source = committed_step_cost(tmp_path)
+    assert model == StepCostModel(8, 0.1, 0.2, 1, 30, 9) and "llama-3-8b" in source
+
+
+def test_report_and_claims_simulate_serve_with_the_same_costs_and_sample(monkeypatch):
+    """``pagebench report`` (quick=False) and ``claims --simulate`` (quick=True) reach the
+    real-trace study through ``suite.real_traces``: the same committed step cost and the same
+    load sample in both, so the same verdicts (test_every_run_mode_serves_the_same_sample)."""
+    from pagebench import suite
+    from pagebench.engine import trace_replay
+
+    calls = []
+
+    def study(num_requests, **kwargs):
+        calls.append((num_requests, kwargs))
+        return {}
+
+    monkeypatch.setattr(suite, "study_traces", study)
+    monkeypatch.setattr(trace_replay, "replay_trace", lambda *a, **k: {"trace": a[1]})
+    for quick in (False, True):
+        suite.real_traces(Results(), quick=quick)
+    (full, full_kwargs), (quick_n, quick_kwargs) = calls
+    assert full_kwargs == quick_kwargs  # step_cost and its source
+    assert full_kwargs["step_cost"] == committed_step_cost()[0]
+    assert full is None and quick_n == QUICK_REQUESTS >= STUDY_LOAD_REQUESTS
+
+
 def test_reservations():
     prompt, output = np.array([3, 5, 20]), np.array([2, 1, 5])  # 4, 5 and 24 slots needed
     assert real_load.reserve_lengths("paged", prompt, output, 32) is None

@@ -670,7 +670,7 @@ def test_kernel_claims_are_judged_on_the_gpu_when_one_measured_them():
 
 
 def test_engine_rows_are_read_by_file_name(tmp_path):
-    """Rows as pagebench.engine.bench writes them, one file per dataset."""
+    """Rows as pagebench.measure.engine_bench writes them, one file per dataset."""
     files = {
         "engine_cow": [{"variant": "n=1", "n": 1, "peak_blocks": 17},
                        {"variant": "n=4 shared", "n": 4, "peak_blocks": 20},

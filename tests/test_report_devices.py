@@ -81,6 +81,6 @@ def test_gpu_rows_name_their_timing_harness_and_older_ones_read_as_harness_1():
 
 
 def test_every_row_carries_the_timing_harness():
-    from pagebench.timing import HARNESS, environment
+    from pagebench.measure.timing import HARNESS, environment
 
     assert environment("cpu")["timing_harness"] == HARNESS

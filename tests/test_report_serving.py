@@ -48,11 +48,16 @@ def test_max_rate_and_prediction_error_per_configuration(tmp_path):
     assert set(pred["block_size"]) == {16}  # block 128 has no prediction
     ttft = pred[pred["metric"] == "ttft_p99_ms"]
     assert len(ttft) == 4 and ttft["rel_err"].to_numpy() == pytest.approx([0.1] * 4)
+    errors = results.get("serving_prediction_error").set_index("metric")
+    assert errors.loc["ttft_p99_ms", "median_abs_err"] == pytest.approx(0.1)
+    assert errors.loc["tpot_p50_ms", "max_abs_err"] == pytest.approx(0.1)
+    assert errors["points"].tolist() == [4] * 4
     section = serving.section(results)
     assert len(section.plots) == 2
     captions = [i.table.caption for i in section.items if i.kind == "table"]
     assert any("Largest measured request rate" in c for c in captions)
     assert any("Simulator against engine" in c for c in captions)
+    assert any("median and largest |error|" in c for c in captions)
 
 
 def test_no_data_says_what_is_missing(tmp_path):
@@ -62,3 +67,15 @@ def test_no_data_says_what_is_missing(tmp_path):
     section = serving.section(results)
     assert [i.kind for i in section.items] == ["text", "nodata"]
     assert "serve-bench" in section.items[-1].text
+
+
+def test_a_rate_meets_the_slo_only_if_every_repeat_does(tmp_path):
+    first = [r | dict(repeat=0) for r in rows(16, 128.0)]
+    second = [r | dict(repeat=1, meets_slo=r["meets_slo"] and r["request_rate"] <= 8.0)
+              for r in rows(16, 128.0)]
+    predicted = [r | dict(repeat=k) for k in (0, 1) for r in rows(16, 128.0, predicted=True)]
+    results = loaded(tmp_path, first + second + predicted)
+    best = results.get("serving_max_rate")
+    assert best["max_rate_at_slo"].tolist() == [8.0]  # 32 and 128 met once, missed once
+    pred = results.get("serving_prediction")
+    assert len(pred) == 2 * 4 * 4  # each repeat paired with its own prediction, no cross pairs

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from pagebench import suite
-from pagebench.engine import bench
-from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
-from pagebench.kernels.sweep import COLUMNS, run_sweep
+from pagebench.measure import engine_bench
+from pagebench.measure.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
+from pagebench.measure.kernel_sweep import COLUMNS, run_sweep
 from pagebench.results import DATASETS, DataError, Results, classify, commits, load_data_dir
 from pagebench.results.collect import collect, default_data_dir
 from pagebench.results.datasets import ENGINE_COW, FILE_KINDS, KERNELS
@@ -48,31 +48,31 @@ def test_kernel_sweeps_write_their_schemas():
     assert set(PREFILL_COLUMNS) <= set(DATASETS["kernels_prefill"].names)
 
 
-ENGINE_WRITERS = {  # dataset -> a call of pagebench.engine.bench sized for a CI second
-    "engine_batch": lambda m: bench.throughput_vs_batch(m, batch_sizes=(1, 2), block_sizes=(4,),
+ENGINE_WRITERS = {  # dataset -> a call of pagebench.measure.engine_bench sized for a CI second
+    "engine_batch": lambda m: engine_bench.throughput_vs_batch(m, batch_sizes=(1, 2), block_sizes=(4,),
                                                         prompt_len=8, max_tokens=2),
-    "engine_cow": lambda m: bench.cow_comparison(m, prompt_len=8, max_tokens=2, n=2,
+    "engine_cow": lambda m: engine_bench.cow_comparison(m, prompt_len=8, max_tokens=2, n=2,
                                                  block_size=4),
-    "engine_prefix": lambda m: bench.prefix_cache_comparison(
+    "engine_prefix": lambda m: engine_bench.prefix_cache_comparison(
         m, system_len=8, num_requests=2, suffix_len=(1, 4), max_tokens=2, block_size=4),
-    "engine_pool": lambda m: bench.pool_size_sweep(m, pool_fractions=(0.5, 1.0),
+    "engine_pool": lambda m: engine_bench.pool_size_sweep(m, pool_fractions=(0.5, 1.0),
                                                    num_requests=2, prompt_len=(4, 8),
                                                    max_tokens=2, block_size=4),
-    "engine_compare": lambda m: bench.compare_with_transformers(
-        m, bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2, repeat=1,
+    "engine_compare": lambda m: engine_bench.compare_with_transformers(
+        m, engine_bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2, repeat=1,
         methods=("engine", "padded_generate"), block_size=4),
-    "fp8_engine": lambda m: bench.fp8_comparison(
-        m, bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2,
+    "fp8_engine": lambda m: engine_bench.fp8_comparison(
+        m, engine_bench.random_prompts(2, 4, 8, m.config.vocab_size), max_tokens=2,
         kv_cache_memory="256KiB", block_size=4),
-    "engine_equal_memory": lambda m: bench.equal_memory_comparison(
-        m, 64 * 1024, bench.random_prompts(4, 4, 8, m.config.vocab_size), max_tokens=2,
+    "engine_equal_memory": lambda m: engine_bench.equal_memory_comparison(
+        m, 64 * 1024, engine_bench.random_prompts(4, 4, 8, m.config.vocab_size), max_tokens=2,
         block_size=4),
 }
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    return bench.tiny_model()
+    return engine_bench.tiny_model()
 
 
 @pytest.mark.parametrize("name", sorted(ENGINE_WRITERS))
@@ -82,7 +82,7 @@ def test_engine_bench_writes_its_schema(name, tiny):
 
 
 def test_copy_on_write_rows_name_n():
-    rows = validated("engine_cow", bench.cow_comparison(prompt_len=8, max_tokens=2, n=3,
+    rows = validated("engine_cow", engine_bench.cow_comparison(prompt_len=8, max_tokens=2, n=3,
                                                         block_size=4))
     assert rows["variant"].tolist() == ["n=1", "n=3 shared", "3 separate requests"]
     assert rows["n"].tolist()[:2] == [1, 3] and pd.isna(rows["n"].iloc[2])
@@ -96,36 +96,30 @@ def test_simulator_datasets_meet_their_schemas(sweep):
     assert results.frames and not results.warnings
 
 
-def _dynamic_run():
-    from pagebench.sim.dynamic import run_dynamic
-    from pagebench.sim.trace import poisson_workload
-
-    return run_dynamic(poisson_workload(30, rate=4.0, lengths="uniform:8,64", max_len=64,
-                                        seed=1), 256, block_sizes=(16,), max_len=64)
-
-
 # (module, its schema's name there, a call of the writer that builds rows through it)
 WRITERS = [
-    ("pagebench.kernels.sweep", "KERNELS",
+    ("pagebench.measure.kernel_sweep", "KERNELS",
      lambda m: m.run_sweep("cpu", shapes=TINY_SHAPE, points=[(1, 8)], block_sizes=(4,),
                            include=["torch"], repeat=1)),
-    ("pagebench.kernels.prefill_sweep", "KERNELS_PREFILL",
+    ("pagebench.measure.prefill_sweep", "KERNELS_PREFILL",
      lambda m: m.run_prefill_sweep("cpu", shapes=TINY_SHAPE, points=[(1, 3, 5)], block_size=4,
                                    include=["torch"], repeat=1)),
-    ("pagebench.kernels.fp8_sweep", "KERNELS_FP8",
+    ("pagebench.measure.fp8_sweep", "KERNELS_FP8",
      lambda m: m.run_fp8_sweep("cpu", shape=("t", (4, 2, 16)), points=[(1, 8)],
                                block_sizes=(4,), prefill_points=[])),
-    ("pagebench.sim.static", "MEMORY_STATIC",
+    ("pagebench.measure.memory", "MEMORY_STATIC",
      lambda m: m.utilisation_rows("uniform:8,64", 20, 0, 64, (16,))),
-    ("pagebench.sim.static", "MEMORY_MAX_LEN",
+    ("pagebench.measure.memory", "MEMORY_MAX_LEN",
      lambda m: m.max_len_rows("uniform:8,64", 20, 0, (64,))),
-    ("pagebench.engine.tail_waste", "BLOCK_WASTE", lambda m: m.tail_waste_rows([5, 17], (4,))),
-    ("pagebench.sim.capacity", "KV_GEOMETRY", lambda m: m.geometry_rows()),
-    ("pagebench.sim.capacity", "CAPACITY", lambda m: m.planner_case_rows()),
-    ("pagebench.sim.capacity", "CAPACITY_ARTICLE", lambda m: m.article_capacity()),
-    ("pagebench.sim.dynamic", "MEMORY_DYNAMIC_SUMMARY", lambda m: _dynamic_run()),
-    ("pagebench.sim.dynamic", "MEMORY_DYNAMIC_TIMELINE", lambda m: _dynamic_run()),
-    *[("pagebench.sim.real_traces", f"REAL_TRACES_{kind}",
+    ("pagebench.measure.tail_waste", "BLOCK_WASTE", lambda m: m.tail_waste_rows([5, 17], (4,))),
+    ("pagebench.measure.memory", "KV_GEOMETRY", lambda m: m.geometry_rows()),
+    ("pagebench.measure.memory", "CAPACITY", lambda m: m.planner_case_rows()),
+    ("pagebench.measure.memory", "CAPACITY_ARTICLE", lambda m: m.article_capacity()),
+    ("pagebench.measure.memory", "MEMORY_DYNAMIC_SUMMARY", lambda m: m.reference_run(
+        num_requests=40)),
+    ("pagebench.measure.memory", "MEMORY_DYNAMIC_TIMELINE", lambda m: m.reference_run(
+        num_requests=40)),
+    *[("pagebench.measure.real_traces", f"REAL_TRACES_{kind}",
        lambda m: m.study_traces(40, names=("mooncake-conv",), prefix_budget_multiples=()))
       for kind in ("STATIC", "DYNAMIC", "TIMELINE", "PREFIX")],
 ]
@@ -357,6 +351,39 @@ def test_newest_first_orders_by_date_dirty_after_its_base_unknown_last(monkeypat
     monkeypatch.setattr(commits, "commit_time", {"aaaa": 1, "bbbb": 2, "cccc": 3}.get)
     got = commits.newest_first(["aaaa", "cccc-dirty", "", "bbbb", "zzzz", "cccc", "aaaa"])
     assert got == ["cccc-dirty", "cccc", "bbbb", "aaaa", "zzzz", ""]
+
+
+def test_rows_timestamps_order_commits_before_git_is_asked(monkeypatch):
+    """A commit whose rows carry a timestamp is as new as its newest row, whatever git says;
+    git's date places only the commits of rows measured before rows carried one."""
+    asked = []
+
+    def git_date(commit):
+        asked.append(commit)
+        return {"aaaa": 30, "bbbb": 20, "oldd": 10}.get(commit)
+
+    monkeypatch.setattr(commits, "commit_time", git_date)
+    rows = pd.DataFrame({
+        "commit": ["aaaa", "bbbb", "bbbb", "oldd", "cccc"],
+        "timestamp": ["1970-01-01T00:00:05+00:00", "1970-01-01T00:00:40+00:00", None, None,
+                      "1970-01-01T00:00:25+00:00"]})
+    measured = commits.measured_at(rows)
+    assert measured == {"aaaa": 5.0, "bbbb": 40.0, "cccc": 25.0}
+    assert commits.newest_first(rows["commit"], measured) == ["bbbb", "cccc", "oldd", "aaaa"]
+    assert asked == ["oldd"]
+    assert commits.measured_at(rows.drop(columns="timestamp")) == {}
+
+
+def test_measured_rows_carry_the_utc_start_of_their_run():
+    from datetime import datetime, timezone
+
+    from pagebench.measure.timing import ENVIRONMENT_COLUMNS, environment
+
+    before = datetime.now(timezone.utc).replace(microsecond=0)
+    stamp = datetime.fromisoformat(environment("cpu")["timestamp"])
+    assert "timestamp" in ENVIRONMENT_COLUMNS and "timestamp" in DATASETS["kernels"].names
+    assert stamp.utcoffset().total_seconds() == 0
+    assert before <= stamp <= datetime.now(timezone.utc)
 
 
 def git_lines(*args: str) -> list[str]:

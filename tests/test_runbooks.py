@@ -52,12 +52,23 @@ def test_h200_fp8_runbook_commands_parse_and_write_the_report_datasets(device, t
 @pytest.mark.parametrize("device", ["cuda", "cpu"])
 def test_gpu_serving_runbook_commands_parse_and_write_the_serving_datasets(device, tmp_path):
     runs = commands("scripts/gpu_serving.sh", device, tmp_path)
-    assert [r[0] for r in runs] == ["serve-bench", "step-cost-fit"]
-    serve, fit = runs
-    outs = [Path(serve[serve.index(flag) + 1]) for flag in ("--out", "--steps-out")]
-    outs.append(Path(fit[fit.index("--out") + 1]))
-    assert [classify(p) for p in outs] == ["serve_bench", "serve_steps", "step_cost"]
-    assert fit[1] == str(outs[1])  # the fit reads the steps just written
-    assert serve[serve.index("--device") + 1] == device
-    assert serve[serve.index("--block-sizes") + 1] == "16,128"
-    assert serve[serve.index("--kv-cache-dtype") + 1] == "auto,fp8_e4m3"
+    assert [r[0] for r in runs] == ["serve-bench"] * 4 + ["step-cost-fit"]
+    *serves, fit = runs
+    out = lambda run, flag: Path(run[run.index(flag) + 1])  # noqa: E731
+    # every part appends to the same two files, which the fit reads and validates against
+    assert {out(r, "--out") for r in serves} == {out(fit, "--validate")}
+    assert {out(r, "--steps-out") for r in serves} == {Path(fit[1])}
+    assert all("--append" in r and r[r.index("--device") + 1] == device for r in serves)
+    assert [classify(p) for p in (out(fit, "--validate"), Path(fit[1]), out(fit, "--out"),
+                                  out(fit, "--predictions-out"))] == [
+        "serve_bench", "serve_steps", "step_cost", "serve_bench"]
+    value = lambda run, flag: run[run.index(flag) + 1]  # noqa: E731
+    grid = [(value(r, "--block-sizes"), value(r, "--kv-cache-dtype") if "--kv-cache-dtype" in r
+             else "auto", value(r, "--prefix-caching")) for r in serves[:3]]
+    assert grid == [("16,128", "auto,fp8_e4m3", "on"), ("16,128", "auto", "off"),
+                    ("1", "auto", "off")]
+    if device == "cuda":
+        assert value(serves[3], "--model") == "llama-3-8b"
+        assert len(value(serves[3], "--rates").split(",")) >= 4
+        assert int(value(serves[3], "--repeats")) >= 2  # the validation points, repeated
+        assert (value(serves[3], "--slo-ttft"), value(serves[3], "--slo-tpot")) == ("1000", "50")

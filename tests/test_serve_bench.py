@@ -91,3 +91,47 @@ def test_step_cost_predicts_a_grid_on_the_cpu(capsys, tmp_path):
     except SystemExit as e:
         status = e.code
     assert status == 2 and "no model for block 16, fp8_e5m2" in capsys.readouterr().err
+
+
+def test_measured_steps_replayed_through_the_simulator_schedule_as_the_engine_did(tmp_path):
+    import pandas as pd
+
+    from pagebench.measure.step_cost import MeasuredSteps, predict_serve_bench, run_steps
+    from pagebench.sim.step_cost import StepCostModel
+
+    out, steps = tmp_path / "bench.csv", tmp_path / "steps.csv"
+    assert main(["serve-bench", "--trace", "azure-conv", "--rates", "inf", "--num-requests",
+                 "5", "--max-output-len", "3", "--max-model-len", "512", "--out", str(out),
+                 "--steps-out", str(steps), "--warmup-passes", "0"]) == 0
+    (row,), measured = pd.read_csv(out).to_dict("records"), pd.read_csv(steps)
+    assert (measured["gc_ms"] >= 0).all()
+    replay = MeasuredSteps(run_steps(measured, row), StepCostModel(1e6, 0, 0, 0))
+    predicted = predict_serve_bench(row, replay)
+    assert replay.matched == len(measured) == row["num_steps"]
+    # the replay is the steps back to back; the measured run adds the host's time between them
+    assert predicted["duration_s"] == pytest.approx(measured["step_time_ms"].sum() / 1e3)
+    assert predicted["duration_s"] <= row["duration_s"]
+
+
+def test_repeats_are_rows_of_their_own_with_their_own_steps(capsys, tmp_path):
+    import pandas as pd
+
+    out, steps = tmp_path / "bench.csv", tmp_path / "steps.csv"
+    assert main(["serve-bench", "--trace", "azure-conv", "--rates", "inf", "--num-requests",
+                 "3", "--max-output-len", "2", "--max-model-len", "512", "--repeats", "2",
+                 "--warmup-passes", "0", "--out", str(out), "--steps-out", str(steps)]) == 0
+    bench, measured = pd.read_csv(out), pd.read_csv(steps)
+    assert bench["repeat"].tolist() == [0, 1]
+    assert measured.groupby("repeat").size().tolist() == bench["num_steps"].tolist()
+    # --append keeps the earlier rows
+    assert main(["serve-bench", "--trace", "azure-conv", "--rates", "inf", "--num-requests",
+                 "3", "--max-output-len", "2", "--max-model-len", "512", "--block-sizes", "32",
+                 "--warmup-passes", "0", "--append", "--out", str(out)]) == 0
+    assert pd.read_csv(out)["block_size"].tolist() == [16, 16, 32]
+    argv = ["serve-bench", "--find-max-rate", "--rates", "1", "--slo-ttft", "100",
+            "--repeats", "2"]
+    try:
+        status = main(argv)
+    except SystemExit as e:
+        status = e.code
+    assert status == 2 and "--repeats" in capsys.readouterr().err

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from pagebench.engine.bench import tiny_model
+from pagebench.measure.engine_bench import tiny_model
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.engine.serve import make_app

@@ -139,7 +139,7 @@ def test_rate_scaling():
 
 
 def test_real_engine_timestamps_are_monotone():
-    from pagebench.engine.bench import tiny_model
+    from pagebench.measure.engine_bench import tiny_model
     from pagebench.engine.engine import LLMEngine
 
     engine = LLMEngine(tiny_model(), block_size=16, num_blocks=64, max_num_batched_tokens=32)

@@ -75,7 +75,7 @@ def test_refuses_what_cannot_run():
 
 
 def test_schedule_matches_the_engine_step_for_step():
-    from pagebench.engine.bench import random_prompts, tiny_model
+    from pagebench.measure.engine_bench import random_prompts, tiny_model
     from pagebench.engine.engine import LLMEngine
     from pagebench.engine.sampling import SamplingParams
 

@@ -11,14 +11,14 @@ import pytest
 import torch
 
 from pagebench.kernels import register_backend, registered_backends, unregister_backend
-from pagebench.kernels.fixtures import paged_case, relative_error
-from pagebench.kernels.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
+from pagebench.measure.kernel_cases import paged_case, relative_error
+from pagebench.measure.prefill_sweep import PREFILL_COLUMNS, run_prefill_sweep
 from pagebench.kernels.reference import (reference_decode, torch_paged_decode,
                                          torch_paged_prefill)
-from pagebench.kernels.sweep import COLUMNS, run_sweep, variants
+from pagebench.measure.kernel_sweep import COLUMNS, run_sweep, variants
 
 SHAPE = (4, 2, 16)
-KERNELS = pathlib.Path(__file__).resolve().parents[1] / "pagebench" / "kernels"
+MEASURE = pathlib.Path(__file__).resolve().parents[1] / "pagebench" / "measure"
 
 
 @pytest.fixture
@@ -138,8 +138,8 @@ def test_the_sweeps_name_no_backend():
     """No string in the sweeps' code equals a registered backend's name: what differs between
     backends is declared in the registry."""
     names = set(registered_backends())
-    for module in ("sweep.py", "prefill_sweep.py"):
-        tree = ast.parse((KERNELS / module).read_text())
+    for module in ("kernel_sweep.py", "prefill_sweep.py"):
+        tree = ast.parse((MEASURE / module).read_text())
         found = {node.value for node in ast.walk(tree)
                  if isinstance(node, ast.Constant) and node.value in names}
         assert not found, f"{module} names backends {sorted(found)}"

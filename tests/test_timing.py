@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from pagebench import timing
-from pagebench.timing import measure
+from pagebench.measure import timing
+from pagebench.measure.timing import measure
 
 
 def test_cpu_measure_calls_warmup_then_repeat_times():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pagebench.cli import main
-from pagebench.engine.bench import tiny_model
-from pagebench.engine.trace_replay import replay_trace, synthesise_prompts
+from pagebench.measure.engine_bench import tiny_model
+from pagebench.measure.trace_replay import replay_trace, synthesise_prompts
 from pagebench.sim.trace import Workload
 
 
@@ -46,9 +46,9 @@ def test_engine_and_simulator_hit_rates_agree_on_a_sample(model):
 
 
 def test_engine_bench_trace_cli(capsys, model, monkeypatch):
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
 
-    monkeypatch.setattr(bench, "tiny_model", lambda **kw: model)
+    monkeypatch.setattr(engine_bench, "tiny_model", lambda **kw: model)
     argv = ["engine-bench", "trace", "--trace", "azure-code", "--num-requests", "4",
             "--max-model-len", "256", "--max-output-len", "4", "--device", "cpu"]
     assert main(argv + ["--json"]) == 0
@@ -65,7 +65,7 @@ def test_engine_bench_trace_cli(capsys, model, monkeypatch):
 def test_generate_at_steps_honours_arrival_steps_and_per_prompt_lengths(model):
     from pagebench.engine.engine import LLMEngine
     from pagebench.engine.sampling import SamplingParams
-    from pagebench.engine.trace_replay import generate_at_steps
+    from pagebench.measure.trace_replay import generate_at_steps
     from pagebench.errors import ConfigError
 
     engine = LLMEngine(model, block_size=16, num_blocks=64)

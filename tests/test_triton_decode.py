@@ -14,7 +14,7 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.kernels import available_backends
-from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error)
 from pagebench.kernels.reference import reference_decode
 
@@ -40,16 +40,15 @@ def check(out, inp, scales=None):
 
 @pytest.mark.parametrize("splits", [2, 3, 4])
 def test_repeated_calls_of_one_plan_merge_every_time(splits):
-    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
     lengths = [2 * splits * TILE, 1, splits * TILE + 3]
     plan, outs = None, []
     for seed in range(3):
         inp = split_inputs(lengths, splits, seed=seed)
-        out = triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
-                                  fused_merge=True)
+        launch = DecodeLaunch(num_splits=splits, tile_n=TILE, fused_merge=True)
+        out = triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
         check(out, inp)
-        again = decode_plan(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
-                            fused_merge=True)
+        again = decode_plan(*inp.args(), 32 ** -0.5, launch)
         assert plan is None or again is plan
         plan = again
         assert plan.num_splits == splits and plan.counters.tolist() == [0] * 2 * len(lengths)
@@ -66,7 +65,7 @@ def test_repeated_calls_of_one_plan_merge_every_time(splits):
 def test_empty_splits_and_ragged_lengths(q_heads, kv_heads, kv_per_program, cache):
     """Lengths 1 (every split but the first empty), a tile and one token, a block, the whole
     table; empty splits (max -inf) weigh nothing."""
-    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
     splits = 4
     lengths = [1, TILE + 1, 2 * splits * TILE, 16, 3 * TILE]
     for seed in range(2):
@@ -76,11 +75,11 @@ def test_empty_splits_and_ragged_lengths(q_heads, kv_heads, kv_per_program, cach
         if cache is not None:
             inp = quantized_inputs(inp, cache, seed=seed)
             scales = inp.scales()
-        options = dict(num_splits=splits, tile_n=TILE, kv_per_program=kv_per_program,
-                       fused_merge=True)
-        out = triton_paged_decode(*inp.args(), 32 ** -0.5, **scales, **options)
+        launch = DecodeLaunch(num_splits=splits, tile_n=TILE, kv_per_program=kv_per_program,
+                              fused_merge=True)
+        out = triton_paged_decode(*inp.args(), 32 ** -0.5, **scales, launch=launch)
         check(out, inp, scales)
-        plan = decode_plan(*inp.args(), 32 ** -0.5, **options)
+        plan = decode_plan(*inp.args(), 32 ** -0.5, launch)
         assert plan.num_splits == splits and not plan.counters.any()
 
 
@@ -92,13 +91,13 @@ def test_a_plan_first_called_in_a_capture_launches_split_and_combine(monkeypatch
     monkeypatch.setattr(td, "_PLANS", {})
     monkeypatch.setattr(td, "_capturing", lambda device: True)
     inp = split_inputs([1, 70, 2 * 4 * TILE], 4, seed=3)
-    options = dict(num_splits=4, tile_n=TILE)
-    captured = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
-    plan = td.decode_plan(*inp.args(), 32 ** -0.5, **options)
+    launch = td.DecodeLaunch(num_splits=4, tile_n=TILE)
+    captured = td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
+    plan = td.decode_plan(*inp.args(), 32 ** -0.5, launch)
     assert plan.counters is None
     check(captured, inp)
     monkeypatch.setattr(td, "_capturing", lambda device: False)
-    fused = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
+    fused = td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
     assert plan.counters is not None and not plan.counters.any()
     assert relative_error(fused, captured) < 1e-6
 
@@ -110,12 +109,13 @@ def test_evicted_plans_hand_their_counters_on(monkeypatch):
     monkeypatch.setattr(td, "_SPARE_COUNTERS", [])
     monkeypatch.setattr(td, "MAX_PLANS", 1)
     big = split_inputs([1, 40, 3 * TILE], 3, seed=4)
-    td.triton_paged_decode(*big.args(), 32 ** -0.5, num_splits=3, tile_n=TILE)
-    counters = td.decode_plan(*big.args(), 32 ** -0.5, num_splits=3, tile_n=TILE).counters
+    launch = td.DecodeLaunch(num_splits=3, tile_n=TILE)
+    td.triton_paged_decode(*big.args(), 32 ** -0.5, launch=launch)
+    counters = td.decode_plan(*big.args(), 32 ** -0.5, launch).counters
     small = split_inputs([20, 50], 3, seed=5)  # another shape: evicts the first plan
-    out = td.triton_paged_decode(*small.args(), 32 ** -0.5, num_splits=3, tile_n=TILE)
+    out = td.triton_paged_decode(*small.args(), 32 ** -0.5, launch=launch)
     check(out, small)
-    reused = td.decode_plan(*small.args(), 32 ** -0.5, num_splits=3, tile_n=TILE).counters
+    reused = td.decode_plan(*small.args(), 32 ** -0.5, launch).counters
     assert reused.data_ptr() == counters.data_ptr() and reused.numel() == 4
     assert not td._SPARE_COUNTERS
 
@@ -129,9 +129,9 @@ def test_fused_merge_follows_the_split_count_and_can_be_forced(monkeypatch):
     inp = split_inputs([1, 70, 2 * (most + 1) * TILE], most + 1, seed=4)
     outs = {}
     for splits, forced in ((most, None), (most + 1, None), (most, False), (2, True)):
-        options = dict(num_splits=splits, tile_n=TILE, fused_merge=forced)
-        outs[splits, forced] = td.triton_paged_decode(*inp.args(), 32 ** -0.5, **options)
-        plan = td.decode_plan(*inp.args(), 32 ** -0.5, **options)
+        launch = td.DecodeLaunch(num_splits=splits, tile_n=TILE, fused_merge=forced)
+        outs[splits, forced] = td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch)
+        plan = td.decode_plan(*inp.args(), 32 ** -0.5, launch)
         assert plan.num_splits == splits
         assert plan.fused == (splits <= most if forced is None else forced)
         assert (plan.counters is not None) == plan.fused
@@ -145,14 +145,15 @@ def test_fused_merge_follows_the_split_count_and_can_be_forced(monkeypatch):
 def test_graph_replays_merge_every_time_cuda(splits, fused):
     """A CUDA graph of a split decode, replayed with new queries: every replay's output is the
     reference's (a merging plan's counters are back at zero after each replay, no memset)."""
-    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
+    launch = DecodeLaunch(num_splits=splits, fused_merge=fused)
     inp = make_paged_inputs([700, 1, 333, 1024], 32, 8, 128, 16, torch.bfloat16, "cuda",
                             seed=1)
     q = inp.q.clone()
     args = (q, *inp.args()[1:])
 
     def call():
-        return triton_paged_decode(*args, 128 ** -0.5, num_splits=splits, fused_merge=fused)
+        return triton_paged_decode(*args, 128 ** -0.5, launch=launch)
 
     call()  # eager first: the plan makes its counters outside the capture
     stream = torch.cuda.Stream()
@@ -169,16 +170,97 @@ def test_graph_replays_merge_every_time_cuda(splits, fused):
         graph.replay()
         torch.cuda.synchronize()
         assert relative_error(out, reference_decode(*args, 128 ** -0.5)) < TOLERANCE[q.dtype]
-    plan = decode_plan(*args, 128 ** -0.5, num_splits=splits, fused_merge=fused)
+    plan = decode_plan(*args, 128 ** -0.5, launch)
     assert plan.fused == (fused if fused is not None else splits <= 4)
     assert plan.counters is None if not plan.fused else not plan.counters.any()
 
 
 def test_fused_merge_beyond_its_splits_is_refused():
     """The split kernel loads all the splits it merges at once: more is a ValueError."""
-    from pagebench.kernels.triton_decode import FUSED_MERGE_SPLITS, triton_paged_decode
+    from pagebench.kernels.triton_decode import (FUSED_MERGE_SPLITS, DecodeLaunch,
+                                                 triton_paged_decode)
     splits = FUSED_MERGE_SPLITS + 1
     inp = split_inputs([2 * splits * TILE, 5], splits)
     with pytest.raises(ValueError, match="fused_merge"):
-        triton_paged_decode(*inp.args(), 32 ** -0.5, num_splits=splits, tile_n=TILE,
-                            fused_merge=True)
+        triton_paged_decode(*inp.args(), 32 ** -0.5, launch=DecodeLaunch(
+            num_splits=splits, tile_n=TILE, fused_merge=True))
+
+
+def test_ragged_room_fills_the_waves_the_uniform_choice_pays_for():
+    """The work items and splits a ragged batch may take: the waves the uniform choice already
+    launches and RAGGED_WAVES more; room for a long sequence while the others take one split
+    each."""
+    from pagebench.kernels.triton_decode import (MAX_SPLITS, RAGGED_SPLITS, RAGGED_WAVES,
+                                                 ragged_split_room)
+    slots = 528
+    # 8 sequences x 8 KV heads, 8 splits each: 512 programs, one wave, and RAGGED_WAVES more
+    budget, most = ragged_split_room(8, 8, 8, slots, 512)
+    assert budget == (1 + RAGGED_WAVES) * slots // 8 and most == budget - 7
+    # a full batch, one split each in two waves: a long sequence may take RAGGED_SPLITS
+    budget, most = ragged_split_room(128, 8, 1, slots, 512)
+    assert budget == (2 + RAGGED_WAVES) * slots // 8 and most == RAGGED_SPLITS
+    for args in ((300, 2, 3, 1000, 40), (1, 1, 1, 4, 1), (64, 8, 600, 10**6, 10**6),
+                 (1, 8, 64, slots, 1024)):
+        budget, most = ragged_split_room(*args)
+        num_seqs, _, splits, _, tiles = args
+        assert budget >= num_seqs * splits
+        assert splits <= most <= max(splits, min(tiles, MAX_SPLITS, budget - num_seqs + 1))
+
+
+@pytest.mark.parametrize("field, value", [("num_splits", 0), ("tile_n", 48),
+                                          ("num_warps", 3), ("fused_merge", 1),
+                                          ("kv_per_program", True)])
+def test_launch_fields_are_checked_and_named(field, value):
+    from pagebench.kernels.triton_decode import DecodeLaunch
+    with pytest.raises(ValueError, match=f"^{field}: "):
+        DecodeLaunch(**{field: value})
+    with pytest.raises(TypeError):
+        DecodeLaunch(4)  # keyword only: no positional launch
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("block_size", [1, 16, 128])
+def test_ragged_default_launch_replays_cuda(block_size):
+    """The default launch on a ragged batch (lengths 1 to the table's capacity): eager and
+    graph-replayed outputs equal the reference, with new queries every replay."""
+    from pagebench.kernels.triton_decode import decode_plan, triton_paged_decode
+    inp = make_paged_inputs([1, 17, 300, 9000, 2, 16384, 40, 700], 32, 8, 128, block_size,
+                            torch.bfloat16, "cuda", seed=block_size)
+    q = inp.q.clone()
+    args = (q, *inp.args()[1:])
+    assert decode_plan(*args, 128 ** -0.5).split.kwargs["ADAPTIVE"]
+    check_args = (*args, 128 ** -0.5)
+    eager = triton_paged_decode(*check_args)
+    assert relative_error(eager, reference_decode(*check_args)) < TOLERANCE[q.dtype]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = triton_paged_decode(*check_args)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    for _ in range(2):
+        q.copy_(torch.randn(q.shape, device="cuda", generator=gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert relative_error(out, reference_decode(*check_args)) < TOLERANCE[q.dtype]
+
+
+@pytest.mark.parametrize("captured_first", [False, True])
+def test_ragged_default_merges_short_sequences_itself_and_long_ones_after(monkeypatch,
+                                                                           captured_first):
+    """A ragged batch on the default launch whose uniform choice is within the split kernel's
+    own merge: its long sequence takes more splits than that merge takes, so the combine kernel
+    merges that one after the split kernel (or every one, for a plan first called in a
+    capture); the outputs are the reference's, and the counters are back at zero."""
+    from pagebench.kernels import triton_decode as td
+    monkeypatch.setattr(td, "_PLANS", {})
+    monkeypatch.setattr(td, "_capturing", lambda device: captured_first)
+    inp = make_paged_inputs([1, 2, 3, 800], 8, 2, 32, 16, seed=9)
+    launch = td.DecodeLaunch(tile_n=TILE)
+    plan = td.decode_plan(*inp.args(), 32 ** -0.5, launch)
+    assert plan.split.kwargs["ADAPTIVE"] and plan.num_splits <= td.FUSED_MERGE_SPLITS
+    assert plan.fused and plan.combine_after_merge and plan.max_splits > td.FUSED_MERGE_SPLITS
+    for seed in range(2):
+        inp.q.copy_(torch.randn(inp.q.shape, generator=torch.Generator().manual_seed(seed)))
+        check(td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch), inp)
+        assert (plan.counters is None) == captured_first
+        assert plan.counters is None or not plan.counters.any()

@@ -10,7 +10,7 @@ import torch
 
 from pagebench.kernels import (available_backends, contiguous_decode, paged_decode,
                                paged_prefill, write_kv)
-from pagebench.kernels.fixtures import make_paged_inputs
+from pagebench.measure.kernel_cases import make_paged_inputs
 from pagebench.kernels.value_checks import CheckedValues
 
 HAS_CUDA = torch.cuda.is_available()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from pagebench.results import devices
-from pagebench.results.commits import newest_first
+from pagebench.results.commits import measured_at, newest_first
 
 PRIMARY_BLOCK_SIZE = 16
 # the columns of kernel_rows that say which run a row came from: times are compared within one
@@ -264,7 +264,8 @@ def newest_run(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
     """Each ``by`` group's rows of one commit, its newest
     (:func:`pagebench.results.commits.newest_first`): a table or claim that summarises over
     points then never blends an older commit's kernel with a newer one's."""
-    keep = [g[g["commit"] == newest_first(g["commit"])[0]] for _, g in df.groupby(by)]
+    keep = [g[g["commit"] == newest_first(g["commit"], measured_at(g))[0]]
+            for _, g in df.groupby(by)]
     return pd.concat(keep) if keep else df.iloc[:0]
 
 
@@ -274,7 +275,7 @@ def at_swept_context(df: pd.DataFrame):
     of two or more batch sizes, at its context with the most. One commit, so that a table
     never shows an older commit's faster rows beside (or instead of) a newer one's."""
     for _, g in df.groupby(["device_label", "shape"]):
-        for commit in newest_first(g["commit"]):
+        for commit in newest_first(g["commit"], measured_at(g)):
             run = g[g["commit"] == commit]
             counts = run.groupby("context")["batch"].nunique()
             if counts.max() >= 2:

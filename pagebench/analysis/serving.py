@@ -14,7 +14,7 @@ import pandas as pd
 from pagebench.analysis.derive import row_labels
 
 CONFIG = ["machine", "model", "trace", "block_size", "kv_cache_dtype", "prefix_caching"]
-PAIRED = CONFIG + ["request_rate", "num_requests", "seed"]
+PAIRED = CONFIG + ["request_rate", "num_requests", "seed", "repeat"]
 COMPARED = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
 
 
@@ -34,14 +34,16 @@ def measured_rows(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def max_rate_at_slo(frame: pd.DataFrame | None) -> pd.DataFrame | None:
-    """Per configuration: the largest finite measured rate whose row ``meets_slo``."""
+    """Per configuration: the largest finite measured rate whose rows (every repeat)
+    ``meets_slo``."""
     rows = measured_rows(frame)
     if rows is None or "meets_slo" not in rows or rows["meets_slo"].isna().all():
         return None
     rows = rows[rows["request_rate"].map(math.isfinite) & rows["meets_slo"].notna()]
     out = []
     for key, g in rows.groupby(CONFIG, sort=True, dropna=False):
-        good = g.loc[g["meets_slo"].astype(bool), "request_rate"]
+        met = g["meets_slo"].astype(bool).groupby(g["request_rate"]).all()  # every repeat
+        good = met.index[met.to_numpy()]
         out.append(dict(zip(CONFIG, key)) | dict(
             max_rate_at_slo=float(good.max()) if len(good) else math.nan,
             rates_measured=int(g["request_rate"].nunique())))
@@ -71,11 +73,19 @@ def prediction_table(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 
 def error_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Per machine, model, trace and metric: the median and largest |relative error|."""
+    """Per machine, model, trace and metric: the median and largest |relative error| over the
+    trace's points (every configuration and rate)."""
     err = table.assign(abs_err=table["rel_err"].abs())
     return (err.groupby(["machine", "model", "trace", "metric"], sort=True)["abs_err"]
             .agg(median_abs_err="median", max_abs_err="max", points="count").reset_index())
 
 
+def prediction_error(frame: pd.DataFrame | None) -> pd.DataFrame | None:
+    """:func:`error_summary` of the measured points with a prediction (the validation)."""
+    table = prediction_table(frame)
+    return None if table is None else error_summary(table)
+
+
 TABLES = {"serving_max_rate": lambda r: max_rate_at_slo(r.get("serve_bench")),
-          "serving_prediction": lambda r: prediction_table(r.get("serve_bench"))}
+          "serving_prediction": lambda r: prediction_table(r.get("serve_bench")),
+          "serving_prediction_error": lambda r: prediction_error(r.get("serve_bench"))}

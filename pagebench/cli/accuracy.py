@@ -1,5 +1,5 @@
 """`pagebench kv-accuracy`: what a KV cache dtype costs the shipped trained model's predictions
-(dataset ``kv_accuracy``; :mod:`pagebench.engine.kv_accuracy`)."""
+(dataset ``kv_accuracy``; :mod:`pagebench.measure.kv_accuracy`)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     check_output_file("--out", args.out)
-    from pagebench.engine.kv_accuracy import accuracy_rows
+    from pagebench.measure.kv_accuracy import accuracy_rows
 
     rows = accuracy_rows(args.windows, args.length, tuple(args.block_sizes), device=args.device)
     write_results(args.out, rows)

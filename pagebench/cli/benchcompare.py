@@ -1,10 +1,10 @@
-"""`pagebench bench-compare`: the regression gate (see :mod:`pagebench.benchcompare`)."""
+"""`pagebench bench-compare`: the regression gate (see :mod:`pagebench.measure.regression_gate`)."""
 
 from __future__ import annotations
 
 import json
 
-from pagebench import benchcompare as d  # standard library only: cheap to import
+from pagebench.measure import regression_gate as d  # standard library only: cheap to import
 from pagebench.cli.options import (check_output_dir, check_output_file, dumps, integer, number,
                                    write_results)
 
@@ -80,7 +80,7 @@ def _load(path: str) -> dict:
 def run(args) -> int:
     from pathlib import Path
 
-    from pagebench.benchcompare import (bench_compare, compare, format_table, missing,
+    from pagebench.measure.regression_gate import (bench_compare, compare, format_table, missing,
                                         printable, regressions, timings)
     from pagebench.errors import ConfigError
 

@@ -88,8 +88,8 @@ COMMON_TABLE = [("peak_blocks", "peak blocks", 0), ("tokens_per_s", "tokens/s", 
 
 
 def compare_methods(text: str) -> tuple[str, ...]:
-    """``--methods``: comma-separated, each the engine or one of bench.TRANSFORMERS_METHODS."""
-    from pagebench.engine.bench import TRANSFORMERS_METHODS
+    """``--methods``: comma-separated, each the engine or one of engine_bench.TRANSFORMERS_METHODS."""
+    from pagebench.measure.engine_bench import TRANSFORMERS_METHODS
 
     known = ("engine",) + TRANSFORMERS_METHODS
     methods = tuple(m.strip() for m in text.split(",") if m.strip())
@@ -224,7 +224,7 @@ def resolve_options(args) -> dict:
 def _model(args, device: str):
     import torch
 
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
     from pagebench.engine.engine import load_model
 
     dtype = getattr(torch, args.dtype) if args.dtype else None
@@ -233,9 +233,9 @@ def _model(args, device: str):
     if args.model:
         return load_model(args.model, dtype=dtype, device=device)
     if args.preset:
-        return bench.preset_model(args.preset, device=device, dtype=dtype or (
+        return engine_bench.preset_model(args.preset, device=device, dtype=dtype or (
             torch.bfloat16 if device != "cpu" else torch.float32))
-    return bench.tiny_model(device=device, dtype=dtype or torch.float32)
+    return engine_bench.tiny_model(device=device, dtype=dtype or torch.float32)
 
 
 def _kernel(name: str) -> str:
@@ -320,7 +320,7 @@ def _shown(value) -> str:
 
 
 def measure(args, opts: dict) -> int:
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
 
     check_output_file("--out", args.out)
     check_output_file("--profile-out", opts.get("profile_out"))
@@ -332,8 +332,8 @@ def measure(args, opts: dict) -> int:
         check_bytes("--kv-cache-memory", opts["kv_cache_memory"])
     modes = opts.get("modes")
     for mode in modes or ():
-        if mode not in bench.MODES:
-            raise ValueError(f"--modes: unknown {mode} (use {', '.join(bench.MODES)})")
+        if mode not in engine_bench.MODES:
+            raise ValueError(f"--modes: unknown {mode} (use {', '.join(engine_bench.MODES)})")
     device = torch_device(args.device)
     model = _model(args, device)
     check_engine_memory(args.experiment, opts, model, device)
@@ -342,12 +342,12 @@ def measure(args, opts: dict) -> int:
     columns = table_columns(args.experiment)
     if args.experiment == "throughput":
         rows = []
-        bandwidth = bench.copy_bandwidth(device) if opts["bandwidth"] else None
+        bandwidth = engine_bench.copy_bandwidth(device) if opts["bandwidth"] else None
         points = [(mode, bs, b) for mode in modes or [None] for bs in opts["block_sizes"]
                   for b in opts["batch_sizes"]]
         with progress(len(points), "throughput runs") as bar:
             for mode, bs, b in points:
-                rows += bench.throughput_vs_batch(model, [b], [bs], opts["prompt_len"],
+                rows += engine_bench.throughput_vs_batch(model, [b], [bs], opts["prompt_len"],
                                                   kernel=opts["kernel"], repeat=opts["repeat"],
                                                   mode=mode, copy_bandwidth=bandwidth, **common)
                 bar.update()
@@ -357,35 +357,35 @@ def measure(args, opts: dict) -> int:
             columns = columns + [("decode_bytes_per_step", "decode bytes/step", 0),
                                  ("bandwidth_fraction", "of copy bw", 2)]
     elif args.experiment == "cow":
-        rows = bench.cow_comparison(model, prompt_len=opts["prompt_len"][0], **common)
+        rows = engine_bench.cow_comparison(model, prompt_len=opts["prompt_len"][0], **common)
     elif args.experiment == "prefix":
-        rows = bench.prefix_cache_comparison(model, **common)
+        rows = engine_bench.prefix_cache_comparison(model, **common)
     elif args.experiment == "pool":
-        rows = bench.pool_size_sweep(model, **common)
+        rows = engine_bench.pool_size_sweep(model, **common)
     elif args.experiment == "trace":
-        from pagebench.engine.trace_replay import replay_trace
+        from pagebench.measure.trace_replay import replay_trace
 
         rows = [replay_trace(model, opts["trace"], opts["num_requests"],
                              max_model_len=opts["max_model_len"],
                              max_output_len=opts["max_output_len"], step_ms=opts["step_ms"],
                              kernel=opts["kernel"], seed=opts["seed"], threads=args.threads)]
     elif args.experiment == "equality":
-        prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab,
+        prompts = engine_bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab,
                                        seed=opts["seed"])
-        rows = bench.greedy_equality(model, prompts, opts["max_tokens"], opts["block_sizes"],
+        rows = engine_bench.greedy_equality(model, prompts, opts["max_tokens"], opts["block_sizes"],
                                      kernel=opts["kernel"], threads=args.threads)
     elif args.experiment == "breakdown":
         rows = breakdown(model, opts, args.threads)
     elif args.experiment == "fp8":
-        prompts = bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab, seed=11)
-        rows = bench.fp8_comparison(model, prompts, kv_cache_memory=opts["kv_cache_memory"],
+        prompts = engine_bench.random_prompts(opts["num_requests"], *opts["prompt_len"], vocab, seed=11)
+        rows = engine_bench.fp8_comparison(model, prompts, kv_cache_memory=opts["kv_cache_memory"],
                                     kernel=opts["kernel"], **common)
     elif args.experiment == "equal-memory":
         lo, hi = opts["prompt_len"]
-        prompts = bench.random_prompts(opts["num_requests"], lo, hi, vocab, seed=7)
-        kv_bytes = bench.padded_reservation_bytes(model, opts["batch_sizes"][0],
+        prompts = engine_bench.random_prompts(opts["num_requests"], lo, hi, vocab, seed=7)
+        kv_bytes = engine_bench.padded_reservation_bytes(model, opts["batch_sizes"][0],
                                                   hi + opts["max_tokens"])
-        rows = bench.equal_memory_comparison(model, kv_bytes, prompts,
+        rows = engine_bench.equal_memory_comparison(model, kv_bytes, prompts,
                                              block_size=opts["block_sizes"][0],
                                              kernel=opts["kernel"], repeat=opts["repeat"],
                                              **common)
@@ -395,8 +395,8 @@ def measure(args, opts: dict) -> int:
             lo, hi = 16, 4 * lo
         rows = []
         for b in opts["batch_sizes"]:
-            prompts = bench.random_prompts(b, lo, hi, vocab, seed=1)
-            rows += bench.compare_with_transformers(model, prompts, repeat=opts["repeat"],
+            prompts = engine_bench.random_prompts(b, lo, hi, vocab, seed=1)
+            rows += engine_bench.compare_with_transformers(model, prompts, repeat=opts["repeat"],
                                                     methods=opts["methods"],
                                                     kernel=opts["kernel"], **common)
     write_results(args.out, rows)
@@ -410,15 +410,15 @@ def measure(args, opts: dict) -> int:
 def breakdown(model, opts: dict, threads: int) -> list[dict]:
     """``engine-bench breakdown``: one profiled run per (mode, block size, batch)."""
     from pagebench.atomic import atomic_write_text
-    from pagebench.engine import bench
-    from pagebench.engine.step_profile import step_breakdown
+    from pagebench.measure import engine_bench
+    from pagebench.measure.step_profile import step_breakdown
 
     rows, tables = [], []
     points = [(mode, bs, b) for mode in opts["modes"] or [None] for bs in opts["block_sizes"]
               for b in opts["batch_sizes"]]
     with progress(len(points), "profiled runs") as bar:
         for mode, bs, b in points:
-            prompts = bench.random_prompts(b, *opts["prompt_len"], model.config.vocab_size,
+            prompts = engine_bench.random_prompts(b, *opts["prompt_len"], model.config.vocab_size,
                                            seed=11)
             table = []
             rows.append(step_breakdown(model, prompts, opts["max_tokens"], block_size=bs,

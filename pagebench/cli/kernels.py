@@ -98,7 +98,7 @@ def register(sub) -> None:
                    "fp8 ones (e4m3; e5m2 at block 16) on the same inputs: time, fraction of "
                    "the copy bandwidth, and the fp8 output's error against the --dtype cache's "
                    "and against float32 on the dequantised cache, over its own grid "
-                   "(pagebench.kernels.fp8_sweep; the H200 grid on CUDA, a tiny one on a CPU; "
+                   "(pagebench.measure.fp8_sweep; the H200 grid on CUDA, a tiny one on a CPU; "
                    "--shape, --points, --block-sizes and --repeat override it)")
     p.add_argument("--kv-scales", choices=["head", "one"], default="head",
                    help="fp8 caches (--kv-dtype, --fp8): a scale per KV head (default), or one "
@@ -106,7 +106,7 @@ def register(sub) -> None:
     p.add_argument("--tune", action="store_true",
                    help="CUDA: time the Triton kernel's launch grid (tile, warps, stages, KV "
                    "splits; with --prefill: rows, tile, warps) through CUDA graphs instead of "
-                   "the sweep (pagebench.kernels.tuning)")
+                   "the sweep (pagebench.measure.launch_tuning)")
     p.add_argument("--list-backends", action="store_true",
                    help="print available backends and their capabilities as JSON, then exit "
                    "(not with --out)")
@@ -164,14 +164,14 @@ def sweep_bytes(shapes, points, block_sizes, dtype: str) -> int:
 
 
 def _check_sweep_memory(args, shapes, points, quick: bool, dtype: str) -> None:
-    from pagebench.kernels import sweep
+    from pagebench.measure import kernel_sweep
 
     if not (points or args.block_sizes):
         return  # the built-in grids are sized for the device
     on_cpu = args.device == "cpu"
     shapes = shapes or defaults.SHAPES
-    points = points or (sweep.CPU_QUICK_POINTS if on_cpu else
-                        sweep.QUICK_POINTS if quick else sweep.FULL_POINTS)
+    points = points or (kernel_sweep.CPU_QUICK_POINTS if on_cpu else
+                        kernel_sweep.QUICK_POINTS if quick else kernel_sweep.FULL_POINTS)
     block_sizes = args.block_sizes or defaults.BLOCK_SIZES
     check_device_memory("--contexts" if args.contexts else "--block-sizes",
                         sweep_bytes(shapes, points, block_sizes, dtype),
@@ -184,10 +184,10 @@ def run_bench(args) -> int:
     import pandas as pd
     import torch
 
-    from pagebench.distributed import SweepRanks
+    from pagebench.measure.distributed import SweepRanks
     from pagebench.kernels import available_backends
     from pagebench.kernels.quant import kv_dtype_from_name
-    from pagebench.kernels.fixtures import TABLE_LAYOUTS
+    from pagebench.measure.kernel_cases import TABLE_LAYOUTS
 
     if args.list_backends:
         if args.out is not None:
@@ -235,7 +235,7 @@ def run_bench(args) -> int:
     skipped: list = []
     ranks = SweepRanks(args.device)
     if args.fp8:
-        from pagebench.kernels.fp8_sweep import run_fp8_sweep
+        from pagebench.measure.fp8_sweep import run_fp8_sweep
 
         if args.tune or args.prefill or args.kv_dtype \
                 or layouts != ["shuffled"] or args.cuda_graphs != "both" or ranks.world > 1:
@@ -257,18 +257,18 @@ def run_bench(args) -> int:
         df = pd.DataFrame(rows)
         table = FP8_TABLE
     elif args.tune:
-        from pagebench.kernels import tuning
+        from pagebench.measure import launch_tuning
 
         if args.device != "cuda" or shapes or points or args.block_sizes or args.backends \
                 or args.kv_dtype or layouts != ["shuffled"] or args.cuda_graphs != "both":
-            raise ValueError("--tune: CUDA only, over its own grid (pagebench.kernels.tuning): "
+            raise ValueError("--tune: CUDA only, over its own grid (pagebench.measure.launch_tuning): "
                              "give --device cuda and at most --prefill and --repeat")
-        grid = tuning.prefill_launch_grid if args.prefill else tuning.decode_launch_grid
+        grid = launch_tuning.prefill_launch_grid if args.prefill else launch_tuning.decode_launch_grid
         df = pd.DataFrame(grid(args.device, **({"repeat": args.repeat} if args.repeat else {}),
                                skipped=skipped))
         table = [column for column in TUNE_TABLE if column[0] in df.columns]
     elif args.prefill:
-        from pagebench.kernels.prefill_sweep import run_prefill_sweep
+        from pagebench.measure.prefill_sweep import run_prefill_sweep
 
         if layouts != ["shuffled"]:
             raise ValueError("--layouts: applies to the decode sweep, not --prefill")
@@ -289,7 +289,7 @@ def run_bench(args) -> int:
                                    one_scale=args.kv_scales == "one")
         table = PREFILL_TABLE + ([("kv_dtype", "KV dtype", 0)] if args.kv_dtype else [])
     else:
-        from pagebench.kernels.sweep import run_sweep
+        from pagebench.measure.kernel_sweep import run_sweep
 
         _check_sweep_memory(args, shapes, points, quick, dtype_name)
         with progress(None, "decode points") as bar:

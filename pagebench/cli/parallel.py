@@ -1,7 +1,7 @@
 """`pagebench tp-bench`: the tensor-parallel engine and the kernel sweep past one GPU.
 
 Run the engine experiments under ``torchrun --nproc-per-node 2``: every rank runs the same
-measurement (pagebench.engine.parallel_bench) and rank 0 prints and writes the rows.
+measurement (pagebench.measure.tp_bench) and rank 0 prints and writes the rows.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ def measure(experiment: str, opts: dict, device) -> list[dict]:
     import torch
 
     from pagebench.config import KVGeometry, preset_config
-    from pagebench.engine import parallel_bench as tp
+    from pagebench.measure import tp_bench as tp
 
     if experiment == "equality":
         return tp.greedy_equality(device, opts["kernel"], max_prompt_len=opts["prompt_len"],
@@ -179,7 +179,7 @@ def check_kv_memory(opts: dict, device) -> None:
 
 
 def run(args) -> int:
-    from pagebench import distributed
+    from pagebench.measure import distributed
 
     opts = experiment_options(args, "tp-bench", OPTIONS)
     check_output_file("--out", args.out)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from pagebench.defaults import SLO_ATTAINMENT
+from pagebench.defaults import SLO_ATTAINMENT, WARMUP_PASSES
 from pagebench.cli.options import (add_output_options, allocating, check_bytes,
                                    check_output_file, dumps, format_table, int_list, integer,
                                    name_list, number, progress, torch_device, write_results)
@@ -125,6 +125,11 @@ def register(sub) -> None:
     add_engine_options(p)
     p.add_argument("--seed", type=integer(0), default=0,
                    help="sample and Poisson seed (default 0)")
+    p.add_argument("--warmup-passes", type=integer(0, 100), default=WARMUP_PASSES,
+                   help="untimed all-at-once runs of each trace per engine before the timed "
+                   "ones, so the first rate runs warm (default %(default)s)")
+    p.add_argument("--repeats", type=integer(1, 100), default=1,
+                   help="runs of each rate, one row each (column repeat; default 1)")
     p.add_argument("--replicas", type=integer(1, 64), default=1,
                    help="data-parallel engines, one process and GPU each (cuda:0..N-1), each "
                    "serving every N-th arrival; the requests' latencies merged into one run "
@@ -145,6 +150,9 @@ def register(sub) -> None:
     p.add_argument("--steps-out", metavar="FILE", default=None,
                    help="also write every engine step (prefill tokens, decode sequences, "
                    "context tokens, time) to FILE: the step-cost model's data")
+    p.add_argument("--append", action="store_true",
+                   help="in-process runs: keep the rows already in --out and --steps-out (CSV) "
+                   "and add this run's after them (several runs, e.g. two models, one file)")
     add_output_options(p, "rows")
     p.set_defaults(func=run)
 
@@ -173,10 +181,13 @@ def register(sub) -> None:
         "step-cost-fit", help="fit the step-cost model on serve-bench steps; score the "
         "simulator it drives against measured serve-bench rows",
         description="Fit step_ms = base + per prefill token + per decoding sequence + per 1,000 "
-        "context tokens (non-negative least squares, one model per model x block size x cache "
+        "context tokens + per step with prompt tokens + per prefilling sequence "
+        "(non-negative least squares, one model per model x block size x cache "
         "dtype x mode) on the steps serve-bench --steps-out wrote. With --validate, every "
         "measured serve-bench row is re-run in the simulator (same requests, rate and engine "
-        "limits) with its model, and the error of p50/p99 TTFT and TPOT is printed.")
+        "limits) with its model, and the error of p50/p99 TTFT and TPOT is printed, beside "
+        "the error with the run's own measured step times instead of the model (what the "
+        "scheduler and queueing model alone get wrong).")
     f.add_argument("steps", help="serve_steps CSV (serve-bench --steps-out)")
     f.add_argument("--validate", metavar="CSV", default=None,
                    help="serve_bench CSV of measured runs to predict and compare")
@@ -192,6 +203,8 @@ def check_args(args) -> None:
             raise ValueError("--find-max-rate: give --slo-ttft and/or --slo-tpot")
         if not args.rates or math.isinf(args.rates[0]):
             raise ValueError("--find-max-rate: give a finite starting rate as --rates R")
+        if args.repeats != 1:
+            raise ValueError("--repeats: the --find-max-rate search runs each rate once")
     if args.arrival == "poisson" and not args.rates:
         raise ValueError("--arrival poisson: give --rates")
     if args.kv_cache_memory is not None:
@@ -205,25 +218,38 @@ def load_serving_model(name: str, device: str, dtype_name: str | None):
     import torch
 
     from pagebench.config import PRESETS
-    from pagebench.engine import bench
+    from pagebench.measure import engine_bench
     from pagebench.engine.engine import load_model
 
     dtype = getattr(torch, dtype_name) if dtype_name else None
     default = torch.bfloat16 if device != "cpu" else torch.float32
     if name == "tiny":
-        return bench.tiny_model(device=device, dtype=dtype or torch.float32), "tiny"
+        return engine_bench.tiny_model(device=device, dtype=dtype or torch.float32), "tiny"
     if name.lower() in PRESETS:
-        return bench.preset_model(name.lower(), device=device, dtype=dtype or default), \
+        return engine_bench.preset_model(name.lower(), device=device, dtype=dtype or default), \
             name.lower()
     return load_model(name, dtype=dtype, device=device), name
 
 
-def save(args, rows: list[dict], steps: list[dict]) -> None:
+def earlier_rows(path: str | None, append: bool) -> list[dict]:
+    """``--append``: the rows already in ``path`` (a CSV; none if it does not exist yet)."""
+    import csv
+    import os
+
+    if not (append and path and os.path.exists(path)):
+        return []
+    if path.endswith(".json"):
+        raise ValueError(f"--append: {path}: only CSV files are appended to")
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def save(args, rows: list[dict], steps: list[dict], before=((), ())) -> None:
     """Write what is measured so far (after each configuration: a long run cut short keeps
-    its finished configurations)."""
-    write_results(args.out, rows)
+    its finished configurations), after ``before``'s rows and steps (``--append``)."""
+    write_results(args.out, [*before[0], *rows])
     if args.steps_out:
-        write_results(args.steps_out, steps)
+        write_results(args.steps_out, [*before[1], *steps])
 
 
 def run(args) -> int:
@@ -232,9 +258,9 @@ def run(args) -> int:
         return run_endpoint(args)
     if args.step_cost:
         return run_predicted(args)
-    from pagebench.engine.bench import mode_options
+    from pagebench.measure.engine_bench import mode_options
     from pagebench.measure.serve_bench import ServeConfig, serve_bench, trace_requests
-    from pagebench.timing import cpu_threads, environment
+    from pagebench.measure.timing import cpu_threads, environment
 
     device = torch_device(args.device)
     # prefix caching outermost: a run cut short has every block size and dtype of the first
@@ -242,6 +268,7 @@ def run(args) -> int:
                for bs in args.block_sizes for dt in args.kv_cache_dtype]
     if args.replicas > 1:
         return run_replicas(args, device, configs)
+    before = (earlier_rows(args.out, args.append), earlier_rows(args.steps_out, args.append))
     with allocating(f"serve-bench of {args.num_requests:,} requests"), \
             cpu_threads(args.threads if device == "cpu" else None):
         model, label = load_serving_model(args.model, device, args.dtype)
@@ -253,7 +280,7 @@ def run(args) -> int:
                        max_num_batched_tokens=args.max_num_batched_tokens,
                        kv_cache_memory=args.kv_cache_memory) | mode_options(args.mode)
         runs = len(configs) * len(traces) * (
-            len(args.rates) if args.rates and not args.find_max_rate else 1)
+            len(args.rates or [None]) * args.repeats if not args.find_max_rate else 1)
         bar = progress(runs * args.num_requests if not args.find_max_rate else None,
                        "requests served")
         try:
@@ -264,7 +291,8 @@ def run(args) -> int:
                 find_max_rate=args.find_max_rate, attainment=args.slo_attainment,
                 engine_options=options, mode=args.mode, model_name=label,
                 environment=environment(device) | dict(torch_threads=args.threads),
-                progress=bar, on_config=lambda rows, steps: save(args, rows, steps))
+                progress=bar, warmup_passes=args.warmup_passes, repeats=args.repeats,
+                on_config=lambda rows, steps: save(args, rows, steps, before))
         finally:
             bar.close()
     print(dumps(rows) if args.json else format_table(rows, TABLE))
@@ -274,11 +302,11 @@ def run(args) -> int:
 def run_replicas(args, device: str, configs) -> int:
     """serve-bench over ``--replicas`` engines (pagebench.measure.replica_serving)."""
     from pagebench.config import PRESETS
-    from pagebench.engine.bench import mode_options
+    from pagebench.measure.engine_bench import mode_options
     from pagebench.engine.replicas import check_replicas
     from pagebench.measure import replica_serving as rs
     from pagebench.measure.serve_bench import trace_requests
-    from pagebench.timing import environment
+    from pagebench.measure.timing import environment
 
     rs.check_replica_run(args.replicas, configs, args.find_max_rate)
     check_replicas(args.replicas, device)
@@ -316,18 +344,23 @@ FIT_TABLE = [("model", "model", 0), ("block_size", "block", 0), ("kv_cache_dtype
              ("mode", "mode", 0), ("base_ms", "base (ms)", 3),
              ("prefill_token_ms", "per prefill token (ms)", 5),
              ("decode_seq_ms", "per decode seq (ms)", 4),
-             ("context_ktoken_ms", "per 1k context (ms)", 4), ("num_steps", "steps", 0),
-             ("rel_err_median", "median error", 3)]
+             ("context_ktoken_ms", "per 1k context (ms)", 4),
+             ("prefill_step_ms", "per prefill step (ms)", 3),
+             ("prefill_seq_ms", "per prefill seq (ms)", 3), ("num_steps", "steps", 0),
+             ("rel_err_median_decode", "median error: decode", 3),
+             ("rel_err_median_prefill", "prefill", 3), ("rel_err_median_mixed", "mixed", 3)]
 ERROR_TABLE = [("machine", "machine", 0), ("model", "model", 0), ("trace", "trace", 0),
                ("metric", "metric", 0), ("median_abs_err", "median |error|", 3),
-               ("max_abs_err", "largest |error|", 3), ("points", "points", 0)]
+               ("max_abs_err", "largest |error|", 3), ("points", "points", 0),
+               ("oracle_median_abs_err", "with measured steps", 3)]
 
 
 def fit(args) -> int:
     import pandas as pd
 
     from pagebench.analysis.serving import error_summary, prediction_table
-    from pagebench.measure.step_cost import cost_model, fit_step_cost, predict_serve_bench
+    from pagebench.measure.step_cost import (MeasuredSteps, cost_model, fit_step_cost,
+                                             predict_serve_bench, run_steps)
     from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 
     for option, path in (("--out", args.out), ("--predictions-out", args.predictions_out)):
@@ -347,17 +380,25 @@ def fit(args) -> int:
             measured = measured[measured["predicted"] != True]  # noqa: E712 -- NaN is measured
         models = {(r["model"], r["block_size"], r["kv_cache_dtype"], r["mode"] or None): r
                   for r in rows}
-        pairs = []
+        pairs, oracle = [], []
         for m in measured.to_dict("records"):
             mode = m.get("mode") if isinstance(m.get("mode"), str) else None
             model = models.get((m["model"], m["block_size"], m["kv_cache_dtype"], mode))
             if model is not None:
-                pairs.append((m, predict_serve_bench(m, cost_model(model))))
+                cost = cost_model(model)
+                pairs.append((m, predict_serve_bench(m, cost)))
+                oracle.append(predict_serve_bench(m, MeasuredSteps(run_steps(steps, m), cost)))
         if not pairs:
             raise ValueError(f"--validate: no row of {args.validate} has a fitted model")
         write_results(args.predictions_out, [p for _, p in pairs])
-        both = pd.DataFrame([m for m, _ in pairs] + [p for _, p in pairs])
-        errors = error_summary(prediction_table(both)).to_dict("records")
+        measured_rows = [m for m, _ in pairs]
+        errors = error_summary(prediction_table(pd.DataFrame(
+            measured_rows + [p for _, p in pairs])))
+        replayed = error_summary(prediction_table(pd.DataFrame(measured_rows + oracle)))
+        keys = ["machine", "model", "trace", "metric"]
+        errors = errors.merge(replayed[keys + ["median_abs_err"]].rename(
+            columns={"median_abs_err": "oracle_median_abs_err"}), on=keys, how="left")
+        errors = errors.to_dict("records")
         print()
         print(dumps(errors) if args.json else format_table(errors, ERROR_TABLE))
     return 0
@@ -368,7 +409,7 @@ def run_endpoint(args) -> int:
 
     from pagebench.measure.endpoint import server_info
     from pagebench.measure.serve_bench import serve_bench_endpoint, trace_requests
-    from pagebench.timing import environment
+    from pagebench.measure.timing import environment
 
     if not args.endpoint.startswith(("http://", "https://")):
         raise ValueError(f"--endpoint: expected an http:// or https:// URL, got "
@@ -396,9 +437,9 @@ def run_endpoint(args) -> int:
 
 
 def serve(args) -> int:
-    from pagebench.engine.bench import mode_options
+    from pagebench.measure.engine_bench import mode_options
     from pagebench.engine.engine import LLMEngine
-    from pagebench.timing import cpu_threads
+    from pagebench.measure.timing import cpu_threads
 
     try:
         from aiohttp import web

@@ -39,7 +39,7 @@ def load_model(model, dtype=None, device=None):
             raise ConfigError(
                 f"model: {model!r} {what}: not a local model directory (a Hugging Face id is not "
                 "downloaded: give a directory, e.g. from `huggingface-cli download`, or a model "
-                "with random weights: pagebench.engine.bench.tiny_model() or "
+                "with random weights: pagebench.measure.engine_bench.tiny_model() or "
                 "preset_model('qwen2.5-0.5b'))")
         model = AutoModelForCausalLM.from_pretrained(model, dtype=dtype or "auto")
         if device is not None:

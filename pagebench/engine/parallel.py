@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -39,13 +40,21 @@ import torch
 import torch.distributed as dist
 
 from pagebench.config import KVGeometry
-from pagebench.distributed import world_from_environment
 from pagebench.errors import ConfigError, PagebenchError, check_positive_int
 
 # (attention, MLP) projections split by output rows, then by input columns + all-reduce
 ROW_SPLIT = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"),
              ("mlp", "gate_proj"), ("mlp", "up_proj"))
 REDUCED = (("self_attn", "o_proj"), ("mlp", "down_proj"))
+
+
+def world_from_environment() -> tuple[int, int]:
+    """(rank, world size) of the default process group, or of torchrun's environment."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return 0, 1
+    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 @dataclass

@@ -9,7 +9,7 @@ machine with Python has, so nothing is downloaded. Its vocabulary is the 256 byt
 
 Random weights measure near-ties, not quality; this model has real structure (held-out
 perplexity far below the vocabulary's 260), so an fp8 cache's effect on its predictions is a
-measurement (:mod:`pagebench.engine.kv_accuracy`).
+measurement (:mod:`pagebench.measure.kv_accuracy`).
 
 Train and held-out files are fixed by a rule on each file's path relative to the standard
 library (:func:`is_held_out`), not by Python's version: a file held out on one version is held

@@ -25,11 +25,12 @@ def _as_paged(k, seq_lens, tables=None):
     return tables, seq_lens
 
 
-def triton_contiguous_decode(q, k, v, seq_lens, scale, *, tables=None, **kernel_options):
+def triton_contiguous_decode(q, k, v, seq_lens, scale, *, tables=None, launch=None):
     """``seq_lens=None`` means every sequence fills max_len; ``tables`` may be passed in
-    (``identity_tables``) so that timing loops allocate nothing."""
+    (``identity_tables``) so that timing loops allocate nothing; ``launch`` as
+    ``triton_paged_decode``'s."""
     tables, seq_lens = _as_paged(k, seq_lens, tables)
-    return triton_paged_decode(q, k, v, tables, seq_lens, scale, **kernel_options)
+    return triton_paged_decode(q, k, v, tables, seq_lens, scale, launch=launch)
 
 
 def prepare_triton_contiguous(q, k, v, seq_lens, scale):

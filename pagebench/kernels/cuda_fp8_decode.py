@@ -3,8 +3,8 @@ warp per (sequence, KV head, KV split), everything in registers.
 
 Why a second fp8 decode beside Triton's: Triton's paged decode puts the query rows in the MMA's
 M dimension (16 rows for 4-7 heads a group) and stages the converted K/V tiles through shared
-memory, so its fp8 loop is bound by that per-tile chain, not by the bytes it reads (0.66-0.74x
-the bf16 time on an H200 at blocks 16/128, docs/kernels.md). This kernel swaps the operands,
+memory, so its fp8 loop is bound by that per-tile chain, not by the bytes it reads
+(docs/kernels.md, "fp8 KV caches"). This kernel swaps the operands,
 as decode kernels with few query rows do: scores are computed transposed, ``S^T = K Q^T``, with
 16 tokens in M and up to 8 query rows of the group in N of ``mma.m16n8k16`` (a larger group
 takes one warp per 8 rows), and the output as ``O^T = V^T P^T``. The token and head-dim orders
@@ -39,15 +39,29 @@ block size, int32/int64 tables and lengths, on NVIDIA GPUs of compute capability
 loads bytes (exact, slow). A bf16 q is rescaled per head to fp16 by a power of two as in
 Triton's kernel (``rows_to_f16``); K's scale folds into the softmax scale and V's multiplies
 the output once.
+
+The source is ``cuda_fp8_decode.cu``, shipped as package data and read with
+``importlib.resources``; each build (``CudaBuild``) prepends its constants as ``#define``s.
+It is compiled with ``torch.cuda._compile_kernel``, a private function: torch 2.11 and 2.13
+have no public runtime compiler (the function's own docstring calls it
+``torch.cuda.compile_kernel``, a name neither version defines), ``cpp_extension.load_inline``
+builds a whole extension with the host compiler and nvcc rather than one kernel with NVRTC,
+and cuda-python's NVRTC bindings would be a new dependency for what torch already carries.
+``compiler_available`` checks for the private name, so a torch without it leaves the backend
+unregistered rather than broken.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib.resources
+from typing import NamedTuple
 
 import torch
 
 from pagebench.config import ceil_div
+from pagebench.kernels.launch_common import unit_stride_rows, wave_splits
 from pagebench.kernels.quant import is_fp8, nvidia_fp8_hardware
 from pagebench.kernels.reference import LOG2E
 
@@ -74,484 +88,70 @@ def heads_per_block(kv_heads: int, most: int = 4) -> int:
     return warps
 
 
-SOURCE = r"""
-typedef unsigned int u32;
-typedef unsigned short u16;
-typedef unsigned char u8;
-typedef long long i64;
-
-#define KW (HEAD_DIM / 16)  /* 32-bit words of a K row per lane (HEAD_DIM / 4 bytes) */
-#define VW (HEAD_DIM / 32)  /* words of a V row per lane (HEAD_DIM / 8 bytes) */
-#define MT (HEAD_DIM / 16)  /* MMA k-steps of S^T, and output tiles of O^T */
-#define STEP 16
-#define NEG_INF __int_as_float(0xff800000)
-
-__device__ __forceinline__ u32 fp8x2_lo(u32 w) {  /* bytes 0, 1 of w -> f16x2 */
-  u32 d;
-  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2." FP8_NAME "x2 %0, lo;}"
-      : "=r"(d) : "r"(w));
-  return d;
-}
-__device__ __forceinline__ u32 fp8x2_hi(u32 w) {  /* bytes 2, 3 of w -> f16x2 */
-  u32 d;
-  asm("{.reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.rn.f16x2." FP8_NAME "x2 %0, hi;}"
-      : "=r"(d) : "r"(w));
-  return d;
-}
-__device__ __forceinline__ u32 pack_f16x2(float lo, float hi) {
-  u32 d;
-  asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
-__device__ __forceinline__ u32 transpose8x8(u32 x) {
-  u32 d;
-  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(d) : "r"(x));
-  return d;
-}
-__device__ __forceinline__ void mma16816(float* acc, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
-                                         u32 b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ float q_to_float(u16 x) {
-#if Q_BF16
-  return __uint_as_float(((u32)x) << 16);
-#else
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x));
-  return f;
-#endif
-}
-__device__ __forceinline__ u16 float_to_out(float x) {
-  u16 h;
-#if Q_BF16
-  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-#else
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
-#endif
-  return h;
-}
-template <int N>
-__device__ __forceinline__ void load_words(const u8* p, u32* w) {  /* N words */
-#if !ALIGNED  /* a cache view whose rows are not 16-byte aligned: byte loads (slow, exact) */
-#pragma unroll
-  for (int i = 0; i < 4 * N; ++i) {
-    const u32 byte = p[i];
-    w[i / 4] = (i % 4 ? w[i / 4] : 0u) | (byte << (8 * (i % 4)));
-  }
-  return;
-#endif
-  if (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N; i += 4) {
-      uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i / 4);
-      w[i] = v.x; w[i + 1] = v.y; w[i + 2] = v.z; w[i + 3] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < N; i += 2) {
-      uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i / 2);
-      w[i] = v.x; w[i + 1] = v.y;
-    }
-  }
-}
-
-struct Step { u32 k[2][KW]; u32 v[4][VW]; };
-
-/* The block ids a step needs, loaded a step ahead of its K/V loads: with blocks of 16k tokens
-   the step's one block (every lane loads it), else lane i's is token t0 + i % 16's block. */
-__device__ __forceinline__ int load_ids(const TABLE_T* trow, int t0, int end, int lane) {
-#if BLOCK_SIZE % STEP == 0  /* the step's 16 tokens lie in one block (t0 % 16 == 0) */
-  return t0 < end ? (int)trow[t0 / BLOCK_SIZE] : 0;
-#else
-  const int pos = t0 + (lane & 15);
-  return pos < end ? (int)trow[pos / BLOCK_SIZE] : 0;
-#endif
-}
-
-/* The step's K rows (tokens r, r + 8: lane c takes bytes 16c .. 16c + 16 of each 64) and V
-   rows (tokens 2c, 2c+1, 2c+8, 2c+9: lane r's HEAD_DIM / 8 bytes) of this lane, with the
-   step's block ids `ids` (load_ids); tokens at or past `end` are zeros and read nothing
-   (their slots and table entries may hold anything). */
-__device__ __forceinline__ void load_step(Step& s, int t0, int end, int r, int c, int ids,
-                                          const u8* kbase, const u8* vbase, int stride_kb,
-                                          int stride_kt, int stride_vb, int stride_vt) {
-  int kblk[2], vblk[4];  /* every lane shuffles (before any branch) */
-#pragma unroll
-  for (int h = 0; h < 2; ++h) kblk[h] = BLOCK_SIZE % STEP == 0 ? ids
-                                        : __shfl_sync(0xffffffffu, ids, r + 8 * h);
-#pragma unroll
-  for (int h = 0; h < 4; ++h) vblk[h] = BLOCK_SIZE % STEP == 0 ? ids
-                                        : __shfl_sync(0xffffffffu, ids, 2 * c + (h & 1) + 8 * (h >> 1));
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int pos = t0 + r + 8 * h;
-    if (pos < end) {
-      const u8* row = kbase + (i64)kblk[h] * stride_kb + (i64)(pos % BLOCK_SIZE) * stride_kt;
-#pragma unroll
-      for (int j = 0; j < KW / 4; ++j) load_words<4>(row + 64 * j + 16 * c, &s.k[h][4 * j]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < KW; ++i) s.k[h][i] = 0u;
-    }
-  }
-#pragma unroll
-  for (int h = 0; h < 4; ++h) {
-    const int pos = t0 + 2 * c + (h & 1) + 8 * (h >> 1);
-    if (pos < end) {
-      load_words<VW>(vbase + (i64)vblk[h] * stride_vb + (i64)(pos % BLOCK_SIZE) * stride_vt,
-                     s.v[h]);
-    } else {
-#pragma unroll
-      for (int i = 0; i < VW; ++i) s.v[h][i] = 0u;
-    }
-  }
-}
-
-struct Softmax { float m0, m1, l0, l1; float acc[MT][4]; };
-
-/* One step of 16 tokens: scores S^T = K Q^T, the online softmax, O^T += V^T P^T. */
-__device__ __forceinline__ void attend_step(Softmax& st, const Step& s, u32 (*qf)[2],
-                                            float sc0, float sc1, int t0, int end, int r) {
-  float sa[4] = {0.f, 0.f, 0.f, 0.f}, sb[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {  /* two accumulators: half the dependent chain */
-    float* acc = (i & 1) ? sb : sa;
-    mma16816(acc, fp8x2_lo(s.k[0][i]), fp8x2_lo(s.k[1][i]), fp8x2_hi(s.k[0][i]),
-             fp8x2_hi(s.k[1][i]), qf[i][0], qf[i][1]);
-  }
-  float s0 = (sa[0] + sb[0]) * sc0, s1 = (sa[1] + sb[1]) * sc1;  /* token r */
-  float s2 = (sa[2] + sb[2]) * sc0, s3 = (sa[3] + sb[3]) * sc1;  /* token r + 8 */
-  if (t0 + STEP > end) {  /* the last, partial step (warp-uniform) */
-    if (t0 + r >= end) { s0 = NEG_INF; s1 = NEG_INF; }
-    if (t0 + r + 8 >= end) { s2 = NEG_INF; s3 = NEG_INF; }
-  }
-  float mt0 = fmaxf(s0, s2), mt1 = fmaxf(s1, s3);
-#pragma unroll
-  for (int o = 4; o < 32; o <<= 1) {
-    mt0 = fmaxf(mt0, __shfl_xor_sync(0xffffffffu, mt0, o));
-    mt1 = fmaxf(mt1, __shfl_xor_sync(0xffffffffu, mt1, o));
-  }
-  float mn0 = fmaxf(st.m0, mt0), mn1 = fmaxf(st.m1, mt1);  /* finite: one token is valid */
-  float alpha0 = exp2f(st.m0 - mn0), alpha1 = exp2f(st.m1 - mn1);
-  float p0 = exp2f(s0 - mn0), p1 = exp2f(s1 - mn1), p2 = exp2f(s2 - mn0), p3 = exp2f(s3 - mn1);
-  st.m0 = mn0; st.m1 = mn1;
-  st.l0 = st.l0 * alpha0 + p0 + p2;
-  st.l1 = st.l1 * alpha1 + p1 + p3;
-  u32 b0 = transpose8x8(pack_f16x2(p0, p1)), b1 = transpose8x8(pack_f16x2(p2, p3));
-#pragma unroll
-  for (int j = 0; j < MT; ++j) {
-    st.acc[j][0] *= alpha0; st.acc[j][1] *= alpha1;
-    st.acc[j][2] *= alpha0; st.acc[j][3] *= alpha1;
-    const int u = j >> 1;
-    const u32 sel = (j & 1) ? 0x7362u : 0x5140u;
-    u32 d1 = __byte_perm(s.v[0][u], s.v[1][u], sel), d2 = __byte_perm(s.v[2][u], s.v[3][u], sel);
-    mma16816(st.acc[j], fp8x2_lo(d1), fp8x2_hi(d1), fp8x2_lo(d2), fp8x2_hi(d2), b0, b1);
-  }
-}
-
-#if SPLIT_WARPS > 1
-/* The SPLIT_WARPS splits of a block merged in shared memory into one partial (or the output,
-   with one partial per head): each warp rescales its state to the block's running max of its
-   rows, then the block's threads sum the warps' states over (KV head, row, dim). */
-__device__ __forceinline__ void merge_splits(const Softmax& st, u16* OUT, float* PART,
-                                             const float* V_SCALE, int num_parts, int ml_offset,
-                                             int q_heads, int seq, int row0, int hw, int r,
-                                             int c) {
-  __shared__ float ml[SPLIT_WARPS][WARPS][8][2];  /* (m, l) of each warp's 8 rows */
-  /* row, dim r D/8 + t at row (D + 4) + 8 t + r: a warp's stores, and a thread's reads in
-     phase 3, touch 32 banks */
-  __shared__ float acc[SPLIT_WARPS][WARPS][8 * (HEAD_DIM + 4)];
-  const int sw = (threadIdx.x >> 5) / WARPS;
-  if (r == 0) {
-    ml[sw][hw][2 * c][0] = st.m0; ml[sw][hw][2 * c + 1][0] = st.m1;
-  }
-  __syncthreads();
-  float m0 = NEG_INF, m1 = NEG_INF;
-#pragma unroll
-  for (int s = 0; s < SPLIT_WARPS; ++s) {
-    m0 = fmaxf(m0, ml[s][hw][2 * c][0]);
-    m1 = fmaxf(m1, ml[s][hw][2 * c + 1][0]);
-  }
-  const float w0 = st.m0 > NEG_INF ? exp2f(st.m0 - m0) : 0.f;  /* an empty split weighs 0 */
-  const float w1 = st.m1 > NEG_INF ? exp2f(st.m1 - m1) : 0.f;
-  if (r == 0) {
-    ml[sw][hw][2 * c][1] = st.l0 * w0; ml[sw][hw][2 * c + 1][1] = st.l1 * w1;
-  }
-#pragma unroll
-  for (int t = 0; t < HEAD_DIM / 8; ++t) {  /* this lane's dims r D/8 + t */
-    acc[sw][hw][2 * c * (HEAD_DIM + 4) + 8 * t + r] = st.acc[t >> 1][2 * (t & 1)] * w0;
-    acc[sw][hw][(2 * c + 1) * (HEAD_DIM + 4) + 8 * t + r] = st.acc[t >> 1][2 * (t & 1) + 1] * w1;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < WARPS * 8 * HEAD_DIM; i += WARPS * SPLIT_WARPS * 32) {
-    const int rr = i % 8, t = (i / 8) % (HEAD_DIM / 8), row = (i / HEAD_DIM) % 8;
-    const int h = i / (8 * HEAD_DIM), d = rr * (HEAD_DIM / 8) + t;
-    if (row0 + row >= GROUP) continue;
-    const int kvh = (blockIdx.y / QCHUNKS) * WARPS + h;
-    const int head = kvh * GROUP + row0 + row;
-    float sum = 0.f, l = 0.f, m = NEG_INF;
-#pragma unroll
-    for (int s = 0; s < SPLIT_WARPS; ++s) {
-      sum += acc[s][h][row * (HEAD_DIM + 4) + 8 * t + rr];
-      l += ml[s][h][row][1];
-      m = fmaxf(m, ml[s][h][row][0]);
-    }
-    const float vs = V_SCALE[kvh];
-    if (num_parts == 1) {
-      OUT[((i64)seq * q_heads + head) * HEAD_DIM + d] = float_to_out(sum * vs / l);
-    } else {
-      const i64 part = ((i64)seq * q_heads + head) * num_parts + blockIdx.z;
-      PART[part * HEAD_DIM + d] = sum * vs;
-      if (d == 0) {
-        PART[ml_offset + part * 2] = m;
-        PART[ml_offset + part * 2 + 1] = l;
-      }
-    }
-  }
-}
-#endif
-
-extern "C" __global__ void __launch_bounds__(WARPS * SPLIT_WARPS * 32, MIN_BLOCKS)
-fp8_paged_decode(
-    const u16* Q, const u8* K, const u8* V, const TABLE_T* TABLES, const SEQ_T* SEQ_LENS,
-    u16* OUT, float* PART, const float* K_SCALE, const float* V_SCALE, double scale_log2e,
-    int tokens_per_split, int num_parts, int ml_offset, int stride_qs, int stride_qh,
-    int stride_kb, int stride_kt, int stride_kh, int stride_vb, int stride_vt, int stride_vh,
-    int stride_ts, int q_heads) {
-  const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-  /* grid y: (KV heads / WARPS) x QCHUNKS, grid z: the partials (groups of SPLIT_WARPS splits).
-     Warp w of a block reads KV head w % WARPS (a block's WARPS heads are adjacent: the same
-     tokens) of split SPLIT_WARPS z + w / WARPS; a group of more than 8 query heads is read in
-     chunks of 8 rows, each chunk's warp reading its KV head's tokens again (mostly from L2). */
-  const int qchunk = blockIdx.y % QCHUNKS, hw = (threadIdx.x >> 5) % WARPS;
-  const int seq = blockIdx.x, kvh = (blockIdx.y / QCHUNKS) * WARPS + hw;
-  const int split = blockIdx.z * SPLIT_WARPS + (threadIdx.x >> 5) / WARPS;
-  const int row0 = 8 * qchunk;  /* the chunk's first row in the group */
-  const int seq_len = (int)SEQ_LENS[seq];
-  const int start = split * tokens_per_split;
-  const int end = min(start + tokens_per_split, seq_len);
-
-  /* the first step's loads go out before q's: its latency overlaps theirs */
-  const TABLE_T* trow = TABLES + (i64)seq * stride_ts;
-  const u8* kbase = K + (i64)kvh * stride_kh;
-  const u8* vbase = V + (i64)kvh * stride_vh + r * (HEAD_DIM / 8);
-  Step a, b;  /* ping-pong: the next step's loads are in flight while this one computes */
-  if (start < end) load_step(a, start, end, r, c, load_ids(trow, start, end, lane), kbase,
-                             vbase, stride_kb, stride_kt, stride_vb, stride_vt);
-  int ids = load_ids(trow, start + STEP, end, lane);  /* the next step's */
-
-  /* q row row0 + r of the group (zeros past it): the dims of this lane's K words, as fp16 MMA
-     fragments (K word i is dims 64 (i / 4) + 16 c + 4 (i % 4) .. + 4) */
-  float qv[HEAD_DIM / 4];
-  float amax = 0.f;
-  const u16* qrow = Q + (i64)seq * stride_qs + (i64)(kvh * GROUP + row0 + r) * stride_qh
-                    + 16 * c;
-#pragma unroll
-  for (int d = 0; d < HEAD_DIM / 4; ++d) {
-    qv[d] = row0 + r < GROUP ? q_to_float(qrow[64 * (d >> 4) + (d & 15)]) : 0.f;
-    amax = fmaxf(amax, fabsf(qv[d]));
-  }
-  float row_mul = 1.f, row_scale = 1.f;
-#if Q_BF16  /* the row's largest magnitude into [2^14, 2^15): exact in fp16 */
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-  amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-  if (amax > 0.f) {
-    int e;
-    frexpf(amax, &e);  /* amax in [2^(e-1), 2^e) */
-    row_mul = exp2f((float)(15 - e));
-    row_scale = exp2f((float)(e - 15));
-  }
-#endif
-  u32 qf[MT][2];
-#pragma unroll
-  for (int i = 0; i < MT; ++i) {
-    qf[i][0] = pack_f16x2(qv[4 * i] * row_mul, qv[4 * i + 1] * row_mul);
-    qf[i][1] = pack_f16x2(qv[4 * i + 2] * row_mul, qv[4 * i + 3] * row_mul);
-  }
-  /* the score scale of query rows 2c and 2c + 1 (lane 4 q holds row q's power of two) */
-  const float base = (float)scale_log2e * K_SCALE[kvh];
-  const float sc0 = base * __shfl_sync(0xffffffffu, row_scale, 8 * c);
-  const float sc1 = base * __shfl_sync(0xffffffffu, row_scale, 8 * c + 4);
-
-  Softmax st;
-  st.m0 = NEG_INF; st.m1 = NEG_INF; st.l0 = 0.f; st.l1 = 0.f;
-#pragma unroll
-  for (int j = 0; j < MT; ++j) st.acc[j][0] = st.acc[j][1] = st.acc[j][2] = st.acc[j][3] = 0.f;
-
-  for (int t0 = start; t0 < end; t0 += 2 * STEP) {
-    if (t0 + STEP < end) {
-      load_step(b, t0 + STEP, end, r, c, ids, kbase, vbase, stride_kb, stride_kt, stride_vb,
-                stride_vt);
-      ids = load_ids(trow, t0 + 2 * STEP, end, lane);
-    }
-    attend_step(st, a, qf, sc0, sc1, t0, end, r);
-    if (t0 + STEP >= end) break;
-    if (t0 + 2 * STEP < end) {
-      load_step(a, t0 + 2 * STEP, end, r, c, ids, kbase, vbase, stride_kb, stride_kt,
-                stride_vb, stride_vt);
-      ids = load_ids(trow, t0 + 3 * STEP, end, lane);
-    }
-    attend_step(st, b, qf, sc0, sc1, t0 + STEP, end, r);
-  }
-#pragma unroll
-  for (int o = 4; o < 32; o <<= 1) {
-    st.l0 += __shfl_xor_sync(0xffffffffu, st.l0, o);
-    st.l1 += __shfl_xor_sync(0xffffffffu, st.l1, o);
-  }
-#if SPLIT_WARPS > 1
-  merge_splits(st, OUT, PART, V_SCALE, num_parts, ml_offset, q_heads, seq, row0, hw, r, c);
-#else
-  const float vs = V_SCALE[kvh];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {  /* query rows 2c and 2c + 1 */
-    const int row = row0 + 2 * c + h;
-    if (row >= GROUP) continue;
-    const int head = kvh * GROUP + row;
-    const float m = h ? st.m1 : st.m0, l = h ? st.l1 : st.l0;
-    const int dim0 = r * (HEAD_DIM / 8);
-    if (num_parts == 1) {
-      u16* o = OUT + ((i64)seq * q_heads + head) * HEAD_DIM + dim0;
-      const float f = vs / l;
-#pragma unroll
-      for (int t = 0; t < HEAD_DIM / 8; ++t) o[t] = float_to_out(st.acc[t >> 1][2 * (t & 1) + h] * f);
-    } else {
-      const i64 part = ((i64)seq * q_heads + head) * num_parts + blockIdx.z;
-      float4* o = reinterpret_cast<float4*>(PART + part * HEAD_DIM + dim0);
-#pragma unroll
-      for (int t = 0; t < HEAD_DIM / 8; t += 2)  /* dims t, t + 1: tile t / 2, rows r, r + 8 */
-        if (t % 4 == 0) o[t / 4] = make_float4(st.acc[t >> 1][h] * vs, st.acc[t >> 1][2 + h] * vs,
-                                               st.acc[(t >> 1) + 1][h] * vs,
-                                               st.acc[(t >> 1) + 1][2 + h] * vs);
-      if (r == 0) {
-        PART[ml_offset + part * 2] = m;
-        PART[ml_offset + part * 2 + 1] = l;
-      }
-    }
-  }
-#endif
-}
-
-/* The partial outputs of one (sequence, query head) merged: block x = seq * q_heads +
-   head; the weights exp2(m_i - max m) first, then COMBINE_WARPS warps each summing a share of
-   the splits (lane: dims lane + 32 k), then the warps' sums added. */
-extern "C" __global__ void __launch_bounds__(COMBINE_WARPS * 32) fp8_decode_combine(
-    const float* PART, u16* OUT, int num_splits, int ml_offset) {
-  __shared__ float weight[MAX_SPLITS];
-  __shared__ float partial[COMBINE_WARPS][HEAD_DIM];
-  __shared__ float reduce[COMBINE_WARPS];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const i64 base = (i64)blockIdx.x * num_splits;
-  const float* ML = PART + ml_offset;
-  float m = NEG_INF;
-  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) m = fmaxf(m, ML[(base + i) * 2]);
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) reduce[warp] = m;
-  __syncthreads();
-  m = reduce[0];
-#pragma unroll
-  for (int w = 1; w < COMBINE_WARPS; ++w) m = fmaxf(m, reduce[w]);
-  __syncthreads();
-  float den = 0.f;
-  for (int i = tid; i < num_splits; i += COMBINE_WARPS * 32) {
-    const float mi = ML[(base + i) * 2];
-    const float w = mi > NEG_INF ? exp2f(mi - m) : 0.f;  /* empty splits weigh 0 */
-    weight[i] = w;
-    den += w * ML[(base + i) * 2 + 1];
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-  if (lane == 0) reduce[warp] = den;
-  __syncthreads();
-  den = 0.f;
-#pragma unroll
-  for (int w = 0; w < COMBINE_WARPS; ++w) den += reduce[w];
-  float acc[HEAD_DIM / 32];
-#pragma unroll
-  for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] = 0.f;
-#pragma unroll 8
-  for (int i = warp; i < num_splits; i += COMBINE_WARPS) {
-    const float w = weight[i];
-    const float* p = PART + (base + i) * HEAD_DIM + lane;
-#pragma unroll
-    for (int k = 0; k < HEAD_DIM / 32; ++k) acc[k] += w * p[32 * k];
-  }
-#pragma unroll
-  for (int k = 0; k < HEAD_DIM / 32; ++k) partial[warp][lane + 32 * k] = acc[k];
-  __syncthreads();
-  for (int d = tid; d < HEAD_DIM; d += COMBINE_WARPS * 32) {
-    float sum = 0.f;
-#pragma unroll
-    for (int w = 0; w < COMBINE_WARPS; ++w) sum += partial[w][d];
-    OUT[(i64)blockIdx.x * HEAD_DIM + d] = float_to_out(sum / den);
-  }
-}
-/* The wide merge: block (x, y) = (seq * q_heads + head, dims 32 y .. 32 y + 31), blockDim.x / 32
-   warps (up to 32). Warp w sums splits w, w + warps, ... for its lane's dim: a warp holds few
-   splits, and loads its first WIDE_AHEAD partials at once, before the splits' (m, l) are read
-   into shared memory (one per thread) and turned into weights. */
-extern "C" __global__ void __launch_bounds__(1024) fp8_decode_combine_wide(
-    const float* PART, u16* OUT, int num_splits, int ml_offset) {
-  __shared__ float weight[MAX_SPLITS];
-  __shared__ float reduce[2][32];
-  __shared__ float partial[32][33];
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, warps = blockDim.x >> 5;
-  const i64 base = (i64)blockIdx.x * num_splits;
-  const float2* ML = reinterpret_cast<const float2*>(PART + ml_offset);
-  /* this lane's first partials, loaded before the weights are known: one round of loads */
-  const float* p = PART + base * HEAD_DIM + 32 * blockIdx.y + lane;
-  float ahead[WIDE_AHEAD];
-#pragma unroll
-  for (int k = 0; k < WIDE_AHEAD; ++k) {
-    const int i = warp + k * warps;
-    ahead[k] = i < num_splits ? p[(i64)i * HEAD_DIM] : 0.f;
-  }
-  float m = NEG_INF;
-  for (int i = tid; i < num_splits; i += blockDim.x) {
-    const float2 ml = ML[base + i];
-    weight[i] = ml.x;
-    m = fmaxf(m, ml.x);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (lane == 0) reduce[0][warp] = m;
-  __syncthreads();
-  m = reduce[0][0];
-  for (int w = 1; w < warps; ++w) m = fmaxf(m, reduce[0][w]);
-  float den = 0.f;
-  for (int i = tid; i < num_splits; i += blockDim.x) {
-    const float mi = weight[i];
-    const float w = mi > NEG_INF ? exp2f(mi - m) : 0.f;  /* empty splits weigh 0 */
-    weight[i] = w;
-    den += w * ML[base + i].y;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(0xffffffffu, den, o);
-  if (lane == 0) reduce[1][warp] = den;
-  __syncthreads();
-  float acc = 0.f;
-#pragma unroll
-  for (int k = 0; k < WIDE_AHEAD; ++k) {
-    const int i = warp + k * warps;
-    if (i < num_splits) acc += weight[i] * ahead[k];
-  }
-  for (int i = warp + WIDE_AHEAD * warps; i < num_splits; i += warps)
-    acc += weight[i] * p[(i64)i * HEAD_DIM];
-  partial[warp][lane] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    float sum = 0.f, total = 0.f;
-    for (int w = 0; w < warps; ++w) { sum += partial[w][lane]; total += reduce[1][w]; }
-    OUT[(i64)blockIdx.x * HEAD_DIM + 32 * blockIdx.y + lane] = float_to_out(sum / total);
-  }
-}
-"""
-
+SOURCE_FILE = "cuda_fp8_decode.cu"  # package data beside this module
 _INDEX_TYPES = {torch.int32: "int", torch.int64: "long long"}
+KERNELS = ("fp8_paged_decode", "fp8_decode_combine", "fp8_decode_combine_wide")
+WIDE_COMBINE_SPLITS = 32  # from this many partials on, the wide combine (fewer: a block per head)
+COMBINES = ("block", "wide")  # CudaDecodeLaunch.combine: a block per head, or the wide one
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CudaDecodeLaunch:
+    """How ``cuda_fp8_paged_decode`` launches; None is the default's choice.
+
+    ``num_splits``: KV splits of every sequence's table (default ``choose_splits``);
+    ``warps_per_block``: warps of a block; ``split_warps``: how many of them read consecutive
+    splits of one KV head and merge them in the block (one partial for the combine instead of
+    ``split_warps``), the block's others taking adjacent KV heads (``heads_per_block``); by
+    default ``MERGED_SPLIT_WARPS`` from ``MERGE_FROM_SPLITS`` splits on, else 1;
+    ``min_blocks``: blocks per SM the compiler must fit (a register cap); ``combine``: the
+    merge of the partials, ``"block"`` (a block per query head) or ``"wide"`` (a block per 32
+    dims of a head), by default wide from ``WIDE_COMBINE_SPLITS`` partials on.
+    """
+
+    num_splits: int | None = None
+    warps_per_block: int = 4
+    split_warps: int | None = None
+    min_blocks: int = 1
+    combine: str | None = None
+
+    def __post_init__(self):
+        for name in ("num_splits", "warps_per_block", "split_warps", "min_blocks"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name}: expected a positive int, got {value!r}")
+        if self.combine not in (None, *COMBINES):
+            raise ValueError(f"combine: expected one of {COMBINES} or None, got "
+                             f"{self.combine!r}")
+
+
+DEFAULT_LAUNCH = CudaDecodeLaunch()
+
+
+class CudaBuild(NamedTuple):
+    """The constants one compiled build of ``SOURCE_FILE`` is specialised for."""
+
+    head_dim: int
+    group: int  # query heads per KV head
+    block_size: int
+    fp8_name: str  # "e4m3" or "e5m2"
+    q_bf16: bool  # q (and out) bf16, else fp16
+    table_t: str  # C type of the block tables
+    seq_t: str  # ... and of the lengths
+    heads_per_block: int  # KV heads of a block (warps per split)
+    min_blocks: int = 1  # blocks per SM the compiler must fit
+    aligned: bool = True  # caches of 16-byte rows (else byte loads)
+    split_warps: int = 1  # a block's warps on consecutive splits of one KV head
+
+    @property
+    def block_warps(self) -> int:
+        return self.heads_per_block * self.split_warps
+
+
+@functools.lru_cache(maxsize=1)
+def _source() -> str:
+    return importlib.resources.files(__package__).joinpath(SOURCE_FILE).read_text()
 
 
 @functools.lru_cache(maxsize=1)
@@ -592,33 +192,24 @@ def unsupported_reason(q, k_cache, v_cache) -> str | None:
     return None
 
 
-def kernel_source(head_dim: int, group: int, block_size: int, fp8_name: str, q_bf16: bool,
-                  table_t: str, seq_t: str, warps: int, min_blocks: int = 1,
-                  aligned: bool = True, split_warps: int = 1) -> str:
-    """The CUDA source of one build: ``SOURCE`` after the constants it is compiled for (``fp8_name``
-    "e4m3" or "e5m2", ``table_t``/``seq_t`` C types of the tables and lengths)."""
-    defines = dict(HEAD_DIM=head_dim, GROUP=group, BLOCK_SIZE=block_size,
-                   FP8_NAME=f'"{fp8_name}"', Q_BF16=int(q_bf16), TABLE_T=table_t, SEQ_T=seq_t,
-                   QCHUNKS=ceil_div(group, MMA_N), WARPS=warps, MIN_BLOCKS=min_blocks,
-                   ALIGNED=int(aligned), COMBINE_WARPS=COMBINE_WARPS, MAX_SPLITS=MAX_SPLITS,
-                   WIDE_AHEAD=WIDE_AHEAD, SPLIT_WARPS=split_warps)
-    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + SOURCE
-
-
-KERNELS = ("fp8_paged_decode", "fp8_decode_combine", "fp8_decode_combine_wide")
-WIDE_COMBINE_SPLITS = 32  # from this many partials on, the wide combine (fewer: a block per head)
-# An A/B switch for scripts: 1 or 2 forces the block-per-head or the wide combine; 0 skips the
-# combine (the split kernel timed alone: the output is then not the result); None: by splits
-COMBINE = None
+def kernel_source(build: CudaBuild) -> str:
+    """The CUDA source of one build: ``SOURCE_FILE`` after a ``#define`` of each constant."""
+    defines = dict(HEAD_DIM=build.head_dim, GROUP=build.group, BLOCK_SIZE=build.block_size,
+                   FP8_NAME=f'"{build.fp8_name}"', Q_BF16=int(build.q_bf16),
+                   TABLE_T=build.table_t, SEQ_T=build.seq_t,
+                   QCHUNKS=ceil_div(build.group, MMA_N), WARPS=build.heads_per_block,
+                   MIN_BLOCKS=build.min_blocks, ALIGNED=int(build.aligned),
+                   COMBINE_WARPS=COMBINE_WARPS, MAX_SPLITS=MAX_SPLITS, WIDE_AHEAD=WIDE_AHEAD,
+                   SPLIT_WARPS=build.split_warps)
+    return "".join(f"#define {k} {v}\n" for k, v in defines.items()) + _source()
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(*build):
-    """(split kernel, combine kernel, warps the GPU holds at once) for ``kernel_source``'s
-    arguments ``build``."""
-    source = kernel_source(*build)
+def _compiled(build: CudaBuild):
+    """(split kernel, combine kernels, warps the GPU holds at once) of ``build``."""
+    source = kernel_source(build)
     split, *combines = (torch.cuda._compile_kernel(source, name) for name in KERNELS)
-    return split, combines, _resident_warps(split, build[7] * build[10])
+    return split, combines, _resident_warps(split, build.block_warps)
 
 
 def _resident_warps(kernel, warps: int) -> int:
@@ -635,107 +226,93 @@ def _resident_warps(kernel, warps: int) -> int:
     return max(1, blocks.value) * warps * sms
 
 
-@functools.lru_cache(maxsize=1024)
 def choose_splits(units: int, capacity: int, slots: int, merged: int = 1) -> tuple[int, int]:
     """(splits, tokens per split) of each of ``units`` (sequence, KV head) pairs' ``capacity``
-    tokens, from a wave model: ``units x splits`` warps (rounded up to whole blocks of
-    ``merged`` splits) run ``slots`` at a time, so the kernel
-    takes about ``waves x (steps per split + SPLIT_OVERHEAD_STEPS)`` step times, and the combine
-    one more per ``COMBINE_SPLITS_PER_STEP`` partials (a partial per ``merged`` splits). The
-    cheapest wins, the fewest splits on ties."""
-    steps = ceil_div(capacity, STEP)
-    best, best_cost = (1, steps * STEP), None
-    for splits in range(1, min(MAX_SPLITS, steps) + 1):
-        per_split = ceil_div(steps, splits)  # steps, rounded up
-        used = ceil_div(steps, per_split)  # splits that then hold any tokens
-        parts = ceil_div(used, merged)  # a block's empty split warps take slots too
-        cost = ceil_div(units * parts * merged, slots) * (per_split + SPLIT_OVERHEAD_STEPS)
-        cost += ceil_div(parts, COMBINE_SPLITS_PER_STEP) if parts > 1 else 0
-        if best_cost is None or cost < best_cost:
-            best, best_cost = (used, per_split * STEP), cost
-    return best
+    tokens: ``launch_common.wave_splits`` in 16-token steps, warps in blocks of ``merged``
+    splits (a block's empty split warps take slots too), a warp's fixed cost
+    ``SPLIT_OVERHEAD_STEPS``, the combine one step per ``COMBINE_SPLITS_PER_STEP``
+    partials."""
+    return wave_splits(units, capacity, STEP, slots, overhead_steps=SPLIT_OVERHEAD_STEPS,
+                       merge_per_step=COMBINE_SPLITS_PER_STEP, max_splits=MAX_SPLITS,
+                       merged=merged)
 
 
 @functools.lru_cache(maxsize=1024)
-def _plan(build: tuple, num_seqs: int, q_heads: int, kv_heads: int, capacity: int,
-          num_splits: int | None, warps_per_block: int, split_warps: int | None):
-    """The launch of one call (``cuda_fp8_paged_decode``'s options; ``build``: the source's
-    constants but the warps): (split kernel, combine kernels, KV heads per block, split warps,
-    splits, tokens per split)."""
-    *source, aligned, min_blocks = build
-    head_dim = source[0]
+def _plan(build: CudaBuild, num_seqs: int, q_heads: int, kv_heads: int, capacity: int,
+          launch: CudaDecodeLaunch):
+    """The launch of one call: (split kernel, combine kernels, build, splits, tokens per
+    split). ``build``'s ``heads_per_block`` and ``split_warps`` are replaced by the launch's."""
     units = num_seqs * kv_heads * ceil_div(q_heads // kv_heads, MMA_N)  # warps per split
+    split_warps, num_splits = launch.split_warps, launch.num_splits
     if split_warps is None:  # as many splits as the one-head-per-warp layout would take
-        heads = heads_per_block(kv_heads, warps_per_block)
-        slots = _compiled(*source, heads, min_blocks, aligned, 1)[2]
+        one = build._replace(heads_per_block=heads_per_block(kv_heads, launch.warps_per_block),
+                             split_warps=1)
+        slots = _compiled(one)[2]
         few = (num_splits or choose_splits(units, capacity, slots)[0]) < MERGE_FROM_SPLITS
         split_warps = 1 if few else MERGED_SPLIT_WARPS
-    heads = heads_per_block(kv_heads, max(1, warps_per_block // split_warps))
-    if split_warps * heads * (head_dim + 4) > SPLIT_MERGE_FLOATS:
-        raise ValueError(f"split_warps: {split_warps} x {heads} warps of head dim {head_dim} "
-                         "need more than 48 KB of shared memory")
-    split, combines, slots = _compiled(*source, heads, min_blocks, aligned, split_warps)
+    heads = heads_per_block(kv_heads, max(1, launch.warps_per_block // split_warps))
+    if split_warps * heads * (build.head_dim + 4) > SPLIT_MERGE_FLOATS:
+        raise ValueError(f"split_warps: {split_warps} x {heads} warps of head dim "
+                         f"{build.head_dim} need more than 48 KB of shared memory")
+    build = build._replace(heads_per_block=heads, split_warps=split_warps)
+    split, combines, slots = _compiled(build)
     if num_splits is None:
         splits, per_split = choose_splits(units, capacity, slots, split_warps)
     else:
-        per_split = ceil_div(ceil_div(capacity, max(1, min(num_splits, MAX_SPLITS))), STEP) * STEP
+        per_split = ceil_div(ceil_div(capacity, min(num_splits, MAX_SPLITS)), STEP) * STEP
         splits = ceil_div(capacity, per_split)
-    if splits > 1 and num_seqs * q_heads * splits * (head_dim + 2) >= 2 ** 31:
+    if splits > 1 and num_seqs * q_heads * splits * (build.head_dim + 2) >= 2 ** 31:
         # the kernel takes the partials' offsets as 32-bit ints: so many sequences fill the
         # GPU with one split each anyway
         per_split, splits = ceil_div(capacity, STEP) * STEP, 1
-    return split, combines, heads, split_warps, splits, per_split
+    return split, combines, build, splits, per_split
 
 
 def cuda_fp8_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale, v_scale,
-                          *, num_splits: int | None = None, warps_per_block: int = 4,
-                          split_warps: int | None = None, min_blocks: int = 1) -> torch.Tensor:
+                          launch: CudaDecodeLaunch | None = None) -> torch.Tensor:
     """Paged decode of an fp8 cache; arguments as ``triton_paged_decode`` (validated; scales
     float32 tensors ``[num_kv_heads]``), in a layout ``unsupported_reason`` accepts (else a
-    ``ValueError``). ``num_splits`` overrides ``choose_splits``. A block has ``warps_per_block``
-    warps: ``split_warps`` of them read consecutive splits of one KV head and merge them in the
-    block (one partial for the combine instead of ``split_warps``), the block's others
-    adjacent KV heads (``heads_per_block``); by default ``MERGED_SPLIT_WARPS`` from
-    ``MERGE_FROM_SPLITS`` splits on, else 1. ``min_blocks``: blocks per SM the compiler must fit
-    (a register cap). No device sync: the call can be captured in a CUDA graph."""
+    ``ValueError``); ``launch``: a ``CudaDecodeLaunch`` (None: the defaults). No device sync:
+    the call can be captured in a CUDA graph."""
     reason = unsupported_reason(q, k_cache, v_cache)
     if reason:
         raise ValueError(reason)
-    q = q if q.stride(-1) == 1 else q.contiguous()  # as Triton's: rows of unit stride
-    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
+    launch = launch or DEFAULT_LAUNCH
+    q, block_tables, seq_lens = unit_stride_rows(q, block_tables, seq_lens)
     num_seqs, q_heads, head_dim = q.shape
     _, block_size, kv_heads, _ = k_cache.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if num_seqs == 0:
         return out
-    build = (head_dim, q_heads // kv_heads, block_size,
-             "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2", q.dtype == torch.bfloat16,
-             _INDEX_TYPES[block_tables.dtype], _INDEX_TYPES[seq_lens.dtype],
-             _aligned(k_cache) and _aligned(v_cache), min_blocks)
-    split, combines, heads, split_warps, splits, per_split = _plan(
-        build, num_seqs, q_heads, kv_heads, block_tables.shape[1] * block_size, num_splits,
-        warps_per_block, split_warps)
-    groups = ceil_div(splits, split_warps)  # the partials per head: a block's splits merged
+    build = CudaBuild(head_dim, q_heads // kv_heads, block_size,
+                      "e4m3" if k_cache.dtype == torch.float8_e4m3fn else "e5m2",
+                      q.dtype == torch.bfloat16, _INDEX_TYPES[block_tables.dtype],
+                      _INDEX_TYPES[seq_lens.dtype], heads_per_block=1,
+                      min_blocks=launch.min_blocks,
+                      aligned=_aligned(k_cache) and _aligned(v_cache))
+    split, combines, build, splits, per_split = _plan(
+        build, num_seqs, q_heads, kv_heads, block_tables.shape[1] * block_size, launch)
+    groups = ceil_div(splits, build.split_warps)  # partials per head: a block's splits merged
     parts = num_seqs * q_heads * groups
     part = (torch.empty(parts * (head_dim + 2), device=q.device, dtype=torch.float32)
             if groups > 1 else out)  # with one partial the kernel writes out directly
     k8, v8 = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     qchunks = ceil_div(q_heads // kv_heads, MMA_N)
-    split(grid=(num_seqs, kv_heads // heads * qchunks, groups),
-          block=(LANES * heads * split_warps, 1, 1),
+    split(grid=(num_seqs, kv_heads // build.heads_per_block * qchunks, groups),
+          block=(LANES * build.block_warps, 1, 1),
           args=[q, k8, v8, block_tables, seq_lens, out, part, k_scale, v_scale,
                 float(scale * LOG2E), per_split, groups,
                 parts * head_dim if groups > 1 else 0,
                 q.stride(0), q.stride(1), k8.stride(0), k8.stride(1), k8.stride(2),
                 v8.stride(0), v8.stride(1), v8.stride(2), block_tables.stride(0), q_heads])
-    if groups > 1:
-        kind = COMBINE if COMBINE is not None else 2 if groups >= WIDE_COMBINE_SPLITS else 1
-        if kind == 1:
-            combines[0](grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
-                        args=[part, out, groups, parts * head_dim])
-        elif kind == 2:  # a warp per few partials: all of a warp's loads in flight at once
-            warps = min(32, ceil_div(groups, 4))
-            combines[1](grid=(num_seqs * q_heads, head_dim // LANES, 1),
-                        block=(LANES * warps, 1, 1), args=[part, out, groups, parts * head_dim])
+    if groups == 1:
+        return out
+    combine = launch.combine or ("wide" if groups >= WIDE_COMBINE_SPLITS else "block")
+    if combine == "block":
+        combines[0](grid=(num_seqs * q_heads, 1, 1), block=(LANES * COMBINE_WARPS, 1, 1),
+                    args=[part, out, groups, parts * head_dim])
+    else:  # a warp per few partials: all of a warp's loads in flight at once
+        warps = min(32, ceil_div(groups, 4))
+        combines[1](grid=(num_seqs * q_heads, head_dim // LANES, 1),
+                    block=(LANES * warps, 1, 1), args=[part, out, groups, parts * head_dim])
     return out

@@ -14,8 +14,11 @@ is an fp16, bf16 and fp32 value), to fp16 unless q is fp32: a bf16 q is rescaled
 fp16 (``rows_to_f16``) so the dots take the format fp8 converts to in one instruction, and V
 converts in registers (``fp8_to_f16``). Its per-KV-head scales are applied where they cost
 nothing: ``k_scale`` folds into the softmax scale, ``v_scale`` multiplies the fp32
-accumulator once at the end. With one split the program normalises and writes ``out``
-directly; with several (flash-decoding, so one long sequence at batch 1 still fills the GPU),
+accumulator once at the end. By default the split size follows the batch's own lengths,
+read on the device (``split_tokens``): a ragged batch's long sequences take many splits, its
+short ones one, and the grid is a list of work items (a sequence's splits one after another)
+that each program finds its (sequence, split) in. A sequence of one split normalises and
+writes ``out`` directly; with several (flash-decoding, so one long sequence still fills the GPU),
 it writes its unnormalised partial output and (max, sum); up to ``FUSED_MERGE_SPLITS``
 splits it also counts itself in a counter of its (sequence, KV head(s)), and the last of their
 splits to arrive merges all their partials into ``out`` (``merge_splits``): one launch. With
@@ -27,11 +30,12 @@ On a machine without a GPU the kernels run interpreted on CPU tensors
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 
 import torch
 
 from pagebench.config import ceil_div
+from pagebench.kernels.launch_common import unit_stride_rows, wave_splits
 from pagebench.kernels.quant import is_fp8, nvidia_fp8_hardware
 from pagebench.kernels.reference import LOG2E
 from pagebench.kernels.triton_runtime import INTERPRETED, Launcher, next_pow2
@@ -52,6 +56,16 @@ INTERPRETED_SLOTS = 16  # CPU: pretend 4 SMs x 4 programs, so the split path run
 # kernel's program per query head is faster (docs/kernels.md, "Merging splits").
 FUSED_MERGE_SPLITS = 4  # also the most it takes: it loads them all at once
 COMBINE_CHUNK = 32  # splits the combine kernel merges per step
+# Ragged batches (``ragged_split_room``): work items beyond the uniform choice's, in waves of
+# the GPU's slots, and the most splits of one sequence beyond the split kernel's own merge
+RAGGED_WAVES = 1
+RAGGED_SPLITS = 16
+SPLIT_CANDIDATES = tl.constexpr(16)  # tokens per split tried: the host's, its half, ...
+OVERHEAD_TILES = tl.constexpr(SPLIT_OVERHEAD_TILES)
+COMBINE_STEP = tl.constexpr(COMBINE_CHUNK)
+# a ragged choice must beat the host's (exact for a batch that fills its table) by 1/8
+LEAVE_HOST_CHOICE = tl.constexpr(8)
+MAX_RAGGED_SEQS = 256  # batches up to this size split per sequence (lengths read at once)
 
 
 @triton.jit
@@ -113,9 +127,52 @@ def fp8_to_f16(x):
 
 
 @triton.jit
+def batch_lengths(SEQ_LENS, num_seqs, LENS_PAD: tl.constexpr):
+    """(index, valid, lengths as int32) of the batch's sequences, ``LENS_PAD`` >= num_seqs."""
+    idx = tl.arange(0, LENS_PAD)
+    valid = idx < num_seqs
+    return idx, valid, tl.load(SEQ_LENS + idx, mask=valid, other=0).to(tl.int32)
+
+
+@triton.jit
+def split_tokens(lens, valid, tokens_per_split, split_budget, max_splits, units_per_seq,
+                 slots, TILE_N: tl.constexpr):
+    """Tokens per split of a ragged batch (lengths ``lens`` where ``valid``), the same in every
+    program of both kernels: of ``tokens_per_split`` (the host's choice for a batch that fills
+    the table), its half, quarter, ... (whole tiles), the one of least cost, kept only if it
+    beats the host's by ``1 / LEAVE_HOST_CHOICE``. A chunk's cost is the larger of the
+    average load of a slot (every sequence's tiles and ``OVERHEAD_TILES`` per work item, over
+    ``slots`` programs at once, ``units_per_seq`` per sequence) and its longest work item
+    (list scheduling ends within their sum, and near the larger when items are many and
+    short), plus a tile time per ``COMBINE_CHUNK`` splits of the longest sequence merged.
+    A chunk qualifies with at most ``split_budget`` work items (one at least per sequence) and
+    ``max_splits`` per sequence."""
+    halvings = tl.arange(0, SPLIT_CANDIDATES)
+    cand = tl.cdiv(tokens_per_split // TILE_N, 1 << halvings) * TILE_N  # non-increasing
+    per_seq = tl.where(valid[None, :], tl.maximum(tl.cdiv(lens[None, :], cand[:, None]), 1), 0)
+    items = tl.sum(per_seq, 1)
+    longest = tl.max(lens, 0)
+    tiles = tl.sum(tl.cdiv(lens, TILE_N), 0)
+    # costs in tile times x slots (integers: every program computes the same)
+    load = (tiles + OVERHEAD_TILES * items).to(tl.int64) * units_per_seq
+    path = (tl.cdiv(tl.minimum(cand, longest), TILE_N) + OVERHEAD_TILES).to(tl.int64) * slots
+    most = tl.cdiv(longest, cand)
+    merge = tl.where(most > 1, tl.cdiv(most, COMBINE_STEP), 0).to(tl.int64) * slots
+    cost = tl.maximum(load, path) + merge
+    fits = (items <= split_budget) & (most <= max_splits)
+    cost = tl.where(fits, cost, tl.max(cost, 0) + 1)
+    host = tl.sum(tl.where(halvings == 0, cost, 0), 0)
+    best = tl.min(cost, 0)
+    chosen = tl.max(tl.where(fits & (cost == best), cand, 0), 0)  # ties: fewer items
+    return tl.where(best * LEAVE_HOST_CHOICE < host * (LEAVE_HOST_CHOICE - 1), chosen,
+                    tokens_per_split)
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, TABLES, SEQ_LENS, OUT, PART, K_SCALE, V_SCALE, COUNTERS,
-    scale_log2e, tokens_per_split, ml_offset,
+    scale_log2e, tokens_per_split, split_budget, max_splits, num_seqs, units_per_seq, slots,
+    ml_offset,
     stride_qs, stride_qh,
     stride_kb, stride_kt, stride_kh,
     stride_vb, stride_vt, stride_vh,
@@ -127,17 +184,45 @@ def _decode_split_kernel(
     DIRECT: tl.constexpr, IEEE_DOT: tl.constexpr, FP8: tl.constexpr,
     Q_TO_F16: tl.constexpr, FP8_CVT_ASM: tl.constexpr, KV_PER_PROGRAM: tl.constexpr,
     MERGE: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+    ADAPTIVE: tl.constexpr, LENS_PAD: tl.constexpr,
 ):
-    """``DIRECT``: the only split writes ``out``. Else each split writes its partial; with
-    ``MERGE`` the last of a (sequence, ``tl.program_id(1)``)'s splits to count itself in
-    ``COUNTERS`` (int32, zero between launches) sets the counter back and merges them, without
-    it ``_combine_kernel`` does in a second launch."""
-    seq = tl.program_id(0)
+    """Grid ``(sequence, KV program, split)``: ``DIRECT``, one split, which writes ``out``;
+    else a sequence takes ``ceil(seq_len / tokens_per_split)`` of the splits (its others exit
+    at once). ``ADAPTIVE`` (a ragged batch): grid ``(work item, KV program, 1)``, the splits
+    per sequence chosen from the lengths on the device (``split_tokens``, at most
+    ``split_budget`` work items in all), the items beyond them exiting at once. A sequence of
+    one split writes ``out``, else each split writes its partial; with ``MERGE`` the last of a
+    (sequence, ``tl.program_id(1)``)'s splits to count itself in ``COUNTERS`` (int32, zero
+    between launches) sets the counter back and merges them, without it ``_combine_kernel``
+    does in a second launch."""
     kv_head = tl.program_id(1) * KV_PER_PROGRAM  # the first of the program's KV heads
-    split = tl.program_id(2)
-    seq_len = tl.load(SEQ_LENS + seq)
-    start = split * tokens_per_split
-    end = tl.minimum(start + tokens_per_split, seq_len)
+    if ADAPTIVE:
+        idx, valid, lens = batch_lengths(SEQ_LENS, num_seqs, LENS_PAD)
+        chunk = split_tokens(lens, valid, tokens_per_split, split_budget, max_splits,
+                             units_per_seq, slots, TILE_N)
+        per_seq = tl.where(valid, tl.maximum(tl.cdiv(lens, chunk), 1), 0)
+        ends = tl.cumsum(per_seq, 0)  # work items of sequences 0..i
+        work = tl.program_id(0)
+        seq = tl.sum((ends <= work).to(tl.int32), 0)  # the sequence the work item falls in
+        if seq >= num_seqs:  # beyond the batch's splits
+            return
+        mine = idx == seq
+        num_splits = tl.sum(tl.where(mine, per_seq, 0), 0)
+        split = work - tl.sum(tl.where(mine, ends, 0), 0) + num_splits
+        seq_len = tl.sum(tl.where(mine, lens, 0), 0)
+    else:
+        seq = tl.program_id(0)
+        split = tl.program_id(2)
+        seq_len = tl.load(SEQ_LENS + seq)
+        chunk = tokens_per_split
+        if DIRECT:
+            num_splits = 1
+        else:
+            num_splits = tl.maximum(tl.cdiv(seq_len, chunk), 1)
+        if split >= num_splits:  # a shorter sequence than the table's capacity
+            return
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
 
     # rows: the query groups of the program's KV heads, one after another; each row's KV head
     # (padding rows take the last one's)
@@ -187,7 +272,7 @@ def _decode_split_kernel(
         acc = acc * tl.load(V_SCALE + row_kv)[:, None]
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
-    if DIRECT:
+    if num_splits == 1:
         out = acc / l_i[:, None]
         tl.store(OUT + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
                  out.to(OUT.dtype.element_ty), mask=out_mask)
@@ -196,18 +281,18 @@ def _decode_split_kernel(
         tl.store(PART + part[:, None] * DIM_PAD + dims[None, :], acc, mask=out_mask)
         tl.store(PART + ml_offset + part * 2, m_i, mask=row_ok)
         tl.store(PART + ml_offset + part * 2 + 1, l_i, mask=row_ok)
-        if MERGE:
+        if MERGE and num_splits <= SPLITS_PAD:  # more: the combine kernel merges them
             # the barrier orders every thread's stores before the count (one thread's atomic,
             # its old value broadcast), which releases them to the last split's count
             tl.debug_barrier()
             counter = COUNTERS + seq * tl.num_programs(1) + tl.program_id(1)
             arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == tl.num_programs(2) - 1:
+            if arrived == num_splits - 1:
                 # every split has counted: nothing else touches the counter in this launch, and
                 # the next launch starts after this one ends (a plain store will do)
                 tl.store(counter, 0)
                 tl.debug_barrier()  # what the counting thread acquired, to all threads
-                merge_splits(PART, OUT, seq, kv_head * GROUP, tl.num_programs(2), ml_offset,
+                merge_splits(PART, OUT, seq, kv_head * GROUP, num_splits, ml_offset,
                              stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
                              GROUP * KV_PER_PROGRAM, MERGE_ROWS, SPLITS_PAD, HEAD_DIM,
                              DIM_PAD)
@@ -247,17 +332,28 @@ def merge_splits(PART, OUT, seq, first_head, num_splits, ml_offset,
 
 @triton.jit
 def _combine_kernel(
-    PART, OUT, num_splits, ml_offset,
-    stride_ps, stride_ph, stride_os, stride_oh,
+    PART, OUT, SEQ_LENS, grid_splits, tokens_per_split, split_budget, units_per_seq, slots,
+    ml_offset, stride_ps, stride_ph, stride_os, stride_oh,
     SPLITS_PAD: tl.constexpr, CHUNK: tl.constexpr, HEAD_DIM: tl.constexpr,
-    DIM_PAD: tl.constexpr,
+    DIM_PAD: tl.constexpr, TILE_N: tl.constexpr, ADAPTIVE: tl.constexpr,
+    LENS_PAD: tl.constexpr, MERGED_UP_TO: tl.constexpr,
 ):
     """The merge as a second launch, one program per (sequence, query head), ``CHUNK`` splits
     a step: where the split kernel does not merge (more than ``FUSED_MERGE_SPLITS`` splits, or
     a plan first called while a CUDA graph is captured, before it has counters:
-    ``DecodePlan``)."""
+    ``DecodePlan``). A sequence of up to ``MERGED_UP_TO`` splits has its output already (one
+    split writes it, and the split kernel merges up to ``FUSED_MERGE_SPLITS`` where it
+    merges)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
+    per_split = tokens_per_split
+    if ADAPTIVE:
+        _, valid, lens = batch_lengths(SEQ_LENS, tl.num_programs(0), LENS_PAD)
+        per_split = split_tokens(lens, valid, tokens_per_split, split_budget, grid_splits,
+                                 units_per_seq, slots, TILE_N)
+    num_splits = tl.cdiv(tl.load(SEQ_LENS + seq), per_split)
+    if num_splits <= MERGED_UP_TO:
+        return
     base = seq * stride_ps + head * stride_ph  # stride over splits is 1
     PART_ML = PART + ml_offset
     splits = tl.arange(0, SPLITS_PAD)
@@ -280,28 +376,28 @@ def _combine_kernel(
              mask=dims < HEAD_DIM)
 
 
-@functools.lru_cache(maxsize=1024)
 def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int:
-    """Splits of each (sequence, KV head) pair's ``capacity`` tokens, from a wave model.
+    """Splits of each of ``units`` (sequence, KV head) pairs' ``capacity`` tokens for a batch
+    that fills its table: ``launch_common.wave_splits`` in KV tiles, a program's fixed cost
+    ``SPLIT_OVERHEAD_TILES``, the merge one tile time per ``COMBINE_CHUNK`` splits (up to
+    ``FUSED_MERGE_SPLITS`` the split kernel's last programs merge them instead, counted the
+    same). It avoids a split count that spills a few programs into a second wave, and
+    splitting one sequence into hundreds of slivers (docs/kernels.md, "Splits")."""
+    return wave_splits(units, capacity, tile_n, slots, overhead_steps=SPLIT_OVERHEAD_TILES,
+                       merge_per_step=COMBINE_CHUNK, max_splits=MAX_SPLITS)[0]
 
-    ``units`` (sequence, KV head) pairs x splits programs run ``slots`` at a time (programs per
-    SM x SMs), so the split kernel takes about ``waves x (tiles per split +
-    SPLIT_OVERHEAD_TILES)`` tile times, and the merge one more per ``COMBINE_CHUNK`` splits
-    (the combine kernel's programs merge that many a step; up to ``FUSED_MERGE_SPLITS`` the
-    split kernel's last programs merge them instead, counted the same). The cheapest split
-    count wins, the fewest splits on ties. What this avoids is a split count that spills a few
-    programs into a second wave, and splitting one sequence into hundreds of slivers
-    (docs/kernels.md, "Splits").
-    """
-    best, best_cost = 1, None
-    for splits in range(1, min(MAX_SPLITS, ceil_div(capacity, tile_n)) + 1):
-        tiles = ceil_div(ceil_div(capacity, splits), tile_n)  # per split, rounded up
-        used = ceil_div(capacity, tiles * tile_n)  # splits that then hold any tokens
-        cost = ceil_div(units * used, slots) * (tiles + SPLIT_OVERHEAD_TILES)
-        cost += ceil_div(used, COMBINE_CHUNK) if used > 1 else 0
-        if best_cost is None or cost < best_cost:
-            best, best_cost = used, cost
-    return best
+
+def ragged_split_room(num_seqs: int, units_per_seq: int, splits: int, slots: int,
+                      capacity_tiles: int) -> tuple[int, int]:
+    """(split budget, most splits of a sequence) of a call whose uniform choice is ``splits``
+    per sequence: the batch may take as many work items (splits) in all as fill the waves of
+    programs that choice pays for and ``RAGGED_WAVES`` more (the ``split_budget`` of
+    ``split_tokens``, and the ragged grid's size), and one sequence as many as that budget
+    leaves it when every other takes one, at most ``RAGGED_SPLITS`` times ``splits``."""
+    waves = ceil_div(num_seqs * units_per_seq * splits, slots) + RAGGED_WAVES
+    budget = max(num_seqs * splits, waves * slots // units_per_seq)
+    most = min(budget - num_seqs + 1, RAGGED_SPLITS * splits, capacity_tiles, MAX_SPLITS)
+    return budget, max(splits, most)
 
 
 _SLOTS: dict = {}  # launch configuration -> slots, filled on first use
@@ -322,8 +418,7 @@ def _slots(kernel, device_index: int) -> int:
 
 
 # A long context over very few (sequence, KV head) pairs: larger tiles with more warps move more
-# per loop step there (measured in docs/kernels.md: Qwen 14/2 x 64 at 1 x 16384 and 1 x 65536
-# gains, Llama 32/8 x 128 with 8 pairs at batch 1 does not, so 8 pairs keep (64, 4)).
+# per loop step there (docs/kernels.md, "Long contexts with few pairs").
 LONG_CONTEXT, FEW_PAIRS = 16384, 4
 
 
@@ -379,9 +474,50 @@ def hardware_fp8_convert(device: torch.device) -> bool:
     return not INTERPRETED and nvidia_fp8_hardware(device)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DecodeLaunch:
+    """How ``triton_paged_decode`` launches; each field None is the default's choice.
+
+    ``num_splits``: KV splits of every sequence's table (default ``choose_num_splits`` for a
+    batch that fills the table, from the kernel's occupancy, and as many more for the long
+    sequences of a ragged batch as ``split_tokens`` finds room for); ``tile_n``: tokens per
+    KV tile (a power of two) and ``num_warps`` Triton's, both from ``default_launch``;
+    ``num_stages``: Triton's (``default_num_stages``); ``kv_per_program``: KV heads each
+    program reads (a divisor of num_kv_heads; default 2 where ``kv_heads_pair`` and the
+    default launch is ``FP8_LAUNCH``, else 1); ``fused_merge``: whether the split kernel's last
+    program of each (sequence, KV head) merges the splits (default: up to
+    ``FUSED_MERGE_SPLITS`` splits) or a second kernel does.
+    """
+
+    num_splits: int | None = None
+    tile_n: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+    kv_per_program: int | None = None
+    fused_merge: bool | None = None
+
+    def __post_init__(self):
+        for name in ("num_splits", "tile_n", "num_warps", "num_stages", "kv_per_program"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise ValueError(f"{name}: expected a positive int or None, got {value!r}")
+        for name in ("tile_n", "num_warps"):
+            value = getattr(self, name)
+            if value is not None and value & (value - 1):
+                raise ValueError(f"{name}: expected a power of two, got {value}")
+        if not (self.fused_merge is None or isinstance(self.fused_merge, bool)):
+            raise ValueError(f"fused_merge: expected a bool or None, got {self.fused_merge!r}")
+
+
+DEFAULT_LAUNCH = DecodeLaunch()
+
+
 class DecodePlan:
     """Everything about a decode call that its shapes fix: split count, grids, constexprs and
     strides, built once per shape (``decode_plan``) so a call only allocates and launches.
+    ``num_splits``: the splits of a sequence that fills the table; ``max_splits``: the most
+    any sequence of the batch may take (more on a ragged batch, ``ragged_split_room``).
 
     With several splits, up to ``FUSED_MERGE_SPLITS`` of them unless ``fused_merge`` says
     otherwise, the split kernel merges them itself; with more, ``_combine_kernel`` does, a
@@ -395,9 +531,10 @@ class DecodePlan:
     two streams at once.
     """
 
-    def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, num_splits, tile_n,
-                 num_warps, num_stages, kv_per_program=None, fused_merge=None):
+    def __init__(self, q, k_cache, v_cache, tables, seq_lens, scale, launch: DecodeLaunch):
         check_plan_layout(q, k_cache, v_cache, tables, seq_lens)
+        num_splits, tile_n, num_warps = launch.num_splits, launch.tile_n, launch.num_warps
+        kv_per_program, fused_merge = launch.kv_per_program, launch.fused_merge
         num_seqs, q_heads, head_dim = q.shape
         _, block_size, kv_heads, _ = k_cache.shape
         group = q_heads // kv_heads
@@ -416,7 +553,7 @@ class DecodePlan:
             tile_n, num_warps = tile_n or default_tile_n(head_dim, q.dtype), num_warps or 4
         kv_per_program = kv_per_program or 1
         dim_pad = max(16, next_pow2(head_dim))
-        num_stages = num_stages or default_num_stages(block_size, fp8, kv_per_program)
+        num_stages = launch.num_stages or default_num_stages(block_size, fp8, kv_per_program)
         self.out_shape, self.num_seqs = tuple(q.shape), num_seqs
         constexprs = dict(
             GROUP=group, GROUP_PAD=max(MMA_ROWS, next_pow2(group * kv_per_program)),
@@ -428,62 +565,87 @@ class DecodePlan:
             KV_PER_PROGRAM=kv_per_program, MERGE=True)
         # the merge's rows unpadded (it has no tl.dot), its splits loaded all at once
         constexprs.update(MERGE_ROWS=next_pow2(group * kv_per_program),
-                          SPLITS_PAD=FUSED_MERGE_SPLITS)
+                          SPLITS_PAD=FUSED_MERGE_SPLITS, ADAPTIVE=False,
+                          LENS_PAD=max(16, next_pow2(min(num_seqs, MAX_RAGGED_SEQS))))
         options = dict(num_warps=num_warps, num_stages=num_stages)
 
-        def scalars(splits, tokens_per_split, ml_offset):
-            return (scale * LOG2E, tokens_per_split, ml_offset,
+        units = kv_heads // kv_per_program
+
+        def scalars(splits, tokens_per_split, budget, ml_offset):
+            return (scale * LOG2E, tokens_per_split, budget, splits, num_seqs, units, slots,
+                    ml_offset,
                     q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3],
                     tables.stride(0), q_heads * head_dim, head_dim,  # out is contiguous
                     q_heads * splits, splits, 1)
 
-        if num_splits is None:
+        slots = INTERPRETED_SLOTS
+        if num_splits is None or launch.num_splits is None:
             if INTERPRETED or q.device.type != "cuda":
                 slots = INTERPRETED_SLOTS
             else:
                 key = (q.device.index, q.dtype, k_cache.dtype, v_cache.dtype, tables.dtype,
                        seq_lens.dtype, *constexprs.values(), *options.values())
-                # compile without running: occupancy needs the binary. The merging variant,
-                # whichever the plan takes: for sm_90 with Triton 3.6 its registers and
-                # shared memory give the same programs per SM as the other's (bf16, both
-                # shapes: equal; e4m3: 201 registers merging, 207 not, 2 programs either way)
+                # compile without running: occupancy needs the binary. One variant stands for
+                # all the plan may take (merging or not, ragged or not): they differ outside
+                # the main loop, which sets the registers and shared memory
                 if key not in _SLOTS:
                     part = torch.empty(16, device=q.device, dtype=torch.float32)
                     counters = torch.empty(16, device=q.device, dtype=torch.int32)
                     compiled = _decode_split_kernel.warmup(
                         q, k_cache, v_cache, tables, seq_lens, q, part, part, part, counters,
-                        *scalars(2, tile_n, 16), grid=(1,), **constexprs, **options)
+                        *scalars(2, tile_n, 2, 16), grid=(1,), **constexprs, **options)
                     _SLOTS[key] = _slots(compiled, q.device.index or 0)
                 slots = _SLOTS[key]
             num_splits = choose_num_splits(num_seqs * kv_heads // kv_per_program, capacity,
                                            tile_n, slots)
         num_splits = max(1, min(num_splits, ceil_div(capacity, tile_n)))
         tokens_per_split = ceil_div(ceil_div(capacity, num_splits), tile_n) * tile_n
-        self.num_splits = num_splits = ceil_div(capacity, tokens_per_split)
+        num_splits = ceil_div(capacity, tokens_per_split)
+        # a given count is every sequence's (those shorter than the table take fewer); the
+        # default's may grow for the long sequences of a ragged batch, as far as the room
+        # the uniform choice leaves (a grid of work items then, not of splits)
+        budget = most = num_splits
+        if launch.num_splits is None and num_seqs <= MAX_RAGGED_SEQS:
+            budget, most = ragged_split_room(num_seqs, kv_heads // kv_per_program, num_splits,
+                                             slots, ceil_div(capacity, tile_n))
+        adaptive = launch.num_splits is None and num_seqs <= MAX_RAGGED_SEQS and most > 1
+        # num_splits: a sequence's that fills the table; max_splits: the most any one takes
+        self.num_splits, self.max_splits = num_splits, most
+        num_splits = most
         parts = num_seqs * q_heads * num_splits
         self.part_numel = parts * (dim_pad + 2) if num_splits > 1 else 0
-        grid = (num_seqs, kv_heads // kv_per_program, num_splits)
-        split_scalars = scalars(num_splits, tokens_per_split, parts * dim_pad)
-        if fused_merge and num_splits > FUSED_MERGE_SPLITS:
+        grid = ((budget, kv_heads // kv_per_program, 1) if adaptive
+                else (num_seqs, kv_heads // kv_per_program, num_splits))
+        split_scalars = scalars(num_splits, tokens_per_split, budget, parts * dim_pad)
+        if fused_merge and self.num_splits > FUSED_MERGE_SPLITS:
             raise ValueError(f"fused_merge: the split kernel merges at most "
-                             f"{FUSED_MERGE_SPLITS} splits, this plan has {num_splits}")
-        self.fused = num_splits > 1 and (num_splits <= FUSED_MERGE_SPLITS if fused_merge is None
-                                         else bool(fused_merge))
+                             f"{FUSED_MERGE_SPLITS} splits, this plan has {self.num_splits}")
+        # fused: the split kernel merges the sequences of up to FUSED_MERGE_SPLITS splits; a
+        # ragged plan's longer ones (and every sequence of an unfused plan) the combine kernel
+        self.fused = num_splits > 1 and (self.num_splits <= FUSED_MERGE_SPLITS
+                                         if fused_merge is None else fused_merge)
+        self.combine_after_merge = self.fused and num_splits > FUSED_MERGE_SPLITS
+        constexprs["ADAPTIVE"] = adaptive
         self.split = Launcher(_decode_split_kernel, grid, split_scalars,
                                {**constexprs, "DIRECT": num_splits == 1, "MERGE": self.fused},
                                options, num_tensors=10)
-        self.num_counters, self.counters = grid[0] * grid[1], None
+        self.num_counters, self.counters = num_seqs * units, None
         if num_splits > 1:  # unfused, or a call captured before the plan has counters
             self.unmerged = self.split if not self.fused else Launcher(
                 _decode_split_kernel, grid, split_scalars, {**constexprs, "MERGE": False},
                 options, num_tensors=10)
-            self.combine = Launcher(
-                _combine_kernel, (num_seqs, q_heads),
-                (num_splits, parts * dim_pad, q_heads * num_splits, num_splits,
-                 q_heads * head_dim, head_dim),
-                dict(SPLITS_PAD=max(2, next_pow2(num_splits)),
-                     CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))),
-                     HEAD_DIM=head_dim, DIM_PAD=dim_pad), dict(num_warps=4), num_tensors=2)
+            combine_scalars = (num_splits, tokens_per_split, budget, units, slots,
+                               parts * dim_pad, q_heads * num_splits, num_splits,
+                               q_heads * head_dim, head_dim)
+            combine_constexprs = dict(
+                SPLITS_PAD=max(2, next_pow2(num_splits)),
+                CHUNK=min(COMBINE_CHUNK, max(2, next_pow2(num_splits))), HEAD_DIM=head_dim,
+                DIM_PAD=dim_pad, TILE_N=tile_n, ADAPTIVE=adaptive,
+                LENS_PAD=constexprs["LENS_PAD"], MERGED_UP_TO=1)
+            self.combine, self.combine_rest = (Launcher(
+                _combine_kernel, (num_seqs, q_heads), combine_scalars,
+                {**combine_constexprs, "MERGED_UP_TO": merged}, dict(num_warps=4),
+                num_tensors=3) for merged in (1, FUSED_MERGE_SPLITS))
 
     def __call__(self, q, k_cache, v_cache, tables, seq_lens, k_scale=None, v_scale=None):
         out = torch.empty(self.out_shape, device=q.device, dtype=q.dtype)
@@ -491,7 +653,7 @@ class DecodePlan:
             return out
         if k_scale is None:  # not read (FP8 is off): any pointer will do
             k_scale = v_scale = seq_lens
-        if self.num_splits == 1:  # writes out directly (reads no counters)
+        if self.max_splits == 1:  # writes out directly (reads no counters)
             self.split(q, k_cache, v_cache, tables, seq_lens, out, out, k_scale, v_scale,
                        seq_lens)
             return out
@@ -501,10 +663,12 @@ class DecodePlan:
         if self.counters is None:
             self.unmerged(q, k_cache, v_cache, tables, seq_lens, out, part, k_scale, v_scale,
                           seq_lens)
-            self.combine(part, out)
+            self.combine(part, out, seq_lens)
         else:
             self.split(q, k_cache, v_cache, tables, seq_lens, out, part, k_scale, v_scale,
                        self.counters)
+            if self.combine_after_merge:
+                self.combine_rest(part, out, seq_lens)
         return out
 
 
@@ -546,47 +710,32 @@ _PLANS: dict = {}
 MAX_PLANS = 1024  # an engine sees one shape per batch size and table width
 
 
-def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale, *,
-                num_splits: int | None = None, tile_n: int | None = None,
-                num_warps: int | None = None, num_stages: int | None = None,
-                kv_per_program: int | None = None,
-                fused_merge: bool | None = None) -> DecodePlan:
-    """The cached plan for a call with these shapes, strides, dtypes and options (built on the
-    first such call). Arguments as ``triton_paged_decode``, in the layouts
+def decode_plan(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                launch: DecodeLaunch | None = None) -> DecodePlan:
+    """The cached plan for a call with these shapes, strides, dtypes and ``launch`` (built on
+    the first such call). Arguments as ``triton_paged_decode``, in the layouts
     ``check_plan_layout`` accepts (a plan for any other raises ``ValueError``)."""
+    launch = launch or DEFAULT_LAUNCH
     # Everything the plan bakes in: its grids, scalars (strides) and the kernels' dtype
     # specialisations, which its launchers do not re-derive per call (``Launcher``).
-    key = (q.device, scale, num_splits, tile_n, num_warps, num_stages, kv_per_program,
-           fused_merge, *((x.shape, x.stride(), x.dtype)
-                          for x in (q, k_cache, v_cache, block_tables, seq_lens)))
+    key = (q.device, scale, launch, *((x.shape, x.stride(), x.dtype)
+                                      for x in (q, k_cache, v_cache, block_tables, seq_lens)))
     plan = _PLANS.get(key)
     if plan is None:
         if len(_PLANS) >= MAX_PLANS:
             _SPARE_COUNTERS.extend(p.counters for p in _PLANS.values() if p.counters is not None)
             _PLANS.clear()
         plan = _PLANS[key] = DecodePlan(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                        num_splits, tile_n, num_warps, num_stages,
-                                        kv_per_program, fused_merge)
+                                        launch)
     return plan
 
 
 def triton_paged_decode(q, k_cache, v_cache, block_tables, seq_lens, scale, k_scale=None,
-                        v_scale=None, **options):
+                        v_scale=None, launch: DecodeLaunch | None = None):
     """Paged decode; arguments as ``pagebench.kernels.paged_decode`` (already validated; an
-    fp8 cache's scales as float32 tensors ``[num_kv_heads]``).
-
-    ``options`` (``decode_plan``'s keywords): ``num_splits`` defaults to ``choose_num_splits``
-    on the table's capacity and the kernel's occupancy (no device sync, so the call can be
-    captured in a CUDA graph); ``tile_n`` is the tokens per KV tile (a power of two) and
-    ``num_warps`` Triton's, both from ``default_launch`` unless given; ``num_stages`` is
-    Triton's (default ``default_num_stages``); ``kv_per_program`` the KV heads each program
-    reads (a divisor of num_kv_heads; default 2 where ``kv_heads_pair`` and the default launch
-    is ``FP8_LAUNCH``, else 1); ``fused_merge`` whether the split kernel's last program of each
-    (sequence, KV head) merges the splits (default: up to ``FUSED_MERGE_SPLITS`` splits) or a
-    second kernel does.
-    """
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
-    seq_lens = seq_lens if seq_lens.is_contiguous() else seq_lens.contiguous()
-    plan = decode_plan(q, k_cache, v_cache, tables, seq_lens, scale, **options)
+    fp8 cache's scales as float32 tensors ``[num_kv_heads]``). ``launch``: the launch
+    (``DecodeLaunch``; None: every field the default's choice). No device sync: the call can
+    be captured in a CUDA graph."""
+    q, tables, seq_lens = unit_stride_rows(q, block_tables, seq_lens)
+    plan = decode_plan(q, k_cache, v_cache, tables, seq_lens, scale, launch)
     return plan(q, k_cache, v_cache, tables, seq_lens, k_scale, v_scale)

@@ -34,15 +34,15 @@ import torch
 from pagebench.analysis.noise import Band, against
 from pagebench.config import dtype_name
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import (TOLERANCE, make_paged_inputs, quantized_inputs,
+from pagebench.measure.kernel_cases import (TOLERANCE, make_paged_inputs, quantized_inputs,
                                         relative_error)
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.ragged import batch_lengths
 from pagebench.kernels.reference import cumulative_offsets, gather_kv, reference_decode
-from pagebench.kernels.sweep import graph_modes
+from pagebench.measure.kernel_sweep import graph_modes
 from pagebench.kernels.validate import check_decode, check_prefill
 from pagebench.measure.ab_variants import ROUTINE_OPS, Variant, variant_call, variant_op
-from pagebench.timing import cpu_threads, environment, measure
+from pagebench.measure.timing import cpu_threads, environment, measure
 
 # checked against the float64 reference per point: sequences, and query rows of each (evenly
 # spaced, first and last included)
@@ -83,7 +83,7 @@ class Setup:
     seed: int = 0
     repeat: int = 5
     rounds: int = 3
-    cuda_graphs: str = "only"  # kernels.sweep.graph_modes
+    cuda_graphs: str = "only"  # measure.kernel_sweep.graph_modes
 
     @property
     def op(self) -> str:
@@ -91,7 +91,7 @@ class Setup:
 
 
 def build_case(setup: Setup, point: Point):
-    """The point's paged inputs (``kernels.fixtures.PagedInputs``) and each sequence's query
+    """The point's paged inputs (``measure.kernel_cases.PagedInputs``) and each sequence's query
     count: ``batch + decodes`` sequences with lengths of ``point.lengths`` around
     ``point.context``, blocks shuffled in the cache; for prefill and mixed, q holds each
     chunk's queries (the decodes' one each)."""

@@ -61,7 +61,7 @@ NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 # or a function (its keyword-only parameters, passed as keywords)
 LAUNCH_KERNELS = {
     ("triton", "decode"): ("pagebench.kernels.triton_decode", "triton_paged_decode",
-                           "decode_plan"),
+                           "DecodeLaunch"),
     ("triton", "prefill"): ("pagebench.kernels.triton_prefill", "triton_paged_prefill",
                             "PrefillLaunch"),
 }

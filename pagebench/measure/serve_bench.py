@@ -3,9 +3,13 @@ configuration (block size x KV cache dtype x prefix caching), and tabulate the l
 
 Requests are a seeded sample of the trace, clipped to ``max_model_len`` and their outputs to
 ``max_output_len``, with token ids synthesised as the trace replay does
-(:func:`pagebench.engine.trace_replay.synthesise_prompts`: equal ``hash_ids``, equal token
+(:func:`pagebench.measure.trace_replay.synthesise_prompts`: equal ``hash_ids``, equal token
 blocks), each generating exactly its output length. One engine per configuration, warmed up
-once; before each rate its prefix cache is emptied, so no run finds what another left.
+once on a few prompts and then by ``warmup_passes`` untimed runs of every trace's requests all
+at once (the batch shapes, chunked prefills and decode batch sizes the timed runs will meet,
+so that the first timed rate pays no compile or first-use cost), its heap frozen while the
+timed runs last (:func:`~pagebench.measure.serving.frozen_heap`); before each rate its prefix
+cache is emptied, so no run finds what another left.
 """
 
 from __future__ import annotations
@@ -14,13 +18,14 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from pagebench.engine.bench import release_memory
+from pagebench.defaults import WARMUP_PASSES
+from pagebench.measure.engine_bench import release_memory
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
-from pagebench.engine.trace_replay import synthesise_prompts
+from pagebench.measure.trace_replay import synthesise_prompts
 from pagebench.errors import ConfigError
-from pagebench.measure.serving import (ServingRequest, arrival_times, run_serving,
-                                       serving_metrics)
+from pagebench.measure.serving import (ServingRequest, arrival_times, device_counters,
+                                       frozen_heap, run_serving, serving_metrics)
 from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 from pagebench.sim.real_traces import read_timed_trace
 
@@ -28,7 +33,7 @@ from pagebench.sim.real_traces import read_timed_trace
 WARMUP_PROMPT_LENS = (16, 100, 700, 3000)
 DEFAULT_SLO_ATTAINMENT = 0.9  # a rate "meets the SLO" when this share of requests does
 STEP_LABELS = ("model", "trace", "request_rate", "block_size", "kv_cache_dtype",
-               "prefix_caching", "mode")
+               "prefix_caching", "mode", "repeat")
 SEARCH_STEPS = 4  # bisections between the last rate that met the SLO and the first that missed
 
 
@@ -119,6 +124,16 @@ def warm_up(engine: LLMEngine) -> None:
     engine.reset_prefix_cache()
 
 
+def warm_up_on_traces(engine: LLMEngine, traces: list[TraceRequests], passes: int) -> None:
+    """``passes`` untimed runs of every trace's requests all at once (see the module doc)."""
+    for _ in range(passes):
+        for requests in traces:
+            engine.reset_prefix_cache()
+            engine.generate([list(p) for p in requests.prompts],
+                            [SamplingParams(max_tokens=n, ignore_eos=True)
+                             for n in requests.output_len], use_tqdm=False)
+
+
 def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *,
                poisson: bool, time_scale: float, slo_ttft_ms: float | None,
                slo_tpot_ms: float | None, attainment: float = DEFAULT_SLO_ATTAINMENT,
@@ -126,7 +141,7 @@ def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *
     """One run: its serve_bench metrics (no configuration columns) and its steps' rows."""
     engine.reset_prefix_cache()
     run = run_serving(engine, requests.at_rate(rate, poisson=poisson, time_scale=time_scale),
-                      progress=progress)
+                      progress=progress, counters=device_counters(engine.runner.device))
     metrics = metrics_at_slo(run.requests, run.duration_s, slo_ttft_ms, slo_tpot_ms, attainment)
     stats = run.stats
     metrics |= dict(num_blocks=engine.num_blocks,
@@ -139,7 +154,8 @@ def serve_once(engine: LLMEngine, requests: TraceRequests, rate: float | None, *
                   num_decode_seqs=s.record.num_decode_seqs,
                   num_context_tokens=s.record.num_context_tokens,
                   batch_size=s.record.batch_size,
-                  step_time_ms=(s.end_s - s.start_s) * 1e3) for s in run.steps]
+                  step_time_ms=(s.end_s - s.start_s) * 1e3, gc_ms=s.gc_s * 1e3)
+             | (s.counters or {}) for s in run.steps]
     return metrics, steps
 
 
@@ -177,8 +193,8 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
                 slo_tpot_ms=None, find_max_rate: bool = False,
                 attainment: float = DEFAULT_SLO_ATTAINMENT, engine_options: dict | None = None,
                 mode: str | None = None, model_name: str | None = None, environment=None,
-                progress=None, max_search_runs: int = 12,
-                on_config=None) -> tuple[list[dict], list[dict]]:
+                progress=None, max_search_runs: int = 12, warmup_passes: int = WARMUP_PASSES,
+                repeats: int = 1, on_config=None) -> tuple[list[dict], list[dict]]:
     """serve_bench rows (one per configuration x trace x rate) and serve_steps rows.
 
     One engine per configuration serves every trace. ``rates``: requests/s (``math.inf``: all
@@ -191,6 +207,8 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
         raise ConfigError("find_max_rate: give an SLO (slo_ttft_ms or slo_tpot_ms) to search for")
     if find_max_rate and (not rates or rates[0] is None or math.isinf(rates[0])):
         raise ConfigError("find_max_rate: start from a finite request rate")
+    if find_max_rate and repeats != 1:
+        raise ConfigError("repeats: the max-rate search runs each rate once")
     engine_options = engine_options or {}
     rows, step_rows = [], []
     base = (environment or {}) | dict(
@@ -203,30 +221,33 @@ def serve_bench(model, traces: list[TraceRequests], configs: list[ServeConfig], 
     for config in configs:
         engine = build_engine(model, config, max_model_len=max_model_len,
                               engine_options=engine_options)
+        warm_up_on_traces(engine, traces, warmup_passes)
         labels = base | dict(block_size=config.block_size,
                              kv_cache_dtype=config.kv_cache_dtype,
                              prefix_caching=config.prefix_caching)
-        for requests in traces:
-            def measure(rate, requests=requests):
-                metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
-                                            time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
-                                            slo_tpot_ms=slo_tpot_ms, attainment=attainment,
-                                            progress=progress)
-                asked = rate if rate is not None else requests.trace_rate * time_scale
-                run = labels | dict(trace=requests.trace, num_requests=len(requests.prompts),
-                                    max_model_len=requests.max_model_len,
-                                    max_output_len=requests.max_output_len,
-                                    seed=requests.seed, request_rate=asked)
-                rows.append(SERVE_BENCH.row(**run | metrics))
-                step_rows.extend(SERVE_STEPS.row(**{k: run[k] for k in STEP_LABELS} | s)
-                                 for s in steps)
-                return rows[-1]
+        with frozen_heap():
+            for requests in traces:
+                def measure(rate, requests=requests, repeat=0):
+                    metrics, steps = serve_once(engine, requests, rate, poisson=poisson,
+                                                time_scale=time_scale, slo_ttft_ms=slo_ttft_ms,
+                                                slo_tpot_ms=slo_tpot_ms, attainment=attainment,
+                                                progress=progress)
+                    asked = rate if rate is not None else requests.trace_rate * time_scale
+                    run = labels | dict(trace=requests.trace, num_requests=len(requests.prompts),
+                                        max_model_len=requests.max_model_len,
+                                        max_output_len=requests.max_output_len,
+                                        seed=requests.seed, request_rate=asked, repeat=repeat)
+                    rows.append(SERVE_BENCH.row(**run | metrics))
+                    step_rows.extend(SERVE_STEPS.row(**{k: run[k] for k in STEP_LABELS} | s)
+                                     for s in steps)
+                    return rows[-1]
 
-            if find_max_rate:
-                search_max_rate(measure, rates[0], attainment, max_search_runs)
-            else:
-                for rate in rates:
-                    measure(rate)
+                if find_max_rate:
+                    search_max_rate(measure, rates[0], attainment, max_search_runs)
+                else:
+                    for rate in rates:
+                        for repeat in range(repeats):
+                            measure(rate, repeat=repeat)
         engine = None  # the closures above hold the cell, not the engine
         release_memory(device)
         if on_config is not None:

@@ -4,7 +4,9 @@
 before each step it adds every request whose arrival time has passed; with nothing to run it
 sleeps until the next arrival (no idle step is skipped: time passes as it would for a server).
 Each request's arrival, first scheduled step, every token and finish are recorded, as is each
-step's start, duration, batch and KV blocks in use.
+step's start, duration, batch, KV blocks in use and the time Python's garbage collector took
+inside it (a collection of a process holding a model's many objects can take tens of
+milliseconds, which no step-cost model sees coming; :func:`frozen_heap` keeps it short).
 
 The metrics (:func:`pagebench.sim.latency.serving_metrics`) are vLLM's serving benchmark's;
 the simulator's predictions are scored the same way.
@@ -12,8 +14,11 @@ the simulator's predictions are scored the same way.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,8 +26,8 @@ import numpy as np
 from pagebench.errors import ConfigError
 from pagebench.sim.latency import RequestTiming, serving_metrics
 
-__all__ = ["ServingRequest", "RequestTiming", "StepTiming", "ServingRun", "arrival_times",
-           "run_serving", "serving_metrics"]
+__all__ = ["ServingRequest", "RequestTiming", "StepTiming", "ServingRun", "GCTimer",
+           "arrival_times", "device_counters", "frozen_heap", "run_serving", "serving_metrics"]
 
 
 @dataclass(slots=True)
@@ -41,6 +46,8 @@ class StepTiming:
     start_s: float
     end_s: float
     record: object  # pagebench.engine.stats.StepRecord
+    gc_s: float = 0.0  # time in the garbage collector during the step
+    counters: dict | None = None  # run_serving(counters=...)'s increase over the step
 
 
 @dataclass(slots=True)
@@ -82,10 +89,64 @@ def arrival_times(trace_arrival_s, *, rate: float | None = None, time_scale: flo
     return arrival * ((count - 1) / span) / rate
 
 
+class GCTimer:
+    """Total time spent in Python's garbage collector while installed (``gc.callbacks``)."""
+
+    def __init__(self, clock=time.perf_counter):
+        self.clock, self.total_s, self.collections, self._start = clock, 0.0, 0, None
+
+    def __call__(self, phase, info):
+        if phase == "start":
+            self._start = self.clock()
+        elif self._start is not None:
+            self.total_s += self.clock() - self._start
+            self.collections += 1
+            self._start = None
+
+    def __enter__(self):
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        gc.callbacks.remove(self)
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Collect, then move every object alive (the model, the engine, the imported modules) out
+    of the collector's reach while the block runs, as vLLM does after start-up: a collection
+    then scans only what serving allocates. Unfrozen after, so that a long-lived process (a
+    test session, a notebook) can still collect what the block's engine leaves in cycles."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
+
+def device_counters(device) -> Callable[[], dict] | None:
+    """For a CUDA ``device``: the caching allocator's cumulative count of device allocations
+    (``cudaMalloc``) and of retries after a failed one (which free the cache and synchronise),
+    each a stall a step-cost model does not see; None elsewhere."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+
+    def read() -> dict:
+        stats = torch.cuda.memory_stats(device)
+        return {"device_allocs": stats.get("num_device_alloc", 0),
+                "alloc_retries": stats.get("num_alloc_retries", 0)}
+    return read
+
+
 def run_serving(engine, requests: list[ServingRequest], *, clock=time.perf_counter,
-                sleep=time.sleep, progress=None) -> ServingRun:
+                sleep=time.sleep, progress=None, counters=None) -> ServingRun:
     """Serve ``requests`` (any order) on ``engine`` in wall-clock time; see the module doc.
-    ``progress``: an object with ``update(n)`` (a tqdm bar), advanced per finished request."""
+    ``progress``: an object with ``update(n)`` (a tqdm bar), advanced per finished request;
+    ``counters``: a callable returning cumulative counts (:func:`device_counters`), whose
+    increase over each step is kept in its :class:`StepTiming`."""
     order = sorted(range(len(requests)), key=lambda i: (requests[i].arrival_s, i),
                    reverse=True)
     for i in order:  # every request checked before any is queued: a bad one queues nothing
@@ -95,27 +156,33 @@ def run_serving(engine, requests: list[ServingRequest], *, clock=time.perf_count
     engine.begin_stats()
     t0 = clock()
     try:
-        while order or engine.has_unfinished_requests:
-            now = clock() - t0
-            while order and requests[order[-1]].arrival_s <= now:
-                i = order.pop()
-                by_id[engine.add_request(requests[i].prompt, requests[i].params)] = i
-            if not engine.has_unfinished_requests:
-                sleep(max(0.0, requests[order[-1]].arrival_s - now))
-                continue
-            out = engine.step()
-            end = clock() - t0
-            steps.append(StepTiming(now, end, engine.step_records[-1]))
-            for rid in out.scheduled:
-                t = timings[by_id[rid]]
-                if t.first_scheduled_s is None:
-                    t.first_scheduled_s = now
-            for rid, tokens in out.new_tokens.items():
-                timings[by_id[rid]].token_s.extend([end] * len(tokens))
-            for request in out.finished:
-                timings[by_id[request.request_id]].finish_s = end
-                if progress is not None:
-                    progress.update(1)
+        with GCTimer() as collector:
+            while order or engine.has_unfinished_requests:
+                now = clock() - t0
+                while order and requests[order[-1]].arrival_s <= now:
+                    i = order.pop()
+                    by_id[engine.add_request(requests[i].prompt, requests[i].params)] = i
+                if not engine.has_unfinished_requests:
+                    sleep(max(0.0, requests[order[-1]].arrival_s - now))
+                    continue
+                collected = collector.total_s
+                before = counters() if counters is not None else None
+                out = engine.step()
+                end = clock() - t0
+                grown = None if before is None else {
+                    k: v - before[k] for k, v in counters().items()}
+                steps.append(StepTiming(now, end, engine.step_records[-1],
+                                        collector.total_s - collected, grown))
+                for rid in out.scheduled:
+                    t = timings[by_id[rid]]
+                    if t.first_scheduled_s is None:
+                        t.first_scheduled_s = now
+                for rid, tokens in out.new_tokens.items():
+                    timings[by_id[rid]].token_s.extend([end] * len(tokens))
+                for request in out.finished:
+                    timings[by_id[request.request_id]].finish_s = end
+                    if progress is not None:
+                        progress.update(1)
     except BaseException:
         engine.abort_all()
         raise

@@ -2,12 +2,17 @@
 measured serving runs.
 
 ``fit_step_cost``: per (model, block size, cache dtype, mode), a non-negative least-squares fit
-of ``step_time_ms`` on ``[1, prefill tokens, decode sequences, context tokens / 1000]`` over
-``serve_steps`` rows, refitted once without the steps whose residual exceeds
-``OUTLIER_MADS`` median absolute deviations (a one-off Triton compile or allocator stall is
-not a step's cost). ``predict_serve_bench``: a measured ``serve_bench`` row's requests (the
-same seeded sample, rate and engine limits) run through :func:`pagebench.sim.serving.
-simulate_serving`, giving the same row with ``predicted`` set.
+of ``step_time_ms`` on ``[1, prefill tokens, decode sequences, context tokens / 1000, any
+prefill, prefilling sequences]`` over ``serve_steps`` rows, refitted once without the steps
+that took more than ``OUTLIER_RATIO`` times the first fit's prediction (a one-off Triton
+compile or allocator stall is not a step's cost; a rule in absolute terms would drop every
+prefill step, which the many decode steps out-number). The median error is reported per step
+kind (decode-only, prefill-only, mixed), since decode steps out-number the others and would
+hide them in one median. ``predict_serve_bench``: a measured ``serve_bench`` row's requests
+(the same seeded sample, rate and engine limits) run through :func:`pagebench.sim.serving.
+simulate_serving`, giving the same row with ``predicted`` set. ``MeasuredSteps``: a "cost
+model" that replays a run's measured step times in order, so that the simulator's error with
+it is the scheduler's and queueing model's alone (the fitted model's error is the rest).
 """
 
 from __future__ import annotations
@@ -24,12 +29,31 @@ from pagebench.sim.serving import simulate_serving
 from pagebench.sim.step_cost import COEFFICIENTS, StepCostModel
 
 GROUP = ("model", "block_size", "kv_cache_dtype", "mode")
-OUTLIER_MADS = 8.0
+RUN = ("trace", "request_rate", "block_size", "kv_cache_dtype", "prefix_caching")
+OUTLIER_RATIO = 4.0
+STEP_KINDS = ("decode", "prefill", "mixed")
+
+
+def prefill_seqs(frame) -> np.ndarray:
+    """Sequences with prompt tokens per step: the batch less its decoding sequences (without
+    ``batch_size``, one where a step has prompt tokens)."""
+    prefill = frame["num_prefill_tokens"].to_numpy(dtype=np.float64)
+    if "batch_size" not in frame or frame["batch_size"].isna().any():
+        return (prefill > 0).astype(np.float64)
+    return (frame["batch_size"] - frame["num_decode_seqs"]).to_numpy(dtype=np.float64)
+
+
+def step_kinds(frame) -> np.ndarray:
+    """"decode" (no prompt tokens), "prefill" (no decoding sequence) or "mixed" per step."""
+    return np.where(frame["num_prefill_tokens"] == 0, "decode",
+                    np.where(frame["num_decode_seqs"] == 0, "prefill", "mixed"))
 
 
 def _features(frame) -> np.ndarray:
+    seqs = prefill_seqs(frame)
     return np.column_stack([np.ones(len(frame)), frame["num_prefill_tokens"],
-                            frame["num_decode_seqs"], frame["num_context_tokens"] / 1000.0])
+                            frame["num_decode_seqs"], frame["num_context_tokens"] / 1000.0,
+                            (seqs > 0).astype(np.float64), seqs])
 
 
 def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -44,16 +68,19 @@ def nonnegative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         active.remove(int(np.argmin(coef)))
 
 
-def fit_one(frame) -> tuple[np.ndarray, float, int]:
-    """(coefficients, median relative error, steps kept) for one group's steps."""
+def fit_one(frame) -> tuple[np.ndarray, dict, int]:
+    """(coefficients, median relative error overall and per step kind, steps kept) for one
+    group's steps."""
     x, y = _features(frame), frame["step_time_ms"].to_numpy(dtype=np.float64)
     coef = nonnegative_lstsq(x, y)
-    resid = y - x @ coef
-    mad = np.median(np.abs(resid - np.median(resid))) or 1e-9
-    keep = np.abs(resid) <= OUTLIER_MADS * mad
+    keep = y <= OUTLIER_RATIO * np.maximum(x @ coef, 1e-9)
     coef = nonnegative_lstsq(x[keep], y[keep])
     rel = np.abs(x[keep] @ coef - y[keep]) / np.maximum(y[keep], 1e-9)
-    return coef, float(np.median(rel)), int(keep.sum())
+    kinds = step_kinds(frame)[keep]
+    errors = {"rel_err_median": float(np.median(rel))} | {
+        f"rel_err_median_{kind}": float(np.median(rel[kinds == kind])) if (kinds == kind).any()
+        else None for kind in STEP_KINDS}
+    return coef, errors, int(keep.sum())
 
 
 def fit_step_cost(steps, environment: dict | None = None) -> list[dict]:
@@ -69,16 +96,46 @@ def fit_step_cost(steps, environment: dict | None = None) -> list[dict]:
     for key, group in frame.groupby(list(GROUP), sort=True):
         if len(group) < len(COEFFICIENTS):
             continue
-        coef, err, kept = fit_one(group)
+        coef, errors, kept = fit_one(group)
         labels = dict(zip(GROUP, key))
         rows.append(STEP_COST.row(**(environment or {}) | labels | dict(
-            zip(COEFFICIENTS, coef.tolist())) | dict(num_steps=kept, rel_err_median=err,
-                                                      mode=labels["mode"] or None)))
+            zip(COEFFICIENTS, coef.tolist())) | errors | dict(num_steps=kept,
+                                                               mode=labels["mode"] or None)))
     return rows
 
 
 def cost_model(row: dict) -> StepCostModel:
-    return StepCostModel(*(float(row[name]) for name in COEFFICIENTS))
+    return StepCostModel(*(float(_optional(row.get(name), 0.0)) for name in COEFFICIENTS))
+
+
+class MeasuredSteps:
+    """The measured step times of one run, in order, as a cost model: the simulator's step
+    ``k`` lasts what the engine's step ``k`` took. ``matched`` counts the steps whose work
+    (prefill tokens, decoding sequences, context) equals the measured step's: all of them when
+    the simulator schedules as the engine did. Past the measured steps, or where a step's work
+    differs, it falls back to ``fallback``."""
+
+    def __init__(self, steps, fallback: StepCostModel):
+        self.steps = steps[["num_prefill_tokens", "num_decode_seqs", "num_context_tokens",
+                            "step_time_ms"]].to_numpy().tolist()
+        self.fallback, self.index, self.matched = fallback, 0, 0
+
+    def step_ms(self, prefill_tokens, decode_seqs, context_tokens, prefill_seqs=None) -> float:
+        k, self.index = self.index, self.index + 1
+        if k < len(self.steps) and self.steps[k][:3] == [prefill_tokens, decode_seqs,
+                                                         context_tokens]:
+            self.matched += 1
+            return float(self.steps[k][3])
+        return self.fallback.step_ms(prefill_tokens, decode_seqs, context_tokens, prefill_seqs)
+
+
+def run_steps(steps, row: dict):
+    """The rows of ``steps`` (serve_steps) measured in the run of serve_bench ``row``."""
+    mask = np.ones(len(steps), dtype=bool)
+    for name in RUN + ("model", "mode", "repeat"):
+        if name in steps and name in row and _optional(row[name]) is not None:
+            mask &= (steps[name] == row[name]).to_numpy()
+    return steps[mask]
 
 
 def _optional(value, default=None):
@@ -87,8 +144,9 @@ def _optional(value, default=None):
     return value
 
 
-def predict_serve_bench(row: dict, cost: StepCostModel) -> dict:
-    """The simulator's prediction of a measured serve_bench ``row``."""
+def predict_serve_bench(row: dict, cost) -> dict:
+    """The simulator's prediction of a measured serve_bench ``row`` (``cost``: a
+    :class:`StepCostModel` or :class:`MeasuredSteps`)."""
     max_output = _optional(row.get("max_output_len"))
     arrival, workload = trace_sample(row["trace"], int(row["num_requests"]),
                                      max_model_len=int(row["max_model_len"]),

@@ -138,7 +138,7 @@ PERCENT_COLUMNS = ("utilisation", "fraction", "hit_rate", "usage")
 # shown once per dataset in the environment section, not in every table (all kept in the CSVs)
 PROVENANCE_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
                       "pagebench_version", "python_version", "commit", "source", "experiment",
-                      "timing_harness")
+                      "timing_harness", "timestamp")
 
 
 def fmt(value, column: str = "") -> str:
@@ -198,9 +198,9 @@ def environment(results: Results, env: dict, options: dict) -> Section:
     if srcs:
         s.table(Table("Data sources (every dataset is a CSV beside this page)",
                       ["dataset", "rows", "devices", "GPU timing harness", "from"], srcs))
-    s.text("Timing: one primitive (pagebench.timing.measure): CPU perf_counter after warm-up, "
+    s.text("Timing: one primitive (pagebench.measure.timing.measure): CPU perf_counter after warm-up, "
            "median; CUDA events, median, batch-1 cases also replayed from a CUDA graph. GPU "
-           "timing harness 2 (rows since 79a173a; pagebench.timing.HARNESS): 50 ms of untimed "
+           "timing harness 2 (rows since 79a173a; pagebench.measure.timing.HARNESS): 50 ms of untimed "
            "replays first, L2 flushed between repeats by reading a 256 MB buffer. Harness 1: "
            "a buffer zeroed as the flush, whose write-backs the timed call paid (about 8 us on "
            "the H200 for a call reading past L2), and a 3-call warm-up, so a point could sit in "
@@ -209,7 +209,7 @@ def environment(results: Results, env: dict, options: dict) -> Section:
 
 
 def gpu_harnesses(frame: pd.DataFrame) -> list[str]:
-    """The timing harnesses (``pagebench.timing.measure``'s versions) of ``frame``'s timed rows
+    """The timing harnesses (``pagebench.measure.timing.measure``'s versions) of ``frame``'s timed rows
     measured on a CUDA device (a row without the column: harness 1), in order; none for a frame
     without such rows (or without ``time_us``: engine rows are timed end to end instead)."""
     if "device" not in frame.columns or "time_us" not in frame.columns:
@@ -536,10 +536,10 @@ ENGINE = (
              cases(cow, ["machine", "variant"], ["peak_blocks"]), "case",
              {"peak_blocks": "peak blocks"}, "KV blocks: n = 1 versus n = 4", "device and request",
              "bar chart of blocks for n=1 and n=4", ylabel="peak KV blocks"),
-         missing="copy-on-write comparison (pagebench.engine.bench.cow_comparison)"),
+         missing="copy-on-write comparison (pagebench.measure.engine_bench.cow_comparison)"),
     View("engine_prefix", "Prefix caching comparison", text="Prefix caching: requests sharing "
          "a system prompt, caching on versus off.", plot=prefix_plot,
-         missing="prefix caching comparison (pagebench.engine.bench.prefix_cache_comparison)"),
+         missing="prefix caching comparison (pagebench.measure.engine_bench.prefix_cache_comparison)"),
     View("engine_pool", "Pool size sweep", text="Pool size sweep: as the pool shrinks, "
          "preemptions start and throughput falls — the capacity cliff.", plot=lambda pool:
          plots.twin_lines(pool, "num_blocks", "tokens_per_s", "num_preemptions",
@@ -547,12 +547,12 @@ ENGINE = (
                           "line chart of the capacity cliff",
                           left_label="generated tokens/s (solid)",
                           right_label="preemptions (dashed)", hue="machine"),
-         missing="pool size sweep (pagebench.engine.bench.pool_size_sweep)"),
+         missing="pool size sweep (pagebench.measure.engine_bench.pool_size_sweep)"),
     View("engine_batch", "Engine throughput versus batch", text="Error bars: min and max over "
          "repeats, where the data has them. On a GPU the engine replays decode steps from CUDA "
          "graphs of compiled layers; 'eager' rows run every step from Python.",
          plot=batch_plots, frame=reshaped("engine_batch", batch_series),
-         missing="engine throughput versus batch (pagebench.engine.bench.throughput_vs_batch)"),
+         missing="engine throughput versus batch (pagebench.measure.engine_bench.throughput_vs_batch)"),
     View("engine_compare", "Engine versus transformers", text="The engine against "
          "transformers' own generation on the same model and requests: continuous batching "
          "with its paged cache (generate_batch) and generate on the whole left-padded batch "

@@ -77,6 +77,12 @@ VIEWS = (
          plot=lambda f: [latency_plot("ttft_p99_ms", "TTFT p99")(f),
                          latency_plot("tpot_p99_ms", "TPOT p99")(f)],
          table=lambda f: f[~is_predicted(f)]),
+    View("serve_bench", "Simulator against engine, per trace: median and largest |error| of "
+         "p50 and p99 TTFT and TPOT over the trace's measured points (every configuration and "
+         "rate; same requests and rates; the aim is <= 10%, as Vidur reports)",
+         frame=derived("serving_prediction_error"),
+         missing="simulator predictions (pagebench step-cost-fit --validate "
+         "--predictions-out)"),
     View("serve_bench", "Simulator against engine: p50 and p99 TTFT and TPOT at each measured "
          "point; rel_err = (predicted - measured) / measured",
          frame=derived("serving_prediction"),

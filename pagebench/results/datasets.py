@@ -29,7 +29,9 @@ ENVIRONMENT = optional(
     C("cpu_count", "int", "logical CPUs"), C("torch_threads", "int", "torch intra-op threads"),
     C("machine", "str", "device label (pagebench.results.devices)"),
     C("source", "str", "file or function the row came from"), C("note", "str", "free text"),
-    C("timing_harness", "int", "pagebench.timing.HARNESS the row was timed with; empty: 1"),
+    C("timing_harness", "int", "pagebench.measure.timing.HARNESS the row was timed with; empty: 1"),
+    C("timestamp", "str", "UTC start (ISO 8601) of the run that measured the row; empty: "
+                          "measured before rows carried one"),
 )
 BLOCK_SIZE = nullable(C("block_size", "int", "paged block size in tokens; empty: not paged"))
 KERNEL = nullable(C("kernel", "str", "registry backend name (triton, torch, flex, sdpa); empty: "
@@ -61,7 +63,7 @@ def schema(name: str, meaning: str, *columns: Column, environment: bool = True) 
 # ---- kernels -----------------------------------------------------------------------------
 
 KERNELS = schema(
-    "kernels", "one timed decode step of one kernel variant (kernels.sweep.run_sweep)",
+    "kernels", "one timed decode step of one kernel variant (measure.kernel_sweep.run_sweep)",
     C("device", "str", "cpu or cuda[:n]"), DTYPE, MODEL_SHAPE, C("batch", "int", "sequences"),
     C("context", "int", "cached tokens per sequence"), BLOCK_SIZE, BACKEND, KERNEL, LAYOUT,
     CUDA_GRAPHS, TIME_US,
@@ -85,7 +87,7 @@ KERNELS_EQUIVALENCE = schema(
     "kernels_equivalence", "one decode case against the float64 reference",
     *EQUIVALENCE_COLUMNS, environment=False)
 KERNELS_PREFILL = schema(
-    "kernels_prefill", "one timed prefill call (kernels.prefill_sweep.run_prefill_sweep)",
+    "kernels_prefill", "one timed prefill call (measure.prefill_sweep.run_prefill_sweep)",
     MODEL_SHAPE, C("batch", "int", "sequences"),
     C("query_len", "int", "new tokens per sequence"),
     C("cached", "int", "tokens already cached per sequence"), BLOCK_SIZE, BACKEND, KERNEL,
@@ -99,7 +101,7 @@ KERNELS_PREFILL_EQUIVALENCE = schema(
     *EQUIVALENCE_COLUMNS, environment=False)
 KERNELS_FP8 = schema(
     "kernels_fp8", "one timed decode (Triton, or the CUDA fp8 kernel) or Triton prefill call "
-    "with a bf16 or fp8 cache (kernels.fp8_sweep.run_fp8_sweep)",
+    "with a bf16 or fp8 cache (measure.fp8_sweep.run_fp8_sweep)",
     C("op", "str", "decode or prefill"), C("cache_dtype", "str", "K/V cache element type"),
     C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE, TIME_US,
     *optional(C("backend", "str", "kernel backend (missing: triton)"),
@@ -113,7 +115,7 @@ KERNELS_FP8 = schema(
     *HEADS)
 KERNELS_LAYOUT = schema(
     "kernels_layout", "one timed paged decode step over a given block-table layout: a row of "
-    "the decode sweep over several layouts (kernels.sweep.run_sweep, "
+    "the decode sweep over several layouts (measure.kernel_sweep.run_sweep, "
     "`pagebench bench --layouts ...`)",
     C("batch", "int", "sequences"), C("context", "int", "cached tokens"), BLOCK_SIZE,
     C("table_layout", "str", "contiguous, shuffled or aged"), TIME_US,
@@ -151,29 +153,29 @@ def engine_schema(name: str, meaning: str, *columns: Column) -> Schema:
 
 
 ENGINE_BATCH = engine_schema(
-    "engine_batch", "engine throughput at one (block size, batch) (engine.bench."
+    "engine_batch", "engine throughput at one (block size, batch) (measure.engine_bench."
     "throughput_vs_batch)", C("batch", "int", "requests admitted at once"), BLOCK_SIZE,
     TOKENS_PER_S, *optional(C("mode", "str", "graphs, eager, ...: how decode steps ran")))
 ENGINE_COW = engine_schema(
-    "engine_cow", "blocks used by one request with n completions (engine.bench.cow_comparison)",
+    "engine_cow", "blocks used by one request with n completions (measure.engine_bench.cow_comparison)",
     C("variant", "str", "n=1, n=4 shared, or 4 separate requests"),
     nullable(C("n", "int", "completions sharing one prompt; empty for separate requests")),
     C("peak_blocks", "int", "most KV blocks in use at once"))
 ENGINE_PREFIX = engine_schema(
-    "engine_prefix", "one run with prefix caching on or off (engine.bench."
+    "engine_prefix", "one run with prefix caching on or off (measure.engine_bench."
     "prefix_cache_comparison)", C("enable_prefix_caching", "bool", "prefix caching on"),
     C("prefix_cache_hit_rate", "float", "prompt tokens served from the cache / prompt tokens"),
     C("num_computed_prompt_tokens", "int", "prompt tokens computed"),
     C("peak_blocks", "int", "most KV blocks in use at once"))
 ENGINE_POOL = engine_schema(
-    "engine_pool", "one run at a pool size (engine.bench.pool_size_sweep)",
+    "engine_pool", "one run at a pool size (measure.engine_bench.pool_size_sweep)",
     C("num_blocks", "int", "pool size in blocks"), C("num_preemptions", "int", "preemptions"),
     TOKENS_PER_S, C("recomputed_tokens", "int", "prompt tokens computed again after preemption"))
 # the equal-memory control: the engine with max_num_seqs capped at padded generate's batch
 EQUAL_MEMORY_CONTROL = "engine_contiguous_batch"
 ENGINE_EQUAL_MEMORY = engine_schema(
     "engine_equal_memory", "the engine, the engine capped at padded generate's concurrency, or "
-    "padded generate, in the same KV bytes (engine.bench.equal_memory_comparison)",
+    "padded generate, in the same KV bytes (measure.engine_bench.equal_memory_comparison)",
     C("method", "str", f"engine, {EQUAL_MEMORY_CONTROL} or padded_generate"), TOKENS_PER_S,
     C("concurrent_seqs", "int", "sequences at once"),
     *optional(C("tokens_per_s_min", "float", "slowest of the interleaved repeats"),
@@ -293,7 +295,7 @@ REAL_TRACES_ENGINE = schema("real_traces_engine", "the engine replaying a trace 
 
 FP8_ENGINE = engine_schema(
     "fp8_engine", "engine pool and agreement with a bf16 and an fp8 cache in the same memory "
-    "(engine.bench.fp8_comparison)",
+    "(measure.engine_bench.fp8_comparison)",
     C("blocks_bf16", "int", "pool with a cache in the model's dtype (bf16)"),
     C("blocks_fp8", "int", "pool with fp8"), C("blocks_ratio", "float", "blocks_fp8 / blocks_bf16"),
     *optional(C("kv_cache_memory", "str", "KV cache memory of each run, e.g. 4GiB"),
@@ -307,7 +309,7 @@ FP8_ENGINE = engine_schema(
 KV_ACCURACY = schema(
     "kv_accuracy", "held-out perplexity and top-1 agreement of the shipped trained model with "
     "one KV cache dtype against a reference dtype, at one block size "
-    "(engine.kv_accuracy.accuracy_rows)",
+    "(measure.kv_accuracy.accuracy_rows)",
     MODEL, C("kv_dtype", "str", "K/V cache dtype measured (bfloat16: model and cache in bf16)"),
     C("reference_dtype", "str", "the dtype it is compared with"), BLOCK_SIZE,
     C("perplexity", "float", "exp(mean next-byte cross-entropy) with kv_dtype"),
@@ -397,7 +399,9 @@ SERVE_BENCH = schema(
                 "(its /metrics), 0..1"),
               C("slo_attainment", "float", "share of requests that must meet every SLO"),
               C("meets_slo", "bool", "num_good_requests >= slo_attainment x num_requests"),
-              C("predicted", "bool", "the simulator's prediction, not a measurement")))
+              C("predicted", "bool", "the simulator's prediction, not a measurement"),
+              C("repeat", "int", "which run of the same point (serve-bench --repeats); "
+                "empty: 0")))
 SERVE_STEPS = schema(
     "serve_steps", "one engine step of a serve-bench run: what it computed and how long it "
     "took (the step-cost model's training data)",
@@ -408,17 +412,27 @@ SERVE_STEPS = schema(
     C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
     *optional(MODEL, C("trace", "str", "trace"), C("request_rate", "float", "requests/s"),
               C("batch_size", "int", "sequences in the step"),
-              C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode")))
+              C("prefix_caching", "bool", "prefix caching on"), C("mode", "str", "decode mode"),
+              C("gc_ms", "float", "time the step spent in Python's garbage collector"),
+              C("device_allocs", "int", "CUDA allocator: device allocations in the step"),
+              C("alloc_retries", "int", "CUDA allocator: retries (cache freed) in the step"),
+              C("repeat", "int", "which run of the same point (serve-bench --repeats)")))
 STEP_COST = schema(
     "step_cost", "a step-cost model's coefficients fitted on serve_steps (measure.step_cost): "
-    "step_ms = base + per prefill token + per decode sequence + per 1k context tokens",
+    "step_ms = base + per prefill token + per decode sequence + per 1k context tokens "
+    "(+ per step with prompt tokens + per prefilling sequence)",
     MODEL, BLOCK_SIZE, C("kv_cache_dtype", "str", "auto or fp8_e4m3"),
     C("base_ms", "float", "fixed cost of a step"),
     C("prefill_token_ms", "float", "per prefill token"),
     C("decode_seq_ms", "float", "per decoding sequence"),
     C("context_ktoken_ms", "float", "per 1,000 context tokens read"),
-    *optional(C("num_steps", "int", "steps fitted"),
+    *optional(C("prefill_step_ms", "float", "fixed cost of a step with prompt tokens (eager)"),
+              C("prefill_seq_ms", "float", "per sequence with prompt tokens in the step"),
+              C("num_steps", "int", "steps fitted"),
               C("rel_err_median", "float", "median |predicted - measured| / measured"),
+              C("rel_err_median_decode", "float", "the same over decode-only steps"),
+              C("rel_err_median_prefill", "float", "the same over prefill-only steps"),
+              C("rel_err_median_mixed", "float", "the same over steps of both"),
               C("mode", "str", "decode mode")))
 
 # ---- benchmark histories (pagebench.results.history) -------------------------------------
@@ -602,9 +616,16 @@ SERVING_PREDICTION = schema(
     C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
     C("measured_ms", "float", "measured"), C("predicted_ms", "float", "predicted"),
     C("rel_err", "float", "(predicted - measured) / measured"), environment=False)
+SERVING_PREDICTION_ERROR = schema(
+    "serving_prediction_error", "per trace and metric, the simulator's |relative error| over "
+    "the measured points", C("machine", "str", "device label"), MODEL, C("trace", "str", "trace"),
+    C("metric", "str", "ttft_p50_ms, ttft_p99_ms, tpot_p50_ms or tpot_p99_ms"),
+    C("median_abs_err", "float", "median |predicted - measured| / measured"),
+    C("max_abs_err", "float", "largest |predicted - measured| / measured"),
+    C("points", "int", "measured points with a prediction"), environment=False)
 
 DERIVED: dict[str, Schema] = {s.name: s for s in (
-    SERVING_MAX_RATE, SERVING_PREDICTION,
+    SERVING_MAX_RATE, SERVING_PREDICTION, SERVING_PREDICTION_ERROR,
     VERDICT, KERNELS_TIMED, KERNELS_BATCH1_RATIO, KERNELS_THROUGHPUT, KERNELS_BANDWIDTH,
     KERNELS_BLOCK_COST, KERNELS_PREFILL_SUMMARY, KERNELS_VS_FASTEST, KERNELS_BATCH1_FAMILY,
     KERNELS_PREFILL_VS_FASTEST, KERNELS_BLOCK_COST_KERNEL, RECOMMENDATION, RECOMMENDATION_TRACES,

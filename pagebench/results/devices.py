@@ -58,7 +58,7 @@ def device_label(device: str = "cpu", device_name: str = "", cpu_count=None, *,
 
 
 def run_label(env: dict) -> str:
-    """The label of the machine a report is built on, from ``pagebench.timing.environment``."""
+    """The label of the machine a report is built on, from ``pagebench.measure.timing.environment``."""
     import os
 
     return device_label(env.get("device", "cpu"), env.get("device_name", ""), os.cpu_count())

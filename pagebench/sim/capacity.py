@@ -32,7 +32,6 @@ from pagebench.config import (PRESETS, KVGeometry, ceil_div, config_json_path, d
 from pagebench.defaults import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_NUM_SEQS,
                                 REFERENCE_SEED)
 from pagebench.errors import ConfigError, check_positive_int
-from pagebench.results.datasets import CAPACITY, CAPACITY_ARTICLE, KV_GEOMETRY
 from pagebench.sim.static import reserved_slots
 from pagebench.sim.workloads import sample_lengths
 
@@ -296,8 +295,8 @@ def format_capacity(plan: dict) -> str:
 
 def article_capacity(**overrides) -> dict:
     """:func:`capacity_plan` with :data:`ARTICLE_CASE` (the article's ~250-request arithmetic):
-    the ``capacity_article`` dataset's row."""
-    return CAPACITY_ARTICLE.row(**capacity_plan(**(ARTICLE_CASE | overrides)))
+    the row of the ``capacity_article`` dataset (``pagebench.measure.memory`` names it)."""
+    return capacity_plan(**(ARTICLE_CASE | overrides))
 
 
 def article_budget_tokens() -> int:
@@ -330,10 +329,10 @@ def geometry_rows(dtype: str = "bfloat16") -> list[dict]:
     rows = []
     for name in PRESETS:
         g = KVGeometry.from_name(name, dtype=dtype)
-        rows.append(KV_GEOMETRY.row(model=name, dtype=dtype, num_layers=g.num_layers,
-                                    num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
-                                    bytes_per_token=g.bytes_per_token,
-                                    bytes_per_block_16=g.bytes_per_block(16)))
+        rows.append(dict(model=name, dtype=dtype, num_layers=g.num_layers,
+                         num_kv_heads=g.num_kv_heads, head_dim=g.head_dim,
+                         bytes_per_token=g.bytes_per_token,
+                         bytes_per_block_16=g.bytes_per_block(16)))
     return rows
 
 
@@ -349,8 +348,7 @@ def planner_case_rows(lengths: str = REFERENCE_LENGTHS,
         except ConfigError as e:
             errors.append(f"{case}: {e}")
             continue
-        rows.append(CAPACITY.row(gpu_memory=case["gpu_memory"],
-                                 **{k: plan.get(k) for k in PLAN_COLUMNS}))
+        rows.append(dict(gpu_memory=case["gpu_memory"], **{k: plan.get(k) for k in PLAN_COLUMNS}))
     return rows, errors
 
 

@@ -94,7 +94,6 @@ from pagebench.defaults import (REFERENCE_LENGTHS, REFERENCE_MAX_LEN, REFERENCE_
                                 REFERENCE_SEED)
 from pagebench.sim.columns import DYNAMIC_LEGEND, legend_lines
 from pagebench.errors import ConfigError
-from pagebench.results.datasets import MEMORY_DYNAMIC_SUMMARY, MEMORY_DYNAMIC_TIMELINE
 from pagebench.sim.dynamic_loops import (WINDOW_FIELDS, RunStats, Window, simulate_contiguous,
                                          simulate_paged)
 from pagebench.sim.trace import MAX_TRACE_VALUE, Workload
@@ -285,7 +284,7 @@ def _run_one(workload, budget, allocator, block_size, max_len, cow, max_num_seqs
         prompt_tokens = int(workload.prompt_len.sum())
         row["prefix_cache_hit_rate"] = stats.prefix_hit_tokens / prompt_tokens if paged else None
         row["prefix_blocks_saved"] = stats.prefix_blocks_saved if paged else None
-    return MEMORY_DYNAMIC_SUMMARY.row(**row), win
+    return row, win
 
 
 def simulate_allocator(workload: Workload, budget_tokens: int, allocator: str,
@@ -355,8 +354,7 @@ def run_dynamic(workload: Workload, budget_tokens: int, allocators=ALLOCATORS,
                       "label": np.full(size, label(allocator, bs), dtype=object),
                       "budget_tokens": np.full(size, int(budget_tokens), dtype=np.int64)}
                      | {k: v for k, v in cols.items() if k != "step"})
-    timeline = MEMORY_DYNAMIC_TIMELINE.table(
-        {k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
+    timeline = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return DynamicResult(int(budget_tokens), workload.describe(), rows, timeline, int(every))
 
 

@@ -30,9 +30,6 @@ import numpy as np
 
 from pagebench.defaults import ENGINE_BLOCK_SIZES
 from pagebench.errors import ConfigError, check_positive_int
-from pagebench.results.datasets import (REAL_TRACES_DYNAMIC, REAL_TRACES_GOODPUT,
-                                        REAL_TRACES_PREFIX, REAL_TRACES_STATIC,
-                                        REAL_TRACES_TIMELINE)
 from pagebench.sim.trace import (HASH_BLOCK_TOKENS, MAX_TRACE_VALUE, Workload, open_text,
                                  read_trace)
 
@@ -358,7 +355,7 @@ def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
                 "mean_prompt_len": float(w.prompt_len.mean()),
                 "mean_output_len": float(w.output_len.mean())}
         res = static_fragmentation(w.length, max_len, STUDY_STATIC_BLOCK_SIZES)
-        out["static"] += [REAL_TRACES_STATIC.row(**info | r) for r in res["results"]]
+        out["static"] += [info | r for r in res["results"]]
         # the sample and its max_model_len (the whole trace's) are those of every run mode
         sample, load_len = whole.head(load_requests), whole.default_max_model_len
         lw = sample.to_workload(max_model_len=load_len)
@@ -368,10 +365,9 @@ def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
                      "step_cost": step_cost_source}
         load = study_trace(sample.arrival_s, lw.prompt_len, lw.output_len, load_len, step_cost,
                            budget)
-        out["dynamic"] += [REAL_TRACES_DYNAMIC.row(**load_info | r) for r in load["memory"]]
-        out["goodput"] += [REAL_TRACES_GOODPUT.row(**load_info | r) for r in load["goodput"]]
-        out["timeline"] += [REAL_TRACES_TIMELINE.table(pd.DataFrame(t).assign(trace=name))
-                            for t in load["timeline"]
+        out["dynamic"] += [load_info | r for r in load["memory"]]
+        out["goodput"] += [load_info | r for r in load["goodput"]]
+        out["timeline"] += [pd.DataFrame(t).assign(trace=name) for t in load["timeline"]
                             if t["allocator"] != "paged" or t["block_size"] == 16]
         if w.hash_ids is None:
             continue
@@ -383,11 +379,11 @@ def study_traces(num_requests: int | None = None, names=STUDY_TRACES,
                 continue
             row, _ = simulate_allocator(w, budget_p, "paged", 16, max_len=max_len,
                                         prefix_caching=True)
-            out["prefix"].append(REAL_TRACES_PREFIX.row(**info | {
+            out["prefix"].append(info | {
                 "budget_tokens": budget_p, "budget_vs_article": multiple,
                 "unlimited": multiple is None} | {k: row[k] for k in (
                     "prefix_cache_hit_rate", "prefix_blocks_saved", "num_preemptions",
-                    "free_fraction")}))
+                    "free_fraction")})
     frames = {kind: pd.DataFrame(rows) for kind, rows in out.items() if kind != "timeline"}
     for kind in ("static", "dynamic", "goodput"):
         frames[kind]["block_size"] = frames[kind]["block_size"].astype("Int64")

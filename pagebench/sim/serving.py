@@ -10,8 +10,9 @@ requests are admitted first come first served while the budget, ``max_num_seqs``
 allow, with a prefix-cache hit skipping the leading blocks it finds. A sequence whose step
 reaches its last token samples one at the step's end. Requests arrive at their times; arrivals
 are admitted at the first step that starts after them, and an idle engine waits for the next.
-The step's cost is prefill (and recomputed) tokens, decoding sequences and the context tokens
-read, so prefill costs what it costs and a long prompt delays every sequence batched with it.
+The step's cost is prefill (and recomputed) tokens, decoding sequences, the context tokens
+read and the sequences prefilling, so prefill costs what it costs and a long prompt delays
+every sequence batched with it.
 
 Prefix caching is modelled at block granularity from the trace's ``hash_ids`` (a block is
 identified by its 512-token span's id and its offset in the span, as the trace replay
@@ -184,19 +185,20 @@ def simulate_serving(arrival_s, prompt_len, output_len, cost: StepCostModel, *,
             budget -= new
         if not batch:
             raise ConfigError("num_blocks: no request could be scheduled (pool too small)")
-        prefill = decode = context = 0
+        prefill = decode = context = prefill_seqs = 0
         for seq, start, new in batch:
             context += start + new
             if new == 1 and start >= seq.prompt_len and start + 1 == seq.length:
                 decode += 1
             else:
                 prefill += new
+                prefill_seqs += 1
             if prefix_caching:
                 cached.update(seq.keys[:min(start + new, seq.prompt_len) // block_size])
             t = timings[seq.index]
             if t.first_scheduled_s is None:
                 t.first_scheduled_s = now
-        end = now + cost.step_ms(prefill, decode, context) / 1e3
+        end = now + cost.step_ms(prefill, decode, context, prefill_seqs) / 1e3
         step = SimulatedStep(now, end, prefill, decode, context, num_blocks - free,
                              memory_bound=preempted or refused)
         steps.append(step)

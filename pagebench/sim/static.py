@@ -14,7 +14,6 @@ from pagebench.config import ceil_div
 from pagebench.defaults import BLOCK_SIZES
 from pagebench.errors import ConfigError
 from pagebench.sim.columns import STATIC_LEGEND, legend_lines
-from pagebench.results.datasets import MEMORY_MAX_LEN, MEMORY_STATIC
 
 
 def reserved_slots(allocator: str, lengths: np.ndarray, max_len: int,
@@ -83,9 +82,8 @@ def utilisation_rows(workload: str, num_seqs: int, seed: int, max_len: int,
 
     res = static_fragmentation(sample_lengths(workload, num_seqs, seed, max_len), max_len,
                                block_sizes)
-    return [MEMORY_STATIC.row(**r, workload=workload, num_seqs=res["num_seqs"],
-                              max_len=res["max_len"], tokens_stored=res["tokens_stored"],
-                              seed=seed) for r in res["results"]]
+    return [dict(**r, workload=workload, num_seqs=res["num_seqs"], max_len=res["max_len"],
+                 tokens_stored=res["tokens_stored"], seed=seed) for r in res["results"]]
 
 
 def max_len_rows(workload: str, num_seqs: int, seed: int, max_lens,
@@ -96,7 +94,7 @@ def max_len_rows(workload: str, num_seqs: int, seed: int, max_lens,
     for max_len in max_lens:
         for r in utilisation_rows(workload, num_seqs, seed, max_len, block_sizes):
             label = r["allocator"] if r["block_size"] is None else f"paged {r['block_size']}"
-            rows.append(MEMORY_MAX_LEN.row(max_len=max_len, label=label, **{k: r[k] for k in (
+            rows.append(dict(max_len=max_len, label=label, **{k: r[k] for k in (
                 "allocator", "block_size", "utilisation", "wasted_slots_per_seq", "workload",
                 "num_seqs", "seed")}))
     return rows

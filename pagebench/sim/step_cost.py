@@ -1,10 +1,18 @@
 """A step-cost model: an engine step's wall time from what the step computes.
 
 ``step_ms = base_ms + prefill_token_ms * prefill tokens + decode_seq_ms * decoding sequences
-+ context_ktoken_ms * (context tokens read / 1000)`` -- Vidur's idea (profiled per-step costs
-predict serving latency) at its smallest: a linear model of one engine on one device, for one
-block size and cache dtype, fitted by least squares on measured steps
++ context_ktoken_ms * (context tokens read / 1000) + prefill_step_ms * [any prefill]
++ prefill_seq_ms * prefilling sequences`` -- Vidur's idea (profiled per-step costs predict
+serving latency) at its smallest: a linear model of one engine on one device, for one block
+size and cache dtype, fitted by least squares on measured steps
 (:mod:`pagebench.measure.step_cost`) and committed as data (``step_cost.csv``).
+
+The last two terms are the engine's two paths: a decode-only step replays a CUDA graph, a step
+with any prompt tokens runs the model eagerly (a fixed cost of tens of milliseconds for a
+24-layer model's Python and kernel launches, ``prefill_step_ms``), and each prompt being
+prefilled adds its own attention call (``prefill_seq_ms``). Without them a linear fit either
+under-prices every prefill step or over-prices every decode step. Files written before they
+existed read them as 0.
 """
 
 from __future__ import annotations
@@ -15,7 +23,9 @@ from dataclasses import dataclass
 
 from pagebench.errors import ConfigError
 
-COEFFICIENTS = ("base_ms", "prefill_token_ms", "decode_seq_ms", "context_ktoken_ms")
+COEFFICIENTS = ("base_ms", "prefill_token_ms", "decode_seq_ms", "context_ktoken_ms",
+                "prefill_step_ms", "prefill_seq_ms")
+OPTIONAL_COEFFICIENTS = ("prefill_step_ms", "prefill_seq_ms")  # 0 where a file lacks them
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +34,8 @@ class StepCostModel:
     prefill_token_ms: float
     decode_seq_ms: float
     context_ktoken_ms: float
+    prefill_step_ms: float = 0.0
+    prefill_seq_ms: float = 0.0
 
     def __post_init__(self):
         for name in COEFFICIENTS:
@@ -32,10 +44,17 @@ class StepCostModel:
                 raise ConfigError(f"{name}: a step cost must be a finite number >= 0, "
                                   f"got {value!r}")
 
-    def step_ms(self, prefill_tokens: int, decode_seqs: int, context_tokens: int) -> float:
+    def step_ms(self, prefill_tokens: int, decode_seqs: int, context_tokens: int,
+                prefill_seqs: int | None = None) -> float:
+        """``prefill_seqs``: the sequences with prompt tokens in the step (None: one if there
+        are prompt tokens, else none)."""
+        if prefill_seqs is None:
+            prefill_seqs = int(prefill_tokens > 0)
         return (self.base_ms + self.prefill_token_ms * prefill_tokens
                 + self.decode_seq_ms * decode_seqs
-                + self.context_ktoken_ms * context_tokens / 1000.0)
+                + self.context_ktoken_ms * context_tokens / 1000.0
+                + (self.prefill_step_ms if prefill_seqs > 0 else 0.0)
+                + self.prefill_seq_ms * prefill_seqs)
 
 
 def read_step_cost(path, *, block_size: int, kv_cache_dtype: str = "auto",
@@ -54,7 +73,8 @@ def read_step_cost(path, *, block_size: int, kv_cache_dtype: str = "auto",
                           if rows else f"step_cost: no model for block {block_size}, "
                           f"{kv_cache_dtype}{', ' + model if model else ''} in {path}")
     try:
-        return StepCostModel(*(float(rows[0][name]) for name in COEFFICIENTS))
+        return StepCostModel(*(float(rows[0].get(name) or 0.0) if name in OPTIONAL_COEFFICIENTS
+                               else float(rows[0][name]) for name in COEFFICIENTS))
     except (KeyError, TypeError, ValueError):
         raise ConfigError(f"step_cost: {path} lacks a number in {', '.join(COEFFICIENTS)}") \
             from None

@@ -27,7 +27,7 @@ class _NoLaunch:
 
 @pytest.mark.parametrize("num_splits", [None, 1], ids=["split_choice", "one_split"])
 def test_triton_wrapper_host_cost(benchmark, monkeypatch, num_splits):
-    from pagebench.kernels.fixtures import make_paged_inputs
+    from pagebench.measure.kernel_cases import make_paged_inputs
 
     split = _NoLaunch(triton_decode._decode_split_kernel)
     combine = _NoLaunch(triton_decode._combine_kernel)
@@ -36,12 +36,13 @@ def test_triton_wrapper_host_cost(benchmark, monkeypatch, num_splits):
     monkeypatch.setattr(triton_decode, "_combine_kernel", combine)
     inp = make_paged_inputs([4000], 32, 8, 128, 16, dtype=torch.bfloat16, seed=0)
     args = (*inp.args(), 128 ** -0.5)
-    out = benchmark(lambda: triton_decode.triton_paged_decode(*args, num_splits=num_splits))
+    launch = triton_decode.DecodeLaunch(num_splits=num_splits)
+    out = benchmark(lambda: triton_decode.triton_paged_decode(*args, launch=launch))
     assert out.shape == inp.q.shape
     # Llama shape, one 4000-token sequence: split (the model's choice on the CPU's pretend
-    # slots: 2, merged by the split kernel itself; a GPU's 32 splits take the combine kernel),
-    # or one split
-    seqs, heads, splits = split.grids[-1]
-    assert (seqs, heads) == (1, 8)
-    assert (splits > 1) == (num_splits is None) and not combine.grids
+    # slots: 2 work items of the per-sequence grid, merged by the split kernel itself; a GPU's
+    # 32 splits take the combine kernel), or one split
+    items, heads, splits = split.grids[-1]
+    assert heads == 8 and splits == 1 and not combine.grids
+    assert (items > 1) == (num_splits is None)
     benchmark.extra_info.update(shape="32/8x128", batch=1, context=4000)

@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import time
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from collections.abc import Callable
 
 # Version of the CUDA timing below, stamped on every row (``timing_harness``): 1 (rows without
@@ -181,12 +182,15 @@ def git_commit() -> str:
 
 # the columns every result row carries (``environment``'s keys, in this order)
 ENVIRONMENT_COLUMNS = ("device", "device_name", "torch_version", "triton_version",
-                       "pagebench_version", "python_version", "commit", "timing_harness")
+                       "pagebench_version", "python_version", "commit", "timing_harness",
+                       "timestamp")
 
 
 def environment(device="cpu") -> dict:
-    """Device, versions, commit and timing harness: the columns every result row carries
-    (``ENVIRONMENT_COLUMNS``)."""
+    """Device, versions, commit, timing harness and the time (UTC, ISO 8601, to the second)
+    of this call: the columns every result row carries (``ENVIRONMENT_COLUMNS``). A run calls
+    it once as it starts, so its rows carry their run's start: what orders runs (and their
+    commits) in :mod:`pagebench.results.commits`, without asking git."""
     import torch
 
     import pagebench
@@ -200,6 +204,7 @@ def environment(device="cpu") -> dict:
         "python_version": platform.python_version(),
         "commit": git_commit(),
         "timing_harness": HARNESS,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
     if str(device).startswith("cuda") and torch.cuda.is_available():
         env["device_name"] = torch.cuda.get_device_name()

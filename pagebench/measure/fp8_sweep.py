@@ -4,7 +4,7 @@ decode (backend ``cuda-fp8``, where it runs) with each fp8 cache, and the fp8 ou
 
 At each point K/V are drawn once in ``dtype`` (standard normal: no outlier channels) and
 quantised with per-head scales, each head's largest value mapped to the format's largest
-(``fixtures.quantized_inputs``). One row per (point, cache dtype, launch): the time, and for
+(``kernel_cases.quantized_inputs``). One row per (point, cache dtype, launch): the time, and for
 decode the bytes a step reads (fp8 counted in fp8 bytes), GB/s and its fraction of the measured
 copy bandwidth; for an fp8 cache, the output's relative error against the ``dtype`` cache's
 output and, as a correctness check, against the torch backend in float32 on the dequantised
@@ -20,13 +20,14 @@ import torch
 
 from pagebench import defaults
 from pagebench.config import dtype_name
-from pagebench.kernels.fixtures import paged_case, prefill_case, quantized_inputs, relative_error
+from pagebench.measure.kernel_cases import paged_case, prefill_case, quantized_inputs, relative_error
 from pagebench.kernels.registry import backend_available, get_backend, registered_backends
 from pagebench.kernels.reference import torch_paged_decode, torch_paged_prefill
-from pagebench.kernels.sweep import kv_bytes, measure_copy_gbps
+from pagebench.measure.kernel_sweep import kv_bytes, measure_copy_gbps
 from pagebench.kernels.validate import check_decode, check_prefill
 from pagebench.results.datasets import KERNELS_FP8
-from pagebench.timing import environment, measure
+from pagebench.measure.sweep_runner import run_sweep
+from pagebench.measure.timing import environment, measure
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 # the H200 grid: long contexts, where a decode step is bound by the bytes it reads
@@ -42,7 +43,7 @@ CPU_PREFILL_POINTS = [(1, 32, 16)]
 # launch options beside the default, for e4m3 at defaults.BLOCK_SIZE: an fp8 tile holds half
 # the bytes of a bf16 one, so a tile of twice the tokens reads as much per load (the default
 # goes the other way, triton_decode.FP8_LAUNCH: this row keeps the comparison measured)
-FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}
+FP8_LAUNCHES = {"tile128x8": dict(tile_n=128, num_warps=8)}  # DecodeLaunch fields
 # fp8 decode kernels timed beside Triton's where they run and read the format
 OTHER_FP8_DECODE = ("cuda-fp8",)
 
@@ -86,7 +87,7 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
     CUDA (``DECODE_POINTS`` ...), the CPU one elsewhere (``CPU_DECODE_POINTS`` ...); ``repeat``
     20 on CUDA, 1 on a CPU. ``progress`` is called with each row. ``backends``: the fp8
     decode kernels timed beside Triton's (default ``OTHER_FP8_DECODE``, where they run);
-    ``one_scale``: quantise every head with one scale (``fixtures.quantized_inputs``), which
+    ``one_scale``: quantise every head with one scale (``kernel_cases.quantized_inputs``), which
     kernels taking one scale per cache need (FlashInfer)."""
     from pagebench.kernels import triton_decode, triton_prefill
 
@@ -104,79 +105,89 @@ def run_fp8_sweep(device: str = "cpu", *, shape=None, points=None, block_sizes=N
     check_triton_takes(shape_name, shape, block_sizes, dtype, device)
     scale = shape[2] ** -0.5
     env = environment(device)
-    rows: list[dict] = []
 
     def timed(fn) -> float:
         # the warm-up calls compile the kernel outside the timed (and captured) calls
         return measure(fn, device=device, warmup=3 if on_cuda else 1, repeat=repeat,
                        cuda_graph=on_cuda).median_us
 
-    def record(**fields) -> None:
-        rows.append(KERNELS_FP8.row(**env, model_shape=shape_name, num_q_heads=shape[0],
-                                    num_kv_heads=shape[1], head_dim=shape[2], **fields))
-        if progress:
-            progress(rows[-1])
+    def make_row(point, case, cache_dtype, fields) -> dict:
+        return KERNELS_FP8.row(**env, model_shape=shape_name, num_q_heads=shape[0],
+                               num_kv_heads=shape[1], head_dim=shape[2], **fields)
 
-    for batch, context in points:
-        for block_size in block_sizes:
-            case = paged_case(batch, context, shape, block_size, dtype, device, seed=batch)
-            check_decode(*case.args(), scale)
-            base = triton_decode.triton_paged_decode(*case.args(), scale)
-            for cache_dtype in cache_dtypes(block_size, dtype):
-                inputs = case if cache_dtype == dtype else quantized_inputs(
-                    case, cache_dtype, spread=1.0, one_scale=one_scale)
-                exact = None if cache_dtype == dtype else dequantised_output(
-                    torch_paged_decode, inputs, scale)  # once for every kernel timed on it
-                # (backend, launch, call): Triton's default and other launches, then the
-                # other fp8 kernels
-                calls = [("triton", "default", {})]
-                if cache_dtype == E4M3 and block_size == defaults.BLOCK_SIZE:
-                    calls += [("triton", launch, o) for launch, o in FP8_LAUNCHES.items()]
-                if cache_dtype != dtype:
-                    calls += [(name, "default", None) for name in other_fp8_decoders(
-                        device, dtype, block_size, shape[2], cache_dtype,
-                        OTHER_FP8_DECODE if backends is None else backends)]
-                for backend, launch, options in calls:
-                    if backend == "triton":
-                        def call(inputs=inputs, options=options):
-                            return triton_decode.triton_paged_decode(
-                                *inputs.args(), scale, **inputs.scales(), **options)
-                    else:  # as the decode sweep times a backend
-                        call = get_backend(backend).prepared_call(
-                            "decode", *inputs.args(), scale, **inputs.scales())
-                    errors = {} if exact is None else fp8_errors(call(), base, exact)
-                    t = timed(call)
-                    nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
-                    gbps = nbytes / t / 1e3
-                    record(op="decode", cache_dtype=dtype_name(cache_dtype), batch=batch,
-                           context=context, block_size=block_size, backend=backend,
-                           launch=launch, time_us=t, kv_bytes=nbytes, gbps=gbps,
-                           copy_gbps=copy_gbps, copy_fraction=gbps / copy_gbps, **errors)
-                del inputs, exact
-            del case, base
-            if on_cuda:
-                torch.cuda.empty_cache()
-    for batch, query_len, cached in prefill_points:
+    def on_cache(case, cache_dtype):
+        """``case`` with its cache in ``cache_dtype``: itself, or quantised (per-head scales)."""
+        return case if cache_dtype == dtype else quantized_inputs(
+            case, cache_dtype, spread=1.0, one_scale=one_scale)
+
+    def decode_case(point):
+        """The point's ``dtype`` inputs and Triton's output on them (what fp8 is compared to)."""
+        batch, context, block_size = point
+        case = paged_case(batch, context, shape, block_size, dtype, device, seed=batch)
+        check_decode(*case.args(), scale)
+        return case, triton_decode.triton_paged_decode(*case.args(), scale)
+
+    def time_decode(point, case_base, cache_dtype):
+        """The fields of a row per kernel and launch timed on a ``cache_dtype`` cache."""
+        batch, context, block_size = point
+        case, base = case_base
+        inputs = on_cache(case, cache_dtype)
+        exact = None if cache_dtype == dtype else dequantised_output(
+            torch_paged_decode, inputs, scale)  # once for every kernel timed on it
+        # (backend, launch, call): Triton's default and other launches, then the
+        # other fp8 kernels
+        calls = [("triton", "default", {})]
+        if cache_dtype == E4M3 and block_size == defaults.BLOCK_SIZE:
+            calls += [("triton", launch, o) for launch, o in FP8_LAUNCHES.items()]
+        if cache_dtype != dtype:
+            calls += [(name, "default", None) for name in other_fp8_decoders(
+                device, dtype, block_size, shape[2], cache_dtype,
+                OTHER_FP8_DECODE if backends is None else backends)]
+        for backend, launch, options in calls:
+            if backend == "triton":
+                fields = triton_decode.DecodeLaunch(**options)
+
+                def call(inputs=inputs, fields=fields):
+                    return triton_decode.triton_paged_decode(
+                        *inputs.args(), scale, **inputs.scales(), launch=fields)
+            else:  # as the decode sweep times a backend
+                call = get_backend(backend).prepared_call(
+                    "decode", *inputs.args(), scale, **inputs.scales())
+            errors = {} if exact is None else fp8_errors(call(), base, exact)
+            t = timed(call)
+            nbytes = kv_bytes(batch, context, shape[1], shape[2], cache_dtype)
+            gbps = nbytes / t / 1e3
+            yield dict(op="decode", cache_dtype=dtype_name(cache_dtype), batch=batch,
+                       context=context, block_size=block_size, backend=backend,
+                       launch=launch, time_us=t, kv_bytes=nbytes, gbps=gbps,
+                       copy_gbps=copy_gbps, copy_fraction=gbps / copy_gbps, **errors)
+
+    def prefill_case_and_base(point):
+        batch, query_len, cached = point
         case = prefill_case(batch, query_len, cached, shape, defaults.BLOCK_SIZE, dtype, device,
                             seed=query_len)
         check_prefill(*case.args(), scale)
-        base = triton_prefill.triton_paged_prefill(*case.args(), scale)
-        for cache_dtype in (dtype, E4M3):
-            inputs = case if cache_dtype == dtype else quantized_inputs(
-                case, cache_dtype, spread=1.0, one_scale=one_scale)
+        return case, triton_prefill.triton_paged_prefill(*case.args(), scale)
 
-            def call(inputs=inputs):
-                return triton_prefill.triton_paged_prefill(*inputs.args(), scale,
-                                                           **inputs.scales())
-            errors = {} if cache_dtype == dtype else fp8_errors(
-                call(), base, dequantised_output(torch_paged_prefill, inputs, scale))
-            record(op="prefill", cache_dtype=dtype_name(cache_dtype), backend="triton",
+    def time_prefill(point, case_base, cache_dtype):
+        batch, query_len, cached = point
+        case, base = case_base
+        inputs = on_cache(case, cache_dtype)
+
+        def call(inputs=inputs):
+            return triton_prefill.triton_paged_prefill(*inputs.args(), scale, **inputs.scales())
+        errors = {} if cache_dtype == dtype else fp8_errors(
+            call(), base, dequantised_output(torch_paged_prefill, inputs, scale))
+        yield dict(op="prefill", cache_dtype=dtype_name(cache_dtype), backend="triton",
                    batch=batch, query_len=query_len, cached=cached, context=query_len + cached,
                    block_size=defaults.BLOCK_SIZE, time_us=timed(call), **errors)
-            del inputs
-        del case, base
-        if on_cuda:
-            torch.cuda.empty_cache()
+
+    release = torch.cuda.empty_cache if on_cuda else None
+    decode_points = [(b, c, bs) for b, c in points for bs in block_sizes]
+    rows = run_sweep(decode_points, lambda p: cache_dtypes(p[2], dtype), decode_case, time_decode,
+                     make_row, progress=progress, release=release)
+    rows += run_sweep(prefill_points, lambda p: [dtype, E4M3], prefill_case_and_base,
+                      time_prefill, make_row, progress=progress, release=release)
     return rows
 
 

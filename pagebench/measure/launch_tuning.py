@@ -18,10 +18,10 @@ import dataclasses
 import torch
 
 from pagebench.defaults import BLOCK_SIZE, SHAPES
-from pagebench.kernels.fixtures import contiguous_case, paged_case, prefill_case
-from pagebench.kernels.prefill_sweep import FULL_PREFILL_POINTS
-from pagebench.kernels.sweep import kv_bytes
-from pagebench.timing import measure
+from pagebench.measure.kernel_cases import contiguous_case, paged_case, prefill_case
+from pagebench.measure.prefill_sweep import FULL_PREFILL_POINTS
+from pagebench.measure.kernel_sweep import kv_bytes
+from pagebench.measure.timing import measure
 
 DECODE_CONFIGS = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (128, 4, 2), (128, 8, 3), (32, 4, 2)]
 DECODE_SPLITS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 32, 48, 64, 128]
@@ -111,10 +111,11 @@ def _decode_point(timed, device: str, shape_name: str, batch: int, context: int)
             if splits > max(1, context // tile_n):
                 continue
             options = dict(num_splits=splits, tile_n=tile_n, num_warps=warps, num_stages=stages)
-            row = timed(lambda: triton_decode.triton_paged_decode(*case, scale, **options),
+            launch = triton_decode.DecodeLaunch(**options)
+            row = timed(lambda: triton_decode.triton_paged_decode(*case, scale, launch=launch),
                         base, nbytes, backend="triton", **options,
                         programs=batch * shape[1] * splits)
-            plan = triton_decode.decode_plan(*case, scale, **options)
+            plan = triton_decode.decode_plan(*case, scale, launch)
             kernel = next(iter(plan.split.compiled.values()), (None,))[0]
             if row is not None and kernel is not None:  # registers, shared memory
                 row.update(n_regs=kernel.n_regs, shared=kernel.metadata.shared)

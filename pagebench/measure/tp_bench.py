@@ -21,13 +21,13 @@ import torch.distributed as dist
 
 from pagebench.config import KVGeometry, dtype_name, parse_bytes
 from pagebench.defaults import BLOCK_SIZE, TINY_MODEL
-from pagebench.distributed import world_from_environment
-from pagebench.engine import bench
+from pagebench.engine.parallel import world_from_environment
+from pagebench.measure import engine_bench
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.errors import ConfigError
 from pagebench.results import datasets
-from pagebench.timing import environment, measure
+from pagebench.measure.timing import environment, measure
 
 # the batch of the warm-up call before an engine's timed runs: kernels compiled, allocator grown
 WARMUP_BATCH = 16
@@ -55,8 +55,8 @@ def parallel_size(what: str) -> int:
 def random_model(preset: str | None, device, dtype=torch.bfloat16):
     """(model, name): random weights in ``preset``'s shape, or the tiny model (preset None)."""
     if preset is None:
-        return bench.tiny_model(dtype=dtype, device=device), "tiny-qwen2-random"
-    return bench.preset_model(preset, dtype=dtype, device=device), f"{preset}-random"
+        return engine_bench.tiny_model(dtype=dtype, device=device), "tiny-qwen2-random"
+    return engine_bench.preset_model(preset, dtype=dtype, device=device), f"{preset}-random"
 
 
 def model_dtype(model) -> str:
@@ -64,7 +64,7 @@ def model_dtype(model) -> str:
 
 
 def _generate_seconds(engine: LLMEngine, prompts, params) -> float:
-    return bench.wall(lambda: engine.generate(prompts, params), engine.tp.device)[0]
+    return engine_bench.wall(lambda: engine.generate(prompts, params), engine.tp.device)[0]
 
 
 def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_prompt_len: int = 40,
@@ -79,10 +79,10 @@ def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_pro
 
     def model():
         if preset is None:
-            return bench.tiny_model(device=device)
-        return bench.preset_model(preset, dtype=torch.float32, device=device)
+            return engine_bench.tiny_model(device=device)
+        return engine_bench.preset_model(preset, dtype=torch.float32, device=device)
 
-    prompts = bench.random_prompts(num_prompts, 1, max_prompt_len, model_vocab(preset),
+    prompts = engine_bench.random_prompts(num_prompts, 1, max_prompt_len, model_vocab(preset),
                                    seed=seed)
     rows = []
     for prefix in (False, True):
@@ -90,11 +90,11 @@ def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_pro
                        enable_prefix_caching=prefix, max_num_seqs=num_prompts,
                        compile_model=False)
         single = LLMEngine(model(), **options)
-        want = bench.greedy_tokens(single, prompts, max_tokens)
+        want = engine_bench.greedy_tokens(single, prompts, max_tokens)
         del single
         engine = LLMEngine(model(), tensor_parallel_size=tp, **options)
         engine.tp.check_tables = True
-        got = bench.greedy_tokens(engine, prompts, max_tokens)
+        got = engine_bench.greedy_tokens(engine, prompts, max_tokens)
         every = [None] * tp
         dist.all_gather_object(every, got, group=engine.tp.group)
         rows.append(datasets.TP_EQUALITY.row(**environment(device) | dict(
@@ -102,11 +102,11 @@ def greedy_equality(device, kernel: str = "auto", num_prompts: int = 16, max_pro
             model=f"{preset}-random-fp32" if preset else "tiny-qwen2-fp32", dtype="float32",
             tp=tp, prefix_caching=prefix, kernel=engine.runner.decode_backend.name,
             cuda_graphs=bool(engine.graphs()["cuda_graphs"]),
-            num_prompts=len(prompts), prompts_equal=bench.agreement(got, want)[0],
+            num_prompts=len(prompts), prompts_equal=engine_bench.agreement(got, want)[0],
             ranks_agree=all(e == every[0] for e in every),
             kv_heads_per_gpu=engine.kv_heads_per_rank)))
         del engine
-        bench.release_memory(device)
+        engine_bench.release_memory(device)
     return rows
 
 
@@ -136,12 +136,12 @@ def capacity(model, name: str, kv_memory) -> list[dict]:
             bytes_per_block_per_gpu=geometry.per_rank(tp).bytes_per_block(BLOCK_SIZE),
             num_blocks_per_gpu=engine.num_blocks)))
         del engine
-        bench.release_memory(device)
+        engine_bench.release_memory(device)
     return rows
 
 
 def _prompts(vocab: int, batch_sizes, prompt_len: int) -> dict[int, list]:
-    return {b: bench.random_prompts(b, prompt_len, prompt_len, vocab, seed=b)
+    return {b: engine_bench.random_prompts(b, prompt_len, prompt_len, vocab, seed=b)
             for b in (*batch_sizes, WARMUP_BATCH)}
 
 
@@ -218,7 +218,7 @@ def _engine_rows(model, kv_memory, tp: int, eager: bool, prompts, batch_sizes, p
             decode_tokens_per_s=stats.decode_tokens_per_s, num_blocks_per_gpu=engine.num_blocks,
             num_preemptions=stats.num_preemptions)))
     del engine
-    bench.release_memory(device)
+    engine_bench.release_memory(device)
     return rows
 
 

@@ -118,7 +118,7 @@ def prefill_reports(shape: tuple[int, int, int], points, arch: int = 90, sm_coun
     fields."""
     import torch
 
-    from pagebench.kernels.fixtures import prefill_case
+    from pagebench.measure.kernel_cases import prefill_case
     from pagebench.kernels.triton_prefill import triton_paged_prefill
 
     rows = []

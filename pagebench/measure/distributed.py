@@ -17,18 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pagebench.engine.parallel import world_from_environment
 from pagebench.errors import PagebenchError
-
-
-def world_from_environment() -> tuple[int, int]:
-    """(rank, world size) of the default process group, or of torchrun's environment."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return 0, 1
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
 class SweepRanks:
@@ -121,7 +111,7 @@ def time_torchrun(nproc: int, argv: list[str], env: dict | None = None) -> tuple
     """(wall seconds, output) of ``torchrun --standalone --nproc-per-node nproc argv``, started
     from a fresh interpreter: torchrun's start, the workers' imports and their work. The workers
     import the ``pagebench`` this process runs. PagebenchError with the output's tail if it fails."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, **(env or {}))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",

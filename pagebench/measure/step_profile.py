@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from pagebench.engine.bench import (
+from pagebench.measure.engine_bench import (
     base_row, blocks_for_all, mode_options, with_threads, wrapped_execute)
 from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams

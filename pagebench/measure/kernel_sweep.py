@@ -8,7 +8,7 @@ sizes it is timed at, where it is a real kernel) it declares in the registry.
 The timed body is the backend's ``prepared_call`` on inputs validated once beforehand (the
 public functions validate on every call, which reads scalars back from the GPU).
 
-The paged cases' block tables follow ``layouts`` (``kernels.fixtures.TABLE_LAYOUTS``: contiguous,
+The paged cases' block tables follow ``layouts`` (``measure.kernel_cases.TABLE_LAYOUTS``: contiguous,
 shuffled, aged; column ``table_layout``). Every row records the unique K/V bytes the step
 reads (``footprint_bytes``) and whether they fit in the GPU's L2 (``fits_l2``): such a point
 measures the cache hierarchy more than the kernel, and is flagged rather than compared.
@@ -17,21 +17,22 @@ measures the cache hierarchy more than the kernel, and is flagged rather than co
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from pagebench import defaults
 from pagebench.config import dtype_name
-from pagebench.distributed import take_share
+from pagebench.measure import sweep_runner
+from pagebench.measure.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import (adjacent_fraction, contiguous_case, make_paged_inputs,
+from pagebench.measure.kernel_cases import (adjacent_fraction, contiguous_case, make_paged_inputs,
                                         quantized_inputs)
 from pagebench.kernels.ragged import batch_lengths
 from pagebench.kernels.quant import check_kv_scales, is_fp8
 from pagebench.kernels.validate import check_contiguous, check_decode
 from pagebench.results.datasets import KERNELS
-from pagebench.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
+from pagebench.measure.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
 
 COLUMNS = [
     *ENVIRONMENT_COLUMNS,
@@ -147,6 +148,45 @@ def graph_modes(cuda_graphs: str, capturable: bool, on_cuda: bool) -> tuple[bool
     return (True,) if cuda_graphs == "only" else (False, True)
 
 
+@dataclass(frozen=True)
+class Point:
+    """One case of the decode sweep: a batch of ``lens`` at ``(batch, context)`` of one shape,
+    on a contiguous cache (``block_size`` None) or paged with ``table_layout``."""
+    shape_name: str
+    shape: tuple
+    batch: int
+    context: int
+    spec: str  # the lengths spec (``kernels.ragged``)
+    lens: tuple
+    block_size: int | None = None
+    table_layout: str | None = None
+
+    @property
+    def uniform(self) -> bool:
+        return len(set(self.lens)) == 1
+
+    @property
+    def scale(self) -> float:
+        return self.shape[2] ** -0.5
+
+
+def decode_points(shapes, points, lengths, block_sizes, layouts, share=(0, 1)):
+    """The decode sweep's cases in the order they are timed: per shape, (batch, context) and
+    lengths spec (this rank's share of them), the contiguous case, then each block size's paged
+    cases, one per table layout."""
+    units = itertools.count()
+    for shape_name, shape in shapes.items():
+        for (batch, context), spec in itertools.product(points, lengths):
+            if not take_share(next(units), share):
+                continue
+            lens = tuple(batch_lengths(spec, batch, context, seed=batch))
+            unit = Point(shape_name, shape, batch, context, spec, lens)
+            yield unit
+            for block_size in block_sizes:
+                for table_layout in layouts:
+                    yield replace(unit, block_size=block_size, table_layout=table_layout)
+
+
 def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes=None,
               dtype=None, include=None, exclude=None, repeat=None, copy_gbps=None,
               progress=None, skipped=None, cuda_graphs="both", share=(0, 1),
@@ -155,14 +195,14 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     """Time every variant at every point; returns a pandas DataFrame with ``COLUMNS``.
 
     ``dtype`` defaults to bfloat16 on CUDA, float32 on CPU. ``layouts``: the paged cases'
-    block-table layouts (``kernels.fixtures.TABLE_LAYOUTS``); contiguous variants ignore it.
+    block-table layouts (``measure.kernel_cases.TABLE_LAYOUTS``); contiguous variants ignore it.
     ``kv_dtype`` (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn``
     (scales: each head's largest value maps to the format's); only backends that declare it
     are timed paged, and the contiguous baselines stay in ``dtype``. ``lengths``: the batches'
     length specs (``kernels.ragged``: ``uniform``, ``lognormal:MU,SIGMA``, ``trace:NAME``; the
     point's context is their mean; column ``lengths``); a ragged batch's contiguous baseline
     is a cache padded to its longest sequence, read up to each length. ``one_scale``: an fp8
-    cache with one scale for every head (``fixtures.quantized_inputs``).
+    cache with one scale for every head (``kernel_cases.quantized_inputs``).
     ``quick`` on CPU: two small shapes, a handful of points, the backends that are real
     kernels there (torch-paged vs sdpa-contiguous), about a minute on two cores. On CUDA
     (quick=False) the full H200 grid of the issue. ``block_sizes`` default to
@@ -175,7 +215,7 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     serving engine runs decode with one: without it, a Triton call's Python launch overhead,
     tens of us, hides small kernels).
     ``share=(rank, world)`` times only this rank's (shape, point) pairs
-    (``pagebench.distributed.take_share``), for a sweep split over GPUs.
+    (``pagebench.measure.distributed.take_share``), for a sweep split over GPUs.
     """
     import pandas as pd
 
@@ -198,116 +238,106 @@ def run_sweep(device="cpu", quick=True, *, shapes=None, points=None, block_sizes
     if copy_gbps is None:
         copy_gbps = measure_copy_gbps(device) if on_cuda else float("nan")
     skipped = skipped if skipped is not None else []
-    rows = []
     l2 = l2_bytes(device)
 
     kv_dtype = kv_dtype or dtype
-
-    def record(v, shape_name, shape, batch, context, block_size, fn, graph, table_layout=None,
-               tables=None, lengths_spec="uniform", tokens=None):
-        cache_dtype = dtype if v.layout == "contiguous" else kv_dtype
-        try:
-            with cpu_threads(None if on_cuda else 1):  # one thread: steadier on a shared CPU
-                t = measure(fn, device=device, warmup=3, repeat=repeat, cuda_graph=graph)
-        except Exception as e:  # noqa: BLE001 -- one failing combination must not end the sweep
-            skipped.append(((shape_name, batch, context, block_size, graph), v.label,
-                            f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
-            if on_cuda:
-                torch.cuda.synchronize()
-            return
-        nbytes = kv_bytes(1, tokens or batch * context, shape[1], shape[2], cache_dtype)
-        footprint = nbytes if tables is None else footprint_bytes(
-            tables, block_size, shape[1], shape[2], cache_dtype)
-        rows.append(KERNELS.row(**env,
-                                dtype=dtype_name(dtype), model_shape=shape_name,
-                                num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
-                                batch=batch, context=context, block_size=block_size,
-                                backend=v.label, kernel=v.backend, layout=v.layout,
-                                cuda_graphs=graph, time_us=t.median_us, q20_us=t.q20_us,
-                                q80_us=t.q80_us, kv_bytes=nbytes,
-                                gbps=nbytes / (t.median_us * 1e-6) / 1e9, copy_gbps=copy_gbps,
-                                table_layout=table_layout,
-                                adjacent_fraction=None if tables is None
-                                else adjacent_fraction(tables),
-                                footprint_bytes=footprint, l2_bytes=l2, fits_l2=footprint <= l2,
-                                kv_dtype=dtype_name(cache_dtype), lengths=lengths_spec))
-        if progress:
-            progress(rows[-1])
 
     def graphs(variant):
         op = "decode" if variant.layout == "paged" else "contiguous"
         return graph_modes(cuda_graphs, op in registry.get_backend(variant.backend).graph_capturable,
                            on_cuda)
 
-    units = itertools.count()
-    for shape_name, shape in shapes.items():
-        scale = shape[2] ** -0.5
-        for (batch, context), spec in itertools.product(points, lengths):
-            if not take_share(next(units), share):
-                continue
-            lens = batch_lengths(spec, batch, context, seed=batch)
-            uniform = len(set(lens)) == 1
-            ids = dict(lengths_spec=spec, tokens=sum(lens))
-            contiguous = [v for v in vs if v.layout == "contiguous"]
-            need = 2 * kv_bytes(batch, max(lens), shape[1], shape[2], dtype)
-            if contiguous and _fits(device, need):
-                case = contiguous_case(batch, max(lens), shape, dtype, device, seed=batch)
-                case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
-                check_contiguous(*case.args(), scale)
-                for var in contiguous:
-                    # None: every sequence fills the cache
-                    fn = registry.get_backend(var.backend).prepared_call(
-                        "contiguous", case.q, case.k, case.v, None if uniform else case.seq_lens,
-                        scale)
-                    for graph in graphs(var):
-                        record(var, shape_name, shape, batch, context, None, fn, graph, **ids)
-                del case
-            elif contiguous:
-                skipped.append(((shape_name, batch, context, None), "contiguous", "memory"))
-            for block_size in block_sizes:
-                # what the backend accepts, at the block sizes it asks to be timed at
-                paged = [v for v in vs if v.layout == "paged"
-                         and (b := registry.get_backend(v.backend)).supports(
-                             "decode", device, dtype, block_size, shape[2], kv_dtype)
-                         and (b.sweep_block_sizes is None or block_size in b.sweep_block_sizes)]
-                if not paged:
-                    continue
-                for table_layout in layouts:
-                    if table_layout == "aged" and not uniform:
-                        skipped.append(((shape_name, batch, context, block_size, table_layout),
-                                        "paged", f"aged tables need equal lengths ({spec})"))
-                        continue
-                    # an aged pool holds other requests' blocks too
-                    pool = need * (5 if table_layout == "aged" else 4) // 4
-                    if not _fits(device, pool + need // block_size):
-                        skipped.append(((shape_name, batch, context, block_size, table_layout),
-                                        "paged", "memory"))
-                        continue
-                    case = make_paged_inputs(lens, *shape, block_size, dtype, device,
-                                             seed=batch, layout=table_layout, extra_blocks=0,
-                                             extra_table_cols=0, poison=False)
-                    if is_fp8(kv_dtype):  # each head's largest value maps to the format's
-                        case = quantized_inputs(case, kv_dtype, spread=1.0,
-                                                one_scale=one_scale)
-                    check_decode(*case.args(), scale)
-                    check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
-                    for var in paged:
-                        if not _fits(device, _scratch_bytes(var, batch, context, shape, dtype)):
-                            skipped.append(((shape_name, batch, context, block_size,
-                                             table_layout), var.label, "memory"))
-                            continue
-                        try:
-                            fn = registry.get_backend(var.backend).prepared_call(
-                                "decode", *case.args(), scale, **case.scales())
-                        except Exception as e:  # noqa: BLE001 (recorded as skipped)
-                            skipped.append(((shape_name, batch, context, block_size,
-                                             table_layout), var.label,
-                                            f"{type(e).__name__}: {str(e)[:160]}"))
-                            continue
-                        for graph in graphs(var):
-                            record(var, shape_name, shape, batch, context, block_size, fn, graph,
-                                   table_layout, case.block_tables, **ids)
-                    del case
+    def point_variants(p: Point) -> list[Variant]:
+        if p.block_size is None:
+            return [v for v in vs if v.layout == "contiguous"]
+        # what the backend accepts, at the block sizes it asks to be timed at
+        return [v for v in vs if v.layout == "paged"
+                and (b := registry.get_backend(v.backend)).supports(
+                    "decode", device, dtype, p.block_size, p.shape[2], kv_dtype)
+                and (b.sweep_block_sizes is None or p.block_size in b.sweep_block_sizes)]
+
+    def build_case(p: Point):
+        shape, batch, lens = p.shape, p.batch, p.lens
+        need = 2 * kv_bytes(batch, max(lens), shape[1], shape[2], dtype)
+        if p.block_size is None:
+            if not _fits(device, need):
+                skipped.append(((p.shape_name, batch, p.context, None), "contiguous", "memory"))
+                return None
+            case = contiguous_case(batch, max(lens), shape, dtype, device, seed=batch)
+            case.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+            check_contiguous(*case.args(), p.scale)
+            return case
+        where = (p.shape_name, batch, p.context, p.block_size, p.table_layout)
+        if p.table_layout == "aged" and not p.uniform:
+            skipped.append((where, "paged", f"aged tables need equal lengths ({p.spec})"))
+            return None
+        # an aged pool holds other requests' blocks too
+        pool = need * (5 if p.table_layout == "aged" else 4) // 4
+        if not _fits(device, pool + need // p.block_size):
+            skipped.append((where, "paged", "memory"))
+            return None
+        case = make_paged_inputs(lens, *shape, p.block_size, dtype, device, seed=batch,
+                                 layout=p.table_layout, extra_blocks=0, extra_table_cols=0,
+                                 poison=False)
+        if is_fp8(kv_dtype):  # each head's largest value maps to the format's
+            case = quantized_inputs(case, kv_dtype, spread=1.0, one_scale=one_scale)
+        check_decode(*case.args(), p.scale)
+        check_kv_scales(case.k_cache, case.k_scale, case.v_scale)
+        return case
+
+    def time_variant(p: Point, case, var: Variant):
+        """(cuda_graphs, Timing) per graph mode of ``var`` that could be timed."""
+        backend = registry.get_backend(var.backend)
+        if p.block_size is None:
+            # None: every sequence fills the cache
+            fn = backend.prepared_call("contiguous", case.q, case.k, case.v,
+                                       None if p.uniform else case.seq_lens, p.scale)
+        else:
+            where = (p.shape_name, p.batch, p.context, p.block_size, p.table_layout)
+            if not _fits(device, _scratch_bytes(var, p.batch, p.context, p.shape, dtype)):
+                skipped.append((where, var.label, "memory"))
+                return
+            try:
+                fn = backend.prepared_call("decode", *case.args(), p.scale, **case.scales())
+            except Exception as e:  # noqa: BLE001 (recorded as skipped)
+                skipped.append((where, var.label, f"{type(e).__name__}: {str(e)[:160]}"))
+                return
+        for graph in graphs(var):
+            try:
+                with cpu_threads(None if on_cuda else 1):  # one thread: steadier on a shared CPU
+                    t = measure(fn, device=device, warmup=3, repeat=repeat, cuda_graph=graph)
+            except Exception as e:  # noqa: BLE001 -- one failing combination must not end the sweep
+                skipped.append(((p.shape_name, p.batch, p.context, p.block_size, graph), var.label,
+                                f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"))
                 if on_cuda:
-                    torch.cuda.empty_cache()
+                    torch.cuda.synchronize()
+                continue
+            yield graph, t
+
+    def make_row(p: Point, case, v: Variant, measured) -> dict:
+        graph, t = measured
+        shape = p.shape
+        cache_dtype = dtype if v.layout == "contiguous" else kv_dtype
+        tables = None if p.block_size is None else case.block_tables
+        nbytes = kv_bytes(1, sum(p.lens), shape[1], shape[2], cache_dtype)
+        footprint = nbytes if tables is None else footprint_bytes(
+            tables, p.block_size, shape[1], shape[2], cache_dtype)
+        return KERNELS.row(**env,
+                           dtype=dtype_name(dtype), model_shape=p.shape_name,
+                           num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
+                           batch=p.batch, context=p.context, block_size=p.block_size,
+                           backend=v.label, kernel=v.backend, layout=v.layout,
+                           cuda_graphs=graph, time_us=t.median_us, q20_us=t.q20_us,
+                           q80_us=t.q80_us, kv_bytes=nbytes,
+                           gbps=nbytes / (t.median_us * 1e-6) / 1e9, copy_gbps=copy_gbps,
+                           table_layout=p.table_layout,
+                           adjacent_fraction=None if tables is None
+                           else adjacent_fraction(tables),
+                           footprint_bytes=footprint, l2_bytes=l2, fits_l2=footprint <= l2,
+                           kv_dtype=dtype_name(cache_dtype), lengths=p.spec)
+
+    rows = sweep_runner.run_sweep(
+        decode_points(shapes, points, lengths, block_sizes, layouts, share), point_variants,
+        build_case, time_variant, make_row, progress=progress,
+        release=torch.cuda.empty_cache if on_cuda else None)
     return pd.DataFrame(rows, columns=COLUMNS)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from pagebench.engine import trained_model
 from pagebench.engine.engine import LLMEngine
 from pagebench.results import datasets
-from pagebench.timing import environment
+from pagebench.measure.timing import environment
 
 # (KV cache dtype, reference): each model dtype with its own cache, fp8 beside bf16
 PAIRS = (("bfloat16", "float32"), ("fp8_e4m3", "bfloat16"), ("fp8_e5m2", "bfloat16"))

@@ -19,14 +19,15 @@ import torch.nn.functional as F
 
 from pagebench import defaults
 from pagebench.config import dtype_name
-from pagebench.distributed import take_share
+from pagebench.measure import sweep_runner
+from pagebench.measure.distributed import take_share
 from pagebench.kernels import registry
-from pagebench.kernels.fixtures import prefill_case, quantized_inputs
+from pagebench.measure.kernel_cases import prefill_case, quantized_inputs
 from pagebench.kernels.quant import is_fp8
-from pagebench.kernels.sweep import graph_modes
+from pagebench.measure.kernel_sweep import graph_modes
 from pagebench.kernels.validate import check_prefill
 from pagebench.results.datasets import KERNELS_PREFILL
-from pagebench.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
+from pagebench.measure.timing import ENVIRONMENT_COLUMNS, cpu_threads, environment, measure
 
 PREFILL_COLUMNS = [
     *ENVIRONMENT_COLUMNS,
@@ -105,12 +106,12 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                       one_scale: bool = False):
     """Time every available paged-prefill backend and the SDPA baseline at every point;
     returns a pandas DataFrame with ``PREFILL_COLUMNS``. ``share=(rank, world)`` times only
-    this rank's (shape, point) pairs (``pagebench.distributed.take_share``). ``kv_dtype``
+    this rank's (shape, point) pairs (``pagebench.measure.distributed.take_share``). ``kv_dtype``
     (default ``dtype``): the paged caches' dtype, e.g. ``torch.float8_e4m3fn`` (per-head
     scales; only backends that read it are timed; the SDPA baseline stays in ``dtype``).
     ``include``: backend names or paged variants' labels (``triton-paged``) to time.
-    ``cuda_graphs``: as the decode sweep's (``sweep.graph_modes``). ``one_scale``: an fp8
-    cache with one scale for every head (``fixtures.quantized_inputs``)."""
+    ``cuda_graphs``: as the decode sweep's (``kernel_sweep.graph_modes``). ``one_scale``: an fp8
+    cache with one scale for every head (``kernel_cases.quantized_inputs``)."""
     import pandas as pd
 
     on_cuda = torch.device(device).type == "cuda"
@@ -122,7 +123,6 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
     repeat = repeat or (5 if quick else 20)
     graph_modes(cuda_graphs, False, on_cuda)  # a bad mode fails before any work
     env = environment(device)
-    rows = []
 
     def timed_backends(head_dim: int) -> list[str]:
         """The backends timed at this head size: those that accept the input (device, dtypes,
@@ -133,43 +133,57 @@ def run_prefill_sweep(device="cpu", quick=True, *, shapes=None, points=None,
                 and (name in include or f"{name}-paged" in include if include is not None
                      else b.is_kernel_on(device))]
 
-    def record(shape_name, shape, point, backend, kernel, layout, fn, capturable):
+    def sweep_points():
+        """(shape name, shape, (batch, query_len, cached), backends timed) of this rank."""
+        units = itertools.count()
+        for shape_name, shape in shapes.items():
+            backends = timed_backends(shape[2])
+            for point in points:
+                if take_share(next(units), share):
+                    yield shape_name, shape, point, backends
+
+    def point_variants(p) -> list[str | None]:
+        # None: the bar, causal SDPA on a contiguous cache (not a registry backend)
+        return [None, *p[3]]
+
+    def build_case(p):
+        _, shape, point, _ = p
+        case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
+        check_prefill(*case.args(), shape[2] ** -0.5)  # once: the timed calls go to the kernels
+        if is_fp8(kv_dtype):  # each head's largest value maps to the format's
+            case = quantized_inputs(case, kv_dtype, spread=1.0, one_scale=one_scale)
+        return case
+
+    def time_variant(p, case, name):
+        """(cuda_graphs, Timing) per graph mode of backend ``name`` (None: SDPA)."""
+        _, shape, point, _ = p
+        if name is None:
+            fn, capturable = sdpa_causal(*point, shape, dtype, device, seed=3), True
+        else:
+            backend = registry.get_backend(name)
+            fn = backend.prepared_call("prefill", *case.args(), shape[2] ** -0.5, **case.scales())
+            capturable = "prefill" in backend.graph_capturable
         for graph in graph_modes(cuda_graphs, capturable, on_cuda):
             with cpu_threads(None if on_cuda else 1):  # as the decode sweep: one CPU thread
                 t = measure(fn, device=device, warmup=2, repeat=repeat, cuda_graph=graph)
-            row = KERNELS_PREFILL.row(
-                **env, dtype=dtype_name(dtype), model_shape=shape_name,
-                num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
-                batch=point[0], query_len=point[1], cached=point[2],
-                block_size=block_size if layout == "paged" else None, backend=backend,
-                kernel=kernel, layout=layout, cuda_graphs=graph, time_us=t.median_us,
-                q20_us=t.q20_us, q80_us=t.q80_us,
-                tflops=causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
-                kv_dtype=dtype_name(kv_dtype if layout == "paged" else dtype))
-            rows.append(row)
-            if progress:
-                progress(row)
+            yield graph, t
 
-    units = itertools.count()
-    for shape_name, shape in shapes.items():
-        scale = shape[2] ** -0.5
-        backends = timed_backends(shape[2])
-        for point in points:
-            if not take_share(next(units), share):
-                continue
-            # the bar, not a registry backend: no kernel name
-            record(shape_name, shape, point, "sdpa-contiguous", None, "contiguous",
-                   sdpa_causal(*point, shape, dtype, device, seed=3), capturable=True)
-            case = prefill_case(*point, shape, block_size, dtype, device, seed=3)
-            check_prefill(*case.args(), scale)  # once: the timed calls go to the kernels directly
-            if is_fp8(kv_dtype):  # each head's largest value maps to the format's
-                case = quantized_inputs(case, kv_dtype, spread=1.0, one_scale=one_scale)
-            for name in backends:
-                backend = registry.get_backend(name)
-                record(shape_name, shape, point, f"{name}-paged", name, "paged",
-                       backend.prepared_call("prefill", *case.args(), scale, **case.scales()),
-                       "prefill" in backend.graph_capturable)
-            del case
-            if on_cuda:
-                torch.cuda.empty_cache()
+    def make_row(p, case, name, measured) -> dict:
+        shape_name, shape, point, _ = p
+        graph, t = measured
+        layout = "contiguous" if name is None else "paged"
+        return KERNELS_PREFILL.row(
+            **env, dtype=dtype_name(dtype), model_shape=shape_name,
+            num_q_heads=shape[0], num_kv_heads=shape[1], head_dim=shape[2],
+            batch=point[0], query_len=point[1], cached=point[2],
+            block_size=block_size if layout == "paged" else None,
+            backend="sdpa-contiguous" if name is None else f"{name}-paged",
+            kernel=name, layout=layout, cuda_graphs=graph, time_us=t.median_us,
+            q20_us=t.q20_us, q80_us=t.q80_us,
+            tflops=causal_flops(*point, shape[0], shape[2]) / t.median_us / 1e6,
+            kv_dtype=dtype_name(kv_dtype if layout == "paged" else dtype))
+
+    rows = sweep_runner.run_sweep(sweep_points(), point_variants, build_case, time_variant,
+                                  make_row, progress=progress,
+                                  release=torch.cuda.empty_cache if on_cuda else None)
     return pd.DataFrame(rows, columns=PREFILL_COLUMNS)

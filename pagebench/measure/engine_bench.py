@@ -1,7 +1,7 @@
 """Engine measurements as functions returning tidy rows (one dict per measurement).
 
 Used by ``pagebench engine-bench``, the report, asv and the scripts under ``scripts/``. Every
-row carries ``pagebench.timing.environment(device)``. The defaults run in seconds on a CPU with
+row carries ``pagebench.measure.timing.environment(device)``. The defaults run in seconds on a CPU with
 a tiny random model (``tiny_model()``); pass a real-shaped model for device runs.
 """
 
@@ -23,7 +23,7 @@ from pagebench.engine.engine import LLMEngine
 from pagebench.engine.sampling import SamplingParams
 from pagebench.results import datasets
 from pagebench.results.schema import Schema
-from pagebench.timing import cpu_threads, environment
+from pagebench.measure.timing import cpu_threads, environment
 
 
 # model family -> transformers' (config, model) class names
@@ -497,7 +497,7 @@ def mode_options(mode: str | None) -> dict:
 def copy_bandwidth(device) -> float:
     """The device's copy bandwidth, bytes read + written per second: the ceiling a decode
     step's bytes are held against (1 GiB copied on a GPU, 64 MiB on a CPU)."""
-    from pagebench.kernels.sweep import measure_copy_gbps
+    from pagebench.measure.kernel_sweep import measure_copy_gbps
 
     nbytes = 2**30 if torch.device(device).type == "cuda" else 2**26
     return measure_copy_gbps(str(device), nbytes) * 1e9
@@ -621,7 +621,7 @@ def fp8_comparison(model, prompts, max_tokens: int = 32, kv_cache_memory="4GiB",
     the first tokens alone), and the largest relative error of its logits over the first
     ``logit_steps`` steps. Both eager: this compares cache dtypes, not graph capture (tests/test_decode_graphs.py
     checks that fp8 replay equals eager steps)."""
-    from pagebench.kernels.fixtures import relative_error
+    from pagebench.measure.kernel_cases import relative_error
 
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     runs = {}

@@ -28,7 +28,7 @@ from pagebench.errors import ConfigError, check_int
 from pagebench.results.datasets import REAL_TRACES_ENGINE
 from pagebench.sim.real_traces import DEFAULT_STEP_MS, read_timed_trace
 from pagebench.sim.trace import HASH_BLOCK_TOKENS, Workload
-from pagebench.timing import cpu_threads, environment
+from pagebench.measure.timing import cpu_threads, environment
 
 _MASK = (1 << 64) - 1
 

@@ -384,7 +384,9 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
     registers more, capped at 144 rather than 128 in the shortest walks); the rest 64 rows, 64-key tiles, block ids a
     tile ahead and 3 stages, capped only where the programs fit one wave. Past a wave the
     rescale is lazy where a warp can vote (Hopper). A program never has more rows than the mean
-    chunk fills. fp32, head dims over 128 and other devices take one plain launch, not tuned."""
+    chunk fills. fp32 on CUDA takes 16 rows and 16-key tiles (its dots' operands are held in
+    registers: larger ones spill); head dims over 128 and other devices one plain launch. Those
+    are not tuned."""
     mean_chunk = ceil_div(total, sequences)
     tile_n = default_tile_n(head_dim, dtype)
 
@@ -392,6 +394,8 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
         rows = max(16, next_pow2(max(min(rows, mean_chunk * group), group)))
         return PrefillLaunch(rows=rows, **fields)
 
+    if device.type == "cuda" and dtype == torch.float32:  # exact fp32 dots: on FMA units
+        return fitted(16, tile_n=16, num_warps=4, num_stages=2)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
         return fitted(64, tile_n=tile_n, num_warps=4, num_stages=2)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option

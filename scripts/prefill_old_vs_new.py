@@ -11,14 +11,13 @@ heads (32 q / 8 kv, head dim 128), bf16, blocks of 16 and 128:
    NaN too), against a float64 reference computed on the GPU, on ragged batches (chunks
    after a prefix, whole prompts, single queries; the new kernel also with sequences without
    queries) and on every timed point;
-2. timing: CUDA-event medians of CUDA-graph replays after warm-up
-   (``pagebench.measure.timing``), at whole prompts (1 x 2k, 1 x 8k, 8 x 512, 64 x 256,
-   128 x 128) and chunks after a cached prefix (8 x 256 after 2k). Variants: ``old`` (its default launch), ``old-scan`` (its default
-   without the work list, where it takes one), ``new`` (the default launch), ``new-binary``
-   (the default launch with the binary search where the default takes the vector search),
-   ``new-tile_n-64`` (the 128-row launch with 64-key tiles, as before they spilled) and, for
-   each schedule the new default takes, ``new-no-<schedule>`` (that schedule off), which decide
-   which search, tile and schedules stay;
+   2. timing: CUDA-event medians of CUDA-graph replays after warm-up (``pagebench.measure.timing``),
+   at whole prompts (1 x 2k, 1 x 8k, 8 x 512, 64 x 256, 128 x 128) and chunks after a cached prefix
+   (8 x 256 after 2k). Variants: ``old`` (its default launch), ``old-scan`` (its default without the
+   work list, where it takes one), ``new`` (the default launch), ``new-binary`` (the default launch
+   with the binary search where the default takes the vector search), ``new-tile_n-64`` (the 128-row
+   launch with 64-key tiles, as before they spilled) and, for each schedule the new default takes,
+   ``new-no-<schedule>`` (that schedule off), which decide which search, tile and schedules stay;
 3. the registers and spills of each new kernel compiled (Triton's ``n_regs``/``n_spills``).
 
 Run from the repository root on a CUDA machine (``--old``: a commit of this repository, whose

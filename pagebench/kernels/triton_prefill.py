@@ -376,17 +376,16 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
     capacity), from an fp8 cache or not, on a CUDA device of ``sm_count`` SMs (None:
     ``device``'s own), Hopper or not (None: ``device``'s).
 
-    Three regimes, fitted on an H200 (docs/kernels.md, "Launch rules"): long chunks above head
-    dim 64 take 128 rows, so each K/V tile serves more queries, on 8 warps capped at 128
-    registers (two programs an SM), in 32-key tiles (64-key ones spill there); short tables
-    with more than a wave of programs take 32-key tiles and capped registers, so more programs
-    share an SM and hide each one's fixed cost (from an fp8 cache, whose conversion needs a few
-    registers more, capped at 144 rather than 128 in the shortest walks); the rest 64 rows, 64-key tiles, block ids a
-    tile ahead and 3 stages, capped only where the programs fit one wave. Past a wave the
-    rescale is lazy where a warp can vote (Hopper). A program never has more rows than the mean
-    chunk fills. fp32 on CUDA takes 16 rows and 16-key tiles (its dots' operands are held in
-    registers: larger ones spill); head dims over 128 and other devices one plain launch. Those
-    are not tuned."""
+    Three regimes, fitted on an H200 (docs/kernels.md, "Launch rules"): long chunks above head dim
+    64 take 128 rows, so each K/V tile serves more queries, on 8 warps capped at 128 registers (two
+    programs an SM), in 32-key tiles (64-key ones spill there); short tables with more than a wave
+    of programs take 32-key tiles and capped registers, so more programs share an SM and hide each
+    one's fixed cost (from an fp8 cache, whose conversion needs a few registers more, capped at 144
+    rather than 128 in the shortest walks); the rest 64 rows, 64-key tiles, block ids a tile ahead
+    and 3 stages, capped only where the programs fit one wave. Past a wave the rescale is lazy where
+    a warp can vote (Hopper). A program never has more rows than the mean chunk fills. fp32 on CUDA
+    takes 16 rows and 16-key tiles (its dots' operands are held in registers: larger ones spill);
+    head dims over 128 and other devices one plain launch. Those are not tuned."""
     mean_chunk = ceil_div(total, sequences)
     tile_n = default_tile_n(head_dim, dtype)
 

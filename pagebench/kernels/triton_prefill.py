@@ -19,8 +19,8 @@ row's running max moves only when a tile's passes it by more than 2^8 (FlashAtte
 conditional rescaling), and a warp whose rows all kept theirs skips the output's rescale (a
 vote, no barrier). ``prefill_launch`` picks these per regime (docs/kernels.md).
 
-The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile ``last
-- p // kv_heads``. The query tiles are numbered as in vLLM's unified attention: sequence
+The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and query tile
+``last - p // kv_heads``. The query tiles are numbered as in vLLM's unified attention: sequence
 ``s``'s start at ``query_start_loc[s] // TOKENS + s``, at least as many as its queries fill, so
 the grid (``total // TOKENS + num_seqs`` tiles a KV head) is sized without reading anything
 back to the host, and a program finds its sequence from the offsets (``_sequence_of``): up to

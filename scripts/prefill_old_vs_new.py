@@ -92,8 +92,9 @@ def load_old(old: str):
                                  f"{old}:pagebench/kernels/triton_prefill.py"],
                                 capture_output=True, text=True)
         if source.returncode != 0:
-            raise SystemExit(f"--old {old}: neither a file nor a commit with the kernel "
-                             f"({source.stderr.strip()})")
+            print(f"--old {old}: neither a file nor a commit with the kernel "
+                  f"({source.stderr.strip()})", file=sys.stderr)
+            raise SystemExit(2)
         path = Path(tempfile.mkdtemp()) / "old_triton_prefill.py"
         path.write_text(source.stdout, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("old_triton_prefill", path)

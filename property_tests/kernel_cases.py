@@ -150,7 +150,7 @@ def prefill_cases(draw, backend, large=False):
 # of long chunks; each launch is forced here with all its options (warps, register cap), on
 # the inputs the launch table serves (bf16/fp16, head dims <= 128): forced on fp32 or head
 # dim 256 cases as well, the H200 run failed and stalled (docs/kernels.md).
-PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=64, num_warps=8, num_stages=2,
+PREFILL_LAUNCHES = {"long chunks": dict(rows=128, tile_n=32, num_warps=8, num_stages=2,
                                         one_loop=False, table_ahead=False, maxnreg=128),
                     "short tables": dict(rows=64, tile_n=32, num_warps=4, num_stages=3,
                                          one_loop=True, table_ahead=True, maxnreg=168),

@@ -1,31 +1,35 @@
 """The Triton paged prefill before and after ``query_start_loc`` (one GPU, one process).
 
 Runbook for ``reports/data/<machine>/prefill_old_new.csv`` (read by docs/kernels.md, no dataset
-of the report): the kernel as it was on main before the change (``--old``: a copy of that
+of the report): the kernel as it was on main before the change (``--old``: that
 ``triton_prefill.py``, which takes ``query_lens`` and scans them) against this checkout's
-(``query_start_loc``, binary search), on the same tensors, Llama-3-8B heads (32 q / 8 kv,
-head dim 128), bf16, blocks of 16 and 128:
+(``query_start_loc``; a tile's sequence found by one vector load of the offsets up to
+``VECTOR_SEARCH_SEQS`` sequences, by a binary search above), on the same tensors, Llama-3-8B
+heads (32 q / 8 kv, head dim 128), bf16, blocks of 16 and 128:
 
 1. correctness: each kernel's output written over NaN-poisoned memory (unused cache slots are
    NaN too), against a float64 reference computed on the GPU, on ragged batches (chunks
    after a prefix, whole prompts, single queries; the new kernel also with sequences without
    queries) and on every timed point;
-2. timing: CUDA-event medians of CUDA-graph replays after warm-up (``pagebench.measure.timing``), at
-   whole prompts (1 x 2k, 1 x 8k, 8 x 512, 64 x 256, 128 x 128) and chunks after a cached
-   prefix (8 x 256 after 2k). Variants: ``old`` (its default launch), ``old-scan`` (its default
-   without the work list, where it takes one), ``new`` (the default launch) and, for each
-   schedule the new default takes, ``new-no-<schedule>`` (that schedule off), which decide
-   which schedules stay;
+   2. timing: CUDA-event medians of CUDA-graph replays after warm-up (``pagebench.measure.timing``),
+   at whole prompts (1 x 2k, 1 x 8k, 8 x 512, 64 x 256, 128 x 128) and chunks after a cached prefix
+   (8 x 256 after 2k). Variants: ``old`` (its default launch), ``old-scan`` (its default without the
+   work list, where it takes one), ``new`` (the default launch), ``new-binary`` (the default launch
+   with the binary search where the default takes the vector search), ``new-tile_n-64`` (the 128-row
+   launch with 64-key tiles, as before they spilled) and, for each schedule the new default takes,
+   ``new-no-<schedule>`` (that schedule off), which decide which search, tile and schedules stay;
 3. the registers and spills of each new kernel compiled (Triton's ``n_regs``/``n_spills``).
 
-Run from the repository root on a CUDA machine::
+Run from the repository root on a CUDA machine (``--old``: a commit of this repository, whose
+``triton_prefill.py`` is read with ``git show``, or a copy of that file; 614cada is main before
+``query_start_loc``)::
 
-    git show <main commit>:pagebench/kernels/triton_prefill.py > /tmp/old_triton_prefill.py
-    PYTHONPATH=$PWD python scripts/prefill_old_vs_new.py --old /tmp/old_triton_prefill.py \\
-        --out /tmp/prefill_old_new
+    python scripts/prefill_old_vs_new.py --old 614cada --out /tmp/prefill_old_new
 
-It prints a table (old/new ratio per point) last and writes ``prefill_old_new.csv`` (one row
-per point and variant, with the device, versions and commit) to ``--out``.
+(``--smoke``: the same on a CPU, interpreted, at tiny sizes, timed once: a check of the script,
+a few minutes.) It prints a table (old/new ratio per point) last and writes
+``prefill_old_new.csv`` (one row per point and variant, with the device, versions and commit)
+to ``--out``.
 """
 
 from __future__ import annotations
@@ -35,16 +39,23 @@ import csv
 import dataclasses
 import importlib.util
 import math
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's pagebench
+# isort: split
+from pagebench.kernels import triton_prefill
 from pagebench.kernels.reference import cumulative_offsets
-from pagebench.kernels.triton_prefill import prefill_launch, triton_paged_prefill
+from pagebench.kernels.triton_prefill import (LONG_CHUNK_TILE_N, MAX_ROWS, prefill_launch,
+                                               search_width, triton_paged_prefill)
+from pagebench.measure.kernel_cases import TOLERANCE, make_paged_inputs, relative_error
 from pagebench.measure.timing import environment, measure
+
 
 @dataclasses.dataclass
 class Setup:
@@ -71,8 +82,21 @@ SCHEDULES = ("one_loop", "table_ahead", "lazy_rescale")
 CHECK_REFERENCE_QUERIES = 2048  # a timed point is checked against float64 up to this many
 
 
-def load_old(path: str):
-    """main's ``triton_prefill`` module, loaded from a file under another name."""
+def load_old(old: str):
+    """main's ``triton_prefill`` module, loaded under another name from the file ``old`` or, if
+    there is no such file, from that file at commit ``old`` of this repository."""
+    path = old
+    if not Path(old).is_file():
+        root = Path(__file__).resolve().parent.parent
+        source = subprocess.run(["git", "-C", str(root), "show",
+                                 f"{old}:pagebench/kernels/triton_prefill.py"],
+                                capture_output=True, text=True)
+        if source.returncode != 0:
+            print(f"--old {old}: neither a file nor a commit with the kernel "
+                  f"({source.stderr.strip()})", file=sys.stderr)
+            raise SystemExit(2)
+        path = Path(tempfile.mkdtemp()) / "old_triton_prefill.py"
+        path.write_text(source.stdout, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("old_triton_prefill", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -144,6 +168,13 @@ def calls(setup, old, q, inp, lens, starts, scale):
     if old_choice.work_list:
         variants["old-scan"] = lambda: old.triton_paged_prefill(*args, lens, scale,
                                                                 work_list=False)
+    if search_width(num_seqs):
+        variants["new-binary"] = binary_search(lambda: triton_paged_prefill(*args, starts, scale,
+                                                                            **forced))
+    if launch.tile_n == LONG_CHUNK_TILE_N and launch.rows == MAX_ROWS:
+        wide = dataclasses.replace(launch, tile_n=64)  # the 128-row launch before it spilled
+        variants["new-tile_n-64"] = lambda: triton_paged_prefill(*args, starts, scale,
+                                                                 launch=wide)
     for field in SCHEDULES:
         if getattr(launch, field):
             off = dataclasses.replace(launch, **{field: False},
@@ -151,6 +182,19 @@ def calls(setup, old, q, inp, lens, starts, scale):
             variants[f"new-no-{field}"] = (
                 lambda off=off: triton_paged_prefill(*args, starts, scale, launch=off))
     return variants, launch
+
+
+def binary_search(fn):
+    """``fn`` with the kernel's sequence found by the binary search whatever the sequence count
+    (the kernel's constexpr is set at the launch, so a CUDA graph captured here keeps it)."""
+    def run():
+        width = triton_prefill.VECTOR_SEARCH_SEQS
+        triton_prefill.VECTOR_SEARCH_SEQS = 0
+        try:
+            return fn()
+        finally:
+            triton_prefill.VECTOR_SEARCH_SEQS = width
+    return run
 
 
 def check(name, out, ref, dtype) -> tuple[bool, float]:
@@ -227,8 +271,8 @@ def time_points(setup, old, scale, repeat, writer, env) -> tuple[list, int]:
                 else:
                     ok, err = check(name, out, ref, setup.dtype)
                 failures += not ok
-                t = measure(fn, device=setup.device, warmup=3, repeat=repeat,
-                            cuda_graph=q.is_cuda)
+                t = measure(fn, device=setup.device, warmup=3 if q.is_cuda else 0,
+                            repeat=repeat, cuda_graph=q.is_cuda)
                 row = dict(block_size=block_size, batch=batch, query_len=query_len,
                            cached=cached, variant=name,
                            launch=repr(launch) if name.startswith("new") else "",
@@ -261,9 +305,11 @@ def print_table(rows) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--old", required=True, help="main's triton_prefill.py, copied")
+    parser.add_argument("--old", required=True,
+                        help="a commit (e.g. 614cada) or a copy of its triton_prefill.py")
     parser.add_argument("--out", required=True, help="directory for prefill_old_new.csv")
-    parser.add_argument("--repeat", type=int, default=30)
+    parser.add_argument("--repeat", type=int, default=None,
+                        help="timed replays a variant (default 30; --smoke: 1)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on a CPU (interpreted)")
     args = parser.parse_args()
     setup = SMOKE if args.smoke else Setup()
@@ -288,15 +334,16 @@ def main() -> int:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, columns)
         writer.writeheader()
-        rows, failed = time_points(setup, old, scale, args.repeat, writer, env)
+        repeat = args.repeat or (1 if args.smoke else 30)
+        rows, failed = time_points(setup, old, scale, repeat, writer, env)
     failures += failed
     print(f"  ({time.perf_counter() - started:.0f} s)", flush=True)
 
     print("\nnew kernels compiled ([ROWS, TILE_N, BLOCK_SIZE, ONE_LOOP, TABLE_AHEAD, LAZY, VOTE, "
-          "num_warps, num_stages, maxnreg], n_regs, n_spills):")
+          "SEARCH_WIDTH, num_warps, num_stages, maxnreg], n_regs, n_spills):")
     spills = 0
     keys = ("ROWS", "TILE_N", "BLOCK_SIZE", "ONE_LOOP", "TABLE_AHEAD", "LAZY", "VOTE",
-            "num_warps", "num_stages", "maxnreg")
+            "SEARCH_WIDTH", "num_warps", "num_stages", "maxnreg")
     for kwargs, kernel in compiled:
         regs, n_spills = getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", 0)
         print(f"  {[kwargs.get(k) for k in keys]} regs {regs} spills {n_spills}")

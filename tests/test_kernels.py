@@ -169,8 +169,8 @@ def test_prefill_sequences_without_queries_leave_the_rest_unchanged(backend):
 @functools.cache
 def _chosen_prefill_launches() -> list:
     """Every launch ``prefill_launch`` picks over a grid of its inputs (head dim, group, block
-    size and table width, q dtype, sequences, chunk length, device, SM count, Hopper or not),
-    with them."""
+    size and table width, q dtype, sequences, chunk length, device, SM count, Hopper or not, an
+    fp8 cache or not), with them."""
     from pagebench.kernels.triton_prefill import prefill_launch
 
     chosen = []
@@ -183,11 +183,12 @@ def _chosen_prefill_launches() -> list:
                             for block_size, width in ((1, 300), (16, 8), (16, 160), (256, 64)):
                                 if block_size * width < chunk:
                                     continue
-                                for sms, hopper in ((78, False), (132, True)):
+                                for sms, hopper, fp8 in ((78, False, False), (132, True, False),
+                                                         (132, True, True)):
                                     given = dict(group=group, kv_heads=max(1, 8 // group),
                                                  total=sequences * chunk, sequences=sequences,
                                                  max_keys=block_size * width, sm_count=sms,
-                                                 hopper=hopper)
+                                                 hopper=hopper, fp8_cache=fp8)
                                     launch = prefill_launch(head_dim, dtype, device, **given)
                                     chosen.append((dict(given, head_dim=head_dim, dtype=dtype,
                                                         device=device), launch))
@@ -226,7 +227,8 @@ def test_every_chosen_prefill_launch_is_valid_for_its_inputs():
         if not tuned:  # one plain launch wherever the rules were not measured
             assert (launch.maxnreg, launch.one_loop, launch.table_ahead,
                     launch.lazy_rescale) == (None, False, False, False), where
-            assert launch.tile_n == (32 if inputs["dtype"] == torch.float32
+            fp32_cuda = inputs["device"].type == "cuda" and inputs["dtype"] == torch.float32
+            assert launch.tile_n == (16 if fp32_cuda else 32 if inputs["dtype"] == torch.float32
                                      or inputs["head_dim"] > 128 else 64), where
     assert seen > 10000
 
@@ -285,6 +287,38 @@ def test_triton_prefill_64_bit_offsets_match(monkeypatch):
     ref = reference_prefill(*args[:6], scale=0.25)
     assert not torch.isnan(wide).any()
     assert relative_error(wide, ref) < 1e-5 and torch.equal(wide, narrow)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
+@pytest.mark.parametrize("offsets", ["int32", "int64", "strided view", "offset view"])
+def test_triton_prefill_vector_and_binary_search_find_the_same_sequences(monkeypatch, offsets):
+    """A program finds its sequence by one vector load of the offsets where the sequences fit
+    its width (forced to 4 here), else by a binary search: on ragged batches of 3, 4 and 5
+    sequences (some without queries: first, in between, last), the output is the reference's
+    and the binary search's, with the offsets in either integer type or a view."""
+    from pagebench.kernels import triton_prefill
+
+    small = triton_prefill.PrefillLaunch(rows=16, tile_n=16, num_warps=4, num_stages=2)
+    searched = []
+    for lens, qlens in [((9, 40, 6), (0, 40, 1)), ((9, 40, 6, 3), (3, 40, 0, 3)),
+                        ((9, 40, 6, 3, 20), (3, 0, 6, 2, 0))]:
+        q, inp, starts = _prefill_case(lens=lens, qlens=qlens)
+        if offsets == "int64":
+            starts = starts.long()
+        elif offsets == "strided view":
+            starts = torch.stack([starts, torch.full_like(starts, -7)], 1)[:, 0]
+        elif offsets == "offset view":
+            starts = torch.cat([torch.tensor([-7], dtype=starts.dtype), starts])[1:]
+        args = (q, inp.k_cache, inp.v_cache, inp.block_tables, inp.seq_lens, starts, 0.25)
+        monkeypatch.setattr(triton_prefill, "VECTOR_SEARCH_SEQS", 4)
+        searched.append(triton_prefill.search_width(len(lens)))
+        vector = triton_prefill.triton_paged_prefill(*args, launch=small)
+        monkeypatch.setattr(triton_prefill, "VECTOR_SEARCH_SEQS", 0)
+        binary = triton_prefill.triton_paged_prefill(*args, launch=small)
+        assert not torch.isnan(vector).any()
+        assert relative_error(vector, reference_prefill(*args[:6], scale=0.25)) < 1e-5
+        assert torch.equal(vector, binary)
+    assert searched == [4, 4, 0]
 
 
 # ---- cache writes ---------------------------------------------------------------------------

@@ -174,27 +174,78 @@ def test_prefill_launches_picked_for_an_h200_spill_nothing():
         assert not spilled, (shape, spilled)
 
 
+EDGE_SPILLS = textwrap.dedent(r'''
+    import json
+    import torch
+    torch.cuda.get_device_capability = lambda device=None: (9, 0)
+    from pagebench.kernels.reference import cumulative_offsets
+    from pagebench.kernels.triton_prefill import prefill_launch, triton_paged_prefill
+    from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs
+    from pagebench.measure.offline_compile import captured_launches, compile_for_arch, ptxas_report
+
+    rows = []
+    # (dtype, fp8 cache, group, sequences, chunk, max_keys): long chunks, the shortest walks,
+    # fp32; each launch as the rules pick it on an H100 (132 SMs), compiled with one KV head
+    for dtype, fp8, group, sequences, chunk, max_keys in (
+            (torch.bfloat16, False, 8, 1, 8192, 8192), (torch.bfloat16, True, 8, 1, 8192, 8192),
+            (torch.bfloat16, False, 8, 256, 16, 128), (torch.bfloat16, True, 8, 256, 16, 128),
+            (torch.float32, False, 8, 8, 512, 512)):
+        launch = prefill_launch(128, dtype, torch.device("cuda"), group=group, kv_heads=1,
+                                total=sequences * chunk, sequences=sequences, max_keys=max_keys,
+                                fp8_cache=fp8, sm_count=132, hopper=True)
+        inp = make_paged_inputs([300, 9], group, 1, 128, 16, dtype, "cpu", seed=1)
+        case = quantized_inputs(inp, torch.float8_e5m2, seed=1) if fp8 else inp
+        q = torch.randn(309, group, 128).to(dtype)
+        with captured_launches() as launches:
+            triton_paged_prefill(q, case.k_cache, case.v_cache, case.block_tables,
+                                 case.seq_lens, cumulative_offsets([300, 9]), 128 ** -0.5,
+                                 **case.scales(), launch=launch)
+        for kernel, args, kwargs in launches:
+            report = ptxas_report(compile_for_arch(kernel, args, kwargs, 90), 90)
+            rows.append([repr(launch), str(dtype), fp8, report.spill_stores, report.spill_loads])
+    print(json.dumps(rows))
+''')
+
+
+@pytest.mark.slow
+@pytest.mark.skipif("triton" not in available_backends(), reason="triton not installed")
+def test_prefill_launches_that_spilled_once_spill_nothing_on_sm90():
+    """The launches an H100 picks where a launch once spilled (compiled for sm_90): long chunks
+    (64-key tiles did), the shortest walks from an fp8 cache (128 registers did) and fp32
+    (64 rows did), each from a 16-bit and, where it applies, an fp8 cache: no spill."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    proc = subprocess.run([sys.executable, "-c", EDGE_SPILLS], capture_output=True, text=True,
+                          env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(rows) == 5
+    assert "rows=128, tile_n=32" in rows[0][0] and "maxnreg=144" in rows[3][0]
+    spilled = [row for row in rows if row[3] or row[4]]
+    assert not spilled, spilled
+
+
 def _chosen_launches_here(device) -> dict:
     """The distinct launches ``prefill_launch`` picks on ``device`` over head dims, dtypes,
-    groups, sequence counts, chunk lengths and table widths: (launch, head dim, dtype) -> the
-    largest group it was picked for."""
+    groups, sequence counts, chunk lengths, table widths and caches (the queries' dtype or fp8
+    e5m2): (launch, head dim, dtype, fp8 cache) -> the largest group it was picked for."""
     from pagebench.kernels.triton_prefill import prefill_launch
 
     picked = {}
     for head_dim in (64, 128, 256):
         for dtype in (torch.bfloat16, torch.float16, torch.float32):
-            for group in (1, 2, 4, 7, 8):
-                for sequences in (1, 8, 64, 256):
-                    for chunk in (16, 128, 512, 1024, 2048, 8192):
-                        for max_keys in {chunk, 512, 4 * chunk}:
-                            if max_keys < chunk:
-                                continue
-                            launch = prefill_launch(
-                                head_dim, dtype, device, group=group, kv_heads=max(1, 8 // group),
-                                total=sequences * chunk, sequences=sequences,
-                                max_keys=max_keys)
-                            key = (launch, head_dim, dtype)
-                            picked[key] = max(picked.get(key, 0), group)
+            for fp8 in ((False,) if dtype == torch.float32 else (False, True)):
+                for group in (1, 2, 4, 7, 8):
+                    for sequences in (1, 8, 64, 256):
+                        for chunk in (16, 128, 512, 1024, 2048, 8192):
+                            for max_keys in {chunk, 512, 4 * chunk}:
+                                if max_keys < chunk:
+                                    continue
+                                launch = prefill_launch(
+                                    head_dim, dtype, device, group=group,
+                                    kv_heads=max(1, 8 // group), total=sequences * chunk,
+                                    sequences=sequences, max_keys=max_keys, fp8_cache=fp8)
+                                key = (launch, head_dim, dtype, fp8)
+                                picked[key] = max(picked.get(key, 0), group)
     return picked
 
 
@@ -202,9 +253,9 @@ def _chosen_launches_here(device) -> dict:
 @pytest.mark.skipif(not torch.cuda.is_available() or "triton" not in available_backends(),
                     reason="needs a CUDA device and Triton")
 def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypatch):
-    """Each distinct launch the rules pick on this GPU, compiled for its head dim, dtype and
-    group (on a small input; the launch, not the input, fixes the code) and for an fp8 (e5m2)
-    cache as well: the compiled kernel spills no registers (Triton's ``n_spills``)."""
+    """Each distinct launch the rules pick on this GPU, compiled for its head dim, dtype, group
+    and cache (the queries' dtype or fp8 e5m2; on a small input: the launch, not the input,
+    fixes the code): the compiled kernel spills no registers (Triton's ``n_spills``)."""
     from triton.runtime.jit import JITFunction
 
     from pagebench.kernels import triton_runtime
@@ -220,18 +271,15 @@ def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypat
     monkeypatch.setattr(triton_runtime, "DIRECT_LAUNCH", False)
     device = torch.device("cuda")
     spilled = []
-    for (launch, head_dim, dtype), group in _chosen_launches_here(device).items():
+    for (launch, head_dim, dtype, fp8), group in _chosen_launches_here(device).items():
         inp = make_paged_inputs([300, 9], group, 1, head_dim, 16, dtype, device, seed=1)
         q = torch.randn(300 + 9, group, head_dim, device=device).to(dtype)
         starts = cumulative_offsets([300, 9], device)
-        cases = [inp] + ([quantized_inputs(inp, torch.float8_e5m2, seed=1)]
-                         if dtype != torch.float32 else [])
-        for case in cases:
-            compiled.clear()
-            triton_paged_prefill(q, case.k_cache, case.v_cache, case.block_tables,
-                                 case.seq_lens, starts, head_dim ** -0.5, **case.scales(),
-                                 launch=launch)
-            assert compiled, launch
-            spilled += [(launch, head_dim, dtype, group, case.k_cache.dtype, k.n_spills)
-                        for k in compiled if k.n_spills]
+        case = quantized_inputs(inp, torch.float8_e5m2, seed=1) if fp8 else inp
+        compiled.clear()
+        triton_paged_prefill(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
+                             starts, head_dim ** -0.5, **case.scales(), launch=launch)
+        assert compiled, launch
+        spilled += [(launch, head_dim, dtype, group, case.k_cache.dtype, k.n_spills)
+                    for k in compiled if k.n_spills]
     assert not spilled, spilled

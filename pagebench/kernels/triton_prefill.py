@@ -23,10 +23,12 @@ The grid is one dimension: program ``p`` serves KV head ``p % kv_heads`` and que
 ``last - p // kv_heads``. The query tiles are numbered as in vLLM's unified attention: sequence
 ``s``'s start at ``query_start_loc[s] // TOKENS + s``, at least as many as its queries fill, so
 the grid (``total // TOKENS + num_seqs`` tiles a KV head) is sized without reading anything
-back to the host, and a program finds its sequence by a binary search over the offsets
-(``_sequence_of``); tiles past a sequence's queries do nothing. Numbering from the last tile
-means the programs with the most keys to walk (the ends of long chunks) start first and the
-short ones fill in behind them, rather than leaving a tail of long ones.
+back to the host, and a program finds its sequence from the offsets (``_sequence_of``): up to
+``VECTOR_SEARCH_SEQS`` sequences it counts the starts at or before its tile in one vector load
+(one load to wait on, not a chain of them), above that by a binary search; tiles past a
+sequence's queries do nothing. Numbering from the last tile means the programs with the most
+keys to walk (the ends of long chunks) start first and the short ones fill in behind them,
+rather than leaving a tail of long ones.
 """
 
 from __future__ import annotations
@@ -53,8 +55,14 @@ INT32_SPAN = 2**31  # element offsets at or beyond this need 64-bit index arithm
 LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query rows
 LONG_CHUNKS = 1024  # ... where there are several sequences
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
+SHORT_WALK_FP8_REGS = 144  # the register cap of the shortest walks from an fp8 cache (128 spill)
+LONG_CHUNK_TILE_N = 32  # keys a tile of the 128-row launch (64 spill within its 128 registers)
 MAX_ROWS = 128  # query rows a program holds at most (its accumulator: rows x head dim fp32)
 MAX_TILE_N = 128
+# sequences up to which a program finds its own by one vector load of the offsets (the width of
+# that load; 0: always the binary search). Read at each call: a script comparing the two searches
+# sets it.
+VECTOR_SEARCH_SEQS = 128
 
 
 @triton.jit
@@ -215,10 +223,19 @@ def _walk(q, K, V, table_row, lo, hi, full_end, end, q_pos, m_i, l_i, acc, scale
 
 
 @triton.jit
-def _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS: tl.constexpr):
+def _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS: tl.constexpr,
+                 SEARCH_WIDTH: tl.constexpr):
     """The sequence whose query tiles include ``tile``: sequence ``s``'s tiles start at
-    ``query_start_loc[s] // TOKENS + s``, which grows with ``s``, so the last sequence whose
-    start is at most ``tile`` is found by a binary search (vLLM's ``find_seq_idx``)."""
+    ``query_start_loc[s] // TOKENS + s``, which grows with ``s``, so it is the last sequence
+    whose start is at most ``tile``, one less than the number of such starts. ``SEARCH_WIDTH``
+    (a power of two >= ``num_seqs``): all the starts in one vector load, counted by a
+    reduction, so a program waits on one load; 0: a binary search (vLLM's ``find_seq_idx``), log2
+    of ``num_seqs`` dependent loads, for any number of sequences."""
+    if SEARCH_WIDTH > 0:
+        s = tl.arange(0, SEARCH_WIDTH)
+        starts = tl.load(QUERY_START + s * stride_qs, mask=s < num_seqs, other=0).to(tl.int32)
+        before = (starts // TOKENS + s <= tile) & (s < num_seqs)
+        return tl.sum(before.to(tl.int32), 0) - 1
     lo = tile * 0
     hi = lo + num_seqs
     while lo < hi:
@@ -243,14 +260,14 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr, TILE_N: tl.constexpr, HEAD_DIM: tl.constexpr,
     DIM_PAD: tl.constexpr, ONE_LOOP: tl.constexpr, TABLE_AHEAD: tl.constexpr,
     IEEE_DOT: tl.constexpr, FP8: tl.constexpr, WIDE_INDEX: tl.constexpr,
-    LAZY: tl.constexpr, VOTE: tl.constexpr,
+    LAZY: tl.constexpr, VOTE: tl.constexpr, SEARCH_WIDTH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kv_head = pid % KV_HEADS
     tile = (tl.num_programs(0) - 1 - pid) // KV_HEADS  # the last tiles (longest walks) first
     if FP8:  # as in the decode kernel: k_scale folds into the softmax scale
         scale_log2e = scale_log2e * tl.load(K_SCALE + kv_head)
-    seq = _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS)
+    seq = _sequence_of(QUERY_START, stride_qs, tile, num_seqs, TOKENS, SEARCH_WIDTH)
     q_start = tl.load(QUERY_START + seq * stride_qs).to(tl.int32)
     q_len = tl.load(QUERY_START + (seq + 1) * stride_qs).to(tl.int32) - q_start
     seq_len = tl.load(SEQ_LENS + seq * stride_sl).to(tl.int32)
@@ -352,20 +369,23 @@ class PrefillLaunch:
 
 def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, group: int,
                    kv_heads: int, total: int, sequences: int, max_keys: int,
-                   sm_count: int | None = None, hopper: bool | None = None) -> PrefillLaunch:
+                   fp8_cache: bool = False, sm_count: int | None = None,
+                   hopper: bool | None = None) -> PrefillLaunch:
     """The launch for ``total`` queries of ``sequences`` chunks, heads grouped ``group`` query
     heads to each of ``kv_heads``, at most ``max_keys`` keys a sequence (the block table's
-    capacity), on a CUDA device of ``sm_count`` SMs (None: ``device``'s own), Hopper or not
-    (None: ``device``'s).
+    capacity), from an fp8 cache or not, on a CUDA device of ``sm_count`` SMs (None:
+    ``device``'s own), Hopper or not (None: ``device``'s).
 
-    Three regimes, fitted on an H200 (docs/kernels.md, "Launch rules"): long chunks above head
-    dim 64 take 128 rows, so each K/V tile serves more queries, on 8 warps capped at 128
-    registers (two programs an SM); short tables with more than a wave of programs take 32-key
-    tiles and capped registers, so more programs share an SM and hide each one's fixed cost;
-    the rest 64 rows, 64-key tiles, block ids a tile ahead and 3 stages, capped only where the
-    programs fit one wave. Past a wave the rescale is lazy where a warp can vote (Hopper). A
-    program never has more rows than the mean chunk fills. fp32, head dims over 128 and other
-    devices take one plain launch, not tuned."""
+    Three regimes, fitted on an H200 (docs/kernels.md, "Launch rules"): long chunks above head dim
+    64 take 128 rows, so each K/V tile serves more queries, on 8 warps capped at 128 registers (two
+    programs an SM), in 32-key tiles (64-key ones spill there); short tables with more than a wave
+    of programs take 32-key tiles and capped registers, so more programs share an SM and hide each
+    one's fixed cost (from an fp8 cache, whose conversion needs a few registers more, capped at 144
+    rather than 128 in the shortest walks); the rest 64 rows, 64-key tiles, block ids a tile ahead
+    and 3 stages, capped only where the programs fit one wave. Past a wave the rescale is lazy where
+    a warp can vote (Hopper). A program never has more rows than the mean chunk fills. fp32 on CUDA
+    takes 16 rows and 16-key tiles (its dots' operands are held in registers: larger ones spill);
+    head dims over 128 and other devices one plain launch. Those are not tuned."""
     mean_chunk = ceil_div(total, sequences)
     tile_n = default_tile_n(head_dim, dtype)
 
@@ -373,11 +393,14 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
         rows = max(16, next_pow2(max(min(rows, mean_chunk * group), group)))
         return PrefillLaunch(rows=rows, **fields)
 
+    if device.type == "cuda" and dtype == torch.float32:  # exact fp32 dots: on FMA units
+        return fitted(16, tile_n=16, num_warps=4, num_stages=2)
     if device.type != "cuda" or head_dim > 128 or dtype == torch.float32:
         return fitted(64, tile_n=tile_n, num_warps=4, num_stages=2)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= (LONG_CHUNKS if sequences > 1 else LONG_CHUNK) and head_dim > 64:
-        return fitted(128, tile_n=64, num_warps=8, num_stages=2, maxnreg=128 if cap else None)
+        return fitted(128, tile_n=LONG_CHUNK_TILE_N, num_warps=8, num_stages=2,
+                      maxnreg=128 if cap else None)
     tokens = _padded_rows(64, group) // group  # the estimate counts programs of 64 rows
     programs = min(total // tokens + sequences, sequences * ceil_div(max_keys, tokens)) * kv_heads
     many = programs > 2 * (sm_count or _sm_count(device))  # more than a wave, two an SM
@@ -386,8 +409,9 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
     lazy = many and hopper and _votes(rows, 4, head_dim)
     if max_keys <= SHORT_WALK_TILES * 32 and many:
         if max_keys <= 4 * 32:
+            regs = SHORT_WALK_FP8_REGS if fp8_cache else 128
             return fitted(64, tile_n=32, num_warps=4, num_stages=2, one_loop=True,
-                          maxnreg=128 if cap else None, lazy_rescale=lazy)
+                          maxnreg=regs if cap else None, lazy_rescale=lazy)
         if head_dim > 64:
             return fitted(64, tile_n=32, num_warps=4, num_stages=3, one_loop=True,
                           table_ahead=True, maxnreg=168 if cap else None, lazy_rescale=lazy)
@@ -420,6 +444,12 @@ def _can_vote(q: torch.Tensor, rows: int, num_warps: int, head_dim: int, ieee_do
     return q.device.type == "cpu" or (q.device.type == "cuda" and _hopper(q.device))
 
 
+def search_width(num_seqs: int) -> int:
+    """The kernel's ``SEARCH_WIDTH`` for ``num_seqs`` sequences: ``VECTOR_SEARCH_SEQS`` where
+    they fit it (one width, so one more compiled kernel at most), else 0 (the binary search)."""
+    return VECTOR_SEARCH_SEQS if num_seqs <= VECTOR_SEARCH_SEQS else 0
+
+
 def _padded_rows(rows: int, group: int) -> int:
     """Rows of a program: a power of two >= 16 (``tl.dot``) and >= the group."""
     return max(16, next_pow2(max(rows, group)))
@@ -444,7 +474,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_star
     if launch is None:
         launch = prefill_launch(head_dim, q.dtype, q.device, group=group, kv_heads=kv_heads,
                                 total=total, sequences=num_seqs,
-                                max_keys=tables.shape[1] * block_size)
+                                max_keys=tables.shape[1] * block_size,
+                                fp8_cache=is_fp8(k_cache.dtype))
     rows = _padded_rows(launch.rows, group)
     tokens = rows // group
     ieee_dot = q.dtype == torch.float32 or (INTERPRETED and q.dtype == torch.bfloat16)
@@ -455,7 +486,8 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_star
         ONE_LOOP=launch.one_loop, TABLE_AHEAD=launch.table_ahead, IEEE_DOT=ieee_dot,
         FP8=is_fp8(k_cache.dtype),
         WIDE_INDEX=max(element_span(k_cache), element_span(v_cache)) >= INT32_SPAN,
-        LAZY=lazy, VOTE=lazy and _can_vote(q, rows, launch.num_warps, head_dim, ieee_dot))
+        LAZY=lazy, VOTE=lazy and _can_vote(q, rows, launch.num_warps, head_dim, ieee_dot),
+        SEARCH_WIDTH=search_width(num_seqs))
     maxnreg = launch.maxnreg
     options = dict(num_warps=launch.num_warps, num_stages=launch.num_stages,
                    **({} if maxnreg is None or INTERPRETED else {"maxnreg": maxnreg}))

@@ -46,6 +46,7 @@ PREFILL_CONFIGS = [dict(rows=64, tile_n=64, num_warps=4, num_stages=2),
                         table_ahead=True, maxnreg=168, lazy_rescale=True),
                    dict(rows=128, tile_n=64, num_warps=4, num_stages=3),
                    dict(rows=128, tile_n=64, num_warps=8, num_stages=2, maxnreg=128),
+                   dict(rows=128, tile_n=32, num_warps=8, num_stages=2, maxnreg=128),
                    dict(rows=128, tile_n=64, num_warps=8, num_stages=2, one_loop=True,
                         maxnreg=128)]
 

@@ -44,6 +44,7 @@ def test_max_rate_and_prediction_error_per_configuration(tmp_path):
                      + rows(16, 32.0, predicted=True, scale=1.1))
     best = results.get("serving_max_rate").set_index("block_size")["max_rate_at_slo"]
     assert best.to_dict() == {16: 32.0, 128: 128.0}  # inf is never a rate "met"
+    assert results.get("serving_max_rate")["rates_missed_below"].tolist() == [0, 0]
     pred = results.get("serving_prediction")
     assert set(pred["block_size"]) == {16}  # block 128 has no prediction
     ttft = pred[pred["metric"] == "ttft_p99_ms"]
@@ -58,6 +59,13 @@ def test_max_rate_and_prediction_error_per_configuration(tmp_path):
     assert any("Largest measured request rate" in c for c in captions)
     assert any("Simulator against engine" in c for c in captions)
     assert any("median and largest |error|" in c for c in captions)
+
+
+def test_lower_rates_that_missed_are_counted_beside_the_largest_met(tmp_path):
+    data = [r | dict(meets_slo=r["request_rate"] == 32.0) for r in rows(16, 128.0)]
+    best = loaded(tmp_path, data).get("serving_max_rate")
+    assert best["max_rate_at_slo"].tolist() == [32.0]
+    assert best["rates_missed_below"].tolist() == [1]  # 8 requests/s missed
 
 
 def test_no_data_says_what_is_missing(tmp_path):

@@ -4,13 +4,15 @@ stalls dropped), and the replay of a run's own measured step times through the s
 from __future__ import annotations
 
 import gc
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from pagebench.measure.serving import GCTimer
-from pagebench.measure.step_cost import MeasuredSteps, fit_step_cost, prefill_seqs, step_kinds
+from pagebench.measure.step_cost import (MeasuredSteps, fit_step_cost, inter_step_gap_ms,
+                                         prefill_seqs, step_kinds)
 from pagebench.sim.serving import simulate_serving
 from pagebench.sim.step_cost import StepCostModel
 
@@ -82,6 +84,37 @@ def test_replaying_measured_steps_reproduces_their_times_when_the_schedule_match
     other = MeasuredSteps(measured.assign(num_decode_seqs=9), cost)  # another schedule's steps
     simulate_serving([0.0, 0.0], [4, 4], [3, 3], other, block_size=4, num_blocks=8)
     assert other.matched == 0  # every step falls back to the model
+
+
+def test_replay_keeps_the_engines_clock_only_with_the_host_time_between_steps():
+    # the engine: 1 ms steps, 0.5 ms of host time after each (not in step_time_ms); the
+    # second request arrives at 2.6 ms, after the third step's start on the engine's clock
+    # (3.0 ms) but not on a clock of steps back to back (2.0 ms)
+    engine = simulate_serving([0.0, 0.0026], [4, 4], [3, 3], StepCostModel(1.5, 0, 0, 0),
+                              block_size=4, num_blocks=8)
+    measured = pd.DataFrame([dict(num_prefill_tokens=s.num_prefill_tokens,
+                                  num_decode_seqs=s.num_decode_seqs,
+                                  num_context_tokens=s.num_context_tokens, step_time_ms=1.0)
+                             for s in engine.steps])
+    fallback = StepCostModel(100, 0, 0, 0)
+    back_to_back = MeasuredSteps(measured, fallback)
+    simulate_serving([0.0, 0.0026], [4, 4], [3, 3], back_to_back, block_size=4, num_blocks=8)
+    assert back_to_back.matched < len(engine.steps)
+    replay = MeasuredSteps(measured, fallback, gap_ms=0.5)
+    again = simulate_serving([0.0, 0.0026], [4, 4], [3, 3], replay, block_size=4,
+                             num_blocks=8)
+    assert replay.matched == len(engine.steps)
+    assert again.duration_s == pytest.approx(engine.duration_s)
+
+
+def test_inter_step_gap_is_the_median_over_runs_with_every_request_at_once():
+    steps = pd.DataFrame(dict(trace="t", request_rate=[math.inf] * 3 + [math.inf] * 2 + [4.0],
+                              repeat=[0, 0, 0, 1, 1, 0], step_time_ms=[1.0, 2, 3, 4, 4, 1]))
+    rows = [dict(trace="t", request_rate=math.inf, repeat=0, duration_s=0.0066),  # 0.2 ms
+            dict(trace="t", request_rate=math.inf, repeat=1, duration_s=0.0090),  # 0.5 ms
+            dict(trace="t", request_rate=4.0, repeat=0, duration_s=9.0)]  # idle: not counted
+    assert inter_step_gap_ms(steps, rows) == pytest.approx(0.35)
+    assert inter_step_gap_ms(steps, rows[2:]) == 0.0
 
 
 def test_gc_timer_sees_collections_while_installed():

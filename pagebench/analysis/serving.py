@@ -35,7 +35,8 @@ def measured_rows(frame: pd.DataFrame | None) -> pd.DataFrame | None:
 
 def max_rate_at_slo(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     """Per configuration: the largest finite measured rate whose rows (every repeat)
-    ``meets_slo``."""
+    ``meets_slo``, and how many lower rates missed it (latency need not grow with the rate:
+    a stall or a slow step in a short run can miss at a light rate)."""
     rows = measured_rows(frame)
     if rows is None or "meets_slo" not in rows or rows["meets_slo"].isna().all():
         return None
@@ -44,9 +45,10 @@ def max_rate_at_slo(frame: pd.DataFrame | None) -> pd.DataFrame | None:
     for key, g in rows.groupby(CONFIG, sort=True, dropna=False):
         met = g["meets_slo"].astype(bool).groupby(g["request_rate"]).all()  # every repeat
         good = met.index[met.to_numpy()]
+        best = float(good.max()) if len(good) else math.nan
         out.append(dict(zip(CONFIG, key)) | dict(
-            max_rate_at_slo=float(good.max()) if len(good) else math.nan,
-            rates_measured=int(g["request_rate"].nunique())))
+            max_rate_at_slo=best, rates_measured=int(g["request_rate"].nunique()),
+            rates_missed_below=int((~met[met.index < best]).sum()) if len(good) else 0))
     return pd.DataFrame(out)
 
 

@@ -186,8 +186,9 @@ def register(sub) -> None:
         "dtype x mode) on the steps serve-bench --steps-out wrote. With --validate, every "
         "measured serve-bench row is re-run in the simulator (same requests, rate and engine "
         "limits) with its model, and the error of p50/p99 TTFT and TPOT is printed, beside "
-        "the error with the run's own measured step times instead of the model (what the "
-        "scheduler and queueing model alone get wrong).")
+        "the error with the run's own measured step times instead of the model, each plus the "
+        "engine's host time between steps (what the scheduler and queueing model alone get "
+        "wrong).")
     f.add_argument("steps", help="serve_steps CSV (serve-bench --steps-out)")
     f.add_argument("--validate", metavar="CSV", default=None,
                    help="serve_bench CSV of measured runs to predict and compare")
@@ -360,7 +361,7 @@ def fit(args) -> int:
 
     from pagebench.analysis.serving import error_summary, prediction_table
     from pagebench.measure.step_cost import (MeasuredSteps, cost_model, fit_step_cost,
-                                             predict_serve_bench, run_steps)
+                                             inter_step_gap_ms, predict_serve_bench, run_steps)
     from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 
     for option, path in (("--out", args.out), ("--predictions-out", args.predictions_out)):
@@ -381,13 +382,15 @@ def fit(args) -> int:
         models = {(r["model"], r["block_size"], r["kv_cache_dtype"], r["mode"] or None): r
                   for r in rows}
         pairs, oracle = [], []
+        gap_ms = inter_step_gap_ms(steps, measured.to_dict("records"))
         for m in measured.to_dict("records"):
             mode = m.get("mode") if isinstance(m.get("mode"), str) else None
             model = models.get((m["model"], m["block_size"], m["kv_cache_dtype"], mode))
             if model is not None:
                 cost = cost_model(model)
                 pairs.append((m, predict_serve_bench(m, cost)))
-                oracle.append(predict_serve_bench(m, MeasuredSteps(run_steps(steps, m), cost)))
+                oracle.append(predict_serve_bench(m, MeasuredSteps(run_steps(steps, m), cost,
+                                                                   gap_ms)))
         if not pairs:
             raise ValueError(f"--validate: no row of {args.validate} has a fitted model")
         write_results(args.predictions_out, [p for _, p in pairs])
@@ -400,6 +403,9 @@ def fit(args) -> int:
             columns={"median_abs_err": "oracle_median_abs_err"}), on=keys, how="left")
         errors = errors.to_dict("records")
         print()
+        if not args.json:
+            print(f"with measured steps: each step plus {gap_ms:.3f} ms of host time between "
+                  "steps (median over the runs with every request at once)")
         print(dumps(errors) if args.json else format_table(errors, ERROR_TABLE))
     return 0
 

@@ -13,6 +13,9 @@ hide them in one median. ``predict_serve_bench``: a measured ``serve_bench`` row
 simulate_serving`, giving the same row with ``predicted`` set. ``MeasuredSteps``: a "cost
 model" that replays a run's measured step times in order, so that the simulator's error with
 it is the scheduler's and queueing model's alone (the fitted model's error is the rest).
+``step_time_ms`` leaves out the engine's host time between steps (``inter_step_gap_ms``): a
+replay without it runs a clock that falls behind the engine's, admits an arrival a step later
+than the engine did and from there no longer schedules as it did, so the replay adds it.
 """
 
 from __future__ import annotations
@@ -110,23 +113,39 @@ def cost_model(row: dict) -> StepCostModel:
 
 class MeasuredSteps:
     """The measured step times of one run, in order, as a cost model: the simulator's step
-    ``k`` lasts what the engine's step ``k`` took. ``matched`` counts the steps whose work
-    (prefill tokens, decoding sequences, context) equals the measured step's: all of them when
-    the simulator schedules as the engine did. Past the measured steps, or where a step's work
-    differs, it falls back to ``fallback``."""
+    ``k`` lasts what the engine's step ``k`` took, plus ``gap_ms`` (the host time between
+    steps, :func:`inter_step_gap_ms`). ``matched`` counts the steps whose work (prefill tokens,
+    decoding sequences, context) equals the measured step's: all of them when the simulator
+    schedules as the engine did. Past the measured steps, or where a step's work differs, it
+    falls back to ``fallback`` (plus ``gap_ms``)."""
 
-    def __init__(self, steps, fallback: StepCostModel):
+    def __init__(self, steps, fallback: StepCostModel, gap_ms: float = 0.0):
         self.steps = steps[["num_prefill_tokens", "num_decode_seqs", "num_context_tokens",
                             "step_time_ms"]].to_numpy().tolist()
-        self.fallback, self.index, self.matched = fallback, 0, 0
+        self.fallback, self.gap_ms, self.index, self.matched = fallback, gap_ms, 0, 0
 
     def step_ms(self, prefill_tokens, decode_seqs, context_tokens, prefill_seqs=None) -> float:
         k, self.index = self.index, self.index + 1
         if k < len(self.steps) and self.steps[k][:3] == [prefill_tokens, decode_seqs,
                                                          context_tokens]:
             self.matched += 1
-            return float(self.steps[k][3])
-        return self.fallback.step_ms(prefill_tokens, decode_seqs, context_tokens, prefill_seqs)
+            return float(self.steps[k][3]) + self.gap_ms
+        return self.gap_ms + self.fallback.step_ms(prefill_tokens, decode_seqs, context_tokens,
+                                                   prefill_seqs)
+
+
+def inter_step_gap_ms(steps, measured_rows) -> float:
+    """The engine's host time between steps, which ``step_time_ms`` leaves out: over the
+    measured serve_bench rows whose requests all arrive at once (no idle time in the run),
+    the median of (duration - the run's step times) / its steps; 0 where there is none."""
+    gaps = []
+    for row in measured_rows:
+        if math.isinf(float(row["request_rate"])):
+            run = run_steps(steps, row)
+            if len(run):
+                gaps.append((float(row["duration_s"]) * 1e3 - float(run["step_time_ms"].sum()))
+                            / len(run))
+    return max(float(np.median(gaps)), 0.0) if gaps else 0.0
 
 
 def run_steps(steps, row: dict):

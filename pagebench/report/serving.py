@@ -68,7 +68,8 @@ def latency_plot(metric: str, title: str):
 
 VIEWS = (
     View("serve_bench", "Largest measured request rate meeting the SLO (slo_attainment of the "
-         "requests within every SLO), per configuration", frame=derived("serving_max_rate")),
+         "requests within every SLO), per configuration; rates_missed_below: lower rates that "
+         "missed it", frame=derived("serving_max_rate")),
     View("serve_bench", "Measured serving points", (
         "machine", "model", "trace", "block_size", "kv_cache_dtype", "prefix_caching",
         "request_rate", "request_throughput", "goodput", "ttft_p50_ms", "ttft_p99_ms",

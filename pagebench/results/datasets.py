@@ -609,7 +609,8 @@ SERVING_KEY = (C("machine", "str", "device label"), MODEL, C("trace", "str", "tr
 SERVING_MAX_RATE = schema(
     "serving_max_rate", "per configuration, the largest measured request rate meeting the SLO",
     *SERVING_KEY, C("max_rate_at_slo", "float", "requests/s; empty: no rate met it"),
-    C("rates_measured", "int", "finite rates measured"), environment=False)
+    C("rates_measured", "int", "finite rates measured"),
+    C("rates_missed_below", "int", "lower rates that missed the SLO"), environment=False)
 SERVING_PREDICTION = schema(
     "serving_prediction", "a measured serve_bench point beside the simulator's prediction",
     *SERVING_KEY, C("request_rate", "float", "requests/s"),

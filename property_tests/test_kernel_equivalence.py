@@ -57,6 +57,7 @@ def test_triton_ragged_default_splits_match_reference(monkeypatch):
     from pagebench.kernels import triton_decode
     from pagebench.kernels.triton_decode import DecodeLaunch, decode_plan, triton_paged_decode
     monkeypatch.setattr(triton_decode, "RAGGED_MIN_SPLIT_TILES", 1)
+    monkeypatch.setattr(triton_decode, "RAGGED_MIN_FUSED_SPLIT_TILES", 1)
     launch = DecodeLaunch(tile_n=16)
 
     @settings(max_examples=examples_for("triton"), deadline=None)

@@ -281,15 +281,21 @@ def test_ragged_default_merges_short_sequences_itself_and_long_ones_after(monkey
 
 def test_ragged_grid_only_where_it_can_help():
     """The host's gate: one sequence, an fp8 cache, a batch beyond the lengths read at once,
-    or a uniform split shorter than RAGGED_MIN_SPLIT_TILES tiles take the uniform grid."""
+    or a uniform split shorter than RAGGED_MIN_SPLIT_TILES tiles (RAGGED_MIN_FUSED_SPLIT_TILES
+    where the split kernel merges the uniform splits) take the uniform grid."""
     from pagebench.kernels import triton_decode as td
-    tile, least = 64, td.RAGGED_MIN_SPLIT_TILES * 64
-    assert td.ragged_can_help(2, least, tile, fp8=False)
-    assert td.ragged_can_help(td.MAX_RAGGED_SEQS, least, tile, fp8=False)
-    assert not td.ragged_can_help(2, least - tile, tile, fp8=False)
-    assert not td.ragged_can_help(1, 100 * least, tile, fp8=False)
-    assert not td.ragged_can_help(td.MAX_RAGGED_SEQS + 1, least, tile, fp8=False)
-    assert not td.ragged_can_help(2, least, tile, fp8=True)
+    tile, fused = 64, td.FUSED_MERGE_SPLITS
+    least, least_fused = td.RAGGED_MIN_SPLIT_TILES * tile, td.RAGGED_MIN_FUSED_SPLIT_TILES * tile
+    assert least < least_fused
+    assert td.ragged_can_help(2, fused + 1, least, tile, fp8=False)
+    assert td.ragged_can_help(td.MAX_RAGGED_SEQS, fused + 1, least, tile, fp8=False)
+    assert not td.ragged_can_help(2, fused + 1, least - tile, tile, fp8=False)
+    assert not td.ragged_can_help(2, fused, least, tile, fp8=False)
+    assert td.ragged_can_help(2, fused, least_fused, tile, fp8=False)
+    assert not td.ragged_can_help(2, 1, least_fused - tile, tile, fp8=False)
+    assert not td.ragged_can_help(1, fused + 1, 100 * least, tile, fp8=False)
+    assert not td.ragged_can_help(td.MAX_RAGGED_SEQS + 1, fused + 1, least, tile, fp8=False)
+    assert not td.ragged_can_help(2, fused + 1, least_fused, tile, fp8=True)
 
 
 @pytest.mark.parametrize("lengths, cache, ragged", [
@@ -304,6 +310,7 @@ def test_one_sequence_and_fp8_take_the_uniform_grid(monkeypatch, lengths, cache,
     from pagebench.kernels import triton_decode as td
     monkeypatch.setattr(td, "_PLANS", {})
     monkeypatch.setattr(td, "RAGGED_MIN_SPLIT_TILES", 1)
+    monkeypatch.setattr(td, "RAGGED_MIN_FUSED_SPLIT_TILES", 1)
     inp = make_paged_inputs(lengths, 8, 2, 32, 16, torch.bfloat16 if cache else torch.float32,
                             seed=4)
     scales = {}

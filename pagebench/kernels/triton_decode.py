@@ -66,7 +66,10 @@ COMBINE_STEP = tl.constexpr(COMBINE_CHUNK)
 # a ragged choice must beat the host's (exact for a batch that fills its table) by 1/8
 LEAVE_HOST_CHOICE = tl.constexpr(8)
 MAX_RAGGED_SEQS = 256  # batches up to this size split per sequence (lengths read at once)
-RAGGED_MIN_SPLIT_TILES = 16  # uniform splits shorter than this: no ragged grid (ragged_can_help)
+# Uniform splits shorter than these (in tiles) take no ragged grid (``ragged_can_help``); the
+# second where the split kernel merges the uniform choice's splits itself
+RAGGED_MIN_SPLIT_TILES = 8
+RAGGED_MIN_FUSED_SPLIT_TILES = 17
 
 
 @triton.jit
@@ -417,18 +420,24 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
                        merge_per_step=COMBINE_CHUNK, max_splits=MAX_SPLITS)[0]
 
 
-def ragged_can_help(num_seqs: int, tokens_per_split: int, tile_n: int, fp8: bool) -> bool:
-    """Whether a call may take the ragged grid (``split_tokens``), decided from what the host
-    knows: not for one sequence (never ragged), nor more than ``MAX_RAGGED_SEQS`` (lengths read
-    at once), nor where the uniform choice's split is under ``RAGGED_MIN_SPLIT_TILES`` tiles:
-    the most a ragged choice saves is part of one split's time, less than what its grid costs
-    every call (each program's choice, programs that exit, a second merge launch). Nor for an
+def ragged_can_help(num_seqs: int, splits: int, tokens_per_split: int, tile_n: int,
+                    fp8: bool) -> bool:
+    """Whether a call whose uniform choice is ``splits`` of ``tokens_per_split`` may take the
+    ragged grid (``split_tokens``), decided from what the host knows: not for one sequence
+    (never ragged), nor more than ``MAX_RAGGED_SEQS`` (lengths read at once), nor where that
+    split is under ``RAGGED_MIN_SPLIT_TILES`` tiles: the most a ragged choice saves is part
+    of one split's time, less than what its grid costs every call (each program's choice,
+    programs that exit). Where the split kernel merges the uniform choice's splits itself (up
+    to ``FUSED_MERGE_SPLITS``) the ragged grid adds a second merge launch too: the split must
+    then reach ``RAGGED_MIN_FUSED_SPLIT_TILES`` (a table of 1,024 tokens in tiles of 64, all
+    of it one split, does not: its uniform batches ran 1.15x slower there). Nor for an
     ``fp8`` cache: its kernel's registers grow most on the ragged grid (sm_90: 211 against
     168 for Qwen2.5-7B's pairs of KV heads) and its uniform batches ran 1.3-1.5x slower there
     on an H100, while no ragged fp8 batch was measured to gain (docs/kernels.md, "Ragged
     batches")."""
-    return (not fp8 and 1 < num_seqs <= MAX_RAGGED_SEQS
-            and tokens_per_split >= RAGGED_MIN_SPLIT_TILES * tile_n)
+    least = (RAGGED_MIN_FUSED_SPLIT_TILES if splits <= FUSED_MERGE_SPLITS
+             else RAGGED_MIN_SPLIT_TILES)
+    return not fp8 and 1 < num_seqs <= MAX_RAGGED_SEQS and tokens_per_split >= least * tile_n
 
 
 def ragged_split_room(num_seqs: int, units_per_seq: int, splits: int, slots: int,
@@ -653,7 +662,8 @@ class DecodePlan:
         # default's may grow for the long sequences of a ragged batch, as far as the room
         # the uniform choice leaves (a grid of work items then, not of splits)
         budget = most = num_splits
-        if launch.num_splits is None and ragged_can_help(num_seqs, tokens_per_split, tile_n, fp8):
+        if launch.num_splits is None and ragged_can_help(num_seqs, num_splits, tokens_per_split,
+                                                         tile_n, fp8):
             slots = occupancy(True)  # the ragged grid's waves are of its own kernel's programs
             budget, most = ragged_split_room(num_seqs, kv_heads // kv_per_program, num_splits,
                                              slots, ceil_div(capacity, tile_n))

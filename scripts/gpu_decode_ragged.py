@@ -157,6 +157,9 @@ def timing_point(shape_name, batch, context, spec, fp8=False, fi_ok=True) -> Non
     if fp8:
         inp = quantized_inputs(inp, E4M3, seed=batch, spread=1.0)
     scale = shape[2] ** -0.5
+    plan = new_triton.decode_plan(*inp.args(), scale)  # the new default's grid and splits
+    new_plan = dict(new_grid="ragged" if plan.split.kwargs["ADAPTIVE"] else "uniform",
+                    new_splits=plan.num_splits, new_max_splits=plan.max_splits)
     ref = None
     for name, fn in calls(inp, scale, fp8, fi_ok).items():
         if time.monotonic() > DEADLINE:
@@ -171,7 +174,7 @@ def timing_point(shape_name, batch, context, spec, fp8=False, fi_ok=True) -> Non
                      lengths=spec, max_len=max(lens), tokens=sum(lens), block_size=16,
                      kv_dtype="float8_e4m3fn" if fp8 else "bfloat16", backend=name,
                      time_us=t.median_us, q20_us=t.q20_us, q80_us=t.q80_us,
-                     err_vs_first=err))
+                     err_vs_first=err, **(new_plan if name == "new-triton" else {})))
         except Exception as e:  # noqa: BLE001 -- a row says why
             add(dict(kind="time", model_shape=shape_name, batch=batch, context=context,
                      lengths=spec, backend=name, error=f"{type(e).__name__}: {e}"[:200]))
@@ -183,6 +186,8 @@ def table() -> None:
         if r.get("kind") == "time" and r.get("time_us"):
             key = (r["model_shape"], r["kv_dtype"], r["batch"], r["context"], r["lengths"])
             times.setdefault(key, {})[r["backend"]] = r["time_us"]
+    grids = {(r["model_shape"], r["kv_dtype"], r["batch"], r["context"], r["lengths"]):
+             r["new_grid"] for r in ROWS if r.get("new_grid")}
     print(f"{'shape':11} {'kv':5} {'batch':>5} {'ctx':>6} {'lengths':18} {'old':>9} {'new':>9} "
           f"{'new/old':>7} {'fi best':>9} {'new/fi':>6}")
     for (shape, kv, batch, ctx, spec), t in times.items():
@@ -193,7 +198,8 @@ def table() -> None:
                   f"{old or float('nan'):9.1f} {new or float('nan'):9.1f} "
                   f"{(new / old) if old and new else float('nan'):7.3f} "
                   f"{fi_best or float('nan'):9.1f} "
-                  f"{(new / fi_best) if fi_best and new else float('nan'):6.3f}  {k}")
+                  f"{(new / fi_best) if fi_best and new else float('nan'):6.3f}  {k}"
+                  f" {grids.get((shape, kv, batch, ctx, spec), '') if k == 'triton' else ''}")
 
 
 def main() -> None:

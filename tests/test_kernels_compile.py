@@ -40,6 +40,8 @@ CHILD = textwrap.dedent(r'''
     CUDA = torch.device("cuda", 0)
     torch.cuda.get_device_capability = lambda device=None: divmod(ARCH, 10)
     triton_decode.hardware_fp8_convert = lambda device: ARCH >= 89
+    # the ragged grid on these short tables too
+    triton_decode.RAGGED_MIN_SPLIT_TILES = triton_decode.RAGGED_MIN_FUSED_SPLIT_TILES = 1
 
     def captured_first(call):
         """``call`` on a new plan, as if a CUDA graph captured it: no counters yet, so the split

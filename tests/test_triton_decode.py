@@ -22,6 +22,19 @@ pytestmark = pytest.mark.skipif("triton" not in available_backends(),
                                 reason="triton not installed")
 TILE = 16
 
+if "triton" in available_backends():
+    import triton
+    import triton.language as tl
+
+    from pagebench.kernels.triton_decode import batch_lengths, split_tokens
+
+    @triton.jit
+    def chosen_split(SEQ_LENS, OUT, num_seqs, tokens_per_split, TILE_N: tl.constexpr):
+        """``split_tokens`` of the lengths, a budget and splits that leave every chunk in, one
+        KV head, 64 slots."""
+        _, valid, lens = batch_lengths(SEQ_LENS, num_seqs, 16)
+        tl.store(OUT, split_tokens(lens, valid, tokens_per_split, 1000, 1000, 1, 64, TILE_N))
+
 
 def split_inputs(lengths, splits, q_heads=8, kv_heads=2, block=16, dtype=torch.float32, seed=0):
     """Tables of exactly ``splits`` x 2 tiles of ``TILE`` tokens (so the plan keeps ``splits``
@@ -264,3 +277,61 @@ def test_ragged_default_merges_short_sequences_itself_and_long_ones_after(monkey
         check(td.triton_paged_decode(*inp.args(), 32 ** -0.5, launch=launch), inp)
         assert (plan.counters is None) == captured_first
         assert plan.counters is None or not plan.counters.any()
+
+
+def test_ragged_grid_only_where_it_can_help():
+    """The host's gate: one sequence, an fp8 cache, a batch beyond the lengths read at once,
+    or a uniform split shorter than RAGGED_MIN_SPLIT_TILES tiles (RAGGED_MIN_FUSED_SPLIT_TILES
+    where the split kernel merges the uniform splits) take the uniform grid."""
+    from pagebench.kernels import triton_decode as td
+    tile, fused = 64, td.FUSED_MERGE_SPLITS
+    least, least_fused = td.RAGGED_MIN_SPLIT_TILES * tile, td.RAGGED_MIN_FUSED_SPLIT_TILES * tile
+    assert least < least_fused
+    assert td.ragged_can_help(2, fused + 1, least, tile, fp8=False)
+    assert td.ragged_can_help(td.MAX_RAGGED_SEQS, fused + 1, least, tile, fp8=False)
+    assert not td.ragged_can_help(2, fused + 1, least - tile, tile, fp8=False)
+    assert not td.ragged_can_help(2, fused, least, tile, fp8=False)
+    assert td.ragged_can_help(2, fused, least_fused, tile, fp8=False)
+    assert not td.ragged_can_help(2, 1, least_fused - tile, tile, fp8=False)
+    assert not td.ragged_can_help(1, fused + 1, 100 * least, tile, fp8=False)
+    assert not td.ragged_can_help(td.MAX_RAGGED_SEQS + 1, fused + 1, least, tile, fp8=False)
+    assert not td.ragged_can_help(2, fused + 1, least_fused, tile, fp8=True)
+
+
+@pytest.mark.parametrize("lengths, cache, ragged", [
+    ([800], None, False),  # one sequence: the uniform grid and its splits
+    ([800, 16], None, True),
+    ([800, 16], torch.float8_e4m3fn, False),
+])
+def test_one_sequence_and_fp8_take_the_uniform_grid(monkeypatch, lengths, cache, ragged):
+    """With the split-length gate open, a batch of one sequence and an fp8 cache still take
+    the uniform grid (sequence, program column, split), the pre-ragged kernel's path, and
+    their outputs are the reference's; a ragged bf16 batch takes the work-item grid."""
+    from pagebench.kernels import triton_decode as td
+    monkeypatch.setattr(td, "_PLANS", {})
+    monkeypatch.setattr(td, "RAGGED_MIN_SPLIT_TILES", 1)
+    monkeypatch.setattr(td, "RAGGED_MIN_FUSED_SPLIT_TILES", 1)
+    inp = make_paged_inputs(lengths, 8, 2, 32, 16, torch.bfloat16 if cache else torch.float32,
+                            seed=4)
+    scales = {}
+    if cache is not None:
+        inp = quantized_inputs(inp, cache, seed=4)
+        scales = inp.scales()
+    launch = td.DecodeLaunch(tile_n=TILE)
+    plan = td.decode_plan(*inp.args(), 32 ** -0.5, launch)
+    assert plan.split.kwargs["ADAPTIVE"] == ragged
+    if not ragged:
+        assert plan.max_splits == plan.num_splits > 1
+        units = 2 // plan.split.kwargs["KV_PER_PROGRAM"]
+        assert plan.split.grid == (len(lengths), units, plan.num_splits)
+    check(td.triton_paged_decode(*inp.args(), 32 ** -0.5, **scales, launch=launch), inp, scales)
+
+
+@pytest.mark.parametrize("lengths, keeps", [([1024, 1024], True), ([1024, 16], False)])
+def test_equal_lengths_keep_the_hosts_split(lengths, keeps):
+    """``split_tokens`` on the device: a batch of equal lengths keeps the host's tokens per
+    split (its wave model chose for that batch) even where the ragged cost would take a
+    smaller one, which a ragged batch of the same longest sequence does."""
+    out = torch.zeros(1, dtype=torch.int32)
+    chosen_split[(1,)](torch.tensor(lengths, dtype=torch.int32), out, len(lengths), 1024, TILE_N=16)
+    assert (int(out) == 1024) == keeps and int(out) % 16 == 0

@@ -66,6 +66,10 @@ COMBINE_STEP = tl.constexpr(COMBINE_CHUNK)
 # a ragged choice must beat the host's (exact for a batch that fills its table) by 1/8
 LEAVE_HOST_CHOICE = tl.constexpr(8)
 MAX_RAGGED_SEQS = 256  # batches up to this size split per sequence (lengths read at once)
+# Uniform splits shorter than these (in tiles) take no ragged grid (``ragged_can_help``); the
+# second where the split kernel merges the uniform choice's splits itself
+RAGGED_MIN_SPLIT_TILES = 8
+RAGGED_MIN_FUSED_SPLIT_TILES = 17
 
 
 @triton.jit
@@ -146,7 +150,7 @@ def split_tokens(lens, valid, tokens_per_split, split_budget, max_splits, units_
     (list scheduling ends within their sum, and near the larger when items are many and
     short), plus a tile time per ``COMBINE_CHUNK`` splits of the longest sequence merged.
     A chunk qualifies with at most ``split_budget`` work items (one at least per sequence) and
-    ``max_splits`` per sequence."""
+    ``max_splits`` per sequence. A batch of equal lengths keeps the host's choice."""
     halvings = tl.arange(0, SPLIT_CANDIDATES)
     cand = tl.cdiv(tokens_per_split // TILE_N, 1 << halvings) * TILE_N  # non-increasing
     per_seq = tl.where(valid[None, :], tl.maximum(tl.cdiv(lens[None, :], cand[:, None]), 1), 0)
@@ -164,8 +168,11 @@ def split_tokens(lens, valid, tokens_per_split, split_budget, max_splits, units_
     host = tl.sum(tl.where(halvings == 0, cost, 0), 0)
     best = tl.min(cost, 0)
     chosen = tl.max(tl.where(fits & (cost == best), cand, 0), 0)  # ties: fewer items
-    return tl.where(best * LEAVE_HOST_CHOICE < host * (LEAVE_HOST_CHOICE - 1), chosen,
-                    tokens_per_split)
+    # a batch of equal lengths is not ragged: the host's wave model (which counts the waves
+    # this one does not) chose for it
+    uniform = tl.min(tl.where(valid, lens, longest), 0) == longest
+    better = best * LEAVE_HOST_CHOICE < host * (LEAVE_HOST_CHOICE - 1)
+    return tl.where(better & ~uniform, chosen, tokens_per_split)
 
 
 @triton.jit
@@ -210,17 +217,12 @@ def _decode_split_kernel(
         num_splits = tl.sum(tl.where(mine, per_seq, 0), 0)
         split = work - tl.sum(tl.where(mine, ends, 0), 0) + num_splits
         seq_len = tl.sum(tl.where(mine, lens, 0), 0)
-    else:
+    else:  # the uniform grid: every sequence takes the grid's splits (empty ones too)
         seq = tl.program_id(0)
         split = tl.program_id(2)
         seq_len = tl.load(SEQ_LENS + seq)
         chunk = tokens_per_split
-        if DIRECT:
-            num_splits = 1
-        else:
-            num_splits = tl.maximum(tl.cdiv(seq_len, chunk), 1)
-        if split >= num_splits:  # a shorter sequence than the table's capacity
-            return
+        num_splits = tl.num_programs(2)
     start = split * chunk
     end = tl.minimum(start + chunk, seq_len)
 
@@ -272,30 +274,60 @@ def _decode_split_kernel(
         acc = acc * tl.load(V_SCALE + row_kv)[:, None]
 
     out_mask = row_ok[:, None] & dim_ok[None, :]
-    if num_splits == 1:
-        out = acc / l_i[:, None]
-        tl.store(OUT + seq * stride_os + heads[:, None] * stride_oh + dims[None, :],
-                 out.to(OUT.dtype.element_ty), mask=out_mask)
+    out_at = OUT + seq * stride_os + heads[:, None] * stride_oh + dims[None, :]
+    part = seq * stride_ps + heads * stride_ph + split * stride_pk
+    # the uniform grid's branches are constexpr (its code is the pre-ragged kernel's); a
+    # ragged grid's depend on the sequence's split count
+    if DIRECT:
+        tl.store(out_at, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=out_mask)
+    elif ADAPTIVE:
+        if num_splits == 1:
+            tl.store(out_at, (acc / l_i[:, None]).to(OUT.dtype.element_ty), mask=out_mask)
+        else:
+            store_partial(PART, part, acc, m_i, l_i, ml_offset, out_mask, row_ok, dims,
+                          DIM_PAD)
+            if MERGE and num_splits <= SPLITS_PAD:  # more: the combine kernel merges them
+                count_and_merge(PART, OUT, COUNTERS, seq, kv_head * GROUP, num_splits,
+                                ml_offset, stride_ps, stride_ph, stride_pk, stride_os,
+                                stride_oh, GROUP * KV_PER_PROGRAM, MERGE_ROWS, SPLITS_PAD,
+                                HEAD_DIM, DIM_PAD)
     else:
-        part = seq * stride_ps + heads * stride_ph + split * stride_pk
-        tl.store(PART + part[:, None] * DIM_PAD + dims[None, :], acc, mask=out_mask)
-        tl.store(PART + ml_offset + part * 2, m_i, mask=row_ok)
-        tl.store(PART + ml_offset + part * 2 + 1, l_i, mask=row_ok)
-        if MERGE and num_splits <= SPLITS_PAD:  # more: the combine kernel merges them
-            # the barrier orders every thread's stores before the count (one thread's atomic,
-            # its old value broadcast), which releases them to the last split's count
-            tl.debug_barrier()
-            counter = COUNTERS + seq * tl.num_programs(1) + tl.program_id(1)
-            arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
-            if arrived == num_splits - 1:
-                # every split has counted: nothing else touches the counter in this launch, and
-                # the next launch starts after this one ends (a plain store will do)
-                tl.store(counter, 0)
-                tl.debug_barrier()  # what the counting thread acquired, to all threads
-                merge_splits(PART, OUT, seq, kv_head * GROUP, num_splits, ml_offset,
-                             stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
-                             GROUP * KV_PER_PROGRAM, MERGE_ROWS, SPLITS_PAD, HEAD_DIM,
-                             DIM_PAD)
+        store_partial(PART, part, acc, m_i, l_i, ml_offset, out_mask, row_ok, dims, DIM_PAD)
+        if MERGE:
+            count_and_merge(PART, OUT, COUNTERS, seq, kv_head * GROUP, num_splits, ml_offset,
+                            stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
+                            GROUP * KV_PER_PROGRAM, MERGE_ROWS, SPLITS_PAD, HEAD_DIM, DIM_PAD)
+
+
+@triton.jit
+def store_partial(PART, part, acc, m_i, l_i, ml_offset, out_mask, row_ok, dims,
+                  DIM_PAD: tl.constexpr):
+    """A split's unnormalised output and (max, sum) of its rows at ``part`` (row indices)."""
+    tl.store(PART + part[:, None] * DIM_PAD + dims[None, :], acc, mask=out_mask)
+    tl.store(PART + ml_offset + part * 2, m_i, mask=row_ok)
+    tl.store(PART + ml_offset + part * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def count_and_merge(PART, OUT, COUNTERS, seq, first_head, num_splits, ml_offset,
+                    stride_ps, stride_ph, stride_pk, stride_os, stride_oh,
+                    ROWS: tl.constexpr, MERGE_ROWS: tl.constexpr, SPLITS_PAD: tl.constexpr,
+                    HEAD_DIM: tl.constexpr, DIM_PAD: tl.constexpr):
+    """Counts the split in its (sequence, ``tl.program_id(1)``)'s counter; the last of the
+    ``num_splits`` to arrive sets it back to zero and merges them (``merge_splits``)."""
+    # the barrier orders every thread's stores before the count (one thread's atomic, its old
+    # value broadcast), which releases them to the last split's count
+    tl.debug_barrier()
+    counter = COUNTERS + seq * tl.num_programs(1) + tl.program_id(1)
+    arrived = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+    if arrived == num_splits - 1:
+        # every split has counted: nothing else touches the counter in this launch, and the
+        # next launch starts after this one ends (a plain store will do)
+        tl.store(counter, 0)
+        tl.debug_barrier()  # what the counting thread acquired, to all threads
+        merge_splits(PART, OUT, seq, first_head, num_splits, ml_offset, stride_ps, stride_ph,
+                     stride_pk, stride_os, stride_oh, ROWS, MERGE_ROWS, SPLITS_PAD, HEAD_DIM,
+                     DIM_PAD)
 
 
 # noinline: allocated registers apart from the main loop (inlined, it raised some kernels' count
@@ -346,14 +378,15 @@ def _combine_kernel(
     merges)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
-    per_split = tokens_per_split
     if ADAPTIVE:
         _, valid, lens = batch_lengths(SEQ_LENS, tl.num_programs(0), LENS_PAD)
         per_split = split_tokens(lens, valid, tokens_per_split, split_budget, grid_splits,
                                  units_per_seq, slots, TILE_N)
-    num_splits = tl.cdiv(tl.load(SEQ_LENS + seq), per_split)
-    if num_splits <= MERGED_UP_TO:
-        return
+        num_splits = tl.cdiv(tl.load(SEQ_LENS + seq), per_split)
+        if num_splits <= MERGED_UP_TO:
+            return
+    else:  # the uniform grid: every sequence has all its splits' partials
+        num_splits = grid_splits
     base = seq * stride_ps + head * stride_ph  # stride over splits is 1
     PART_ML = PART + ml_offset
     splits = tl.arange(0, SPLITS_PAD)
@@ -385,6 +418,26 @@ def choose_num_splits(units: int, capacity: int, tile_n: int, slots: int) -> int
     splitting one sequence into hundreds of slivers (docs/kernels.md, "Splits")."""
     return wave_splits(units, capacity, tile_n, slots, overhead_steps=SPLIT_OVERHEAD_TILES,
                        merge_per_step=COMBINE_CHUNK, max_splits=MAX_SPLITS)[0]
+
+
+def ragged_can_help(num_seqs: int, splits: int, tokens_per_split: int, tile_n: int,
+                    fp8: bool) -> bool:
+    """Whether a call whose uniform choice is ``splits`` of ``tokens_per_split`` may take the
+    ragged grid (``split_tokens``), decided from what the host knows: not for one sequence
+    (never ragged), nor more than ``MAX_RAGGED_SEQS`` (lengths read at once), nor where that
+    split is under ``RAGGED_MIN_SPLIT_TILES`` tiles: the most a ragged choice saves is part
+    of one split's time, less than what its grid costs every call (each program's choice,
+    programs that exit). Where the split kernel merges the uniform choice's splits itself (up
+    to ``FUSED_MERGE_SPLITS``) the ragged grid adds a second merge launch too: the split must
+    then reach ``RAGGED_MIN_FUSED_SPLIT_TILES`` (a table of 1,024 tokens in tiles of 64, all
+    of it one split, does not: its uniform batches ran 1.15x slower there). Nor for an
+    ``fp8`` cache: its kernel's registers grow most on the ragged grid (sm_90: 211 against
+    168 for Qwen2.5-7B's pairs of KV heads) and its uniform batches ran 1.3-1.5x slower there
+    on an H100, while no ragged fp8 batch was measured to gain (docs/kernels.md, "Ragged
+    batches")."""
+    least = (RAGGED_MIN_FUSED_SPLIT_TILES if splits <= FUSED_MERGE_SPLITS
+             else RAGGED_MIN_SPLIT_TILES)
+    return not fp8 and 1 < num_seqs <= MAX_RAGGED_SEQS and tokens_per_split >= least * tile_n
 
 
 def ragged_split_room(num_seqs: int, units_per_seq: int, splits: int, slots: int,
@@ -578,24 +631,28 @@ class DecodePlan:
                     tables.stride(0), q_heads * head_dim, head_dim,  # out is contiguous
                     q_heads * splits, splits, 1)
 
+        def occupancy(adaptive: bool) -> int:
+            """Programs of the split kernel on the grid ``adaptive`` names the GPU holds."""
+            if INTERPRETED or q.device.type != "cuda":
+                return INTERPRETED_SLOTS
+            variant = {**constexprs, "ADAPTIVE": adaptive}
+            key = (q.device.index, q.dtype, k_cache.dtype, v_cache.dtype, tables.dtype,
+                   seq_lens.dtype, *variant.values(), *options.values())
+            # compile without running: occupancy needs the binary. The merging variant stands
+            # for the plan's others (they differ outside the main loop); the ragged grid's
+            # choice of splits takes registers of its own (more programs per SM may not fit)
+            if key not in _SLOTS:
+                part = torch.empty(16, device=q.device, dtype=torch.float32)
+                counters = torch.empty(16, device=q.device, dtype=torch.int32)
+                compiled = _decode_split_kernel.warmup(
+                    q, k_cache, v_cache, tables, seq_lens, q, part, part, part, counters,
+                    *scalars(2, tile_n, 2, 16), grid=(1,), **variant, **options)
+                _SLOTS[key] = _slots(compiled, q.device.index or 0)
+            return _SLOTS[key]
+
         slots = INTERPRETED_SLOTS
         if num_splits is None or launch.num_splits is None:
-            if INTERPRETED or q.device.type != "cuda":
-                slots = INTERPRETED_SLOTS
-            else:
-                key = (q.device.index, q.dtype, k_cache.dtype, v_cache.dtype, tables.dtype,
-                       seq_lens.dtype, *constexprs.values(), *options.values())
-                # compile without running: occupancy needs the binary. One variant stands for
-                # all the plan may take (merging or not, ragged or not): they differ outside
-                # the main loop, which sets the registers and shared memory
-                if key not in _SLOTS:
-                    part = torch.empty(16, device=q.device, dtype=torch.float32)
-                    counters = torch.empty(16, device=q.device, dtype=torch.int32)
-                    compiled = _decode_split_kernel.warmup(
-                        q, k_cache, v_cache, tables, seq_lens, q, part, part, part, counters,
-                        *scalars(2, tile_n, 2, 16), grid=(1,), **constexprs, **options)
-                    _SLOTS[key] = _slots(compiled, q.device.index or 0)
-                slots = _SLOTS[key]
+            slots = occupancy(False)
             num_splits = choose_num_splits(num_seqs * kv_heads // kv_per_program, capacity,
                                            tile_n, slots)
         num_splits = max(1, min(num_splits, ceil_div(capacity, tile_n)))
@@ -605,10 +662,12 @@ class DecodePlan:
         # default's may grow for the long sequences of a ragged batch, as far as the room
         # the uniform choice leaves (a grid of work items then, not of splits)
         budget = most = num_splits
-        if launch.num_splits is None and num_seqs <= MAX_RAGGED_SEQS:
+        if launch.num_splits is None and ragged_can_help(num_seqs, num_splits, tokens_per_split,
+                                                         tile_n, fp8):
+            slots = occupancy(True)  # the ragged grid's waves are of its own kernel's programs
             budget, most = ragged_split_room(num_seqs, kv_heads // kv_per_program, num_splits,
                                              slots, ceil_div(capacity, tile_n))
-        adaptive = launch.num_splits is None and num_seqs <= MAX_RAGGED_SEQS and most > 1
+        adaptive = most > num_splits  # else the uniform grid, the pre-ragged kernel's path
         # num_splits: a sequence's that fills the table; max_splits: the most any one takes
         self.num_splits, self.max_splits = num_splits, most
         num_splits = most

@@ -15,8 +15,8 @@ heads (32 q / 8 kv, head dim 128), bf16, blocks of 16 and 128:
    at whole prompts (1 x 2k, 1 x 8k, 8 x 512, 64 x 256, 128 x 128) and chunks after a cached prefix
    (8 x 256 after 2k). Variants: ``old`` (its default launch), ``old-scan`` (its default without the
    work list, where it takes one), ``new`` (the default launch), ``new-binary`` (the default launch
-   with the binary search where the default takes the vector search), ``new-tile_n-64`` (the 128-row
-   launch with 64-key tiles, as before they spilled) and, for each schedule the new default takes,
+   with the binary search where the default takes the vector search), ``new-tile_n-32`` (the 128-row
+   launch with 32-key tiles, which do not spill) and, for each schedule the new default takes,
    ``new-no-<schedule>`` (that schedule off), which decide which search, tile and schedules stay;
 3. the registers and spills of each new kernel compiled (Triton's ``n_regs``/``n_spills``).
 
@@ -172,9 +172,9 @@ def calls(setup, old, q, inp, lens, starts, scale):
         variants["new-binary"] = binary_search(lambda: triton_paged_prefill(*args, starts, scale,
                                                                             **forced))
     if launch.tile_n == LONG_CHUNK_TILE_N and launch.rows == MAX_ROWS:
-        wide = dataclasses.replace(launch, tile_n=64)  # the 128-row launch before it spilled
-        variants["new-tile_n-64"] = lambda: triton_paged_prefill(*args, starts, scale,
-                                                                 launch=wide)
+        narrow = dataclasses.replace(launch, tile_n=32)  # the 128-row launch without its spill
+        variants["new-tile_n-32"] = lambda: triton_paged_prefill(*args, starts, scale,
+                                                                 launch=narrow)
     for field in SCHEDULES:
         if getattr(launch, field):
             off = dataclasses.replace(launch, **{field: False},

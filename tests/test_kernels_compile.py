@@ -172,8 +172,17 @@ def test_prefill_launches_picked_for_an_h200_spill_nothing():
         long_chunks = [r for r in rows if r["query_len"] == 2048]
         assert all(r["ROWS"] == (128 if shape == "llama-3-8b" else 64) for r in long_chunks)
         spilled = [(r["batch"], r["query_len"], r["spill_stores"]) for r in rows
-                   if r["spill_stores"] or r["spill_loads"]]
+                   if (r["spill_stores"] or r["spill_loads"]) and not long_chunk_spill(
+                       r["ROWS"], r["TILE_N"], max(r["spill_stores"], r["spill_loads"]))]
         assert not spilled, (shape, spilled)
+
+
+def long_chunk_spill(rows: int, tile_n: int, spill_bytes: int) -> bool:
+    """Whether a spill is the one the long-chunk launch from a 16-bit cache may take: 128 rows
+    in 64-key tiles, at most ``LONG_CHUNK_SPILL_BYTES`` (kept for its speed, docs/kernels.md)."""
+    from pagebench.kernels.triton_prefill import LONG_CHUNK_SPILL_BYTES, LONG_CHUNK_TILE_N
+
+    return (rows, tile_n) == (128, LONG_CHUNK_TILE_N) and spill_bytes <= LONG_CHUNK_SPILL_BYTES
 
 
 EDGE_SPILLS = textwrap.dedent(r'''
@@ -221,8 +230,11 @@ def test_prefill_launches_that_spilled_once_spill_nothing_on_sm90():
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(rows) == 5
-    assert "rows=128, tile_n=32" in rows[0][0] and "maxnreg=144" in rows[3][0]
-    spilled = [row for row in rows if row[3] or row[4]]
+    assert "rows=128, tile_n=64" in rows[0][0] and "rows=128, tile_n=32" in rows[1][0]
+    assert "maxnreg=144" in rows[3][0]
+    spilled = [row for row in rows if (row[3] or row[4]) and not long_chunk_spill(
+        128 if "rows=128" in row[0] else 0, 64 if "tile_n=64" in row[0] else 0,
+        max(row[3], row[4]))]
     assert not spilled, spilled
 
 
@@ -282,6 +294,8 @@ def test_every_prefill_launch_chosen_here_compiles_without_spills_cuda(monkeypat
         triton_paged_prefill(q, case.k_cache, case.v_cache, case.block_tables, case.seq_lens,
                              starts, head_dim ** -0.5, **case.scales(), launch=launch)
         assert compiled, launch
+        # Triton's n_spills counts 4-byte words of local memory
         spilled += [(launch, head_dim, dtype, group, case.k_cache.dtype, k.n_spills)
-                    for k in compiled if k.n_spills]
+                    for k in compiled if k.n_spills and not long_chunk_spill(
+                        launch.rows, launch.tile_n, 4 * k.n_spills)]
     assert not spilled, spilled

@@ -56,7 +56,12 @@ LONG_CHUNK = 2048  # queries per sequence from which a program takes 128 query r
 LONG_CHUNKS = 1024  # ... where there are several sequences
 SHORT_WALK_TILES = 16  # 32-key tiles in a table short enough for the many-program launch
 SHORT_WALK_FP8_REGS = 144  # the register cap of the shortest walks from an fp8 cache (128 spill)
-LONG_CHUNK_TILE_N = 32  # keys a tile of the 128-row launch (64 spill within its 128 registers)
+# keys a tile of the 128-row launch: 64 from a 16-bit cache, which spills a few bytes (at most
+# LONG_CHUNK_SPILL_BYTES) within its 128 registers but is 1.2-1.4x faster on long prompts than
+# 32-key tiles (docs/kernels.md, "Launch rules"); 32 from an fp8 cache, where 64 spill 56-76 bytes
+LONG_CHUNK_TILE_N = 64
+LONG_CHUNK_FP8_TILE_N = 32
+LONG_CHUNK_SPILL_BYTES = 8
 MAX_ROWS = 128  # query rows a program holds at most (its accumulator: rows x head dim fp32)
 MAX_TILE_N = 128
 # sequences up to which a program finds its own by one vector load of the offsets (the width of
@@ -399,7 +404,8 @@ def prefill_launch(head_dim: int, dtype: torch.dtype, device: torch.device, *, g
         return fitted(64, tile_n=tile_n, num_warps=4, num_stages=2)
     cap = torch.version.hip is None  # maxnreg is an NVIDIA option
     if mean_chunk >= (LONG_CHUNKS if sequences > 1 else LONG_CHUNK) and head_dim > 64:
-        return fitted(128, tile_n=LONG_CHUNK_TILE_N, num_warps=8, num_stages=2,
+        return fitted(128, tile_n=LONG_CHUNK_FP8_TILE_N if fp8_cache else LONG_CHUNK_TILE_N,
+                      num_warps=8, num_stages=2,
                       maxnreg=128 if cap else None)
     tokens = _padded_rows(64, group) // group  # the estimate counts programs of 64 rows
     programs = min(total // tokens + sequences, sequences * ceil_div(max_keys, tokens)) * kv_heads

@@ -595,9 +595,11 @@ def triton_behind_text(df: pd.DataFrame) -> str:
              f"({len(g)} of {points[(dev, shape, lengths)]} points)"
              for (dev, shape, lengths), g in behind.groupby(keys)]
     return ("Where pagebench's Triton paged decode is slower than another backend at batch 8 and "
-            "more: " + "; ".join(parts) + ". On ragged batches its split-KV count follows the "
-            "longest sequence, so programs over short sequences finish early (load imbalance, "
-            "not paging; docs/flashinfer.md).")
+            "more: " + "; ".join(parts) + ". On ragged batches the kernel of older commits "
+            "split every sequence as the longest (load imbalance, not paging); since the ragged "
+            "split-KV each sequence splits by its own length, and what is left is the ragged "
+            "grid's per-program split choice and merge launch (the commit column says which; "
+            "docs/kernels.md, \"Ragged batches\").")
 
 
 def asv_text(asv: pd.DataFrame) -> str:

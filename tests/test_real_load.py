@@ -81,7 +81,7 @@ def test_report_and_claims_simulate_serve_with_the_same_costs_and_sample(monkeyp
     real-trace study through ``suite.real_traces``: the same committed step cost and the same
     load sample in both, so the same verdicts (test_every_run_mode_serves_the_same_sample)."""
     from pagebench import suite
-    from pagebench.engine import trace_replay
+    from pagebench.measure import trace_replay
 
     calls = []
 

@@ -39,10 +39,10 @@ def test_triton_wrapper_host_cost(benchmark, monkeypatch, num_splits):
     launch = triton_decode.DecodeLaunch(num_splits=num_splits)
     out = benchmark(lambda: triton_decode.triton_paged_decode(*args, launch=launch))
     assert out.shape == inp.q.shape
-    # Llama shape, one 4000-token sequence: split (the model's choice on the CPU's pretend
-    # slots: 2 work items of the per-sequence grid, merged by the split kernel itself; a GPU's
-    # 32 splits take the combine kernel), or one split
-    items, heads, splits = split.grids[-1]
-    assert heads == 8 and splits == 1 and not combine.grids
-    assert (items > 1) == (num_splits is None)
+    # Llama shape, one 4000-token sequence (batch 1 takes the uniform grid: sequence x KV head
+    # x split): split (the model's choice on the CPU's pretend slots: 2 splits, merged by the
+    # split kernel itself; a GPU's 32 splits take the combine kernel), or one split
+    seqs, heads, splits = split.grids[-1]
+    assert seqs == 1 and heads == 8 and not combine.grids
+    assert (splits > 1) == (num_splits is None)
     benchmark.extra_info.update(shape="32/8x128", batch=1, context=4000)

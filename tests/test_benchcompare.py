@@ -109,6 +109,7 @@ THREADS = ("import os\n\nimport torch\n\n\ndef test_bench_threads(benchmark):\n"
            "                                omp=os.environ.get('OMP_NUM_THREADS'))\n")
 
 
+@pytest.mark.slow
 def test_the_benchmark_process_runs_on_one_thread(tmp_path, monkeypatch):
     """The process clock sums every thread's CPU time: a matmul on two threads halved its wall
     time and read 1.24x slower. Both commits run torch (and BLAS) on one thread, whatever
@@ -173,6 +174,7 @@ def test_gate_catches_the_slowed_commit(slowed_repo):
     assert git(repo, "worktree", "list").count("\n") == 0
 
 
+@pytest.mark.slow
 def test_gate_passes_when_head_is_faster_and_cli_exit_codes(slowed_repo, capsys):
     repo, (fast, slow) = slowed_repo
     assert main(["bench-compare", "--repo", str(repo), "--base", slow, "--head", fast,

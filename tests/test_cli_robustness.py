@@ -539,6 +539,7 @@ def analysed(results: Results) -> Results:
     return results
 
 
+@pytest.mark.slow
 def test_the_data_directory_is_replaced_whole(tmp_path, monkeypatch):
     out = tmp_path / "index.html"
     build.write_report(analysed(synthetic_results()), out, env={"device": "cpu"}, options={})

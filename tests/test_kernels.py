@@ -233,6 +233,7 @@ def test_every_chosen_prefill_launch_is_valid_for_its_inputs():
     assert seen > 10000
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton not installed")
 def test_every_chosen_prefill_launch_matches_the_reference():
     """Each distinct launch the rules pick (with the largest group it was picked for), forced on a small

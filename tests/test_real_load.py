@@ -153,6 +153,7 @@ def test_equal_memory_goodput_finds_the_known_three_fold_rate(monkeypatch):
     assert verdict.verdict == HOLDS and "known" in verdict.measured
 
 
+@pytest.mark.slow
 def test_every_run_mode_serves_the_same_sample():
     """The report (whole traces) and report --quick / claims --simulate (QUICK_REQUESTS
     each) serve the same first requests at the real budget: the same rows, the same

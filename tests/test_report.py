@@ -527,6 +527,7 @@ def test_every_section_renders_no_data_on_empty_results(tmp_path):
     assert "<img" not in html
 
 
+@pytest.mark.slow
 def test_full_synthetic_page_has_every_plot_and_links_its_data(tmp_path):
     results = synthetic_results()
     analyse(results)
@@ -542,6 +543,7 @@ def test_full_synthetic_page_has_every_plot_and_links_its_data(tmp_path):
     assert len(claims_csv) >= 15 and set(claims_csv["verdict"]) <= {HOLDS, FAILS, UNMEASURED}
 
 
+@pytest.mark.slow
 def test_text_from_data_is_escaped(tmp_path):
     results = synthetic_results()
     evil = "<script>alert('x')</script>"
@@ -568,6 +570,7 @@ def test_atomic_write_keeps_the_old_page_when_interrupted(tmp_path, monkeypatch)
     assert os.listdir(tmp_path) == ["index.html"]  # no temporary file left behind
 
 
+@pytest.mark.slow
 def test_a_failed_render_leaves_the_previous_report(tmp_path, monkeypatch):
     write_page(synthetic_results(), tmp_path)
     before = (tmp_path / "index.html").read_text()
@@ -706,6 +709,7 @@ def test_engine_rows_are_read_by_file_name(tmp_path):
     assert html.count("<img") >= 4  # cow, prefix, pool, batch plots
 
 
+@pytest.mark.slow
 def test_rewriting_the_report_drops_stale_csvs(tmp_path):
     write_page(synthetic_results(), tmp_path)
     assert (tmp_path / "index_data" / "engine_cow.csv").exists()

@@ -93,6 +93,7 @@ def test_a_users_folder_named_like_the_data_directory_survives(tmp_path, capsys,
     assert tree(tmp_path) == before and built == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("legacy", [False, True], ids=["marked", "before-the-marker"])
 def test_a_file_added_to_a_reports_data_directory_survives(tmp_path, capsys, built, legacy):
     page = write(tmp_path / "index.html")
@@ -164,6 +165,7 @@ def test_claims_csv_inside_the_data_directory_is_refused(tmp_path, capsys):
 
 # ---- what is replaced: pagebench's own page and data ---------------------------------------
 
+@pytest.mark.slow
 def test_the_page_and_its_data_directory_carry_their_marks(tmp_path):
     page = write(tmp_path / "index.html")
     html = page.read_text(encoding="utf-8")
@@ -189,6 +191,7 @@ def test_rerunning_over_a_report_replaces_it(tmp_path, capsys, built):
     assert not (site / "index_data" / "engine_cow.csv").exists()
 
 
+@pytest.mark.slow
 def test_rerunning_over_a_report_from_before_the_marker_works(tmp_path, capsys, built):
     site = tmp_path / "site"
     page = write(site / "index.html")
@@ -206,6 +209,7 @@ def test_rerunning_over_a_report_from_before_the_marker_works(tmp_path, capsys, 
     assert sorted(p.name for p in site.iterdir()) == ["index.html", "index_data"]
 
 
+@pytest.mark.slow
 def test_a_legacy_data_directory_without_its_page_is_refused(tmp_path, capsys, built):
     page = write(tmp_path / "index.html")
     make_legacy(page)

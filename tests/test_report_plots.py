@@ -43,6 +43,7 @@ def test_a_readable_figure_has_no_problems():
     plt.close(fig)
 
 
+@pytest.mark.slow
 def test_every_plot_on_synthetic_data_is_readable():
     drawn = every_plot(synthetic_results())
     assert len(drawn) > 10

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 import pandas as pd
 
 from pagebench.analysis import analyse, claims
@@ -48,6 +50,7 @@ def test_claims_table_shows_the_headline_and_details_one_click_away():
     assert [d[measured] for d in table.details] == ["X: 1.0×; more detail", ""]
 
 
+@pytest.mark.slow
 def test_plots_record_axis_labels_in_words():
     analysed = synthetic_results()
     analyse(analysed)

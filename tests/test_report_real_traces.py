@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pagebench.analysis import real_traces as trace_claims
 from pagebench.analysis.claims import evaluate
 from pagebench.report import real_traces, serving
@@ -11,6 +13,7 @@ from pagebench.sim.real_load import real_budget_tokens
 from pagebench.sim.real_traces import STUDY_TRACES, study_traces
 
 
+@pytest.mark.slow
 def test_quick_sweep_section_and_claims():
     results = Results()
     for kind, frame in study_traces(300, prefix_budget_multiples=(1.0, 0.25)).items():

@@ -250,6 +250,7 @@ def test_a_file_reached_twice_is_read_once(tmp_path):
     assert sorted(results.get("engine_cow")["n"]) == [1, 4] and results.warnings == []
 
 
+@pytest.mark.slow
 def test_the_reports_own_data_is_never_read_back(tmp_path):
     """`pagebench report --results X --out X/` writes X/index_data/*.csv: the next run reads
     its results, not the tables the last one wrote."""

@@ -12,6 +12,7 @@ from pagebench.measure.serve_bench import search_max_rate
 from pagebench.results.datasets import SERVE_BENCH, SERVE_STEPS
 
 
+@pytest.mark.slow
 def test_serve_bench_rows_per_rate_and_configuration(capsys, tmp_path):
     steps = tmp_path / "steps.csv"
     argv = ["serve-bench", "--trace", "mooncake-conv", "--rates", "4,inf", "--num-requests",

@@ -40,6 +40,7 @@ import torch
 
 from pagebench.config import ceil_div
 from pagebench.errors import ConfigError
+from pagebench.kernels.launch_common import unit_stride_rows
 from pagebench.kernels.quant import is_fp8
 from pagebench.kernels.reference import LOG2E
 from pagebench.kernels.triton_decode import default_tile_n
@@ -475,8 +476,7 @@ def triton_paged_prefill(q, k_cache, v_cache, block_tables, seq_lens, query_star
     out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     if total == 0 or num_seqs <= 0:
         return out
-    q = q if q.stride(-1) == 1 else q.contiguous()
-    tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
+    q, tables, seq_lens = unit_stride_rows(q, block_tables, seq_lens)
     if launch is None:
         launch = prefill_launch(head_dim, q.dtype, q.device, group=group, kv_heads=kv_heads,
                                 total=total, sequences=num_seqs,

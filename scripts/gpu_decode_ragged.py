@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -68,7 +69,8 @@ def commit() -> str:
 ENV = dict(device_name=torch.cuda.get_device_name() if CUDA else "cpu", torch_version=torch.__version__,
            triton_version=importlib.import_module("triton").__version__,
            commit=os.environ.get("NEW_COMMIT") or commit(),
-           old_commit=os.environ.get("OLD_COMMIT", ""))
+           old_commit=os.environ.get("OLD_COMMIT", ""),
+           timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
 ROWS: list[dict] = []
 
 

@@ -15,7 +15,7 @@ from pagebench.cli import main
 from pagebench import suite
 from pagebench.analysis import advice, analyse, claims, derive
 from pagebench.report import build, render, sections
-from pagebench.results import DataError, Results, classify, commits, load_data_dir, read_table
+from pagebench.results import DataError, Results, classify, load_data_dir, read_table
 from pagebench.results.collect import guarded
 from pagebench.results.datasets import KERNELS
 from pagebench.results.derived import FAILS, HOLDS, UNMEASURED, WITHIN_NOISE
@@ -344,19 +344,22 @@ def test_batch1_ratio_pairs_rows_of_one_run_and_one_cache_dtype():
     assert set(ratio["ratio"].round(2)) == {1.1}
 
 
-def two_commits(monkeypatch, older_speedup: float = 2.0) -> pd.DataFrame:
+def two_commits(older_speedup: float = 2.0) -> pd.DataFrame:
     """The synthetic sweep at two commits of known dates: the older one ``older_speedup``×
     faster, as before a regression."""
-    dates = {"aaaaaaa": 1, "bbbbbbb": 2}
-    monkeypatch.setattr(commits, "commit_time", dates.get)
     kernels = synthetic_results().get("kernels")
     old = kernels.assign(commit="aaaaaaa", time_us=kernels["time_us"] / older_speedup,
-                         gbps=kernels["gbps"] * older_speedup)
-    return pd.concat([old, kernels.assign(commit="bbbbbbb")], ignore_index=True)
+                         gbps=kernels["gbps"] * older_speedup, timestamp=utc_seconds(1))
+    return pd.concat([old, kernels.assign(commit="bbbbbbb", timestamp=utc_seconds(2))],
+                     ignore_index=True)
 
 
-def test_throughput_and_bandwidth_show_the_newest_commit_not_the_fastest(monkeypatch):
-    kernels = two_commits(monkeypatch)
+def utc_seconds(n: int) -> str:
+    return f"1970-01-01T00:00:{n:02d}+00:00"
+
+
+def test_throughput_and_bandwidth_show_the_newest_commit_not_the_fastest():
+    kernels = two_commits()
     def fastest(rows: pd.DataFrame) -> pd.Series:
         return rows.fillna({"block_size": 0}).groupby(["backend", "block_size", "batch"])[
             "time_us"].min()
@@ -369,23 +372,23 @@ def test_throughput_and_bandwidth_show_the_newest_commit_not_the_fastest(monkeyp
     tput = derive.throughput(kernels)
     assert (tput["tokens_per_s"] == tput["batch"] / tput["time_us"] * 1e6).all()
     # with the dates the other way round the other commit is shown
-    monkeypatch.setattr(commits, "commit_time", {"aaaaaaa": 3, "bbbbbbb": 2}.get)
+    kernels.loc[kernels["commit"] == "aaaaaaa", "timestamp"] = utc_seconds(3)
     assert set(derive.throughput(kernels)["commit"]) == {"aaaaaaa"}
 
 
-def test_throughput_takes_the_newest_commit_that_swept_batch(monkeypatch):
+def test_throughput_takes_the_newest_commit_that_swept_batch():
     """A newer commit that re-timed batch 1 alone leaves the curve to the older sweep, and
     the older sweep is shown whole, not patched with the newer batch-1 rows."""
-    kernels = two_commits(monkeypatch, older_speedup=0.5)  # the newer is the faster here
+    kernels = two_commits(older_speedup=0.5)  # the newer is the faster here
     kernels = kernels[(kernels["commit"] == "aaaaaaa") | (kernels["batch"] == 1)]
     tput = derive.throughput(kernels)
     assert set(tput["commit"]) == {"aaaaaaa"} and set(tput["batch"]) == {1, 8, 64}
 
 
-def test_block_cost_and_prefill_summary_read_the_newest_commit(monkeypatch):
+def test_block_cost_and_prefill_summary_read_the_newest_commit():
     """A block-size cost or a prefill point summarised over two commits would blend an older
     kernel's times with the newer one's: each comes from the newest commit alone."""
-    kernels = two_commits(monkeypatch)
+    kernels = two_commits()
     slow_16 = kernels["block_size"].eq(16) & kernels["commit"].eq("aaaaaaa")
     kernels.loc[slow_16, "time_us"] *= 3  # only the older commit's block 16 is slow
     cost = derive.kernel_cost_per_block(kernels)

@@ -348,31 +348,43 @@ def test_every_file_kind_names_a_dataset_with_a_schema():
 
 # ---- commit order ------------------------------------------------------------------------
 
-def test_newest_first_orders_by_date_dirty_after_its_base_unknown_last(monkeypatch):
-    monkeypatch.setattr(commits, "commit_time", {"aaaa": 1, "bbbb": 2, "cccc": 3}.get)
-    got = commits.newest_first(["aaaa", "cccc-dirty", "", "bbbb", "zzzz", "cccc", "aaaa"])
+def test_newest_first_orders_by_time_dirty_before_its_base_undated_last():
+    measured = {"aaaa": 1.0, "bbbb": 2.0, "cccc": 3.0, "cccc-dirty": 3.0}
+    got = commits.newest_first(["aaaa", "cccc-dirty", "", "bbbb", "zzzz", "cccc", "aaaa"],
+                               measured)
     assert got == ["cccc-dirty", "cccc", "bbbb", "aaaa", "zzzz", ""]
 
 
-def test_rows_timestamps_order_commits_before_git_is_asked(monkeypatch):
-    """A commit whose rows carry a timestamp is as new as its newest row, whatever git says;
-    git's date places only the commits of rows measured before rows carried one."""
-    asked = []
+def test_rows_timestamps_order_commits_without_git(monkeypatch):
+    """A commit is as new as its newest row; a commit of rows without a timestamp comes after
+    every dated one, and git is never run (a subprocess call would fail the test)."""
+    def no_subprocess(*args, **kwargs):
+        raise AssertionError("results asked git")
 
-    def git_date(commit):
-        asked.append(commit)
-        return {"aaaa": 30, "bbbb": 20, "oldd": 10}.get(commit)
-
-    monkeypatch.setattr(commits, "commit_time", git_date)
+    monkeypatch.setattr(subprocess, "run", no_subprocess)
     rows = pd.DataFrame({
         "commit": ["aaaa", "bbbb", "bbbb", "oldd", "cccc"],
         "timestamp": ["1970-01-01T00:00:05+00:00", "1970-01-01T00:00:40+00:00", None, None,
                       "1970-01-01T00:00:25+00:00"]})
     measured = commits.measured_at(rows)
     assert measured == {"aaaa": 5.0, "bbbb": 40.0, "cccc": 25.0}
-    assert commits.newest_first(rows["commit"], measured) == ["bbbb", "cccc", "oldd", "aaaa"]
-    assert asked == ["oldd"]
+    assert commits.newest_first(rows["commit"], measured) == ["bbbb", "cccc", "aaaa", "oldd"]
     assert commits.measured_at(rows.drop(columns="timestamp")) == {}
+
+
+def test_committed_rows_with_a_commit_carry_a_timestamp():
+    """What orders the committed data's commits: every CSV row naming a commit has a time."""
+    missing = []
+    for path in sorted((ROOT / "reports" / "data").rglob("*.csv")):
+        rows = pd.read_csv(path, dtype=str, keep_default_na=False)
+        if "commit" not in rows.columns:
+            continue
+        if "timestamp" not in rows.columns:
+            missing.append(f"{path.relative_to(ROOT)}: no timestamp column")
+            continue
+        bad = rows[(rows["commit"] != "") & (rows["timestamp"] == "")]
+        missing += [f"{path.relative_to(ROOT)}: {len(bad)} rows"] if len(bad) else []
+    assert not missing, missing
 
 
 def test_measured_rows_carry_the_utc_start_of_their_run():
@@ -387,24 +399,3 @@ def test_measured_rows_carry_the_utc_start_of_their_run():
     assert before <= stamp <= datetime.now(timezone.utc)
 
 
-def git_lines(*args: str) -> list[str]:
-    try:
-        out = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=5)
-    except OSError:
-        return []
-    return out.stdout.split() if out.returncode == 0 else []
-
-
-def test_commit_time_reads_this_checkouts_history():
-    """Two commits of this checkout, one newer by its date; a hash it does not know, or text
-    that is no hash (never passed to git as an option, nor a -dirty one), has no date."""
-    lines = git_lines("log", "-2", "--format=%h %ct")
-    if len(lines) < 4:
-        pytest.skip("no git history of two commits here")
-    (new, new_time, old, old_time) = lines
-    assert commits.commit_time(new) == int(new_time)
-    assert commits.commit_time(old) == int(old_time)
-    if int(new_time) > int(old_time):
-        assert commits.newest_first([old, f"{old}-dirty", new]) == [new, f"{old}-dirty", old]
-    assert commits.commit_time("0000000") is None and commits.commit_time("--all") is None
-    assert commits.commit_time(f"{new}-dirty") is None

@@ -30,8 +30,9 @@ ENVIRONMENT = optional(
     C("machine", "str", "device label (pagebench.results.devices)"),
     C("source", "str", "file or function the row came from"), C("note", "str", "free text"),
     C("timing_harness", "int", "pagebench.measure.timing.HARNESS the row was timed with; empty: 1"),
-    C("timestamp", "str", "UTC start (ISO 8601) of the run that measured the row; empty: "
-                          "measured before rows carried one"),
+    C("timestamp", "str", "UTC start (ISO 8601) of the run that measured the row (rows "
+                          "committed before rows carried one: their commit's date); it orders "
+                          "commits (pagebench.results.commits)"),
 )
 BLOCK_SIZE = nullable(C("block_size", "int", "paged block size in tokens; empty: not paged"))
 KERNEL = nullable(C("kernel", "str", "registry backend name (triton, torch, flex, sdpa); empty: "

@@ -1,6 +1,6 @@
 # pagebench: `make setup` creates .venv, `make report` runs the main job, `make test` lints
-# (ruff, rules in pyproject.toml) and runs the whole test suite (CI), `make test-fast` every test
-# not marked `slow`. Every target creates .venv on
+# (ruff, rules in pyproject.toml) and runs the whole test suite (CI; on a GPU machine the GPU
+# tests after it), `make test-fast` every test not marked `slow`. Every target creates .venv on
 # first use and installs the project into it.
 
 PYTHON  ?= python3
@@ -14,7 +14,7 @@ TORCH_PIP_ARGS ?= torch==2.13.0
 REPORT_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup report test test-fast bench bench-compare asv-quick clean-venv browser-deps
+.PHONY: setup report test test-fast test-gpu bench bench-compare asv-quick clean-venv browser-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,16 +34,26 @@ browser-deps:
 	  { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	    $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
+# Two tiers. The CPU tier (every test; what CI runs) hides any GPU, so that Triton runs
+# interpreted on CPU tensors as on a machine without one. Where a CUDA device is present the GPU
+# tier (`test-gpu`: the tests marked `gpu`, Triton compiled) runs after it.
+CPU_TIER := CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci}
+HAS_CUDA := $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null
+
 test: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check .
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest $(PYTEST_ARGS)
+	$(CPU_TIER) $(PY) -m pytest $(PYTEST_ARGS)
+	@if $(HAS_CUDA); then $(MAKE) --no-print-directory test-gpu; \
+	  else echo "no CUDA device here: the GPU tier (make test-gpu) was not run"; fi
 
 # The fast tier: everything not marked `slow` (more than a few seconds on 2 cores), the 25 slowest
 # listed so that a test that grew slow shows.
 test-fast: $(STAMP) browser-deps
 	$(VENV)/bin/ruff check .
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -m "not slow" --durations=25 \
-	  $(PYTEST_ARGS)
+	$(CPU_TIER) $(PY) -m pytest -m "not slow" --durations=25 $(PYTEST_ARGS)
+
+test-gpu: $(STAMP)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

@@ -22,10 +22,13 @@ GPU_DEVICE_FILES = ("/dev/nvidia0", "/dev/dxg", "/dev/kfd")  # NVIDIA, WSL2, ROC
 
 def interprets() -> bool:
     """Whether Triton kernels run interpreted here: ``TRITON_INTERPRET=1``, or the variable is
-    unset on a machine without a GPU device."""
+    unset on a machine without a GPU device or with every GPU hidden (``CUDA_VISIBLE_DEVICES``
+    empty or -1, as the CPU test tier runs on a GPU machine)."""
     value = os.environ.get("TRITON_INTERPRET")
     if value is not None:
         return value == "1"
+    if os.environ.get("CUDA_VISIBLE_DEVICES", "0").strip() in ("", "-1"):
+        return True
     return not any(map(os.path.exists, GPU_DEVICE_FILES))
 
 

@@ -115,7 +115,8 @@ def python_blocks() -> list[tuple[str, str]]:
 
 def with_prefix(prefix: str) -> list:
     return [pytest.param(c, id=f"{page}: {c}",
-                         marks=[pytest.mark.slow] if c.startswith(SLOW) else [])
+                         marks=([pytest.mark.slow] if c.startswith(SLOW) else [])
+                         + ([pytest.mark.gpu] if any(f in c for f in NEEDS_CUDA) else []))
             for page, c in shell_commands() if c.startswith(prefix)]
 
 

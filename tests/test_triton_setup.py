@@ -43,5 +43,19 @@ def test_a_gpu_device_leaves_the_environment_alone(monkeypatch, tmp_path):
     device.touch()
     monkeypatch.setattr(triton_setup, "GPU_DEVICE_FILES", (str(device),))
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert triton_setup.interpret_without_gpu() is False
     assert "TRITON_INTERPRET" not in os.environ
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert triton_setup.interprets() is False
+
+
+@pytest.mark.parametrize("hidden", ["", "-1"])
+def test_every_gpu_hidden_interprets(monkeypatch, tmp_path, hidden):
+    """The CPU test tier on a GPU machine hides the GPUs: Triton then interprets."""
+    device = tmp_path / "nvidia0"
+    device.touch()
+    monkeypatch.setattr(triton_setup, "GPU_DEVICE_FILES", (str(device),))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", hidden)
+    assert triton_setup.interprets() is True

@@ -128,6 +128,7 @@ def no_sync():
         torch.cuda.set_sync_debug_mode("default")
 
 
+@pytest.mark.gpu
 @cuda_only
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -141,6 +142,7 @@ def test_cuda_decode_checks_an_unchanged_table_once(backend):
         paged_decode(*inp.args(), backend=backend, validate="always")
 
 
+@pytest.mark.gpu
 @cuda_only
 @pytest.mark.gpu
 @pytest.mark.parametrize("change, name", [
@@ -159,6 +161,7 @@ def test_cuda_decode_refuses_a_table_changed_after_its_check(change, name):
             paged_decode(*inp.args(), backend=backend)
 
 
+@pytest.mark.gpu
 @cuda_only
 @pytest.mark.gpu
 def test_cuda_new_tables_in_a_loop_are_each_checked():
@@ -172,6 +175,7 @@ def test_cuda_new_tables_in_a_loop_are_each_checked():
         del tables
 
 
+@pytest.mark.gpu
 @cuda_only
 @pytest.mark.gpu
 def test_cuda_prefill_contiguous_and_write_kv_cached_without_sync():

@@ -37,7 +37,8 @@ browser-deps:
 # Two tiers. The CPU tier (every test; what CI runs) hides any GPU, so that Triton runs
 # interpreted on CPU tensors as on a machine without one. Where a CUDA device is present the GPU
 # tier (`test-gpu`: the tests marked `gpu`, Triton compiled) runs after it.
-CPU_TIER := CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci}
+PROFILE  := HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci}
+CPU_TIER := CUDA_VISIBLE_DEVICES= TRITON_INTERPRET=1 $(PROFILE)
 HAS_CUDA := $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null
 
 test: $(STAMP) browser-deps
@@ -53,7 +54,7 @@ test-fast: $(STAMP) browser-deps
 	$(CPU_TIER) $(PY) -m pytest -m "not slow" --durations=25 $(PYTEST_ARGS)
 
 test-gpu: $(STAMP)
-	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-ci} $(PY) -m pytest -m gpu $(PYTEST_ARGS)
+	$(PROFILE) $(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)

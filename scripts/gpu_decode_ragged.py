@@ -18,10 +18,8 @@ from __future__ import annotations
 import csv
 import importlib
 import os
-import subprocess
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -31,7 +29,7 @@ from pagebench.kernels import triton_decode as new_triton
 from pagebench.measure.kernel_cases import make_paged_inputs, quantized_inputs, relative_error
 from pagebench.kernels.ragged import batch_lengths
 from pagebench.kernels.reference import reference_decode
-from pagebench.measure.timing import measure
+from pagebench.measure.timing import environment, measure
 
 OUT = Path(os.environ.get("OUT", "/tmp/gpu_decode_ragged"))
 OUT.mkdir(parents=True, exist_ok=True)
@@ -57,20 +55,9 @@ except Exception as e:  # noqa: BLE001 -- reported, then measured without it
     HAS_FI = False
 
 
-def commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=False).stdout.strip() or os.environ.get(
-            "NEW_COMMIT", "")
-    except OSError:
-        return os.environ.get("NEW_COMMIT", "")
-
-
-ENV = dict(device_name=torch.cuda.get_device_name() if CUDA else "cpu", torch_version=torch.__version__,
-           triton_version=importlib.import_module("triton").__version__,
-           commit=os.environ.get("NEW_COMMIT") or commit(),
-           old_commit=os.environ.get("OLD_COMMIT", ""),
-           timestamp=datetime.now(timezone.utc).isoformat(timespec="seconds"))
+# every row: the device, versions, commit (PAGEBENCH_COMMIT for a copy of the tree without .git)
+# and the run's start, as every pagebench row carries them, and the old kernels' commit
+ENV = {**environment(DEV), "old_commit": os.environ.get("OLD_COMMIT", "")}
 ROWS: list[dict] = []
 
 

@@ -26,7 +26,7 @@ case "${1:-}" in
       [ -f ../.fi/jit_cache.tar.xz ] && tar -xJf ../.fi/jit_cache.tar.xz -C /tmp/fi/flashinfer/data/aot
       export PYTHONPATH="$PYTHONPATH:/tmp/fi" FLASHINFER_WORKSPACE_BASE=/tmp/fiws
     fi
-    OLD_DIR="$PWD/gpu_old" OLD_COMMIT=$OLD_COMMIT NEW_COMMIT=$(cat gpu_old/NEW_COMMIT) \
+    OLD_DIR="$PWD/gpu_old" OLD_COMMIT=$OLD_COMMIT PAGEBENCH_COMMIT=$(cat gpu_old/NEW_COMMIT) \
       DEADLINE_S=${DEADLINE_S:-170} OUT=${OUT:-/tmp/gpu_decode_ragged} \
       python3 scripts/gpu_decode_ragged.py;;
   *) echo "usage: $0 stage [DEST] | run" >&2; exit 2;;
